@@ -1,0 +1,24 @@
+//! The domain model of rota: ids, the task and step lifecycles, leases and
+//! fencing, the retry policy, and the [`Clock`].
+//!
+//! This crate is pure. It does no IO and never reads the system time: every
+//! transition takes `now` as an argument and returns the next record (or an
+//! error saying why the move is refused). The store applies the result as a
+//! compare-and-set, and the engine carries out the effects. Keeping the rules
+//! here means they can be property-tested without a database, and both store
+//! backends agree on them by construction.
+//!
+//! Deliberately left out: workflow definitions (parsing, DAGs, templates),
+//! which belong to the engine, and anything about how records are stored.
+
+pub mod clock;
+pub mod ids;
+pub mod retry;
+pub mod step;
+pub mod task;
+
+pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
+pub use ids::{IdError, InstanceId, LeaseToken, MessageId, QueueName, StepName, TaskId, WorkflowName};
+pub use retry::{RetryPolicy, RetryPolicyError};
+pub use step::{Step, StepState};
+pub use task::{ExhaustedPolicy, Task, TaskFence, TaskState, TransitionError};

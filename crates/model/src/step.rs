@@ -1,0 +1,405 @@
+//! The step lifecycle: one node of a workflow within one task, with its
+//! attempt number (the fence for agent replies) and its own `complete_by`.
+//!
+//! ```text
+//!              start                 complete
+//!  NotStarted ──────► Running ─────────────────► Completed ──begin_compensation──► Compensating
+//!     ▲   ▲             │ │ fail (permanent, or attempts used up)                      │ compensated
+//!     │   └─ retry ◄────┘ └──────────────────────► Failed ──resubmit──► NotStarted     ▼
+//!     │  (fail: transient; expire: deadline passed)                               Compensated
+//! ```
+//!
+//! Replies carry the attempt they answer. A reply for any other attempt than
+//! the current one is refused with [`TransitionError::LeaseLost`]: that is how
+//! a late or duplicate reply from an earlier attempt never changes state.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::clock::Timestamp;
+use crate::ids::{StepName, TaskId};
+use crate::retry::RetryPolicy;
+use crate::task::TransitionError;
+
+/// Where a step is in its lifecycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepState {
+    /// Not yet sent, or waiting for its next attempt after `not_before`. The
+    /// task's Scheduler starts it when its dependencies have completed.
+    NotStarted,
+    /// A request for `attempt` is with an agent until `complete_by`. The reply
+    /// moves it on; without a reply it stays here until the Supervisor finds
+    /// `complete_by` passed.
+    Running,
+    /// The agent replied with an output. Compensation may later undo it.
+    Completed,
+    /// A permanent error, or retries used up. Terminal; an operator's
+    /// resubmit moves it back to NotStarted.
+    Failed,
+    /// Its compensation request (`attempt`) is with an agent until `complete_by`.
+    Compensating,
+    /// Its effect was undone. Terminal.
+    Compensated,
+}
+
+impl StepState {
+    /// Every state, in lifecycle order.
+    pub const ALL: [StepState; 6] =
+        [StepState::NotStarted, StepState::Running, StepState::Completed, StepState::Failed, StepState::Compensating, StepState::Compensated];
+
+    /// Whether no further move happens without an operator.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, StepState::Failed | StepState::Compensated)
+    }
+
+    /// The state's name as stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StepState::NotStarted => "not_started",
+            StepState::Running => "running",
+            StepState::Completed => "completed",
+            StepState::Failed => "failed",
+            StepState::Compensating => "compensating",
+            StepState::Compensated => "compensated",
+        }
+    }
+}
+
+impl fmt::Display for StepState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for StepState {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        StepState::ALL.into_iter().find(|state| state.as_str() == s).ok_or_else(|| format!("unknown step state {s:?}"))
+    }
+}
+
+/// One step of one task, as the state store keeps it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Step {
+    /// The task it belongs to.
+    pub task_id: TaskId,
+    /// Its name within the workflow.
+    pub name: StepName,
+    /// Its position in the workflow definition (for display and ordering).
+    pub position: u32,
+    /// Where it is in its lifecycle.
+    pub state: StepState,
+    /// The current attempt (1-based once started); bumped by every start, so
+    /// replies to earlier attempts are fenced out.
+    pub attempt: u32,
+    /// When the current attempt's time runs out.
+    pub complete_by: Option<Timestamp>,
+    /// The earliest time the next attempt may start (retry backoff).
+    pub not_before: Timestamp,
+    /// The request sent to the agent, once rendered.
+    pub input: Option<Value>,
+    /// The agent's output, once Completed.
+    pub output: Option<Value>,
+    /// The last error, if any attempt failed.
+    pub last_error: Option<String>,
+    /// When it last changed.
+    pub updated_at: Timestamp,
+}
+
+impl Step {
+    /// A step that has not started.
+    pub fn new(task_id: TaskId, name: StepName, position: u32, now: Timestamp) -> Step {
+        Step {
+            task_id,
+            name,
+            position,
+            state: StepState::NotStarted,
+            attempt: 0,
+            complete_by: None,
+            not_before: now,
+            input: None,
+            output: None,
+            last_error: None,
+            updated_at: now,
+        }
+    }
+
+    fn refuse(&self, action: &'static str) -> TransitionError {
+        if self.state.is_terminal() {
+            TransitionError::Terminal { record: "step", state: self.state.as_str() }
+        } else {
+            TransitionError::NotAllowed { record: "step", action, state: self.state.as_str() }
+        }
+    }
+
+    /// Checks that `attempt` is the current attempt of a step in flight.
+    pub fn check_attempt(&self, attempt: u32) -> Result<(), TransitionError> {
+        if !matches!(self.state, StepState::Running | StepState::Compensating) {
+            return Err(self.refuse("accept a reply for"));
+        }
+        if attempt != self.attempt {
+            return Err(TransitionError::LeaseLost { record: "step", held: attempt.into(), current: self.attempt.into() });
+        }
+        Ok(())
+    }
+
+    /// The Scheduler sends a new attempt with `input`, due by `now + timeout`.
+    pub fn start(&self, input: Value, now: Timestamp, timeout: Duration) -> Result<Step, TransitionError> {
+        if self.state != StepState::NotStarted {
+            return Err(self.refuse("start"));
+        }
+        if self.not_before > now {
+            return Err(TransitionError::NotDue { record: "step", until: self.not_before });
+        }
+        let mut next = self.clone();
+        next.state = StepState::Running;
+        next.attempt += 1;
+        next.complete_by = Some(now.add(timeout));
+        next.input = Some(input);
+        next.updated_at = now;
+        Ok(next)
+    }
+
+    /// The agent's reply for `attempt` carried an output.
+    pub fn complete(&self, attempt: u32, output: Value, now: Timestamp) -> Result<Step, TransitionError> {
+        self.check_attempt(attempt)?;
+        if self.state != StepState::Running {
+            return Err(self.refuse("complete"));
+        }
+        let mut next = self.clone();
+        next.state = StepState::Completed;
+        next.complete_by = None;
+        next.output = Some(output);
+        next.updated_at = now;
+        Ok(next)
+    }
+
+    /// The agent's reply for `attempt` was an error. With `retry_after` the
+    /// step waits that long for another attempt; without, it has Failed.
+    pub fn fail(&self, attempt: u32, error: String, retry_after: Option<Duration>, now: Timestamp) -> Result<Step, TransitionError> {
+        self.check_attempt(attempt)?;
+        if self.state != StepState::Running {
+            return Err(self.refuse("fail"));
+        }
+        let mut next = self.clone();
+        next.complete_by = None;
+        next.last_error = Some(error);
+        next.updated_at = now;
+        match retry_after {
+            Some(delay) => {
+                next.state = StepState::NotStarted;
+                next.not_before = now.add(delay);
+            }
+            None => next.state = StepState::Failed,
+        }
+        Ok(next)
+    }
+
+    /// [`Step::fail`] with the decision taken by `policy`: a retryable error
+    /// gets another attempt after a jittered backoff while attempts remain.
+    pub fn fail_with_policy(
+        &self,
+        attempt: u32,
+        error: String,
+        retryable: bool,
+        policy: &RetryPolicy,
+        rng: &mut impl Rng,
+        now: Timestamp,
+    ) -> Result<Step, TransitionError> {
+        let retry_after = (retryable && policy.allows_after(attempt)).then(|| policy.delay_after(attempt, rng));
+        self.fail(attempt, error, retry_after, now)
+    }
+
+    /// The Supervisor's move when the attempt's `complete_by` has passed with
+    /// no reply: the step waits `backoff` for another attempt. (Whether the
+    /// task still has failures left is the task's count, decided by the caller.)
+    pub fn expire(&self, now: Timestamp, backoff: Duration) -> Result<Step, TransitionError> {
+        let Some(complete_by) = self.complete_by.filter(|_| matches!(self.state, StepState::Running | StepState::Compensating)) else {
+            return Err(self.refuse("expire"));
+        };
+        if complete_by > now {
+            return Err(TransitionError::NotDue { record: "step", until: complete_by });
+        }
+        let mut next = self.clone();
+        next.complete_by = None;
+        next.not_before = now.add(backoff);
+        next.last_error = Some(format!("attempt {} got no reply before its complete-by {complete_by}", self.attempt));
+        next.updated_at = now;
+        next.state = if self.state == StepState::Running { StepState::NotStarted } else { StepState::Completed };
+        Ok(next)
+    }
+
+    /// The Scheduler sends the compensation of a completed step.
+    pub fn begin_compensation(&self, now: Timestamp, timeout: Duration) -> Result<Step, TransitionError> {
+        if self.state != StepState::Completed {
+            return Err(self.refuse("compensate"));
+        }
+        if self.not_before > now {
+            return Err(TransitionError::NotDue { record: "step", until: self.not_before });
+        }
+        let mut next = self.clone();
+        next.state = StepState::Compensating;
+        next.attempt += 1;
+        next.complete_by = Some(now.add(timeout));
+        next.updated_at = now;
+        Ok(next)
+    }
+
+    /// The compensation reply for `attempt` succeeded.
+    pub fn compensated(&self, attempt: u32, now: Timestamp) -> Result<Step, TransitionError> {
+        self.check_attempt(attempt)?;
+        if self.state != StepState::Compensating {
+            return Err(self.refuse("finish compensating"));
+        }
+        let mut next = self.clone();
+        next.state = StepState::Compensated;
+        next.complete_by = None;
+        next.updated_at = now;
+        Ok(next)
+    }
+
+    /// An operator resubmits a failed step: it may start again at once. The
+    /// attempt number keeps counting, so replies to old attempts stay fenced.
+    pub fn resubmit(&self, now: Timestamp) -> Result<Step, TransitionError> {
+        if self.state != StepState::Failed {
+            return Err(TransitionError::NotAllowed { record: "step", action: "resubmit", state: self.state.as_str() });
+        }
+        let mut next = self.clone();
+        next.state = StepState::NotStarted;
+        next.not_before = now;
+        next.updated_at = now;
+        Ok(next)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+
+    const TIMEOUT: Duration = Duration::from_secs(5);
+
+    fn at(millis: i64) -> Timestamp {
+        Timestamp::from_millis(millis)
+    }
+
+    fn step() -> Step {
+        Step::new(TaskId::new("t1").unwrap(), StepName::new("charge").unwrap(), 0, at(0))
+    }
+
+    #[test]
+    fn a_late_reply_from_an_earlier_attempt_changes_nothing() {
+        let first = step().start(Value::Null, at(0), TIMEOUT).unwrap();
+        assert_eq!(first.attempt, 1);
+        let expired = first.expire(at(5_000), Duration::ZERO).unwrap();
+        let second = expired.start(Value::Null, at(5_000), TIMEOUT).unwrap();
+        assert_eq!(second.attempt, 2);
+        assert!(matches!(second.complete(1, Value::from("late"), at(5_001)), Err(TransitionError::LeaseLost { held: 1, current: 2, .. })));
+        let done = second.complete(2, Value::from("ok"), at(5_002)).unwrap();
+        assert_eq!(done.state, StepState::Completed);
+        assert!(done.complete(2, Value::from("dup"), at(5_003)).is_err(), "a duplicate reply is refused too");
+    }
+
+    #[test]
+    fn retries_follow_the_policy_until_attempts_run_out() {
+        let policy = RetryPolicy::new(3, Duration::from_millis(100), Duration::from_secs(1)).unwrap();
+        let mut rng = StdRng::seed_from_u64(1);
+        let mut s = step();
+        for attempt in 1..=3 {
+            s = s.start(Value::Null, s.not_before, TIMEOUT).unwrap();
+            assert_eq!(s.attempt, attempt);
+            s = s.fail_with_policy(attempt, "503".into(), true, &policy, &mut rng, s.updated_at).unwrap();
+        }
+        assert_eq!(s.state, StepState::Failed);
+        assert_eq!(s.last_error.as_deref(), Some("503"));
+    }
+
+    #[test]
+    fn a_permanent_error_fails_at_once() {
+        let policy = RetryPolicy::default();
+        let mut rng = StdRng::seed_from_u64(1);
+        let s = step().start(Value::Null, at(0), TIMEOUT).unwrap();
+        let s = s.fail_with_policy(1, "404".into(), false, &policy, &mut rng, at(1)).unwrap();
+        assert_eq!(s.state, StepState::Failed);
+        assert_eq!(s.resubmit(at(2)).unwrap().state, StepState::NotStarted);
+    }
+
+    #[test]
+    fn compensation_is_fenced_like_the_step() {
+        let s = step().start(Value::Null, at(0), TIMEOUT).unwrap().complete(1, Value::Null, at(1)).unwrap();
+        let c = s.begin_compensation(at(2), TIMEOUT).unwrap();
+        assert_eq!((c.state, c.attempt), (StepState::Compensating, 2));
+        assert!(c.compensated(1, at(3)).is_err());
+        assert_eq!(c.compensated(2, at(3)).unwrap().state, StepState::Compensated);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Move {
+        Start(i64),
+        Complete(u32, i64),
+        Fail(u32, Option<u64>, i64),
+        Expire(i64),
+        BeginCompensation(i64),
+        Compensated(u32, i64),
+    }
+
+    fn arb_move() -> impl Strategy<Value = Move> {
+        let time = 0i64..100_000;
+        prop_oneof![
+            time.clone().prop_map(Move::Start),
+            (0u32..6, time.clone()).prop_map(|(a, t)| Move::Complete(a, t)),
+            (0u32..6, prop::option::of(0u64..2_000), time.clone()).prop_map(|(a, r, t)| Move::Fail(a, r, t)),
+            time.clone().prop_map(Move::Expire),
+            time.clone().prop_map(Move::BeginCompensation),
+            (0u32..6, time).prop_map(|(a, t)| Move::Compensated(a, t)),
+        ]
+    }
+
+    fn apply(s: &Step, m: &Move) -> Result<Step, TransitionError> {
+        match *m {
+            Move::Start(now) => s.start(Value::Null, at(now), TIMEOUT),
+            Move::Complete(a, now) => s.complete(a, Value::Null, at(now)),
+            Move::Fail(a, r, now) => s.fail(a, "e".into(), r.map(Duration::from_millis), at(now)),
+            Move::Expire(now) => s.expire(at(now), Duration::from_millis(10)),
+            Move::BeginCompensation(now) => s.begin_compensation(at(now), TIMEOUT),
+            Move::Compensated(a, now) => s.compensated(a, at(now)),
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn nothing_leaves_a_terminal_step_but_resubmit(moves in prop::collection::vec(arb_move(), 1..60)) {
+            let mut s = step();
+            for m in &moves {
+                let before = s.clone();
+                if let Ok(next) = apply(&s, m) {
+                    prop_assert!(!before.state.is_terminal(), "{m:?} moved a step out of {}", before.state);
+                    prop_assert!(next.attempt >= before.attempt, "attempts never go back");
+                    prop_assert_eq!(next.complete_by.is_some(), matches!(next.state, StepState::Running | StepState::Compensating));
+                    s = next;
+                }
+            }
+        }
+
+        #[test]
+        fn a_reply_for_another_attempt_is_refused(moves in prop::collection::vec(arb_move(), 1..60), stale in 0u32..6) {
+            let mut s = step();
+            for m in &moves {
+                if let Ok(next) = apply(&s, m) { s = next; }
+                if stale != s.attempt {
+                    prop_assert!(s.complete(stale, Value::Null, at(0)).is_err());
+                    prop_assert!(s.fail(stale, "x".into(), None, at(0)).is_err());
+                    prop_assert!(s.compensated(stale, at(0)).is_err());
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,570 @@
+//! The task lifecycle: one run of a workflow (one order, in the pattern's
+//! example), its lease (`locked_by`, `complete_by`) and its failure count.
+//!
+//! ```text
+//!            claim                 finish_processed
+//!  Pending ─────────► Processing ─────────────────► Processed
+//!    ▲  ▲                │  │ fail (permanent error)
+//!    │  └── expire ◄─────┘  ├───────────────────────► Error ──resubmit──► Pending
+//!    │    (below max)       └─► Compensating ──finish_compensated──► Compensated
+//!    └──── release (shutdown)      (claim / expire as for Processing)
+//!  any non-terminal ──cancel──► Cancelled (or Compensating when there is work to undo)
+//! ```
+//!
+//! Every move is a pure function from the current record and `now` to the
+//! next record. Moves made by a lease holder take a [`TaskFence`]: when the
+//! lease has since been taken by someone else (or rescued by the Supervisor),
+//! the move is refused with [`TransitionError::LeaseLost`].
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::clock::Timestamp;
+use crate::ids::{InstanceId, TaskId, WorkflowName};
+
+/// Where a task is in its lifecycle. The doc comment of each state says who
+/// moves a task out of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskState {
+    /// Created or reset, waiting for a Scheduler to claim it once `not_before`
+    /// has passed. Moved out by a Scheduler's claim, or by cancel.
+    Pending,
+    /// Claimed by the Scheduler named in `locked_by` until `complete_by`. The
+    /// holder moves it on; if the holder dies, it stays here until the
+    /// Supervisor finds `complete_by` passed and expires it.
+    Processing,
+    /// Every step completed. Terminal.
+    Processed,
+    /// Failed for good: a permanent error, or the Supervisor's failure
+    /// threshold was reached. An operator alert was raised. Terminal; only an
+    /// operator's resubmit moves it back to Pending.
+    Error,
+    /// Undoing completed steps. Without `locked_by` it waits for a Scheduler
+    /// to claim it; with one it is leased just like Processing and expired by
+    /// the Supervisor the same way.
+    Compensating,
+    /// Every completed step was compensated. Terminal.
+    Compensated,
+    /// Cancelled by an operator with nothing to undo. Terminal.
+    Cancelled,
+}
+
+impl TaskState {
+    /// Every state, in lifecycle order.
+    pub const ALL: [TaskState; 7] = [
+        TaskState::Pending,
+        TaskState::Processing,
+        TaskState::Processed,
+        TaskState::Error,
+        TaskState::Compensating,
+        TaskState::Compensated,
+        TaskState::Cancelled,
+    ];
+
+    /// Whether no further move happens without an operator.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, TaskState::Processed | TaskState::Error | TaskState::Compensated | TaskState::Cancelled)
+    }
+
+    /// The state's name as stored and shown (`pending`, `processing`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskState::Pending => "pending",
+            TaskState::Processing => "processing",
+            TaskState::Processed => "processed",
+            TaskState::Error => "error",
+            TaskState::Compensating => "compensating",
+            TaskState::Compensated => "compensated",
+            TaskState::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl fmt::Display for TaskState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for TaskState {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        TaskState::ALL
+            .into_iter()
+            .find(|state| state.as_str().eq_ignore_ascii_case(s))
+            .ok_or_else(|| format!("unknown task state {s:?} (expected one of pending, processing, processed, error, compensating, compensated, cancelled)"))
+    }
+}
+
+/// What the Supervisor asks for when a task reaches its failure threshold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExhaustedPolicy {
+    /// Set Error and alert an operator.
+    #[default]
+    Error,
+    /// Undo the completed steps (the compensating transaction).
+    Compensate,
+}
+
+/// The proof of holding a task's lease: the epoch it was claimed at. Each
+/// claim bumps the epoch, so a fence from an earlier claim never matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TaskFence {
+    /// The lease epoch at claim time.
+    pub epoch: u64,
+}
+
+/// Why a move was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransitionError {
+    /// The record is terminal and the move is not an operator's resubmit.
+    #[error("{record} is {state}, which is terminal")]
+    Terminal {
+        /// What record ("task", "step").
+        record: &'static str,
+        /// Its state.
+        state: &'static str,
+    },
+    /// The move does not apply to the current state.
+    #[error("cannot {action} a {record} that is {state}")]
+    NotAllowed {
+        /// What record ("task", "step").
+        record: &'static str,
+        /// The refused move.
+        action: &'static str,
+        /// The record's state.
+        state: &'static str,
+    },
+    /// The caller's lease or attempt is no longer the current one: someone
+    /// else claimed the record since, or the Supervisor rescued it. Losing a
+    /// race is an outcome, not a bug: the caller drops its work.
+    #[error("{record} lease lost: held {held}, current {current}")]
+    LeaseLost {
+        /// What record ("task", "step").
+        record: &'static str,
+        /// The epoch or attempt the caller holds.
+        held: u64,
+        /// The record's current epoch or attempt.
+        current: u64,
+    },
+    /// The move is not due yet (a backoff wait, or a deadline that has not passed).
+    #[error("{record} is not due until {until}")]
+    NotDue {
+        /// What record ("task", "step").
+        record: &'static str,
+        /// When it becomes due.
+        until: Timestamp,
+    },
+}
+
+/// One run of a workflow, as the state store keeps it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Task {
+    /// The task id (client-suppliable; the submission's idempotency key).
+    pub id: TaskId,
+    /// The workflow definition's name.
+    pub workflow: WorkflowName,
+    /// The definition's version this task started with and keeps.
+    pub workflow_version: u32,
+    /// The submitted input.
+    pub input: Value,
+    /// Where it is in its lifecycle.
+    pub state: TaskState,
+    /// The instance holding the lease (the pattern's `LockedBy`).
+    pub locked_by: Option<InstanceId>,
+    /// Bumped by every claim; fences out earlier holders.
+    pub lease_epoch: u64,
+    /// When the holder's time runs out (the pattern's `CompleteBy`).
+    pub complete_by: Option<Timestamp>,
+    /// The earliest time a Scheduler may claim it (the Supervisor's backoff).
+    pub not_before: Timestamp,
+    /// How many times its deadline passed (the pattern's `FailureCount`).
+    pub failure_count: u32,
+    /// Where the submitting application wants status events (a queue or URL).
+    pub reply_to: Option<String>,
+    /// The final result, once Processed.
+    pub output: Option<Value>,
+    /// The reason for Error (or the last failure).
+    pub error: Option<String>,
+    /// When it was created.
+    pub created_at: Timestamp,
+    /// When it last changed.
+    pub updated_at: Timestamp,
+}
+
+impl Task {
+    /// A new Pending task, claimable at once.
+    pub fn new(id: TaskId, workflow: WorkflowName, workflow_version: u32, input: Value, now: Timestamp) -> Task {
+        Task {
+            id,
+            workflow,
+            workflow_version,
+            input,
+            state: TaskState::Pending,
+            locked_by: None,
+            lease_epoch: 0,
+            complete_by: None,
+            not_before: now,
+            failure_count: 0,
+            reply_to: None,
+            output: None,
+            error: None,
+            created_at: now,
+            updated_at: now,
+        }
+    }
+
+    /// Whether a Scheduler holds the lease.
+    pub fn is_leased(&self) -> bool {
+        self.locked_by.is_some()
+    }
+
+    /// The fence of the current lease, if there is one.
+    pub fn fence(&self) -> Option<TaskFence> {
+        self.locked_by.as_ref().map(|_| TaskFence { epoch: self.lease_epoch })
+    }
+
+    fn refuse(&self, action: &'static str) -> TransitionError {
+        if self.state.is_terminal() {
+            TransitionError::Terminal { record: "task", state: self.state.as_str() }
+        } else {
+            TransitionError::NotAllowed { record: "task", action, state: self.state.as_str() }
+        }
+    }
+
+    /// Checks that `fence` is the current lease.
+    pub fn check_fence(&self, fence: TaskFence) -> Result<(), TransitionError> {
+        if self.locked_by.is_none() || self.lease_epoch != fence.epoch {
+            return Err(TransitionError::LeaseLost { record: "task", held: fence.epoch, current: self.lease_epoch });
+        }
+        Ok(())
+    }
+
+    /// Whether a Scheduler may claim it at `now`.
+    pub fn is_claimable(&self, now: Timestamp) -> bool {
+        matches!(self.state, TaskState::Pending | TaskState::Compensating) && self.locked_by.is_none() && self.not_before <= now
+    }
+
+    /// A Scheduler takes the lease until `now + lease`. Pending becomes
+    /// Processing; an unclaimed Compensating task stays Compensating.
+    pub fn claim(&self, owner: InstanceId, now: Timestamp, lease: Duration) -> Result<(Task, TaskFence), TransitionError> {
+        if !matches!(self.state, TaskState::Pending | TaskState::Compensating) || self.locked_by.is_some() {
+            return Err(self.refuse("claim"));
+        }
+        if self.not_before > now {
+            return Err(TransitionError::NotDue { record: "task", until: self.not_before });
+        }
+        let mut next = self.clone();
+        if next.state == TaskState::Pending {
+            next.state = TaskState::Processing;
+        }
+        next.locked_by = Some(owner);
+        next.lease_epoch += 1;
+        next.complete_by = Some(now.add(lease));
+        next.updated_at = now;
+        let fence = TaskFence { epoch: next.lease_epoch };
+        Ok((next, fence))
+    }
+
+    /// The holder extends its lease to `now + lease`.
+    pub fn renew(&self, fence: TaskFence, now: Timestamp, lease: Duration) -> Result<Task, TransitionError> {
+        self.check_fence(fence)?;
+        let mut next = self.clone();
+        next.complete_by = Some(now.add(lease));
+        next.updated_at = now;
+        Ok(next)
+    }
+
+    /// The holder records success: every step completed.
+    pub fn finish_processed(&self, fence: TaskFence, output: Value, now: Timestamp) -> Result<Task, TransitionError> {
+        self.check_fence(fence)?;
+        if self.state != TaskState::Processing {
+            return Err(self.refuse("finish as processed"));
+        }
+        let mut next = self.released(now);
+        next.state = TaskState::Processed;
+        next.output = Some(output);
+        next.error = None;
+        Ok(next)
+    }
+
+    /// The holder records a permanent failure. With [`ExhaustedPolicy::Error`]
+    /// the task ends in Error; with [`ExhaustedPolicy::Compensate`] it waits,
+    /// unleased, for a Scheduler to run the compensation.
+    pub fn fail(&self, fence: TaskFence, reason: String, policy: ExhaustedPolicy, now: Timestamp) -> Result<Task, TransitionError> {
+        self.check_fence(fence)?;
+        let mut next = self.released(now);
+        next.error = Some(reason);
+        next.state = match (self.state, policy) {
+            (TaskState::Processing, ExhaustedPolicy::Compensate) => {
+                next.failure_count = 0;
+                TaskState::Compensating
+            }
+            (TaskState::Processing | TaskState::Compensating, _) => TaskState::Error,
+            _ => return Err(self.refuse("fail")),
+        };
+        Ok(next)
+    }
+
+    /// The holder records that every completed step was compensated.
+    pub fn finish_compensated(&self, fence: TaskFence, now: Timestamp) -> Result<Task, TransitionError> {
+        self.check_fence(fence)?;
+        if self.state != TaskState::Compensating {
+            return Err(self.refuse("finish as compensated"));
+        }
+        let mut next = self.released(now);
+        next.state = TaskState::Compensated;
+        Ok(next)
+    }
+
+    /// The holder gives the task back without a failure (graceful shutdown):
+    /// another Scheduler may claim it at once.
+    pub fn release(&self, fence: TaskFence, now: Timestamp) -> Result<Task, TransitionError> {
+        self.check_fence(fence)?;
+        let mut next = self.released(now);
+        next.not_before = now;
+        if next.state == TaskState::Processing {
+            next.state = TaskState::Pending;
+        }
+        Ok(next)
+    }
+
+    /// The Supervisor's move when `complete_by` has passed: count a failure;
+    /// below `failures_max` reset the task for another claim after `backoff`;
+    /// at the threshold end it in Error or start compensation, per `policy`.
+    /// A task already compensating that reaches the threshold ends in Error.
+    pub fn expire(&self, now: Timestamp, failures_max: u32, backoff: Duration, policy: ExhaustedPolicy) -> Result<Task, TransitionError> {
+        let Some(complete_by) = self.complete_by.filter(|_| self.is_leased()) else {
+            return Err(self.refuse("expire"));
+        };
+        if complete_by > now {
+            return Err(TransitionError::NotDue { record: "task", until: complete_by });
+        }
+        let mut next = self.released(now);
+        next.failure_count += 1;
+        next.error = Some(format!("complete-by passed at {complete_by} (failure {} of {failures_max})", next.failure_count));
+        if next.failure_count < failures_max {
+            next.not_before = now.add(backoff);
+            if next.state == TaskState::Processing {
+                next.state = TaskState::Pending;
+            }
+            return Ok(next);
+        }
+        next.state = match (self.state, policy) {
+            (TaskState::Processing, ExhaustedPolicy::Compensate) => {
+                next.failure_count = 0;
+                next.not_before = now;
+                TaskState::Compensating
+            }
+            _ => TaskState::Error,
+        };
+        Ok(next)
+    }
+
+    /// An operator cancels a task that has not finished. With
+    /// `compensate` (there are completed steps with compensations) it goes
+    /// to Compensating; otherwise to Cancelled. The lease is dropped, which
+    /// fences out any Scheduler still working on it.
+    pub fn cancel(&self, compensate: bool, now: Timestamp) -> Result<Task, TransitionError> {
+        if self.state.is_terminal() || self.state == TaskState::Compensating {
+            return Err(self.refuse("cancel"));
+        }
+        let mut next = self.released(now);
+        next.error = Some("cancelled by an operator".into());
+        if compensate {
+            next.state = TaskState::Compensating;
+            next.failure_count = 0;
+            next.not_before = now;
+        } else {
+            next.state = TaskState::Cancelled;
+        }
+        Ok(next)
+    }
+
+    /// An operator resubmits a task that ended in Error: it becomes Pending
+    /// with a fresh failure count. The only way out of a terminal state.
+    pub fn resubmit(&self, now: Timestamp) -> Result<Task, TransitionError> {
+        if self.state != TaskState::Error {
+            return Err(TransitionError::NotAllowed { record: "task", action: "resubmit", state: self.state.as_str() });
+        }
+        let mut next = self.released(now);
+        next.state = TaskState::Pending;
+        next.failure_count = 0;
+        next.not_before = now;
+        next.error = None;
+        Ok(next)
+    }
+
+    /// A copy without lease, stamped `now`.
+    fn released(&self, now: Timestamp) -> Task {
+        let mut next = self.clone();
+        next.locked_by = None;
+        next.complete_by = None;
+        next.updated_at = now;
+        next
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const LEASE: Duration = Duration::from_secs(30);
+
+    fn at(millis: i64) -> Timestamp {
+        Timestamp::from_millis(millis)
+    }
+
+    fn task() -> Task {
+        Task::new(TaskId::new("t1").unwrap(), WorkflowName::new("order").unwrap(), 1, Value::Null, at(0))
+    }
+
+    fn owner(name: &str) -> InstanceId {
+        InstanceId::new(name).unwrap()
+    }
+
+    #[test]
+    fn the_pattern_happy_path() {
+        let t = task();
+        let (t, fence) = t.claim(owner("s1"), at(10), LEASE).unwrap();
+        assert_eq!(t.state, TaskState::Processing);
+        assert_eq!(t.locked_by, Some(owner("s1")));
+        assert_eq!(t.complete_by, Some(at(30_010)));
+        let t = t.finish_processed(fence, Value::from(1), at(20)).unwrap();
+        assert_eq!(t.state, TaskState::Processed);
+        assert_eq!(t.locked_by, None);
+        assert_eq!(t.complete_by, None);
+    }
+
+    #[test]
+    fn two_claims_never_both_hold() {
+        let (claimed, _) = task().claim(owner("s1"), at(0), LEASE).unwrap();
+        assert!(matches!(claimed.claim(owner("s2"), at(1), LEASE), Err(TransitionError::NotAllowed { .. })));
+    }
+
+    #[test]
+    fn supervisor_expiry_counts_failures_then_applies_the_policy() {
+        let mut t = task();
+        for failure in 1..=2 {
+            let (claimed, _) = t.claim(owner("s1"), t.not_before, LEASE).unwrap();
+            let late = claimed.complete_by.unwrap();
+            assert!(matches!(claimed.expire(late.sub(Duration::from_millis(1)), 3, LEASE, ExhaustedPolicy::Error), Err(TransitionError::NotDue { .. })));
+            t = claimed.expire(late, 3, Duration::from_secs(5), ExhaustedPolicy::Error).unwrap();
+            assert_eq!(t.state, TaskState::Pending);
+            assert_eq!(t.failure_count, failure);
+            assert_eq!(t.not_before, late.add(Duration::from_secs(5)));
+            assert!(matches!(t.claim(owner("s1"), late, LEASE), Err(TransitionError::NotDue { .. })));
+        }
+        let (claimed, _) = t.claim(owner("s1"), t.not_before, LEASE).unwrap();
+        let done = claimed.expire(claimed.complete_by.unwrap(), 3, LEASE, ExhaustedPolicy::Compensate).unwrap();
+        assert_eq!(done.state, TaskState::Compensating);
+        assert!(done.is_claimable(done.not_before));
+        let (compensating, fence) = done.claim(owner("s2"), done.not_before, LEASE).unwrap();
+        assert_eq!(compensating.state, TaskState::Compensating);
+        assert_eq!(compensating.finish_compensated(fence, at(1)).unwrap().state, TaskState::Compensated);
+    }
+
+    #[test]
+    fn a_rescued_lease_fences_out_the_old_holder() {
+        let (claimed, old) = task().claim(owner("s1"), at(0), LEASE).unwrap();
+        let reset = claimed.expire(at(30_000), 5, Duration::ZERO, ExhaustedPolicy::Error).unwrap();
+        assert!(matches!(reset.finish_processed(old, Value::Null, at(1)), Err(TransitionError::LeaseLost { .. })));
+        let (reclaimed, new) = reset.claim(owner("s2"), at(30_000), LEASE).unwrap();
+        assert!(matches!(reclaimed.finish_processed(old, Value::Null, at(1)), Err(TransitionError::LeaseLost { .. })));
+        assert!(reclaimed.finish_processed(new, Value::Null, at(1)).is_ok());
+    }
+
+    #[test]
+    fn resubmit_is_the_only_way_out_of_error() {
+        let (claimed, fence) = task().claim(owner("s1"), at(0), LEASE).unwrap();
+        let failed = claimed.fail(fence, "card declined".into(), ExhaustedPolicy::Error, at(5)).unwrap();
+        assert_eq!(failed.state, TaskState::Error);
+        assert_eq!(failed.error.as_deref(), Some("card declined"));
+        let again = failed.resubmit(at(6)).unwrap();
+        assert_eq!((again.state, again.failure_count), (TaskState::Pending, 0));
+        assert!(task().resubmit(at(1)).is_err(), "only Error can be resubmitted");
+    }
+
+    /// Every move, with arbitrary arguments, for the property test.
+    #[derive(Debug, Clone)]
+    enum Move {
+        Claim(u8, i64),
+        Renew(u64, i64),
+        FinishProcessed(u64, i64),
+        Fail(u64, bool, i64),
+        FinishCompensated(u64, i64),
+        Release(u64, i64),
+        Expire(i64, u32, bool),
+        Cancel(bool, i64),
+    }
+
+    fn arb_move() -> impl Strategy<Value = Move> {
+        let time = 0i64..200_000;
+        prop_oneof![
+            (0u8..3, time.clone()).prop_map(|(o, t)| Move::Claim(o, t)),
+            (0u64..6, time.clone()).prop_map(|(e, t)| Move::Renew(e, t)),
+            (0u64..6, time.clone()).prop_map(|(e, t)| Move::FinishProcessed(e, t)),
+            (0u64..6, any::<bool>(), time.clone()).prop_map(|(e, c, t)| Move::Fail(e, c, t)),
+            (0u64..6, time.clone()).prop_map(|(e, t)| Move::FinishCompensated(e, t)),
+            (0u64..6, time.clone()).prop_map(|(e, t)| Move::Release(e, t)),
+            (time.clone(), 1u32..4, any::<bool>()).prop_map(|(t, m, c)| Move::Expire(t, m, c)),
+            (any::<bool>(), time).prop_map(|(c, t)| Move::Cancel(c, t)),
+        ]
+    }
+
+    fn apply(t: &Task, m: &Move) -> Result<Task, TransitionError> {
+        let policy = |c: bool| if c { ExhaustedPolicy::Compensate } else { ExhaustedPolicy::Error };
+        match *m {
+            Move::Claim(o, now) => t.claim(owner(&format!("s{o}")), at(now), LEASE).map(|(t, _)| t),
+            Move::Renew(e, now) => t.renew(TaskFence { epoch: e }, at(now), LEASE),
+            Move::FinishProcessed(e, now) => t.finish_processed(TaskFence { epoch: e }, Value::Null, at(now)),
+            Move::Fail(e, c, now) => t.fail(TaskFence { epoch: e }, "boom".into(), policy(c), at(now)),
+            Move::FinishCompensated(e, now) => t.finish_compensated(TaskFence { epoch: e }, at(now)),
+            Move::Release(e, now) => t.release(TaskFence { epoch: e }, at(now)),
+            Move::Expire(now, max, c) => t.expire(at(now), max, Duration::from_secs(1), policy(c)),
+            Move::Cancel(c, now) => t.cancel(c, at(now)),
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn nothing_leaves_a_terminal_state_but_resubmit(moves in prop::collection::vec(arb_move(), 1..60)) {
+            let mut t = task();
+            for m in &moves {
+                let before = t.clone();
+                if let Ok(next) = apply(&t, m) {
+                    prop_assert!(!before.state.is_terminal(), "{m:?} moved a terminal task out of {}", before.state);
+                    // Invariants that hold after every accepted move.
+                    prop_assert_eq!(next.locked_by.is_some(), next.complete_by.is_some());
+                    prop_assert!(next.locked_by.is_none() || matches!(next.state, TaskState::Processing | TaskState::Compensating));
+                    prop_assert!(next.lease_epoch >= before.lease_epoch, "epochs never go back");
+                    t = next;
+                }
+            }
+        }
+
+        #[test]
+        fn a_write_fenced_with_an_old_lease_is_refused(moves in prop::collection::vec(arb_move(), 1..60), stale in 0u64..6) {
+            let mut t = task();
+            for m in &moves {
+                if let Ok(next) = apply(&t, m) { t = next; }
+                if t.fence().map(|f| f.epoch) != Some(stale) {
+                    let fence = TaskFence { epoch: stale };
+                    let refused = |r: Result<Task, TransitionError>| matches!(r, Err(TransitionError::LeaseLost { .. }));
+                    prop_assert!(refused(t.renew(fence, at(0), LEASE)));
+                    prop_assert!(refused(t.finish_processed(fence, Value::Null, at(0))));
+                    prop_assert!(refused(t.fail(fence, "x".into(), ExhaustedPolicy::Error, at(0))));
+                    prop_assert!(refused(t.finish_compensated(fence, at(0))));
+                    prop_assert!(refused(t.release(fence, at(0))));
+                }
+            }
+        }
+    }
+}
