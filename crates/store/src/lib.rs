@@ -1,1 +1,41 @@
-pub fn placeholder() {}
+//! The Store: rota's durable state store and durable queues, behind one
+//! trait pair that every backend implements ([`Queues`] and [`Tasks`],
+//! together [`Store`]).
+//!
+//! The traits speak only domain types. SQL lives in the backends
+//! (`rota-store-sqlite`, later `rota-store-postgres`); what a backend must
+//! do is written down once, as the [`conformance`] suite, which every backend
+//! runs unchanged. A behaviour that the suite does not check is not
+//! guaranteed.
+//!
+//! Times: a backend is built with an `Arc<dyn Clock>` and reads "now" from it
+//! for every operation, binding it as a parameter. SQL never calls its own
+//! `now()`, so a test can move time for both backends alike.
+//!
+//! Deliberately left out: how a backend batches writes (group commit) and how
+//! it wakes waiting consumers. Those are the backend's business, observable
+//! only through latency and throughput.
+
+pub mod conformance;
+mod error;
+mod queue;
+mod task;
+
+use std::sync::Arc;
+
+pub use error::{Error, Result};
+pub use queue::{
+    Body, DeadLetter, Delivery, Outgoing, QueueConfig, QueueStats, Queues, Receive, Redrive, Sent, BODY_BYTES_MAX, DEDUPE_WINDOW_DEFAULT,
+    RECEIVE_MAX,
+};
+pub use task::{Changes, Created, Event, EventKind, Expired, LeaderLease, NewTask, StepWrite, TaskFilter, TaskRecord, TaskWrite, Tasks};
+
+/// A complete store: durable queues and the task state store, sharing one
+/// database so that a task's state change and its messages commit together.
+pub trait Store: Queues + Tasks {
+    /// A short name of the backend ("sqlite", "postgres") for logs and stats.
+    fn backend(&self) -> &'static str;
+}
+
+/// A shared, type-erased store, as components receive it.
+pub type SharedStore = Arc<dyn Store>;

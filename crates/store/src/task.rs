@@ -1,0 +1,317 @@
+//! The state store: tasks, their steps, their history, and the leader
+//! lease that elects one Supervisor.
+//!
+//! Writes other than creation and claiming go through [`Tasks::commit`]: a
+//! set of fenced compare-and-set updates plus the messages to send and
+//! complete, applied atomically. That is how the Scheduler records a state
+//! change *before* acting on it (the next step's request is sent in the same
+//! commit that records the previous step's completion) and how a reply
+//! message is consumed exactly when its effect is recorded.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rota_model::{InstanceId, LeaseToken, QueueName, Step, StepName, StepState, Task, TaskId, TaskState, Timestamp, WorkflowName};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::Result;
+use crate::queue::Outgoing;
+
+/// A task with its steps, ordered by position.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TaskRecord {
+    /// The task.
+    pub task: Task,
+    /// Its steps.
+    pub steps: Vec<Step>,
+}
+
+/// Everything a submission creates, in one transaction: the task, its steps,
+/// the first messages (for instance the Scheduler's wake-up), and the first
+/// history events.
+#[derive(Debug, Clone)]
+pub struct NewTask {
+    /// The task, Pending.
+    pub task: Task,
+    /// Its steps, NotStarted.
+    pub steps: Vec<Step>,
+    /// Messages to send in the same transaction.
+    pub messages: Vec<(QueueName, Outgoing)>,
+    /// History events to append (for instance `Received`).
+    pub events: Vec<Event>,
+}
+
+/// The outcome of [`Tasks::create_task`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Created {
+    /// The task was created.
+    New,
+    /// A task with that id already existed; nothing was written. The task id
+    /// is the submission's idempotency key.
+    Existing(Box<TaskRecord>),
+}
+
+/// A filter for [`Tasks::list_tasks`].
+#[derive(Debug, Clone)]
+pub struct TaskFilter {
+    /// Only tasks in this state.
+    pub state: Option<TaskState>,
+    /// Only tasks of this workflow.
+    pub workflow: Option<WorkflowName>,
+    /// At most this many, newest first.
+    pub limit: u32,
+}
+
+impl Default for TaskFilter {
+    fn default() -> Self {
+        TaskFilter { state: None, workflow: None, limit: 100 }
+    }
+}
+
+/// A fenced task update: written only if the stored task still has
+/// `expected_state` and `expected_epoch`.
+#[derive(Debug, Clone)]
+pub struct TaskWrite {
+    /// The new record (its id names the row).
+    pub task: Task,
+    /// The state the writer read.
+    pub expected_state: TaskState,
+    /// The lease epoch the writer read.
+    pub expected_epoch: u64,
+}
+
+impl TaskWrite {
+    /// An update of `before` to `after`, fenced on what `before` says.
+    pub fn replacing(before: &Task, after: Task) -> Self {
+        debug_assert_eq!(before.id, after.id);
+        TaskWrite { expected_state: before.state, expected_epoch: before.lease_epoch, task: after }
+    }
+}
+
+/// A fenced step update: written only if the stored step still has
+/// `expected_state` and `expected_attempt`.
+#[derive(Debug, Clone)]
+pub struct StepWrite {
+    /// The new record (task id and name name the row).
+    pub step: Step,
+    /// The state the writer read.
+    pub expected_state: StepState,
+    /// The attempt the writer read.
+    pub expected_attempt: u32,
+}
+
+impl StepWrite {
+    /// An update of `before` to `after`, fenced on what `before` says.
+    pub fn replacing(before: &Step, after: Step) -> Self {
+        debug_assert_eq!((&before.task_id, &before.name), (&after.task_id, &after.name));
+        StepWrite { expected_state: before.state, expected_attempt: before.attempt, step: after }
+    }
+}
+
+/// A set of changes applied atomically by [`Tasks::commit`]: if any fenced
+/// write finds its record changed, or any lease token is lost, nothing is
+/// written and the error names what conflicted.
+#[derive(Debug, Clone, Default)]
+pub struct Changes {
+    /// Fenced task updates.
+    pub tasks: Vec<TaskWrite>,
+    /// Fenced step updates.
+    pub steps: Vec<StepWrite>,
+    /// Messages to send.
+    pub send: Vec<(QueueName, Outgoing)>,
+    /// Leased messages to complete (for instance the reply being handled).
+    pub complete: Vec<(QueueName, LeaseToken)>,
+    /// History events to append.
+    pub events: Vec<Event>,
+}
+
+impl Changes {
+    /// Whether there is nothing to write.
+    pub fn is_empty(&self) -> bool {
+        self.tasks.is_empty() && self.steps.is_empty() && self.send.is_empty() && self.complete.is_empty() && self.events.is_empty()
+    }
+}
+
+/// What happened to a task, in its append-only history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    /// The task was submitted.
+    Received,
+    /// A Scheduler claimed it.
+    Claimed,
+    /// A step's attempt was sent to its agent.
+    StepStarted,
+    /// A step completed.
+    StepCompleted,
+    /// A step's attempt failed (retried or not; the detail says).
+    StepFailed,
+    /// The Supervisor found a deadline passed and reset or ended the task.
+    Expired,
+    /// The task was processed.
+    Processed,
+    /// The task ended in Error.
+    Error,
+    /// Compensation began.
+    CompensationStarted,
+    /// A step's effect was undone.
+    StepCompensated,
+    /// Every completed step was compensated.
+    Compensated,
+    /// An operator cancelled the task.
+    Cancelled,
+    /// An operator resubmitted the task or a step.
+    Resubmitted,
+    /// A Scheduler gave the task back (shutdown).
+    Released,
+    /// An operator alert was raised.
+    Alert,
+}
+
+impl EventKind {
+    /// The kind's name as stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Received => "received",
+            EventKind::Claimed => "claimed",
+            EventKind::StepStarted => "step_started",
+            EventKind::StepCompleted => "step_completed",
+            EventKind::StepFailed => "step_failed",
+            EventKind::Expired => "expired",
+            EventKind::Processed => "processed",
+            EventKind::Error => "error",
+            EventKind::CompensationStarted => "compensation_started",
+            EventKind::StepCompensated => "step_compensated",
+            EventKind::Compensated => "compensated",
+            EventKind::Cancelled => "cancelled",
+            EventKind::Resubmitted => "resubmitted",
+            EventKind::Released => "released",
+            EventKind::Alert => "alert",
+        }
+    }
+
+    /// Every kind.
+    pub const ALL: [EventKind; 15] = [
+        EventKind::Received,
+        EventKind::Claimed,
+        EventKind::StepStarted,
+        EventKind::StepCompleted,
+        EventKind::StepFailed,
+        EventKind::Expired,
+        EventKind::Processed,
+        EventKind::Error,
+        EventKind::CompensationStarted,
+        EventKind::StepCompensated,
+        EventKind::Compensated,
+        EventKind::Cancelled,
+        EventKind::Resubmitted,
+        EventKind::Released,
+        EventKind::Alert,
+    ];
+
+    /// The kind named `name`, if any.
+    pub fn parse(name: &str) -> Option<EventKind> {
+        EventKind::ALL.into_iter().find(|k| k.as_str() == name)
+    }
+}
+
+/// One entry of a task's history.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Event {
+    /// Its position in the store's global event order (0 before it is stored).
+    pub seq: i64,
+    /// The task it is about.
+    pub task_id: TaskId,
+    /// When it happened.
+    pub at: Timestamp,
+    /// What happened.
+    pub kind: EventKind,
+    /// The step concerned, if any.
+    pub step: Option<StepName>,
+    /// The step's attempt concerned, if any.
+    pub attempt: Option<u32>,
+    /// Details (an error message, an output summary, who acted).
+    pub detail: Value,
+}
+
+impl Event {
+    /// A new event about the task as a whole.
+    pub fn task(task_id: &TaskId, at: Timestamp, kind: EventKind, detail: Value) -> Self {
+        Event { seq: 0, task_id: task_id.clone(), at, kind, step: None, attempt: None, detail }
+    }
+
+    /// A new event about one attempt of a step.
+    pub fn step(step: &Step, at: Timestamp, kind: EventKind, detail: Value) -> Self {
+        Event { seq: 0, task_id: step.task_id.clone(), at, kind, step: Some(step.name.clone()), attempt: Some(step.attempt), detail }
+    }
+}
+
+/// A record whose `complete_by` has passed, as the Supervisor finds it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Expired {
+    /// A leased task (Processing or Compensating) whose lease ran out.
+    Task(Task),
+    /// A step in flight (Running or Compensating) whose attempt ran out.
+    Step(Step),
+}
+
+/// A named lease that elects one holder among many instances (the
+/// Supervisor's leader election).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LeaderLease {
+    /// The lease's name (`supervisor`).
+    pub name: String,
+    /// Who holds it.
+    pub holder: InstanceId,
+    /// When it runs out unless renewed.
+    pub until: Timestamp,
+    /// Bumped whenever the holder changes; fences out a deposed leader.
+    pub epoch: u64,
+}
+
+/// The durable state store.
+#[async_trait]
+pub trait Tasks: Send + Sync {
+    /// Creates a task with its steps, messages and events in one transaction.
+    /// If a task with that id exists, writes nothing and returns it.
+    async fn create_task(&self, new: NewTask) -> Result<Created>;
+
+    /// A task and its steps, or `None`.
+    async fn task(&self, id: &TaskId) -> Result<Option<TaskRecord>>;
+
+    /// Tasks matching `filter`, newest first.
+    async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<Task>>;
+
+    /// Atomically claims up to `max` claimable tasks (as [`Task::claim`]
+    /// decides: Pending or unleased Compensating, `not_before` passed),
+    /// oldest `not_before` first, for `owner` until now + `lease`, and records
+    /// a `Claimed` event for each. Two concurrent claims never return the
+    /// same task.
+    async fn claim_tasks(&self, owner: &InstanceId, lease: Duration, max: u32) -> Result<Vec<Task>>;
+
+    /// Applies `changes` atomically. A task or step write whose record no
+    /// longer matches its expectation fails the whole commit with
+    /// [`crate::Error::Conflict`]; a lost message lease with
+    /// [`crate::Error::LeaseLost`]. Writes to a record that does not exist
+    /// fail with [`crate::Error::NotFound`].
+    async fn commit(&self, changes: Changes) -> Result<()>;
+
+    /// Up to `limit` leased tasks and in-flight steps whose `complete_by` is
+    /// at or before now, earliest first.
+    async fn expired(&self, limit: u32) -> Result<Vec<Expired>>;
+
+    /// A task's history, oldest first.
+    async fn history(&self, id: &TaskId) -> Result<Vec<Event>>;
+
+    /// Events of every task after `after_seq`, oldest first, at most `limit`.
+    async fn events_after(&self, after_seq: i64, limit: u32) -> Result<Vec<Event>>;
+
+    /// Takes or renews the named lease for `holder` until now + `ttl`.
+    /// Returns the lease if `holder` holds it now, `None` if another holder's
+    /// lease is still running.
+    async fn acquire_leader(&self, name: &str, holder: &InstanceId, ttl: Duration) -> Result<Option<LeaderLease>>;
+
+    /// Gives up the named lease if `holder` holds it.
+    async fn release_leader(&self, name: &str, holder: &InstanceId) -> Result<()>;
+}
