@@ -1,0 +1,1 @@
+//! Placeholder: the Consumer lands here.
