@@ -30,12 +30,14 @@ impl Timestamp {
     }
 
     /// `self + duration`, saturating instead of overflowing.
+    #[allow(clippy::should_implement_trait)]
     pub fn add(self, duration: Duration) -> Self {
         let millis = i64::try_from(duration.as_millis()).unwrap_or(i64::MAX);
         Timestamp(self.0.saturating_add(millis))
     }
 
     /// `self - duration`, saturating instead of overflowing.
+    #[allow(clippy::should_implement_trait)]
     pub fn sub(self, duration: Duration) -> Self {
         let millis = i64::try_from(duration.as_millis()).unwrap_or(i64::MAX);
         Timestamp(self.0.saturating_sub(millis))
@@ -44,6 +46,20 @@ impl Timestamp {
     /// The time from `earlier` to `self`, or zero when `earlier` is later.
     pub fn since(self, earlier: Timestamp) -> Duration {
         Duration::from_millis(u64::try_from(self.0.saturating_sub(earlier.0)).unwrap_or(0))
+    }
+}
+
+impl std::ops::Add<Duration> for Timestamp {
+    type Output = Timestamp;
+    fn add(self, duration: Duration) -> Timestamp {
+        Timestamp::add(self, duration)
+    }
+}
+
+impl std::ops::Sub<Duration> for Timestamp {
+    type Output = Timestamp;
+    fn sub(self, duration: Duration) -> Timestamp {
+        Timestamp::sub(self, duration)
     }
 }
 

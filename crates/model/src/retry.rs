@@ -214,15 +214,19 @@ mod tests {
     #[test]
     fn jitter_is_reproducible_from_a_seed() {
         let p = RetryPolicy::default();
-        let a: Vec<Duration> = (1..10).map({
-            let mut rng = StdRng::seed_from_u64(7);
-            move |n| p.delay_after(n, &mut rng)
-        }).collect();
-        let b: Vec<Duration> = (1..10).map({
-            let mut rng = StdRng::seed_from_u64(7);
-            let p = RetryPolicy::default();
-            move |n| p.delay_after(n, &mut rng)
-        }).collect();
+        let a: Vec<Duration> = (1..10)
+            .map({
+                let mut rng = StdRng::seed_from_u64(7);
+                move |n| p.delay_after(n, &mut rng)
+            })
+            .collect();
+        let b: Vec<Duration> = (1..10)
+            .map({
+                let mut rng = StdRng::seed_from_u64(7);
+                let p = RetryPolicy::default();
+                move |n| p.delay_after(n, &mut rng)
+            })
+            .collect();
         assert_eq!(a, b);
     }
 

@@ -50,8 +50,14 @@ pub enum StepState {
 
 impl StepState {
     /// Every state, in lifecycle order.
-    pub const ALL: [StepState; 6] =
-        [StepState::NotStarted, StepState::Running, StepState::Completed, StepState::Failed, StepState::Compensating, StepState::Compensated];
+    pub const ALL: [StepState; 6] = [
+        StepState::NotStarted,
+        StepState::Running,
+        StepState::Completed,
+        StepState::Failed,
+        StepState::Compensating,
+        StepState::Compensated,
+    ];
 
     /// Whether no further move happens without an operator.
     pub fn is_terminal(self) -> bool {

@@ -94,10 +94,11 @@ impl fmt::Display for TaskState {
 impl FromStr for TaskState {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        TaskState::ALL
-            .into_iter()
-            .find(|state| state.as_str().eq_ignore_ascii_case(s))
-            .ok_or_else(|| format!("unknown task state {s:?} (expected one of pending, processing, processed, error, compensating, compensated, cancelled)"))
+        TaskState::ALL.into_iter().find(|state| state.as_str().eq_ignore_ascii_case(s)).ok_or_else(|| {
+            format!(
+                "unknown task state {s:?} (expected one of pending, processing, processed, error, compensating, compensated, cancelled)"
+            )
+        })
     }
 }
 
@@ -455,7 +456,10 @@ mod tests {
         for failure in 1..=2 {
             let (claimed, _) = t.claim(owner("s1"), t.not_before, LEASE).unwrap();
             let late = claimed.complete_by.unwrap();
-            assert!(matches!(claimed.expire(late.sub(Duration::from_millis(1)), 3, LEASE, ExhaustedPolicy::Error), Err(TransitionError::NotDue { .. })));
+            assert!(matches!(
+                claimed.expire(late.sub(Duration::from_millis(1)), 3, LEASE, ExhaustedPolicy::Error),
+                Err(TransitionError::NotDue { .. })
+            ));
             t = claimed.expire(late, 3, Duration::from_secs(5), ExhaustedPolicy::Error).unwrap();
             assert_eq!(t.state, TaskState::Pending);
             assert_eq!(t.failure_count, failure);

@@ -1,34 +1,82 @@
-//! rota's Store on SQLite. (Implementation in progress.)
+//! rota's Store on SQLite: the embedded default (one file, no server).
+//!
+//! One writer thread owns the only writing connection and commits in groups
+//! (see [`writer`]): every acknowledged write is fsynced (`synchronous=FULL`
+//! in WAL mode by default) and many callers share each fsync. Reads go to a
+//! separate connection, which WAL lets run beside the writer. A third
+//! connection checkpoints the WAL in the background so that commits do not
+//! pay for it.
+//!
+//! Several processes may open the same file (two `rota serve` on one
+//! store): SQLite's file lock serializes their writers, and waiting
+//! receivers poll for work written by the others every `poll_interval`.
+//!
+//! Deliberately left out: connection pooling for reads (one reader is enough
+//! for the operator paths that use it) and any SQL outside this crate.
+
+mod queue_sql;
+mod schema;
+mod task_sql;
+pub mod writer;
+
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, TaskId, Timestamp};
+use rota_store::{
+    Changes, Created, DeadLetter, Delivery, Error, Event, Expired, LeaderLease, NewTask, Outgoing, QueueConfig, QueueStats, Queues,
+    Receive, Redrive, Result, Sent, Store, TaskFilter, TaskRecord, Tasks,
+};
+use rusqlite::{Connection, OpenFlags};
+use tokio::sync::{mpsc, oneshot};
+
+use writer::{Command, Job, Parked, Settle, Writer, WriterConfig};
+pub use writer::{CommitCounts, CommitStats};
 
 /// How hard a commit tries to survive power loss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Durability {
-    /// `synchronous=FULL`: every acknowledged commit is fsynced first.
+    /// `synchronous=FULL`: every acknowledged commit is fsynced first. It
+    /// survives a process crash and a power loss.
     #[default]
     Full,
-    /// `synchronous=NORMAL`: survives a process crash, may lose the last commits on power loss.
+    /// `synchronous=NORMAL`: survives a process crash, but a power loss may
+    /// lose the last acknowledged commits.
     Normal,
 }
 
-/// Settings of a SQLite store.
+impl Durability {
+    fn pragma(self) -> &'static str {
+        match self {
+            Durability::Full => "FULL",
+            Durability::Normal => "NORMAL",
+        }
+    }
+}
+
+/// Settings of a SQLite store. Every bound is named here.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// The database file.
+    /// The database file (created if missing; its directory must exist).
     pub path: PathBuf,
-    /// fsync policy.
+    /// The fsync policy of commits.
     pub durability: Durability,
     /// The most operations one group commit takes.
     pub batch_ops_max: usize,
-    /// Capacity of the channel to the writer thread.
+    /// How many operations may wait for the writer before callers wait to send.
     pub pending_ops_max: usize,
-    /// How often waiting receivers re-check for work written by other processes.
+    /// How often waiting receivers re-check for work that did not pass
+    /// through this process's writer (other processes, delays, expired leases).
     pub poll_interval: Duration,
-    /// How long to wait for another process's write lock.
+    /// How long to wait for another process's write lock before failing.
     pub busy_timeout: Duration,
     /// The largest message body accepted, in bytes.
     pub body_bytes_max: usize,
+    /// How often the background connection checkpoints the WAL.
+    pub checkpoint_interval: Duration,
 }
 
 impl Config {
@@ -42,16 +90,489 @@ impl Config {
             poll_interval: Duration::from_millis(50),
             busy_timeout: Duration::from_secs(5),
             body_bytes_max: rota_store::BODY_BYTES_MAX,
+            checkpoint_interval: Duration::from_millis(200),
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |what: &str| Err(Error::Invalid(format!("sqlite store config: {what}")));
+        if self.batch_ops_max == 0 || self.batch_ops_max > 100_000 {
+            return bad("batch_ops_max must be between 1 and 100000");
+        }
+        if self.pending_ops_max == 0 {
+            return bad("pending_ops_max must be at least 1");
+        }
+        if self.poll_interval < Duration::from_millis(1) {
+            return bad("poll_interval must be at least 1 ms");
+        }
+        if self.body_bytes_max == 0 {
+            return bad("body_bytes_max must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+/// The settings SQLite reports for an open store, read back from the database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pragmas {
+    /// `PRAGMA journal_mode` (`wal`).
+    pub journal_mode: String,
+    /// `PRAGMA synchronous` of the writing connection (`full` or `normal`).
+    pub synchronous: String,
+}
+
+/// rota's Store on a SQLite file.
+pub struct SqliteStore {
+    commands: mpsc::Sender<Command>,
+    reader: Arc<Mutex<Connection>>,
+    clock: Arc<dyn Clock>,
+    config: Config,
+    stats: Arc<CommitStats>,
+    closed: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore").field("path", &self.config.path).finish()
+    }
+}
+
+pub(crate) fn sql_error(err: rusqlite::Error) -> Error {
+    use rusqlite::ErrorCode;
+    match err.sqlite_error_code() {
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
+            Error::Unavailable(format!("the database is locked by another process: {err}"))
+        }
+        Some(ErrorCode::DiskFull) => Error::Backend(format!("disk full: {err}")),
+        Some(ErrorCode::CannotOpen | ErrorCode::PermissionDenied | ErrorCode::ReadOnly) => Error::Unavailable(err.to_string()),
+        _ => Error::Backend(err.to_string()),
+    }
+}
+
+fn open_connection(config: &Config) -> Result<Connection> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(&config.path, flags)
+        .map_err(|e| Error::Unavailable(format!("cannot open SQLite database {}: {e}", config.path.display())))?;
+    conn.busy_timeout(config.busy_timeout).map_err(sql_error)?;
+    let journal: String = conn
+        .query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
+        .map_err(|e| Error::Unavailable(format!("cannot use SQLite database {}: {e}", config.path.display())))?;
+    if !journal.eq_ignore_ascii_case("wal") {
+        return Err(Error::Unavailable(format!("{} refuses WAL mode (journal_mode is {journal})", config.path.display())));
+    }
+    conn.execute_batch(&format!(
+        "PRAGMA synchronous = {}; PRAGMA temp_store = MEMORY; PRAGMA cache_size = -32768; PRAGMA journal_size_limit = 67108864;",
+        config.durability.pragma()
+    ))
+    .map_err(sql_error)?;
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(conn)
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `config.path`, runs the
+    /// migrations, and starts the writer and checkpoint threads. Every
+    /// operation reads "now" from `clock`.
+    pub fn open(config: Config, clock: Arc<dyn Clock>) -> Result<SqliteStore> {
+        config.validate()?;
+        let mut writer_conn = open_connection(&config)?;
+        schema::migrate(&mut writer_conn).map_err(sql_error)?;
+        let found: i64 = writer_conn.query_row("PRAGMA user_version", [], |row| row.get(0)).map_err(sql_error)?;
+        if found > schema::version() {
+            return Err(Error::Unavailable(format!(
+                "{} has schema version {found}, newer than this rota knows ({}): upgrade rota",
+                config.path.display(),
+                schema::version()
+            )));
+        }
+        // The background checkpointer does this work instead of the commits.
+        writer_conn.execute_batch("PRAGMA wal_autocheckpoint = 10000").map_err(sql_error)?;
+        let reader = open_connection(&config)?;
+        let checkpointer = open_connection(&config)?;
+
+        let (commands, receiver) = mpsc::channel(config.pending_ops_max);
+        let stats = Arc::new(CommitStats::default());
+        let closed = Arc::new(AtomicBool::new(false));
+        let writer = Writer::new(
+            writer_conn,
+            clock.clone(),
+            receiver,
+            WriterConfig { batch_ops_max: config.batch_ops_max, poll_interval: config.poll_interval },
+            stats.clone(),
+            closed.clone(),
+        );
+        std::thread::Builder::new()
+            .name("rota-sqlite-writer".into())
+            .spawn(move || writer.run())
+            .map_err(|e| Error::Backend(format!("cannot start the writer thread: {e}")))?;
+        let interval = config.checkpoint_interval;
+        let checkpoint_closed = closed.clone();
+        std::thread::Builder::new()
+            .name("rota-sqlite-checkpoint".into())
+            .spawn(move || run_checkpoints(checkpointer, interval, checkpoint_closed))
+            .map_err(|e| Error::Backend(format!("cannot start the checkpoint thread: {e}")))?;
+
+        Ok(SqliteStore { commands, reader: Arc::new(Mutex::new(reader)), clock, config, stats, closed })
+    }
+
+    /// The settings SQLite reports: journal mode of the file and the
+    /// synchronous level of the writing connection.
+    pub async fn pragmas(&self) -> Result<Pragmas> {
+        let synchronous: i64 = self.write(|conn, _| conn.query_row("PRAGMA synchronous", [], |row| row.get(0)).map_err(sql_error)).await?;
+        let journal_mode: String =
+            self.read(|conn, _| conn.query_row("PRAGMA journal_mode", [], |row| row.get(0)).map_err(sql_error)).await?;
+        let synchronous = match synchronous {
+            0 => "off",
+            1 => "normal",
+            2 => "full",
+            3 => "extra",
+            _ => "unknown",
+        };
+        Ok(Pragmas { journal_mode: journal_mode.to_lowercase(), synchronous: synchronous.into() })
+    }
+
+    /// Counters of the writer's group commits so far.
+    pub fn commit_counts(&self) -> CommitCounts {
+        self.stats.snapshot()
+    }
+
+    /// The configuration the store was opened with.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Runs `op` on the writer inside its group-commit transaction and
+    /// returns its result once the transaction is durable.
+    async fn write<T, F>(&self, op: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection, Timestamp) -> Result<T> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let job: Job = Box::new(move |conn, now| {
+            let result = op(conn, now);
+            let ok = result.is_ok();
+            let settle: Settle = Box::new(move |commit_error| {
+                let result = match commit_error {
+                    Some(err) if ok => Err(Error::Backend(format!("commit failed: {err}"))),
+                    _ => result,
+                };
+                let _ = reply.send(result);
+            });
+            (ok, settle)
+        });
+        self.commands.send(Command::Write(job)).await.map_err(|_| Error::Closed)?;
+        answer.await.map_err(|_| Error::Closed)?
+    }
+
+    /// Runs a read-only `op` on the reader connection, off the async threads.
+    async fn read<T, F>(&self, op: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection, Timestamp) -> Result<T> + Send + 'static,
+    {
+        let reader = self.reader.clone();
+        let now = self.clock.now();
+        tokio::task::spawn_blocking(move || {
+            let conn = reader.lock().map_err(|_| Error::Backend("the reader connection is poisoned".into()))?;
+            op(&conn, now)
+        })
+        .await
+        .map_err(|e| Error::Backend(format!("read failed: {e}")))?
+    }
+
+    fn check_body(&self, message: &Outgoing) -> Result<()> {
+        let size = message.body.get().len();
+        if size > self.config.body_bytes_max {
+            return Err(Error::Invalid(format!("message body is {size} bytes, over the limit of {} bytes", self.config.body_bytes_max)));
+        }
+        if message.ordering_key.as_ref().is_some_and(|k| k.is_empty() || k.len() > 200) {
+            return Err(Error::Invalid("ordering key must be 1 to 200 bytes".into()));
+        }
+        Ok(())
+    }
+
+    /// Ids for messages that have none: time-ordered UUIDs.
+    fn message_id(message: &Outgoing) -> MessageId {
+        message.id.clone().unwrap_or_else(|| MessageId::new(uuid::Uuid::now_v7().to_string()).expect("a UUID is a valid message id"))
+    }
+}
+
+impl Drop for SqliteStore {
+    fn drop(&mut self) {
+        // The writer stops when the last sender (ours) is dropped; the
+        // checkpointer follows it through `closed`.
+        let _ = &self.closed;
+    }
+}
+
+fn run_checkpoints(conn: Connection, interval: Duration, closed: Arc<AtomicBool>) {
+    while !closed.load(Ordering::SeqCst) {
+        std::thread::sleep(interval);
+        // PASSIVE never blocks the writer; it copies what it can.
+        if let Err(err) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+            tracing::debug!("wal checkpoint skipped: {err}");
         }
     }
 }
 
-/// The store.
-pub struct SqliteStore {}
+#[async_trait]
+impl Queues for SqliteStore {
+    async fn create_queue(&self, queue: &QueueName, config: QueueConfig) -> Result<()> {
+        config.validate()?;
+        let queue = queue.clone();
+        self.write(move |conn, now| queue_sql::upsert_queue(conn, &queue, &config, now, true)).await
+    }
 
-impl SqliteStore {
-    /// Opens (creating if needed) the database and starts the writer thread.
-    pub fn open(_config: Config, _clock: std::sync::Arc<dyn rota_model::Clock>) -> rota_store::Result<SqliteStore> {
-        Err(rota_store::Error::Unavailable("not yet implemented".into()))
+    async fn queue_config(&self, queue: &QueueName) -> Result<Option<QueueConfig>> {
+        let queue = queue.clone();
+        self.read(move |conn, _| Ok(queue_sql::find_queue(conn, &queue)?.map(|q| q.config))).await
+    }
+
+    async fn send(&self, queue: &QueueName, message: Outgoing) -> Result<Sent> {
+        self.check_body(&message)?;
+        let queue = queue.clone();
+        let id = Self::message_id(&message);
+        self.write(move |conn, now| {
+            let row = queue_sql::ensure_queue(conn, &queue, now)?;
+            queue_sql::send(conn, &row, &message, id, now)
+        })
+        .await
+    }
+
+    async fn send_batch(&self, queue: &QueueName, messages: Vec<Outgoing>) -> Result<Vec<Sent>> {
+        for message in &messages {
+            self.check_body(message)?;
+        }
+        let queue = queue.clone();
+        let ids: Vec<MessageId> = messages.iter().map(Self::message_id).collect();
+        self.write(move |conn, now| {
+            let row = queue_sql::ensure_queue(conn, &queue, now)?;
+            messages.iter().zip(ids).map(|(message, id)| queue_sql::send(conn, &row, message, id, now)).collect()
+        })
+        .await
+    }
+
+    async fn receive(&self, queue: &QueueName, request: Receive) -> Result<Vec<Delivery>> {
+        request.validate()?;
+        let (reply, answer) = oneshot::channel();
+        let parked = Parked {
+            queue: queue.clone(),
+            max: request.max,
+            lease: request.lease,
+            owner: request.consumer,
+            deadline: Instant::now() + request.wait,
+            reply,
+        };
+        self.commands.send(Command::Receive(parked)).await.map_err(|_| Error::Closed)?;
+        answer.await.map_err(|_| Error::Closed)?
+    }
+
+    async fn complete(&self, queue: &QueueName, token: LeaseToken) -> Result<()> {
+        let queue = queue.clone();
+        self.write(move |conn, now| {
+            let row = queue_sql::find_queue(conn, &queue)?.ok_or_else(|| queue_sql::lease_lost(&queue, token))?;
+            queue_sql::complete(conn, &row, token, now)
+        })
+        .await
+    }
+
+    async fn complete_batch(&self, queue: &QueueName, tokens: &[LeaseToken]) -> Result<Vec<LeaseToken>> {
+        let queue = queue.clone();
+        let tokens = tokens.to_vec();
+        self.write(move |conn, now| {
+            let Some(row) = queue_sql::find_queue(conn, &queue)? else { return Ok(tokens) };
+            let mut lost = Vec::new();
+            for token in tokens {
+                match queue_sql::complete(conn, &row, token, now) {
+                    Ok(()) => {}
+                    Err(Error::LeaseLost(_)) => lost.push(token),
+                    Err(other) => return Err(other),
+                }
+            }
+            Ok(lost)
+        })
+        .await
+    }
+
+    async fn abandon(&self, queue: &QueueName, token: LeaseToken, delay: Duration, reason: Option<String>) -> Result<()> {
+        let queue = queue.clone();
+        self.write(move |conn, now| {
+            let row = queue_sql::find_queue(conn, &queue)?.ok_or_else(|| queue_sql::lease_lost(&queue, token))?;
+            queue_sql::abandon(conn, &row, token, delay, reason.as_deref(), now)
+        })
+        .await
+    }
+
+    async fn renew(&self, queue: &QueueName, token: LeaseToken, lease: Option<Duration>) -> Result<Timestamp> {
+        if let Some(lease) = lease {
+            QueueConfig { lease, ..QueueConfig::default() }.validate()?;
+        }
+        let queue = queue.clone();
+        self.write(move |conn, now| {
+            let row = queue_sql::find_queue(conn, &queue)?.ok_or_else(|| queue_sql::lease_lost(&queue, token))?;
+            queue_sql::renew(conn, &row, token, lease.unwrap_or(row.config.lease), now)
+        })
+        .await
+    }
+
+    async fn dead_letter(&self, queue: &QueueName, token: LeaseToken, reason: String) -> Result<()> {
+        let queue = queue.clone();
+        self.write(move |conn, now| {
+            let row = queue_sql::find_queue(conn, &queue)?.ok_or_else(|| queue_sql::lease_lost(&queue, token))?;
+            queue_sql::dead_letter(conn, &row, token, &reason, now)
+        })
+        .await
+    }
+
+    async fn dead_letters(&self, queue: &QueueName, limit: u32) -> Result<Vec<DeadLetter>> {
+        let queue = queue.clone();
+        self.read(move |conn, _| match queue_sql::find_queue(conn, &queue)? {
+            Some(row) => queue_sql::dead_letters(conn, &row, limit),
+            None => Err(Error::NotFound(format!("queue {queue}"))),
+        })
+        .await
+    }
+
+    async fn redrive(&self, queue: &QueueName, which: Redrive) -> Result<u64> {
+        let queue = queue.clone();
+        self.write(move |conn, now| {
+            let row = queue_sql::existing_queue(conn, &queue)?;
+            queue_sql::redrive(conn, &row, &which, now)
+        })
+        .await
+    }
+
+    async fn purge_dead_letters(&self, queue: &QueueName) -> Result<u64> {
+        let queue = queue.clone();
+        self.write(move |conn, _| {
+            let row = queue_sql::existing_queue(conn, &queue)?;
+            queue_sql::purge_dead_letters(conn, &row)
+        })
+        .await
+    }
+
+    async fn pause(&self, queue: &QueueName) -> Result<()> {
+        let queue = queue.clone();
+        self.write(move |conn, now| {
+            let row = queue_sql::ensure_queue(conn, &queue, now)?;
+            queue_sql::set_paused(conn, &row, true)
+        })
+        .await
+    }
+
+    async fn resume(&self, queue: &QueueName) -> Result<()> {
+        let queue = queue.clone();
+        self.write(move |conn, now| {
+            let row = queue_sql::ensure_queue(conn, &queue, now)?;
+            queue_sql::set_paused(conn, &row, false)
+        })
+        .await
+    }
+
+    async fn stats(&self) -> Result<Vec<QueueStats>> {
+        self.read(queue_sql::stats).await
+    }
+}
+
+#[async_trait]
+impl Tasks for SqliteStore {
+    async fn create_task(&self, new: NewTask) -> Result<Created> {
+        for (_, message) in &new.messages {
+            self.check_body(message)?;
+        }
+        for step in &new.steps {
+            if step.task_id != new.task.id {
+                return Err(Error::Invalid(format!("step {} belongs to task {}, not {}", step.name, step.task_id, new.task.id)));
+            }
+        }
+        let ids: Vec<MessageId> = new.messages.iter().map(|(_, m)| Self::message_id(m)).collect();
+        self.write(move |conn, now| {
+            if let Some(existing) = task_sql::get_task(conn, &new.task.id)? {
+                return Ok(Created::Existing(Box::new(existing)));
+            }
+            task_sql::insert_task(conn, &new.task)?;
+            for step in &new.steps {
+                task_sql::insert_step(conn, step)?;
+            }
+            for event in &new.events {
+                task_sql::insert_event(conn, event)?;
+            }
+            for ((queue, message), id) in new.messages.iter().zip(ids) {
+                let row = queue_sql::ensure_queue(conn, queue, now)?;
+                queue_sql::send(conn, &row, message, id, now)?;
+            }
+            Ok(Created::New)
+        })
+        .await
+    }
+
+    async fn task(&self, id: &TaskId) -> Result<Option<TaskRecord>> {
+        let id = id.clone();
+        self.read(move |conn, _| task_sql::get_task(conn, &id)).await
+    }
+
+    async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<Task>> {
+        let filter = filter.clone();
+        self.read(move |conn, _| task_sql::list_tasks(conn, &filter)).await
+    }
+
+    async fn claim_tasks(&self, owner: &InstanceId, lease: Duration, max: u32) -> Result<Vec<Task>> {
+        let owner = owner.clone();
+        self.write(move |conn, now| task_sql::claim_tasks(conn, &owner, lease, max, now)).await
+    }
+
+    async fn commit(&self, changes: Changes) -> Result<()> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        for (_, message) in &changes.send {
+            self.check_body(message)?;
+        }
+        let ids: Vec<MessageId> = changes.send.iter().map(|(_, m)| Self::message_id(m)).collect();
+        self.write(move |conn, now| {
+            task_sql::apply_writes(conn, &changes)?;
+            for (queue, token) in &changes.complete {
+                let row = queue_sql::find_queue(conn, queue)?.ok_or_else(|| queue_sql::lease_lost(queue, *token))?;
+                queue_sql::complete(conn, &row, *token, now)?;
+            }
+            for ((queue, message), id) in changes.send.iter().zip(ids) {
+                let row = queue_sql::ensure_queue(conn, queue, now)?;
+                queue_sql::send(conn, &row, message, id, now)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn expired(&self, limit: u32) -> Result<Vec<Expired>> {
+        self.read(move |conn, now| task_sql::expired(conn, limit, now)).await
+    }
+
+    async fn history(&self, id: &TaskId) -> Result<Vec<Event>> {
+        let id = id.clone();
+        self.read(move |conn, _| task_sql::history(conn, &id)).await
+    }
+
+    async fn events_after(&self, after_seq: i64, limit: u32) -> Result<Vec<Event>> {
+        self.read(move |conn, _| task_sql::events_after(conn, after_seq, limit)).await
+    }
+
+    async fn acquire_leader(&self, name: &str, holder: &InstanceId, ttl: Duration) -> Result<Option<LeaderLease>> {
+        let (name, holder) = (name.to_owned(), holder.clone());
+        self.write(move |conn, now| task_sql::acquire_leader(conn, &name, &holder, ttl, now)).await
+    }
+
+    async fn release_leader(&self, name: &str, holder: &InstanceId) -> Result<()> {
+        let (name, holder) = (name.to_owned(), holder.clone());
+        self.write(move |conn, now| task_sql::release_leader(conn, &name, &holder, now)).await
+    }
+}
+
+use rota_model::Task;
+
+impl Store for SqliteStore {
+    fn backend(&self) -> &'static str {
+        "sqlite"
     }
 }

@@ -1,0 +1,140 @@
+//! The schema, as embedded migrations. `PRAGMA user_version` records how
+//! many have run; each runs once, in order, in its own transaction.
+
+use rusqlite::Connection;
+
+/// The migrations, in order. Never edit one that has shipped: add another.
+const MIGRATIONS: &[&str] = &[r#"
+-- Queues. `id` keeps message rows small and their index keys short.
+CREATE TABLE queues (
+    id               INTEGER PRIMARY KEY,
+    name             TEXT    NOT NULL UNIQUE,
+    lease_ms         INTEGER NOT NULL,
+    deliveries_max   INTEGER NOT NULL,
+    dedupe_window_ms INTEGER NOT NULL,
+    paused           INTEGER NOT NULL DEFAULT 0,
+    created_at       INTEGER NOT NULL
+);
+
+-- Live messages. A message is visible when visible_at <= now. Receiving it
+-- sets lease_until and moves visible_at to the same time, so an expired
+-- lease makes it visible again with no extra write. AUTOINCREMENT keeps
+-- sequence numbers from ever being reused: a lease token (seq, epoch) must
+-- never match a later message.
+CREATE TABLE messages (
+    seq            INTEGER PRIMARY KEY AUTOINCREMENT,
+    queue_id       INTEGER NOT NULL,
+    id             TEXT    NOT NULL,
+    body           TEXT    NOT NULL,
+    ordering_key   TEXT,
+    enqueued_at    INTEGER NOT NULL,
+    visible_at     INTEGER NOT NULL,
+    delivery_count INTEGER NOT NULL DEFAULT 0,
+    lease_epoch    INTEGER NOT NULL DEFAULT 0,
+    lease_owner    TEXT,
+    lease_until    INTEGER,
+    last_error     TEXT
+);
+-- The receive scan: oldest visible first, stopping after LIMIT rows.
+CREATE INDEX messages_visible ON messages (queue_id, visible_at, seq);
+-- The head of each ordering key.
+CREATE INDEX messages_ordering ON messages (queue_id, ordering_key, seq) WHERE ordering_key IS NOT NULL;
+CREATE INDEX messages_id ON messages (queue_id, id);
+
+-- Message ids remembered for duplicate detection until expires_at.
+CREATE TABLE message_ids (
+    queue_id   INTEGER NOT NULL,
+    id         TEXT    NOT NULL,
+    expires_at INTEGER NOT NULL,
+    PRIMARY KEY (queue_id, id)
+) WITHOUT ROWID;
+CREATE INDEX message_ids_expiry ON message_ids (expires_at);
+
+CREATE TABLE dead_letters (
+    seq              INTEGER PRIMARY KEY AUTOINCREMENT,
+    queue_id         INTEGER NOT NULL,
+    id               TEXT    NOT NULL,
+    body             TEXT    NOT NULL,
+    ordering_key     TEXT,
+    enqueued_at      INTEGER NOT NULL,
+    delivery_count   INTEGER NOT NULL,
+    dead_lettered_at INTEGER NOT NULL,
+    reason           TEXT    NOT NULL
+);
+CREATE INDEX dead_letters_queue ON dead_letters (queue_id, seq);
+CREATE INDEX dead_letters_id ON dead_letters (queue_id, id);
+
+-- Tasks: the pattern's state records. The rowid orders them by creation.
+CREATE TABLE tasks (
+    id               TEXT    NOT NULL UNIQUE,
+    workflow         TEXT    NOT NULL,
+    workflow_version INTEGER NOT NULL,
+    input            TEXT    NOT NULL,
+    state            TEXT    NOT NULL,
+    locked_by        TEXT,
+    lease_epoch      INTEGER NOT NULL,
+    complete_by      INTEGER,
+    not_before       INTEGER NOT NULL,
+    failure_count    INTEGER NOT NULL,
+    reply_to         TEXT,
+    output           TEXT,
+    error            TEXT,
+    created_at       INTEGER NOT NULL,
+    updated_at       INTEGER NOT NULL
+);
+CREATE INDEX tasks_claimable ON tasks (not_before) WHERE state IN ('pending', 'compensating') AND locked_by IS NULL;
+CREATE INDEX tasks_leased ON tasks (complete_by) WHERE locked_by IS NOT NULL;
+CREATE INDEX tasks_state ON tasks (state);
+
+CREATE TABLE steps (
+    task_id     TEXT    NOT NULL,
+    name        TEXT    NOT NULL,
+    position    INTEGER NOT NULL,
+    state       TEXT    NOT NULL,
+    attempt     INTEGER NOT NULL,
+    complete_by INTEGER,
+    not_before  INTEGER NOT NULL,
+    input       TEXT,
+    output      TEXT,
+    last_error  TEXT,
+    updated_at  INTEGER NOT NULL,
+    PRIMARY KEY (task_id, name)
+) WITHOUT ROWID;
+CREATE INDEX steps_in_flight ON steps (complete_by) WHERE complete_by IS NOT NULL;
+
+-- The append-only history of every task.
+CREATE TABLE events (
+    seq     INTEGER PRIMARY KEY AUTOINCREMENT,
+    task_id TEXT    NOT NULL,
+    at      INTEGER NOT NULL,
+    kind    TEXT    NOT NULL,
+    step    TEXT,
+    attempt INTEGER,
+    detail  TEXT    NOT NULL
+);
+CREATE INDEX events_task ON events (task_id, seq);
+
+-- Named leases electing one holder (the Supervisor's leader election).
+CREATE TABLE leaders (
+    name   TEXT    PRIMARY KEY,
+    holder TEXT    NOT NULL,
+    until  INTEGER NOT NULL,
+    epoch  INTEGER NOT NULL
+);
+"#];
+
+/// Runs the migrations that have not run yet.
+pub(crate) fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let done: i64 = tx.query_row("PRAGMA user_version", [], |row| row.get(0))?;
+    for (index, sql) in MIGRATIONS.iter().enumerate().skip(usize::try_from(done).unwrap_or(0)) {
+        tx.execute_batch(sql)?;
+        tx.pragma_update(None, "user_version", (index + 1) as i64)?;
+    }
+    tx.commit()
+}
+
+/// How many migrations this build knows.
+pub(crate) fn version() -> i64 {
+    MIGRATIONS.len() as i64
+}

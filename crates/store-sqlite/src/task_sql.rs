@@ -1,0 +1,468 @@
+//! State-store operations as SQL: tasks, steps, history, leader leases.
+//! Like the queue operations, they take `now` from the caller.
+
+use std::time::Duration;
+
+use rota_model::{InstanceId, Step, StepName, StepState, Task, TaskId, TaskState, Timestamp, WorkflowName};
+use rota_store::{Changes, Error, Event, EventKind, Expired, LeaderLease, Result, StepWrite, TaskFilter, TaskRecord, TaskWrite};
+use rusqlite::{Connection, OptionalExtension, Row, params};
+use serde_json::Value;
+
+use crate::sql_error;
+
+const TASK_COLUMNS: &str = "id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before, \
+                            failure_count, reply_to, output, error, created_at, updated_at";
+const STEP_COLUMNS: &str = "task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error, updated_at";
+
+fn json_text(value: &Value) -> String {
+    value.to_string()
+}
+
+fn parse_json(column: &str, text: String) -> Result<Value> {
+    serde_json::from_str(&text).map_err(|e| Error::Backend(format!("stored {column} is not JSON: {e}")))
+}
+
+fn corrupt(what: &str, err: impl std::fmt::Display) -> Error {
+    Error::Backend(format!("stored {what} is invalid: {err}"))
+}
+
+/// A task row as read, before its text columns are checked.
+struct TaskRow {
+    id: String,
+    workflow: String,
+    workflow_version: u32,
+    input: String,
+    state: String,
+    locked_by: Option<String>,
+    lease_epoch: i64,
+    complete_by: Option<i64>,
+    not_before: i64,
+    failure_count: u32,
+    reply_to: Option<String>,
+    output: Option<String>,
+    error: Option<String>,
+    created_at: i64,
+    updated_at: i64,
+}
+
+fn task_row(row: &Row<'_>) -> rusqlite::Result<TaskRow> {
+    Ok(TaskRow {
+        id: row.get(0)?,
+        workflow: row.get(1)?,
+        workflow_version: row.get(2)?,
+        input: row.get(3)?,
+        state: row.get(4)?,
+        locked_by: row.get(5)?,
+        lease_epoch: row.get(6)?,
+        complete_by: row.get(7)?,
+        not_before: row.get(8)?,
+        failure_count: row.get(9)?,
+        reply_to: row.get(10)?,
+        output: row.get(11)?,
+        error: row.get(12)?,
+        created_at: row.get(13)?,
+        updated_at: row.get(14)?,
+    })
+}
+
+impl TaskRow {
+    fn into_task(self) -> Result<Task> {
+        Ok(Task {
+            id: TaskId::new(self.id).map_err(|e| corrupt("task id", e))?,
+            workflow: WorkflowName::new(self.workflow).map_err(|e| corrupt("workflow name", e))?,
+            workflow_version: self.workflow_version,
+            input: parse_json("task input", self.input)?,
+            state: self.state.parse::<TaskState>().map_err(|e| corrupt("task state", e))?,
+            locked_by: self.locked_by.map(InstanceId::new).transpose().map_err(|e| corrupt("locked_by", e))?,
+            lease_epoch: self.lease_epoch as u64,
+            complete_by: self.complete_by.map(Timestamp::from_millis),
+            not_before: Timestamp::from_millis(self.not_before),
+            failure_count: self.failure_count,
+            reply_to: self.reply_to,
+            output: self.output.map(|o| parse_json("task output", o)).transpose()?,
+            error: self.error,
+            created_at: Timestamp::from_millis(self.created_at),
+            updated_at: Timestamp::from_millis(self.updated_at),
+        })
+    }
+}
+
+struct StepRow {
+    task_id: String,
+    name: String,
+    position: u32,
+    state: String,
+    attempt: u32,
+    complete_by: Option<i64>,
+    not_before: i64,
+    input: Option<String>,
+    output: Option<String>,
+    last_error: Option<String>,
+    updated_at: i64,
+}
+
+fn step_row(row: &Row<'_>) -> rusqlite::Result<StepRow> {
+    Ok(StepRow {
+        task_id: row.get(0)?,
+        name: row.get(1)?,
+        position: row.get(2)?,
+        state: row.get(3)?,
+        attempt: row.get(4)?,
+        complete_by: row.get(5)?,
+        not_before: row.get(6)?,
+        input: row.get(7)?,
+        output: row.get(8)?,
+        last_error: row.get(9)?,
+        updated_at: row.get(10)?,
+    })
+}
+
+impl StepRow {
+    fn into_step(self) -> Result<Step> {
+        Ok(Step {
+            task_id: TaskId::new(self.task_id).map_err(|e| corrupt("task id", e))?,
+            name: StepName::new(self.name).map_err(|e| corrupt("step name", e))?,
+            position: self.position,
+            state: self.state.parse::<StepState>().map_err(|e| corrupt("step state", e))?,
+            attempt: self.attempt,
+            complete_by: self.complete_by.map(Timestamp::from_millis),
+            not_before: Timestamp::from_millis(self.not_before),
+            input: self.input.map(|i| parse_json("step input", i)).transpose()?,
+            output: self.output.map(|o| parse_json("step output", o)).transpose()?,
+            last_error: self.last_error,
+            updated_at: Timestamp::from_millis(self.updated_at),
+        })
+    }
+}
+
+pub(crate) fn task_exists(conn: &Connection, id: &TaskId) -> Result<bool> {
+    conn.prepare_cached("SELECT EXISTS (SELECT 1 FROM tasks WHERE id = ?1)")
+        .and_then(|mut stmt| stmt.query_row([id.as_str()], |row| row.get(0)))
+        .map_err(sql_error)
+}
+
+pub(crate) fn insert_task(conn: &Connection, task: &Task) -> Result<()> {
+    conn.prepare_cached(&format!(
+        "INSERT INTO tasks ({TASK_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
+    ))
+    .and_then(|mut stmt| {
+        stmt.execute(params![
+            task.id.as_str(),
+            task.workflow.as_str(),
+            task.workflow_version,
+            json_text(&task.input),
+            task.state.as_str(),
+            task.locked_by.as_ref().map(InstanceId::as_str),
+            task.lease_epoch as i64,
+            task.complete_by.map(Timestamp::as_millis),
+            task.not_before.as_millis(),
+            task.failure_count,
+            task.reply_to,
+            task.output.as_ref().map(json_text),
+            task.error,
+            task.created_at.as_millis(),
+            task.updated_at.as_millis(),
+        ])
+    })
+    .map_err(sql_error)?;
+    Ok(())
+}
+
+pub(crate) fn insert_step(conn: &Connection, step: &Step) -> Result<()> {
+    conn.prepare_cached(&format!("INSERT INTO steps ({STEP_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"))
+        .and_then(|mut stmt| {
+            stmt.execute(params![
+                step.task_id.as_str(),
+                step.name.as_str(),
+                step.position,
+                step.state.as_str(),
+                step.attempt,
+                step.complete_by.map(Timestamp::as_millis),
+                step.not_before.as_millis(),
+                step.input.as_ref().map(json_text),
+                step.output.as_ref().map(json_text),
+                step.last_error,
+                step.updated_at.as_millis(),
+            ])
+        })
+        .map_err(sql_error)?;
+    Ok(())
+}
+
+pub(crate) fn insert_event(conn: &Connection, event: &Event) -> Result<()> {
+    conn.prepare_cached("INSERT INTO events (task_id, at, kind, step, attempt, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
+        .and_then(|mut stmt| {
+            stmt.execute(params![
+                event.task_id.as_str(),
+                event.at.as_millis(),
+                event.kind.as_str(),
+                event.step.as_ref().map(StepName::as_str),
+                event.attempt,
+                json_text(&event.detail),
+            ])
+        })
+        .map_err(sql_error)?;
+    Ok(())
+}
+
+/// A fenced task update. Zero rows matched is a `Conflict` (or `NotFound`).
+pub(crate) fn write_task(conn: &Connection, write: &TaskWrite) -> Result<()> {
+    let task = &write.task;
+    let updated = conn
+        .prepare_cached(
+            "UPDATE tasks SET workflow = ?2, workflow_version = ?3, input = ?4, state = ?5, locked_by = ?6, lease_epoch = ?7,
+                              complete_by = ?8, not_before = ?9, failure_count = ?10, reply_to = ?11, output = ?12,
+                              error = ?13, updated_at = ?14
+              WHERE id = ?1 AND state = ?15 AND lease_epoch = ?16",
+        )
+        .and_then(|mut stmt| {
+            stmt.execute(params![
+                task.id.as_str(),
+                task.workflow.as_str(),
+                task.workflow_version,
+                json_text(&task.input),
+                task.state.as_str(),
+                task.locked_by.as_ref().map(InstanceId::as_str),
+                task.lease_epoch as i64,
+                task.complete_by.map(Timestamp::as_millis),
+                task.not_before.as_millis(),
+                task.failure_count,
+                task.reply_to,
+                task.output.as_ref().map(json_text),
+                task.error,
+                task.updated_at.as_millis(),
+                write.expected_state.as_str(),
+                write.expected_epoch as i64,
+            ])
+        })
+        .map_err(sql_error)?;
+    if updated == 1 {
+        return Ok(());
+    }
+    if !task_exists(conn, &task.id)? {
+        return Err(Error::NotFound(format!("task {}", task.id)));
+    }
+    Err(Error::Conflict(format!(
+        "task {} is no longer {} at lease epoch {} (changed by another writer)",
+        task.id, write.expected_state, write.expected_epoch
+    )))
+}
+
+/// A fenced step update. Zero rows matched is a `Conflict` (or `NotFound`).
+pub(crate) fn write_step(conn: &Connection, write: &StepWrite) -> Result<()> {
+    let step = &write.step;
+    let updated = conn
+        .prepare_cached(
+            "UPDATE steps SET position = ?3, state = ?4, attempt = ?5, complete_by = ?6, not_before = ?7, input = ?8,
+                              output = ?9, last_error = ?10, updated_at = ?11
+              WHERE task_id = ?1 AND name = ?2 AND state = ?12 AND attempt = ?13",
+        )
+        .and_then(|mut stmt| {
+            stmt.execute(params![
+                step.task_id.as_str(),
+                step.name.as_str(),
+                step.position,
+                step.state.as_str(),
+                step.attempt,
+                step.complete_by.map(Timestamp::as_millis),
+                step.not_before.as_millis(),
+                step.input.as_ref().map(json_text),
+                step.output.as_ref().map(json_text),
+                step.last_error,
+                step.updated_at.as_millis(),
+                write.expected_state.as_str(),
+                write.expected_attempt,
+            ])
+        })
+        .map_err(sql_error)?;
+    if updated == 1 {
+        return Ok(());
+    }
+    let exists: bool = conn
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM steps WHERE task_id = ?1 AND name = ?2)")
+        .and_then(|mut stmt| stmt.query_row(params![step.task_id.as_str(), step.name.as_str()], |row| row.get(0)))
+        .map_err(sql_error)?;
+    if !exists {
+        return Err(Error::NotFound(format!("step {} of task {}", step.name, step.task_id)));
+    }
+    Err(Error::Conflict(format!(
+        "step {} of task {} is no longer {} at attempt {} (changed by another writer)",
+        step.name, step.task_id, write.expected_state, write.expected_attempt
+    )))
+}
+
+/// Applies fenced writes and events. Sends and completes are done by the
+/// caller, which owns the queue functions; all of it runs in one savepoint.
+pub(crate) fn apply_writes(conn: &Connection, changes: &Changes) -> Result<()> {
+    for write in &changes.tasks {
+        write_task(conn, write)?;
+    }
+    for write in &changes.steps {
+        write_step(conn, write)?;
+    }
+    for event in &changes.events {
+        insert_event(conn, event)?;
+    }
+    Ok(())
+}
+
+pub(crate) fn get_task(conn: &Connection, id: &TaskId) -> Result<Option<TaskRecord>> {
+    let row = conn
+        .prepare_cached(&format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?1"))
+        .and_then(|mut stmt| stmt.query_row([id.as_str()], task_row).optional())
+        .map_err(sql_error)?;
+    let Some(row) = row else { return Ok(None) };
+    let task = row.into_task()?;
+    let steps = conn
+        .prepare_cached(&format!("SELECT {STEP_COLUMNS} FROM steps WHERE task_id = ?1 ORDER BY position, name"))
+        .and_then(|mut stmt| stmt.query_map([id.as_str()], step_row)?.collect::<rusqlite::Result<Vec<_>>>())
+        .map_err(sql_error)?;
+    let steps = steps.into_iter().map(StepRow::into_step).collect::<Result<Vec<_>>>()?;
+    Ok(Some(TaskRecord { task, steps }))
+}
+
+pub(crate) fn list_tasks(conn: &Connection, filter: &TaskFilter) -> Result<Vec<Task>> {
+    let rows = conn
+        .prepare_cached(&format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR workflow = ?2)
+              ORDER BY rowid DESC LIMIT ?3"
+        ))
+        .and_then(|mut stmt| {
+            stmt.query_map(
+                params![filter.state.map(TaskState::as_str), filter.workflow.as_ref().map(WorkflowName::as_str), filter.limit],
+                task_row,
+            )?
+            .collect::<rusqlite::Result<Vec<_>>>()
+        })
+        .map_err(sql_error)?;
+    rows.into_iter().map(TaskRow::into_task).collect()
+}
+
+/// Claims up to `max` claimable tasks in one statement, and records a
+/// `Claimed` event for each.
+pub(crate) fn claim_tasks(conn: &Connection, owner: &InstanceId, lease: Duration, max: u32, now: Timestamp) -> Result<Vec<Task>> {
+    let rows = conn
+        .prepare_cached(&format!(
+            "UPDATE tasks
+                SET state = CASE state WHEN 'pending' THEN 'processing' ELSE state END,
+                    locked_by = ?1, lease_epoch = lease_epoch + 1, complete_by = ?2, updated_at = ?3
+              WHERE rowid IN (SELECT rowid FROM tasks
+                               WHERE state IN ('pending', 'compensating') AND locked_by IS NULL AND not_before <= ?3
+                               ORDER BY not_before LIMIT ?4)
+          RETURNING {TASK_COLUMNS}"
+        ))
+        .and_then(|mut stmt| {
+            stmt.query_map(params![owner.as_str(), now.add(lease).as_millis(), now.as_millis(), max], task_row)?
+                .collect::<rusqlite::Result<Vec<_>>>()
+        })
+        .map_err(sql_error)?;
+    let mut tasks = rows.into_iter().map(TaskRow::into_task).collect::<Result<Vec<_>>>()?;
+    tasks.sort_by(|a, b| (a.not_before, &a.id).cmp(&(b.not_before, &b.id)));
+    for task in &tasks {
+        let detail = serde_json::json!({ "owner": owner.as_str(), "lease_epoch": task.lease_epoch });
+        insert_event(conn, &Event::task(&task.id, now, EventKind::Claimed, detail))?;
+    }
+    Ok(tasks)
+}
+
+pub(crate) fn expired(conn: &Connection, limit: u32, now: Timestamp) -> Result<Vec<Expired>> {
+    let tasks = conn
+        .prepare_cached(&format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE locked_by IS NOT NULL AND complete_by <= ?1 ORDER BY complete_by LIMIT ?2"
+        ))
+        .and_then(|mut stmt| stmt.query_map(params![now.as_millis(), limit], task_row)?.collect::<rusqlite::Result<Vec<_>>>())
+        .map_err(sql_error)?;
+    let steps = conn
+        .prepare_cached(&format!(
+            "SELECT {STEP_COLUMNS} FROM steps WHERE complete_by IS NOT NULL AND complete_by <= ?1
+               AND state IN ('running', 'compensating') ORDER BY complete_by LIMIT ?2"
+        ))
+        .and_then(|mut stmt| stmt.query_map(params![now.as_millis(), limit], step_row)?.collect::<rusqlite::Result<Vec<_>>>())
+        .map_err(sql_error)?;
+    let mut found: Vec<(Timestamp, Expired)> = Vec::with_capacity(tasks.len() + steps.len());
+    for row in tasks {
+        let task = row.into_task()?;
+        found.push((task.complete_by.unwrap_or(now), Expired::Task(task)));
+    }
+    for row in steps {
+        let step = row.into_step()?;
+        found.push((step.complete_by.unwrap_or(now), Expired::Step(step)));
+    }
+    found.sort_by_key(|(at, _)| *at);
+    found.truncate(limit as usize);
+    Ok(found.into_iter().map(|(_, e)| e).collect())
+}
+
+/// An event row as read: seq, task id, at, kind, step, attempt, detail.
+type EventRow = (i64, String, i64, String, Option<String>, Option<u32>, String);
+
+fn event_row(row: &Row<'_>) -> rusqlite::Result<EventRow> {
+    Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?, row.get(5)?, row.get(6)?))
+}
+
+fn into_event((seq, task_id, at, kind, step, attempt, detail): EventRow) -> Result<Event> {
+    Ok(Event {
+        seq,
+        task_id: TaskId::new(task_id).map_err(|e| corrupt("event task id", e))?,
+        at: Timestamp::from_millis(at),
+        kind: EventKind::parse(&kind).ok_or_else(|| corrupt("event kind", &kind))?,
+        step: step.map(StepName::new).transpose().map_err(|e| corrupt("event step", e))?,
+        attempt,
+        detail: parse_json("event detail", detail)?,
+    })
+}
+
+pub(crate) fn history(conn: &Connection, id: &TaskId) -> Result<Vec<Event>> {
+    let rows = conn
+        .prepare_cached("SELECT seq, task_id, at, kind, step, attempt, detail FROM events WHERE task_id = ?1 ORDER BY seq")
+        .and_then(|mut stmt| stmt.query_map([id.as_str()], event_row)?.collect::<rusqlite::Result<Vec<_>>>())
+        .map_err(sql_error)?;
+    rows.into_iter().map(into_event).collect()
+}
+
+pub(crate) fn events_after(conn: &Connection, after: i64, limit: u32) -> Result<Vec<Event>> {
+    let rows = conn
+        .prepare_cached("SELECT seq, task_id, at, kind, step, attempt, detail FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2")
+        .and_then(|mut stmt| stmt.query_map(params![after, limit], event_row)?.collect::<rusqlite::Result<Vec<_>>>())
+        .map_err(sql_error)?;
+    rows.into_iter().map(into_event).collect()
+}
+
+/// Takes the named lease if it is free, expired, or already `holder`'s.
+pub(crate) fn acquire_leader(
+    conn: &Connection,
+    name: &str,
+    holder: &InstanceId,
+    ttl: Duration,
+    now: Timestamp,
+) -> Result<Option<LeaderLease>> {
+    let row = conn
+        .prepare_cached(
+            "INSERT INTO leaders (name, holder, until, epoch) VALUES (?1, ?2, ?3, 1)
+             ON CONFLICT (name) DO UPDATE
+                SET epoch = CASE WHEN leaders.holder = excluded.holder THEN leaders.epoch ELSE leaders.epoch + 1 END,
+                    holder = excluded.holder, until = excluded.until
+              WHERE leaders.holder = excluded.holder OR leaders.until <= ?4
+          RETURNING holder, until, epoch",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_row(params![name, holder.as_str(), now.add(ttl).as_millis(), now.as_millis()], |row| {
+                Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?, row.get::<_, i64>(2)?))
+            })
+            .optional()
+        })
+        .map_err(sql_error)?;
+    Ok(row.map(|(_, until, epoch)| LeaderLease {
+        name: name.to_owned(),
+        holder: holder.clone(),
+        until: Timestamp::from_millis(until),
+        epoch: epoch as u64,
+    }))
+}
+
+pub(crate) fn release_leader(conn: &Connection, name: &str, holder: &InstanceId, now: Timestamp) -> Result<()> {
+    conn.prepare_cached("UPDATE leaders SET until = ?3 WHERE name = ?1 AND holder = ?2")
+        .and_then(|mut stmt| stmt.execute(params![name, holder.as_str(), now.as_millis()]))
+        .map_err(sql_error)?;
+    Ok(())
+}

@@ -1,0 +1,91 @@
+//! Behaviour specific to the SQLite backend: group commit and the durability
+//! settings it reads back. (What every backend must do is in the shared
+//! conformance suite.)
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rota_model::{QueueName, SystemClock};
+use rota_store::{Outgoing, Queues, Receive};
+use rota_store_sqlite::{Config, Durability, SqliteStore};
+
+fn open(dir: &tempfile::TempDir, durability: Durability) -> Arc<SqliteStore> {
+    let mut config = Config::new(dir.path().join("store.db"));
+    config.durability = durability;
+    Arc::new(SqliteStore::open(config, Arc::new(SystemClock)).expect("open"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_sends_share_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir, Durability::Full);
+    let queue = QueueName::new("jobs").unwrap();
+    store.send(&queue, Outgoing::json(&0).unwrap()).await.unwrap();
+    let before = store.commit_counts();
+    let lanes: Vec<_> = (0..32)
+        .map(|lane| {
+            let (store, queue) = (store.clone(), queue.clone());
+            tokio::spawn(async move {
+                for n in 0..50 {
+                    store.send(&queue, Outgoing::json(&(lane * 1000 + n)).unwrap()).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for lane in lanes {
+        lane.await.unwrap();
+    }
+    let after = store.commit_counts();
+    let (jobs, commits) = (after.jobs - before.jobs, after.commits - before.commits);
+    assert_eq!(jobs, 32 * 50, "every send is one job");
+    assert!(commits < jobs, "32 concurrent senders must share commits: {commits} commits for {jobs} sends");
+    let stats = store.stats().await.unwrap();
+    assert_eq!(stats[0].ready, 32 * 50 + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_receiver_is_served_in_the_commit_of_the_send() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir, Durability::Full);
+    let queue = QueueName::new("jobs").unwrap();
+    let receiver = {
+        let (store, queue) = (store.clone(), queue.clone());
+        tokio::spawn(async move { store.receive(&queue, Receive::up_to(10).waiting(Duration::from_secs(30))).await })
+    };
+    // Let the receive park before the send.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before = store.commit_counts();
+    store.send(&queue, Outgoing::parse(r#"{"i":1}"#).unwrap()).await.unwrap();
+    let deliveries = receiver.await.unwrap().unwrap();
+    assert_eq!(deliveries.len(), 1);
+    assert_eq!(deliveries[0].body.get(), r#"{"i":1}"#);
+    let after = store.commit_counts();
+    assert_eq!(after.commits - before.commits, 1, "the send and the receive it satisfied share one commit");
+}
+
+#[tokio::test]
+async fn durability_settings_are_read_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let full = open(&dir, Durability::Full).pragmas().await.unwrap();
+    assert_eq!((full.journal_mode.as_str(), full.synchronous.as_str()), ("wal", "full"));
+    let dir = tempfile::tempdir().unwrap();
+    let normal = open(&dir, Durability::Normal).pragmas().await.unwrap();
+    assert_eq!(normal.synchronous, "normal");
+}
+
+#[tokio::test]
+async fn a_missing_directory_is_a_clear_error() {
+    let err = SqliteStore::open(Config::new("/nonexistent/dir/store.db"), Arc::new(SystemClock)).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("/nonexistent/dir/store.db"), "{text}");
+    assert!(matches!(err, rota_store::Error::Unavailable(_)), "{err:?}");
+}
+
+#[tokio::test]
+async fn bad_config_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::new(dir.path().join("x.db"));
+    config.batch_ops_max = 0;
+    let err = SqliteStore::open(config, Arc::new(SystemClock)).unwrap_err();
+    assert!(err.to_string().contains("batch_ops_max"), "{err}");
+}
