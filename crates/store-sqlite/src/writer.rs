@@ -212,13 +212,12 @@ impl Writer {
         let mut served: Vec<(Parked, Result<Vec<Delivery>>)> = Vec::new();
         let outcome = self.transaction(|writer| {
             for job in jobs {
-                writer.conn.execute_batch("SAVEPOINT job").map_err(crate::sql_error)?;
+                run_cached(&writer.conn, "SAVEPOINT job")?;
                 let (ok, settle) = job(&writer.conn, now);
-                if ok {
-                    writer.conn.execute_batch("RELEASE job").map_err(crate::sql_error)?;
-                } else {
-                    writer.conn.execute_batch("ROLLBACK TO job; RELEASE job").map_err(crate::sql_error)?;
+                if !ok {
+                    run_cached(&writer.conn, "ROLLBACK TO job")?;
                 }
+                run_cached(&writer.conn, "RELEASE job")?;
                 settles.push(settle);
             }
             writer.give_back_orphans(now)?;
@@ -284,13 +283,15 @@ impl Writer {
     }
 
     fn claim_for(&self, parked: &Parked, now: Timestamp) -> Result<Vec<Delivery>> {
-        self.conn.execute_batch("SAVEPOINT receive").map_err(crate::sql_error)?;
+        run_cached(&self.conn, "SAVEPOINT receive")?;
         let result = queue_sql::ensure_queue(&self.conn, &parked.queue, now).and_then(|queue| {
             let lease = parked.lease.unwrap_or(queue.config.lease);
             queue_sql::claim(&self.conn, &queue, parked.max, lease, parked.owner.as_ref(), now)
         });
-        let end = if result.is_ok() { "RELEASE receive" } else { "ROLLBACK TO receive; RELEASE receive" };
-        self.conn.execute_batch(end).map_err(crate::sql_error)?;
+        if result.is_err() {
+            run_cached(&self.conn, "ROLLBACK TO receive")?;
+        }
+        run_cached(&self.conn, "RELEASE receive")?;
         result
     }
 
@@ -329,4 +330,11 @@ impl Writer {
         }
         result
     }
+}
+
+/// Runs a parameterless statement through the statement cache: savepoints
+/// run once per job, so re-parsing them each time would show in profiles.
+fn run_cached(conn: &Connection, sql: &str) -> Result<()> {
+    conn.prepare_cached(sql).and_then(|mut stmt| stmt.execute([])).map_err(crate::sql_error)?;
+    Ok(())
 }
