@@ -5,13 +5,34 @@
 //! [`conformance_suite!`](crate::conformance_suite) with it, which generates
 //! one `#[tokio::test]` per case so that each shows up (and fails) on its
 //! own. Cases control time through the harness's [`ManualClock`].
+//!
+//! Each case is a public `async fn` that panics with a message saying which
+//! promise was broken. Cases assert on outcomes only, never on how long an
+//! operation took: store time is the manual clock, and the only real waits
+//! are the long-poll cases' short ones. Sizes are kept small so that the
+//! whole suite runs in seconds.
+//!
+//! Deliberately left out: throughput, latency and crash-consistency under a
+//! killed process (the simulation and the benchmarks cover those), and any
+//! behaviour the trait documentation leaves to the backend (how long polls
+//! are woken, how writes are batched).
 
+use std::collections::{BTreeSet, HashMap};
+use std::fmt::Debug;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
-use rota_model::ManualClock;
+use rota_model::{
+    Clock, ExhaustedPolicy, InstanceId, LeaseToken, ManualClock, MessageId, QueueName, Step, StepName, StepState, Task, TaskId, TaskState,
+    Timestamp, WorkflowName,
+};
+use serde_json::{Value, json};
 
-use crate::SharedStore;
+use crate::{
+    BODY_BYTES_MAX, Changes, Created, Delivery, Error, Event, EventKind, Expired, NewTask, Outgoing, QueueConfig, QueueStats, RECEIVE_MAX,
+    Receive, Redrive, Sent, SharedStore, StepWrite, TaskFilter, TaskRecord, TaskWrite,
+};
 
 /// What a backend provides to run the suite.
 #[async_trait]
@@ -31,7 +52,40 @@ pub trait Harness: Send + Sync {
 macro_rules! conformance_suite {
     ($make:expr) => {
         $crate::conformance_suite!(@cases $make;
-            placeholder_case
+            // Queues.
+            send_then_receive_oldest_visible_first,
+            a_leased_message_is_hidden_until_its_lease_expires,
+            stale_and_foreign_tokens_lose_the_lease,
+            complete_deletes_and_complete_batch_reports_lost_tokens,
+            renew_extends_the_lease,
+            abandon_makes_the_message_visible_after_the_delay,
+            deliveries_max_dead_letters_after_the_last_delivery,
+            abandon_at_the_last_delivery_dead_letters_with_the_reason,
+            dead_letter_moves_a_message_at_once_with_the_reason,
+            redrive_and_purge_dead_letters,
+            delayed_messages_wait_for_their_delay,
+            ordering_keys_deliver_fifo_one_lease_per_key,
+            an_ordering_key_head_comes_back_before_its_successors,
+            duplicate_ids_are_dropped_within_the_window,
+            pause_stops_deliveries_but_not_sends,
+            send_batch_and_receive_max,
+            stats_and_queue_configs,
+            invalid_requests_are_refused_and_store_nothing,
+            concurrent_receivers_get_each_message_once,
+            long_poll_wakes_on_send_and_times_out_empty,
+            messages_leases_and_tasks_survive_reopen,
+            // Tasks.
+            create_task_writes_everything_once,
+            list_tasks_filters_newest_first,
+            claim_tasks_leases_due_pending_and_unleased_compensating,
+            concurrent_claims_never_share_a_task,
+            commit_applies_fenced_writes_and_messages_together,
+            commit_with_a_stale_write_conflicts_and_writes_nothing,
+            commit_with_a_lost_message_lease_writes_nothing,
+            commit_to_a_missing_record_is_not_found,
+            expired_finds_tasks_and_steps_past_their_deadline,
+            history_and_events_after_page_in_order,
+            leader_lease_elects_one_holder,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
@@ -45,7 +99,1474 @@ macro_rules! conformance_suite {
     };
 }
 
-/// Placeholder until the cases land.
-pub async fn placeholder_case(harness: &dyn Harness) {
-    let _ = harness.open().await;
+// ---------------------------------------------------------------------------
+// Helpers. They only compute or unwrap; every promise is asserted in a case.
+// ---------------------------------------------------------------------------
+
+/// The lease of a queue created with [`QueueConfig::default`].
+const LEASE_DEFAULT: Duration = Duration::from_secs(30);
+const MILLI: Duration = Duration::from_millis(1);
+const SECOND: Duration = Duration::from_secs(1);
+
+/// Asserts that `$result` is `Err` matching `$pattern`, naming the case's
+/// step in the panic message otherwise.
+macro_rules! assert_err {
+    ($result:expr, $pattern:pat, $($context:tt)+) => {
+        match $result {
+            Err($pattern) => {}
+            other => panic!("{}: expected Err({}), got {:?}", format_args!($($context)+), stringify!($pattern), other),
+        }
+    };
+}
+
+fn queue(name: &str) -> QueueName {
+    QueueName::new(name).expect("valid queue name")
+}
+
+fn message_id(id: &str) -> MessageId {
+    MessageId::new(id).expect("valid message id")
+}
+
+fn task_id(id: &str) -> TaskId {
+    TaskId::new(id).expect("valid task id")
+}
+
+fn instance(id: &str) -> InstanceId {
+    InstanceId::new(id).expect("valid instance id")
+}
+
+/// A message whose body is the JSON string `label`.
+fn labelled(label: &str) -> Outgoing {
+    Outgoing::json(label).expect("a string serializes")
+}
+
+/// The label of a message sent with [`labelled`].
+fn label(delivery: &Delivery) -> String {
+    serde_json::from_str(delivery.body.get()).unwrap_or_else(|e| panic!("body {:?} is not a label: {e}", delivery.body.get()))
+}
+
+fn labels(deliveries: &[Delivery]) -> Vec<String> {
+    deliveries.iter().map(label).collect()
+}
+
+fn ids(deliveries: &[Delivery]) -> Vec<MessageId> {
+    deliveries.iter().map(|d| d.id.clone()).collect()
+}
+
+async fn send(store: &SharedStore, queue: &QueueName, message: Outgoing) -> Sent {
+    store.send(queue, message).await.unwrap_or_else(|e| panic!("send to {queue} failed: {e}"))
+}
+
+async fn send_label(store: &SharedStore, queue: &QueueName, label: &str) -> Sent {
+    send(store, queue, labelled(label)).await
+}
+
+async fn receive(store: &SharedStore, queue: &QueueName, request: Receive) -> Vec<Delivery> {
+    store.receive(queue, request).await.unwrap_or_else(|e| panic!("receive from {queue} failed: {e}"))
+}
+
+/// Receives up to `max` messages without waiting, with the queue's lease.
+async fn receive_now(store: &SharedStore, queue: &QueueName, max: u32) -> Vec<Delivery> {
+    receive(store, queue, Receive::up_to(max)).await
+}
+
+/// Receives exactly one message, or panics saying `what` was expected.
+async fn receive_one(store: &SharedStore, queue: &QueueName, what: &str) -> Delivery {
+    let mut got = receive_now(store, queue, 10).await;
+    assert_eq!(got.len(), 1, "{what}: expected exactly one delivery, got {got:?}");
+    got.remove(0)
+}
+
+async fn assert_nothing_to_receive(store: &SharedStore, queue: &QueueName, what: &str) {
+    let got = receive_now(store, queue, RECEIVE_MAX).await;
+    assert!(got.is_empty(), "{what}: expected no delivery, got {got:?}");
+}
+
+async fn complete(store: &SharedStore, queue: &QueueName, delivery: &Delivery) {
+    store
+        .complete(queue, delivery.lease_token)
+        .await
+        .unwrap_or_else(|e| panic!("complete of a current lease ({}) failed: {e}", delivery.lease_token));
+}
+
+/// One queue's stats, or `None` when `stats` does not list it.
+async fn stats_of(store: &SharedStore, queue: &QueueName) -> Option<QueueStats> {
+    let all = store.stats().await.expect("stats");
+    all.into_iter().find(|s| &s.queue == queue)
+}
+
+/// A queue's counts as (ready, leased, delayed, dead lettered); zeros for a
+/// queue that `stats` does not list.
+async fn counts(store: &SharedStore, queue: &QueueName) -> (u64, u64, u64, u64) {
+    stats_of(store, queue).await.map(|s| (s.ready, s.leased, s.delayed, s.dead_lettered)).unwrap_or_default()
+}
+
+/// A new Pending task of `workflow` with one step per name (positions in
+/// order) and a `Received` event.
+fn new_task(id: &str, workflow: &str, steps: &[&str], now: Timestamp) -> NewTask {
+    let id = task_id(id);
+    let task = Task::new(id.clone(), WorkflowName::new(workflow).expect("valid workflow name"), 1, json!({ "order": id.as_str() }), now);
+    let steps = steps
+        .iter()
+        .enumerate()
+        .map(|(position, name)| Step::new(id.clone(), StepName::new(*name).expect("valid step name"), position as u32, now))
+        .collect();
+    let events = vec![Event::task(&id, now, EventKind::Received, json!({ "by": "conformance" }))];
+    NewTask { task, steps, messages: Vec::new(), events }
+}
+
+async fn create(store: &SharedStore, new: NewTask) {
+    let id = new.task.id.clone();
+    match store.create_task(new).await {
+        Ok(Created::New) => {}
+        other => panic!("create_task({id}) of a new id: expected Ok(Created::New), got {other:?}"),
+    }
+}
+
+async fn stored(store: &SharedStore, id: &TaskId) -> TaskRecord {
+    store.task(id).await.expect("task").unwrap_or_else(|| panic!("task {id} is missing"))
+}
+
+fn step_of<'r>(record: &'r TaskRecord, name: &str) -> &'r Step {
+    record.steps.iter().find(|s| s.name.as_str() == name).unwrap_or_else(|| panic!("task {} has no step {name}", record.task.id))
+}
+
+async fn claim(store: &SharedStore, owner: &InstanceId, lease: Duration, max: u32) -> Vec<Task> {
+    store.claim_tasks(owner, lease, max).await.unwrap_or_else(|e| panic!("claim_tasks by {owner} failed: {e}"))
+}
+
+/// Claims exactly the task `id` (the only claimable one), returning it.
+async fn claim_only(store: &SharedStore, owner: &InstanceId, lease: Duration, id: &TaskId) -> Task {
+    let mut claimed = claim(store, owner, lease, 10).await;
+    assert_eq!(claimed.iter().map(|t| &t.id).collect::<Vec<_>>(), vec![id], "claim_tasks by {owner}: expected exactly {id}");
+    claimed.remove(0)
+}
+
+async fn commit(store: &SharedStore, changes: Changes, what: &str) {
+    store.commit(changes).await.unwrap_or_else(|e| panic!("{what}: commit failed: {e}"));
+}
+
+async fn history_kinds(store: &SharedStore, id: &TaskId) -> Vec<EventKind> {
+    store.history(id).await.expect("history").into_iter().map(|e| e.kind).collect()
+}
+
+fn task_ids(tasks: &[Task]) -> Vec<&str> {
+    tasks.iter().map(|t| t.id.as_str()).collect()
+}
+
+fn ok<T, E: Debug>(result: Result<T, E>, what: &str) -> T {
+    result.unwrap_or_else(|e| panic!("{what}: {e:?}"))
+}
+
+// ---------------------------------------------------------------------------
+// Queues.
+// ---------------------------------------------------------------------------
+
+/// `send` returns the message id, not a duplicate. `receive` leases the
+/// oldest visible messages first (by visible time, then send order), each
+/// with delivery count 1, its own lease token, a lease of the queue's default
+/// or of the receive's length, the body as the exact text sent, and the send
+/// time as `enqueued_at`.
+pub async fn send_then_receive_oldest_visible_first(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let orders = queue("orders");
+    let t0 = clock.now();
+
+    let text = r#"{"order": 17, "lines": [{"sku": "A-1", "qty": 2}], "note": "café ☕", "z": null, "a": 1.5}"#;
+    let first = send(&store, &orders, Outgoing::parse(text).unwrap()).await;
+    assert!(!first.duplicate, "a first send is not a duplicate: {first:?}");
+    let b = send_label(&store, &orders, "b").await;
+    let c = send_label(&store, &orders, "c").await;
+    let sent_ids: BTreeSet<_> = [&first.id, &b.id, &c.id].into_iter().collect();
+    assert_eq!(sent_ids.len(), 3, "the store assigns distinct ids: {first:?} {b:?} {c:?}");
+
+    let got = receive_now(&store, &orders, 1).await;
+    assert_eq!(got.len(), 1, "receive max 1 returns one message: {got:?}");
+    let d = &got[0];
+    assert_eq!(d.id, first.id, "the oldest message comes first");
+    assert_eq!(d.queue, orders);
+    assert_eq!(d.body.get(), text, "the body comes back as the exact text sent");
+    assert_eq!(d.delivery_count, 1, "a first delivery has delivery_count 1");
+    assert_eq!(d.enqueued_at, t0, "enqueued_at is the send time");
+    assert_eq!(d.lease_until, t0.add(LEASE_DEFAULT), "the queue's default lease is 30 s");
+    assert_eq!(d.ordering_key, None);
+
+    let short = Duration::from_secs(5);
+    let rest = receive(&store, &orders, Receive::up_to(10).leasing(short)).await;
+    assert_eq!(ids(&rest), vec![b.id, c.id], "the others follow in send order");
+    assert_eq!(labels(&rest), vec!["b", "c"]);
+    for d in &rest {
+        assert_eq!(d.lease_until, t0.add(short), "Receive::lease overrides the queue's lease");
+        assert_eq!(d.delivery_count, 1);
+    }
+    let tokens: BTreeSet<LeaseToken> = got.iter().chain(&rest).map(|d| d.lease_token).collect();
+    assert_eq!(tokens.len(), 3, "every delivery has its own lease token");
+
+    // Visible time decides before send order: an abandoned message goes
+    // behind one that has been waiting longer, and a delayed one is placed by
+    // the time its delay ends. Checked twice: which message each receive of
+    // one leases, and the order of the messages one receive returns.
+    for (name, one_at_a_time) in [("visible-order-single", true), ("visible-order-batch", false)] {
+        let work = queue(name);
+        let t1 = clock.now();
+        let x = send_label(&store, &work, "x").await;
+        let y = send_label(&store, &work, "y").await;
+        let z = send(&store, &work, labelled("z").with_delay(Duration::from_secs(3))).await;
+        clock.advance(SECOND);
+        let x1 = receive(&store, &work, Receive::up_to(1)).await.remove(0);
+        assert_eq!(x1.id, x.id, "x was sent first");
+        ok(store.abandon(&work, x1.lease_token, Duration::ZERO, None).await, "abandon x");
+        clock.set(t1.add(Duration::from_secs(3)));
+        let mut got = Vec::new();
+        if one_at_a_time {
+            for _ in 0..3 {
+                got.extend(receive(&store, &work, Receive::up_to(1)).await);
+            }
+        } else {
+            got = receive_now(&store, &work, 10).await;
+        }
+        let how = if one_at_a_time { "leased by receives of max 1" } else { "returned by one receive" };
+        assert_eq!(
+            ids(&got),
+            vec![y.id, x.id, z.id],
+            "{how}, oldest visible first: y (visible t0), x (abandoned at t0+1s), z (delayed to t0+3s); got {:?}",
+            labels(&got)
+        );
+    }
+}
+
+/// Peek-lock: a leased message is not delivered again until its lease
+/// expires (`lease_until <= now`); then it is delivered again with count 2 and
+/// a new token, and the old token is refused by every lease operation.
+pub async fn a_leased_message_is_hidden_until_its_lease_expires(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let jobs = queue("jobs");
+    let sent = send_label(&store, &jobs, "job").await;
+
+    let first = receive_one(&store, &jobs, "the first delivery").await;
+    assert_eq!((first.id.clone(), first.delivery_count), (sent.id.clone(), 1));
+    assert_nothing_to_receive(&store, &jobs, "while the lease runs").await;
+    assert_eq!(counts(&store, &jobs).await, (0, 1, 0, 0), "stats count the message as leased");
+
+    clock.advance(LEASE_DEFAULT - MILLI);
+    assert_nothing_to_receive(&store, &jobs, "1 ms before the lease ends").await;
+    clock.advance(MILLI);
+    assert_eq!(clock.now(), first.lease_until);
+    let second = receive_one(&store, &jobs, "at lease_until the lease has expired").await;
+    assert_eq!(second.id, sent.id);
+    assert_eq!(second.delivery_count, 2, "the second delivery has delivery_count 2");
+    assert_ne!(second.lease_token, first.lease_token, "a new delivery has a new token");
+    assert_eq!(second.lease_until, clock.now().add(LEASE_DEFAULT));
+    assert_eq!(label(&second), "job");
+
+    let old = first.lease_token;
+    assert_err!(store.complete(&jobs, old).await, Error::LeaseLost(_), "complete with the first delivery's token");
+    assert_err!(store.abandon(&jobs, old, Duration::ZERO, None).await, Error::LeaseLost(_), "abandon with the first delivery's token");
+    assert_err!(store.renew(&jobs, old, None).await, Error::LeaseLost(_), "renew with the first delivery's token");
+    assert_err!(store.dead_letter(&jobs, old, "stale".into()).await, Error::LeaseLost(_), "dead_letter with the first delivery's token");
+
+    assert_nothing_to_receive(&store, &jobs, "the stale operations must not release the current lease").await;
+    assert_eq!(counts(&store, &jobs).await, (0, 1, 0, 0), "the stale operations changed nothing");
+    complete(&store, &jobs, &second).await;
+    assert_eq!(counts(&store, &jobs).await, (0, 0, 0, 0), "complete deletes the message");
+    clock.advance(LEASE_DEFAULT * 2);
+    assert_nothing_to_receive(&store, &jobs, "a completed message is gone").await;
+}
+
+/// A token is refused once its lease has expired (even if nobody received
+/// the message since), on another queue than its own, after the message was
+/// completed, and when it was never issued.
+pub async fn stale_and_foreign_tokens_lose_the_lease(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let left = queue("left");
+    let right = queue("right");
+
+    send_label(&store, &left, "expiring").await;
+    let expiring = receive_one(&store, &left, "the expiring message").await;
+    clock.advance(LEASE_DEFAULT);
+    assert_err!(
+        store.complete(&left, expiring.lease_token).await,
+        Error::LeaseLost(_),
+        "complete at lease_until, with nobody having received the message since"
+    );
+    assert_err!(store.renew(&left, expiring.lease_token, None).await, Error::LeaseLost(_), "renew after the lease expired");
+    let again = receive_one(&store, &left, "the refused complete must not delete the message").await;
+    assert_eq!((label(&again), again.delivery_count), ("expiring".into(), 2));
+    complete(&store, &left, &again).await;
+
+    send_label(&store, &left, "mine").await;
+    send_label(&store, &right, "theirs").await;
+    let mine = receive_one(&store, &left, "the left message").await;
+    let token = mine.lease_token;
+    assert_err!(store.complete(&right, token).await, Error::LeaseLost(_), "complete on another queue");
+    assert_err!(store.abandon(&right, token, Duration::ZERO, None).await, Error::LeaseLost(_), "abandon on another queue");
+    assert_err!(store.renew(&right, token, None).await, Error::LeaseLost(_), "renew on another queue");
+    assert_err!(store.dead_letter(&right, token, "wrong".into()).await, Error::LeaseLost(_), "dead_letter on another queue");
+    assert_eq!(counts(&store, &right).await, (1, 0, 0, 0), "the other queue is untouched");
+    assert_eq!(counts(&store, &left).await, (0, 1, 0, 0), "the message stays leased");
+
+    complete(&store, &left, &mine).await;
+    assert_err!(store.complete(&left, token).await, Error::LeaseLost(_), "completing the same token twice");
+    assert_err!(store.abandon(&left, token, Duration::ZERO, None).await, Error::LeaseLost(_), "abandon after complete");
+
+    let forged = LeaseToken { message: 987_654_321, epoch: 1 };
+    assert_err!(store.complete(&left, forged).await, Error::LeaseLost(_), "complete with a token never issued");
+    assert_err!(store.renew(&left, forged, None).await, Error::LeaseLost(_), "renew with a token never issued");
+}
+
+/// `complete` deletes; `complete_batch` deletes the messages whose leases are
+/// current and returns the tokens whose lease was lost, deleting nothing for
+/// them.
+pub async fn complete_deletes_and_complete_batch_reports_lost_tokens(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let batch = queue("batch");
+    for name in ["a", "b", "c", "d", "e"] {
+        send_label(&store, &batch, name).await;
+    }
+    let short = receive(&store, &batch, Receive::up_to(2).leasing(Duration::from_secs(10))).await;
+    let long = receive(&store, &batch, Receive::up_to(3).leasing(Duration::from_secs(60))).await;
+    assert_eq!(labels(&short), vec!["a", "b"]);
+    assert_eq!(labels(&long), vec!["c", "d", "e"]);
+
+    complete(&store, &batch, &long[0]).await;
+    assert_eq!(counts(&store, &batch).await, (0, 4, 0, 0), "complete deleted c");
+    clock.advance(Duration::from_secs(10));
+
+    let tokens: Vec<LeaseToken> = short.iter().chain(&long).map(|d| d.lease_token).collect();
+    let lost = ok(store.complete_batch(&batch, &tokens).await, "complete_batch");
+    let lost: BTreeSet<LeaseToken> = lost.into_iter().collect();
+    let expected: BTreeSet<LeaseToken> = [short[0].lease_token, short[1].lease_token, long[0].lease_token].into_iter().collect();
+    assert_eq!(lost, expected, "complete_batch reports a and b (expired) and c (already completed) as lost");
+
+    let back = receive_now(&store, &batch, 10).await;
+    assert_eq!(labels(&back), vec!["a", "b"], "only the lost ones remain; d and e were deleted");
+    assert!(back.iter().all(|d| d.delivery_count == 2), "a and b are delivered a second time: {back:?}");
+
+    let lost = ok(store.complete_batch(&batch, &[]).await, "complete_batch of nothing");
+    assert!(lost.is_empty(), "an empty batch loses nothing: {lost:?}");
+    let tokens: Vec<LeaseToken> = back.iter().map(|d| d.lease_token).collect();
+    let lost = ok(store.complete_batch(&batch, &tokens).await, "complete_batch of current leases");
+    assert!(lost.is_empty(), "current leases are not lost: {lost:?}");
+    assert_eq!(counts(&store, &batch).await, (0, 0, 0, 0));
+}
+
+/// `renew` extends a lease to now + lease (the queue's default, or the one
+/// given) and returns the new expiry; the message stays hidden past its
+/// original expiry.
+pub async fn renew_extends_the_lease(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let slow = queue("slow");
+    let t0 = clock.now();
+    send_label(&store, &slow, "long job").await;
+    let d = receive_one(&store, &slow, "the job").await;
+    assert_eq!(d.lease_until, t0.add(LEASE_DEFAULT));
+
+    clock.advance(Duration::from_secs(10));
+    let until = ok(store.renew(&slow, d.lease_token, None).await, "renew with the queue's lease");
+    assert_eq!(until, t0.add(Duration::from_secs(40)), "renew extends to now + the queue's lease");
+
+    clock.advance(Duration::from_secs(20));
+    assert_eq!(clock.now(), d.lease_until, "the clock stands at the original expiry");
+    assert_nothing_to_receive(&store, &slow, "a renewed lease outlives its original expiry").await;
+
+    let until = ok(store.renew(&slow, d.lease_token, Some(Duration::from_secs(5))).await, "renew for 5 s");
+    assert_eq!(until, clock.now().add(Duration::from_secs(5)), "renew with a lease extends to now + that lease");
+    clock.advance(Duration::from_secs(5) - MILLI);
+    assert_nothing_to_receive(&store, &slow, "1 ms before the renewed lease ends").await;
+    clock.advance(MILLI);
+    let again = receive_one(&store, &slow, "the renewed lease has run out").await;
+    assert_eq!(again.delivery_count, 2);
+    assert_err!(store.renew(&slow, d.lease_token, None).await, Error::LeaseLost(_), "renew with the superseded token");
+    complete(&store, &slow, &again).await;
+}
+
+/// `abandon` gives a message back: visible at once with a zero delay, after
+/// the delay otherwise (counted as delayed meanwhile), each time with the
+/// delivery count incremented on the next delivery.
+pub async fn abandon_makes_the_message_visible_after_the_delay(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let retry = queue("retry");
+    send_label(&store, &retry, "flaky").await;
+
+    let d1 = receive_one(&store, &retry, "the first delivery").await;
+    ok(store.abandon(&retry, d1.lease_token, Duration::ZERO, None).await, "abandon without delay");
+    assert_err!(store.complete(&retry, d1.lease_token).await, Error::LeaseLost(_), "complete after abandon");
+    let d2 = receive_one(&store, &retry, "an abandoned message is visible again at once").await;
+    assert_eq!(d2.delivery_count, 2);
+    assert_ne!(d2.lease_token, d1.lease_token);
+
+    let delay = Duration::from_secs(10);
+    ok(store.abandon(&retry, d2.lease_token, delay, Some("remote busy".into())).await, "abandon with a delay");
+    assert_nothing_to_receive(&store, &retry, "during the abandon delay").await;
+    assert_eq!(counts(&store, &retry).await, (0, 0, 1, 0), "an abandoned message waiting out its delay counts as delayed");
+    clock.advance(delay - MILLI);
+    assert_nothing_to_receive(&store, &retry, "1 ms before the abandon delay ends").await;
+    clock.advance(MILLI);
+    let d3 = receive_one(&store, &retry, "after the abandon delay").await;
+    assert_eq!((label(&d3), d3.delivery_count), ("flaky".into(), 3));
+    complete(&store, &retry, &d3).await;
+}
+
+/// With `deliveries_max: 2`, a message whose second lease expires is not
+/// delivered a third time: the next receive dead-letters it with a reason
+/// that names the deliveries.
+pub async fn deliveries_max_dead_letters_after_the_last_delivery(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let fragile = queue("fragile");
+    let config = QueueConfig { deliveries_max: 2, ..QueueConfig::default() };
+    ok(store.create_queue(&fragile, config).await, "create_queue");
+    let t0 = clock.now();
+    let sent = send_label(&store, &fragile, "poison").await;
+
+    let d1 = receive_one(&store, &fragile, "delivery 1").await;
+    assert_eq!(d1.delivery_count, 1);
+    clock.advance(LEASE_DEFAULT);
+    let d2 = receive_one(&store, &fragile, "delivery 2").await;
+    assert_eq!(d2.delivery_count, 2);
+    clock.advance(LEASE_DEFAULT);
+    assert_nothing_to_receive(&store, &fragile, "a message that used its 2 deliveries").await;
+
+    let dead = ok(store.dead_letters(&fragile, 10).await, "dead_letters");
+    assert_eq!(dead.len(), 1, "the message is dead-lettered: {dead:?}");
+    let letter = &dead[0];
+    assert_eq!(letter.id, sent.id);
+    assert_eq!(letter.queue, fragile);
+    assert_eq!(letter.body.get(), "\"poison\"");
+    assert_eq!(letter.delivery_count, 2, "the dead letter keeps its delivery count");
+    assert_eq!(letter.enqueued_at, t0);
+    assert!(letter.dead_lettered_at >= d2.lease_until && letter.dead_lettered_at <= clock.now(), "dead_lettered_at: {letter:?}");
+    assert!(letter.reason.to_lowercase().contains("deliver"), "the reason names the deliveries that ran out, got {:?}", letter.reason);
+    assert_eq!(counts(&store, &fragile).await, (0, 0, 0, 1), "stats count one dead letter and nothing else");
+    assert_err!(store.complete(&fragile, d2.lease_token).await, Error::LeaseLost(_), "complete of a dead-lettered message");
+}
+
+/// Abandoning a message at its last delivery dead-letters it at once (even
+/// with a delay), keeping the abandon's reason.
+pub async fn abandon_at_the_last_delivery_dead_letters_with_the_reason(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let payments = queue("payments");
+    ok(store.create_queue(&payments, QueueConfig { deliveries_max: 2, ..QueueConfig::default() }).await, "create_queue");
+    let sent = send_label(&store, &payments, "charge").await;
+
+    let d1 = receive_one(&store, &payments, "delivery 1").await;
+    ok(store.abandon(&payments, d1.lease_token, Duration::ZERO, Some("first failure".into())).await, "abandon 1");
+    let d2 = receive_one(&store, &payments, "delivery 2").await;
+    assert_eq!(d2.delivery_count, 2);
+    let reason = "handler crashed: card service returned 500";
+    ok(store.abandon(&payments, d2.lease_token, Duration::from_secs(60), Some(reason.into())).await, "abandon at the last delivery");
+
+    let dead = ok(store.dead_letters(&payments, 10).await, "dead_letters");
+    assert_eq!(dead.len(), 1, "abandon at the last delivery dead-letters at once, without waiting for the delay: {dead:?}");
+    assert_eq!(dead[0].id, sent.id);
+    assert_eq!(dead[0].delivery_count, 2);
+    assert!(dead[0].reason.contains(reason), "the dead letter keeps the abandon's reason {reason:?}, got {:?}", dead[0].reason);
+    assert_eq!(counts(&store, &payments).await, (0, 0, 0, 1));
+    assert_nothing_to_receive(&store, &payments, "a dead-lettered message").await;
+}
+
+/// `dead_letter` moves a leased message to the dead-letter queue at once,
+/// keeping its id, body, key, delivery count and the given reason.
+pub async fn dead_letter_moves_a_message_at_once_with_the_reason(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let inbox = queue("inbox");
+    let t0 = clock.now();
+    let sent = send(&store, &inbox, Outgoing::parse(r#"{"broken": true}"#).unwrap().with_ordering_key("customer-9")).await;
+    send_label(&store, &inbox, "fine").await;
+
+    let d = receive(&store, &inbox, Receive::up_to(1)).await.remove(0);
+    assert_eq!(d.id, sent.id);
+    clock.advance(SECOND);
+    let reason = "poison: missing field `amount`";
+    ok(store.dead_letter(&inbox, d.lease_token, reason.into()).await, "dead_letter");
+    assert_err!(store.complete(&inbox, d.lease_token).await, Error::LeaseLost(_), "complete after dead_letter");
+
+    let dead = ok(store.dead_letters(&inbox, 10).await, "dead_letters");
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    let letter = &dead[0];
+    assert_eq!(letter.id, sent.id);
+    assert_eq!(letter.queue, inbox);
+    assert_eq!(letter.body.get(), r#"{"broken": true}"#);
+    assert_eq!(letter.ordering_key.as_deref(), Some("customer-9"));
+    assert_eq!(letter.delivery_count, 1);
+    assert_eq!(letter.enqueued_at, t0);
+    assert_eq!(letter.dead_lettered_at, clock.now());
+    assert_eq!(letter.reason, reason, "dead_letter keeps the reason as given");
+    assert_eq!(counts(&store, &inbox).await, (1, 0, 0, 1), "one ready, one dead letter");
+    let rest = receive_one(&store, &inbox, "the other message").await;
+    assert_eq!(label(&rest), "fine");
+    let elsewhere = queue("elsewhere");
+    send_label(&store, &elsewhere, "unrelated").await;
+    assert!(ok(store.dead_letters(&elsewhere, 10).await, "dead_letters of another queue").is_empty(), "dead letters are per queue");
+}
+
+/// Dead letters are listed oldest first within the limit; `redrive` sends
+/// them back with a fresh delivery count (`One` of an unknown id is
+/// `NotFound`, `All` returns how many moved); `purge_dead_letters` deletes
+/// them and returns how many.
+pub async fn redrive_and_purge_dead_letters(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let mail = queue("mail");
+    ok(store.create_queue(&mail, QueueConfig { deliveries_max: 2, ..QueueConfig::default() }).await, "create_queue");
+    let names = ["a", "b", "c", "d"];
+    for name in names {
+        send_label(&store, &mail, name).await;
+    }
+    let delivered = receive_now(&store, &mail, 10).await;
+    assert_eq!(labels(&delivered), names);
+    for d in &delivered {
+        clock.advance(MILLI);
+        ok(store.dead_letter(&mail, d.lease_token, format!("bad {}", label(d))).await, "dead_letter");
+    }
+    let dead = ok(store.dead_letters(&mail, 10).await, "dead_letters");
+    assert_eq!(dead.iter().map(|l| l.reason.as_str()).collect::<Vec<_>>(), ["bad a", "bad b", "bad c", "bad d"], "oldest first");
+    let two = ok(store.dead_letters(&mail, 2).await, "dead_letters limit 2");
+    assert_eq!(two.iter().map(|l| l.id.clone()).collect::<Vec<_>>(), vec![dead[0].id.clone(), dead[1].id.clone()], "the limit is honoured");
+
+    let moved = ok(store.redrive(&mail, Redrive::One(delivered[1].id.clone())).await, "redrive b");
+    assert_eq!(moved, 1);
+    let left: Vec<_> = ok(store.dead_letters(&mail, 10).await, "dead_letters").into_iter().map(|l| l.id).collect();
+    assert_eq!(left, vec![delivered[0].id.clone(), delivered[2].id.clone(), delivered[3].id.clone()], "b left the dead letters");
+    let b = receive_one(&store, &mail, "the redriven message").await;
+    assert_eq!((label(&b), b.delivery_count), ("b".into(), 1), "a redriven message starts a fresh delivery count");
+    assert_eq!(b.id, delivered[1].id, "a redriven message keeps its id");
+
+    assert_err!(store.redrive(&mail, Redrive::One(message_id("no-such-message"))).await, Error::NotFound(_), "redrive of an unknown id");
+    assert_err!(store.redrive(&mail, Redrive::One(b.id.clone())).await, Error::NotFound(_), "redrive of a message that is not dead");
+    complete(&store, &mail, &b).await;
+
+    let moved = ok(store.redrive(&mail, Redrive::All).await, "redrive all");
+    assert_eq!(moved, 3, "redrive all returns how many moved");
+    assert!(ok(store.dead_letters(&mail, 10).await, "dead_letters").is_empty());
+    let back = receive_now(&store, &mail, 10).await;
+    let mut back_labels = labels(&back);
+    back_labels.sort();
+    assert_eq!(back_labels, ["a", "c", "d"]);
+    assert!(back.iter().all(|d| d.delivery_count == 1), "fresh counts after redrive all: {back:?}");
+    assert_eq!(ok(store.redrive(&mail, Redrive::All).await, "redrive all of nothing"), 0);
+
+    for d in &back {
+        ok(store.dead_letter(&mail, d.lease_token, "again".into()).await, "dead_letter");
+    }
+    assert_eq!(ok(store.purge_dead_letters(&mail).await, "purge"), 3, "purge returns how many it deleted");
+    assert!(ok(store.dead_letters(&mail, 10).await, "dead_letters").is_empty(), "purge leaves no dead letter");
+    assert_eq!(counts(&store, &mail).await, (0, 0, 0, 0));
+    assert_eq!(ok(store.purge_dead_letters(&mail).await, "purge of nothing"), 0);
+    assert_nothing_to_receive(&store, &mail, "after purge").await;
+}
+
+/// A message sent with a delay is invisible, and counted as delayed, until
+/// the delay has passed.
+pub async fn delayed_messages_wait_for_their_delay(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let reminders = queue("reminders");
+    let t0 = clock.now();
+    let delay = Duration::from_secs(5);
+    let later = send(&store, &reminders, labelled("later").with_delay(delay)).await;
+    send_label(&store, &reminders, "now").await;
+
+    let first = receive_now(&store, &reminders, 10).await;
+    assert_eq!(labels(&first), vec!["now"], "only the undelayed message is visible");
+    let stats = stats_of(&store, &reminders).await.expect("the queue is listed");
+    assert_eq!((stats.ready, stats.leased, stats.delayed), (0, 1, 1), "stats count the delayed message: {stats:?}");
+
+    clock.advance(delay - MILLI);
+    assert_nothing_to_receive(&store, &reminders, "1 ms before the delay ends").await;
+    clock.advance(MILLI);
+    let d = receive_one(&store, &reminders, "once the delay has passed").await;
+    assert_eq!(d.id, later.id);
+    assert_eq!(d.delivery_count, 1);
+    assert_eq!(d.enqueued_at, t0, "enqueued_at is the send time, not the end of the delay");
+    assert_eq!(counts(&store, &reminders).await, (0, 2, 0, 0));
+}
+
+/// Messages with an ordering key are delivered one lease at a time per key,
+/// in send order; a leased head blocks only its own key. Completing or
+/// dead-lettering the head lets the next one through.
+pub async fn ordering_keys_deliver_fifo_one_lease_per_key(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let sessions = queue("sessions");
+    send(&store, &sessions, labelled("a").with_ordering_key("k1")).await;
+    send(&store, &sessions, labelled("b").with_ordering_key("k1")).await;
+    send(&store, &sessions, labelled("c").with_ordering_key("k2")).await;
+    send(&store, &sessions, labelled("d").with_ordering_key("k2")).await;
+    send_label(&store, &sessions, "u").await;
+
+    let first = receive_now(&store, &sessions, 10).await;
+    assert_eq!(labels(&first), vec!["a", "c", "u"], "one head per key, and unkeyed messages are not blocked");
+    assert_eq!(first[0].ordering_key.as_deref(), Some("k1"));
+    assert_eq!(first[1].ordering_key.as_deref(), Some("k2"));
+    assert_eq!(first[2].ordering_key, None);
+    assert_nothing_to_receive(&store, &sessions, "every key's head is leased").await;
+
+    complete(&store, &sessions, &first[0]).await;
+    let b = receive_one(&store, &sessions, "b follows a once a is completed").await;
+    assert_eq!(label(&b), "b");
+
+    ok(store.dead_letter(&sessions, first[1].lease_token, "poison".into()).await, "dead_letter c");
+    let d = receive_one(&store, &sessions, "d follows c once c is dead-lettered").await;
+    assert_eq!(label(&d), "d");
+}
+
+/// The head of a key that is abandoned, or whose lease expires, is delivered
+/// again before the key's later messages.
+pub async fn an_ordering_key_head_comes_back_before_its_successors(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let sessions = queue("sessions");
+    send(&store, &sessions, labelled("a").with_ordering_key("k")).await;
+    send(&store, &sessions, labelled("b").with_ordering_key("k")).await;
+
+    let a1 = receive_one(&store, &sessions, "the head").await;
+    assert_eq!(label(&a1), "a");
+    ok(store.abandon(&sessions, a1.lease_token, Duration::ZERO, None).await, "abandon a");
+    let a2 = receive_one(&store, &sessions, "the abandoned head comes back, alone").await;
+    assert_eq!((label(&a2), a2.delivery_count), ("a".into(), 2), "a comes again before b");
+
+    clock.advance(LEASE_DEFAULT);
+    let a3 = receive_one(&store, &sessions, "the expired head comes back, alone").await;
+    assert_eq!((label(&a3), a3.delivery_count), ("a".into(), 3), "a comes again before b");
+
+    complete(&store, &sessions, &a3).await;
+    let b = receive_one(&store, &sessions, "b once a is completed").await;
+    assert_eq!((label(&b), b.delivery_count), ("b".into(), 1));
+}
+
+/// A message id seen within the queue's duplicate-detection window is
+/// dropped: the send returns the id with `duplicate: true` and adds nothing,
+/// also after the first one was completed and also within one batch. Once
+/// the window has passed, the id is accepted again.
+pub async fn duplicate_ids_are_dropped_within_the_window(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let dedupe = queue("dedupe");
+    let window = Duration::from_secs(60);
+    ok(store.create_queue(&dedupe, QueueConfig { dedupe_window: window, ..QueueConfig::default() }).await, "create_queue");
+    let x = message_id("order-17/charge/1");
+
+    let first = send(&store, &dedupe, labelled("x1").with_id(x.clone())).await;
+    assert_eq!(first, Sent { id: x.clone(), duplicate: false });
+    let second = send(&store, &dedupe, labelled("x2").with_id(x.clone())).await;
+    assert_eq!(second, Sent { id: x.clone(), duplicate: true }, "the same id again is a duplicate");
+    let other = send(&store, &dedupe, labelled("y").with_id(message_id("order-17/charge/2"))).await;
+    assert!(!other.duplicate, "a different id is accepted");
+    let unnamed1 = send_label(&store, &dedupe, "n1").await;
+    let unnamed2 = send_label(&store, &dedupe, "n2").await;
+    assert!(!unnamed1.duplicate && !unnamed2.duplicate && unnamed1.id != unnamed2.id, "messages without id are never duplicates");
+    assert_eq!(counts(&store, &dedupe).await, (4, 0, 0, 0), "the duplicate added nothing");
+
+    let all = receive_now(&store, &dedupe, 10).await;
+    assert_eq!(labels(&all), vec!["x1", "y", "n1", "n2"], "the first send's body is kept");
+    let tokens: Vec<LeaseToken> = all.iter().map(|d| d.lease_token).collect();
+    assert!(ok(store.complete_batch(&dedupe, &tokens).await, "complete_batch").is_empty());
+    let after_complete = send(&store, &dedupe, labelled("x3").with_id(x.clone())).await;
+    assert!(after_complete.duplicate, "an id is remembered for the window even after its message was completed");
+    assert_eq!(counts(&store, &dedupe).await, (0, 0, 0, 0));
+
+    let batch = vec![
+        labelled("z1").with_id(message_id("z")),
+        labelled("z2").with_id(message_id("z")),
+        labelled("w").with_id(message_id("w")),
+        labelled("x4").with_id(x.clone()),
+    ];
+    let sent = ok(store.send_batch(&dedupe, batch).await, "send_batch");
+    let flags: Vec<(&str, bool)> = sent.iter().map(|s| (s.id.as_str(), s.duplicate)).collect();
+    assert_eq!(flags, [("z", false), ("z", true), ("w", false), (x.as_str(), true)], "duplicates within and across batches");
+    let got = receive_now(&store, &dedupe, 10).await;
+    assert_eq!(labels(&got), vec!["z1", "w"]);
+
+    clock.advance(window + SECOND);
+    let fresh = send(&store, &dedupe, labelled("x5").with_id(x.clone())).await;
+    assert_eq!(fresh, Sent { id: x.clone(), duplicate: false }, "after the window has passed the id is accepted again");
+    let d = receive_now(&store, &dedupe, 10).await;
+    assert!(labels(&d).contains(&"x5".to_string()), "the re-sent x is delivered: {:?}", labels(&d));
+}
+
+/// A paused queue delivers nothing but accepts sends; stats say it is
+/// paused; after resume its messages are delivered.
+pub async fn pause_stops_deliveries_but_not_sends(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let outbox = queue("outbox");
+    send_label(&store, &outbox, "before").await;
+    ok(store.pause(&outbox).await, "pause");
+    let during = send_label(&store, &outbox, "during").await;
+    assert!(!during.duplicate);
+    assert_nothing_to_receive(&store, &outbox, "a paused queue").await;
+    let stats = stats_of(&store, &outbox).await.expect("the queue is listed");
+    assert!(stats.paused, "stats show the queue as paused: {stats:?}");
+    assert_eq!(stats.ready, 2, "both messages wait: {stats:?}");
+
+    ok(store.resume(&outbox).await, "resume");
+    assert!(!stats_of(&store, &outbox).await.expect("listed").paused, "stats show the queue as resumed");
+    let got = receive_now(&store, &outbox, 10).await;
+    assert_eq!(labels(&got), vec!["before", "during"]);
+}
+
+/// `send_batch` of 200 returns 200 distinct ids in order, all receivable in
+/// send order; `receive` never returns more than `max`.
+pub async fn send_batch_and_receive_max(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let bulk = queue("bulk");
+    let messages: Vec<Outgoing> = (0..200).map(|n| Outgoing::json(&json!({ "n": n })).unwrap()).collect();
+    let sent = ok(store.send_batch(&bulk, messages).await, "send_batch of 200");
+    assert_eq!(sent.len(), 200, "one Sent per message");
+    assert!(sent.iter().all(|s| !s.duplicate), "nothing in the batch is a duplicate");
+    assert_eq!(sent.iter().map(|s| &s.id).collect::<BTreeSet<_>>().len(), 200, "distinct ids");
+    assert_eq!(counts(&store, &bulk).await, (200, 0, 0, 0));
+
+    let first = receive_now(&store, &bulk, 50).await;
+    assert_eq!(first.len(), 50, "receive max 50 returns 50");
+    let rest = receive_now(&store, &bulk, RECEIVE_MAX).await;
+    assert_eq!(rest.len(), 150, "the rest");
+    let all: Vec<&Delivery> = first.iter().chain(&rest).collect();
+    let numbers: Vec<i64> =
+        all.iter().map(|d| serde_json::from_str::<Value>(d.body.get()).unwrap()["n"].as_i64().expect("body has n")).collect();
+    assert_eq!(numbers, (0..200).collect::<Vec<i64>>(), "delivered in send order");
+    let delivered: Vec<&MessageId> = all.iter().map(|d| &d.id).collect();
+    assert_eq!(delivered, sent.iter().map(|s| &s.id).collect::<Vec<_>>(), "delivery ids are the sent ids");
+    assert!(ok(store.send_batch(&bulk, Vec::new()).await, "send_batch of nothing").is_empty());
+}
+
+/// Queues are created with the defaults on first send; `create_queue` sets
+/// and later updates a config that `queue_config` returns (`None` for an
+/// unknown queue) and that receives use. `stats` lists every queue sorted by
+/// name with ready, leased, delayed and dead-lettered counts.
+pub async fn stats_and_queue_configs(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let zeta = queue("zeta");
+    let alpha = queue("alpha");
+    let mid = queue("mid");
+
+    assert_eq!(ok(store.queue_config(&zeta).await, "queue_config"), None, "an unknown queue has no config");
+    let custom = QueueConfig { lease: Duration::from_secs(5), deliveries_max: 3, dedupe_window: Duration::from_secs(60) };
+    ok(store.create_queue(&alpha, custom.clone()).await, "create_queue");
+    assert_eq!(ok(store.queue_config(&alpha).await, "queue_config"), Some(custom), "create_queue's config is kept");
+    let updated = QueueConfig { lease: Duration::from_secs(7), deliveries_max: 4, dedupe_window: Duration::from_secs(90) };
+    ok(store.create_queue(&alpha, updated.clone()).await, "create_queue on an existing queue");
+    assert_eq!(ok(store.queue_config(&alpha).await, "queue_config"), Some(updated.clone()), "create_queue updates the config");
+    send_label(&store, &alpha, "probe").await;
+    let probe = receive_one(&store, &alpha, "the probe").await;
+    assert_eq!(probe.lease_until, clock.now().add(updated.lease), "receive uses the updated queue lease");
+    complete(&store, &alpha, &probe).await;
+
+    let t0 = clock.now();
+    send_label(&store, &zeta, "leased").await;
+    send_label(&store, &zeta, "dead").await;
+    clock.advance(SECOND);
+    send_label(&store, &zeta, "ready 1").await;
+    send_label(&store, &zeta, "ready 2").await;
+    send(&store, &zeta, labelled("delayed").with_delay(Duration::from_secs(60))).await;
+    assert_eq!(ok(store.queue_config(&zeta).await, "queue_config"), Some(QueueConfig::default()), "auto-created with the defaults");
+    let taken = receive_now(&store, &zeta, 2).await;
+    assert_eq!(labels(&taken), vec!["leased", "dead"]);
+    ok(store.dead_letter(&zeta, taken[1].lease_token, "test".into()).await, "dead_letter");
+    send_label(&store, &mid, "m").await;
+
+    let stats = ok(store.stats().await, "stats");
+    let names: Vec<&str> = stats.iter().map(|s| s.queue.as_str()).collect();
+    assert_eq!(names, ["alpha", "mid", "zeta"], "stats list every queue, sorted by name");
+    let by_name: HashMap<&str, &QueueStats> = stats.iter().map(|s| (s.queue.as_str(), s)).collect();
+    let a = by_name["alpha"];
+    assert_eq!((a.ready, a.leased, a.delayed, a.dead_lettered, a.paused, a.oldest_ready_at), (0, 0, 0, 0, false, None), "alpha: {a:?}");
+    let m = by_name["mid"];
+    assert_eq!((m.ready, m.leased, m.delayed, m.dead_lettered), (1, 0, 0, 0), "mid: {m:?}");
+    let z = by_name["zeta"];
+    assert_eq!((z.ready, z.leased, z.delayed, z.dead_lettered, z.paused), (2, 1, 1, 1, false), "zeta: {z:?}");
+    assert_eq!(z.oldest_ready_at, Some(t0.add(SECOND)), "the oldest ready message was sent at t0 + 1 s: {z:?}");
+}
+
+/// Out-of-bounds requests fail with `Invalid` and store nothing: receive max
+/// 0 or above [`RECEIVE_MAX`], a zero lease, `deliveries_max: 0`, a body
+/// larger than [`BODY_BYTES_MAX`] (alone or in a batch).
+pub async fn invalid_requests_are_refused_and_store_nothing(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let checks = queue("checks");
+    send_label(&store, &checks, "resident").await;
+
+    assert_err!(store.receive(&checks, Receive::up_to(0)).await, Error::Invalid(_), "receive max 0");
+    assert_err!(store.receive(&checks, Receive::up_to(RECEIVE_MAX + 1)).await, Error::Invalid(_), "receive max RECEIVE_MAX + 1");
+    assert_err!(store.receive(&checks, Receive::up_to(1).leasing(Duration::ZERO)).await, Error::Invalid(_), "receive with a zero lease");
+    assert_eq!(counts(&store, &checks).await, (1, 0, 0, 0), "invalid receives lease nothing");
+
+    let strict = queue("strict");
+    let zero = QueueConfig { deliveries_max: 0, ..QueueConfig::default() };
+    assert_err!(store.create_queue(&strict, zero).await, Error::Invalid(_), "deliveries_max 0");
+    assert_eq!(ok(store.queue_config(&strict).await, "queue_config"), None, "a refused create_queue creates nothing");
+
+    let too_big = format!("\"{}\"", "x".repeat(BODY_BYTES_MAX - 1));
+    assert_eq!(too_big.len(), BODY_BYTES_MAX + 1);
+    assert_err!(store.send(&checks, Outgoing::parse(&too_big).unwrap()).await, Error::Invalid(_), "a body of BODY_BYTES_MAX + 1 bytes");
+    let batch = vec![labelled("small"), Outgoing::parse(&too_big).unwrap()];
+    assert_err!(store.send_batch(&checks, batch).await, Error::Invalid(_), "a batch with one body too large");
+    assert_eq!(counts(&store, &checks).await, (1, 0, 0, 0), "refused sends store nothing, not even the batch's valid message");
+
+    let fits = format!("\"{}\"", "x".repeat(BODY_BYTES_MAX - 2));
+    assert_eq!(fits.len(), BODY_BYTES_MAX);
+    ok(store.send(&checks, Outgoing::parse(&fits).unwrap()).await, "a body of exactly BODY_BYTES_MAX bytes is accepted");
+    let all = receive_now(&store, &checks, RECEIVE_MAX).await;
+    assert_eq!(all.len(), 2, "receive max RECEIVE_MAX is valid");
+    assert_eq!(all[1].body.get().len(), BODY_BYTES_MAX, "the largest body comes back whole");
+}
+
+/// Four concurrent receivers draining 400 messages, 7 at a time, get every
+/// message exactly once.
+pub async fn concurrent_receivers_get_each_message_once(harness: &dyn Harness) {
+    const MESSAGES: usize = 400;
+    const RECEIVERS: usize = 4;
+    let store = harness.open().await;
+    let shared = queue("shared");
+    let messages: Vec<Outgoing> = (0..MESSAGES).map(|n| Outgoing::json(&n).unwrap()).collect();
+    let sent = ok(store.send_batch(&shared, messages).await, "send_batch");
+    let sent: BTreeSet<MessageId> = sent.into_iter().map(|s| s.id).collect();
+
+    let mut receivers = tokio::task::JoinSet::new();
+    for r in 0..RECEIVERS {
+        let store = store.clone();
+        let shared = shared.clone();
+        receivers.spawn(async move {
+            let consumer = instance(&format!("receiver-{r}"));
+            let mut got = Vec::new();
+            loop {
+                let batch = receive(&store, &shared, Receive::up_to(7).by(consumer.clone())).await;
+                if batch.is_empty() {
+                    return got;
+                }
+                assert!(batch.len() <= 7, "receive returned more than max: {}", batch.len());
+                let tokens: Vec<LeaseToken> = batch.iter().map(|d| d.lease_token).collect();
+                let lost = ok(store.complete_batch(&shared, &tokens).await, "complete_batch");
+                assert!(lost.is_empty(), "receiver {r} lost fresh leases: {lost:?}");
+                got.extend(batch.into_iter().map(|d| (d.id, d.delivery_count)));
+            }
+        });
+    }
+    let mut delivered = Vec::new();
+    while let Some(result) = receivers.join_next().await {
+        delivered.extend(result.expect("a receiver panicked"));
+    }
+    assert_eq!(delivered.len(), MESSAGES, "every message is delivered exactly once in total");
+    assert!(delivered.iter().all(|(_, count)| *count == 1), "no message is delivered twice");
+    let unique: BTreeSet<MessageId> = delivered.into_iter().map(|(id, _)| id).collect();
+    assert_eq!(unique, sent, "no message is lost or invented");
+    assert_eq!(counts(&store, &shared).await, (0, 0, 0, 0));
+}
+
+/// A long-poll receive returns a message sent while it waits; on an empty
+/// queue it returns nothing once its wait is over.
+pub async fn long_poll_wakes_on_send_and_times_out_empty(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let replies = queue("replies");
+    let sender = {
+        let store = store.clone();
+        let replies = replies.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            send_label(&store, &replies, "late reply").await
+        })
+    };
+    let got = receive(&store, &replies, Receive::up_to(10).waiting(Duration::from_secs(10))).await;
+    let sent = sender.await.expect("the sender panicked");
+    assert_eq!(ids(&got), vec![sent.id], "the waiting receive gets the message sent while it waited");
+
+    let empty = queue("empty");
+    let got = receive(&store, &empty, Receive::up_to(10).waiting(Duration::from_millis(50))).await;
+    assert!(got.is_empty(), "a long poll on an empty queue returns nothing: {got:?}");
+}
+
+/// After the store is dropped and reopened, queue configs, unleased messages,
+/// leases, dead letters and tasks are all still there.
+pub async fn messages_leases_and_tasks_survive_reopen(harness: &dyn Harness) {
+    let clock = harness.clock();
+    let durable = queue("durable");
+    let config = QueueConfig { deliveries_max: 5, ..QueueConfig::default() };
+    let order = task_id("order-durable");
+    let (leased, poisoned) = {
+        let store = harness.open().await;
+        ok(store.create_queue(&durable, config.clone()).await, "create_queue");
+        for name in ["a", "b", "c", "p"] {
+            send_label(&store, &durable, name).await;
+        }
+        let leased = receive(&store, &durable, Receive::up_to(1)).await.remove(0);
+        assert_eq!(label(&leased), "a");
+        create(&store, new_task(order.as_str(), "order", &["charge"], clock.now())).await;
+        // Dead-letter p: receive b, c and p, give b and c back.
+        let three = receive_now(&store, &durable, 3).await;
+        assert_eq!(labels(&three), vec!["b", "c", "p"]);
+        ok(store.abandon(&durable, three[0].lease_token, Duration::ZERO, None).await, "abandon b");
+        ok(store.abandon(&durable, three[1].lease_token, Duration::ZERO, None).await, "abandon c");
+        ok(store.dead_letter(&durable, three[2].lease_token, "kept".into()).await, "dead_letter p");
+        (leased, three[2].id.clone())
+    };
+
+    let store = harness.open().await;
+    assert_eq!(ok(store.queue_config(&durable).await, "queue_config"), Some(config), "the queue config survives");
+    let dead = ok(store.dead_letters(&durable, 10).await, "dead_letters");
+    assert_eq!(dead.iter().map(|l| (&l.id, l.reason.as_str())).collect::<Vec<_>>(), [(&poisoned, "kept")], "the dead letter survives");
+    let unleased = receive_now(&store, &durable, 10).await;
+    assert_eq!(labels(&unleased), vec!["b", "c"], "unleased messages survive; the leased one stays leased");
+    for d in &unleased {
+        complete(&store, &durable, d).await;
+    }
+    clock.advance(LEASE_DEFAULT);
+    let again = receive_one(&store, &durable, "the leased message once its lease expired").await;
+    assert_eq!((again.id.clone(), again.delivery_count), (leased.id.clone(), 2));
+    assert_err!(store.complete(&durable, leased.lease_token).await, Error::LeaseLost(_), "the pre-restart token after redelivery");
+    let record = stored(&store, &order).await;
+    assert_eq!(record.task.state, TaskState::Pending, "the task survives");
+    assert_eq!(record.steps.len(), 1);
+    assert_eq!(history_kinds(&store, &order).await, [EventKind::Received]);
+}
+
+// ---------------------------------------------------------------------------
+// Tasks.
+// ---------------------------------------------------------------------------
+
+/// `create_task` writes the task, its steps, its messages and its events
+/// together; creating the same id again writes nothing and returns the
+/// existing record. `task` returns steps ordered by position and `None` for
+/// an unknown id.
+pub async fn create_task_writes_everything_once(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let scheduler = queue("scheduler");
+    let now = clock.now();
+    let mut new = new_task("order-1", "order", &["reserve", "charge", "ship"], now);
+    new.task.reply_to = Some("replies.shop".into());
+    new.task.input = json!({ "order": 1, "lines": [{ "sku": "A-1", "qty": 2 }], "customer": "ana" });
+    new.steps.reverse(); // Given out of order: the store orders by position.
+    new.messages.push((scheduler.clone(), Outgoing::json(&json!({ "task": "order-1" })).unwrap()));
+    let task = new.task.clone();
+    let mut steps = new.steps.clone();
+    steps.reverse();
+    create(&store, new.clone()).await;
+
+    let record = stored(&store, &task.id).await;
+    assert_eq!(record.task, task, "the task reads back as written");
+    assert_eq!(record.steps, steps, "the steps read back as written, ordered by position");
+    assert_eq!(counts(&store, &scheduler).await, (1, 0, 0, 0), "the message was sent with the task");
+    let history = ok(store.history(&task.id).await, "history");
+    assert_eq!(history.len(), 1, "{history:?}");
+    assert_eq!(history[0].kind, EventKind::Received);
+    assert!(history[0].seq > 0, "a stored event has a positive seq: {:?}", history[0]);
+    assert_eq!(Event { seq: 0, ..history[0].clone() }, new.events[0], "the event reads back as written");
+
+    let mut again = new_task("order-1", "refund", &["other"], now);
+    again.task.input = json!({ "different": true });
+    again.messages.push((scheduler.clone(), labelled("second wake-up")));
+    match ok(store.create_task(again).await, "create_task of an existing id") {
+        Created::Existing(existing) => assert_eq!(*existing, record, "Existing carries the stored record"),
+        Created::New => panic!("create_task of an existing id returned Created::New"),
+    }
+    assert_eq!(stored(&store, &task.id).await, record, "the second create changed nothing");
+    assert_eq!(counts(&store, &scheduler).await, (1, 0, 0, 0), "the second create sent no message");
+    assert_eq!(ok(store.history(&task.id).await, "history").len(), 1, "the second create appended no event");
+    let d = receive_one(&store, &scheduler, "the task's message").await;
+    assert_eq!(d.body.get(), r#"{"task":"order-1"}"#);
+
+    assert_eq!(ok(store.task(&task_id("no-such-task")).await, "task"), None, "an unknown id is None");
+}
+
+/// `list_tasks` filters by state and workflow, returns the newest first and
+/// honours the limit.
+pub async fn list_tasks_filters_newest_first(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    for (id, workflow) in [("o1", "order"), ("r1", "refund"), ("o2", "order"), ("o3", "order")] {
+        create(&store, new_task(id, workflow, &[], clock.now())).await;
+        clock.advance(SECOND);
+    }
+    let claimed = claim(&store, &instance("s1"), LEASE_DEFAULT, 1).await;
+    assert_eq!(task_ids(&claimed), ["o1"], "the oldest is claimed");
+
+    let list = |state: Option<TaskState>, workflow: Option<&str>, limit: u32| TaskFilter {
+        state,
+        workflow: workflow.map(|w| WorkflowName::new(w).unwrap()),
+        limit,
+    };
+    let cases = [
+        (list(None, None, 100), vec!["o3", "o2", "r1", "o1"]),
+        (list(None, Some("order"), 100), vec!["o3", "o2", "o1"]),
+        (list(Some(TaskState::Pending), Some("order"), 100), vec!["o3", "o2"]),
+        (list(Some(TaskState::Processing), None, 100), vec!["o1"]),
+        (list(Some(TaskState::Pending), None, 100), vec!["o3", "o2", "r1"]),
+        (list(None, None, 2), vec!["o3", "o2"]),
+        (list(Some(TaskState::Processed), None, 100), vec![]),
+        (list(None, Some("unknown"), 100), vec![]),
+    ];
+    for (filter, expected) in cases {
+        let got = ok(store.list_tasks(&filter).await, "list_tasks");
+        assert_eq!(task_ids(&got), expected, "list_tasks({filter:?})");
+    }
+    let got = ok(store.list_tasks(&TaskFilter::default()).await, "list_tasks");
+    assert_eq!(got[3], stored(&store, &task_id("o1")).await.task, "list_tasks returns whole tasks");
+}
+
+/// `claim_tasks` leases due Pending tasks (oldest `not_before` first, at most
+/// `max`) as Processing, and unleased Compensating ones (staying
+/// Compensating), bumping the lease epoch, setting `locked_by` and
+/// `complete_by`, and recording a `Claimed` event. Leased tasks and tasks not
+/// yet due are not claimed.
+pub async fn claim_tasks_leases_due_pending_and_unleased_compensating(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let s1 = instance("scheduler-1");
+    let s2 = instance("scheduler-2");
+    let t0 = clock.now();
+    create(&store, new_task("p1", "order", &["charge"], t0)).await;
+    clock.advance(SECOND);
+    create(&store, new_task("p2", "order", &["charge"], clock.now())).await;
+    let mut later = new_task("p3", "order", &[], clock.now());
+    later.task.not_before = clock.now().add(Duration::from_secs(60));
+    let due_at = later.task.not_before;
+    create(&store, later).await;
+
+    let first = claim(&store, &s1, LEASE_DEFAULT, 1).await;
+    assert_eq!(task_ids(&first), ["p1"], "max 1 claims one, oldest not_before first");
+    let p1 = &first[0];
+    assert_eq!(p1.state, TaskState::Processing);
+    assert_eq!(p1.locked_by.as_ref(), Some(&s1));
+    assert_eq!(p1.lease_epoch, 1, "a claim bumps the epoch");
+    assert_eq!(p1.complete_by, Some(clock.now().add(LEASE_DEFAULT)), "complete_by is now + lease");
+    assert_eq!(&stored(&store, &p1.id).await.task, p1, "the returned task is what is stored");
+    assert_eq!(history_kinds(&store, &p1.id).await, [EventKind::Received, EventKind::Claimed], "a claim records a Claimed event");
+
+    let second = claim(&store, &s2, LEASE_DEFAULT, 10).await;
+    assert_eq!(task_ids(&second), ["p2"], "p1 is leased and p3 is not due");
+    assert!(claim(&store, &s2, LEASE_DEFAULT, 10).await.is_empty(), "nothing is claimable");
+    clock.set(due_at.sub(MILLI));
+    assert!(claim(&store, &s2, LEASE_DEFAULT, 10).await.is_empty(), "1 ms before not_before");
+    clock.set(due_at);
+    let third = claim(&store, &s2, LEASE_DEFAULT, 10).await;
+    assert_eq!(task_ids(&third), ["p3"], "claimable once not_before has come");
+
+    // p1 fails with compensation: it waits unleased in Compensating.
+    let fence = p1.fence().expect("claimed");
+    let failed = ok(p1.fail(fence, "card declined".into(), ExhaustedPolicy::Compensate, clock.now()), "model fail");
+    commit(&store, Changes { tasks: vec![TaskWrite::replacing(p1, failed)], ..Changes::default() }, "fail p1").await;
+    let compensating = claim(&store, &s2, LEASE_DEFAULT, 10).await;
+    assert_eq!(task_ids(&compensating), ["p1"], "an unleased Compensating task is claimable");
+    let c = &compensating[0];
+    assert_eq!(c.state, TaskState::Compensating, "it stays Compensating");
+    assert_eq!((c.locked_by.as_ref(), c.lease_epoch), (Some(&s2), 2));
+    assert_eq!(c.complete_by, Some(clock.now().add(LEASE_DEFAULT)));
+
+    assert!(claim(&store, &s1, LEASE_DEFAULT, 10).await.is_empty(), "leased Compensating and Processing tasks are not claimable");
+    clock.advance(LEASE_DEFAULT * 3);
+    assert!(claim(&store, &s1, LEASE_DEFAULT, 10).await.is_empty(), "an expired lease is the Supervisor's to reset, not a claim's");
+}
+
+/// Four concurrent claimers over 100 Pending tasks claim each exactly once.
+pub async fn concurrent_claims_never_share_a_task(harness: &dyn Harness) {
+    const TASKS: usize = 100;
+    const CLAIMERS: usize = 4;
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let mut creates = tokio::task::JoinSet::new();
+    for n in 0..TASKS {
+        let store = store.clone();
+        let new = new_task(&format!("task-{n:03}"), "order", &["charge"], clock.now());
+        creates.spawn(async move { create(&store, new).await });
+    }
+    while let Some(result) = creates.join_next().await {
+        result.expect("a create panicked");
+    }
+
+    let mut claimers = tokio::task::JoinSet::new();
+    for c in 0..CLAIMERS {
+        let store = store.clone();
+        claimers.spawn(async move {
+            let owner = instance(&format!("scheduler-{c}"));
+            let mut got = Vec::new();
+            loop {
+                let claimed = claim(&store, &owner, LEASE_DEFAULT, 7).await;
+                if claimed.is_empty() {
+                    return got;
+                }
+                assert!(claimed.len() <= 7, "claim_tasks returned more than max: {}", claimed.len());
+                got.extend(claimed.into_iter().map(|t| (t.id, owner.clone())));
+            }
+        });
+    }
+    let mut claims = Vec::new();
+    while let Some(result) = claimers.join_next().await {
+        claims.extend(result.expect("a claimer panicked"));
+    }
+    assert_eq!(claims.len(), TASKS, "every task is claimed exactly once in total");
+    let unique: BTreeSet<&TaskId> = claims.iter().map(|(id, _)| id).collect();
+    assert_eq!(unique.len(), TASKS, "no task is claimed twice");
+    for (id, owner) in &claims {
+        let task = stored(&store, id).await.task;
+        assert_eq!(task.locked_by.as_ref(), Some(owner), "{id} is held by the claimer that got it");
+        assert_eq!(task.lease_epoch, 1, "{id} was claimed once");
+    }
+}
+
+/// `commit` applies fenced task and step writes, sends, message completions
+/// and events together.
+pub async fn commit_applies_fenced_writes_and_messages_together(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let agent = queue("agent.inventory");
+    let owner = instance("scheduler-1");
+    create(&store, new_task("order-7", "order", &["reserve", "charge"], clock.now())).await;
+    let claimed = claim_only(&store, &owner, LEASE_DEFAULT, &task_id("order-7")).await;
+    let fence = claimed.fence().expect("claimed");
+    let record = stored(&store, &claimed.id).await;
+
+    // Start the first step: record it and send its request together.
+    let reserve = step_of(&record, "reserve").clone();
+    let running = ok(reserve.start(json!({ "sku": "A-1" }), clock.now(), Duration::from_secs(10)), "model start");
+    let request = Outgoing::json(&json!({ "task": "order-7", "step": "reserve", "attempt": 1 })).unwrap();
+    commit(
+        &store,
+        Changes {
+            steps: vec![StepWrite::replacing(&reserve, running.clone())],
+            send: vec![(agent.clone(), request)],
+            events: vec![Event::step(&running, clock.now(), EventKind::StepStarted, json!({}))],
+            ..Changes::default()
+        },
+        "start reserve",
+    )
+    .await;
+    let record = stored(&store, &claimed.id).await;
+    assert_eq!(step_of(&record, "reserve"), &running, "the step write is stored");
+    assert_eq!(step_of(&record, "charge").state, StepState::NotStarted, "the other step is untouched");
+    let delivery = receive_one(&store, &agent, "the request sent by the commit").await;
+    let body: Value = serde_json::from_str(delivery.body.get()).expect("a JSON body");
+    assert_eq!(body, json!({ "task": "order-7", "step": "reserve", "attempt": 1 }), "the request's body");
+
+    // The reply: complete the step, renew the task, consume the message.
+    clock.advance(SECOND);
+    let done = ok(running.complete(1, json!({ "reserved": true }), clock.now()), "model complete");
+    let renewed = ok(claimed.renew(fence, clock.now(), LEASE_DEFAULT), "model renew");
+    commit(
+        &store,
+        Changes {
+            tasks: vec![TaskWrite::replacing(&claimed, renewed.clone())],
+            steps: vec![StepWrite::replacing(&running, done.clone())],
+            complete: vec![(agent.clone(), delivery.lease_token)],
+            events: vec![Event::step(&done, clock.now(), EventKind::StepCompleted, json!({ "reserved": true }))],
+            ..Changes::default()
+        },
+        "complete reserve",
+    )
+    .await;
+    assert_eq!(counts(&store, &agent).await, (0, 0, 0, 0), "the commit completed the message");
+    assert_err!(store.complete(&agent, delivery.lease_token).await, Error::LeaseLost(_), "completing the committed token again");
+
+    let finished = ok(renewed.finish_processed(fence, json!({ "shipped": false }), clock.now()), "model finish");
+    commit(
+        &store,
+        Changes {
+            tasks: vec![TaskWrite::replacing(&renewed, finished.clone())],
+            events: vec![Event::task(&finished.id, clock.now(), EventKind::Processed, json!({}))],
+            ..Changes::default()
+        },
+        "finish",
+    )
+    .await;
+    let record = stored(&store, &claimed.id).await;
+    assert_eq!(record.task, finished, "the task write is stored");
+    assert_eq!(step_of(&record, "reserve"), &done);
+    assert_eq!(
+        history_kinds(&store, &claimed.id).await,
+        [EventKind::Received, EventKind::Claimed, EventKind::StepStarted, EventKind::StepCompleted, EventKind::Processed]
+    );
+    ok(store.commit(Changes::default()).await, "an empty commit");
+}
+
+/// A write whose expectation is stale (state, epoch or attempt changed since
+/// it was read) fails the whole commit with `Conflict`: none of its task or
+/// step writes, sends or events appear.
+pub async fn commit_with_a_stale_write_conflicts_and_writes_nothing(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let agent = queue("agent.payments");
+    let s1 = instance("scheduler-1");
+    let s2 = instance("scheduler-2");
+    let id = task_id("order-9");
+    create(&store, new_task(id.as_str(), "order", &["charge"], clock.now())).await;
+    let by_s1 = claim_only(&store, &s1, LEASE_DEFAULT, &id).await;
+
+    // s1 stalls; the Supervisor resets the task and s2 claims it.
+    clock.advance(LEASE_DEFAULT);
+    let reset = ok(by_s1.expire(clock.now(), 5, Duration::ZERO, ExhaustedPolicy::Error), "model expire");
+    commit(&store, Changes { tasks: vec![TaskWrite::replacing(&by_s1, reset)], ..Changes::default() }, "expire").await;
+    let by_s2 = claim_only(&store, &s2, LEASE_DEFAULT, &id).await;
+    assert_eq!(by_s2.lease_epoch, 2);
+    let before = stored(&store, &id).await;
+    let charge = step_of(&before, "charge").clone();
+    let history_before = ok(store.history(&id).await, "history");
+
+    let stale_changes = |tasks: Vec<TaskWrite>, steps: Vec<StepWrite>| Changes {
+        tasks,
+        steps,
+        send: vec![(agent.clone(), labelled("must not be sent"))],
+        events: vec![Event::task(&id, clock.now(), EventKind::Processed, json!({ "stale": true }))],
+        complete: Vec::new(),
+    };
+    let start = |step: &Step| ok(step.start(json!({}), clock.now(), Duration::from_secs(10)), "model start");
+
+    // s1 finishes with its old fence (epoch 1), along with a valid step write.
+    let finished = ok(by_s1.finish_processed(by_s1.fence().unwrap(), json!({}), clock.now()), "model finish");
+    let changes = stale_changes(vec![TaskWrite::replacing(&by_s1, finished)], vec![StepWrite::replacing(&charge, start(&charge))]);
+    assert_err!(store.commit(changes).await, Error::Conflict(_), "a task write fenced with a superseded epoch");
+
+    // The right epoch but a stale state.
+    let mut wrong_state = TaskWrite::replacing(&by_s2, by_s2.clone());
+    wrong_state.expected_state = TaskState::Pending;
+    assert_err!(
+        store.commit(stale_changes(vec![wrong_state], Vec::new())).await,
+        Error::Conflict(_),
+        "a task write expecting a stale state"
+    );
+
+    // Step writes with a stale attempt or state.
+    let mut wrong_attempt = StepWrite::replacing(&charge, start(&charge));
+    wrong_attempt.expected_attempt = 3;
+    assert_err!(store.commit(stale_changes(Vec::new(), vec![wrong_attempt])).await, Error::Conflict(_), "a step write expecting attempt 3");
+    let mut wrong_step_state = StepWrite::replacing(&charge, start(&charge));
+    wrong_step_state.expected_state = StepState::Running;
+    assert_err!(
+        store.commit(stale_changes(Vec::new(), vec![wrong_step_state])).await,
+        Error::Conflict(_),
+        "a step write expecting a stale state"
+    );
+
+    assert_eq!(stored(&store, &id).await, before, "no task or step write of a conflicting commit is applied");
+    assert_eq!(counts(&store, &agent).await, (0, 0, 0, 0), "no message of a conflicting commit is sent");
+    assert_eq!(ok(store.history(&id).await, "history"), history_before, "no event of a conflicting commit is appended");
+
+    // The current holder's writes still go through.
+    let finished = ok(by_s2.finish_processed(by_s2.fence().unwrap(), json!({ "ok": true }), clock.now()), "model finish");
+    commit(&store, Changes { tasks: vec![TaskWrite::replacing(&by_s2, finished.clone())], ..Changes::default() }, "s2 finishes").await;
+    assert_eq!(stored(&store, &id).await.task, finished);
+}
+
+/// A stale lease token among a commit's completions fails it with
+/// `LeaseLost` and nothing is written; the current token commits.
+pub async fn commit_with_a_lost_message_lease_writes_nothing(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let replies = queue("replies");
+    let notices = queue("notices");
+    let owner = instance("scheduler-1");
+    let id = task_id("order-11");
+    create(&store, new_task(id.as_str(), "order", &[], clock.now())).await;
+    let claimed = claim_only(&store, &owner, Duration::from_secs(300), &id).await;
+    let before = stored(&store, &id).await;
+    let history_before = ok(store.history(&id).await, "history");
+
+    send_label(&store, &replies, "reply").await;
+    let first = receive(&store, &replies, Receive::up_to(1).leasing(Duration::from_secs(5))).await.remove(0);
+    clock.advance(Duration::from_secs(5));
+    let second = receive_one(&store, &replies, "the reply after its first lease expired").await;
+
+    let finished = ok(claimed.finish_processed(claimed.fence().unwrap(), json!({}), clock.now()), "model finish");
+    let changes = |token: LeaseToken| Changes {
+        tasks: vec![TaskWrite::replacing(&claimed, finished.clone())],
+        steps: Vec::new(),
+        send: vec![(notices.clone(), labelled("processed"))],
+        complete: vec![(replies.clone(), token)],
+        events: vec![Event::task(&id, clock.now(), EventKind::Processed, json!({}))],
+    };
+    assert_err!(store.commit(changes(first.lease_token)).await, Error::LeaseLost(_), "a commit completing a superseded delivery");
+    assert_eq!(stored(&store, &id).await, before, "the task write was not applied");
+    assert_eq!(counts(&store, &notices).await, (0, 0, 0, 0), "the message was not sent");
+    assert_eq!(ok(store.history(&id).await, "history"), history_before, "the event was not appended");
+    assert_eq!(counts(&store, &replies).await, (0, 1, 0, 0), "the reply is still leased by the second delivery");
+
+    commit(&store, changes(second.lease_token), "with the current token").await;
+    assert_eq!(stored(&store, &id).await.task, finished);
+    assert_eq!(counts(&store, &replies).await, (0, 0, 0, 0), "the reply was completed by the commit");
+    assert_eq!(counts(&store, &notices).await, (1, 0, 0, 0), "the notice was sent");
+}
+
+/// A write to a task or step that does not exist fails the commit with
+/// `NotFound`, writing nothing.
+pub async fn commit_to_a_missing_record_is_not_found(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let outbox = queue("outbox");
+    let id = task_id("order-real");
+    create(&store, new_task(id.as_str(), "order", &["charge"], clock.now())).await;
+    let with_send = |tasks: Vec<TaskWrite>, steps: Vec<StepWrite>| Changes {
+        tasks,
+        steps,
+        send: vec![(outbox.clone(), labelled("must not be sent"))],
+        ..Changes::default()
+    };
+
+    let ghost = Task::new(task_id("order-ghost"), WorkflowName::new("order").unwrap(), 1, Value::Null, clock.now());
+    let write = TaskWrite::replacing(&ghost, ghost.clone());
+    assert_err!(store.commit(with_send(vec![write], Vec::new())).await, Error::NotFound(_), "a write to a task that does not exist");
+
+    let stray = Step::new(id.clone(), StepName::new("refund").unwrap(), 5, clock.now());
+    let started = ok(stray.start(json!({}), clock.now(), SECOND), "model start");
+    let write = StepWrite::replacing(&stray, started);
+    assert_err!(store.commit(with_send(Vec::new(), vec![write])).await, Error::NotFound(_), "a write to a step the task does not have");
+
+    let orphan = Step::new(task_id("order-ghost"), StepName::new("charge").unwrap(), 0, clock.now());
+    let started = ok(orphan.start(json!({}), clock.now(), SECOND), "model start");
+    let write = StepWrite::replacing(&orphan, started);
+    assert_err!(store.commit(with_send(Vec::new(), vec![write])).await, Error::NotFound(_), "a write to a step of a missing task");
+
+    assert_eq!(counts(&store, &outbox).await, (0, 0, 0, 0), "nothing of a failed commit is sent");
+    assert_eq!(ok(store.task(&task_id("order-ghost")).await, "task"), None, "no task was created by a write");
+    assert_eq!(stored(&store, &id).await.steps.len(), 1, "no step was created by a write");
+}
+
+/// `expired` returns leased tasks and in-flight steps (Running or
+/// Compensating) whose `complete_by` is at or before now, earliest first,
+/// within the limit, and nothing before their deadlines.
+pub async fn expired_finds_tasks_and_steps_past_their_deadline(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let owner = instance("scheduler-1");
+    let t0 = clock.now();
+
+    // slow: leased for 30 s, with a running step due at 20 s, a compensating
+    // one due at 25 s, and one not started.
+    create(&store, new_task("slow", "order", &["reserve", "charge", "ship"], t0)).await;
+    let slow = claim_only(&store, &owner, Duration::from_secs(30), &task_id("slow")).await;
+    let record = stored(&store, &slow.id).await;
+    let reserve = step_of(&record, "reserve").clone();
+    let reserve_running = ok(reserve.start(json!({}), t0, Duration::from_secs(20)), "start reserve");
+    let charge = step_of(&record, "charge").clone();
+    let charge_done = ok(charge.start(json!({}), t0, SECOND).and_then(|s| s.complete(1, json!({}), t0)), "start and complete charge");
+    let charge_compensating = ok(charge_done.begin_compensation(t0, Duration::from_secs(25)), "compensate charge");
+    let steps = vec![StepWrite::replacing(&reserve, reserve_running.clone()), StepWrite::replacing(&charge, charge_compensating.clone())];
+    commit(&store, Changes { steps, ..Changes::default() }, "start steps").await;
+
+    // fast: leased for 10 s. done: claimed, then processed. idle: never claimed.
+    create(&store, new_task("fast", "order", &[], t0)).await;
+    let fast = claim_only(&store, &owner, Duration::from_secs(10), &task_id("fast")).await;
+    create(&store, new_task("done", "order", &[], t0)).await;
+    let done = claim_only(&store, &owner, Duration::from_secs(5), &task_id("done")).await;
+    let processed = ok(done.finish_processed(done.fence().unwrap(), json!({}), t0), "finish done");
+    commit(&store, Changes { tasks: vec![TaskWrite::replacing(&done, processed)], ..Changes::default() }, "finish done").await;
+    create(&store, new_task("idle", "order", &["wait"], t0)).await;
+
+    assert!(ok(store.expired(10).await, "expired").is_empty(), "nothing has expired at t0");
+    clock.set(t0.add(Duration::from_secs(10) - MILLI));
+    assert!(ok(store.expired(10).await, "expired").is_empty(), "nothing has expired 1 ms before the first deadline");
+    clock.set(t0.add(Duration::from_secs(10)));
+    assert_eq!(ok(store.expired(10).await, "expired"), [Expired::Task(fast.clone())], "at its complete_by, fast has expired");
+
+    clock.set(t0.add(Duration::from_secs(60)));
+    let all = ok(store.expired(10).await, "expired");
+    let expected = [
+        Expired::Task(fast.clone()),
+        Expired::Step(reserve_running.clone()),
+        Expired::Step(charge_compensating.clone()),
+        Expired::Task(slow.clone()),
+    ];
+    assert_eq!(all, expected, "leased tasks and in-flight steps, earliest complete_by first");
+    let two = ok(store.expired(2).await, "expired limit 2");
+    assert_eq!(two, expected[..2], "the limit is honoured");
+}
+
+/// `history` returns a task's events oldest first with increasing seq;
+/// `events_after` pages through every task's events in seq order.
+pub async fn history_and_events_after_page_in_order(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let t1 = task_id("order-a");
+    let t2 = task_id("order-b");
+    create(&store, new_task(t1.as_str(), "order", &["charge"], clock.now())).await;
+    create(&store, new_task(t2.as_str(), "order", &[], clock.now())).await;
+    clock.advance(SECOND);
+    let step = stored(&store, &t1).await.steps[0].clone();
+    let started = Event::step(&step, clock.now(), EventKind::StepStarted, json!({ "agent": "payments" }));
+    commit(&store, Changes { events: vec![started.clone()], ..Changes::default() }, "event for order-a").await;
+    let alert = Event::task(&t2, clock.now(), EventKind::Alert, json!({ "message": "stuck" }));
+    let completed = Event::step(&step, clock.now(), EventKind::StepCompleted, json!({ "n": 2 }));
+    commit(&store, Changes { events: vec![alert.clone(), completed.clone()], ..Changes::default() }, "two events").await;
+
+    let history = ok(store.history(&t1).await, "history");
+    assert_eq!(history.iter().map(|e| e.kind).collect::<Vec<_>>(), [EventKind::Received, EventKind::StepStarted, EventKind::StepCompleted]);
+    assert!(history.windows(2).all(|w| w[0].seq < w[1].seq), "seq increases: {history:?}");
+    assert_eq!(Event { seq: 0, ..history[1].clone() }, started, "an event reads back as written");
+    assert_eq!(Event { seq: 0, ..history[2].clone() }, completed, "an event reads back as written");
+    assert_eq!(ok(store.history(&t2).await, "history").iter().map(|e| e.kind).collect::<Vec<_>>(), [EventKind::Received, EventKind::Alert]);
+    assert!(ok(store.history(&task_id("no-such-task")).await, "history").is_empty());
+
+    let mut paged = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = ok(store.events_after(after, 2).await, "events_after");
+        assert!(page.len() <= 2, "events_after honours its limit: {page:?}");
+        let Some(last) = page.last() else { break };
+        after = last.seq;
+        paged.extend(page);
+        assert!(paged.len() <= 5, "events_after keeps returning events: {paged:?}");
+    }
+    let order: Vec<(&str, EventKind)> = paged.iter().map(|e| (e.task_id.as_str(), e.kind)).collect();
+    assert_eq!(
+        order,
+        [
+            ("order-a", EventKind::Received),
+            ("order-b", EventKind::Received),
+            ("order-a", EventKind::StepStarted),
+            ("order-b", EventKind::Alert),
+            ("order-a", EventKind::StepCompleted),
+        ],
+        "every task's events in the order they were written"
+    );
+    assert!(paged.windows(2).all(|w| w[0].seq < w[1].seq), "seq increases across pages: {paged:?}");
+    assert_eq!(paged[2], history[1], "events_after and history agree");
+    let tail = ok(store.events_after(paged[2].seq, 100).await, "events_after");
+    assert_eq!(tail, paged[3..], "events_after starts strictly after the given seq");
+}
+
+/// The leader lease: the first holder gets it; another gets `None` while it
+/// runs; the holder renews with the same epoch; after the ttl another holder
+/// takes it with a higher epoch; `release_leader` by the holder frees it at
+/// once (by anyone else, it does nothing).
+pub async fn leader_lease_elects_one_holder(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let a = instance("supervisor-a");
+    let b = instance("supervisor-b");
+    let ttl = Duration::from_secs(10);
+    let t0 = clock.now();
+    let acquire = |holder: &InstanceId| {
+        let store = store.clone();
+        let holder = holder.clone();
+        async move { ok(store.acquire_leader("supervisor", &holder, ttl).await, "acquire_leader") }
+    };
+
+    let first = acquire(&a).await.expect("the first holder gets the lease");
+    assert_eq!((first.name.as_str(), &first.holder, first.until), ("supervisor", &a, t0.add(ttl)));
+    assert_eq!(acquire(&b).await, None, "another holder is refused while the lease runs");
+
+    clock.advance(Duration::from_secs(5));
+    let renewed = acquire(&a).await.expect("the holder renews");
+    assert_eq!((renewed.epoch, renewed.until), (first.epoch, clock.now().add(ttl)), "a renewal keeps the epoch and moves until");
+    clock.advance(Duration::from_secs(5));
+    assert_eq!(acquire(&b).await, None, "the renewed lease outlives the first until");
+
+    clock.advance(Duration::from_secs(6));
+    let taken = acquire(&b).await.expect("after the ttl another holder takes the lease");
+    assert_eq!(taken.holder, b);
+    assert!(taken.epoch > first.epoch, "a new holder gets a higher epoch: {taken:?} after {first:?}");
+    assert_eq!(acquire(&a).await, None, "the deposed holder is refused");
+
+    ok(store.release_leader("supervisor", &a).await, "release by a non-holder");
+    assert_eq!(acquire(&a).await, None, "a release by a non-holder does nothing");
+    ok(store.release_leader("supervisor", &b).await, "release by the holder");
+    let back = acquire(&a).await.expect("a released lease is free at once");
+    assert!(back.epoch > taken.epoch, "each change of holder raises the epoch: {back:?} after {taken:?}");
+
+    let other = ok(store.acquire_leader("compactor", &b, ttl).await, "acquire_leader").expect("leases are per name");
+    assert_eq!(other.holder, b);
 }
