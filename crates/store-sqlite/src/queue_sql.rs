@@ -134,54 +134,61 @@ pub(crate) fn claim(
     let mut deliveries = Vec::new();
     loop {
         let wanted = max as usize - deliveries.len();
-        // One statement claims: a keyed message is eligible only while it is
-        // the oldest remaining message of its key, so each key has at most
-        // one lease at a time and is delivered in send order.
-        let mut stmt = conn
+        // Pick, oldest visible first. A keyed message is eligible only while
+        // it is the oldest remaining message of its key, so each key has at
+        // most one lease at a time and is delivered in send order. Picking
+        // and leasing are two statements, but the writer runs them inside
+        // one IMMEDIATE transaction, so no other writer comes between them.
+        let picked: Vec<i64> = conn
             .prepare_cached(
-                "UPDATE messages
-                    SET delivery_count = delivery_count + 1, lease_epoch = lease_epoch + 1,
-                        lease_owner = ?3, lease_until = ?4, visible_at = ?4
-                  WHERE seq IN (
-                        SELECT seq FROM messages AS m
-                         WHERE m.queue_id = ?1 AND m.visible_at <= ?2
-                           AND (m.ordering_key IS NULL
-                                OR m.seq = (SELECT MIN(k.seq) FROM messages AS k
-                                             WHERE k.queue_id = m.queue_id AND k.ordering_key = m.ordering_key))
-                         ORDER BY m.visible_at, m.seq
-                         LIMIT ?5)
-              RETURNING seq, id, body, ordering_key, enqueued_at, delivery_count, lease_epoch, last_error",
+                "SELECT seq FROM messages AS m
+                  WHERE m.queue_id = ?1 AND m.visible_at <= ?2
+                    AND (m.ordering_key IS NULL
+                         OR m.seq = (SELECT MIN(k.seq) FROM messages AS k
+                                      WHERE k.queue_id = m.queue_id AND k.ordering_key = m.ordering_key))
+                  ORDER BY m.visible_at, m.seq
+                  LIMIT ?3",
             )
-            .map_err(sql_error)?;
-        let rows = stmt
-            .query_map(params![queue.id, now.as_millis(), owner.map(InstanceId::as_str), until.as_millis(), wanted as i64], |row| {
-                Ok(ClaimedRow {
-                    seq: row.get(0)?,
-                    id: row.get(1)?,
-                    body: row.get(2)?,
-                    ordering_key: row.get(3)?,
-                    enqueued_at: row.get(4)?,
-                    delivery_count: row.get(5)?,
-                    lease_epoch: row.get(6)?,
-                    last_error: row.get(7)?,
-                })
+            .and_then(|mut stmt| {
+                stmt.query_map(params![queue.id, now.as_millis(), wanted as i64], |row| row.get(0))?.collect::<rusqlite::Result<Vec<i64>>>()
             })
-            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
             .map_err(sql_error)?;
-        drop(stmt);
-        if rows.is_empty() {
+        if picked.is_empty() {
             break;
         }
         let mut exhausted = false;
-        for row in rows {
+        for seq in picked {
+            let row = conn
+                .prepare_cached(
+                    "UPDATE messages
+                        SET delivery_count = delivery_count + 1, lease_epoch = lease_epoch + 1,
+                            lease_owner = ?2, lease_until = ?3, visible_at = ?3
+                      WHERE seq = ?1
+                  RETURNING seq, id, body, ordering_key, enqueued_at, delivery_count, lease_epoch, last_error",
+                )
+                .and_then(|mut stmt| {
+                    stmt.query_row(params![seq, owner.map(InstanceId::as_str), until.as_millis()], |row| {
+                        Ok(ClaimedRow {
+                            seq: row.get(0)?,
+                            id: row.get(1)?,
+                            body: row.get(2)?,
+                            ordering_key: row.get(3)?,
+                            enqueued_at: row.get(4)?,
+                            delivery_count: row.get(5)?,
+                            lease_epoch: row.get(6)?,
+                            last_error: row.get(7)?,
+                        })
+                    })
+                })
+                .map_err(sql_error)?;
             if row.delivery_count > queue.config.deliveries_max {
+                // This receive would be one delivery too many: the message
+                // goes to the dead letters with the deliveries it really had.
+                let delivered = row.delivery_count - 1;
                 let last = row.last_error.as_deref().unwrap_or("lease expired without completion");
-                let reason = format!(
-                    "delivered {} times, the queue's limit is {}; last failure: {last}",
-                    row.delivery_count - 1,
-                    queue.config.deliveries_max
-                );
-                move_to_dead_letters(conn, row.seq, now, &reason)?;
+                let reason =
+                    format!("delivered {delivered} times, the queue's limit is {}; last failure: {last}", queue.config.deliveries_max);
+                move_to_dead_letters(conn, row.seq, delivered, now, &reason)?;
                 exhausted = true;
                 continue;
             }
@@ -191,7 +198,6 @@ pub(crate) fn claim(
             break;
         }
     }
-    deliveries.sort_by_key(|d| d.lease_token.message);
     Ok(deliveries)
 }
 
@@ -272,7 +278,7 @@ pub(crate) fn abandon(
             queue.config.deliveries_max,
             reason.unwrap_or("abandoned")
         );
-        return move_to_dead_letters(conn, token.message, now, &reason);
+        return move_to_dead_letters(conn, token.message, delivered, now, &reason);
     }
     conn.prepare_cached(
         "UPDATE messages SET lease_owner = NULL, lease_until = NULL, visible_at = ?2, last_error = COALESCE(?3, last_error) WHERE seq = ?1",
@@ -300,16 +306,16 @@ pub(crate) fn renew(conn: &Connection, queue: &QueueRow, token: LeaseToken, leas
 
 /// Moves a leased message to the dead letters with the consumer's reason.
 pub(crate) fn dead_letter(conn: &Connection, queue: &QueueRow, token: LeaseToken, reason: &str, now: Timestamp) -> Result<()> {
-    leased_delivery_count(conn, queue, token, now)?;
-    move_to_dead_letters(conn, token.message, now, reason)
+    let delivered = leased_delivery_count(conn, queue, token, now)?;
+    move_to_dead_letters(conn, token.message, delivered, now, reason)
 }
 
-fn move_to_dead_letters(conn: &Connection, seq: i64, now: Timestamp, reason: &str) -> Result<()> {
+fn move_to_dead_letters(conn: &Connection, seq: i64, delivered: u32, now: Timestamp, reason: &str) -> Result<()> {
     conn.prepare_cached(
         "INSERT INTO dead_letters (queue_id, id, body, ordering_key, enqueued_at, delivery_count, dead_lettered_at, reason)
-         SELECT queue_id, id, body, ordering_key, enqueued_at, delivery_count, ?2, ?3 FROM messages WHERE seq = ?1",
+         SELECT queue_id, id, body, ordering_key, enqueued_at, ?4, ?2, ?3 FROM messages WHERE seq = ?1",
     )
-    .and_then(|mut stmt| stmt.execute(params![seq, now.as_millis(), reason]))
+    .and_then(|mut stmt| stmt.execute(params![seq, now.as_millis(), reason, delivered]))
     .map_err(sql_error)?;
     conn.prepare_cached("DELETE FROM messages WHERE seq = ?1").and_then(|mut stmt| stmt.execute([seq])).map_err(sql_error)?;
     Ok(())

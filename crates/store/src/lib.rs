@@ -25,8 +25,8 @@ use std::sync::Arc;
 
 pub use error::{Error, Result};
 pub use queue::{
-    Body, DeadLetter, Delivery, Outgoing, QueueConfig, QueueStats, Queues, Receive, Redrive, Sent, BODY_BYTES_MAX, DEDUPE_WINDOW_DEFAULT,
-    RECEIVE_MAX,
+    BODY_BYTES_MAX, Body, DEDUPE_WINDOW_DEFAULT, DeadLetter, Delivery, Outgoing, QueueConfig, QueueStats, Queues, RECEIVE_MAX, Receive,
+    Redrive, Sent,
 };
 pub use task::{Changes, Created, Event, EventKind, Expired, LeaderLease, NewTask, StepWrite, TaskFilter, TaskRecord, TaskWrite, Tasks};
 
