@@ -172,6 +172,20 @@ impl Step {
         Ok(next)
     }
 
+    /// A Scheduler that took over a task re-sends a step that was in flight
+    /// under the previous holder: a new attempt, so that a reply to the old
+    /// one (which went to the previous holder) is fenced out.
+    pub fn reissue(&self, now: Timestamp, timeout: Duration) -> Result<Step, TransitionError> {
+        if !matches!(self.state, StepState::Running | StepState::Compensating) {
+            return Err(self.refuse("reissue"));
+        }
+        let mut next = self.clone();
+        next.attempt += 1;
+        next.complete_by = Some(now.add(timeout));
+        next.updated_at = now;
+        Ok(next)
+    }
+
     /// The agent's reply for `attempt` carried an output.
     pub fn complete(&self, attempt: u32, output: Value, now: Timestamp) -> Result<Step, TransitionError> {
         self.check_attempt(attempt)?;
@@ -355,6 +369,7 @@ mod tests {
         Expire(i64),
         BeginCompensation(i64),
         Compensated(u32, i64),
+        Reissue(i64),
     }
 
     fn arb_move() -> impl Strategy<Value = Move> {
@@ -365,7 +380,8 @@ mod tests {
             (0u32..6, prop::option::of(0u64..2_000), time.clone()).prop_map(|(a, r, t)| Move::Fail(a, r, t)),
             time.clone().prop_map(Move::Expire),
             time.clone().prop_map(Move::BeginCompensation),
-            (0u32..6, time).prop_map(|(a, t)| Move::Compensated(a, t)),
+            (0u32..6, time.clone()).prop_map(|(a, t)| Move::Compensated(a, t)),
+            time.prop_map(Move::Reissue),
         ]
     }
 
@@ -377,6 +393,7 @@ mod tests {
             Move::Expire(now) => s.expire(at(now), Duration::from_millis(10)),
             Move::BeginCompensation(now) => s.begin_compensation(at(now), TIMEOUT),
             Move::Compensated(a, now) => s.compensated(a, at(now)),
+            Move::Reissue(now) => s.reissue(at(now), TIMEOUT),
         }
     }
 

@@ -368,6 +368,40 @@ impl Task {
         Ok(next)
     }
 
+    /// The Supervisor counts a failure of one of the task's steps (its
+    /// complete-by passed with no reply). Below `failures_max` the task keeps
+    /// its state and lease, and the step is retried; at the threshold the task
+    /// ends in Error or starts compensation, per `policy`, and its lease is
+    /// dropped, which fences out the Scheduler that held it.
+    pub fn count_failure(
+        &self,
+        reason: String,
+        failures_max: u32,
+        policy: ExhaustedPolicy,
+        now: Timestamp,
+    ) -> Result<Task, TransitionError> {
+        if !matches!(self.state, TaskState::Processing | TaskState::Compensating) {
+            return Err(self.refuse("count a failure of"));
+        }
+        let mut next = self.clone();
+        next.updated_at = now;
+        next.failure_count += 1;
+        next.error = Some(format!("{reason} (failure {} of {failures_max})", next.failure_count));
+        if next.failure_count < failures_max {
+            return Ok(next);
+        }
+        let mut next = next.released(now);
+        next.state = match (self.state, policy) {
+            (TaskState::Processing, ExhaustedPolicy::Compensate) => {
+                next.failure_count = 0;
+                next.not_before = now;
+                TaskState::Compensating
+            }
+            _ => TaskState::Error,
+        };
+        Ok(next)
+    }
+
     /// An operator cancels a task that has not finished. With
     /// `compensate` (there are completed steps with compensations) it goes
     /// to Compensating; otherwise to Cancelled. The lease is dropped, which
@@ -486,6 +520,16 @@ mod tests {
     }
 
     #[test]
+    fn step_failures_count_against_the_task_then_end_it() {
+        let (t, fence) = task().claim(owner("s1"), at(0), LEASE).unwrap();
+        let t = t.count_failure("charge timed out".into(), 2, ExhaustedPolicy::Error, at(1)).unwrap();
+        assert_eq!((t.state, t.failure_count, t.fence()), (TaskState::Processing, 1, Some(fence)), "still held by its Scheduler");
+        let t = t.count_failure("charge timed out".into(), 2, ExhaustedPolicy::Error, at(2)).unwrap();
+        assert_eq!((t.state, t.locked_by.clone()), (TaskState::Error, None));
+        assert!(t.error.as_deref().unwrap().contains("failure 2 of 2"));
+    }
+
+    #[test]
     fn resubmit_is_the_only_way_out_of_error() {
         let (claimed, fence) = task().claim(owner("s1"), at(0), LEASE).unwrap();
         let failed = claimed.fail(fence, "card declined".into(), ExhaustedPolicy::Error, at(5)).unwrap();
@@ -507,6 +551,7 @@ mod tests {
         Release(u64, i64),
         Expire(i64, u32, bool),
         Cancel(bool, i64),
+        CountFailure(u32, bool, i64),
     }
 
     fn arb_move() -> impl Strategy<Value = Move> {
@@ -519,7 +564,8 @@ mod tests {
             (0u64..6, time.clone()).prop_map(|(e, t)| Move::FinishCompensated(e, t)),
             (0u64..6, time.clone()).prop_map(|(e, t)| Move::Release(e, t)),
             (time.clone(), 1u32..4, any::<bool>()).prop_map(|(t, m, c)| Move::Expire(t, m, c)),
-            (any::<bool>(), time).prop_map(|(c, t)| Move::Cancel(c, t)),
+            (any::<bool>(), time.clone()).prop_map(|(c, t)| Move::Cancel(c, t)),
+            (1u32..4, any::<bool>(), time).prop_map(|(m, c, t)| Move::CountFailure(m, c, t)),
         ]
     }
 
@@ -534,6 +580,7 @@ mod tests {
             Move::Release(e, now) => t.release(TaskFence { epoch: e }, at(now)),
             Move::Expire(now, max, c) => t.expire(at(now), max, Duration::from_secs(1), policy(c)),
             Move::Cancel(c, now) => t.cancel(c, at(now)),
+            Move::CountFailure(max, c, now) => t.count_failure("step timed out".into(), max, policy(c), at(now)),
         }
     }
 

@@ -25,12 +25,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, TaskId, Timestamp};
+use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, TaskId, Timestamp, WorkflowName};
 use rota_store::{
-    Changes, Created, DeadLetter, Delivery, Error, Event, Expired, LeaderLease, NewTask, Outgoing, QueueConfig, QueueStats, Queues,
-    Receive, Redrive, Result, Sent, Store, TaskFilter, TaskRecord, Tasks,
+    Changes, ComponentStatus, Created, DeadLetter, Delivery, Error, Event, Expired, LeaderLease, NewTask, Outgoing, QueueConfig,
+    QueueStats, Queues, Receive, Redrive, Result, Sent, Store, TaskFilter, TaskRecord, Tasks, WorkflowEntry,
 };
 use rusqlite::{Connection, OpenFlags};
+use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
 use writer::{Command, Job, Parked, Settle, Writer, WriterConfig};
@@ -566,6 +567,37 @@ impl Tasks for SqliteStore {
     async fn release_leader(&self, name: &str, holder: &InstanceId) -> Result<()> {
         let (name, holder) = (name.to_owned(), holder.clone());
         self.write(move |conn, now| task_sql::release_leader(conn, &name, &holder, now)).await
+    }
+
+    async fn register_workflow(&self, name: &WorkflowName, version: u32, definition: &Value) -> Result<()> {
+        if version == 0 {
+            return Err(Error::Invalid(format!("workflow {name}: version must be at least 1")));
+        }
+        let (name, definition) = (name.clone(), definition.clone());
+        self.write(move |conn, now| task_sql::register_workflow(conn, &name, version, &definition, now)).await
+    }
+
+    async fn workflow(&self, name: &WorkflowName, version: Option<u32>) -> Result<Option<WorkflowEntry>> {
+        let name = name.clone();
+        self.read(move |conn, _| task_sql::workflow(conn, &name, version)).await
+    }
+
+    async fn workflows(&self) -> Result<Vec<WorkflowEntry>> {
+        self.read(|conn, _| task_sql::workflows(conn)).await
+    }
+
+    async fn alerts(&self, limit: u32) -> Result<Vec<Event>> {
+        self.read(move |conn, _| task_sql::alerts(conn, limit)).await
+    }
+
+    async fn report_status(&self, key: &str, value: &Value) -> Result<()> {
+        let (key, value) = (key.to_owned(), value.clone());
+        self.write(move |conn, now| task_sql::report_status(conn, &key, &value, now)).await
+    }
+
+    async fn statuses(&self, prefix: &str) -> Result<Vec<ComponentStatus>> {
+        let prefix = prefix.to_owned();
+        self.read(move |conn, _| task_sql::statuses(conn, &prefix)).await
     }
 }
 

@@ -4,7 +4,8 @@
 use rusqlite::Connection;
 
 /// The migrations, in order. Never edit one that has shipped: add another.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 -- Queues. `id` keeps message rows small and their index keys short.
 CREATE TABLE queues (
     id               INTEGER PRIMARY KEY,
@@ -121,7 +122,28 @@ CREATE TABLE leaders (
     until  INTEGER NOT NULL,
     epoch  INTEGER NOT NULL
 );
-"#];
+"#,
+    r#"
+-- Workflow definitions, one row per immutable version.
+CREATE TABLE workflows (
+    name          TEXT    NOT NULL,
+    version       INTEGER NOT NULL,
+    definition    TEXT    NOT NULL,
+    registered_at INTEGER NOT NULL,
+    PRIMARY KEY (name, version)
+) WITHOUT ROWID;
+
+-- Alerts are history events of kind 'alert'; operators list them newest first.
+CREATE INDEX events_alerts ON events (seq) WHERE kind = 'alert';
+
+-- The last reported status of components (circuit breakers, instances).
+CREATE TABLE statuses (
+    key         TEXT    PRIMARY KEY,
+    value       TEXT    NOT NULL,
+    reported_at INTEGER NOT NULL
+) WITHOUT ROWID;
+"#,
+];
 
 /// Runs the migrations that have not run yet.
 pub(crate) fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {

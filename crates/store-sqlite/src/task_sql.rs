@@ -4,7 +4,10 @@
 use std::time::Duration;
 
 use rota_model::{InstanceId, Step, StepName, StepState, Task, TaskId, TaskState, Timestamp, WorkflowName};
-use rota_store::{Changes, Error, Event, EventKind, Expired, LeaderLease, Result, StepWrite, TaskFilter, TaskRecord, TaskWrite};
+use rota_store::{
+    Changes, ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, Result, StepWrite, TaskFilter, TaskRecord, TaskWrite,
+    WorkflowEntry,
+};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde_json::Value;
 
@@ -465,4 +468,90 @@ pub(crate) fn release_leader(conn: &Connection, name: &str, holder: &InstanceId,
         .and_then(|mut stmt| stmt.execute(params![name, holder.as_str(), now.as_millis()]))
         .map_err(sql_error)?;
     Ok(())
+}
+
+pub(crate) fn register_workflow(conn: &Connection, name: &WorkflowName, version: u32, definition: &Value, now: Timestamp) -> Result<()> {
+    let text = json_text(definition);
+    let existing: Option<String> = conn
+        .prepare_cached("SELECT definition FROM workflows WHERE name = ?1 AND version = ?2")
+        .and_then(|mut stmt| stmt.query_row(params![name.as_str(), version], |row| row.get(0)).optional())
+        .map_err(sql_error)?;
+    match existing {
+        Some(stored) if parse_json("workflow definition", stored.clone())? == *definition => Ok(()),
+        Some(_) => Err(Error::Conflict(format!(
+            "workflow {name} version {version} is already registered with a different definition (versions are immutable: bump the version)"
+        ))),
+        None => {
+            conn.prepare_cached("INSERT INTO workflows (name, version, definition, registered_at) VALUES (?1, ?2, ?3, ?4)")
+                .and_then(|mut stmt| stmt.execute(params![name.as_str(), version, text, now.as_millis()]))
+                .map_err(sql_error)?;
+            Ok(())
+        }
+    }
+}
+
+fn workflow_row(row: &Row<'_>) -> rusqlite::Result<(String, u32, String, i64)> {
+    Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+}
+
+fn into_workflow((name, version, definition, at): (String, u32, String, i64)) -> Result<WorkflowEntry> {
+    Ok(WorkflowEntry {
+        name: WorkflowName::new(name).map_err(|e| corrupt("workflow name", e))?,
+        version,
+        definition: parse_json("workflow definition", definition)?,
+        registered_at: Timestamp::from_millis(at),
+    })
+}
+
+pub(crate) fn workflow(conn: &Connection, name: &WorkflowName, version: Option<u32>) -> Result<Option<WorkflowEntry>> {
+    conn.prepare_cached(
+        "SELECT name, version, definition, registered_at FROM workflows
+          WHERE name = ?1 AND (?2 IS NULL OR version = ?2) ORDER BY version DESC LIMIT 1",
+    )
+    .and_then(|mut stmt| stmt.query_row(params![name.as_str(), version], workflow_row).optional())
+    .map_err(sql_error)?
+    .map(into_workflow)
+    .transpose()
+}
+
+pub(crate) fn workflows(conn: &Connection) -> Result<Vec<WorkflowEntry>> {
+    let rows = conn
+        .prepare_cached(
+            "SELECT w.name, w.version, w.definition, w.registered_at FROM workflows w
+              WHERE w.version = (SELECT MAX(v.version) FROM workflows v WHERE v.name = w.name) ORDER BY w.name",
+        )
+        .and_then(|mut stmt| stmt.query_map([], workflow_row)?.collect::<rusqlite::Result<Vec<_>>>())
+        .map_err(sql_error)?;
+    rows.into_iter().map(into_workflow).collect()
+}
+
+pub(crate) fn alerts(conn: &Connection, limit: u32) -> Result<Vec<Event>> {
+    let rows = conn
+        .prepare_cached("SELECT seq, task_id, at, kind, step, attempt, detail FROM events WHERE kind = 'alert' ORDER BY seq DESC LIMIT ?1")
+        .and_then(|mut stmt| stmt.query_map([limit], event_row)?.collect::<rusqlite::Result<Vec<_>>>())
+        .map_err(sql_error)?;
+    rows.into_iter().map(into_event).collect()
+}
+
+pub(crate) fn report_status(conn: &Connection, key: &str, value: &Value, now: Timestamp) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO statuses (key, value, reported_at) VALUES (?1, ?2, ?3)
+         ON CONFLICT (key) DO UPDATE SET value = excluded.value, reported_at = excluded.reported_at",
+    )
+    .and_then(|mut stmt| stmt.execute(params![key, json_text(value), now.as_millis()]))
+    .map_err(sql_error)?;
+    Ok(())
+}
+
+pub(crate) fn statuses(conn: &Connection, prefix: &str) -> Result<Vec<ComponentStatus>> {
+    let rows = conn
+        .prepare_cached("SELECT key, value, reported_at FROM statuses WHERE substr(key, 1, length(?1)) = ?1 ORDER BY key")
+        .and_then(|mut stmt| {
+            stmt.query_map([prefix], |row| Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?, row.get::<_, i64>(2)?)))?
+                .collect::<rusqlite::Result<Vec<_>>>()
+        })
+        .map_err(sql_error)?;
+    rows.into_iter()
+        .map(|(key, value, at)| Ok(ComponentStatus { key, value: parse_json("status", value)?, reported_at: Timestamp::from_millis(at) }))
+        .collect()
 }

@@ -86,6 +86,9 @@ macro_rules! conformance_suite {
             expired_finds_tasks_and_steps_past_their_deadline,
             history_and_events_after_page_in_order,
             leader_lease_elects_one_holder,
+            workflow_versions_are_immutable_and_latest_wins,
+            alerts_list_newest_first,
+            component_statuses_are_replaced_and_listed_by_prefix,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
@@ -1569,4 +1572,63 @@ pub async fn leader_lease_elects_one_holder(harness: &dyn Harness) {
 
     let other = ok(store.acquire_leader("compactor", &b, ttl).await, "acquire_leader").expect("leases are per name");
     assert_eq!(other.holder, b);
+}
+
+/// Workflow definitions are registered per version, immutably.
+pub async fn workflow_versions_are_immutable_and_latest_wins(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let order = WorkflowName::new("order").unwrap();
+    let v1 = json!({"steps": ["reserve"]});
+    let v2 = json!({"steps": ["reserve", "charge"]});
+    ok(store.register_workflow(&order, 1, &v1).await, "register v1");
+    ok(store.register_workflow(&order, 1, &v1).await, "registering the same definition again is a no-op");
+    let err = store.register_workflow(&order, 1, &v2).await.expect_err("a different definition under an existing version");
+    assert!(matches!(err, Error::Conflict(_)), "expected Conflict, got {err:?}");
+    ok(store.register_workflow(&order, 2, &v2).await, "register v2");
+    let other = WorkflowName::new("refund").unwrap();
+    ok(store.register_workflow(&other, 7, &json!({})).await, "register another workflow");
+
+    let latest = ok(store.workflow(&order, None).await, "latest").expect("order is registered");
+    assert_eq!((latest.version, &latest.definition), (2, &v2));
+    let first = ok(store.workflow(&order, Some(1)).await, "v1").expect("v1 is kept");
+    assert_eq!(first.definition, v1, "a running task keeps the version it started with");
+    assert_eq!(ok(store.workflow(&order, Some(3)).await, "v3"), None);
+    let listed: Vec<(String, u32)> =
+        ok(store.workflows().await, "workflows").into_iter().map(|w| (w.name.to_string(), w.version)).collect();
+    assert_eq!(listed, [("order".to_string(), 2), ("refund".to_string(), 7)], "the latest version of each, by name");
+    assert!(matches!(store.register_workflow(&order, 0, &v1).await, Err(Error::Invalid(_))), "version 0 is refused");
+}
+
+/// Alerts are the `Alert` events of every task, newest first.
+pub async fn alerts_list_newest_first(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let mut changes = Changes::default();
+    for (n, kind) in [EventKind::Received, EventKind::Alert, EventKind::Error, EventKind::Alert].into_iter().enumerate() {
+        let task = TaskId::new(format!("t{n}")).unwrap();
+        changes.events.push(Event::task(&task, clock.now(), kind, json!({"n": n})));
+    }
+    ok(store.commit(changes).await, "commit events");
+    let alerts = ok(store.alerts(10).await, "alerts");
+    let tasks: Vec<&str> = alerts.iter().map(|e| e.task_id.as_str()).collect();
+    assert_eq!(tasks, ["t3", "t1"], "only alerts, newest first");
+    assert!(alerts.iter().all(|e| e.kind == EventKind::Alert));
+    assert_eq!(ok(store.alerts(1).await, "alerts").len(), 1, "the limit is honoured");
+}
+
+/// Component statuses (circuit breakers) are replaced on each report.
+pub async fn component_statuses_are_replaced_and_listed_by_prefix(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    ok(store.report_status("breaker/http://a:1", &json!({"state": "closed"})).await, "report");
+    clock.advance(Duration::from_secs(1));
+    ok(store.report_status("breaker/http://a:1", &json!({"state": "open"})).await, "report again");
+    ok(store.report_status("breaker/http://b:2", &json!({"state": "closed"})).await, "report");
+    ok(store.report_status("instance/s1", &json!({"alive": true})).await, "report");
+    let breakers = ok(store.statuses("breaker/").await, "statuses");
+    let keys: Vec<&str> = breakers.iter().map(|s| s.key.as_str()).collect();
+    assert_eq!(keys, ["breaker/http://a:1", "breaker/http://b:2"]);
+    assert_eq!(breakers[0].value, json!({"state": "open"}), "the last report wins");
+    assert_eq!(breakers[0].reported_at, clock.now());
+    assert_eq!(ok(store.statuses("").await, "all").len(), 3);
 }

@@ -28,7 +28,10 @@ pub use queue::{
     BODY_BYTES_MAX, Body, DEDUPE_WINDOW_DEFAULT, DeadLetter, Delivery, Outgoing, QueueConfig, QueueStats, Queues, RECEIVE_MAX, Receive,
     Redrive, Sent,
 };
-pub use task::{Changes, Created, Event, EventKind, Expired, LeaderLease, NewTask, StepWrite, TaskFilter, TaskRecord, TaskWrite, Tasks};
+pub use task::{
+    Changes, ComponentStatus, Created, Event, EventKind, Expired, LeaderLease, NewTask, StepWrite, TaskFilter, TaskRecord, TaskWrite,
+    Tasks, WorkflowEntry,
+};
 
 /// A complete store: durable queues and the task state store, sharing one
 /// database so that a task's state change and its messages commit together.

@@ -270,6 +270,30 @@ pub struct LeaderLease {
     pub epoch: u64,
 }
 
+/// One registered version of a workflow definition.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorkflowEntry {
+    /// The workflow's name.
+    pub name: WorkflowName,
+    /// The version.
+    pub version: u32,
+    /// The resolved definition, as the engine serialized it.
+    pub definition: Value,
+    /// When it was registered.
+    pub registered_at: Timestamp,
+}
+
+/// The last reported status of a component (a circuit breaker, an instance).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ComponentStatus {
+    /// What it is about, namespaced (`breaker/http://127.0.0.1:9100`).
+    pub key: String,
+    /// The status document.
+    pub value: Value,
+    /// When it was reported.
+    pub reported_at: Timestamp,
+}
+
 /// The durable state store.
 #[async_trait]
 pub trait Tasks: Send + Sync {
@@ -314,4 +338,24 @@ pub trait Tasks: Send + Sync {
 
     /// Gives up the named lease if `holder` holds it.
     async fn release_leader(&self, name: &str, holder: &InstanceId) -> Result<()>;
+
+    /// Registers a version of a workflow definition. Versions are immutable:
+    /// registering the same definition again is a no-op, a different one
+    /// under an existing version is a `Conflict`.
+    async fn register_workflow(&self, name: &WorkflowName, version: u32, definition: &Value) -> Result<()>;
+
+    /// A registered definition: the given version, or the latest when `None`.
+    async fn workflow(&self, name: &WorkflowName, version: Option<u32>) -> Result<Option<WorkflowEntry>>;
+
+    /// The latest version of every registered workflow, sorted by name.
+    async fn workflows(&self) -> Result<Vec<WorkflowEntry>>;
+
+    /// Operator alerts (history events of kind `Alert`), newest first.
+    async fn alerts(&self, limit: u32) -> Result<Vec<Event>>;
+
+    /// Records the status of a component, replacing its previous one.
+    async fn report_status(&self, key: &str, value: &Value) -> Result<()>;
+
+    /// The statuses whose key starts with `prefix`, sorted by key.
+    async fn statuses(&self, prefix: &str) -> Result<Vec<ComponentStatus>>;
 }
