@@ -284,6 +284,34 @@ impl Step {
         Ok(next)
     }
 
+    /// The compensation reply for `attempt` was an error. With `retry_after`
+    /// the step goes back to Completed, to be compensated again after that
+    /// wait; without, it has Failed (and the task needs an operator).
+    pub fn fail_compensation(
+        &self,
+        attempt: u32,
+        error: String,
+        retry_after: Option<Duration>,
+        now: Timestamp,
+    ) -> Result<Step, TransitionError> {
+        self.check_attempt(attempt)?;
+        if self.state != StepState::Compensating {
+            return Err(self.refuse("fail the compensation of"));
+        }
+        let mut next = self.clone();
+        next.complete_by = None;
+        next.last_error = Some(error);
+        next.updated_at = now;
+        match retry_after {
+            Some(delay) => {
+                next.state = StepState::Completed;
+                next.not_before = now.add(delay);
+            }
+            None => next.state = StepState::Failed,
+        }
+        Ok(next)
+    }
+
     /// An operator resubmits a failed step: it may start again at once. The
     /// attempt number keeps counting, so replies to old attempts stay fenced.
     pub fn resubmit(&self, now: Timestamp) -> Result<Step, TransitionError> {
@@ -370,6 +398,7 @@ mod tests {
         BeginCompensation(i64),
         Compensated(u32, i64),
         Reissue(i64),
+        FailCompensation(u32, Option<u64>, i64),
     }
 
     fn arb_move() -> impl Strategy<Value = Move> {
@@ -381,7 +410,8 @@ mod tests {
             time.clone().prop_map(Move::Expire),
             time.clone().prop_map(Move::BeginCompensation),
             (0u32..6, time.clone()).prop_map(|(a, t)| Move::Compensated(a, t)),
-            time.prop_map(Move::Reissue),
+            time.clone().prop_map(Move::Reissue),
+            (0u32..6, prop::option::of(0u64..2_000), time).prop_map(|(a, r, t)| Move::FailCompensation(a, r, t)),
         ]
     }
 
@@ -394,6 +424,7 @@ mod tests {
             Move::BeginCompensation(now) => s.begin_compensation(at(now), TIMEOUT),
             Move::Compensated(a, now) => s.compensated(a, at(now)),
             Move::Reissue(now) => s.reissue(at(now), TIMEOUT),
+            Move::FailCompensation(a, r, now) => s.fail_compensation(a, "e".into(), r.map(Duration::from_millis), at(now)),
         }
     }
 
@@ -421,6 +452,7 @@ mod tests {
                     prop_assert!(s.complete(stale, Value::Null, at(0)).is_err());
                     prop_assert!(s.fail(stale, "x".into(), None, at(0)).is_err());
                     prop_assert!(s.compensated(stale, at(0)).is_err());
+                    prop_assert!(s.fail_compensation(stale, "x".into(), None, at(0)).is_err());
                 }
             }
         }

@@ -347,7 +347,7 @@ impl Task {
         if complete_by > now {
             return Err(TransitionError::NotDue { record: "task", until: complete_by });
         }
-        let mut next = self.released(now);
+        let mut next = self.fenced_off(now);
         next.failure_count += 1;
         next.error = Some(format!("complete-by passed at {complete_by} (failure {} of {failures_max})", next.failure_count));
         if next.failure_count < failures_max {
@@ -390,7 +390,7 @@ impl Task {
         if next.failure_count < failures_max {
             return Ok(next);
         }
-        let mut next = next.released(now);
+        let mut next = next.fenced_off(now);
         next.state = match (self.state, policy) {
             (TaskState::Processing, ExhaustedPolicy::Compensate) => {
                 next.failure_count = 0;
@@ -410,7 +410,7 @@ impl Task {
         if self.state.is_terminal() || self.state == TaskState::Compensating {
             return Err(self.refuse("cancel"));
         }
-        let mut next = self.released(now);
+        let mut next = self.fenced_off(now);
         next.error = Some("cancelled by an operator".into());
         if compensate {
             next.state = TaskState::Compensating;
@@ -428,12 +428,22 @@ impl Task {
         if self.state != TaskState::Error {
             return Err(TransitionError::NotAllowed { record: "task", action: "resubmit", state: self.state.as_str() });
         }
-        let mut next = self.released(now);
+        let mut next = self.fenced_off(now);
         next.state = TaskState::Pending;
         next.failure_count = 0;
         next.not_before = now;
         next.error = None;
         Ok(next)
+    }
+
+    /// A copy without lease and with a new epoch, for moves made by someone
+    /// other than the holder (the Supervisor, an operator). The new epoch is
+    /// what makes the holder's next compare-and-set fail even where the
+    /// state name stays the same (a Compensating task losing its lease).
+    fn fenced_off(&self, now: Timestamp) -> Task {
+        let mut next = self.released(now);
+        next.lease_epoch += 1;
+        next
     }
 
     /// A copy without lease, stamped `now`.
@@ -596,6 +606,11 @@ mod tests {
                     prop_assert_eq!(next.locked_by.is_some(), next.complete_by.is_some());
                     prop_assert!(next.locked_by.is_none() || matches!(next.state, TaskState::Processing | TaskState::Compensating));
                     prop_assert!(next.lease_epoch >= before.lease_epoch, "epochs never go back");
+                    // A lease that ends by someone else's move (expire, cancel, a failure count at the
+                    // threshold) always changes the epoch, so the old holder's compare-and-set fails.
+                    if before.is_leased() && !next.is_leased() && matches!(m, Move::Expire(..) | Move::Cancel(..) | Move::CountFailure(..)) {
+                        prop_assert!(next.lease_epoch > before.lease_epoch, "{m:?} dropped a lease without a new epoch");
+                    }
                     t = next;
                 }
             }
