@@ -1305,7 +1305,7 @@ pub async fn commit_with_a_stale_write_conflicts_and_writes_nothing(harness: &dy
     let reset = ok(by_s1.expire(clock.now(), 5, Duration::ZERO, ExhaustedPolicy::Error), "model expire");
     commit(&store, Changes { tasks: vec![TaskWrite::replacing(&by_s1, reset)], ..Changes::default() }, "expire").await;
     let by_s2 = claim_only(&store, &s2, LEASE_DEFAULT, &id).await;
-    assert_eq!(by_s2.lease_epoch, 2);
+    assert!(by_s2.lease_epoch > by_s1.lease_epoch, "each claim (and the rescue) moves the epoch on");
     let before = stored(&store, &id).await;
     let charge = step_of(&before, "charge").clone();
     let history_before = ok(store.history(&id).await, "history");
