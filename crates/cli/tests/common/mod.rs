@@ -1,0 +1,136 @@
+//! Runs the real `rota` binary against a SQLite store in a fresh temporary
+//! directory.
+
+#![allow(dead_code)] // Each test file uses a different part of this.
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// A store in a temporary directory, and the binary to run against it.
+pub struct Rota {
+    dir: tempfile::TempDir,
+    url: String,
+}
+
+impl Rota {
+    pub fn new() -> Rota {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let url = format!("sqlite://{}", dir.path().join("q.db").display());
+        Rota { dir, url }
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// `rota --store <url> args…`, with stdin closed and logging at its default.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_rota"));
+        command.arg("--store").arg(&self.url).args(args).env_remove("RUST_LOG").env_remove("ROTA_STORE").stdin(Stdio::null());
+        command
+    }
+
+    /// Runs and returns stdout, failing the test (with stderr) unless it succeeded.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let output = self.command(args).output().expect("rota runs");
+        assert!(output.status.success(), "rota {args:?} failed: {}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8(output.stdout).expect("utf-8 stdout")
+    }
+
+    /// Runs with `input` on stdin and returns the output, whatever the status.
+    pub fn with_stdin(&self, args: &[&str], input: &str) -> Output {
+        let mut child = self.command(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("rota runs");
+        let mut stdin = child.stdin.take().unwrap();
+        let input = input.to_owned();
+        let writer = thread::spawn(move || {
+            let _ = std::io::Write::write_all(&mut stdin, input.as_bytes());
+        });
+        let output = child.wait_with_output().expect("rota finishes");
+        writer.join().unwrap();
+        output
+    }
+
+    /// Runs and parses stdout as JSON.
+    pub fn json(&self, args: &[&str]) -> Value {
+        let stdout = self.ok(args);
+        serde_json::from_str(&stdout).unwrap_or_else(|err| panic!("rota {args:?} printed no JSON ({err}): {stdout}"))
+    }
+
+    /// Runs a command that must fail; returns its exit code and stderr.
+    pub fn fails(&self, args: &[&str]) -> (i32, String) {
+        let output = self.command(args).output().expect("rota runs");
+        let stderr = String::from_utf8(output.stderr).expect("utf-8 stderr");
+        assert!(!output.status.success(), "rota {args:?} succeeded; stdout: {}", String::from_utf8_lossy(&output.stdout));
+        (output.status.code().expect("exited, not killed"), stderr)
+    }
+
+    /// The stats of one queue, as `queue stats --json` prints them.
+    pub fn stats(&self, queue: &str) -> Value {
+        let all = self.json(&["queue", "stats", "--json"]);
+        all.as_array()
+            .unwrap()
+            .iter()
+            .find(|stats| stats["queue"] == queue)
+            .cloned()
+            .unwrap_or_else(|| panic!("no stats for {queue}: {all}"))
+    }
+
+    /// Receives up to `max` messages with a long lease.
+    pub fn receive(&self, queue: &str, max: u32) -> Vec<Value> {
+        let max = max.to_string();
+        let received = self.json(&["queue", "receive", queue, "--max", &max, "--lease", "10m", "--json"]);
+        received.as_array().unwrap().clone()
+    }
+
+    /// Sends each body; returns the message ids.
+    pub fn send_all(&self, queue: &str, bodies: &[String]) -> Vec<String> {
+        let input: String = bodies.iter().map(|body| format!("{body}\n")).collect();
+        let output = self.with_stdin(&["queue", "send", queue, "--lines"], &input);
+        assert!(output.status.success(), "send --lines failed: {}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8(output.stdout).unwrap().lines().map(str::to_owned).collect()
+    }
+}
+
+/// The lines a child prints, delivered through a channel so that a test can
+/// wait for them with a timeout. Only complete lines (ending in a newline)
+/// are passed on: a line cut by a kill was never acknowledged.
+pub fn lines_of(stream: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let mut reader = BufReader::new(stream);
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match reader.read_line(&mut line) {
+                Ok(0) | Err(_) => return,
+                Ok(_) if line.ends_with('\n') => {
+                    if tx.send(line.trim_end().to_owned()).is_err() {
+                        return;
+                    }
+                }
+                Ok(_) => return,
+            }
+        }
+    });
+    rx
+}
+
+/// The next line, or a test failure after `timeout`.
+pub fn next_line(lines: &mpsc::Receiver<String>, timeout: Duration, waiting_for: &str) -> String {
+    lines.recv_timeout(timeout).unwrap_or_else(|err| panic!("no line from rota within {timeout:?} while waiting for {waiting_for}: {err}"))
+}
+
+/// Asserts that stderr is one line starting with `error: ` and containing each of `needles`.
+pub fn assert_one_error_line(stderr: &str, needles: &[&str]) {
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "expected one line on stderr, got: {stderr}");
+    assert!(lines[0].starts_with("error: "), "{stderr}");
+    for needle in needles {
+        assert!(lines[0].contains(needle), "stderr does not mention {needle:?}: {stderr}");
+    }
+}
