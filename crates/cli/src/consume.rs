@@ -79,7 +79,7 @@ pub struct Args {
 pub async fn run(store_args: &StoreArgs, args: Args) -> anyhow::Result<()> {
     debug_assert!(!(args.print && args.exec.is_some()), "clap refuses --print with --exec");
     if let Some(lease) = args.lease {
-        Receive::up_to(1).leasing(lease).validate().context("--lease")?;
+        crate::queue::check_lease_flag(lease)?;
     }
     // Listen before doing anything else, so that an early signal is a clean stop.
     let signals = Signals::new()?;

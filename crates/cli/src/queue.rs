@@ -200,6 +200,18 @@ pub fn lease_error(err: rota_store::Error, queue: &QueueName, token: LeaseToken)
     }
 }
 
+/// Checks a `--lease` flag against the store's bounds, naming the flag.
+pub fn check_lease_flag(lease: Duration) -> anyhow::Result<()> {
+    let min = Duration::from_millis(1);
+    anyhow::ensure!(
+        (min..=QueueConfig::LEASE_MAX).contains(&lease),
+        "--lease must be between 1ms and {}h, got {}",
+        QueueConfig::LEASE_MAX.as_secs() / 3600,
+        humantime::format_duration(lease)
+    );
+    Ok(())
+}
+
 /// Parses a `--body`. serde_json's message ends with the line and column.
 fn parse_body(text: &str) -> anyhow::Result<Body> {
     serde_json::from_str::<Body>(text).map_err(|err| anyhow!("--body is not valid JSON: {err}"))
@@ -305,9 +317,11 @@ async fn send_lines(store: &StoreArgs, args: SendArgs) -> anyhow::Result<()> {
 }
 
 async fn receive(store: &StoreArgs, args: ReceiveArgs) -> anyhow::Result<()> {
+    if let Some(lease) = args.lease {
+        check_lease_flag(lease)?;
+    }
     let mut request = Receive::up_to(args.max).waiting(args.wait);
     request.lease = args.lease;
-    request.validate().context("--lease")?;
     let store = store.open()?;
     let deliveries = store.receive(&args.queue, request).await.with_context(|| format!("cannot receive from queue {}", args.queue))?;
     if args.json {
@@ -349,7 +363,7 @@ async fn abandon(store: &StoreArgs, args: AbandonArgs) -> anyhow::Result<()> {
 async fn renew(store: &StoreArgs, args: RenewArgs) -> anyhow::Result<()> {
     let TokenArgs { queue, token } = args.target;
     if let Some(lease) = args.lease {
-        Receive::up_to(1).leasing(lease).validate().context("--lease")?;
+        check_lease_flag(lease)?;
     }
     let store = store.open()?;
     let until = store.renew(&queue, token, args.lease).await.map_err(|err| lease_error(err, &queue, token))?;

@@ -196,6 +196,10 @@ fn errors_are_one_line_naming_the_problem() {
     assert_eq!(code, 1);
     assert_one_error_line(&stderr, &["lease lost", "12.3", "unknown, expired, or already completed"]);
 
+    let (code, stderr) = rota.fails(&["queue", "receive", "q", "--lease", "0s"]);
+    assert_eq!(code, 1);
+    assert_one_error_line(&stderr, &["--lease must be between 1ms and 24h"]);
+
     let missing = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}/no/such/dir/q.db", missing.path().display());
     let output = rota.command(&["queue", "stats"]).args(["--store", &url]).output().unwrap();
