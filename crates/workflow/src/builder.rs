@@ -1,0 +1,288 @@
+//! The Rust builder, and the unvalidated "spec" it shares with the file
+//! decoder.
+//!
+//! Both ways of writing a definition produce a [`Spec`], and one function,
+//! `validate::validate`, turns a spec into a [`Workflow`]. That is what makes
+//! a built workflow equal to the same workflow written in YAML. Names are
+//! kept as plain strings until validation so that a bad name is reported as
+//! a diagnostic, like every other problem, rather than as a panic.
+
+use std::time::Duration;
+
+use rota_model::{ExhaustedPolicy, RetryPolicy};
+use serde_json::Value;
+
+use crate::agent::AgentCatalog;
+use crate::definition::{CompensateDef, StepDef, Workflow};
+use crate::diagnostic::{Diagnostics, TextlessLocator};
+
+/// A definition before validation. `None` means "not given": a default
+/// applies, or (for a required field) the decoder has already reported it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Spec {
+    pub name: Option<String>,
+    pub version: Option<u32>,
+    pub deadline: Option<Duration>,
+    pub on_exhausted: Option<ExhaustedPolicy>,
+    pub max_failures: Option<u32>,
+    pub steps: Option<Vec<StepSpec>>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StepSpec {
+    pub name: Option<String>,
+    pub agent: Option<String>,
+    pub with: Value,
+    pub timeout: Option<Duration>,
+    pub retry: Option<RetryPolicy>,
+    pub compensate: Option<CompensateSpec>,
+    /// `None`: depends on the previous step. `Some(vec![])`: a root.
+    pub depends_on: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub(crate) struct CompensateSpec {
+    pub agent: Option<String>,
+    pub with: Value,
+    pub timeout: Option<Duration>,
+    pub retry: Option<RetryPolicy>,
+}
+
+/// Builds a [`Workflow`] in Rust; see [`Workflow::builder`].
+#[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct WorkflowBuilder {
+    spec: Spec,
+}
+
+/// One step for [`WorkflowBuilder::step`]; see [`StepDef::new`].
+#[derive(Debug, Clone)]
+#[must_use = "a step builder does nothing until passed to `WorkflowBuilder::step`"]
+pub struct StepBuilder {
+    spec: StepSpec,
+}
+
+/// A compensation for [`StepBuilder::compensate`]; see [`CompensateDef::new`].
+#[derive(Debug, Clone)]
+#[must_use = "a compensation builder does nothing until passed to `StepBuilder::compensate`"]
+pub struct CompensateBuilder {
+    spec: CompensateSpec,
+}
+
+impl Workflow {
+    /// Starts a definition in Rust, equivalent to a YAML file with the same
+    /// fields. Unset fields take the same defaults as in a file.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use rota_model::ExhaustedPolicy;
+    /// use rota_workflow::{AgentCatalog, CompensateDef, StepDef, Workflow};
+    /// use serde_json::json;
+    ///
+    /// let workflow = Workflow::builder("order", 3)
+    ///     .deadline(Duration::from_secs(120))
+    ///     .on_exhausted(ExhaustedPolicy::Compensate)
+    ///     .step(
+    ///         StepDef::new("reserve", "http")
+    ///             .with_input(json!({ "order": "{{ input.order_id }}" }))
+    ///             .timeout(Duration::from_secs(5))
+    ///             .compensate(CompensateDef::new("http").with_input(json!({ "order": "{{ input.order_id }}" }))),
+    ///     )
+    ///     .step(StepDef::new("charge", "http").depends_on(["reserve"]))
+    ///     .build(&AgentCatalog::builtin())?;
+    /// assert_eq!(workflow.steps()[1].depends_on()[0].as_str(), "reserve");
+    /// # Ok::<(), rota_workflow::Diagnostics>(())
+    /// ```
+    pub fn builder(name: impl Into<String>, version: u32) -> WorkflowBuilder {
+        WorkflowBuilder { spec: Spec { name: Some(name.into()), version: Some(version), steps: Some(Vec::new()), ..Spec::default() } }
+    }
+}
+
+impl WorkflowBuilder {
+    /// The task-level complete-by (default 5 minutes).
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.spec.deadline = Some(deadline);
+        self
+    }
+
+    /// What the Supervisor asks for at the failure threshold (default
+    /// [`ExhaustedPolicy::Error`]).
+    pub fn on_exhausted(mut self, policy: ExhaustedPolicy) -> Self {
+        self.spec.on_exhausted = Some(policy);
+        self
+    }
+
+    /// The Supervisor's `failure_count` threshold (default 3).
+    pub fn max_failures(mut self, max_failures: u32) -> Self {
+        self.spec.max_failures = Some(max_failures);
+        self
+    }
+
+    /// Appends a step.
+    pub fn step(mut self, step: StepBuilder) -> Self {
+        self.spec.steps.get_or_insert_with(Vec::new).push(step.spec);
+        self
+    }
+
+    /// Validates the definition exactly as [`crate::parse`] validates a file.
+    /// Diagnostics name the file `<builder>`; a problem in step N (0-based)
+    /// is at line N + 1, column 0, and one of the workflow itself at 0:0.
+    pub fn build(self, agents: &AgentCatalog) -> Result<Workflow, Diagnostics> {
+        crate::validate::validate(self.spec, &TextlessLocator { file: "<builder>" }, Some(agents))
+    }
+}
+
+impl StepDef {
+    /// Starts a step named `name` run by `agent`. Names are checked by
+    /// [`WorkflowBuilder::build`], which reports a bad one as a diagnostic.
+    #[allow(clippy::new_ret_no_self)] // Reads as the definition it builds: `.step(StepDef::new(..))`.
+    pub fn new(name: impl Into<String>, agent: impl Into<String>) -> StepBuilder {
+        StepBuilder { spec: StepSpec { name: Some(name.into()), agent: Some(agent.into()), ..StepSpec::default() } }
+    }
+}
+
+impl StepBuilder {
+    /// The input template (default `null`).
+    pub fn with_input(mut self, template: Value) -> Self {
+        self.spec.with = template;
+        self
+    }
+
+    /// The step's complete-by, from when its request is sent (default 30 s).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.spec.timeout = Some(timeout);
+        self
+    }
+
+    /// The retry policy (default [`RetryPolicy::default`]).
+    pub fn retry(mut self, retry: RetryPolicy) -> Self {
+        self.spec.retry = Some(retry);
+        self
+    }
+
+    /// The step that undoes this one once it has completed.
+    pub fn compensate(mut self, compensate: CompensateBuilder) -> Self {
+        self.spec.compensate = Some(compensate.spec);
+        self
+    }
+
+    /// The steps that must complete first. Without this call the step
+    /// depends on the step added before it; with an empty list it starts
+    /// with the task.
+    pub fn depends_on<S: Into<String>>(mut self, steps: impl IntoIterator<Item = S>) -> Self {
+        self.spec.depends_on = Some(steps.into_iter().map(Into::into).collect());
+        self
+    }
+}
+
+impl CompensateDef {
+    /// Starts a compensation run by `agent`. Its timeout and retry policy
+    /// default to those of the step it undoes.
+    #[allow(clippy::new_ret_no_self)] // Mirrors `StepDef::new`.
+    pub fn new(agent: impl Into<String>) -> CompensateBuilder {
+        CompensateBuilder { spec: CompensateSpec { agent: Some(agent.into()), ..CompensateSpec::default() } }
+    }
+}
+
+impl CompensateBuilder {
+    /// The input template (default `null`).
+    pub fn with_input(mut self, template: Value) -> Self {
+        self.spec.with = template;
+        self
+    }
+
+    /// The compensation's complete-by (default: the step's timeout).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.spec.timeout = Some(timeout);
+        self
+    }
+
+    /// The compensation's retry policy (default: the step's policy).
+    pub fn retry(mut self, retry: RetryPolicy) -> Self {
+        self.spec.retry = Some(retry);
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn check(builder: WorkflowBuilder) -> Result<Workflow, Vec<String>> {
+        builder.build(&AgentCatalog::builtin()).map_err(|problems| problems.iter().map(ToString::to_string).collect())
+    }
+
+    #[test]
+    fn builder_and_yaml_resolve_to_the_same_workflow() {
+        let yaml = "name: order\nversion: 3\ndeadline: 2m\non_exhausted: compensate\nsteps:\n\
+            \x20 - name: reserve\n    agent: http\n    with: { order: \"{{ input.order_id }}\" }\n    timeout: 5s\n\
+            \x20   retry: { attempts: 5, backoff: 100ms, max_backoff: 2s }\n\
+            \x20   compensate: { agent: http, with: { order: \"{{ input.order_id }}\" } }\n\
+            \x20 - name: charge\n    agent: http\n    with: { hold: \"{{ steps.reserve.output.hold_id }}\" }\n\
+            \x20 - name: ship\n    agent: exec\n    depends_on: [reserve]\n\
+            \x20 - name: notify\n    agent: delay\n    depends_on: [charge, ship]\n    compensate: { agent: delay, timeout: 1s }\n";
+        let parsed = crate::parse("order.yaml", yaml, &AgentCatalog::builtin()).unwrap();
+        let retry = RetryPolicy::new(5, Duration::from_millis(100), Duration::from_secs(2)).unwrap();
+        let built = check(
+            Workflow::builder("order", 3)
+                .deadline(Duration::from_secs(120))
+                .on_exhausted(ExhaustedPolicy::Compensate)
+                .step(
+                    StepDef::new("reserve", "http")
+                        .with_input(json!({ "order": "{{ input.order_id }}" }))
+                        .timeout(Duration::from_secs(5))
+                        .retry(retry)
+                        .compensate(CompensateDef::new("http").with_input(json!({ "order": "{{ input.order_id }}" }))),
+                )
+                .step(StepDef::new("charge", "http").with_input(json!({ "hold": "{{ steps.reserve.output.hold_id }}" })))
+                .step(StepDef::new("ship", "exec").depends_on(["reserve"]))
+                .step(
+                    StepDef::new("notify", "delay")
+                        .depends_on(["charge", "ship"])
+                        .compensate(CompensateDef::new("delay").timeout(Duration::from_secs(1))),
+                ),
+        )
+        .unwrap();
+        assert_eq!(built, parsed);
+        let deps: Vec<Vec<&str>> = built.steps().iter().map(|s| s.depends_on().iter().map(|d| d.as_str()).collect()).collect();
+        assert_eq!(deps, [vec![], vec!["reserve"], vec!["reserve"], vec!["charge", "ship"]]);
+    }
+
+    #[test]
+    fn builder_problems_name_the_step_by_number() {
+        let zero = RetryPolicy::new(1, Duration::from_nanos(10), Duration::from_secs(1)).unwrap();
+        let problems = check(
+            Workflow::builder("bad name", 0)
+                .max_failures(0)
+                .step(StepDef::new("a", "htp").timeout(Duration::ZERO).retry(zero))
+                .step(StepDef::new("b", "http").depends_on(["a", "zz"]).with_input(json!(["{{ steps.c.output }}"])))
+                .step(StepDef::new("c", "http").depends_on(["c"]).compensate(CompensateDef::new("nope"))),
+        )
+        .unwrap_err();
+        assert_eq!(
+            problems,
+            [
+                "<builder>:0:0: invalid workflow name \"bad name\": may only contain ASCII letters, digits, '-', '_', '.' and ':'",
+                "<builder>:0:0: `version` must be at least 1",
+                "<builder>:0:0: `max_failures` must be at least 1",
+                "<builder>:1:0: step `a`: unknown agent `htp` (known agents: delay, exec, http)",
+                "<builder>:1:0: step `a`: `timeout` must be longer than 0",
+                "<builder>:1:0: step `a`: `retry.backoff` must be a whole number of milliseconds, got 10ns",
+                "<builder>:2:0: step `b`: depends on unknown step `zz`",
+                "<builder>:2:0: step `b`: template `{{ steps.c.output }}` refers to step `c`, which is not upstream (add it to `depends_on`)",
+                "<builder>:3:0: step `c`: unknown agent `nope` (known agents: delay, exec, http)",
+                "<builder>:3:0: dependency cycle: `c` depends on `c`",
+            ]
+        );
+        assert_eq!(check(Workflow::builder("w", 1)).unwrap_err(), ["<builder>:0:0: `steps` must list at least one step"]);
+    }
+
+    #[test]
+    fn custom_agents_are_accepted_once_registered() {
+        let builder = Workflow::builder("w", 1).step(StepDef::new("a", "ledger"));
+        assert!(builder.clone().build(&AgentCatalog::builtin()).is_err());
+        let agents = AgentCatalog::builtin().with(crate::AgentName::new("ledger").unwrap());
+        assert_eq!(builder.build(&agents).unwrap().steps()[0].agent().as_str(), "ledger");
+    }
+}

@@ -1,0 +1,946 @@
+//! Reading a definition from YAML or JSON text.
+//!
+//! serde-saphyr reads the text into a [`Node`] tree in which every node,
+//! mapping keys included, carries its line and column. The decoder then
+//! walks that tree by hand instead of deriving `Deserialize` for the
+//! definition: a derived decoder stops at the first problem, and the CLI's
+//! `rota validate` must report all of them, each at the node it is about.
+//! While walking, it records every node's position under its JSON pointer,
+//! so that validation (shared with the builder) can place its diagnostics.
+
+use std::fmt;
+use std::time::Duration;
+
+use rota_model::{ExhaustedPolicy, RetryPolicy, RetryPolicyError};
+use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::{Number, Value};
+
+use crate::agent::AgentCatalog;
+use crate::builder::{CompensateSpec, Spec, StepSpec};
+use crate::definition::Workflow;
+use crate::diagnostic::{Diagnostic, Diagnostics, FileLocator, Pos, Positions, child};
+use crate::validate::validate_into;
+
+/// The largest definition text accepted, in bytes. A definition is a
+/// handful of steps; anything near this size is a mistake, and the bound
+/// keeps a bad file from costing much.
+pub const DEFINITION_BYTES_MAX: usize = 1 << 20;
+
+const WORKFLOW_FIELDS: &[&str] = &["name", "version", "deadline", "on_exhausted", "max_failures", "steps"];
+const STEP_FIELDS: &[&str] = &["name", "agent", "with", "timeout", "retry", "compensate", "depends_on"];
+const RETRY_FIELDS: &[&str] = &["attempts", "backoff", "max_backoff", "multiplier", "jitter"];
+const COMPENSATE_FIELDS: &[&str] = &["agent", "with", "timeout", "retry"];
+
+/// Parses and validates one workflow definition.
+///
+/// `source` names the text in diagnostics (usually its file name); its
+/// extension also picks the format: `.json` is read as JSON, `.yaml` and
+/// `.yml` as YAML, and anything else as JSON when it starts with `{` and is
+/// valid JSON, else as YAML. (JSON is YAML too; reading it as JSON first
+/// gives JSON's own error messages, and refuses what YAML would tolerate,
+/// such as trailing commas.)
+///
+/// Every problem is reported, each as `FILE:LINE:COL: message` at the node
+/// it is about, except that a syntax error stops the parse.
+pub fn parse(source: &str, text: &str, agents: &AgentCatalog) -> Result<Workflow, Diagnostics> {
+    parse_with_positions(source, text, agents).0
+}
+
+/// [`parse`], also returning the positions of the nodes (empty after a
+/// syntax error), so that callers can place diagnostics of their own.
+pub(crate) fn parse_with_positions(source: &str, text: &str, agents: &AgentCatalog) -> (Result<Workflow, Diagnostics>, Positions) {
+    let mut decoder = Decoder { file: source, problems: Vec::new(), positions: Positions::default() };
+    if text.len() > DEFINITION_BYTES_MAX {
+        let message = format!("a definition may be at most {DEFINITION_BYTES_MAX} bytes, this one is {}", text.len());
+        decoder.problem(Pos { line: 1, column: 1 }, message);
+        return (Err(Diagnostics::from(decoder.problems)), decoder.positions);
+    }
+    let root = match read_tree(source, text) {
+        Ok(root) => root,
+        Err(problem) => return (Err(Diagnostics::from(vec![problem])), decoder.positions),
+    };
+    let spec = decoder.workflow(&root);
+    let Decoder { problems: mut found, positions, .. } = decoder;
+    let workflow = validate_into(spec, &FileLocator { file: source, positions: &positions }, Some(agents), &mut found);
+    let result = match workflow {
+        Some(workflow) if found.is_empty() => Ok(workflow),
+        _ => Err(Diagnostics::from(found).sorted()),
+    };
+    (result, positions)
+}
+
+/// A YAML node with the position where it starts (for a mapping entry's
+/// key, where the key starts).
+#[derive(Debug)]
+struct Node {
+    pos: Pos,
+    value: NodeValue,
+}
+
+#[derive(Debug)]
+enum NodeValue {
+    Null,
+    Bool(bool),
+    Signed(i64),
+    Unsigned(u64),
+    Float(f64),
+    String(String),
+    List(Vec<Node>),
+    Mapping(Vec<(Node, Node)>),
+}
+
+impl NodeValue {
+    /// What kind of value this is, for "found ..." in messages.
+    fn kind(&self) -> &'static str {
+        match self {
+            NodeValue::Null => "null",
+            NodeValue::Bool(_) => "a boolean",
+            NodeValue::Signed(_) | NodeValue::Unsigned(_) => "an integer",
+            NodeValue::Float(_) => "a number",
+            NodeValue::String(_) => "a string",
+            NodeValue::List(_) => "a list",
+            NodeValue::Mapping(_) => "a mapping",
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Node {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        // `Spanned` asks serde-saphyr for the node's location, then reads
+        // the value itself through `NodeValue`, recursively.
+        let spanned = serde_saphyr::Spanned::<NodeValue>::deserialize(deserializer)?;
+        let pos = Pos {
+            line: u32::try_from(spanned.referenced.line()).unwrap_or(u32::MAX),
+            column: u32::try_from(spanned.referenced.column()).unwrap_or(u32::MAX),
+        };
+        Ok(Node { pos, value: spanned.value })
+    }
+}
+
+impl<'de> Deserialize<'de> for NodeValue {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(NodeVisitor)
+    }
+}
+
+struct NodeVisitor;
+
+impl<'de> Visitor<'de> for NodeVisitor {
+    type Value = NodeValue;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any YAML value")
+    }
+    fn visit_unit<E>(self) -> Result<NodeValue, E> {
+        Ok(NodeValue::Null)
+    }
+    fn visit_none<E>(self) -> Result<NodeValue, E> {
+        Ok(NodeValue::Null)
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<NodeValue, E> {
+        Ok(NodeValue::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<NodeValue, E> {
+        Ok(NodeValue::Signed(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<NodeValue, E> {
+        Ok(NodeValue::Unsigned(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<NodeValue, E> {
+        Ok(NodeValue::Float(v))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<NodeValue, E> {
+        Ok(NodeValue::String(v.to_owned()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<NodeValue, E> {
+        Ok(NodeValue::String(v))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<NodeValue, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element::<Node>()? {
+            items.push(item);
+        }
+        Ok(NodeValue::List(items))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<NodeValue, A::Error> {
+        let mut entries = Vec::new();
+        while let Some(key) = map.next_key::<Node>()? {
+            let value = map.next_value::<Node>()?;
+            entries.push((key, value));
+        }
+        Ok(NodeValue::Mapping(entries))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Format {
+    Yaml,
+    Json,
+    Unknown,
+}
+
+fn format_of(source: &str) -> Format {
+    let extension = std::path::Path::new(source).extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+    match extension.as_deref() {
+        Some("json") => Format::Json,
+        Some("yaml" | "yml") => Format::Yaml,
+        _ => Format::Unknown,
+    }
+}
+
+/// Reads `text` into a positioned tree, or says why it is not valid YAML
+/// (or JSON).
+fn read_tree(source: &str, text: &str) -> Result<Node, Diagnostic> {
+    let format = format_of(source);
+    let looks_like_json = format == Format::Json || (format == Format::Unknown && text.trim_start().starts_with('{'));
+    if looks_like_json && let Err(err) = serde_json::from_str::<Value>(text) {
+        // Outside a `.json` file, text that merely starts with `{` may be a
+        // YAML flow mapping: only JSON's verdict on a `.json` file is final.
+        if format == Format::Json || read_yaml(source, text).is_err() {
+            return Err(json_problem(source, &err));
+        }
+    }
+    read_yaml(source, text)
+}
+
+fn read_yaml(source: &str, text: &str) -> Result<Node, Diagnostic> {
+    let options = serde_saphyr::options! {
+        // YAML 1.2 booleans only: `y`, `on` and `no` stay strings, as in JSON.
+        strict_booleans: true,
+        with_snippet: false,
+    };
+    serde_saphyr::from_str_with_options::<Node>(text, options).map_err(|err| {
+        let (line, column) = err.location().map(|l| (l.line(), l.column())).unwrap_or((0, 0));
+        let rendered = err.render_with_formatter(&serde_saphyr::UserMessageFormatter);
+        let message = rendered.strip_suffix(&format!(" at line {line}, column {column}")).unwrap_or(&rendered);
+        Diagnostic {
+            file: source.to_owned(),
+            line: u32::try_from(line).unwrap_or(u32::MAX),
+            column: u32::try_from(column).unwrap_or(u32::MAX),
+            message: message.to_owned(),
+        }
+    })
+}
+
+fn json_problem(source: &str, err: &serde_json::Error) -> Diagnostic {
+    let rendered = err.to_string();
+    let suffix = format!(" at line {} column {}", err.line(), err.column());
+    let message = rendered.strip_suffix(&suffix).unwrap_or(&rendered);
+    Diagnostic {
+        file: source.to_owned(),
+        line: u32::try_from(err.line()).unwrap_or(u32::MAX),
+        column: u32::try_from(err.column()).unwrap_or(u32::MAX),
+        message: format!("invalid JSON: {message}"),
+    }
+}
+
+/// Walks the tree, building a [`Spec`] from what is usable and reporting
+/// the rest.
+struct Decoder<'a> {
+    file: &'a str,
+    problems: Vec<Diagnostic>,
+    positions: Positions,
+}
+
+/// A mapping entry with a string key.
+struct Field<'n> {
+    key: &'n str,
+    value: &'n Node,
+}
+
+impl Decoder<'_> {
+    fn problem(&mut self, pos: Pos, message: String) {
+        self.problems.push(Diagnostic { file: self.file.to_owned(), line: pos.line, column: pos.column, message });
+    }
+
+    fn record(&mut self, pointer: String, value: Pos) {
+        self.positions.insert(pointer, value);
+    }
+
+    /// The entries of a mapping with known keys, each position recorded.
+    /// Reports a node that is not a mapping, keys that are not strings and
+    /// unknown fields. `prefix` starts messages ("step `a`: "), `inside`
+    /// ends them (" in `retry`").
+    fn fields<'n>(&mut self, node: &'n Node, pointer: &str, prefix: &str, inside: &str, allowed: &[&str]) -> Option<Vec<Field<'n>>> {
+        let NodeValue::Mapping(entries) = &node.value else {
+            let what = if inside.is_empty() { "a mapping".to_owned() } else { format!("a mapping{inside}") };
+            self.problem(node.pos, format!("{prefix}expected {what}, found {}", node.value.kind()));
+            return None;
+        };
+        let mut fields = Vec::with_capacity(entries.len());
+        for (key, value) in entries {
+            let NodeValue::String(name) = &key.value else {
+                self.problem(key.pos, format!("{prefix}field names must be strings, found {}{inside}", key.value.kind()));
+                continue;
+            };
+            if !allowed.contains(&name.as_str()) {
+                self.problem(key.pos, format!("{prefix}unknown field `{name}`{inside} (expected one of: {})", allowed.join(", ")));
+                continue;
+            }
+            self.record(child(pointer, name), value.pos);
+            fields.push(Field { key: name, value });
+        }
+        Some(fields)
+    }
+
+    fn require(&mut self, node: &Node, fields: &[Field<'_>], required: &[&str], prefix: &str, inside: &str) {
+        for name in required {
+            if !fields.iter().any(|field| field.key == *name) {
+                self.problem(node.pos, format!("{prefix}missing required field `{name}`{inside}"));
+            }
+        }
+    }
+
+    fn string(&mut self, node: &Node, prefix: &str, what: &str) -> Option<String> {
+        match &node.value {
+            NodeValue::String(s) => Some(s.clone()),
+            other => {
+                self.problem(node.pos, format!("{prefix}`{what}` must be a string, found {}", other.kind()));
+                None
+            }
+        }
+    }
+
+    fn unsigned(&mut self, node: &Node, prefix: &str, what: &str) -> Option<u32> {
+        let number = match &node.value {
+            NodeValue::Unsigned(n) => Some(*n),
+            NodeValue::Signed(n) => u64::try_from(*n).ok(),
+            other => {
+                self.problem(node.pos, format!("{prefix}`{what}` must be an integer, found {}", other.kind()));
+                return None;
+            }
+        };
+        let in_range = number.and_then(|n| u32::try_from(n).ok());
+        if in_range.is_none() {
+            let found = match &node.value {
+                NodeValue::Signed(n) => n.to_string(),
+                NodeValue::Unsigned(n) => n.to_string(),
+                _ => unreachable!("only integers get here"),
+            };
+            self.problem(node.pos, format!("{prefix}`{what}` must be between 0 and {}, found {found}", u32::MAX));
+        }
+        in_range
+    }
+
+    fn float(&mut self, node: &Node, prefix: &str, what: &str) -> Option<f64> {
+        match &node.value {
+            NodeValue::Float(n) => Some(*n),
+            // Integers are numbers too; precision loss above 2^53 does not
+            // matter for a multiplier or a fraction.
+            #[allow(clippy::cast_precision_loss)]
+            NodeValue::Unsigned(n) => Some(*n as f64),
+            #[allow(clippy::cast_precision_loss)]
+            NodeValue::Signed(n) => Some(*n as f64),
+            other => {
+                self.problem(node.pos, format!("{prefix}`{what}` must be a number, found {}", other.kind()));
+                None
+            }
+        }
+    }
+
+    fn duration(&mut self, node: &Node, prefix: &str, what: &str) -> Option<Duration> {
+        let NodeValue::String(text) = &node.value else {
+            let message = format!("{prefix}`{what}` must be a duration such as \"5s\" or \"100ms\", found {}", node.value.kind());
+            self.problem(node.pos, message);
+            return None;
+        };
+        match humantime::parse_duration(text) {
+            Ok(duration) => Some(duration),
+            Err(err) => {
+                self.problem(node.pos, format!("{prefix}invalid duration {text:?} for `{what}`: {err}"));
+                None
+            }
+        }
+    }
+
+    /// Converts a node to JSON, recording the position of every node below
+    /// `pointer` so that template problems can point inside it.
+    fn json(&mut self, node: &Node, pointer: &str, prefix: &str) -> Value {
+        match &node.value {
+            NodeValue::Null => Value::Null,
+            NodeValue::Bool(b) => Value::Bool(*b),
+            NodeValue::Signed(n) => Value::from(*n),
+            NodeValue::Unsigned(n) => Value::from(*n),
+            NodeValue::Float(n) => match Number::from_f64(*n) {
+                Some(n) => Value::Number(n),
+                None => {
+                    self.problem(node.pos, format!("{prefix}{n} cannot be represented in JSON"));
+                    Value::Null
+                }
+            },
+            NodeValue::String(s) => Value::String(s.clone()),
+            NodeValue::List(items) => Value::Array(
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, item)| {
+                        let at = child(pointer, &i.to_string());
+                        self.record(at.clone(), item.pos);
+                        self.json(item, &at, prefix)
+                    })
+                    .collect(),
+            ),
+            NodeValue::Mapping(entries) => {
+                let mut object = serde_json::Map::with_capacity(entries.len());
+                for (key, value) in entries {
+                    // JSON keys are strings; YAML users write `200: ok`, so
+                    // scalar keys become their text.
+                    let key_text = match &key.value {
+                        NodeValue::String(s) => s.clone(),
+                        NodeValue::Bool(b) => b.to_string(),
+                        NodeValue::Signed(n) => n.to_string(),
+                        NodeValue::Unsigned(n) => n.to_string(),
+                        NodeValue::Float(n) => n.to_string(),
+                        other => {
+                            self.problem(key.pos, format!("{prefix}keys in `with` must be strings or numbers, found {}", other.kind()));
+                            continue;
+                        }
+                    };
+                    let at = child(pointer, &key_text);
+                    self.record(at.clone(), value.pos);
+                    let value = self.json(value, &at, prefix);
+                    object.insert(key_text, value);
+                }
+                Value::Object(object)
+            }
+        }
+    }
+
+    fn workflow(&mut self, root: &Node) -> Spec {
+        let mut spec = Spec::default();
+        if matches!(root.value, NodeValue::Null) {
+            self.problem(root.pos, "the definition is empty: expected a mapping with `name`, `version` and `steps`".into());
+            return spec;
+        }
+        if !matches!(root.value, NodeValue::Mapping(_)) {
+            let message =
+                format!("a workflow definition must be a mapping with `name`, `version` and `steps`, found {}", root.value.kind());
+            self.problem(root.pos, message);
+            return spec;
+        }
+        self.record(String::new(), root.pos);
+        let Some(fields) = self.fields(root, "", "", "", WORKFLOW_FIELDS) else { return spec };
+        self.require(root, &fields, &["name", "version", "steps"], "", "");
+        for Field { key, value } in fields {
+            match key {
+                "name" => spec.name = self.string(value, "", key),
+                "version" => spec.version = self.unsigned(value, "", key),
+                "deadline" => spec.deadline = self.duration(value, "", key),
+                "on_exhausted" => spec.on_exhausted = self.exhausted(value),
+                "max_failures" => spec.max_failures = self.unsigned(value, "", key),
+                "steps" => spec.steps = self.steps(value),
+                _ => unreachable!("`fields` only returns allowed keys"),
+            }
+        }
+        spec
+    }
+
+    fn exhausted(&mut self, node: &Node) -> Option<ExhaustedPolicy> {
+        match &node.value {
+            NodeValue::String(s) if s == "error" => Some(ExhaustedPolicy::Error),
+            NodeValue::String(s) if s == "compensate" => Some(ExhaustedPolicy::Compensate),
+            NodeValue::String(s) => {
+                self.problem(node.pos, format!("`on_exhausted` must be `error` or `compensate`, found `{s}`"));
+                None
+            }
+            other => {
+                self.problem(node.pos, format!("`on_exhausted` must be `error` or `compensate`, found {}", other.kind()));
+                None
+            }
+        }
+    }
+
+    fn steps(&mut self, node: &Node) -> Option<Vec<StepSpec>> {
+        let NodeValue::List(items) = &node.value else {
+            self.problem(node.pos, format!("`steps` must be a list of steps, found {}", node.value.kind()));
+            return None;
+        };
+        // Every item keeps its index, even one that is not a mapping, so
+        // that `/steps/N` means the same in the spec and in the positions.
+        Some(
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| {
+                    let at = format!("/steps/{i}");
+                    self.record(at.clone(), item.pos);
+                    self.step(item, i, &at)
+                })
+                .collect(),
+        )
+    }
+
+    fn step(&mut self, node: &Node, index: usize, at: &str) -> StepSpec {
+        let mut spec = StepSpec::default();
+        // Messages name the step, so find its name before anything else.
+        let name = match &node.value {
+            NodeValue::Mapping(entries) => entries.iter().find_map(|(key, value)| match (&key.value, &value.value) {
+                (NodeValue::String(key), NodeValue::String(name)) if key == "name" => Some(name.as_str()),
+                _ => None,
+            }),
+            _ => None,
+        };
+        let prefix = match name {
+            Some(name) => format!("step `{name}`: "),
+            None => format!("step {}: ", index + 1),
+        };
+        let Some(fields) = self.fields(node, at, &prefix, "", STEP_FIELDS) else { return spec };
+        self.require(node, &fields, &["name", "agent"], &prefix, "");
+        for Field { key, value } in fields {
+            let field_at = child(at, key);
+            match key {
+                "name" => spec.name = self.string(value, &prefix, key),
+                "agent" => spec.agent = self.string(value, &prefix, key),
+                "with" => spec.with = self.json(value, &field_at, &prefix),
+                "timeout" => spec.timeout = self.duration(value, &prefix, key),
+                "retry" => spec.retry = self.retry(value, &field_at, &prefix, "retry"),
+                "compensate" => spec.compensate = self.compensate(value, &field_at, &prefix),
+                "depends_on" => spec.depends_on = self.depends_on(value, &field_at, &prefix),
+                _ => unreachable!("`fields` only returns allowed keys"),
+            }
+        }
+        spec
+    }
+
+    /// `what` is the field's name in messages: `retry` or `compensate.retry`.
+    fn retry(&mut self, node: &Node, at: &str, prefix: &str, what: &str) -> Option<RetryPolicy> {
+        let fields = self.fields(node, at, prefix, &format!(" in `{what}`"), RETRY_FIELDS)?;
+        let defaults = RetryPolicy::default();
+        let (mut attempts, mut backoff, mut backoff_max) =
+            (Some(defaults.attempts_max()), Some(defaults.backoff_initial()), Some(defaults.backoff_max()));
+        let (mut multiplier, mut jitter) = (None, None);
+        let mut positions = [None; 5];
+        for Field { key, value } in &fields {
+            let name = format!("{what}.{key}");
+            match *key {
+                "attempts" => attempts = self.unsigned(value, prefix, &name),
+                "backoff" => backoff = self.duration(value, prefix, &name),
+                "max_backoff" => backoff_max = self.duration(value, prefix, &name),
+                "multiplier" => multiplier = Some(self.float(value, prefix, &name)),
+                "jitter" => jitter = Some(self.float(value, prefix, &name)),
+                _ => unreachable!("`fields` only returns allowed keys"),
+            }
+            let slot = RETRY_FIELDS.iter().position(|f| f == key).expect("allowed key");
+            positions[slot] = Some(value.pos);
+        }
+        // A field of the wrong type was reported; the policy is unusable.
+        let (attempts, backoff, backoff_max) = (attempts?, backoff?, backoff_max?);
+        // Not given: keep the model's default. Given but of the wrong type:
+        // already reported.
+        let multiplier = match multiplier {
+            Some(given) => Some(given?),
+            None => None,
+        };
+        let jitter = match jitter {
+            Some(given) => Some(given?),
+            None => None,
+        };
+        let mut policy = RetryPolicy::new(attempts, backoff, backoff_max);
+        if let Some(multiplier) = multiplier {
+            policy = policy.and_then(|policy| policy.with_multiplier(multiplier));
+        }
+        if let Some(jitter) = jitter {
+            policy = policy.and_then(|policy| policy.with_jitter_fraction(jitter));
+        }
+        match policy {
+            Ok(policy) => Some(policy),
+            Err(err) => {
+                // Point at the field the error is about, or at `retry`
+                // itself when that field took its default.
+                let slot = match err {
+                    RetryPolicyError::Attempts(_) => 0,
+                    RetryPolicyError::CapBelowInitial { .. } if positions[2].is_some() => 2,
+                    RetryPolicyError::CapBelowInitial { .. } => 1,
+                    RetryPolicyError::Multiplier(_) => 3,
+                    RetryPolicyError::Jitter(_) => 4,
+                };
+                self.problem(positions[slot].unwrap_or(node.pos), format!("{prefix}invalid retry policy: {err}"));
+                None
+            }
+        }
+    }
+
+    fn compensate(&mut self, node: &Node, at: &str, prefix: &str) -> Option<CompensateSpec> {
+        let inside = " in `compensate`";
+        let fields = self.fields(node, at, prefix, inside, COMPENSATE_FIELDS)?;
+        self.require(node, &fields, &["agent"], prefix, inside);
+        let mut spec = CompensateSpec::default();
+        for Field { key, value } in fields {
+            let field_at = child(at, key);
+            let name = format!("compensate.{key}");
+            match key {
+                "agent" => spec.agent = self.string(value, prefix, &name),
+                "with" => spec.with = self.json(value, &field_at, prefix),
+                "timeout" => spec.timeout = self.duration(value, prefix, &name),
+                "retry" => spec.retry = self.retry(value, &field_at, prefix, &name),
+                _ => unreachable!("`fields` only returns allowed keys"),
+            }
+        }
+        Some(spec)
+    }
+
+    fn depends_on(&mut self, node: &Node, at: &str, prefix: &str) -> Option<Vec<String>> {
+        let NodeValue::List(items) = &node.value else {
+            self.problem(node.pos, format!("{prefix}`depends_on` must be a list of step names, found {}", node.value.kind()));
+            return None;
+        };
+        let mut names = Vec::with_capacity(items.len());
+        for item in items {
+            match &item.value {
+                NodeValue::String(name) => {
+                    // Recorded under the index the entry gets in the spec,
+                    // which skips entries that are not strings.
+                    self.record(child(at, &names.len().to_string()), item.pos);
+                    names.push(name.clone());
+                }
+                other => self.problem(item.pos, format!("{prefix}`depends_on` entries must be step names, found {}", other.kind())),
+            }
+        }
+        Some(names)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::AgentName;
+
+    /// Parses `text` as `wf.yaml` with the built-in agents and `ledger`, and
+    /// returns the diagnostics as displayed (empty when it is valid).
+    fn check(text: &str) -> Vec<String> {
+        check_as("wf.yaml", text)
+    }
+
+    fn check_as(source: &str, text: &str) -> Vec<String> {
+        let agents = AgentCatalog::builtin().with(AgentName::new("ledger").unwrap());
+        match parse(source, text, &agents) {
+            Ok(_) => Vec::new(),
+            Err(problems) => problems.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    fn valid(text: &str) -> Workflow {
+        parse("wf.yaml", text, &AgentCatalog::builtin()).unwrap_or_else(|problems| panic!("{problems}"))
+    }
+
+    const MINIMAL: &str = "name: w\nversion: 1\nsteps:\n  - name: a\n    agent: http\n";
+
+    #[test]
+    fn a_minimal_definition_takes_every_default() {
+        let workflow = valid(MINIMAL);
+        assert_eq!(workflow.name().as_str(), "w");
+        assert_eq!(workflow.version(), 1);
+        assert_eq!(workflow.deadline(), crate::DEADLINE_DEFAULT);
+        assert_eq!(workflow.on_exhausted(), ExhaustedPolicy::Error);
+        assert_eq!(workflow.max_failures(), crate::MAX_FAILURES_DEFAULT);
+        let step = &workflow.steps()[0];
+        assert_eq!((step.name().as_str(), step.agent().as_str()), ("a", "http"));
+        assert_eq!(step.with(), &Value::Null);
+        assert_eq!(step.timeout(), crate::TIMEOUT_DEFAULT);
+        assert_eq!(step.retry(), &RetryPolicy::default());
+        assert!(step.compensate().is_none());
+        assert!(step.depends_on().is_empty());
+    }
+
+    #[test]
+    fn every_field_is_read() {
+        let workflow = valid(
+            "name: w\nversion: 7\ndeadline: 90s\non_exhausted: compensate\nmax_failures: 5\nsteps:\n\
+             - name: a\n  agent: http\n  with: { n: 1, f: 2.5, t: true, s: 'x', l: [null], 200: ok }\n  timeout: 1m\n\
+             \x20 retry: { attempts: 9, backoff: 10ms, max_backoff: 1s, multiplier: 3, jitter: 0 }\n\
+             \x20 compensate: { agent: exec, with: [a], timeout: 2s, retry: { attempts: 2 } }\n\
+             - name: b\n  agent: delay\n  compensate: { agent: exec }\n  depends_on: []\n",
+        );
+        assert_eq!((workflow.version(), workflow.deadline(), workflow.max_failures()), (7, Duration::from_secs(90), 5));
+        assert_eq!(workflow.on_exhausted(), ExhaustedPolicy::Compensate);
+        let [a, b] = workflow.steps() else { panic!("two steps") };
+        assert_eq!(a.with(), &serde_json::json!({ "n": 1, "f": 2.5, "t": true, "s": "x", "l": [null], "200": "ok" }));
+        assert_eq!(a.timeout(), Duration::from_secs(60));
+        let retry = RetryPolicy::new(9, Duration::from_millis(10), Duration::from_secs(1))
+            .and_then(|p| p.with_multiplier(3.0))
+            .and_then(|p| p.with_jitter_fraction(0.0))
+            .unwrap();
+        assert_eq!(a.retry(), &retry);
+        let compensate = a.compensate().unwrap();
+        assert_eq!(
+            (compensate.agent().as_str(), compensate.with(), compensate.timeout()),
+            ("exec", &serde_json::json!(["a"]), Duration::from_secs(2))
+        );
+        assert_eq!(compensate.retry(), &RetryPolicy::new(2, Duration::from_millis(100), Duration::from_secs(10)).unwrap());
+        // A compensation without timeout or retry inherits the step's.
+        let compensate = b.compensate().unwrap();
+        assert_eq!((compensate.timeout(), compensate.retry()), (b.timeout(), b.retry()));
+        assert!(b.depends_on().is_empty(), "an explicit empty list makes a second root");
+    }
+
+    #[test]
+    fn yaml_1_1_booleans_stay_strings() {
+        let workflow = valid("name: w\nversion: 1\nsteps:\n  - name: a\n    agent: http\n    with: { a: y, b: no, c: on, d: true }\n");
+        assert_eq!(workflow.steps()[0].with(), &serde_json::json!({ "a": "y", "b": "no", "c": "on", "d": true }));
+    }
+
+    #[test]
+    fn syntax_errors_stop_the_parse_with_their_position() {
+        assert_eq!(check("name: w\nversion: 1\nsteps: [\n"), ["wf.yaml:3:8: unclosed bracket '['"]);
+        assert_eq!(check("name: w\nname: v\n"), ["wf.yaml:2:1: duplicate mapping key `name` is not allowed here"]);
+        assert_eq!(check("name: a: b\n"), ["wf.yaml:1:8: mapping values are not allowed in this context"]);
+    }
+
+    #[test]
+    fn unknown_fields_are_reported_at_their_key() {
+        assert_eq!(
+            check("name: w\nversion: 1\nsteps:\n  - name: a\n    agent: http\n    colour: red\n"),
+            ["wf.yaml:6:5: step `a`: unknown field `colour` (expected one of: name, agent, with, timeout, retry, compensate, depends_on)"]
+        );
+        assert_eq!(
+            check(
+                "name: w\nversion: 1\nowner: me\nsteps:\n  - name: a\n    agent: http\n    retry: { tries: 3 }\n    compensate: { agent: http, when: x }\n"
+            ),
+            [
+                "wf.yaml:3:1: unknown field `owner` (expected one of: name, version, deadline, on_exhausted, max_failures, steps)",
+                "wf.yaml:7:14: step `a`: unknown field `tries` in `retry` (expected one of: attempts, backoff, max_backoff, multiplier, jitter)",
+                "wf.yaml:8:32: step `a`: unknown field `when` in `compensate` (expected one of: agent, with, timeout, retry)",
+            ]
+        );
+    }
+
+    #[test]
+    fn missing_required_fields_are_reported_on_the_mapping_that_lacks_them() {
+        assert_eq!(check("name: w\nversion: 1\n"), ["wf.yaml:1:1: missing required field `steps`"]);
+        assert_eq!(
+            check("version: 1\nsteps:\n  - agent: http\n  - name: b\n"),
+            [
+                "wf.yaml:1:1: missing required field `name`",
+                "wf.yaml:3:5: step 1: missing required field `name`",
+                "wf.yaml:4:5: step `b`: missing required field `agent`",
+            ]
+        );
+        assert_eq!(
+            check("name: w\nversion: 1\nsteps:\n  - name: a\n    agent: http\n    compensate: { with: 1 }\n"),
+            ["wf.yaml:6:17: step `a`: missing required field `agent` in `compensate`"]
+        );
+    }
+
+    #[test]
+    fn wrong_types_are_reported_at_the_value() {
+        assert_eq!(
+            check(
+                "name: 5\nversion: \"1\"\nmax_failures: -1\non_exhausted: [x]\nsteps:\n  - name: a\n    agent: http\n    timeout: 5\n    depends_on: a\n    retry: { attempts: x, jitter: high }\n  - 17\n"
+            ),
+            [
+                "wf.yaml:1:7: `name` must be a string, found an integer",
+                "wf.yaml:2:10: `version` must be an integer, found a string",
+                "wf.yaml:3:15: `max_failures` must be between 0 and 4294967295, found -1",
+                "wf.yaml:4:15: `on_exhausted` must be `error` or `compensate`, found a list",
+                "wf.yaml:8:14: step `a`: `timeout` must be a duration such as \"5s\" or \"100ms\", found an integer",
+                "wf.yaml:9:17: step `a`: `depends_on` must be a list of step names, found a string",
+                "wf.yaml:10:24: step `a`: `retry.attempts` must be an integer, found a string",
+                "wf.yaml:10:35: step `a`: `retry.jitter` must be a number, found a string",
+                "wf.yaml:11:5: step 2: expected a mapping, found an integer",
+            ]
+        );
+        assert_eq!(check("steps: {}\nname: w\nversion: 1\n"), ["wf.yaml:1:8: `steps` must be a list of steps, found a mapping"]);
+        assert_eq!(check(""), ["wf.yaml:1:1: the definition is empty: expected a mapping with `name`, `version` and `steps`"]);
+        assert_eq!(
+            check("- 1\n"),
+            ["wf.yaml:1:1: a workflow definition must be a mapping with `name`, `version` and `steps`, found a list"]
+        );
+    }
+
+    #[test]
+    fn bad_durations_are_reported_at_the_value() {
+        assert_eq!(
+            check(
+                "name: w\nversion: 1\ndeadline: 1x\nsteps:\n  - name: a\n    agent: http\n    timeout: 0s\n  - name: b\n    agent: http\n    timeout: 1500us\n    retry: { backoff: soon }\n"
+            ),
+            [
+                "wf.yaml:3:11: invalid duration \"1x\" for `deadline`: unknown time unit \"x\", supported units: ns, us/µs, ms, sec, min, hours, days, weeks, months, years (and few variations)",
+                "wf.yaml:7:14: step `a`: `timeout` must be longer than 0",
+                "wf.yaml:10:14: step `b`: `timeout` must be a whole number of milliseconds, got 1ms 500us",
+                "wf.yaml:11:23: step `b`: invalid duration \"soon\" for `retry.backoff`: expected number at 0",
+            ]
+        );
+    }
+
+    #[test]
+    fn unknown_agents_are_reported_with_the_known_ones() {
+        assert_eq!(
+            check(
+                "name: w\nversion: 1\nsteps:\n  - name: a\n    agent: htp\n    compensate: { agent: \"led ger\" }\n  - name: b\n    agent: ledger\n"
+            ),
+            [
+                "wf.yaml:5:12: step `a`: unknown agent `htp` (known agents: delay, exec, http, ledger)",
+                "wf.yaml:6:26: step `a`: invalid agent name \"led ger\": may only contain ASCII letters, digits, '-', '_', '.' and ':'",
+            ]
+        );
+    }
+
+    #[test]
+    fn step_names_must_be_valid_and_unique() {
+        assert_eq!(
+            check(
+                "name: w\nversion: 1\nsteps:\n  - name: a\n    agent: http\n  - name: a\n    agent: http\n  - name: c d\n    agent: http\n"
+            ),
+            [
+                "wf.yaml:6:11: duplicate step name `a` (step 1 has it too)",
+                "wf.yaml:8:11: invalid step name \"c d\": may only contain ASCII letters, digits, '-', '_', '.' and ':'",
+            ]
+        );
+    }
+
+    #[test]
+    fn dependencies_must_name_steps_once() {
+        assert_eq!(
+            check(
+                "name: w\nversion: 1\nsteps:\n  - name: a\n    agent: http\n  - name: b\n    agent: http\n    depends_on: [a, nope, a, 3]\n"
+            ),
+            [
+                "wf.yaml:8:21: step `b`: depends on unknown step `nope`",
+                "wf.yaml:8:27: step `b`: `depends_on` lists `a` twice",
+                "wf.yaml:8:30: step `b`: `depends_on` entries must be step names, found an integer",
+            ]
+        );
+    }
+
+    #[test]
+    fn cycles_name_their_steps() {
+        // `a` waits for `c`; `b` and `c` follow the step before them.
+        assert_eq!(
+            check(
+                "name: w\nversion: 1\nsteps:\n  - name: a\n    agent: http\n    depends_on: [c]\n  - name: b\n    agent: http\n  - name: c\n    agent: http\n"
+            ),
+            ["wf.yaml:6:18: dependency cycle: `a` depends on `c`, which depends on `b`, which depends on `a`"]
+        );
+        assert_eq!(
+            check("name: w\nversion: 1\nsteps:\n  - name: a\n    agent: http\n    depends_on: [a]\n"),
+            ["wf.yaml:6:18: dependency cycle: `a` depends on `a`"]
+        );
+    }
+
+    #[test]
+    fn templates_may_only_reach_upstream_steps() {
+        let text = "name: w\nversion: 1\nsteps:\n\
+            \x20 - name: a\n    agent: http\n    with: { x: \"{{ steps.b.output.y }}\" }\n\
+            \x20 - name: b\n    agent: http\n    depends_on: []\n\
+            \x20 - name: c\n    agent: http\n    depends_on: [a, b]\n\
+            \x20   with: { a: \"{{ steps.a.output }}\", b: \"{{ steps.b.output.id }}\", z: \"{{ steps.zz.output }}\" }\n\
+            \x20   compensate: { agent: http, with: { own: \"{{ steps.c.output.id }}\", up: \"{{ steps.a.output }}\" } }\n\
+            \x20 - name: d\n    agent: http\n    with: [\"{{ steps.a.output }}\", \"{{ steps.d.output }}\"]\n    compensate: { agent: http, with: \"{{ steps.e.output }}\" }\n\
+            \x20 - name: e\n    agent: http\n";
+        assert_eq!(
+            check(text),
+            [
+                "wf.yaml:6:16: step `a`: template `{{ steps.b.output.y }}` refers to step `b`, which is not upstream (add it to `depends_on`)",
+                "wf.yaml:13:73: step `c`: template `{{ steps.zz.output }}` refers to unknown step `zz`",
+                "wf.yaml:17:36: step `d`: template `{{ steps.d.output }}` refers to step `d`, which is not upstream (add it to `depends_on`)",
+                "wf.yaml:18:38: step `d`: compensation template `{{ steps.e.output }}` refers to step `e`, which is not upstream (add it to `depends_on`)",
+            ]
+        );
+    }
+
+    #[test]
+    fn templates_may_only_use_known_roots() {
+        assert_eq!(
+            check(
+                "name: w\nversion: 1\nsteps:\n  - name: a\n    agent: http\n    with:\n      x: [1, \"id {{ env.HOME }}\"]\n      y: \"{{ input.a\"\n      z: \"{{ }}\"\n"
+            ),
+            [
+                "wf.yaml:7:14: step `a`: template: `{{ env.HOME }}` is not a reference: templates may refer only to input.*, steps.<name>.output*, task.id, task.workflow and attempt",
+                "wf.yaml:8:10: step `a`: template: unterminated `{{` in \"{{ input.a\"",
+                "wf.yaml:9:10: step `a`: template: empty template expression `{{ }}`",
+            ]
+        );
+    }
+
+    #[test]
+    fn invalid_retry_policies_point_at_the_field_at_fault() {
+        let step = |retry: &str| check(&format!("name: w\nversion: 1\nsteps:\n  - name: a\n    agent: http\n    retry: {retry}\n"));
+        assert_eq!(step("{ attempts: 0 }"), ["wf.yaml:6:24: step `a`: invalid retry policy: attempts must be between 1 and 1000, got 0"]);
+        assert_eq!(
+            step("{ backoff: 5s, max_backoff: 1s }"),
+            ["wf.yaml:6:40: step `a`: invalid retry policy: max backoff (1s) is shorter than the initial backoff (5s)"]
+        );
+        assert_eq!(
+            step("{ backoff: 20s }"),
+            ["wf.yaml:6:23: step `a`: invalid retry policy: max backoff (10s) is shorter than the initial backoff (20s)"],
+            "with the default cap, the given backoff is at fault"
+        );
+        assert_eq!(
+            step("{ multiplier: 0.5 }"),
+            ["wf.yaml:6:26: step `a`: invalid retry policy: backoff multiplier must be a number >= 1, got 0.5"]
+        );
+        assert_eq!(step("{ jitter: 2 }"), ["wf.yaml:6:22: step `a`: invalid retry policy: jitter must be between 0 and 1, got 2"]);
+        assert_eq!(
+            step("{ backoff: 1500us }"),
+            ["wf.yaml:6:23: step `a`: `retry.backoff` must be a whole number of milliseconds, got 1ms 500us"]
+        );
+        assert_eq!(step("[3]"), ["wf.yaml:6:12: step `a`: expected a mapping in `retry`, found a list"]);
+    }
+
+    #[test]
+    fn workflow_level_rules() {
+        assert_eq!(
+            check("name: w\nversion: 0\nmax_failures: 0\ndeadline: 0ms\nsteps: []\n"),
+            [
+                "wf.yaml:2:10: `version` must be at least 1",
+                "wf.yaml:3:15: `max_failures` must be at least 1",
+                "wf.yaml:4:11: `deadline` must be longer than 0",
+                "wf.yaml:5:8: `steps` must list at least one step",
+            ]
+        );
+        assert_eq!(
+            check("name: \"bad name\"\nversion: 4294967296\nsteps:\n  - name: a\n    agent: http\n"),
+            [
+                "wf.yaml:1:7: invalid workflow name \"bad name\": may only contain ASCII letters, digits, '-', '_', '.' and ':'",
+                "wf.yaml:2:10: `version` must be between 0 and 4294967295, found 4294967296",
+            ]
+        );
+        let big = format!("# {}\n{MINIMAL}", "x".repeat(DEFINITION_BYTES_MAX));
+        assert_eq!(check(&big), [format!("wf.yaml:1:1: a definition may be at most 1048576 bytes, this one is {}", big.len())]);
+    }
+
+    #[test]
+    fn every_problem_is_reported_in_one_pass_in_source_order() {
+        let text = "name: w\nversion: 0\nsteps:\n\
+            \x20 - name: a\n    agent: htp\n    timeout: 5 parsecs\n    colour: red\n\
+            \x20 - name: b\n    agent: http\n    depends_on: [a, ghost]\n    with: { x: \"{{ steps.c.output }}\" }\n\
+            \x20 - name: c\n    agent: http\n    depends_on: [c]\n";
+        assert_eq!(
+            check(text),
+            [
+                "wf.yaml:2:10: `version` must be at least 1",
+                "wf.yaml:5:12: step `a`: unknown agent `htp` (known agents: delay, exec, http, ledger)",
+                "wf.yaml:6:14: step `a`: invalid duration \"5 parsecs\" for `timeout`: unknown time unit \"parsecs\", supported units: ns, us/µs, ms, sec, min, hours, days, weeks, months, years (and few variations)",
+                "wf.yaml:7:5: step `a`: unknown field `colour` (expected one of: name, agent, with, timeout, retry, compensate, depends_on)",
+                "wf.yaml:10:21: step `b`: depends on unknown step `ghost`",
+                "wf.yaml:11:16: step `b`: template `{{ steps.c.output }}` refers to step `c`, which is not upstream (add it to `depends_on`)",
+                "wf.yaml:14:18: dependency cycle: `c` depends on `c`",
+            ]
+        );
+    }
+
+    #[test]
+    fn json_is_read_as_json() {
+        let json = r#"{
+  "name": "w", "version": 1,
+  "steps": [{ "name": "a", "agent": "http", "with": { "x": "{{ input.x }}" } }]
+}"#;
+        assert_eq!(parse("wf.json", json, &AgentCatalog::builtin()).unwrap(), valid(MINIMAL_WITH_X));
+        assert_eq!(parse("<stdin>", json, &AgentCatalog::builtin()).unwrap(), valid(MINIMAL_WITH_X), "sniffed by its `{{`");
+        // Tabs, which YAML forbids for indentation, are fine in JSON.
+        let tabbed = json.replace("  ", "\t");
+        assert!(parse("wf.json", &tabbed, &AgentCatalog::builtin()).is_ok());
+        // YAML would accept the trailing comma; JSON does not.
+        assert_eq!(check_as("wf.json", "{\"steps\": [1,]}"), ["wf.json:1:14: invalid JSON: trailing comma"]);
+        assert_eq!(check_as("<stdin>", "{\"name\": \"w\",\n\"version\": [}"), ["<stdin>:2:13: invalid JSON: expected value"]);
+        // Semantic problems in JSON are positioned too.
+        assert_eq!(
+            check_as("wf.json", "{\"name\": \"w\", \"version\": 1,\n \"steps\": [{\"name\": \"a\", \"agent\": \"nope\"}]}"),
+            ["wf.json:2:35: step `a`: unknown agent `nope` (known agents: delay, exec, http, ledger)"]
+        );
+        // A YAML flow mapping in a file without an extension is still YAML.
+        assert!(parse("wf", "{name: w, version: 1, steps: [{name: a, agent: http}]}", &AgentCatalog::builtin()).is_ok());
+    }
+
+    const MINIMAL_WITH_X: &str = "name: w\nversion: 1\nsteps:\n  - name: a\n    agent: http\n    with: { x: \"{{ input.x }}\" }\n";
+}
