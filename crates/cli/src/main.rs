@@ -81,7 +81,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let store = StoreArgs { url: cli.store_url, durability: cli.durability };
     let result = match cli.command {
-        Command::Bench(args) => return bench::run(args),
+        Command::Bench(args) => return bench::run(args, &store),
         Command::Queue(command) => run_async(queue::run(store, command)),
         Command::Dlq(command) => run_async(dlq::run(store, command)),
     };

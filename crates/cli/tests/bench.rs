@@ -1,0 +1,97 @@
+//! `rota bench`, run as the real binary the way the peer harness runs it:
+//! parameters in `PEERS_*` variables, the record in `$PEERS_OUT`, the exit
+//! code as the contract says (0 ok, 3 not implemented, other failures).
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+/// Runs `rota bench ARGS` with a small workload in `workdir`.
+fn bench(workdir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rota"))
+        .arg("bench")
+        .args(args)
+        .env_remove("ROTA_STORE")
+        .env_remove("ROTA_DURABILITY")
+        .env("PEERS_N", "300")
+        .env("PEERS_C", "4")
+        .env("PEERS_TRICKLE_N", "20")
+        .env("PEERS_TRICKLE_RATE", "200")
+        .env("PEERS_WORKDIR", workdir)
+        .env("PEERS_OUT", workdir.join("out.json"))
+        .env("PEERS_PEER", "rota-test")
+        .output()
+        .expect("run rota")
+}
+
+fn record(workdir: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(workdir.join("out.json")).expect("PEERS_OUT written")).expect("a JSON record")
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn workload_q_writes_the_record_the_harness_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = bench(dir.path(), &["--store", "sqlite", "Q"]);
+    assert!(output.status.success(), "{:?}: {}", output.status, stderr(&output));
+
+    let record = record(dir.path());
+    for metric in ["enqueue_jobs_per_s", "drain_jobs_per_s", "pickup_p50_ms", "pickup_p99_ms"] {
+        let value = record["metrics"][metric].as_f64().unwrap_or_else(|| panic!("{metric} missing: {record}"));
+        assert!(value > 0.0, "{metric} = {value}");
+    }
+    assert!(record["metrics"]["pickup_p50_ms"].as_f64() <= record["metrics"]["pickup_p99_ms"].as_f64());
+    assert_eq!(record["extra"]["duplicate_executions"], 0, "{record}");
+    assert_eq!(record["extra"]["drain_invocations"], 300, "{record}");
+    assert_eq!(record["extra"]["consumer"]["completed"], 320, "every job of both phases completed: {record}");
+    assert!(record["extra"]["trickle_enqueue_ack_p99_ms"].as_f64().is_some(), "{record}");
+    assert_eq!(record["settings"]["N"], 300);
+    assert_eq!(record["settings"]["C"], 4);
+    let durability = &record["settings"]["durability"];
+    assert_eq!((durability["journal_mode"].as_str(), durability["synchronous"].as_str()), (Some("wal"), Some("full")), "{durability}");
+    assert_eq!(durability["meets_rule"], true);
+    assert_eq!(record["peer"], "rota-test");
+    assert_eq!(record["workload"], "Q");
+    assert!(dir.path().join("rota-bench.db").exists(), "the store is a file in PEERS_WORKDIR");
+
+    // The figures also go to stdout, one per line, then the record.
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.lines().next().is_some_and(|line| line.starts_with("enqueue_jobs_per_s ")), "{stdout}");
+}
+
+#[test]
+fn normal_durability_is_recorded_as_not_meeting_the_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = bench(dir.path(), &["--store", "sqlite", "--durability", "normal", "Q"]);
+    assert!(output.status.success(), "{:?}: {}", output.status, stderr(&output));
+    let durability = &record(dir.path())["settings"]["durability"];
+    assert_eq!(durability["synchronous"], "normal", "{durability}");
+    assert_eq!(durability["meets_rule"], false);
+}
+
+#[test]
+fn exit_codes_follow_the_harness_contract() {
+    let dir = tempfile::tempdir().unwrap();
+
+    let output = bench(dir.path(), &["--store", "sqlite", "W"]);
+    assert_eq!(output.status.code(), Some(3), "W is not implemented yet: {}", stderr(&output));
+
+    let output = bench(dir.path(), &["--store", "sqlite", "X"]);
+    assert_eq!(output.status.code(), Some(2), "an unknown workload is a usage error: {}", stderr(&output));
+
+    let output = bench(dir.path(), &["--store", "postgres", "Q"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr(&output).contains("PostgreSQL store is not built yet"), "{}", stderr(&output));
+
+    let existing = dir.path().join("old.db");
+    std::fs::write(&existing, b"").unwrap();
+    let url = format!("sqlite://{}", existing.display());
+    let output = bench(dir.path(), &["--store", &url, "Q"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr(&output).contains("already exists"), "a run needs an empty store: {}", stderr(&output));
+    assert!(!dir.path().join("out.json").exists(), "no record for a failed run");
+}
