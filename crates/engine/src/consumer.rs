@@ -93,6 +93,11 @@ pub enum Outcome {
         /// Why, shown to operators in the dead-letter queue.
         reason: String,
     },
+    /// The handler settled the message itself, in the same transaction as
+    /// its own writes (`Tasks::commit` with the message in `complete`), so
+    /// that its effect and the message's consumption are atomic. Nothing is
+    /// left to do.
+    Settled,
 }
 
 /// The code that handles one message.
@@ -690,11 +695,17 @@ async fn run_slot(ctx: Arc<SlotContext>, leased: Leased) {
     let started = Instant::now();
     let outcome = handle_renewing(&ctx, &leased).await;
     ctx.pace.record(started.elapsed());
-    guard.pending = Some(match outcome {
-        Outcome::Complete => Settlement::Complete(token),
-        Outcome::Abandon { delay, reason } => Settlement::Abandon { token, delay, reason },
-        Outcome::DeadLetter { reason } => Settlement::DeadLetter { token, reason },
-    });
+    guard.pending = match outcome {
+        Outcome::Complete => Some(Settlement::Complete(token)),
+        Outcome::Abandon { delay, reason } => Some(Settlement::Abandon { token, delay, reason }),
+        Outcome::DeadLetter { reason } => Some(Settlement::DeadLetter { token, reason }),
+        Outcome::Settled => None,
+    };
+    if guard.pending.is_none() {
+        ctx.counters.completed.fetch_add(1, Ordering::Relaxed);
+        guard.armed = false;
+        return;
+    }
     // Reserving first keeps the settlement in the guard until it can be sent
     // without waiting, so cancelling this slot here cannot lose it. While the
     // channel is full the slot stays busy: that is the back-pressure that

@@ -1,10 +1,16 @@
 //! rota's running components: the things that loop, wait and spawn.
 //!
-//! Today that is the queue [`Consumer`]: the competing-consumer runtime that
-//! leases messages from a durable queue, runs a [`Handler`] on each with
-//! bounded concurrency, renews leases of slow handlers and settles every
-//! message (complete, abandon, dead-letter) with batched completions. The
-//! Scheduler and the Supervisor of the pattern will live here too.
+//! The pattern's three roles live here: the [`Scheduler`] (claims tasks,
+//! sends step requests, consumes replies, advances each task's workflow;
+//! its decisions are the pure functions of [`plan`]), the agents at work
+//! ([`AgentWorker`], one competing consumer per agent queue) and the
+//! [`Supervisor`] (recovers expired deadlines, elected by a leader lease).
+//! [`Client`] submits, cancels and resubmits tasks; [`Engine`] wires any
+//! subset of the roles into one process. All of them stand on the queue
+//! [`Consumer`]: the competing-consumer runtime that leases messages from a
+//! durable queue, runs a [`Handler`] on each with bounded concurrency,
+//! renews leases of slow handlers and settles every message with batched
+//! completions. The messages between roles are in [`protocol`].
 //!
 //! This is the only crate that spawns futures. Every component follows one
 //! shape: a validated `Config`, and `run(self, …, shutdown)` that returns once
@@ -16,8 +22,25 @@
 //! and their retries (the agent crate), and reading flags or environment
 //! variables (only the `rota` binary does that).
 
+pub mod agent_worker;
+pub mod client;
+pub mod completions;
 pub mod consumer;
+pub mod engine;
+pub mod plan;
+pub mod protocol;
+pub mod scheduler;
 mod shutdown;
+pub mod supervisor;
+pub mod workflows;
+
+pub use agent_worker::AgentWorker;
+pub use client::{Client, Submission, Submitted};
+pub use completions::Completions;
+pub use engine::{Engine, Roles};
+pub use scheduler::Scheduler;
+pub use supervisor::Supervisor;
+pub use workflows::Workflows;
 
 /// The attribute that implements [`Handler`]'s async method, re-exported so
 /// that implementors need no dependency of their own.
@@ -37,4 +60,11 @@ pub enum Error {
     /// The store failed in a way the component cannot retry.
     #[error(transparent)]
     Store(#[from] rota_store::Error),
+    /// A workflow definition could not be used.
+    #[error("workflow: {0}")]
+    Workflow(String),
+    /// An operator's request does not apply to the task as it is (cancel a
+    /// finished task, resubmit one that did not fail…).
+    #[error("refused: {0}")]
+    Refused(String),
 }

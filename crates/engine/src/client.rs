@@ -1,0 +1,188 @@
+//! What applications and operators do to tasks (R6, R7): submit, cancel,
+//! resubmit, look up, and wait. Each is one fenced commit with its history
+//! events, plus a doorbell when a Scheduler has work to claim.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rota_model::{Clock, Step, StepName, StepState, Task, TaskId, TaskState, WorkflowName};
+use rota_store::{Changes, Created, Event, EventKind, NewTask, Outgoing, SharedStore, StepWrite, TaskRecord, TaskWrite};
+use serde_json::{Value, json};
+
+use crate::completions::Completions;
+use crate::protocol::{self, Doorbell};
+use crate::workflows::Workflows;
+use crate::{Error, Result};
+
+/// A request to run a workflow.
+#[derive(Debug, Clone)]
+pub struct Submission {
+    /// The workflow.
+    pub workflow: WorkflowName,
+    /// Its version; the latest registered when `None`.
+    pub version: Option<u32>,
+    /// The task's input.
+    pub input: Value,
+    /// The task id (the submission's idempotency key); a fresh one when `None`.
+    pub id: Option<TaskId>,
+    /// Where the submitter wants status events (kept with the task).
+    pub reply_to: Option<String>,
+}
+
+impl Submission {
+    /// A submission of the latest `workflow` with `input`.
+    pub fn new(workflow: WorkflowName, input: Value) -> Self {
+        Submission { workflow, version: None, input, id: None, reply_to: None }
+    }
+
+    /// With a client-chosen id.
+    pub fn with_id(mut self, id: TaskId) -> Self {
+        self.id = Some(id);
+        self
+    }
+}
+
+/// The outcome of a submission.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Submitted {
+    /// The task's id.
+    pub id: TaskId,
+    /// False when a task with that id already existed (nothing was created).
+    pub created: bool,
+    /// The workflow version the task runs.
+    pub version: u32,
+}
+
+/// The operations on tasks. Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    store: SharedStore,
+    clock: Arc<dyn Clock>,
+    workflows: Workflows,
+    completions: Option<Completions>,
+}
+
+impl Client {
+    /// A client of `store`. With `completions` (an engine in this process),
+    /// [`Client::wait`] is notified; without, it polls the store.
+    pub fn new(store: SharedStore, clock: Arc<dyn Clock>, workflows: Workflows, completions: Option<Completions>) -> Self {
+        Client { store, clock, workflows, completions }
+    }
+
+    /// The store behind this client.
+    pub fn store(&self) -> &SharedStore {
+        &self.store
+    }
+
+    /// Creates a task with its steps, its `received` event and the doorbell
+    /// that wakes a Scheduler, in one transaction. Submitting an id that
+    /// exists creates nothing and says so.
+    pub async fn submit(&self, submission: Submission) -> Result<Submitted> {
+        let workflow = self.workflows.get(&submission.workflow, submission.version).await?;
+        let now = self.clock.now();
+        let id = match submission.id {
+            Some(id) => id,
+            None => TaskId::new(uuid::Uuid::now_v7().to_string()).expect("a UUID is a valid task id"),
+        };
+        let mut task = Task::new(id.clone(), workflow.name().clone(), workflow.version(), submission.input, now);
+        task.reply_to = submission.reply_to;
+        let steps: Vec<Step> =
+            workflow.steps().iter().enumerate().map(|(i, def)| Step::new(id.clone(), def.name().clone(), i as u32, now)).collect();
+        let received = Event::task(&id, now, EventKind::Received, json!({ "workflow": workflow.name(), "version": workflow.version() }));
+        let new = NewTask { task, steps, messages: vec![doorbell(&id)], events: vec![received] };
+        let created = match self.store.create_task(new).await? {
+            Created::New => true,
+            Created::Existing(_) => false,
+        };
+        Ok(Submitted { id, created, version: workflow.version() })
+    }
+
+    /// A task and its steps.
+    pub async fn status(&self, id: &TaskId) -> Result<Option<TaskRecord>> {
+        Ok(self.store.task(id).await?)
+    }
+
+    /// Cancels a task that has not finished. If some completed step has a
+    /// compensation, the task is compensated; otherwise it is Cancelled.
+    /// Returns the state it moved to.
+    pub async fn cancel(&self, id: &TaskId) -> Result<TaskState> {
+        let record = self.required(id).await?;
+        let workflow = self.workflows.get(&record.task.workflow, Some(record.task.workflow_version)).await?;
+        let compensate = record.steps.iter().any(|s| {
+            matches!(s.state, StepState::Completed | StepState::Running) && workflow.step(&s.name).is_some_and(|d| d.compensate().is_some())
+        });
+        let now = self.clock.now();
+        let next = record.task.cancel(compensate, now).map_err(|e| Error::Refused(format!("task {id}: {e}")))?;
+        let state = next.state;
+        let mut changes = Changes::default();
+        changes.events.push(Event::task(id, now, EventKind::Cancelled, json!({ "compensate": compensate })));
+        if compensate {
+            changes.events.push(Event::task(id, now, EventKind::CompensationStarted, json!({ "reason": "cancelled by an operator" })));
+            changes.send.push(doorbell(id));
+        }
+        changes.tasks.push(TaskWrite::replacing(&record.task, next));
+        self.store.commit(changes).await?;
+        if state.is_terminal()
+            && let Some(completions) = &self.completions
+        {
+            completions.publish(id.clone(), state);
+        }
+        Ok(state)
+    }
+
+    /// Resubmits a task that ended in Error: its failed steps (or only
+    /// `step`) run again; completed steps are kept.
+    pub async fn resubmit(&self, id: &TaskId, step: Option<&StepName>) -> Result<()> {
+        let record = self.required(id).await?;
+        let now = self.clock.now();
+        let next = record.task.resubmit(now).map_err(|e| Error::Refused(format!("task {id}: {e}")))?;
+        let mut changes = Changes::default();
+        if let Some(name) = step {
+            let found =
+                record.steps.iter().find(|s| &s.name == name).ok_or_else(|| Error::Refused(format!("task {id} has no step {name}")))?;
+            let again = found.resubmit(now).map_err(|e| Error::Refused(format!("step {name} of task {id}: {e}")))?;
+            changes.steps.push(StepWrite::replacing(found, again));
+        } else {
+            for failed in record.steps.iter().filter(|s| s.state == StepState::Failed) {
+                let again = failed.resubmit(now).map_err(|e| Error::Refused(format!("step {} of task {id}: {e}", failed.name)))?;
+                changes.steps.push(StepWrite::replacing(failed, again));
+            }
+        }
+        let detail = json!({ "step": step.map(|s| s.as_str()) });
+        changes.events.push(Event::task(id, now, EventKind::Resubmitted, detail));
+        changes.tasks.push(TaskWrite::replacing(&record.task, next));
+        changes.send.push(doorbell(id));
+        self.store.commit(changes).await?;
+        Ok(())
+    }
+
+    /// Waits up to `timeout` for the task to reach a terminal state; returns
+    /// it (or the current state on timeout).
+    pub async fn wait(&self, id: &TaskId, timeout: Duration) -> Result<TaskState> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut listener = self.completions.as_ref().map(Completions::subscribe);
+        loop {
+            let record = self.required(id).await?;
+            if record.task.state.is_terminal() || tokio::time::Instant::now() >= deadline {
+                return Ok(record.task.state);
+            }
+            let slice = Duration::from_millis(200).min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+            match listener.as_mut() {
+                Some(listener) => {
+                    if let Some(state) = Completions::wait(listener, id, slice).await {
+                        return Ok(state);
+                    }
+                }
+                None => tokio::time::sleep(slice).await,
+            }
+        }
+    }
+
+    async fn required(&self, id: &TaskId) -> Result<TaskRecord> {
+        self.store.task(id).await?.ok_or_else(|| Error::Store(rota_store::Error::NotFound(format!("task {id}"))))
+    }
+}
+
+fn doorbell(id: &TaskId) -> (rota_model::QueueName, Outgoing) {
+    (protocol::tasks_queue(), Outgoing::json(&Doorbell { task_id: id.clone() }).expect("doorbells serialize"))
+}

@@ -1,0 +1,159 @@
+//! The embedded engine: every role of the pattern in one process over one
+//! store (R8), or any subset of them (for processes that scale out).
+
+use std::sync::Arc;
+
+use rota_agent::Agent;
+use rota_model::{Clock, InstanceId};
+use rota_store::SharedStore;
+use rota_workflow::Workflow;
+use tokio::task::JoinSet;
+
+use crate::agent_worker::{self, AgentWorker};
+use crate::client::Client;
+use crate::completions::Completions;
+use crate::scheduler::{self, Scheduler};
+use crate::supervisor::{self, Supervisor};
+use crate::workflows::Workflows;
+use crate::{Error, Result, Shutdown};
+
+/// Which roles a process runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Roles {
+    /// Claim tasks and orchestrate their steps.
+    pub scheduler: bool,
+    /// Run the registered agents on their queues.
+    pub agents: bool,
+    /// Recover expired deadlines.
+    pub supervisor: bool,
+}
+
+impl Roles {
+    /// Every role (the embedded default, `rota serve`).
+    pub const ALL: Roles = Roles { scheduler: true, agents: true, supervisor: true };
+}
+
+/// The engine's settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// This process's instance id (`locked_by`, lease owner, leader).
+    pub instance: InstanceId,
+    /// The roles to run.
+    pub roles: Roles,
+    /// The Scheduler's settings.
+    pub scheduler: scheduler::Config,
+    /// The Supervisor's settings.
+    pub supervisor: supervisor::Config,
+    /// How many requests each agent runs at once.
+    pub agent_concurrency: usize,
+    /// The seed of every jitter in this process.
+    pub seed: u64,
+}
+
+impl Config {
+    /// Defaults for `instance`, every role.
+    pub fn new(instance: InstanceId) -> Self {
+        Config {
+            scheduler: scheduler::Config::new(instance.clone()),
+            supervisor: supervisor::Config::new(instance.clone()),
+            instance,
+            roles: Roles::ALL,
+            agent_concurrency: 16,
+            seed: 0,
+        }
+    }
+}
+
+/// The engine: the roles, the agents and the workflows of one process.
+pub struct Engine {
+    store: SharedStore,
+    clock: Arc<dyn Clock>,
+    config: Config,
+    agents: Vec<Arc<dyn Agent>>,
+    workflows: Workflows,
+    definitions: Vec<Workflow>,
+    completions: Completions,
+}
+
+impl Engine {
+    /// An engine over `store` with `config`, no agents and no workflows yet.
+    pub fn new(store: SharedStore, clock: Arc<dyn Clock>, config: Config) -> Self {
+        let workflows = Workflows::new(store.clone());
+        Engine { store, clock, config, agents: Vec::new(), workflows, definitions: Vec::new(), completions: Completions::default() }
+    }
+
+    /// Adds an agent (built-in or custom) this process runs.
+    pub fn agent(mut self, agent: Arc<dyn Agent>) -> Self {
+        self.agents.push(agent);
+        self
+    }
+
+    /// Adds a workflow definition, registered in the store when the engine starts.
+    pub fn workflow(mut self, workflow: Workflow) -> Self {
+        self.definitions.push(workflow);
+        self
+    }
+
+    /// A client that submits, cancels, resubmits and waits, notified by this engine.
+    pub fn client(&self) -> Client {
+        Client::new(self.store.clone(), self.clock.clone(), self.workflows.clone(), Some(self.completions.clone()))
+    }
+
+    /// The engine's completion notices (for waiting on many tasks at once).
+    pub fn completions(&self) -> Completions {
+        self.completions.clone()
+    }
+
+    /// Registers the workflows (so that clients can submit at once).
+    pub async fn register_workflows(&self) -> Result<()> {
+        for workflow in &self.definitions {
+            self.workflows.register(workflow).await?;
+        }
+        Ok(())
+    }
+
+    /// Runs the roles until `shutdown`, then returns once each has let go of
+    /// what it held.
+    pub async fn run(self, shutdown: Shutdown) -> Result<()> {
+        self.register_workflows().await?;
+        let mut roles: JoinSet<Result<()>> = JoinSet::new();
+        let config = &self.config;
+        if config.roles.scheduler {
+            let mut scheduler_config = config.scheduler.clone();
+            scheduler_config.seed ^= config.seed;
+            let scheduler =
+                Scheduler::new(self.store.clone(), self.clock.clone(), self.workflows.clone(), self.completions.clone(), scheduler_config)?;
+            roles.spawn(scheduler.run(shutdown.clone()));
+        }
+        if config.roles.supervisor {
+            let mut supervisor_config = config.supervisor.clone();
+            supervisor_config.seed ^= config.seed;
+            let supervisor = Supervisor::new(
+                self.store.clone(),
+                self.clock.clone(),
+                self.workflows.clone(),
+                self.completions.clone(),
+                supervisor_config,
+            )?;
+            roles.spawn(supervisor.run(shutdown.clone()));
+        }
+        if config.roles.agents {
+            for agent in &self.agents {
+                let worker_config =
+                    agent_worker::Config { instance: config.instance.clone(), max_concurrent: config.agent_concurrency, seed: config.seed };
+                let worker = AgentWorker::new(self.store.clone(), self.clock.clone(), agent.clone(), worker_config);
+                roles.spawn(worker.run(shutdown.clone()));
+            }
+        }
+        let mut first_error = None;
+        while let Some(joined) = roles.join_next().await {
+            let result = joined.map_err(|e| Error::Config(format!("a role panicked: {e}"))).and_then(|r| r);
+            if let Err(err) = result {
+                tracing::error!("role stopped: {err}");
+                shutdown.trigger();
+                first_error.get_or_insert(err);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}

@@ -1,0 +1,457 @@
+//! The Scheduler's decisions, as pure functions: from a task's record, its
+//! workflow and one input (a claim, a reply, a retry, a timeout), the
+//! changes to commit. No IO and no clock: `now` and the RNG come in, a
+//! [`Decision`] goes out, and the Scheduler commits it as one fenced
+//! transaction. The simulation tests drive exactly these functions.
+//!
+//! Rules, in the pattern's words:
+//! * Every change is recorded before it is acted on: a step's request is sent
+//!   in the same commit that records the step as running.
+//! * A reply for any attempt but the current one changes nothing.
+//! * A permanent error ends the task in Error with an alert, or starts the
+//!   compensation, per the workflow's `on_exhausted`.
+//! * A transient failure (retries used up inside the deadline, or a
+//!   timeout reported by the Supervisor) counts against the task's
+//!   `failure_count`; below `max_failures` the step is retried after a
+//!   backoff, at the threshold the task ends as for a permanent error.
+//! * Compensation undoes completed steps one at a time, in reverse order of
+//!   completion, and waits for steps still in flight to settle first (a step
+//!   whose reply arrives late may have had its effect).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rand::Rng;
+use rota_agent::Request;
+use rota_model::{InstanceId, QueueName, RetryPolicy, Step, StepName, StepState, Task, TaskState, Timestamp};
+use rota_store::{Changes, Event, EventKind, Outgoing, StepWrite, TaskRecord, TaskWrite};
+use rota_workflow::{TemplateContext, Workflow};
+use serde_json::{Value, json};
+
+use crate::protocol::{self, Doorbell, InboxMessage, Reply, ReplyOutcome, StepRequest};
+
+/// What the Scheduler knows when it decides.
+pub struct Context<'a> {
+    /// The task's workflow, at the version the task started with.
+    pub workflow: &'a Workflow,
+    /// This Scheduler instance.
+    pub me: &'a InstanceId,
+    /// Its inbox, where replies come back.
+    pub inbox: &'a QueueName,
+    /// The time of the decision.
+    pub now: Timestamp,
+    /// The backoff between recoveries of a step (Supervisor-level retries).
+    pub recovery: &'a RetryPolicy,
+}
+
+/// What happened that needs a decision.
+#[derive(Debug, Clone, Copy)]
+pub enum Input<'a> {
+    /// The task was just claimed (new, taken over, or to compensate).
+    Claimed,
+    /// An agent replied.
+    Reply(&'a Reply),
+    /// A step's backoff has passed.
+    Retry(&'a StepName),
+    /// The Supervisor reports an attempt that timed out.
+    StepExpired(&'a StepName, u32),
+}
+
+/// The outcome of a decision.
+#[derive(Debug)]
+pub enum Decision {
+    /// Commit these changes (they include the fenced task write).
+    Commit(Box<Changes>),
+    /// Nothing to do; the message that caused it is settled as is.
+    Ignore(String),
+}
+
+/// Decides what `input` means for the task in `record`. `completed_in_order`
+/// lists the task's steps in the order they completed (from its history);
+/// compensation runs in reverse of it.
+pub fn decide(record: &TaskRecord, completed_in_order: &[StepName], input: Input<'_>, cx: &Context<'_>, rng: &mut impl Rng) -> Decision {
+    let task = &record.task;
+    if task.locked_by.as_ref() != Some(cx.me) {
+        return Decision::Ignore(format!("task {} is not leased by {}", task.id, cx.me));
+    }
+    let Some(fence) = task.fence() else { return Decision::Ignore("task has no lease".into()) };
+    let mut draft = Draft::new(record, completed_in_order, cx);
+
+    let applied = match input {
+        Input::Claimed => draft.on_claimed(fence),
+        Input::Reply(reply) => draft.on_reply(reply, rng),
+        Input::Retry(_) => Ok(()),
+        Input::StepExpired(step, attempt) => draft.on_step_expired(step, attempt, rng),
+    };
+    if let Err(reason) = applied {
+        return Decision::Ignore(reason);
+    }
+    if draft.task.locked_by.as_ref() == Some(cx.me) {
+        draft.advance(fence, rng);
+    }
+    draft.finish()
+}
+
+/// A decision being built: the records as they will be, plus what to send.
+struct Draft<'a> {
+    cx: &'a Context<'a>,
+    task_before: &'a Task,
+    task: Task,
+    steps_before: BTreeMap<StepName, &'a Step>,
+    steps: BTreeMap<StepName, Step>,
+    completed_in_order: Vec<StepName>,
+    changes: Changes,
+}
+
+impl<'a> Draft<'a> {
+    fn new(record: &'a TaskRecord, completed_in_order: &[StepName], cx: &'a Context<'a>) -> Self {
+        Draft {
+            cx,
+            task_before: &record.task,
+            task: record.task.clone(),
+            steps_before: record.steps.iter().map(|s| (s.name.clone(), s)).collect(),
+            steps: record.steps.iter().map(|s| (s.name.clone(), s.clone())).collect(),
+            completed_in_order: completed_in_order.to_vec(),
+            changes: Changes::default(),
+        }
+    }
+
+    fn event(&mut self, kind: EventKind, detail: Value) {
+        self.changes.events.push(Event::task(&self.task.id, self.cx.now, kind, detail));
+    }
+
+    fn step_event(&mut self, step: &StepName, kind: EventKind, detail: Value) {
+        let step = &self.steps[step];
+        self.changes.events.push(Event::step(step, self.cx.now, kind, detail));
+    }
+
+    /// A fresh claim: set the task's complete-by from the workflow's deadline,
+    /// and re-send whatever the previous holder had in flight (new attempts,
+    /// since its replies went to the previous holder's inbox).
+    fn on_claimed(&mut self, fence: rota_model::TaskFence) -> Result<(), String> {
+        self.task = self.task.renew(fence, self.cx.now, self.cx.workflow.deadline()).map_err(|e| e.to_string())?;
+        // While compensating, a step still running is not re-run: it is left
+        // to settle (a late success gets compensated, a timeout does not).
+        let reissue = |s: &Step| match self.task.state {
+            TaskState::Processing => s.state == StepState::Running,
+            _ => s.state == StepState::Compensating,
+        };
+        let in_flight: Vec<StepName> = self.steps.values().filter(|s| reissue(s)).map(|s| s.name.clone()).collect();
+        for name in in_flight {
+            let compensate = self.steps[&name].state == StepState::Compensating;
+            let Some(def) = self.cx.workflow.step(&name) else { continue };
+            let timeout = if compensate { def.compensate().map_or(def.timeout(), |c| c.timeout()) } else { def.timeout() };
+            let reissued = self.steps[&name].reissue(self.cx.now, timeout).map_err(|e| e.to_string())?;
+            let input = reissued.input.clone().unwrap_or(Value::Null);
+            self.steps.insert(name.clone(), reissued);
+            self.send_request(&name, compensate, input);
+            self.step_event(&name, EventKind::StepStarted, json!({ "reissued": true, "compensate": compensate }));
+        }
+        Ok(())
+    }
+
+    fn on_reply(&mut self, reply: &Reply, rng: &mut impl Rng) -> Result<(), String> {
+        let Some(step) = self.steps.get(&reply.step) else {
+            return Err(format!("task {} has no step {}", self.task.id, reply.step));
+        };
+        let now = self.cx.now;
+        match (&reply.outcome, reply.compensate) {
+            (ReplyOutcome::Succeeded { output }, false) => {
+                let done = step.complete(reply.attempt, output.clone(), now).map_err(|e| format!("reply ignored: {e}"))?;
+                self.steps.insert(reply.step.clone(), done);
+                self.completed_in_order.push(reply.step.clone());
+                self.step_event(&reply.step, EventKind::StepCompleted, json!({}));
+            }
+            (ReplyOutcome::Succeeded { .. }, true) => {
+                let done = step.compensated(reply.attempt, now).map_err(|e| format!("reply ignored: {e}"))?;
+                self.steps.insert(reply.step.clone(), done);
+                self.step_event(&reply.step, EventKind::StepCompensated, json!({}));
+            }
+            (ReplyOutcome::Failed { error, retryable }, compensate) => {
+                step.check_attempt(reply.attempt).map_err(|e| format!("reply ignored: {e}"))?;
+                if *retryable {
+                    self.transient_failure(&reply.step, compensate, format!("step {} failed: {error}", reply.step), rng)?;
+                } else {
+                    self.permanent_failure(&reply.step, compensate, error)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn on_step_expired(&mut self, name: &StepName, attempt: u32, rng: &mut impl Rng) -> Result<(), String> {
+        let Some(step) = self.steps.get(name) else { return Err(format!("task {} has no step {name}", self.task.id)) };
+        step.check_attempt(attempt).map_err(|e| format!("timeout report ignored: {e}"))?;
+        if step.complete_by.is_none_or(|at| at > self.cx.now) {
+            return Err(format!("step {name} attempt {attempt} is not past its complete-by"));
+        }
+        let compensate = step.state == StepState::Compensating;
+        let reason = format!("step {name} attempt {attempt} got no reply before its complete-by");
+        if self.task.state == TaskState::Compensating && !compensate {
+            // A step left running when compensation began timed out: it is
+            // settled as not done, and compensation goes on without it.
+            let expired = step.expire(self.cx.now, Duration::ZERO).map_err(|e| e.to_string())?;
+            self.steps.insert(name.clone(), expired);
+            self.step_event(name, EventKind::StepFailed, json!({ "error": reason, "retryable": false }));
+            return Ok(());
+        }
+        self.transient_failure(name, compensate, reason, rng)
+    }
+
+    /// Counts a failure against the task; retries the step after a backoff
+    /// below the threshold, ends the task at it.
+    fn transient_failure(&mut self, name: &StepName, compensate: bool, reason: String, rng: &mut impl Rng) -> Result<(), String> {
+        let wf = self.cx.workflow;
+        let counted =
+            self.task.count_failure(reason.clone(), wf.max_failures(), wf.on_exhausted(), self.cx.now).map_err(|e| e.to_string())?;
+        let below_threshold = counted.locked_by.is_some();
+        self.task = counted;
+        let step = &self.steps[name];
+        let backoff = self.cx.recovery.delay_after(self.task.failure_count.max(1), rng);
+        let attempt = step.attempt;
+        let retry_after = below_threshold.then_some(backoff);
+        let next = if step.complete_by.is_some_and(|at| at <= self.cx.now) {
+            // A timeout: the agent went silent, so expire the attempt.
+            let mut expired = step.expire(self.cx.now, backoff).map_err(|e| e.to_string())?;
+            if !below_threshold && !compensate {
+                expired.state = StepState::Failed;
+            }
+            expired
+        } else if compensate {
+            step.fail_compensation(attempt, reason.clone(), retry_after, self.cx.now).map_err(|e| e.to_string())?
+        } else {
+            step.fail(attempt, reason.clone(), retry_after, self.cx.now).map_err(|e| e.to_string())?
+        };
+        self.steps.insert(name.clone(), next);
+        self.step_event(
+            name,
+            EventKind::StepFailed,
+            json!({ "error": reason, "retryable": true, "retry_in_ms": retry_after.map(|d| d.as_millis() as u64) }),
+        );
+        if below_threshold {
+            self.send_retry(name, backoff);
+        } else {
+            self.task_ended_by_failures(&reason);
+        }
+        Ok(())
+    }
+
+    fn permanent_failure(&mut self, name: &StepName, compensate: bool, error: &str) -> Result<(), String> {
+        let step = &self.steps[name];
+        let attempt = step.attempt;
+        let failed = if compensate {
+            step.fail_compensation(attempt, error.to_owned(), None, self.cx.now)
+        } else {
+            step.fail(attempt, error.to_owned(), None, self.cx.now)
+        }
+        .map_err(|e| e.to_string())?;
+        self.steps.insert(name.clone(), failed);
+        self.step_event(name, EventKind::StepFailed, json!({ "error": error, "retryable": false }));
+        let fence = self.task.fence().ok_or("task lost its lease")?;
+        let (reason, policy) = if compensate {
+            (format!("compensation of step {name} failed permanently: {error}"), rota_model::ExhaustedPolicy::Error)
+        } else {
+            (format!("step {name} failed permanently: {error}"), self.cx.workflow.on_exhausted())
+        };
+        self.task = self.task.fail(fence, reason.clone(), policy, self.cx.now).map_err(|e| e.to_string())?;
+        self.after_unleased(&reason);
+        Ok(())
+    }
+
+    /// The failure threshold was reached.
+    fn task_ended_by_failures(&mut self, reason: &str) {
+        let reason = format!("{reason}; failure threshold {} reached", self.cx.workflow.max_failures());
+        self.after_unleased(&reason);
+    }
+
+    /// Events (and the doorbell for compensation) after the task lost its
+    /// lease by failing.
+    fn after_unleased(&mut self, reason: &str) {
+        match self.task.state {
+            TaskState::Error => {
+                self.event(EventKind::Error, json!({ "reason": reason }));
+                self.event(EventKind::Alert, json!({ "reason": reason }));
+            }
+            TaskState::Compensating => {
+                self.event(EventKind::CompensationStarted, json!({ "reason": reason }));
+                self.send_doorbell(Duration::ZERO);
+            }
+            _ => {}
+        }
+    }
+
+    /// Moves the task on: starts every ready step, or finishes it; while
+    /// compensating, undoes the next completed step, or finishes.
+    fn advance(&mut self, fence: rota_model::TaskFence, rng: &mut impl Rng) {
+        let _ = rng;
+        match self.task.state {
+            TaskState::Processing => self.advance_processing(fence),
+            TaskState::Compensating => self.advance_compensating(fence),
+            _ => {}
+        }
+    }
+
+    fn advance_processing(&mut self, fence: rota_model::TaskFence) {
+        let wf = self.cx.workflow;
+        let now = self.cx.now;
+        if self.steps.values().all(|s| s.state == StepState::Completed) {
+            let output: serde_json::Map<String, Value> =
+                self.steps.values().map(|s| (s.name.to_string(), s.output.clone().unwrap_or(Value::Null))).collect();
+            match self.task.finish_processed(fence, Value::Object(output), now) {
+                Ok(done) => {
+                    self.task = done;
+                    self.event(EventKind::Processed, json!({}));
+                }
+                Err(err) => tracing::error!("finishing task {}: {err}", self.task.id),
+            }
+            return;
+        }
+        let ready: Vec<StepName> = wf
+            .ready(
+                |name| self.steps.get(name).is_some_and(|s| s.state == StepState::Completed),
+                |name| self.steps.get(name).is_some_and(|s| s.state == StepState::NotStarted && s.not_before <= now),
+            )
+            .into_iter()
+            .map(|def| def.name().clone())
+            .collect();
+        let outputs = self.outputs();
+        for name in ready {
+            let def = wf.step(&name).expect("ready steps come from the workflow");
+            let attempt = self.steps[&name].attempt + 1;
+            let input = match rota_workflow::render(def.with(), &self.template_context(attempt, &outputs)) {
+                Ok(input) => input,
+                Err(err) => {
+                    let reason = format!("step {name}: {err}");
+                    self.step_event(&name, EventKind::StepFailed, json!({ "error": reason, "retryable": false }));
+                    if let Ok(failed) = self.task.fail(fence, reason.clone(), wf.on_exhausted(), now) {
+                        self.task = failed;
+                        self.after_unleased(&reason);
+                    }
+                    return;
+                }
+            };
+            match self.steps[&name].start(input.clone(), now, def.timeout()) {
+                Ok(started) => {
+                    self.steps.insert(name.clone(), started);
+                    self.send_request(&name, false, input);
+                    let attempt = self.steps[&name].attempt;
+                    self.step_event(&name, EventKind::StepStarted, json!({ "attempt": attempt }));
+                }
+                Err(err) => tracing::error!("starting step {name} of task {}: {err}", self.task.id),
+            }
+        }
+    }
+
+    fn advance_compensating(&mut self, fence: rota_model::TaskFence) {
+        let wf = self.cx.workflow;
+        let now = self.cx.now;
+        if self.steps.values().any(|s| matches!(s.state, StepState::Running | StepState::Compensating)) {
+            return; // Wait for in-flight steps and compensations to settle.
+        }
+        let next = self.completed_in_order.iter().rev().find(|name| {
+            let completed = self.steps.get(*name).is_some_and(|s| s.state == StepState::Completed);
+            completed && wf.step(name).is_some_and(|d| d.compensate().is_some())
+        });
+        let Some(name) = next.cloned() else {
+            match self.task.finish_compensated(fence, now) {
+                Ok(done) => {
+                    self.task = done;
+                    self.event(EventKind::Compensated, json!({}));
+                }
+                Err(err) => tracing::error!("finishing compensation of task {}: {err}", self.task.id),
+            }
+            return;
+        };
+        if self.steps[&name].not_before > now {
+            return; // Backing off; a Retry message is on its way.
+        }
+        let def = wf.step(&name).expect("compensated steps come from the workflow");
+        let compensation = def.compensate().expect("checked above");
+        let attempt = self.steps[&name].attempt + 1;
+        let outputs = self.outputs();
+        let input = match rota_workflow::render(compensation.with(), &self.template_context(attempt, &outputs)) {
+            Ok(input) => input,
+            Err(err) => {
+                let reason = format!("compensation of step {name}: {err}");
+                if let Ok(failed) = self.task.fail(fence, reason.clone(), rota_model::ExhaustedPolicy::Error, now) {
+                    self.task = failed;
+                    self.after_unleased(&reason);
+                }
+                return;
+            }
+        };
+        match self.steps[&name].begin_compensation(now, compensation.timeout()) {
+            Ok(mut started) => {
+                started.input = Some(input.clone());
+                self.steps.insert(name.clone(), started);
+                self.send_request(&name, true, input);
+                self.step_event(&name, EventKind::StepStarted, json!({ "compensate": true }));
+            }
+            Err(err) => tracing::error!("compensating step {name} of task {}: {err}", self.task.id),
+        }
+    }
+
+    fn outputs(&self) -> BTreeMap<StepName, Value> {
+        self.steps.values().filter_map(|s| s.output.as_ref().map(|o| (s.name.clone(), o.clone()))).collect()
+    }
+
+    fn template_context<'c>(&'c self, attempt: u32, outputs: &'c BTreeMap<StepName, Value>) -> TemplateContext<'c> {
+        TemplateContext { input: &self.task.input, outputs, task_id: &self.task.id, workflow: &self.task.workflow, attempt }
+    }
+
+    fn send_request(&mut self, name: &StepName, compensate: bool, input: Value) {
+        let def = self.cx.workflow.step(name).expect("requests are for workflow steps");
+        let step = &self.steps[name];
+        let (agent, retry) = match (compensate, def.compensate()) {
+            (true, Some(c)) => (c.agent().as_str(), c.retry().clone()),
+            _ => (def.agent().as_str(), def.retry().clone()),
+        };
+        let request = StepRequest {
+            call: Request {
+                task_id: self.task.id.clone(),
+                workflow: protocol::workflow_label(&self.task.workflow, self.task.workflow_version),
+                step: name.clone(),
+                attempt: step.attempt,
+                compensate,
+                input,
+                idempotency_key: Request::idempotency_key_for(&self.task.id, name, compensate),
+                complete_by: step.complete_by.unwrap_or(self.cx.now),
+            },
+            retry,
+            reply_to: self.cx.inbox.clone(),
+        };
+        let suffix = if compensate { "/compensate" } else { "" };
+        let mut message = Outgoing::json(&request).expect("requests serialize");
+        if let Some(id) = protocol::message_id(format_args!("req/{}/{name}{suffix}/{}", self.task.id, step.attempt)) {
+            message = message.with_id(id);
+        }
+        self.changes.send.push((protocol::agent_queue(agent), message));
+    }
+
+    fn send_retry(&mut self, name: &StepName, after: Duration) {
+        let message = InboxMessage::Retry { task_id: self.task.id.clone(), step: name.clone() };
+        let outgoing = Outgoing::json(&message).expect("inbox messages serialize").with_delay(after);
+        self.changes.send.push((self.cx.inbox.clone(), outgoing));
+    }
+
+    fn send_doorbell(&mut self, after: Duration) {
+        let outgoing = Outgoing::json(&Doorbell { task_id: self.task.id.clone() }).expect("doorbells serialize").with_delay(after);
+        self.changes.send.push((protocol::tasks_queue(), outgoing));
+    }
+
+    fn finish(mut self) -> Decision {
+        // The task write doubles as the fence of the whole commit: even when
+        // only a step changed, the commit fails if the task moved on.
+        if self.task == *self.task_before {
+            self.task.updated_at = self.cx.now;
+        }
+        self.changes.tasks.push(TaskWrite::replacing(self.task_before, self.task.clone()));
+        for (name, step) in &self.steps {
+            let before = self.steps_before[name];
+            if step != before {
+                self.changes.steps.push(StepWrite::replacing(before, step.clone()));
+            }
+        }
+        Decision::Commit(Box::new(self.changes))
+    }
+}

@@ -1,0 +1,282 @@
+//! The Scheduler (R1, R2): claims Pending tasks, sends each ready step's
+//! request to its agent's queue with its complete-by, consumes the replies
+//! from its inbox, and moves each task along its workflow.
+//!
+//! Every decision is [`plan::decide`], a pure function, committed as one
+//! fenced transaction together with the messages it sends and the inbox
+//! message it consumes. So a crash at any point leaves either the whole
+//! decision or none of it: after a restart the requests already sent are
+//! still in the agents' queues, replies still in the inbox, and a task whose
+//! holder is gone is reset by the Supervisor and taken over by another
+//! Scheduler, which re-sends only the steps that were in flight (completed
+//! steps never run again).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rota_model::{Clock, InstanceId, QueueName, RetryPolicy, StepName, TaskState};
+use rota_store::{Delivery, EventKind, Receive, SharedStore, TaskRecord};
+use tokio::task::JoinSet;
+
+use crate::completions::Completions;
+use crate::consumer::{self, Consumer, Handler, Outcome};
+use crate::plan::{self, Decision, Input};
+use crate::protocol::{self, InboxMessage};
+use crate::workflows::Workflows;
+use crate::{Error, Result, Shutdown};
+
+/// A Scheduler's settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// This instance: the `locked_by` of the tasks it claims.
+    pub instance: InstanceId,
+    /// The most tasks one claim takes.
+    pub claim_batch: u32,
+    /// The lease a claim takes before the workflow's deadline replaces it.
+    pub claim_lease: Duration,
+    /// How long the claim loop waits for a doorbell before claiming anyway
+    /// (the fallback that finds tasks whose doorbell was lost).
+    pub claim_wait: Duration,
+    /// How many inbox messages (replies) are handled at once.
+    pub inbox_concurrency: usize,
+    /// The backoff between recoveries of a failed or timed-out step.
+    pub recovery: RetryPolicy,
+    /// The seed of the backoff jitter.
+    pub seed: u64,
+}
+
+impl Config {
+    /// Defaults for `instance`.
+    pub fn new(instance: InstanceId) -> Self {
+        Config {
+            instance,
+            claim_batch: 64,
+            claim_lease: Duration::from_secs(60),
+            claim_wait: Duration::from_secs(1),
+            inbox_concurrency: 32,
+            recovery: default_recovery(),
+            seed: 0,
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.claim_batch == 0 || self.claim_batch > rota_store::RECEIVE_MAX {
+            return Err(Error::Config(format!("scheduler claim_batch must be 1..={}", rota_store::RECEIVE_MAX)));
+        }
+        if self.inbox_concurrency == 0 {
+            return Err(Error::Config("scheduler inbox_concurrency must be at least 1".into()));
+        }
+        if self.claim_wait.is_zero() {
+            return Err(Error::Config("scheduler claim_wait must be positive".into()));
+        }
+        Ok(())
+    }
+}
+
+/// The default backoff between recoveries: 500 ms doubling to 30 s.
+pub fn default_recovery() -> RetryPolicy {
+    RetryPolicy::new(1_000, Duration::from_millis(500), Duration::from_secs(30)).expect("a valid policy")
+}
+
+/// What handling one input did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Handled {
+    /// A decision was committed.
+    Committed,
+    /// Nothing to do (a fenced reply, a task held by someone else…).
+    Ignored(String),
+}
+
+/// The Scheduler. Cheap to clone (shared inside).
+#[derive(Clone)]
+pub struct Scheduler {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: SharedStore,
+    clock: Arc<dyn Clock>,
+    workflows: Workflows,
+    completions: Completions,
+    inbox: QueueName,
+    config: Config,
+    rng: Mutex<StdRng>,
+}
+
+impl Scheduler {
+    /// A Scheduler over `store`.
+    pub fn new(store: SharedStore, clock: Arc<dyn Clock>, workflows: Workflows, completions: Completions, config: Config) -> Result<Self> {
+        config.validate()?;
+        let inbox = protocol::inbox(&config.instance);
+        let rng = Mutex::new(StdRng::seed_from_u64(config.seed));
+        Ok(Scheduler { inner: Arc::new(Inner { store, clock, workflows, completions, inbox, config, rng }) })
+    }
+
+    /// This Scheduler's inbox.
+    pub fn inbox(&self) -> &QueueName {
+        &self.inner.inbox
+    }
+
+    /// Runs the claim loop and the inbox consumer until `shutdown`.
+    pub async fn run(self, shutdown: Shutdown) -> Result<()> {
+        let consumer_config = consumer::Config::builder(self.inner.inbox.clone(), self.inner.config.instance.clone())
+            .max_concurrent(self.inner.config.inbox_concurrency)
+            .build()?;
+        let inbox = Consumer::new(self.inner.store.clone(), consumer_config);
+        let handler: Arc<dyn Handler> = Arc::new(self.clone());
+        let inbox_shutdown = shutdown.clone();
+        let inbox_run = tokio::spawn(async move { inbox.run(handler, inbox_shutdown).await });
+        let claims = self.claim_loop(shutdown).await;
+        let inbox = inbox_run.await.map_err(|e| Error::Config(format!("inbox consumer panicked: {e}")))?;
+        claims?;
+        inbox.map(|_| ())
+    }
+
+    async fn claim_loop(&self, shutdown: Shutdown) -> Result<()> {
+        let doorbells = protocol::tasks_queue();
+        let me = self.inner.config.instance.clone();
+        while !shutdown.is_triggered() {
+            let request = Receive::up_to(rota_store::RECEIVE_MAX.min(256)).waiting(self.inner.config.claim_wait).by(me.clone());
+            let rung = tokio::select! {
+                rung = self.inner.store.receive(&doorbells, request) => rung,
+                () = shutdown.triggered() => break,
+            };
+            match rung {
+                Ok(rung) if !rung.is_empty() => {
+                    // Doorbells only wake; the claim below finds the work, and the
+                    // fallback claim finds it too if a doorbell is lost.
+                    let tokens: Vec<_> = rung.iter().map(|d| d.lease_token).collect();
+                    if let Err(err) = self.inner.store.complete_batch(&doorbells, &tokens).await {
+                        tracing::warn!("completing doorbells: {err}");
+                    }
+                }
+                Ok(_) => {}
+                Err(err) => {
+                    tracing::warn!("waiting for doorbells: {err}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+            loop {
+                match self.claim_once().await {
+                    Ok(claimed) if claimed == self.inner.config.claim_batch as usize => continue,
+                    Ok(_) => break,
+                    Err(err) => {
+                        tracing::warn!("claiming tasks: {err}");
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Claims up to a batch of claimable tasks and starts each. Returns how
+    /// many were claimed.
+    pub async fn claim_once(&self) -> Result<usize> {
+        let inner = &self.inner;
+        let claimed = inner.store.claim_tasks(&inner.config.instance, inner.config.claim_lease, inner.config.claim_batch).await?;
+        let count = claimed.len();
+        let mut starts = JoinSet::new();
+        for task in claimed {
+            let scheduler = self.clone();
+            starts.spawn(async move {
+                let id = task.id.clone();
+                if let Err(err) = scheduler.start(&id).await {
+                    tracing::warn!("starting task {id}: {err}");
+                }
+            });
+        }
+        while starts.join_next().await.is_some() {}
+        Ok(count)
+    }
+
+    /// Decides what a fresh claim of `task` means and commits it.
+    async fn start(&self, task: &rota_model::TaskId) -> Result<Handled> {
+        let Some(record) = self.inner.store.task(task).await? else {
+            return Ok(Handled::Ignored(format!("task {task} vanished")));
+        };
+        self.apply(&record, Input::Claimed, None).await
+    }
+
+    /// Handles one inbox message; `settle` is the message's lease, completed
+    /// in the same commit as the decision.
+    pub async fn handle(&self, message: &InboxMessage, settle: Option<rota_model::LeaseToken>) -> Result<Handled> {
+        let Some(record) = self.inner.store.task(message.task_id()).await? else {
+            return Ok(Handled::Ignored(format!("task {} does not exist", message.task_id())));
+        };
+        let input = match message {
+            InboxMessage::Reply(reply) => Input::Reply(reply),
+            InboxMessage::Retry { step, .. } => Input::Retry(step),
+            InboxMessage::StepExpired { step, attempt, .. } => Input::StepExpired(step, *attempt),
+        };
+        self.apply(&record, input, settle).await
+    }
+
+    async fn apply(&self, record: &TaskRecord, input: Input<'_>, settle: Option<rota_model::LeaseToken>) -> Result<Handled> {
+        let inner = &self.inner;
+        let workflow = inner.workflows.get(&record.task.workflow, Some(record.task.workflow_version)).await?;
+        let order = if record.task.state == TaskState::Compensating { self.completion_order(record).await? } else { Vec::new() };
+        let now = inner.clock.now();
+        let cx =
+            plan::Context { workflow: &workflow, me: &inner.config.instance, inbox: &inner.inbox, now, recovery: &inner.config.recovery };
+        let decision = {
+            let mut rng = inner.rng.lock().expect("scheduler rng");
+            plan::decide(record, &order, input, &cx, &mut *rng)
+        };
+        match decision {
+            Decision::Ignore(reason) => Ok(Handled::Ignored(reason)),
+            Decision::Commit(mut changes) => {
+                if let Some(token) = settle {
+                    changes.complete.push((inner.inbox.clone(), token));
+                }
+                let ended: Option<(rota_model::TaskId, TaskState)> =
+                    changes.tasks.iter().map(|w| &w.task).find(|t| t.state.is_terminal()).map(|t| (t.id.clone(), t.state));
+                inner.store.commit(*changes).await?;
+                if let Some((id, state)) = ended {
+                    inner.completions.publish(id, state);
+                }
+                Ok(Handled::Committed)
+            }
+        }
+    }
+
+    /// The task's steps in the order they completed, from its history.
+    async fn completion_order(&self, record: &TaskRecord) -> Result<Vec<StepName>> {
+        let history = self.inner.store.history(&record.task.id).await?;
+        let mut order: Vec<StepName> = Vec::new();
+        for event in history {
+            if event.kind == EventKind::StepCompleted
+                && let Some(step) = event.step
+            {
+                order.retain(|s| s != &step);
+                order.push(step);
+            }
+        }
+        Ok(order)
+    }
+}
+
+#[async_trait]
+impl Handler for Scheduler {
+    async fn handle(&self, delivery: &Delivery) -> Outcome {
+        let message: InboxMessage = match serde_json::from_str(delivery.body.get()) {
+            Ok(message) => message,
+            Err(err) => return Outcome::DeadLetter { reason: format!("not an inbox message: {err}") },
+        };
+        match Scheduler::handle(self, &message, Some(delivery.lease_token)).await {
+            Ok(Handled::Committed) => Outcome::Settled,
+            Ok(Handled::Ignored(reason)) => {
+                tracing::debug!("inbox message for task {} ignored: {reason}", message.task_id());
+                Outcome::Complete
+            }
+            // Someone moved the task meanwhile: read it again and decide again.
+            Err(Error::Store(err)) if err.is_lost_race() => {
+                Outcome::Abandon { delay: Duration::from_millis(20), reason: format!("lost a race: {err}") }
+            }
+            Err(err) => Outcome::Abandon { delay: Duration::from_secs(1), reason: err.to_string() },
+        }
+    }
+}

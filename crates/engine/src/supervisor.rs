@@ -1,0 +1,240 @@
+//! The Supervisor (R4, R5): every interval, finds tasks and steps whose
+//! complete-by has passed and arranges their recovery. It only requests;
+//! the Scheduler and the Agents act:
+//!
+//! * A leased task whose complete-by passed has lost its Scheduler. The
+//!   Supervisor counts a failure and resets it to Pending (after a backoff),
+//!   or at the threshold ends it in Error with an alert, or asks for its
+//!   compensation, per the workflow. This is the pattern's own example.
+//! * A step whose attempt timed out while its task's Scheduler is alive is
+//!   reported to that Scheduler (`StepExpired` in its inbox, once per
+//!   attempt), which counts the failure and retries or ends the task.
+//! * A step left in flight by a task nobody holds is settled as not started,
+//!   so that whoever claims the task next starts it afresh.
+//!
+//! Several Supervisors may run; a leader lease in the store elects one per
+//! interval, and every write is a compare-and-set, so no failed task or step
+//! is recovered twice.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rota_model::{Clock, InstanceId, RetryPolicy, Step, Task, TaskState};
+use rota_store::{Changes, Event, EventKind, Expired, Outgoing, SharedStore, StepWrite, TaskWrite};
+use serde_json::json;
+
+use crate::completions::Completions;
+use crate::protocol::{self, Doorbell, InboxMessage};
+use crate::workflows::Workflows;
+use crate::{Error, Result, Shutdown};
+
+/// The name of the leader lease Supervisors compete for.
+pub const LEADER_LEASE: &str = "supervisor";
+
+/// A Supervisor's settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// This instance.
+    pub instance: InstanceId,
+    /// How often it looks for expired deadlines.
+    pub interval: Duration,
+    /// How long its leadership lasts without renewal (several intervals, so
+    /// that one slow round does not hand leadership over).
+    pub leader_ttl: Duration,
+    /// The most expired records handled per round.
+    pub batch: u32,
+    /// The backoff before a reset task may be claimed again.
+    pub recovery: RetryPolicy,
+    /// The seed of the backoff jitter.
+    pub seed: u64,
+}
+
+impl Config {
+    /// Defaults for `instance`: every second, leadership for 5 s.
+    pub fn new(instance: InstanceId) -> Self {
+        Config {
+            instance,
+            interval: Duration::from_secs(1),
+            leader_ttl: Duration::from_secs(5),
+            batch: 256,
+            recovery: crate::scheduler::default_recovery(),
+            seed: 0,
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.interval.is_zero() {
+            return Err(Error::Config("supervisor interval must be positive".into()));
+        }
+        if self.leader_ttl <= self.interval {
+            return Err(Error::Config("supervisor leader_ttl must be longer than its interval".into()));
+        }
+        if self.batch == 0 {
+            return Err(Error::Config("supervisor batch must be at least 1".into()));
+        }
+        Ok(())
+    }
+}
+
+/// What one round did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Round {
+    /// Whether this instance led the round (only the leader acts).
+    pub leader: bool,
+    /// Tasks reset to Pending for another claim.
+    pub tasks_reset: u32,
+    /// Tasks ended in Error or sent to compensation at the threshold.
+    pub tasks_ended: u32,
+    /// Timed-out steps reported to their Scheduler.
+    pub steps_reported: u32,
+    /// In-flight steps of unheld tasks settled as not started.
+    pub steps_settled: u32,
+}
+
+/// The Supervisor.
+pub struct Supervisor {
+    store: SharedStore,
+    clock: Arc<dyn Clock>,
+    workflows: Workflows,
+    completions: Completions,
+    config: Config,
+    rng: Mutex<StdRng>,
+}
+
+impl Supervisor {
+    /// A Supervisor over `store`.
+    pub fn new(store: SharedStore, clock: Arc<dyn Clock>, workflows: Workflows, completions: Completions, config: Config) -> Result<Self> {
+        config.validate()?;
+        let rng = Mutex::new(StdRng::seed_from_u64(config.seed));
+        Ok(Supervisor { store, clock, workflows, completions, config, rng })
+    }
+
+    /// Runs a round every interval until `shutdown`, then gives up leadership.
+    pub async fn run(self, shutdown: Shutdown) -> Result<()> {
+        let mut ticks = tokio::time::interval(self.config.interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => {}
+                () = shutdown.triggered() => break,
+            }
+            if let Err(err) = self.run_once().await {
+                tracing::warn!("supervisor round failed: {err}");
+            }
+        }
+        if let Err(err) = self.store.release_leader(LEADER_LEASE, &self.config.instance).await {
+            tracing::warn!("releasing supervisor leadership: {err}");
+        }
+        Ok(())
+    }
+
+    /// One round: if this instance leads, recover what has expired.
+    pub async fn run_once(&self) -> Result<Round> {
+        let mut round = Round::default();
+        let leadership = self.store.acquire_leader(LEADER_LEASE, &self.config.instance, self.config.leader_ttl).await?;
+        if leadership.is_none() {
+            return Ok(round);
+        }
+        round.leader = true;
+        for expired in self.store.expired(self.config.batch).await? {
+            let outcome = match expired {
+                Expired::Task(task) => self.expire_task(&task, &mut round).await,
+                Expired::Step(step) => self.expire_step(&step, &mut round).await,
+            };
+            match outcome {
+                Ok(()) => {}
+                // Its Scheduler (or another round) moved it first: nothing to recover.
+                Err(Error::Store(err)) if err.is_lost_race() => tracing::debug!("expired record moved meanwhile: {err}"),
+                Err(err) => tracing::warn!("recovering an expired record: {err}"),
+            }
+        }
+        Ok(round)
+    }
+
+    async fn expire_task(&self, task: &Task, round: &mut Round) -> Result<()> {
+        let workflow = self.workflows.get(&task.workflow, Some(task.workflow_version)).await?;
+        let now = self.clock.now();
+        let backoff = {
+            let mut rng = self.rng.lock().expect("supervisor rng");
+            self.config.recovery.delay_after(task.failure_count + 1, &mut *rng)
+        };
+        let next = task
+            .expire(now, workflow.max_failures(), backoff, workflow.on_exhausted())
+            .map_err(|e| Error::Store(rota_store::Error::Conflict(e.to_string())))?;
+        let mut changes = Changes::default();
+        let detail = json!({
+            "previous_holder": task.locked_by.as_ref().map(|i| i.as_str()),
+            "failure_count": next.failure_count,
+            "reason": next.error,
+        });
+        changes.events.push(Event::task(&task.id, now, EventKind::Expired, detail));
+        let reason = next.error.clone().unwrap_or_default();
+        match next.state {
+            TaskState::Error => {
+                let reason = format!("{reason}; failure threshold {} reached", workflow.max_failures());
+                changes.events.push(Event::task(&task.id, now, EventKind::Error, json!({ "reason": reason })));
+                changes.events.push(Event::task(&task.id, now, EventKind::Alert, json!({ "reason": reason })));
+                round.tasks_ended += 1;
+            }
+            TaskState::Compensating if task.state == TaskState::Processing => {
+                changes.events.push(Event::task(&task.id, now, EventKind::CompensationStarted, json!({ "reason": reason })));
+                changes.send.push(doorbell(task, Duration::ZERO));
+                round.tasks_ended += 1;
+            }
+            _ => {
+                changes.send.push(doorbell(task, next.not_before.since(now)));
+                round.tasks_reset += 1;
+            }
+        }
+        let ended = next.state.is_terminal().then_some(next.state);
+        changes.tasks.push(TaskWrite::replacing(task, next));
+        self.store.commit(changes).await?;
+        if let Some(state) = ended {
+            self.completions.publish(task.id.clone(), state);
+        }
+        Ok(())
+    }
+
+    async fn expire_step(&self, step: &Step, round: &mut Round) -> Result<()> {
+        let Some(record) = self.store.task(&step.task_id).await? else { return Ok(()) };
+        let task = &record.task;
+        let now = self.clock.now();
+        let held = matches!(task.state, TaskState::Processing | TaskState::Compensating) && task.is_leased();
+        if held && task.complete_by.is_some_and(|at| at > now) {
+            // Its Scheduler is (presumably) alive: ask it to recover the step.
+            let message = InboxMessage::StepExpired { task_id: task.id.clone(), step: step.name.clone(), attempt: step.attempt };
+            let mut outgoing = Outgoing::json(&message).expect("inbox messages serialize");
+            if let Some(id) = protocol::message_id(format_args!("expired/{}/{}/{}", task.id, step.name, step.attempt)) {
+                outgoing = outgoing.with_id(id);
+            }
+            let owner = task.locked_by.as_ref().expect("held tasks have an owner");
+            let changes = Changes { send: vec![(protocol::inbox(owner), outgoing)], ..Changes::default() };
+            self.store.commit(changes).await?;
+            round.steps_reported += 1;
+            return Ok(());
+        }
+        if held {
+            // The task's own lease ran out too: its expiry (in this round or
+            // the next) resets the whole task.
+            return Ok(());
+        }
+        let settled = step.expire(now, Duration::ZERO).map_err(|e| Error::Store(rota_store::Error::Conflict(e.to_string())))?;
+        let event = Event::step(
+            step,
+            now,
+            EventKind::StepFailed,
+            json!({ "error": "timed out while its task had no Scheduler", "retryable": true }),
+        );
+        let changes = Changes { steps: vec![StepWrite::replacing(step, settled)], events: vec![event], ..Changes::default() };
+        self.store.commit(changes).await?;
+        round.steps_settled += 1;
+        Ok(())
+    }
+}
+
+fn doorbell(task: &Task, after: Duration) -> (rota_model::QueueName, Outgoing) {
+    let outgoing = Outgoing::json(&Doorbell { task_id: task.id.clone() }).expect("doorbells serialize").with_delay(after);
+    (protocol::tasks_queue(), outgoing)
+}
