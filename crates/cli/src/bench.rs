@@ -10,7 +10,8 @@
 //!   distinct job); phase 3: after 1 s idle, T sends open loop at R/s, each
 //!   its own spawned future, and pickup = handler entry − time just before
 //!   the send.
-//! - W is not implemented yet (exit 3, which the harness records as skipped).
+//! - W: workflows of three sequential no-op steps through the engine, K
+//!   lanes in a closed loop (see [`w`]).
 //!
 //! The harness passes its parameters as `PEERS_*` environment variables and
 //! reads the JSON record written to `$PEERS_OUT`; without them the defaults
@@ -41,10 +42,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::StoreArgs;
+
+mod w;
 use crate::store_url::{STORE_URL_DEFAULT, StoreUrl};
 
-/// Exit code that tells the harness a workload is not implemented (skipped).
-const EXIT_NOT_IMPLEMENTED: u8 = 3;
 /// The queue every bench job goes to (the spec's task name).
 const QUEUE: &str = "noop";
 /// The database file created in the work directory.
@@ -60,7 +61,7 @@ const IDLE_BEFORE_TRICKLE: Duration = Duration::from_secs(1);
 /// (`sqlite`, `postgres`, or a store URL) and `--durability` flags.
 #[derive(clap::Args)]
 pub struct Args {
-    /// The workload: Q (queue) or W (workflow; not implemented yet, exits 3).
+    /// The workload: Q (queue) or W (workflow).
     #[arg(value_enum)]
     workload: Workload,
 
@@ -87,16 +88,14 @@ enum Workload {
 /// Runs the benchmark; the exit code follows the harness's contract (0 ok,
 /// 3 not implemented, 1 failed).
 pub fn run(args: Args, store: &StoreArgs) -> ExitCode {
-    if args.workload == Workload::W {
-        eprintln!("workload W is not implemented by rota bench yet (Q only)");
-        return ExitCode::from(EXIT_NOT_IMPLEMENTED);
-    }
     crate::init_tracing();
-    let result = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")
-        .and_then(|runtime| runtime.block_on(run_q(&args, store)));
+    let result =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the async runtime").and_then(|runtime| {
+            match args.workload {
+                Workload::Q => runtime.block_on(run_q(&args, store)),
+                Workload::W => runtime.block_on(w::run(store)),
+            }
+        });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -130,21 +129,21 @@ impl Settings {
     }
 }
 
-fn env_u64(name: &str, default: u64) -> anyhow::Result<u64> {
+pub(crate) fn env_u64(name: &str, default: u64) -> anyhow::Result<u64> {
     match std::env::var(name) {
         Ok(value) if !value.trim().is_empty() => value.trim().parse().with_context(|| format!("{name}={value:?} is not a whole number")),
         _ => Ok(default),
     }
 }
 
-fn env_string(name: &str) -> Option<String> {
+pub(crate) fn env_string(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|value| !value.is_empty())
 }
 
 /// Where the run's database lives; a directory this run created is removed
 /// when this is dropped.
-struct Workdir {
-    db: PathBuf,
+pub(crate) struct Workdir {
+    pub(crate) db: PathBuf,
     created: Option<PathBuf>,
 }
 
@@ -157,7 +156,7 @@ impl Drop for Workdir {
 }
 
 /// Resolves `--store` to a fresh SQLite file, or says why it cannot.
-fn workdir(store_url: &str) -> anyhow::Result<Workdir> {
+pub(crate) fn workdir(store_url: &str) -> anyhow::Result<Workdir> {
     let url = store_url.trim();
     if url == "postgres" || url.starts_with("postgres://") || url.starts_with("postgresql://") {
         let target =
@@ -440,7 +439,7 @@ impl Handler for Noop {
 }
 
 /// One monotonic clock for the process, in milliseconds since first use.
-fn now_ms() -> f64 {
+pub(crate) fn now_ms() -> f64 {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
     EPOCH.get_or_init(Instant::now).elapsed().as_secs_f64() * 1000.0
 }
@@ -535,7 +534,7 @@ impl Tracker {
 }
 
 /// Nearest-rank percentile (p in 0..=100).
-fn percentile(values: &[f64], p: f64) -> Option<f64> {
+pub(crate) fn percentile(values: &[f64], p: f64) -> Option<f64> {
     if values.is_empty() {
         return None;
     }
@@ -545,7 +544,7 @@ fn percentile(values: &[f64], p: f64) -> Option<f64> {
     Some(sorted[rank.min(sorted.len()) - 1])
 }
 
-fn round(value: Option<f64>, digits: i32) -> Value {
+pub(crate) fn round(value: Option<f64>, digits: i32) -> Value {
     match value {
         Some(v) if v.is_finite() => {
             let scale = 10f64.powi(digits);

@@ -18,6 +18,9 @@ fn bench(workdir: &Path, args: &[&str]) -> Output {
         .env("PEERS_C", "4")
         .env("PEERS_TRICKLE_N", "20")
         .env("PEERS_TRICKLE_RATE", "200")
+        .env("PEERS_M", "60")
+        .env("PEERS_K", "8")
+        .env("PEERS_W_WARMUP", "5")
         .env("PEERS_WORKDIR", workdir)
         .env("PEERS_OUT", workdir.join("out.json"))
         .env("PEERS_PEER", "rota-test")
@@ -74,11 +77,23 @@ fn normal_durability_is_recorded_as_not_meeting_the_rule() {
 }
 
 #[test]
+fn workload_w_runs_workflows_through_the_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = bench(dir.path(), &["--store", "sqlite", "W"]);
+    assert!(output.status.success(), "{:?}: {}", output.status, stderr(&output));
+    let record = record(dir.path());
+    assert_eq!(record["workload"], "W");
+    for metric in ["workflows_per_s", "latency_p50_ms", "latency_p99_ms"] {
+        let value = record["metrics"][metric].as_f64().unwrap_or_else(|| panic!("{metric} missing: {record}"));
+        assert!(value > 0.0, "{metric} = {value}");
+    }
+    assert_eq!(record["settings"]["M"], 60);
+    assert_eq!(record["settings"]["durability"]["meets_rule"], true, "{record}");
+}
+
+#[test]
 fn exit_codes_follow_the_harness_contract() {
     let dir = tempfile::tempdir().unwrap();
-
-    let output = bench(dir.path(), &["--store", "sqlite", "W"]);
-    assert_eq!(output.status.code(), Some(3), "W is not implemented yet: {}", stderr(&output));
 
     let output = bench(dir.path(), &["--store", "sqlite", "X"]);
     assert_eq!(output.status.code(), Some(2), "an unknown workload is a usage error: {}", stderr(&output));

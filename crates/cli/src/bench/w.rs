@@ -1,0 +1,237 @@
+//! Workload W of the peer benchmark: a workflow of three steps run strictly
+//! in sequence, each a no-op agent reached through rota's queues, driven by
+//! K client lanes in a closed loop.
+//!
+//! How it maps onto rota: the workflow `bench_w` has steps `s1 → s2 → s3`,
+//! each an `http`-free Rust agent (`Step.noop`) that returns its input. The
+//! orchestration (Scheduler and Supervisor) runs in one engine and the agent
+//! in another, agent-only engine: they share the process but talk only
+//! through the store's queues (request to `agent.noop`, reply to the
+//! Scheduler's inbox), and step s+1 is sent in the same commit that records
+//! step s's completion. A workflow is complete when the commit that marks
+//! the task Processed (with every step's output) has returned, i.e. when it
+//! is durable and visible; the lane observes it through the engine's
+//! in-process completion notice (no polling).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use rota_agent::{Agent, Request, StepError};
+use rota_engine::engine::{Config as EngineConfig, Roles};
+use rota_engine::{Client, Engine, Shutdown, Submission};
+use rota_model::{InstanceId, RetryPolicy, SystemClock, TaskId, TaskState, WorkflowName};
+use rota_store::SharedStore;
+use rota_store_sqlite::{Durability, SqliteStore};
+use rota_workflow::{AgentCatalog, AgentName, StepDef, Workflow};
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+use super::{env_string, env_u64, now_ms, percentile, round, workdir};
+use crate::StoreArgs;
+
+/// How long one workflow may take before the run fails.
+const WORKFLOW_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The no-op step service.
+struct Noop;
+
+#[rota_engine::async_trait]
+impl Agent for Noop {
+    fn name(&self) -> &str {
+        "noop"
+    }
+
+    async fn call(&self, request: &Request) -> Result<Value, StepError> {
+        Ok(request.input.clone())
+    }
+}
+
+fn workflow() -> anyhow::Result<Workflow> {
+    let retry = RetryPolicy::new(3, Duration::from_millis(10), Duration::from_millis(100))?;
+    let mut builder = Workflow::builder("bench_w", 1).deadline(Duration::from_secs(60));
+    for s in 1..=3 {
+        builder = builder.step(
+            StepDef::new(format!("s{s}"), "noop")
+                .with_input(json!({ "i": "{{ input.i }}", "step": s }))
+                .timeout(Duration::from_secs(10))
+                .retry(retry.clone()),
+        );
+    }
+    let catalog = AgentCatalog::builtin().with(AgentName::new("noop")?);
+    builder.build(&catalog).map_err(|d| anyhow::anyhow!("bench workflow: {d}"))
+}
+
+/// Routes completion notices to the lane waiting for each task.
+#[derive(Clone, Default)]
+struct Waiters {
+    waiting: Arc<Mutex<HashMap<TaskId, oneshot::Sender<TaskState>>>>,
+}
+
+impl Waiters {
+    fn expect(&self, id: TaskId) -> oneshot::Receiver<TaskState> {
+        let (tx, rx) = oneshot::channel();
+        self.waiting.lock().expect("waiters").insert(id, tx);
+        rx
+    }
+
+    fn notify(&self, id: &TaskId, state: TaskState) {
+        if let Some(tx) = self.waiting.lock().expect("waiters").remove(id) {
+            let _ = tx.send(state);
+        }
+    }
+}
+
+/// One workflow through the public API: submit, then wait for the notice.
+async fn one(client: &Client, waiters: &Waiters, id: TaskId, i: u64) -> anyhow::Result<f64> {
+    let done = waiters.expect(id.clone());
+    let t0 = now_ms();
+    let submission = Submission::new(WorkflowName::new("bench_w")?, json!({ "i": i })).with_id(id.clone());
+    client.submit(submission).await.with_context(|| format!("submitting workflow {i}"))?;
+    let state = tokio::time::timeout(WORKFLOW_TIMEOUT, done).await.with_context(|| format!("workflow {i} did not finish"))??;
+    if state != TaskState::Processed {
+        bail!("workflow {i} ended {state}");
+    }
+    Ok(now_ms() - t0)
+}
+
+/// Runs `count` workflows numbered from `first` on `lanes` lanes; returns
+/// (latency, submit time, completion time) per workflow.
+async fn closed_loop(
+    client: &Client,
+    waiters: &Waiters,
+    prefix: &str,
+    first: u64,
+    count: u64,
+    lanes: u64,
+) -> anyhow::Result<Vec<(f64, f64, f64)>> {
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut running = tokio::task::JoinSet::new();
+    for _ in 0..lanes.min(count) {
+        let (client, waiters, next, prefix) = (client.clone(), waiters.clone(), next.clone(), prefix.to_owned());
+        running.spawn(async move {
+            let mut results = Vec::new();
+            loop {
+                let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if k >= count {
+                    return anyhow::Ok(results);
+                }
+                let i = first + k;
+                let submitted = now_ms();
+                let latency = one(&client, &waiters, TaskId::new(format!("{prefix}-{i}"))?, i).await?;
+                results.push((latency, submitted, submitted + latency));
+            }
+        });
+    }
+    let mut all = Vec::with_capacity(count as usize);
+    while let Some(lane) = running.join_next().await {
+        all.extend(lane.context("a lane panicked")??);
+    }
+    Ok(all)
+}
+
+/// Runs workload W and writes the record.
+pub(super) async fn run(store_args: &StoreArgs) -> anyhow::Result<()> {
+    let m = env_u64("PEERS_M", 2_000)?;
+    let k = env_u64("PEERS_K", 50)?;
+    let warmup = env_u64("PEERS_W_WARMUP", 100)?;
+    if m == 0 || k == 0 {
+        bail!("PEERS_M and PEERS_K must be at least 1");
+    }
+    let workdir = workdir(&store_args.url)?;
+    let durability: Durability = store_args.durability.into();
+    let mut store_config = rota_store_sqlite::Config::new(&workdir.db);
+    store_config.durability = durability;
+    let sqlite =
+        Arc::new(SqliteStore::open(store_config, Arc::new(SystemClock)).with_context(|| format!("cannot open {}", workdir.db.display()))?);
+    let pragmas = sqlite.pragmas().await?;
+    let store: SharedStore = sqlite.clone();
+
+    let mut orchestration = EngineConfig::new(InstanceId::new(format!("bench-scheduler-{}", std::process::id()))?);
+    orchestration.roles = Roles { scheduler: true, agents: false, supervisor: true };
+    orchestration.scheduler.inbox_concurrency = usize::try_from(k)?.max(16);
+    let engine = Engine::new(store.clone(), Arc::new(SystemClock), orchestration).workflow(workflow()?);
+    engine.register_workflows().await?;
+    let client = engine.client();
+    let completions = engine.completions();
+
+    let mut agents = EngineConfig::new(InstanceId::new(format!("bench-agent-{}", std::process::id()))?);
+    agents.roles = Roles { scheduler: false, agents: true, supervisor: false };
+    agents.agent_concurrency = usize::try_from(k)?.max(16);
+    let agent_engine = Engine::new(store.clone(), Arc::new(SystemClock), agents).agent(Arc::new(Noop));
+
+    let shutdown = Shutdown::new();
+    let orchestrating = tokio::spawn(engine.run(shutdown.clone()));
+    let serving = tokio::spawn(agent_engine.run(shutdown.clone()));
+    let waiters = Waiters::default();
+    let router = {
+        let waiters = waiters.clone();
+        let mut listener = completions.subscribe();
+        tokio::spawn(async move {
+            while let Ok((id, state)) = listener.recv().await {
+                waiters.notify(&id, state);
+            }
+        })
+    };
+
+    closed_loop(&client, &waiters, "warmup", 0, warmup, k).await.context("warm-up")?;
+    let commits_before = sqlite.commit_counts();
+    let timed = closed_loop(&client, &waiters, "w", 0, m, k).await?;
+    let commits_after = sqlite.commit_counts();
+    shutdown.trigger();
+    router.abort();
+    orchestrating.await.context("the engine panicked")??;
+    serving.await.context("the agent engine panicked")??;
+
+    let first_submit = timed.iter().map(|t| t.1).fold(f64::INFINITY, f64::min);
+    let last_done = timed.iter().map(|t| t.2).fold(f64::NEG_INFINITY, f64::max);
+    let latencies: Vec<f64> = timed.iter().map(|t| t.0).collect();
+    let elapsed_s = (last_done - first_submit) / 1000.0;
+    let commits = commits_after.commits - commits_before.commits;
+    let jobs = commits_after.jobs - commits_before.jobs;
+    let record = json!({
+        "peer": env_string("PEERS_PEER").unwrap_or_else(|| "rota-sqlite".into()),
+        "workload": "W",
+        "run": env_u64("PEERS_RUN_INDEX", 1)?,
+        "metrics": {
+            "workflows_per_s": round(Some(m as f64 / elapsed_s), 1),
+            "latency_p50_ms": round(percentile(&latencies, 50.0), 3),
+            "latency_p99_ms": round(percentile(&latencies, 99.0), 3),
+        },
+        "extra": {
+            "elapsed_s": round(Some(elapsed_s), 3),
+            "latency_max_ms": round(percentile(&latencies, 100.0), 3),
+            "group_commits": { "commits": commits, "jobs": jobs, "jobs_per_commit": round((commits > 0).then(|| jobs as f64 / commits as f64), 2) },
+        },
+        "settings": {
+            "M": m, "K": k, "W_WARMUP": warmup,
+            "durability": {
+                "journal_mode": pragmas.journal_mode,
+                "synchronous": pragmas.synchronous,
+                "durability_flag": match durability { Durability::Full => "full", Durability::Normal => "normal" },
+                "meets_rule": pragmas.journal_mode == "wal" && matches!(pragmas.synchronous.as_str(), "full" | "extra"),
+            },
+        },
+        "config": {
+            "version": format!("rota {}", env!("CARGO_PKG_VERSION")),
+            "workflow": "bench_w@1: s1 -> s2 -> s3, each a no-op Rust agent `noop` (returns its input {i, step}); step s+1 is sent in the commit that records step s",
+            "dispatch": "Scheduler -> queue agent.noop -> agent-only engine (separate instance, same process) -> reply queue rota.inbox.<scheduler> -> Scheduler",
+            "completion_observed": "notification: the Scheduler publishes the task's terminal state in-process after the commit that records it Processed returns (durable, visible)",
+            "submit": "Client::submit (public API): task + steps + doorbell in one transaction",
+            "store": "SQLite file in PEERS_WORKDIR, one writer thread with group commit",
+        },
+    });
+    let metrics = &record["metrics"];
+    for name in ["workflows_per_s", "latency_p50_ms", "latency_p99_ms"] {
+        println!("{name} {}", metrics[name]);
+    }
+    println!("{}", serde_json::to_string(&record)?);
+    if let Some(out) = env_string("PEERS_OUT") {
+        std::fs::write(&out, serde_json::to_string_pretty(&record)?).with_context(|| format!("cannot write PEERS_OUT={out}"))?;
+    }
+    drop(store);
+    drop(sqlite);
+    drop(workdir);
+    Ok(())
+}
