@@ -81,6 +81,10 @@ pub fn default_recovery() -> RetryPolicy {
     RetryPolicy::new(1_000, Duration::from_millis(500), Duration::from_secs(30)).expect("a valid policy")
 }
 
+/// How often a start that lost a race is decided again before giving up
+/// (the Supervisor then recovers the task when its claim lease runs out).
+const START_TRIES_MAX: u32 = 5;
+
 /// What handling one input did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Handled {
@@ -128,9 +132,14 @@ impl Scheduler {
         let inbox = Consumer::new(self.inner.store.clone(), consumer_config);
         let handler: Arc<dyn Handler> = Arc::new(self.clone());
         let inbox_shutdown = shutdown.clone();
-        let inbox_run = tokio::spawn(async move { inbox.run(handler, inbox_shutdown).await });
+        // Held in a JoinSet so that if this future is dropped (the process's
+        // roles are torn down without a graceful shutdown), the inbox
+        // consumer goes with it instead of running on detached.
+        let mut inbox_run = JoinSet::new();
+        inbox_run.spawn(async move { inbox.run(handler, inbox_shutdown).await });
         let claims = self.claim_loop(shutdown).await;
-        let inbox = inbox_run.await.map_err(|e| Error::Config(format!("inbox consumer panicked: {e}")))?;
+        let inbox =
+            inbox_run.join_next().await.expect("one inbox consumer").map_err(|e| Error::Config(format!("inbox consumer panicked: {e}")))?;
         claims?;
         inbox.map(|_| ())
     }
@@ -193,12 +202,24 @@ impl Scheduler {
         Ok(count)
     }
 
-    /// Decides what a fresh claim of `task` means and commits it.
+    /// Decides what a fresh claim of `task` means and commits it. A lost
+    /// race (the Supervisor settling one of its steps at the same moment) is
+    /// decided again on a fresh read: a claimed task whose start was never
+    /// committed would otherwise sit idle until its claim lease ran out.
     async fn start(&self, task: &rota_model::TaskId) -> Result<Handled> {
-        let Some(record) = self.inner.store.task(task).await? else {
-            return Ok(Handled::Ignored(format!("task {task} vanished")));
-        };
-        self.apply(&record, Input::Claimed, None).await
+        let mut tries = 0;
+        loop {
+            let Some(record) = self.inner.store.task(task).await? else {
+                return Ok(Handled::Ignored(format!("task {task} vanished")));
+            };
+            match self.apply(&record, Input::Claimed, None).await {
+                Err(Error::Store(err)) if err.is_lost_race() && tries < START_TRIES_MAX => {
+                    tries += 1;
+                    tracing::debug!("start of task {task} lost a race, deciding again: {err}");
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Handles one inbox message; `settle` is the message's lease, completed
