@@ -80,11 +80,10 @@ impl AgentWorker {
             compensate: call.compensate,
             outcome: reply_outcome,
         });
-        let mut message = Outgoing::json(&reply).expect("replies serialize").with_ordering_key(call.task_id.as_str());
-        let suffix = if call.compensate { "/compensate" } else { "" };
-        if let Some(id) = protocol::message_id(format_args!("rep/{}/{}{suffix}/{}", call.task_id, call.step, call.attempt)) {
-            message = message.with_id(id);
-        }
+        // The reply commits together with the request's completion, so it
+        // is sent once per delivery; a redelivered request's second reply
+        // (after a lost lease) is refused by the Scheduler's attempt fence.
+        let message = Outgoing::json(&reply).expect("replies serialize").with_ordering_key(call.task_id.as_str());
         let changes = Changes {
             send: vec![(request.reply_to.clone(), message)],
             complete: vec![(self.queue.clone(), delivery.lease_token)],

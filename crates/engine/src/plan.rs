@@ -420,11 +420,9 @@ impl<'a> Draft<'a> {
             retry,
             reply_to: self.cx.inbox.clone(),
         };
-        let suffix = if compensate { "/compensate" } else { "" };
-        let mut message = Outgoing::json(&request).expect("requests serialize");
-        if let Some(id) = protocol::message_id(format_args!("req/{}/{name}{suffix}/{}", self.task.id, step.attempt)) {
-            message = message.with_id(id);
-        }
+        // No message id (duplicate detection) is needed: the request is sent
+        // by the commit that records the attempt, which happens once.
+        let message = Outgoing::json(&request).expect("requests serialize");
         self.changes.send.push((protocol::agent_queue(agent), message));
     }
 

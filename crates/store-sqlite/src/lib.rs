@@ -3,7 +3,7 @@
 //! One writer thread owns the only writing connection and commits in groups
 //! (see [`writer`]): every acknowledged write is fsynced (`synchronous=FULL`
 //! in WAL mode by default) and many callers share each fsync. Reads go to a
-//! separate connection, which WAL lets run beside the writer. A third
+//! few separate connections, which WAL lets run beside the writer. Another
 //! connection checkpoints the WAL in the background so that commits do not
 //! pay for it.
 //!
@@ -11,8 +11,7 @@
 //! store): SQLite's file lock serializes their writers, and waiting
 //! receivers poll for work written by the others every `poll_interval`.
 //!
-//! Deliberately left out: connection pooling for reads (one reader is enough
-//! for the operator paths that use it) and any SQL outside this crate.
+//! Deliberately left out: any SQL outside this crate.
 
 mod queue_sql;
 mod schema;
@@ -20,7 +19,7 @@ mod task_sql;
 pub mod writer;
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -78,6 +77,9 @@ pub struct Config {
     pub body_bytes_max: usize,
     /// How often the background connection checkpoints the WAL.
     pub checkpoint_interval: Duration,
+    /// How many connections serve reads side by side (WAL lets them run
+    /// beside the writer); each read takes a free one.
+    pub readers: usize,
 }
 
 impl Config {
@@ -92,6 +94,7 @@ impl Config {
             busy_timeout: Duration::from_secs(5),
             body_bytes_max: rota_store::BODY_BYTES_MAX,
             checkpoint_interval: Duration::from_millis(200),
+            readers: 4,
         }
     }
 
@@ -109,6 +112,9 @@ impl Config {
         if self.body_bytes_max == 0 {
             return bad("body_bytes_max must be at least 1");
         }
+        if self.readers == 0 || self.readers > 64 {
+            return bad("readers must be between 1 and 64");
+        }
         Ok(())
     }
 }
@@ -125,7 +131,7 @@ pub struct Pragmas {
 /// rota's Store on a SQLite file.
 pub struct SqliteStore {
     commands: mpsc::Sender<Command>,
-    reader: Arc<Mutex<Connection>>,
+    readers: Arc<Readers>,
     clock: Arc<dyn Clock>,
     config: Config,
     stats: Arc<CommitStats>,
@@ -188,7 +194,7 @@ impl SqliteStore {
         }
         // The background checkpointer does this work instead of the commits.
         writer_conn.execute_batch("PRAGMA wal_autocheckpoint = 10000").map_err(sql_error)?;
-        let reader = open_connection(&config)?;
+        let readers = (0..config.readers).map(|_| open_connection(&config).map(Mutex::new)).collect::<Result<Vec<_>>>()?;
         let checkpointer = open_connection(&config)?;
 
         let (commands, receiver) = mpsc::channel(config.pending_ops_max);
@@ -213,7 +219,8 @@ impl SqliteStore {
             .spawn(move || run_checkpoints(checkpointer, interval, checkpoint_closed))
             .map_err(|e| Error::Backend(format!("cannot start the checkpoint thread: {e}")))?;
 
-        Ok(SqliteStore { commands, reader: Arc::new(Mutex::new(reader)), clock, config, stats, closed })
+        let readers = Arc::new(Readers { connections: readers, next: AtomicUsize::new(0) });
+        Ok(SqliteStore { commands, readers, clock, config, stats, closed })
     }
 
     /// The settings SQLite reports: journal mode of the file and the
@@ -272,10 +279,10 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&Connection, Timestamp) -> Result<T> + Send + 'static,
     {
-        let reader = self.reader.clone();
+        let readers = self.readers.clone();
         let now = self.clock.now();
         tokio::task::spawn_blocking(move || {
-            let conn = reader.lock().map_err(|_| Error::Backend("the reader connection is poisoned".into()))?;
+            let conn = readers.take()?;
             op(&conn, now)
         })
         .await
@@ -304,6 +311,26 @@ impl Drop for SqliteStore {
         // The writer stops when the last sender (ours) is dropped; the
         // checkpointer follows it through `closed`.
         let _ = &self.closed;
+    }
+}
+
+/// The read connections. A read takes a free one, or waits for the next in
+/// turn when all are busy.
+struct Readers {
+    connections: Vec<Mutex<Connection>>,
+    next: AtomicUsize,
+}
+
+impl Readers {
+    fn take(&self) -> Result<std::sync::MutexGuard<'_, Connection>> {
+        let poisoned = |_| Error::Backend("a reader connection is poisoned".into());
+        for conn in &self.connections {
+            if let Ok(guard) = conn.try_lock() {
+                return Ok(guard);
+            }
+        }
+        let turn = self.next.fetch_add(1, Ordering::Relaxed) % self.connections.len();
+        self.connections[turn].lock().map_err(poisoned)
     }
 }
 
