@@ -9,7 +9,7 @@
 //! backends agree on them by construction.
 //!
 //! Deliberately left out: workflow definitions (parsing, DAGs, templates),
-//! which belong to the engine, and anything about how records are stored.
+//! which are `rota-workflow`'s, and anything about how records are stored.
 
 pub mod clock;
 pub mod ids;
