@@ -156,11 +156,15 @@ impl Scheduler {
             match rung {
                 Ok(rung) if !rung.is_empty() => {
                     // Doorbells only wake; the claim below finds the work, and the
-                    // fallback claim finds it too if a doorbell is lost.
+                    // fallback claim finds it too if a doorbell is lost. So their
+                    // completion need not delay the claim: it commits alongside.
                     let tokens: Vec<_> = rung.iter().map(|d| d.lease_token).collect();
-                    if let Err(err) = self.inner.store.complete_batch(&doorbells, &tokens).await {
-                        tracing::warn!("completing doorbells: {err}");
-                    }
+                    let (store, queue) = (self.inner.store.clone(), doorbells.clone());
+                    tokio::spawn(async move {
+                        if let Err(err) = store.complete_batch(&queue, &tokens).await {
+                            tracing::warn!("completing doorbells: {err}");
+                        }
+                    });
                 }
                 Ok(_) => {}
                 Err(err) => {
