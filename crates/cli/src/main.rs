@@ -8,12 +8,14 @@
 //! - `dlq`: `rota dlq …`, the dead-letter queues.
 //! - `output`: the JSON shapes and tables the commands print.
 //! - `bench`: `rota bench`.
+//! - `demo`: `rota demo`, the pattern's example end to end on a simulated service.
 //!
 //! Every failure ends as one line on stderr starting with `error: ` and exit
 //! code 1; clap reports usage errors (bad flags, ids, durations) with exit
 //! code 2. Logs go to stderr at `warn` unless `RUST_LOG` says otherwise.
 mod bench;
 mod consume;
+mod demo;
 mod dlq;
 mod output;
 mod queue;
@@ -61,6 +63,8 @@ enum Command {
     Dlq(dlq::Command),
     /// Run a benchmark workload (see ../shared/bench/peers/README.md).
     Bench(bench::Args),
+    /// Run the order-processing demo: a simulated payment service that fails, an agent killed mid-run, a final table.
+    Demo(demo::Args),
 }
 
 /// Where the store is, as the global flags say. Commands open it only after
@@ -82,6 +86,7 @@ fn main() -> ExitCode {
     let store = StoreArgs { url: cli.store_url, durability: cli.durability };
     let result = match cli.command {
         Command::Bench(args) => return bench::run(args, &store),
+        Command::Demo(args) => return demo::run(args),
         Command::Queue(command) => run_async(queue::run(store, command)),
         Command::Dlq(command) => run_async(dlq::run(store, command)),
     };

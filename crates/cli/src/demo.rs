@@ -1,0 +1,529 @@
+//! `rota demo`: the pattern's own example, end to end, in one command.
+//!
+//! On a fresh SQLite file it starts a simulated remote payment service over
+//! real HTTP on loopback ([`service`]), a Scheduler and a Supervisor in one
+//! engine, and the `http` agent in a second, agent-only engine (as a
+//! separate worker process would run it). It submits a few hundred orders of
+//! the order workflow (reserve → charge → ship → notify; release and refund
+//! undo reserve and charge), kills the agent worker once a third of the
+//! orders are done (its task is aborted mid-request: no graceful shutdown,
+//! no reply for what it held), starts a new one a second later, waits for
+//! every order to end, and prints what happened: how the orders ended and
+//! why, the retries, the Supervisor's recoveries, and what the service
+//! applied. It fails (exit 1, keeping the store) unless every order ended,
+//! no idempotency key and no order's operation ever took effect twice, no
+//! step completed twice, compensations ran in reverse order, and the
+//! service's ledger agrees with how each order ended.
+//!
+//! One disagreement is only a warning, because it is the engine's current
+//! rule rather than a fault of this run: a step whose last attempt timed out
+//! is settled as failed and not compensated, though the service may have
+//! applied it (late, or with its answer lost).
+//!
+//! Deliberately left out: any flag beyond the size, the seed, the pace and
+//! where to keep the store. The fault rates are fixed (see
+//! [`service::Faults`]) so that most orders are processed, some are
+//! compensated, and a few are left for an operator.
+
+mod report;
+mod service;
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use rota_agent::{BreakerConfig, HttpAgent, HttpConfig};
+use rota_engine::engine::Config as EngineConfig;
+use rota_engine::{Engine, Roles, Shutdown, Submission};
+use rota_model::{Clock, ExhaustedPolicy, InstanceId, RetryPolicy, SystemClock, TaskId, TaskState, WorkflowName};
+use rota_store::{SharedStore, TaskFilter};
+use rota_store_sqlite::{Config as StoreConfig, SqliteStore};
+use rota_workflow::{AgentCatalog, CompensateDef, StepDef, Workflow};
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+
+use service::{BLACKHOLE_DOMAIN, CLOSED_CARD_SUFFIX, DECLINED_CARD_SUFFIX, Faults, Service, UNDELIVERABLE_ADDRESS, splitmix64};
+
+/// The workflow the demo runs.
+const WORKFLOW: &str = "order";
+/// The database file in the work directory.
+const DB_FILE: &str = "rota-demo.db";
+/// The step timeout (complete-by of each attempt).
+const STEP_TIMEOUT: Duration = Duration::from_secs(1);
+/// The task-level complete-by.
+const TASK_DEADLINE: Duration = Duration::from_secs(20);
+/// How long the killed agent worker stays dead.
+const AGENT_DOWN_FOR: Duration = Duration::from_secs(1);
+/// How often progress is shown when stderr is not a terminal.
+const PLAIN_PROGRESS_EVERY: Duration = Duration::from_secs(2);
+
+/// Arguments of `rota demo`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// How many orders to submit.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    orders: u32,
+
+    /// The seed of the orders and of the service's faults.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+
+    /// Keep the SQLite store in DIR (created if missing) instead of a
+    /// temporary directory removed at the end.
+    #[arg(long, value_name = "DIR")]
+    keep: Option<PathBuf>,
+
+    /// Orders submitted per second.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    rate: u32,
+
+    /// How long the run may take before the demo fails.
+    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+}
+
+/// Runs the demo: exit 0 when every check passed, 1 otherwise.
+pub fn run(args: Args) -> ExitCode {
+    crate::init_tracing();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(demo(args));
+    // Requests the service is still holding (hung on purpose) are cut here.
+    runtime.shutdown_timeout(Duration::from_millis(200));
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(err) => {
+            eprintln!("error: {}", format!("{err:#}").replace('\n', " "));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Where the demo's database lives; a directory the demo created is
+/// removed when this is dropped.
+struct Workdir {
+    dir: PathBuf,
+    remove: bool,
+}
+
+impl Drop for Workdir {
+    fn drop(&mut self) {
+        if self.remove {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+fn workdir(keep: Option<PathBuf>) -> anyhow::Result<Workdir> {
+    match keep {
+        Some(dir) => {
+            std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            if dir.join(DB_FILE).exists() {
+                bail!(
+                    "{} already exists: every demo starts from an empty store, so give another --keep directory",
+                    dir.join(DB_FILE).display()
+                );
+            }
+            Ok(Workdir { dir, remove: false })
+        }
+        None => {
+            let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+            let dir = std::env::temp_dir().join(format!("rota-demo-{}-{stamp}", std::process::id()));
+            std::fs::create_dir(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            Ok(Workdir { dir, remove: true })
+        }
+    }
+}
+
+/// The order workflow of issue 3, calling the service at `base`.
+pub fn order_workflow(base: &str) -> anyhow::Result<Workflow> {
+    let retry = RetryPolicy::new(3, Duration::from_millis(50), Duration::from_millis(500))?;
+    let call = |path: &str, body: Value| json!({ "method": "POST", "url": format!("{base}/{path}"), "body": body });
+    Workflow::builder(WORKFLOW, 1)
+        .deadline(TASK_DEADLINE)
+        .on_exhausted(ExhaustedPolicy::Compensate)
+        .max_failures(3)
+        .step(
+            StepDef::new("reserve", "http")
+                .with_input(call("reserve", json!({ "order": "{{ input.order_id }}" })))
+                .timeout(STEP_TIMEOUT)
+                .retry(retry.clone())
+                .compensate(
+                    CompensateDef::new("http").with_input(call(
+                        "release",
+                        json!({ "order": "{{ input.order_id }}", "hold": "{{ steps.reserve.output.hold_id }}" }),
+                    )),
+                ),
+        )
+        .step(
+            StepDef::new("charge", "http")
+                .with_input(call(
+                    "charge",
+                    json!({
+                        "order": "{{ input.order_id }}",
+                        "amount": "{{ input.amount }}",
+                        "card": "{{ input.card }}",
+                        "hold": "{{ steps.reserve.output.hold_id }}",
+                    }),
+                ))
+                .timeout(STEP_TIMEOUT)
+                .retry(retry.clone())
+                .compensate(CompensateDef::new("http").with_input(call(
+                    "refund",
+                    json!({ "order": "{{ input.order_id }}", "charge": "{{ steps.charge.output.charge_id }}" }),
+                ))),
+        )
+        .step(
+            StepDef::new("ship", "http")
+                .with_input(call(
+                    "ship",
+                    json!({
+                        "order": "{{ input.order_id }}",
+                        "hold": "{{ steps.reserve.output.hold_id }}",
+                        "address": "{{ input.address }}",
+                    }),
+                ))
+                .timeout(STEP_TIMEOUT)
+                .retry(retry.clone()),
+        )
+        .step(
+            StepDef::new("notify", "http")
+                .with_input(call(
+                    "notify",
+                    json!({
+                        "order": "{{ input.order_id }}",
+                        "email": "{{ input.email }}",
+                        "charge": "{{ steps.charge.output.charge_id }}",
+                        "tracking": "{{ steps.ship.output.tracking }}",
+                    }),
+                ))
+                .timeout(STEP_TIMEOUT)
+                .retry(retry),
+        )
+        .build(&AgentCatalog::builtin())
+        .map_err(|problems| anyhow::anyhow!("the demo's workflow is invalid: {problems}"))
+}
+
+/// The orders: ids `order-0001`…, with a few declined cards, undeliverable
+/// addresses, unreachable mailboxes and closed card accounts among them.
+fn orders(seed: u64, count: u32) -> Vec<(TaskId, Value)> {
+    let mut rng = Draws(seed ^ 0x5eed_0f0d_e125);
+    let width = count.to_string().len().max(4);
+    (1..=count)
+        .map(|i| {
+            let declined = rng.chance(0.05);
+            let undeliverable = rng.chance(0.02);
+            let blackhole = !undeliverable && rng.chance(0.015);
+            let closed = !declined && (undeliverable || blackhole) && rng.chance(0.35);
+            let suffix = if declined {
+                DECLINED_CARD_SUFFIX.to_owned()
+            } else if closed {
+                CLOSED_CARD_SUFFIX.to_owned()
+            } else {
+                format!("{:04}", 1 + rng.below(9_998)).replace(CLOSED_CARD_SUFFIX, "4041")
+            };
+            let card = format!("4{:011}{suffix}", rng.below(100_000_000_000));
+            let amount = 500 + rng.below(49_500);
+            let address = if undeliverable { UNDELIVERABLE_ADDRESS.to_owned() } else { format!("{} Main Street", 1 + rng.below(999)) };
+            let email = if blackhole { format!("customer{i}@{BLACKHOLE_DOMAIN}") } else { format!("customer{i}@example.com") };
+            let id = format!("order-{i:0width$}");
+            let input = json!({ "order_id": id, "amount": amount, "card": card, "address": address, "email": email });
+            (TaskId::new(id).expect("order ids are valid task ids"), input)
+        })
+        .collect()
+}
+
+/// A seeded SplitMix64 sequence.
+struct Draws(u64);
+
+impl Draws {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        splitmix64(self.0)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
+    }
+}
+
+/// A running agent-only engine.
+struct AgentWorker {
+    name: String,
+    shutdown: Shutdown,
+    task: JoinHandle<rota_engine::Result<()>>,
+}
+
+fn start_agent(store: &SharedStore, clock: &Arc<dyn Clock>, seed: u64, n: u32) -> anyhow::Result<AgentWorker> {
+    let name = format!("demo-agent-{n}");
+    let mut config = EngineConfig::new(InstanceId::new(name.clone())?);
+    config.roles = Roles { scheduler: false, supervisor: false, agents: true };
+    config.agent_concurrency = 64;
+    config.seed = seed ^ u64::from(n);
+    // A breaker that a burst of 503s does not open, but an outage would.
+    let http = HttpConfig { breaker: BreakerConfig::new(10, Duration::from_secs(1))?, ..HttpConfig::default() };
+    let agent = HttpAgent::with_config(http, clock.clone())?;
+    let engine = Engine::new(store.clone(), clock.clone(), config).agent(Arc::new(agent));
+    let shutdown = Shutdown::new();
+    let task = tokio::spawn(engine.run(shutdown.clone()));
+    Ok(AgentWorker { name, shutdown, task })
+}
+
+/// Counts of tasks by state.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct Tally {
+    by_state: BTreeMap<&'static str, u32>,
+    finished: u32,
+    total: u32,
+}
+
+impl Tally {
+    fn of(tasks: &[rota_model::Task]) -> Tally {
+        let mut tally = Tally { total: tasks.len() as u32, ..Tally::default() };
+        for task in tasks {
+            *tally.by_state.entry(task.state.as_str()).or_default() += 1;
+            if task.state.is_terminal() {
+                tally.finished += 1;
+            }
+        }
+        tally
+    }
+
+    fn get(&self, state: TaskState) -> u32 {
+        self.by_state.get(state.as_str()).copied().unwrap_or(0)
+    }
+
+    fn line(&self) -> String {
+        format!(
+            "processed {} · compensated {} · error {} · in flight {}",
+            self.get(TaskState::Processed),
+            self.get(TaskState::Compensated),
+            self.get(TaskState::Error),
+            self.total - self.finished,
+        )
+    }
+}
+
+/// Shows progress: a bar on a terminal, a line every few seconds otherwise.
+struct Progress {
+    bar: Option<ProgressBar>,
+    last_line: Instant,
+}
+
+impl Progress {
+    fn new(total: u32) -> Progress {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = ProgressBar::new(u64::from(total));
+            if let Ok(style) = ProgressStyle::with_template("{elapsed:>3} [{bar:20}] {pos}/{len} ended · {wide_msg}") {
+                bar.set_style(style.progress_chars("=> "));
+            }
+            bar
+        });
+        Progress { bar, last_line: Instant::now() }
+    }
+
+    fn update(&mut self, tally: &Tally, total: u32) {
+        match &self.bar {
+            Some(bar) => {
+                bar.set_position(u64::from(tally.finished));
+                bar.set_message(tally.line());
+            }
+            None if self.last_line.elapsed() >= PLAIN_PROGRESS_EVERY => {
+                self.last_line = Instant::now();
+                eprintln!("progress: {}/{total} orders ended · {}", tally.finished, tally.line());
+            }
+            None => {}
+        }
+    }
+
+    /// Prints a line to stdout without tearing the bar.
+    fn say(&self, line: &str) {
+        match &self.bar {
+            Some(bar) => bar.suspend(|| println!("{line}")),
+            None => println!("{line}"),
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+async fn demo(args: Args) -> anyhow::Result<bool> {
+    let started = Instant::now();
+    let mut workdir = workdir(args.keep.clone())?;
+    let db = workdir.dir.join(DB_FILE);
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let store: SharedStore =
+        Arc::new(SqliteStore::open(StoreConfig::new(&db), clock.clone()).with_context(|| format!("cannot open {}", db.display()))?);
+
+    let faults = Faults { unavailable: 0.08, late: 0.015, lost: 0.015, hang: Duration::from_millis(1_500) };
+    let service = Service::new(args.seed, faults.clone());
+    let (addr, server) = service.start().await.context("cannot start the simulated payment service")?;
+    let base = format!("http://{addr}");
+    let workflow = order_workflow(&base)?;
+
+    println!("rota demo: {} orders, seed {}, store {}", args.orders, args.seed, db.display());
+    println!(
+        "payment service on {base}: {:.0}% of requests answer 503, {:.1}% hang past the step timeout then apply late, \
+         {:.1}% apply then answer too late; cards ending {DECLINED_CARD_SUFFIX} are declined",
+        faults.unavailable * 100.0,
+        faults.late * 100.0,
+        faults.lost * 100.0
+    );
+
+    // Scheduler and Supervisor in one engine, no agents.
+    let mut config = EngineConfig::new(InstanceId::new("demo-scheduler")?);
+    config.roles = Roles { scheduler: true, supervisor: true, agents: false };
+    config.seed = args.seed;
+    config.supervisor.interval = Duration::from_millis(200);
+    config.supervisor.leader_ttl = Duration::from_secs(1);
+    let recovery = RetryPolicy::new(1_000, Duration::from_millis(200), Duration::from_secs(2))?;
+    config.supervisor.recovery = recovery.clone();
+    config.scheduler.recovery = recovery;
+    let engine = Engine::new(store.clone(), clock.clone(), config).workflow(workflow);
+    engine.register_workflows().await?;
+    let client = engine.client();
+    let engine_shutdown = Shutdown::new();
+    let mut engine_task = tokio::spawn(engine.run(engine_shutdown.clone()));
+
+    let mut agent = start_agent(&store, &clock, args.seed, 1)?;
+    println!("scheduler + supervisor started (demo-scheduler); agent worker {} started", agent.name);
+
+    // Submit at a steady pace, so that orders are still arriving when the agent dies.
+    let orders = orders(args.seed, args.orders);
+    let submitter = {
+        let client = client.clone();
+        let interval = Duration::from_secs_f64(1.0 / f64::from(args.rate));
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(interval);
+            let workflow = WorkflowName::new(WORKFLOW).expect("a valid workflow name");
+            for (id, input) in orders {
+                ticks.tick().await;
+                client.submit(Submission::new(workflow.clone(), input).with_id(id)).await?;
+            }
+            anyhow::Ok(())
+        })
+    };
+
+    let total = args.orders;
+    let mut progress = Progress::new(total);
+    let deadline = Instant::now() + args.timeout;
+    let kill_at = total.div_ceil(3);
+    let mut killed = false;
+    let mut restart_at: Option<Instant> = None;
+    let mut agents_started = 1;
+    let mut submitter = Some(submitter);
+    let filter = TaskFilter { limit: total + 1, ..TaskFilter::default() };
+    loop {
+        let tally = Tally::of(&store.list_tasks(&filter).await?);
+        progress.update(&tally, total);
+        if let Some(running) = submitter.as_ref()
+            && running.is_finished()
+        {
+            submitter.take().expect("checked").await.context("the submitter panicked")?.context("submitting orders")?;
+        }
+        if !killed && tally.finished >= kill_at {
+            killed = true;
+            agent.task.abort();
+            let _ = (&mut agent.task).await;
+            progress.say(&format!(
+                "agent worker {} KILLED after {}/{total} orders ended: its task was aborted mid-request, no graceful shutdown; \
+                 the Supervisor recovers the steps it held once their complete-by passes",
+                agent.name, tally.finished
+            ));
+            restart_at = Some(Instant::now() + AGENT_DOWN_FOR);
+        }
+        if restart_at.is_some_and(|at| Instant::now() >= at) {
+            restart_at = None;
+            agents_started += 1;
+            agent = start_agent(&store, &clock, args.seed, agents_started)?;
+            progress.say(&format!(
+                "agent worker {} started (a new instance, after {} down)",
+                agent.name,
+                humantime::format_duration(AGENT_DOWN_FOR)
+            ));
+        }
+        if submitter.is_none() && tally.total == total && tally.finished == total && restart_at.is_none() {
+            break;
+        }
+        if engine_task.is_finished() {
+            progress.finish();
+            workdir.remove = false;
+            let ended = (&mut engine_task).await.context("the engine panicked")?;
+            bail!("the engine stopped before every order ended ({ended:?}); the store is in {}", db.display());
+        }
+        if Instant::now() >= deadline {
+            progress.finish();
+            workdir.remove = false;
+            bail!(
+                "only {}/{total} orders ended within {} ({}); the store is in {}",
+                tally.finished,
+                humantime::format_duration(args.timeout),
+                tally.line(),
+                db.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    progress.finish();
+    let elapsed = started.elapsed();
+    println!("all {total} orders ended in {:.1} s", elapsed.as_secs_f64());
+
+    // Stop the roles (gracefully this time), then the service.
+    agent.shutdown.trigger();
+    engine_shutdown.trigger();
+    let stopping = async {
+        let _ = agent.task.await;
+        let _ = engine_task.await;
+    };
+    if tokio::time::timeout(Duration::from_secs(15), stopping).await.is_err() {
+        tracing::warn!("the engine took more than 15 s to stop");
+    }
+    server.abort();
+
+    let report = report::gather(&store, &service.report(), &base).await?;
+    print!("{}", report.table());
+    let passed = report.passed();
+    if args.keep.is_some() || !passed {
+        workdir.remove = false;
+        println!("the store is kept in {}", db.display());
+    }
+    drop(workdir);
+    Ok(passed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_workflow_builds_and_the_orders_are_reproducible() {
+        let workflow = order_workflow("http://127.0.0.1:1").unwrap();
+        let names: Vec<&str> = workflow.steps().iter().map(|s| s.name().as_str()).collect();
+        assert_eq!(names, ["reserve", "charge", "ship", "notify"]);
+        let a = orders(7, 200);
+        assert_eq!(a, orders(7, 200));
+        assert_eq!(a[0].0.as_str(), "order-0001");
+        let declined = a.iter().filter(|(_, input)| input["card"].as_str().unwrap().ends_with(DECLINED_CARD_SUFFIX)).count();
+        assert!((2..25).contains(&declined), "{declined}");
+        assert!(a.iter().all(|(_, input)| input["card"].as_str().unwrap().len() == 16));
+    }
+}
