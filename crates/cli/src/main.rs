@@ -8,18 +8,24 @@
 //! - `dlq`: `rota dlq …`, the dead-letter queues.
 //! - `output`: the JSON shapes and tables the commands print.
 //! - `bench`: `rota bench`.
-//! - `demo`: `rota demo`, the pattern's example end to end on a simulated service.
+//! - `serve`: `rota serve`, the engine with every role until a signal.
+//! - `tasks`: `rota submit`, `status`, `tasks`, `alerts`, `resubmit`,
+//!   `cancel` and `workflows`.
+//! - `validate`: `rota validate`, workflow files checked without a store.
 //!
 //! Every failure ends as one line on stderr starting with `error: ` and exit
 //! code 1; clap reports usage errors (bad flags, ids, durations) with exit
-//! code 2. Logs go to stderr at `warn` unless `RUST_LOG` says otherwise.
+//! code 2. Logs go to stderr at `warn` (`info` for `serve`) unless `RUST_LOG`
+//! says otherwise.
 mod bench;
 mod consume;
-mod demo;
 mod dlq;
 mod output;
 mod queue;
+mod serve;
 mod store_url;
+mod tasks;
+mod validate;
 
 use std::future::Future;
 use std::process::ExitCode;
@@ -55,6 +61,24 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the engine (Scheduler, agents, Supervisor) until SIGINT or SIGTERM.
+    Serve(serve::Args),
+    /// Submit a task; prints its id.
+    Submit(tasks::SubmitArgs),
+    /// Show a task: its fields, steps, history, and circuit breakers that are not closed.
+    Status(tasks::StatusArgs),
+    /// List tasks, newest first.
+    Tasks(tasks::ListArgs),
+    /// List operator alerts, newest first.
+    Alerts(tasks::AlertsArgs),
+    /// Run a task that ended in Error again (its failed steps, or one step); prints its new state.
+    Resubmit(tasks::ResubmitArgs),
+    /// Cancel a task (compensating its completed steps when the workflow says how); prints its new state.
+    Cancel(tasks::CancelArgs),
+    /// List the registered workflows (latest version of each).
+    Workflows(tasks::WorkflowsArgs),
+    /// Check workflow definition files; prints every problem as FILE:LINE:COL: message.
+    Validate(validate::Args),
     /// Send, receive and settle messages; create, pause and inspect queues.
     #[command(subcommand)]
     Queue(queue::Command),
@@ -63,8 +87,6 @@ enum Command {
     Dlq(dlq::Command),
     /// Run a benchmark workload (see ../shared/bench/peers/README.md).
     Bench(bench::Args),
-    /// Run the order-processing demo: a simulated payment service that fails, an agent killed mid-run, a final table.
-    Demo(demo::Args),
 }
 
 /// Where the store is, as the global flags say. Commands open it only after
@@ -86,7 +108,15 @@ fn main() -> ExitCode {
     let store = StoreArgs { url: cli.store_url, durability: cli.durability };
     let result = match cli.command {
         Command::Bench(args) => return bench::run(args, &store),
-        Command::Demo(args) => return demo::run(args),
+        Command::Serve(args) => run_async_logging(serve::run(store, args), "info"),
+        Command::Submit(args) => run_async(async move { tasks::submit(&store, args).await }),
+        Command::Status(args) => run_async(async move { tasks::status(&store, args).await }),
+        Command::Tasks(args) => run_async(async move { tasks::list(&store, args).await }),
+        Command::Alerts(args) => run_async(async move { tasks::alerts(&store, args).await }),
+        Command::Resubmit(args) => run_async(async move { tasks::resubmit(&store, args).await }),
+        Command::Cancel(args) => run_async(async move { tasks::cancel(&store, args).await }),
+        Command::Workflows(args) => run_async(async move { tasks::workflows(&store, args).await }),
+        Command::Validate(args) => validate::run(args),
         Command::Queue(command) => run_async(queue::run(store, command)),
         Command::Dlq(command) => run_async(dlq::run(store, command)),
     };
@@ -104,7 +134,12 @@ fn main() -> ExitCode {
 
 /// Runs a command on a fresh multi-threaded runtime, with logging set up.
 fn run_async(command: impl Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
-    init_tracing();
+    run_async_logging(command, "warn")
+}
+
+/// [`run_async`], logging at `default_level` unless `RUST_LOG` says otherwise.
+fn run_async_logging(command: impl Future<Output = anyhow::Result<()>>, default_level: &str) -> anyhow::Result<()> {
+    init_tracing_at(default_level);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the async runtime")?;
     let result = runtime.block_on(command);
     runtime.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
@@ -113,7 +148,14 @@ fn run_async(command: impl Future<Output = anyhow::Result<()>>) -> anyhow::Resul
 
 /// Logs to stderr, at `warn` unless `RUST_LOG` says otherwise.
 fn init_tracing() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    init_tracing_at("warn");
+}
+
+/// Logs to stderr, at `default_level` unless `RUST_LOG` says otherwise.
+fn init_tracing_at(default_level: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
     // A second initialisation (there is none today) would only keep the first.
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    // Colours only for a terminal: a log file or a pipe gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).try_init();
 }

@@ -1,0 +1,443 @@
+//! `rota serve`: every role of the pattern in one process (R8), or the roles
+//! `--roles` names, until SIGINT or SIGTERM.
+//!
+//! Startup, in order, so that a bad argument or a bad definition is reported
+//! before anything is written: check the flags, load every definition in the
+//! workflows directory (any problem stops startup with every diagnostic
+//! printed), open the store, register the definitions, then start the
+//! [`Engine`] with the built-in agents (`http`, `exec`, `delay`).
+//!
+//! While it runs, a reporter writes this instance's heartbeat
+//! (`instance/<id>`) and its agents' circuit breakers (`breaker/<endpoint>`)
+//! to the store's component statuses, so that `rota status` (and, later, the
+//! API's stats) can show them from another process. Breakers live in each
+//! process: with several processes the last report of an endpoint wins, and
+//! its value names the instance that made it.
+//!
+//! The first signal triggers the engine's [`Shutdown`] and waits for every
+//! role to let go of what it holds (running agent calls get the consumer's
+//! shutdown grace); a second signal exits at once, leaving the leases to
+//! expire.
+//!
+//! Deliberately left out: custom agents (a Rust program embeds the engine
+//! instead), hot reloading of definitions, and the HTTP API.
+
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, anyhow, bail};
+use rota_agent::{AgentRegistry, BreakerSnapshot};
+use rota_engine::engine::Config;
+use rota_engine::{Engine, Roles, Shutdown, Workflows};
+use rota_model::{Clock, InstanceId, SystemClock, Timestamp};
+use rota_store::SharedStore;
+use rota_workflow::{AgentCatalog, AgentName, Workflow};
+use serde_json::{Value, json};
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tracing::{info, warn};
+
+use crate::StoreArgs;
+
+/// The workflows directory used when `--workflows` is absent, if it exists.
+const WORKFLOWS_DIR_DEFAULT: &str = "workflows";
+/// How often the heartbeat and the changed breakers are reported.
+pub const STATUS_REPORT_INTERVAL: Duration = Duration::from_secs(2);
+/// How often an unchanged breaker is reported again (so that its
+/// `reported_at` shows it is still current).
+const BREAKER_REFRESH_INTERVAL: Duration = Duration::from_secs(30);
+/// The most breakers reported per round; the rest wait for the next rounds.
+const BREAKERS_REPORTED_MAX: usize = 256;
+/// The longest instance id: its Scheduler's inbox queue name keeps 80 bytes.
+const INSTANCE_ID_BYTES_MAX: usize = 80;
+/// The most characters of the host name kept in a default instance id.
+const HOSTNAME_CHARS_MAX: usize = 60;
+/// The shortest and longest `--supervisor-interval`.
+const SUPERVISOR_INTERVAL_MIN: Duration = Duration::from_millis(10);
+const SUPERVISOR_INTERVAL_MAX: Duration = Duration::from_secs(3600);
+/// The Supervisor's leadership lasts this many intervals without renewal.
+const LEADER_TTL_INTERVALS: u32 = 5;
+/// The most agent calls each agent runs at once.
+const AGENT_CONCURRENCY_MAX: u32 = 1024;
+
+/// Arguments of `serve`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The directory of workflow definitions (*.yaml, *.yml, *.json), all
+    /// registered at startup [default: ./workflows if it exists].
+    #[arg(long, value_name = "DIR")]
+    workflows: Option<PathBuf>,
+    /// This process's instance id: the `locked_by` of the tasks it runs and
+    /// the name of its Scheduler's inbox. Letters, digits, '-', '_', '.', ':'
+    /// [default: <hostname>-<pid>].
+    #[arg(long, env = "ROTA_INSTANCE_ID", value_name = "ID")]
+    instance_id: Option<String>,
+    /// The roles to run, comma-separated.
+    #[arg(long, value_enum, value_name = "ROLES", value_delimiter = ',', default_value = "scheduler,agent,supervisor")]
+    roles: Vec<Role>,
+    /// How many calls each agent runs at once (MaxConcurrentCalls).
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=i64::from(AGENT_CONCURRENCY_MAX)))]
+    agent_concurrency: u32,
+    /// How often the Supervisor looks for passed deadlines (10ms..1h).
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = humantime::parse_duration)]
+    supervisor_interval: Duration,
+}
+
+/// One role of the pattern.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Role {
+    /// Claims tasks and orchestrates their steps.
+    Scheduler,
+    /// Runs the built-in agents on their queues.
+    #[value(alias = "agents")]
+    Agent,
+    /// Recovers passed deadlines.
+    Supervisor,
+}
+
+/// Runs the engine until a signal stops it.
+pub async fn run(store_args: StoreArgs, args: Args) -> anyhow::Result<()> {
+    let instance = match args.instance_id.as_deref() {
+        Some(id) => checked_instance_id(id)?,
+        None => default_instance_id(),
+    };
+    let roles = Roles {
+        scheduler: args.roles.contains(&Role::Scheduler),
+        agents: args.roles.contains(&Role::Agent),
+        supervisor: args.roles.contains(&Role::Supervisor),
+    };
+    let interval = args.supervisor_interval;
+    anyhow::ensure!(
+        (SUPERVISOR_INTERVAL_MIN..=SUPERVISOR_INTERVAL_MAX).contains(&interval),
+        "--supervisor-interval must be between 10ms and 1h, got {}",
+        humantime::format_duration(interval)
+    );
+    // Listen before doing anything else, so that an early signal is a clean stop.
+    let mut signals = Signals::new()?;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let agents = AgentRegistry::builtin(clock.clone()).context("cannot set up the built-in agents")?;
+    let catalog = agents
+        .names()
+        .fold(AgentCatalog::empty(), |catalog, name| catalog.with(AgentName::new(name).expect("registered agents have valid names")));
+    let (dir, definitions) = load_workflows(args.workflows.as_deref(), &catalog)?;
+    let store = store_args.open()?;
+    warn_if_instance_is_live(&store, &instance, &*clock).await;
+    register(&store, &definitions).await?;
+
+    let mut config = Config::new(instance.clone());
+    config.roles = roles;
+    config.agent_concurrency = args.agent_concurrency as usize;
+    config.supervisor.interval = interval;
+    config.supervisor.leader_ttl = interval * LEADER_TTL_INTERVALS;
+    config.seed = seed(&instance, &*clock);
+    let mut engine = Engine::new(store.clone(), clock.clone(), config);
+    for name in agents.names() {
+        engine = engine.agent(agents.get(name).expect("a registered name"));
+    }
+    for definition in &definitions {
+        engine = engine.workflow(definition.clone());
+    }
+
+    let loaded: Vec<String> = definitions
+        .iter()
+        .map(|w| format!("{}@{} ({} step{})", w.name(), w.version(), w.steps().len(), if w.steps().len() == 1 { "" } else { "s" }))
+        .collect();
+    let loaded = match (&dir, loaded.is_empty()) {
+        (None, _) => "none (no workflows directory; tasks run the definitions already registered)".to_owned(),
+        (Some(dir), true) => format!("none in {}", dir.display()),
+        (Some(dir), false) => format!("{} from {}", loaded.join(", "), dir.display()),
+    };
+    let role_names: Vec<&str> = args.roles.iter().map(|role| role_name(*role)).collect();
+    // Without the agent role the registry only serves to validate definitions.
+    let agent_names: Vec<&str> = if roles.agents { agents.names().collect() } else { Vec::new() };
+    info!(
+        "rota serve started: instance {instance}, store {}, roles {}, agents {}, workflows {loaded}",
+        redacted(&store_args.url),
+        role_names.join(","),
+        if agent_names.is_empty() { "none".to_owned() } else { agent_names.join(",") }
+    );
+    let heartbeat = json!({
+        "instance": instance.as_str(),
+        "pid": std::process::id(),
+        "roles": role_names,
+        "agents": agent_names,
+        "workflows": definitions.iter().map(|w| json!({ "name": w.name().as_str(), "version": w.version() })).collect::<Vec<_>>(),
+        "started_at": clock.now(),
+    });
+
+    let shutdown = Shutdown::new();
+    let mut engine_run = tokio::spawn(engine.run(shutdown.clone()));
+    let reporter = Reporter { store: store.clone(), clock: clock.clone(), agents, instance: instance.clone(), heartbeat };
+    let reporting = tokio::spawn(reporter.run(shutdown.clone()));
+
+    let stopped = tokio::select! {
+        () = signals.next() => {
+            info!("stopping: waiting for the work in flight (send another SIGINT or SIGTERM to stop at once)");
+            shutdown.trigger();
+            tokio::select! {
+                joined = &mut engine_run => joined,
+                () = signals.next() => {
+                    bail!("stopped at once by a second signal; the work in flight is given back when its leases expire")
+                }
+            }
+        }
+        joined = &mut engine_run => {
+            shutdown.trigger();
+            match joined {
+                Ok(Ok(())) => Err(anyhow!("the engine stopped by itself")),
+                Ok(Err(err)) => Err(anyhow::Error::new(err).context("the engine stopped")),
+                Err(err) => Err(anyhow!("the engine panicked: {err}")),
+            }?
+        }
+    };
+    match stopped {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => return Err(anyhow::Error::new(err).context("the engine failed while stopping")),
+        Err(err) => bail!("the engine panicked while stopping: {err}"),
+    }
+    if let Err(err) = reporting.await {
+        warn!("the status reporter panicked: {err}");
+    }
+    info!("rota serve stopped: instance {instance}");
+    Ok(())
+}
+
+/// The store URL without a password (`postgres://user:secret@host` logs as
+/// `postgres://user:***@host`).
+fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
+    let Some((userinfo, host)) = rest.split_once('@') else { return url.to_owned() };
+    match userinfo.split_once(':') {
+        Some((user, _password)) => format!("{scheme}://{user}:***@{host}"),
+        None => url.to_owned(),
+    }
+}
+
+fn role_name(role: Role) -> &'static str {
+    match role {
+        Role::Scheduler => "scheduler",
+        Role::Agent => "agent",
+        Role::Supervisor => "supervisor",
+    }
+}
+
+/// Loads every definition in `dir` (or in `./workflows` when it exists).
+/// Any problem stops startup: every diagnostic goes to stderr, one per line.
+fn load_workflows(dir: Option<&Path>, catalog: &AgentCatalog) -> anyhow::Result<(Option<PathBuf>, Vec<Workflow>)> {
+    let dir = match dir {
+        Some(dir) if !dir.is_dir() => bail!("--workflows {}: no such directory", dir.display()),
+        Some(dir) => dir.to_path_buf(),
+        None if Path::new(WORKFLOWS_DIR_DEFAULT).is_dir() => PathBuf::from(WORKFLOWS_DIR_DEFAULT),
+        None => return Ok((None, Vec::new())),
+    };
+    let (workflows, problems) = rota_workflow::load_dir(&dir, catalog);
+    if !problems.is_empty() {
+        for problem in &problems {
+            eprintln!("{problem}");
+        }
+        let count = problems.len();
+        bail!("{count} problem{} in the workflow definitions in {}; not starting", if count == 1 { "" } else { "s" }, dir.display());
+    }
+    if workflows.is_empty() {
+        warn!("no workflow definitions (*.yaml, *.yml, *.json) in {}", dir.display());
+    }
+    Ok((Some(dir), workflows))
+}
+
+/// Registers each definition, naming the one whose version is already
+/// registered with a different definition.
+async fn register(store: &SharedStore, definitions: &[Workflow]) -> anyhow::Result<()> {
+    let workflows = Workflows::new(store.clone());
+    for workflow in definitions {
+        let (name, version) = (workflow.name(), workflow.version());
+        match workflows.register(workflow).await {
+            Ok(()) => {}
+            Err(rota_engine::Error::Store(rota_store::Error::Conflict(detail))) => bail!(
+                "workflow {name} version {version} differs from the version {version} already registered in the store \
+                 (a changed definition needs a new version number): {detail}"
+            ),
+            Err(err) => return Err(anyhow::Error::new(err).context(format!("cannot register workflow {name} version {version}"))),
+        }
+    }
+    Ok(())
+}
+
+/// Checks an `--instance-id`: a valid instance id that is also safe as a
+/// queue name, so that two ids never share an inbox.
+fn checked_instance_id(id: &str) -> anyhow::Result<InstanceId> {
+    let safe = id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'));
+    anyhow::ensure!(
+        !id.is_empty() && id.len() <= INSTANCE_ID_BYTES_MAX && safe,
+        "--instance-id {id:?} must be 1 to {INSTANCE_ID_BYTES_MAX} ASCII letters, digits, '-', '_', '.' or ':'"
+    );
+    InstanceId::new(id).map_err(|err| anyhow!("--instance-id: {err}"))
+}
+
+/// `<hostname>-<pid>`, with every character a queue name refuses replaced.
+fn default_instance_id() -> InstanceId {
+    let host: String = hostname()
+        .chars()
+        .take(HOSTNAME_CHARS_MAX)
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':') { c } else { '_' })
+        .collect();
+    let host = if host.is_empty() { "rota".to_owned() } else { host };
+    InstanceId::new(format!("{host}-{}", std::process::id())).expect("a sanitized host name and a pid make a valid id")
+}
+
+fn hostname() -> String {
+    let mut buffer = [0u8; 256];
+    // SAFETY: the pointer and length describe a writable buffer we own;
+    // gethostname writes at most that many bytes.
+    let rc = unsafe { libc::gethostname(buffer.as_mut_ptr().cast(), buffer.len()) };
+    if rc != 0 {
+        return String::new();
+    }
+    let end = buffer.iter().position(|&b| b == 0).unwrap_or(buffer.len());
+    String::from_utf8_lossy(&buffer[..end]).into_owned()
+}
+
+/// A jitter seed that differs between processes, so that two instances do
+/// not back off in lockstep.
+fn seed(instance: &InstanceId, clock: &dyn Clock) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    (instance.as_str(), std::process::id(), clock.now().as_millis()).hash(&mut hasher);
+    hasher.finish()
+}
+
+/// Two live processes with one instance id would share an inbox and each
+/// other's leases; the heartbeat makes that visible.
+async fn warn_if_instance_is_live(store: &SharedStore, instance: &InstanceId, clock: &dyn Clock) {
+    let key = instance_key(instance);
+    let Ok(statuses) = store.statuses(&key).await else { return };
+    let Some(last) = statuses.into_iter().find(|status| status.key == key) else { return };
+    let age = clock.now().since(last.reported_at);
+    if last.value["stopped"] != Value::Bool(true) && age < STATUS_REPORT_INTERVAL * 3 {
+        warn!(
+            "instance id {instance} reported a heartbeat {} ago and did not stop cleanly: \
+             if another process runs with this id, stop one of them (two processes must not share an instance id)",
+            humantime::format_duration(Duration::from_millis(age.as_millis() as u64))
+        );
+    }
+}
+
+fn instance_key(instance: &InstanceId) -> String {
+    format!("instance/{instance}")
+}
+
+/// The component status key of an endpoint's circuit breaker.
+pub fn breaker_key(endpoint: &str) -> String {
+    format!("breaker/{endpoint}")
+}
+
+/// Writes the heartbeat and the agents' breakers to the store.
+struct Reporter {
+    store: SharedStore,
+    clock: Arc<dyn Clock>,
+    agents: AgentRegistry,
+    instance: InstanceId,
+    heartbeat: Value,
+}
+
+impl Reporter {
+    async fn run(self, shutdown: Shutdown) {
+        let mut reported: HashMap<String, (BreakerSnapshot, Timestamp)> = HashMap::new();
+        let mut ticks = tokio::time::interval(STATUS_REPORT_INTERVAL);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => {}
+                () = shutdown.triggered() => break,
+            }
+            self.report_once(&mut reported, false).await;
+        }
+        self.report_once(&mut reported, true).await;
+    }
+
+    /// Reports the heartbeat and every breaker that changed since this
+    /// process last reported it, or was last reported long ago.
+    async fn report_once(&self, reported: &mut HashMap<String, (BreakerSnapshot, Timestamp)>, stopped: bool) {
+        let now = self.clock.now();
+        let mut heartbeat = self.heartbeat.clone();
+        heartbeat["stopped"] = Value::Bool(stopped);
+        if let Err(err) = self.store.report_status(&instance_key(&self.instance), &heartbeat).await {
+            warn!("cannot report the heartbeat of instance {}: {err}", self.instance);
+        }
+        let due: Vec<(String, BreakerSnapshot)> = self
+            .agents
+            .breakers()
+            .into_iter()
+            .filter(|(_, snapshot)| match reported.get(&snapshot.endpoint) {
+                Some((last, at)) => last != snapshot || now.since(*at) >= BREAKER_REFRESH_INTERVAL,
+                None => true,
+            })
+            .take(BREAKERS_REPORTED_MAX)
+            .collect();
+        for (agent, snapshot) in due {
+            let value = json!({
+                "agent": agent,
+                "endpoint": snapshot.endpoint,
+                "state": snapshot.state.as_str(),
+                "consecutive_failures": snapshot.consecutive_failures,
+                "open_until": snapshot.open_until,
+                "instance": self.instance.as_str(),
+            });
+            match self.store.report_status(&breaker_key(&snapshot.endpoint), &value).await {
+                Ok(()) => {
+                    reported.insert(snapshot.endpoint.clone(), (snapshot, now));
+                }
+                Err(err) => warn!("cannot report the circuit breaker of {}: {err}", snapshot.endpoint),
+            }
+        }
+    }
+}
+
+/// SIGINT and SIGTERM, registered before the store is opened.
+struct Signals {
+    interrupt: Signal,
+    terminate: Signal,
+}
+
+impl Signals {
+    fn new() -> anyhow::Result<Signals> {
+        let interrupt = signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?;
+        let terminate = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
+        Ok(Signals { interrupt, terminate })
+    }
+
+    async fn next(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_instance_ids_are_queue_name_safe() {
+        let id = default_instance_id();
+        assert!(id.as_str().ends_with(&format!("-{}", std::process::id())), "{id}");
+        assert!(checked_instance_id(id.as_str()).is_ok(), "{id}");
+    }
+
+    #[test]
+    fn logged_store_urls_hide_passwords() {
+        assert_eq!(redacted("postgres://rota:s3cret@db:5432/rota"), "postgres://rota:***@db:5432/rota");
+        assert_eq!(redacted("postgres://rota@db/rota"), "postgres://rota@db/rota");
+        assert_eq!(redacted("sqlite:///var/lib/rota.db"), "sqlite:///var/lib/rota.db");
+    }
+
+    #[test]
+    fn instance_ids_must_be_queue_name_safe() {
+        assert!(checked_instance_id("node-1.eu:a_b").is_ok());
+        for bad in ["", "has space", "slash/y", &"x".repeat(81)] {
+            let err = checked_instance_id(bad).unwrap_err().to_string();
+            assert!(err.starts_with("--instance-id"), "{err}");
+        }
+    }
+}

@@ -1,0 +1,743 @@
+//! The task commands (R6, R7): `submit`, `status`, `tasks`, `alerts`,
+//! `resubmit`, `cancel` and `workflows`. Each checks its arguments, opens
+//! the store, makes its calls through a [`Client`] (no engine runs in this
+//! process: a `rota serve` somewhere does the work) or reads the store, and
+//! prints the result: a table for people, `--json` for programs.
+//!
+//! `submit --wait` polls the store, printing each step's moves on stderr as
+//! they happen, and exits 0 only when the task ends Processed.
+//!
+//! Deliberately left out: following a task's events as a stream (the API's
+//! server-sent events), and paging through long listings.
+
+use std::io::IsTerminal;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, anyhow, bail};
+use rota_engine::{Client, Submission, Workflows};
+use rota_model::{StepName, StepState, SystemClock, Task, TaskId, TaskState, WorkflowName};
+use rota_store::{ComponentStatus, Event, SharedStore, TaskFilter, TaskRecord};
+use rota_workflow::Workflow;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::StoreArgs;
+use crate::output::{self, rfc3339};
+
+/// How often `submit --wait` reads the task.
+const WAIT_POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// The most tasks or alerts a listing may ask for.
+const LIST_LIMIT_MAX: u32 = 10_000;
+/// How many characters of an error or a JSON value a table cell shows.
+const CELL_CHARS_MAX: usize = 60;
+/// How many of the latest events `status` shows as a table.
+const HISTORY_SHOWN: usize = 20;
+
+/// Arguments of `submit`.
+#[derive(clap::Args)]
+pub struct SubmitArgs {
+    /// The workflow to run (registered by `rota serve --workflows DIR`).
+    workflow: WorkflowName,
+    /// The task's input: a JSON document, or @FILE to read one from a file.
+    #[arg(long, value_name = "JSON", default_value = "{}")]
+    input: String,
+    /// The task id, which doubles as the submission's idempotency key: a
+    /// second submit with the same id creates nothing [default: a fresh UUID].
+    #[arg(long, value_name = "ID")]
+    id: Option<TaskId>,
+    /// The workflow version [default: the latest registered].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    version: Option<u32>,
+    /// Wait for the task to end, showing its steps' progress on stderr; exit
+    /// 0 only if it ends Processed.
+    #[arg(long)]
+    wait: bool,
+    /// How long --wait waits before giving up (the task goes on).
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = humantime::parse_duration, requires = "wait")]
+    timeout: Duration,
+}
+
+/// Arguments of `status`.
+#[derive(clap::Args)]
+pub struct StatusArgs {
+    /// The task id.
+    id: TaskId,
+    /// Print a JSON object instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Arguments of `tasks`.
+#[derive(clap::Args)]
+pub struct ListArgs {
+    /// Only tasks in this state: pending, processing, processed, error,
+    /// compensating, compensated or cancelled.
+    #[arg(long, value_name = "STATE")]
+    state: Option<TaskState>,
+    /// Only tasks of this workflow.
+    #[arg(long, value_name = "NAME")]
+    workflow: Option<WorkflowName>,
+    /// The most tasks to list, newest first.
+    #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=i64::from(LIST_LIMIT_MAX)))]
+    limit: u32,
+    /// Print a JSON array instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Arguments of `alerts`.
+#[derive(clap::Args)]
+pub struct AlertsArgs {
+    /// The most alerts to list, newest first.
+    #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=i64::from(LIST_LIMIT_MAX)))]
+    limit: u32,
+    /// Print a JSON array instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Arguments of `resubmit`.
+#[derive(clap::Args)]
+pub struct ResubmitArgs {
+    /// The task id (a task in Error).
+    id: TaskId,
+    /// Run only this step again [default: every failed step].
+    #[arg(long, value_name = "STEP")]
+    step: Option<StepName>,
+}
+
+/// Arguments of `cancel`.
+#[derive(clap::Args)]
+pub struct CancelArgs {
+    /// The task id.
+    id: TaskId,
+}
+
+/// Arguments of `workflows`.
+#[derive(clap::Args)]
+pub struct WorkflowsArgs {
+    /// Print a JSON array instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn client(store: &SharedStore) -> Client {
+    Client::new(store.clone(), Arc::new(SystemClock), Workflows::new(store.clone()), None)
+}
+
+/// An engine error as an operator reads it: a missing record or a refused
+/// request is its own message, without the variant's prefix.
+fn engine_error(err: rota_engine::Error) -> anyhow::Error {
+    match err {
+        rota_engine::Error::Store(rota_store::Error::NotFound(what)) => anyhow!("{what}"),
+        rota_engine::Error::Refused(why) => anyhow!("{why}"),
+        other => anyhow::Error::new(other),
+    }
+}
+
+async fn required(store: &SharedStore, id: &TaskId) -> anyhow::Result<TaskRecord> {
+    store.task(id).await.with_context(|| format!("cannot read task {id}"))?.ok_or_else(|| anyhow!("task {id} not found"))
+}
+
+/// Parses `--input`: JSON, or `@FILE`. serde_json's message ends with the
+/// line and column of the problem.
+fn parse_input(text: &str) -> anyhow::Result<Value> {
+    if let Some(path) = text.strip_prefix('@') {
+        let contents = std::fs::read_to_string(Path::new(path)).with_context(|| format!("--input @{path}: cannot read the file"))?;
+        return serde_json::from_str(&contents).map_err(|err| anyhow!("--input @{path} is not valid JSON: {err}"));
+    }
+    serde_json::from_str(text).map_err(|err| anyhow!("--input is not valid JSON: {err}"))
+}
+
+/// `rota submit`.
+pub async fn submit(store: &StoreArgs, args: SubmitArgs) -> anyhow::Result<()> {
+    let input = parse_input(&args.input)?;
+    let store = store.open()?;
+    let submission = Submission { workflow: args.workflow.clone(), version: args.version, input, id: args.id, reply_to: None };
+    let submitted = client(&store).submit(submission).await.map_err(engine_error).map_err(|err| {
+        let hint = "; `rota workflows` lists the registered ones, and `rota serve --workflows DIR` registers a directory of definitions";
+        if err.to_string().contains("is not registered") { anyhow!("{err}{hint}") } else { err.context("cannot submit") }
+    })?;
+    output::line(submitted.id.as_str())?;
+    if !submitted.created {
+        let record = required(&store, &submitted.id).await?;
+        let task = &record.task;
+        eprintln!(
+            "(existing) task {} already exists ({}@{}, {}); nothing was submitted",
+            task.id, task.workflow, task.workflow_version, task.state
+        );
+    }
+    if !args.wait {
+        return Ok(());
+    }
+    let record = wait(&store, &submitted.id, args.timeout).await?;
+    let task = &record.task;
+    match task.state {
+        TaskState::Processed => Ok(()),
+        state if state.is_terminal() => {
+            let why = task.error.as_deref().map(|error| format!(": {error}")).unwrap_or_default();
+            bail!("task {} ended {state}{why}", task.id)
+        }
+        state => bail!(
+            "task {} did not end within {}: it is {state} (it goes on; `rota status {}` shows it)",
+            task.id,
+            humantime::format_duration(args.timeout),
+            task.id
+        ),
+    }
+}
+
+/// Polls the task until it is terminal or `timeout` has passed, printing
+/// each move of the task and of its steps on stderr, behind a spinner when
+/// stderr is a terminal.
+async fn wait(store: &SharedStore, id: &TaskId, timeout: Duration) -> anyhow::Result<TaskRecord> {
+    let started = Instant::now();
+    let spinner = if std::io::stderr().is_terminal() {
+        let spinner = indicatif::ProgressBar::new_spinner();
+        spinner.enable_steady_tick(Duration::from_millis(100));
+        spinner
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let mut seen: Option<TaskRecord> = None;
+    loop {
+        let record = required(store, id).await?;
+        let elapsed = started.elapsed();
+        for line in moves(seen.as_ref(), &record) {
+            spinner.suspend(|| eprintln!("[{:>7.2}s] {line}", elapsed.as_secs_f64()));
+        }
+        let completed = record.steps.iter().filter(|step| step.state == StepState::Completed).count();
+        spinner.set_message(format!("task {id}: {}, {completed}/{} steps completed", record.task.state, record.steps.len()));
+        if record.task.state.is_terminal() || elapsed >= timeout {
+            spinner.finish_and_clear();
+            return Ok(record);
+        }
+        seen = Some(record);
+        tokio::time::sleep(WAIT_POLL_INTERVAL.min(timeout.saturating_sub(elapsed))).await;
+    }
+}
+
+/// What changed between two reads of a task, one line per move.
+fn moves(before: Option<&TaskRecord>, after: &TaskRecord) -> Vec<String> {
+    let mut lines = Vec::new();
+    for step in &after.steps {
+        let previous = before.and_then(|before| before.steps.iter().find(|s| s.name == step.name));
+        let unchanged = previous.is_some_and(|p| p.state == step.state && p.attempt == step.attempt);
+        if unchanged || (previous.is_none() && step.state == StepState::NotStarted && step.attempt == 0) {
+            continue;
+        }
+        let error = match (step.state, &step.last_error) {
+            (StepState::Failed | StepState::NotStarted, Some(error)) => format!(": {}", cut(error)),
+            _ => String::new(),
+        };
+        lines.push(format!("step {}: {} (attempt {}){error}", step.name, step.state, step.attempt));
+    }
+    let task = &after.task;
+    if before.is_none_or(|before| before.task.state != task.state || before.task.failure_count != task.failure_count) {
+        let failures = if task.failure_count > 0 { format!(" (failure count {})", task.failure_count) } else { String::new() };
+        lines.push(format!("task {}: {}{failures}", task.id, task.state));
+    }
+    lines
+}
+
+/// A text cut to fit a table cell, on one line.
+fn cut(text: &str) -> String {
+    let text = text.replace('\n', " ");
+    if text.chars().count() <= CELL_CHARS_MAX {
+        return text;
+    }
+    let mut cut: String = text.chars().take(CELL_CHARS_MAX - 1).collect();
+    cut.push('…');
+    cut
+}
+
+/// A task as `tasks --json` lists it (without input and output; `status`
+/// shows those).
+#[derive(Serialize)]
+struct TaskSummaryJson<'a> {
+    id: &'a str,
+    workflow: &'a str,
+    version: u32,
+    state: TaskState,
+    locked_by: Option<&'a str>,
+    complete_by: Option<String>,
+    failure_count: u32,
+    error: Option<&'a str>,
+    created_at: String,
+    updated_at: String,
+}
+
+impl<'a> From<&'a Task> for TaskSummaryJson<'a> {
+    fn from(task: &'a Task) -> Self {
+        TaskSummaryJson {
+            id: task.id.as_str(),
+            workflow: task.workflow.as_str(),
+            version: task.workflow_version,
+            state: task.state,
+            locked_by: task.locked_by.as_ref().map(|owner| owner.as_str()),
+            complete_by: task.complete_by.map(rfc3339),
+            failure_count: task.failure_count,
+            error: task.error.as_deref(),
+            created_at: rfc3339(task.created_at),
+            updated_at: rfc3339(task.updated_at),
+        }
+    }
+}
+
+/// A task with its steps, history and the breakers that are not closed, as
+/// `status --json` prints it.
+#[derive(Serialize)]
+struct StatusJson<'a> {
+    id: &'a str,
+    workflow: &'a str,
+    version: u32,
+    state: TaskState,
+    locked_by: Option<&'a str>,
+    lease_epoch: u64,
+    complete_by: Option<String>,
+    not_before: String,
+    failure_count: u32,
+    max_failures: Option<u32>,
+    error: Option<&'a str>,
+    input: &'a Value,
+    output: Option<&'a Value>,
+    reply_to: Option<&'a str>,
+    created_at: String,
+    updated_at: String,
+    steps: Vec<StepJson<'a>>,
+    history: Vec<EventJson<'a>>,
+    breakers: Vec<BreakerJson>,
+}
+
+#[derive(Serialize)]
+struct StepJson<'a> {
+    name: &'a str,
+    position: u32,
+    agent: Option<&'a str>,
+    state: StepState,
+    attempts: u32,
+    complete_by: Option<String>,
+    not_before: String,
+    owner: Option<&'a str>,
+    input: Option<&'a Value>,
+    output: Option<&'a Value>,
+    last_error: Option<&'a str>,
+    updated_at: String,
+}
+
+#[derive(Serialize)]
+struct EventJson<'a> {
+    seq: i64,
+    at: String,
+    kind: &'static str,
+    step: Option<&'a str>,
+    attempt: Option<u32>,
+    detail: &'a Value,
+}
+
+impl<'a> From<&'a Event> for EventJson<'a> {
+    fn from(event: &'a Event) -> Self {
+        EventJson {
+            seq: event.seq,
+            at: rfc3339(event.at),
+            kind: event.kind.as_str(),
+            step: event.step.as_ref().map(|step| step.as_str()),
+            attempt: event.attempt,
+            detail: &event.detail,
+        }
+    }
+}
+
+/// A circuit breaker as `rota serve` reported it.
+#[derive(Serialize)]
+struct BreakerJson {
+    endpoint: String,
+    agent: Option<String>,
+    state: String,
+    consecutive_failures: Option<u64>,
+    open_until: Option<String>,
+    instance: Option<String>,
+    reported_at: String,
+}
+
+impl From<&ComponentStatus> for BreakerJson {
+    fn from(status: &ComponentStatus) -> Self {
+        let text = |field: &str| status.value[field].as_str().map(str::to_owned);
+        BreakerJson {
+            endpoint: text("endpoint").unwrap_or_else(|| status.key.trim_start_matches("breaker/").to_owned()),
+            agent: text("agent"),
+            state: text("state").unwrap_or_else(|| "unknown".to_owned()),
+            consecutive_failures: status.value["consecutive_failures"].as_u64(),
+            open_until: status.value["open_until"].as_i64().map(|millis| rfc3339(rota_model::Timestamp::from_millis(millis))),
+            instance: text("instance"),
+            reported_at: rfc3339(status.reported_at),
+        }
+    }
+}
+
+/// The breakers `rota serve` processes reported that are not closed.
+async fn open_breakers(store: &SharedStore) -> anyhow::Result<Vec<BreakerJson>> {
+    let statuses = store.statuses("breaker/").await.context("cannot read the circuit breakers")?;
+    Ok(statuses.iter().map(BreakerJson::from).filter(|breaker| breaker.state != "closed").collect())
+}
+
+/// The owner of a step: the task's holder, while the step is in flight.
+fn step_owner(task: &Task, state: StepState) -> Option<&str> {
+    let in_flight = matches!(state, StepState::Running | StepState::Compensating);
+    task.locked_by.as_ref().filter(|_| in_flight).map(|owner| owner.as_str())
+}
+
+/// `rota status`.
+pub async fn status(store: &StoreArgs, args: StatusArgs) -> anyhow::Result<()> {
+    let store = store.open()?;
+    let record = required(&store, &args.id).await?;
+    let history = store.history(&args.id).await.with_context(|| format!("cannot read the history of task {}", args.id))?;
+    let task = &record.task;
+    // The definition names each step's agent; a task whose definition is
+    // missing or unreadable is still shown.
+    let definition = Workflows::new(store.clone()).get(&task.workflow, Some(task.workflow_version)).await.ok();
+    let agent_of = |name: &StepName| definition.as_deref().and_then(|d: &Workflow| d.step(name)).map(|def| def.agent().as_str());
+    let breakers = open_breakers(&store).await?;
+    let steps: Vec<StepJson> = record
+        .steps
+        .iter()
+        .map(|step| StepJson {
+            name: step.name.as_str(),
+            position: step.position,
+            agent: agent_of(&step.name),
+            state: step.state,
+            attempts: step.attempt,
+            complete_by: step.complete_by.map(rfc3339),
+            not_before: rfc3339(step.not_before),
+            owner: step_owner(task, step.state),
+            input: step.input.as_ref(),
+            output: step.output.as_ref(),
+            last_error: step.last_error.as_deref(),
+            updated_at: rfc3339(step.updated_at),
+        })
+        .collect();
+    let status = StatusJson {
+        id: task.id.as_str(),
+        workflow: task.workflow.as_str(),
+        version: task.workflow_version,
+        state: task.state,
+        locked_by: task.locked_by.as_ref().map(|owner| owner.as_str()),
+        lease_epoch: task.lease_epoch,
+        complete_by: task.complete_by.map(rfc3339),
+        not_before: rfc3339(task.not_before),
+        failure_count: task.failure_count,
+        max_failures: definition.as_deref().map(Workflow::max_failures),
+        error: task.error.as_deref(),
+        input: &task.input,
+        output: task.output.as_ref(),
+        reply_to: task.reply_to.as_deref(),
+        created_at: rfc3339(task.created_at),
+        updated_at: rfc3339(task.updated_at),
+        steps,
+        history: history.iter().map(EventJson::from).collect(),
+        breakers,
+    };
+    if args.json {
+        return output::json(&status);
+    }
+    output::line(&status_text(&status))?;
+    Ok(())
+}
+
+/// `status` for people: the task's fields, its steps, its latest events and
+/// the breakers that are not closed.
+fn status_text(status: &StatusJson) -> String {
+    let or_dash = |value: Option<&str>| value.unwrap_or("-").to_owned();
+    let failures = match status.max_failures {
+        Some(max) => format!("{} of {max}", status.failure_count),
+        None => status.failure_count.to_string(),
+    };
+    let mut fields = vec![
+        ("task", status.id.to_owned()),
+        ("workflow", format!("{}@{}", status.workflow, status.version)),
+        ("state", status.state.to_string()),
+        ("locked_by", or_dash(status.locked_by)),
+        ("complete_by", or_dash(status.complete_by.as_deref())),
+        ("failure_count", failures),
+        ("created_at", status.created_at.clone()),
+        ("updated_at", status.updated_at.clone()),
+    ];
+    if let Some(error) = status.error {
+        fields.push(("error", error.replace('\n', " ")));
+    }
+    fields.push(("input", status.input.to_string()));
+    if let Some(output) = status.output {
+        fields.push(("output", output.to_string()));
+    }
+    let width = fields.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
+    let mut text: Vec<String> = fields.iter().map(|(name, value)| format!("{name:<width$}  {value}")).collect();
+
+    let rows: Vec<Vec<String>> = status
+        .steps
+        .iter()
+        .map(|step| {
+            vec![
+                step.name.to_owned(),
+                or_dash(step.agent),
+                step.state.to_string(),
+                step.attempts.to_string(),
+                or_dash(step.complete_by.as_deref()),
+                or_dash(step.owner),
+                step.last_error.map(cut).unwrap_or_default(),
+            ]
+        })
+        .collect();
+    text.push(String::new());
+    text.push(output::table(&["STEP", "AGENT", "STATE", "ATTEMPTS", "COMPLETE BY", "OWNER", "LAST ERROR"], &rows));
+
+    let skipped = status.history.len().saturating_sub(HISTORY_SHOWN);
+    let rows: Vec<Vec<String>> = status.history[skipped..]
+        .iter()
+        .map(|event| {
+            let detail = if event.detail.as_object().is_some_and(|o| o.is_empty()) || event.detail.is_null() {
+                String::new()
+            } else {
+                cut(&event.detail.to_string())
+            };
+            vec![
+                event.at.clone(),
+                event.kind.to_owned(),
+                event.step.unwrap_or("").to_owned(),
+                event.attempt.map(|a| a.to_string()).unwrap_or_default(),
+                detail,
+            ]
+        })
+        .collect();
+    text.push(String::new());
+    if skipped > 0 {
+        text.push(format!("({skipped} earlier events not shown; --json shows them all)"));
+    }
+    text.push(output::table(&["TIME", "EVENT", "STEP", "ATTEMPT", "DETAIL"], &rows));
+
+    if !status.breakers.is_empty() {
+        let rows: Vec<Vec<String>> = status
+            .breakers
+            .iter()
+            .map(|breaker| {
+                vec![
+                    breaker.endpoint.clone(),
+                    breaker.agent.clone().unwrap_or_default(),
+                    breaker.state.clone(),
+                    breaker.open_until.clone().unwrap_or_else(|| "-".to_owned()),
+                    breaker.instance.clone().unwrap_or_default(),
+                    breaker.reported_at.clone(),
+                ]
+            })
+            .collect();
+        text.push(String::new());
+        text.push("circuit breakers not closed:".to_owned());
+        text.push(output::table(&["ENDPOINT", "AGENT", "STATE", "OPEN UNTIL", "INSTANCE", "REPORTED"], &rows));
+    }
+    text.join("\n")
+}
+
+/// `rota tasks`.
+pub async fn list(store: &StoreArgs, args: ListArgs) -> anyhow::Result<()> {
+    let store = store.open()?;
+    let filter = TaskFilter { state: args.state, workflow: args.workflow, limit: args.limit };
+    let tasks = store.list_tasks(&filter).await.context("cannot list tasks")?;
+    if args.json {
+        let json: Vec<TaskSummaryJson> = tasks.iter().map(TaskSummaryJson::from).collect();
+        return output::json(&json);
+    }
+    if tasks.is_empty() {
+        eprintln!("no tasks");
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = tasks
+        .iter()
+        .map(|task| {
+            vec![
+                task.id.to_string(),
+                format!("{}@{}", task.workflow, task.workflow_version),
+                task.state.to_string(),
+                task.failure_count.to_string(),
+                task.locked_by.as_ref().map_or_else(|| "-".to_owned(), ToString::to_string),
+                rfc3339(task.updated_at),
+                task.error.as_deref().map(cut).unwrap_or_default(),
+            ]
+        })
+        .collect();
+    output::line(&output::table(&["ID", "WORKFLOW", "STATE", "FAILURES", "LOCKED BY", "UPDATED", "ERROR"], &rows))?;
+    Ok(())
+}
+
+/// An alert, as `alerts --json` lists it.
+#[derive(Serialize)]
+struct AlertJson<'a> {
+    seq: i64,
+    task_id: &'a str,
+    at: String,
+    reason: String,
+    step: Option<&'a str>,
+    detail: &'a Value,
+}
+
+/// `rota alerts`.
+pub async fn alerts(store: &StoreArgs, args: AlertsArgs) -> anyhow::Result<()> {
+    let store = store.open()?;
+    let alerts = store.alerts(args.limit).await.context("cannot list alerts")?;
+    let json: Vec<AlertJson> = alerts
+        .iter()
+        .map(|event| AlertJson {
+            seq: event.seq,
+            task_id: event.task_id.as_str(),
+            at: rfc3339(event.at),
+            reason: event.detail["reason"].as_str().map_or_else(|| event.detail.to_string(), str::to_owned),
+            step: event.step.as_ref().map(|step| step.as_str()),
+            detail: &event.detail,
+        })
+        .collect();
+    if args.json {
+        return output::json(&json);
+    }
+    if json.is_empty() {
+        eprintln!("no alerts");
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> =
+        json.iter().map(|alert| vec![alert.task_id.to_owned(), alert.at.clone(), alert.reason.replace('\n', " ")]).collect();
+    output::line(&output::table(&["TASK", "TIME", "REASON"], &rows))?;
+    Ok(())
+}
+
+/// `rota resubmit`: prints the task's state afterwards.
+pub async fn resubmit(store: &StoreArgs, args: ResubmitArgs) -> anyhow::Result<()> {
+    let store = store.open()?;
+    let record = required(&store, &args.id).await?;
+    if let Some(step) = &args.step
+        && !record.steps.iter().any(|s| &s.name == step)
+    {
+        let names: Vec<&str> = record.steps.iter().map(|s| s.name.as_str()).collect();
+        bail!("task {} has no step {step} (its steps: {})", args.id, names.join(", "));
+    }
+    client(&store).resubmit(&args.id, args.step.as_ref()).await.map_err(|err| refused("resubmit", &args.id, err))?;
+    let record = required(&store, &args.id).await?;
+    output::line(record.task.state.as_str())?;
+    Ok(())
+}
+
+/// `rota cancel`: prints the state the task moved to.
+pub async fn cancel(store: &StoreArgs, args: CancelArgs) -> anyhow::Result<()> {
+    let store = store.open()?;
+    required(&store, &args.id).await?;
+    let state = client(&store).cancel(&args.id).await.map_err(|err| refused("cancel", &args.id, err))?;
+    output::line(state.as_str())?;
+    Ok(())
+}
+
+/// "cannot ACTION task ID: why", from a refused (or failed) operation.
+fn refused(action: &str, id: &TaskId, err: rota_engine::Error) -> anyhow::Error {
+    let prefix = format!("task {id}: ");
+    let message = engine_error(err).to_string();
+    let message = message.strip_prefix(&prefix).unwrap_or(&message);
+    anyhow!("cannot {action} task {id}: {message}")
+}
+
+/// A registered workflow, as `workflows --json` lists it.
+#[derive(Serialize)]
+struct WorkflowJson {
+    name: String,
+    version: u32,
+    registered_at: String,
+    steps: Vec<WorkflowStepJson>,
+}
+
+#[derive(Serialize)]
+struct WorkflowStepJson {
+    name: String,
+    agent: String,
+    depends_on: Vec<String>,
+}
+
+/// `rota workflows`: the latest version of each registered workflow.
+pub async fn workflows(store: &StoreArgs, args: WorkflowsArgs) -> anyhow::Result<()> {
+    let store = store.open()?;
+    let entries = store.workflows().await.context("cannot list workflows")?;
+    let mut json = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let definition: Workflow = serde_json::from_value(entry.definition)
+            .with_context(|| format!("the stored definition of workflow {} version {} is unreadable", entry.name, entry.version))?;
+        let steps = definition
+            .steps()
+            .iter()
+            .map(|step| WorkflowStepJson {
+                name: step.name().to_string(),
+                agent: step.agent().to_string(),
+                depends_on: step.depends_on().iter().map(ToString::to_string).collect(),
+            })
+            .collect();
+        json.push(WorkflowJson {
+            name: entry.name.to_string(),
+            version: entry.version,
+            registered_at: rfc3339(entry.registered_at),
+            steps,
+        });
+    }
+    if args.json {
+        return output::json(&json);
+    }
+    if json.is_empty() {
+        eprintln!("no workflows registered (`rota serve --workflows DIR` registers a directory of definitions)");
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = json
+        .iter()
+        .map(|workflow| {
+            let steps: Vec<String> = workflow.steps.iter().map(|step| format!("{} ({})", step.name, step.agent)).collect();
+            vec![workflow.name.clone(), workflow.version.to_string(), workflow.registered_at.clone(), steps.join(", ")]
+        })
+        .collect();
+    output::line(&output::table(&["NAME", "VERSION", "REGISTERED", "STEPS"], &rows))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rota_model::{Step, Timestamp};
+    use serde_json::json;
+
+    fn record(task_state: TaskState, steps: &[(&str, StepState, u32)]) -> TaskRecord {
+        let id = TaskId::new("t-1").unwrap();
+        let mut task = Task::new(id.clone(), WorkflowName::new("w").unwrap(), 1, json!({}), Timestamp::from_millis(0));
+        task.state = task_state;
+        let steps = steps
+            .iter()
+            .enumerate()
+            .map(|(i, (name, state, attempt))| {
+                let mut step = Step::new(id.clone(), StepName::new(*name).unwrap(), i as u32, Timestamp::from_millis(0));
+                step.state = *state;
+                step.attempt = *attempt;
+                step
+            })
+            .collect();
+        TaskRecord { task, steps }
+    }
+
+    #[test]
+    fn moves_name_each_change_once() {
+        let first = record(TaskState::Pending, &[("a", StepState::NotStarted, 0), ("b", StepState::NotStarted, 0)]);
+        assert_eq!(moves(None, &first), ["task t-1: pending"]);
+        let second = record(TaskState::Processing, &[("a", StepState::Running, 1), ("b", StepState::NotStarted, 0)]);
+        assert_eq!(moves(Some(&first), &second), ["step a: running (attempt 1)", "task t-1: processing"]);
+        assert!(moves(Some(&second), &second).is_empty());
+        let mut third = record(TaskState::Error, &[("a", StepState::Failed, 1), ("b", StepState::NotStarted, 0)]);
+        third.steps[0].last_error = Some("exit code 1\nboom".into());
+        assert_eq!(moves(Some(&second), &third), ["step a: failed (attempt 1): exit code 1 boom", "task t-1: error"]);
+    }
+
+    #[test]
+    fn input_errors_name_the_position() {
+        let err = parse_input("{\"a\": }").unwrap_err().to_string();
+        assert!(err.starts_with("--input is not valid JSON: ") && err.ends_with("at line 1 column 7"), "{err}");
+        assert_eq!(parse_input("[1, 2]").unwrap(), json!([1, 2]));
+    }
+}

@@ -1,0 +1,690 @@
+//! The task commands and `rota serve`, run as the real binary against a
+//! temporary SQLite store: validate, serve + submit end to end, status,
+//! alerts, resubmit, cancel, signals, and the issue's real-process tests
+//! (SIGKILL mid-run and restart; two `rota serve` processes on one store).
+//!
+//! These run in real time by nature (real processes, a real file, the
+//! built-in `delay` and `exec` agents); each is kept to a few seconds.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Output, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{Rota, assert_one_error_line, lines_of};
+use serde_json::{Value, json};
+
+/// How long a test waits for `rota serve` to say it started.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A `rota serve` child process, killed when dropped.
+struct Serve {
+    child: Child,
+    stderr: mpsc::Receiver<String>,
+    /// Every stderr line read so far (for failure messages).
+    seen: Vec<String>,
+}
+
+impl Serve {
+    /// Starts `rota serve --workflows DIR --instance-id ID` with a quick
+    /// Supervisor and `env`, and waits until it has registered its workflows.
+    fn start(rota: &Rota, workflows: &Path, instance: &str, env: &[(&str, &str)]) -> Serve {
+        let dir = workflows.to_str().unwrap();
+        let mut command = rota.command(&["serve", "--workflows", dir, "--instance-id", instance, "--supervisor-interval", "200ms"]);
+        command.stdout(Stdio::null()).stderr(Stdio::piped());
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = command.spawn().expect("rota serve starts");
+        let stderr = lines_of(child.stderr.take().unwrap());
+        let mut serve = Serve { child, stderr, seen: Vec::new() };
+        serve.wait_for_line("rota serve started", STARTUP_TIMEOUT);
+        serve
+    }
+
+    fn wait_for_line(&mut self, needle: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.stderr.recv_timeout(left) {
+                Ok(line) => {
+                    let found = line.contains(needle);
+                    self.seen.push(line);
+                    if found {
+                        return;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        panic!("rota serve did not log {needle:?} within {timeout:?}; its stderr:\n{}", self.seen.join("\n"));
+    }
+
+    fn signal(&self, signal: i32) {
+        assert_eq!(unsafe { libc::kill(self.child.id() as i32, signal) }, 0);
+    }
+
+    /// Sends SIGTERM and returns the exit status and how long it took.
+    fn terminate(mut self) -> (std::process::ExitStatus, Duration, String) {
+        let started = Instant::now();
+        self.signal(libc::SIGTERM);
+        let status = wait_with_timeout(&mut self.child, Duration::from_secs(20)).expect("rota serve exits after SIGTERM");
+        let elapsed = started.elapsed();
+        self.seen.extend(self.stderr.try_iter());
+        (status, elapsed, self.seen.join("\n"))
+    }
+
+    /// SIGKILL, at once.
+    fn kill(mut self) {
+        self.signal(libc::SIGKILL);
+        let status = self.child.wait().unwrap();
+        assert_eq!(status.signal(), Some(libc::SIGKILL));
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn wait_with_timeout(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+/// A directory of workflow files (and whatever else a test keeps beside them).
+struct Files {
+    dir: tempfile::TempDir,
+}
+
+impl Files {
+    fn new() -> Files {
+        Files { dir: tempfile::tempdir().unwrap() }
+    }
+
+    /// The workflows directory, created on first use.
+    fn workflows(&self) -> PathBuf {
+        let dir = self.dir.path().join("workflows");
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn workflow(&self, name: &str, yaml: &str) -> PathBuf {
+        let path = self.workflows().join(name);
+        std::fs::write(&path, yaml).unwrap();
+        path
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+fn stderr_of(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn stdout_of(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Polls `status --json` until the task's state is `state`.
+fn wait_for_state(rota: &Rota, id: &str, state: &str, timeout: Duration) -> Value {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let status = rota.json(&["status", id, "--json"]);
+        if status["state"] == state {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "task {id} is not {state} after {timeout:?}: {status:#}");
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Polls `tasks --json` until every task is in a terminal state; returns them.
+fn wait_for_all_terminal(rota: &Rota, count: usize, timeout: Duration) -> Vec<Value> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let tasks = rota.json(&["tasks", "--json", "--limit", "1000"]);
+        let tasks = tasks.as_array().unwrap().clone();
+        let terminal = ["processed", "error", "compensated", "cancelled"];
+        if tasks.len() == count && tasks.iter().all(|task| terminal.contains(&task["state"].as_str().unwrap())) {
+            return tasks;
+        }
+        let states: BTreeMap<String, usize> = tasks.iter().fold(BTreeMap::new(), |mut counts, task| {
+            *counts.entry(task["state"].as_str().unwrap().to_owned()).or_default() += 1;
+            counts
+        });
+        assert!(Instant::now() < deadline, "not every task ended within {timeout:?}: {states:?}");
+        thread::sleep(Duration::from_millis(200));
+    }
+}
+
+// ---------------------------------------------------------------- validate
+
+#[test]
+fn validate_prints_every_problem_with_its_position() {
+    let rota = Rota::new();
+    let files = Files::new();
+    let good = files.workflow("good.yaml", "name: good\nversion: 2\nsteps:\n  - name: a\n    agent: delay\n  - name: b\n    agent: exec\n");
+    let bad = files.workflow(
+        "bad.yaml",
+        "name: bad\n\
+         version: 1\n\
+         steps:\n  \
+           - name: a\n    \
+             agent: nope\n    \
+             timeout: 5 parsecs\n  \
+           - name: b\n    \
+             depends_on: [missing]\n    \
+             agent: exec\n    \
+             colour: red\n",
+    );
+    let (good, bad) = (good.display().to_string(), bad.display().to_string());
+    let output = rota.command(&["validate", &good, &bad]).output().unwrap();
+    assert_eq!(output.status.code(), Some(1), "{}", stderr_of(&output));
+    assert_eq!(stdout_of(&output), format!("{good}: ok (workflow good version 2, 2 steps)\n"));
+    let stderr = stderr_of(&output);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            format!("{bad}:5:12: step `a`: unknown agent `nope` (known agents: delay, exec, http)"),
+            format!(
+                "{bad}:6:14: step `a`: invalid duration \"5 parsecs\" for `timeout`: unknown time unit \"parsecs\", supported units: \
+                 ns, us/µs, ms, sec, min, hours, days, weeks, months, years (and few variations)"
+            ),
+            format!("{bad}:8:18: step `b`: depends on unknown step `missing`"),
+            format!(
+                "{bad}:10:5: step `b`: unknown field `colour` (expected one of: name, agent, with, timeout, retry, compensate, depends_on)"
+            ),
+            "error: 4 problems in 1 of 2 workflow files".to_owned(),
+        ]
+    );
+
+    // The repository's example validates.
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/workflows/order.yaml");
+    let stdout = rota.ok(&["validate", example.to_str().unwrap()]);
+    assert!(stdout.trim_end().ends_with("order.yaml: ok (workflow order version 3, 4 steps)"), "{stdout}");
+
+    // Custom agents are declared with --agent.
+    let custom = files.path("custom.json");
+    std::fs::write(&custom, r#"{"name": "c", "version": 1, "steps": [{"name": "post", "agent": "ledger"}]}"#).unwrap();
+    let custom = custom.display().to_string();
+    let (code, stderr) = rota.fails(&["validate", &custom]);
+    assert_eq!(code, 1);
+    assert!(stderr.starts_with(&format!("{custom}:1:")) && stderr.contains("unknown agent `ledger`"), "{stderr}");
+    assert_eq!(rota.ok(&["validate", "--agent", "ledger", &custom]), format!("{custom}: ok (workflow c version 1, 1 step)\n"));
+
+    // A missing file is a problem of its own, without a position.
+    let missing = files.path("missing.yaml").display().to_string();
+    let (code, stderr) = rota.fails(&["validate", &missing]);
+    assert_eq!(code, 1);
+    assert!(stderr.starts_with(&format!("{missing}:0:0: cannot read: ")), "{stderr}");
+}
+
+#[test]
+fn serve_refuses_to_start_with_an_invalid_workflow() {
+    let rota = Rota::new();
+    let files = Files::new();
+    files.workflow("ok.yaml", "name: ok\nversion: 1\nsteps:\n  - name: a\n    agent: delay\n");
+    let bad = files.workflow("zz.yaml", "name: zz\nversion: 1\nsteps:\n  - name: a\n    agent: nope\n");
+    let dir = files.workflows().display().to_string();
+    let output = rota.command(&["serve", "--workflows", &dir]).output().unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = stderr_of(&output);
+    assert!(stderr.contains(&format!("{}:5:12: step `a`: unknown agent `nope`", bad.display())), "{stderr}");
+    assert!(stderr.lines().last().unwrap().starts_with("error: 1 problem in the workflow definitions in "), "{stderr}");
+    // Nothing was registered.
+    assert_eq!(rota.json(&["workflows", "--json"]), json!([]));
+
+    let (code, stderr) = rota.fails(&["serve", "--workflows", &dir, "--instance-id", "has space"]);
+    assert_eq!(code, 1);
+    assert_one_error_line(&stderr, &["--instance-id", "letters, digits"]);
+}
+
+// ------------------------------------------------------------ end to end
+
+const PIPELINE: &str = r#"
+name: pipeline
+version: 1
+steps:
+  - name: pause
+    agent: delay
+    with: { for: "10ms" }
+  - name: echo
+    agent: exec
+    with: { command: ["sh", "-c", "cat"], stdin: { order: "{{ input.order }}", pause: "{{ steps.pause.output }}" } }
+"#;
+
+#[test]
+fn serve_runs_a_submitted_task_to_processed() {
+    let rota = Rota::new();
+    let files = Files::new();
+    files.workflow("pipeline.yaml", PIPELINE);
+    let serve = Serve::start(&rota, &files.workflows(), "e2e-1", &[]);
+
+    let output = rota.command(&["submit", "pipeline", "--input", r#"{"order": 7}"#, "--id", "order-7", "--wait"]).output().unwrap();
+    let stderr = stderr_of(&output);
+    assert!(output.status.success(), "{stderr}");
+    assert_eq!(stdout_of(&output), "order-7\n");
+    assert!(stderr.contains("step echo: completed (attempt 1)"), "progress on stderr: {stderr}");
+    assert!(stderr.contains("task order-7: processed"), "{stderr}");
+
+    let status = rota.json(&["status", "order-7", "--json"]);
+    assert_eq!(status["id"], "order-7");
+    assert_eq!(status["state"], "processed");
+    assert_eq!(status["workflow"], "pipeline");
+    assert_eq!(status["version"], 1);
+    assert_eq!(status["failure_count"], 0);
+    assert_eq!(status["locked_by"], Value::Null, "a finished task holds no lease");
+    assert_eq!(status["input"], json!({ "order": 7 }));
+    assert_eq!(status["output"]["echo"], json!({ "order": 7, "pause": { "slept_ms": 10 } }), "{status:#}");
+    let steps = status["steps"].as_array().unwrap();
+    let names: Vec<&str> = steps.iter().map(|step| step["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["pause", "echo"]);
+    for step in steps {
+        assert_eq!((&step["state"], &step["attempts"]), (&json!("completed"), &json!(1)), "{step}");
+    }
+    assert_eq!(steps[1]["agent"], "exec");
+    let kinds: Vec<&str> = status["history"].as_array().unwrap().iter().map(|event| event["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds.first(), Some(&"received"));
+    assert_eq!(kinds.last(), Some(&"processed"));
+    let claimed = status["history"].as_array().unwrap().iter().find(|event| event["kind"] == "claimed").unwrap();
+    assert_eq!(claimed["detail"]["owner"], "e2e-1");
+    assert!(status["created_at"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(status["breakers"], json!([]));
+
+    // The same id again creates nothing, and says so.
+    let output = rota.command(&["submit", "pipeline", "--id", "order-7"]).output().unwrap();
+    assert!(output.status.success());
+    assert_eq!(stdout_of(&output), "order-7\n");
+    assert!(stderr_of(&output).contains("(existing) task order-7 already exists (pipeline@1, processed)"), "{}", stderr_of(&output));
+
+    // Listings.
+    let second = rota.ok(&["submit", "pipeline", "--input", r#"{"order": 8}"#, "--wait"]);
+    let processed = rota.json(&["tasks", "--state", "processed", "--json"]);
+    let ids: BTreeSet<&str> = processed.as_array().unwrap().iter().map(|task| task["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, BTreeSet::from(["order-7", second.trim()]));
+    assert_eq!(rota.json(&["tasks", "--state", "error", "--json"]), json!([]));
+    assert_eq!(rota.json(&["tasks", "--workflow", "pipeline", "--limit", "1", "--json"]).as_array().unwrap().len(), 1);
+    let table = rota.ok(&["tasks"]);
+    assert!(table.starts_with("ID") && table.contains("pipeline@1") && table.contains("processed"), "{table}");
+    let text = rota.ok(&["status", "order-7"]);
+    assert!(text.contains("pipeline@1") && text.contains("STEP") && text.contains("echo"), "{text}");
+    let workflows = rota.json(&["workflows", "--json"]);
+    assert_eq!(workflows[0]["name"], "pipeline");
+    assert_eq!(workflows[0]["steps"][1], json!({ "name": "echo", "agent": "exec", "depends_on": ["pause"] }));
+
+    let (status, took, stderr) = serve.terminate();
+    assert_eq!(status.code(), Some(0), "SIGTERM is a clean stop: {stderr}");
+    assert!(took < Duration::from_secs(5), "stopping took {took:?}");
+    assert!(stderr.contains("rota serve stopped"), "{stderr}");
+}
+
+#[test]
+fn operator_errors_are_one_clear_line() {
+    let rota = Rota::new();
+    let (code, stderr) = rota.fails(&["status", "nope"]);
+    assert_eq!(code, 1);
+    assert_one_error_line(&stderr, &["task nope not found"]);
+    for command in [["cancel", "nope"], ["resubmit", "nope"]] {
+        let (code, stderr) = rota.fails(&command);
+        assert_eq!(code, 1);
+        assert_one_error_line(&stderr, &["task nope not found"]);
+    }
+
+    let (code, stderr) = rota.fails(&["submit", "pipeline", "--input", r#"{"order": 7"#]);
+    assert_eq!(code, 1);
+    assert_one_error_line(&stderr, &["--input is not valid JSON", "at line 1 column 11"]);
+
+    let (code, stderr) = rota.fails(&["submit", "pipeline"]);
+    assert_eq!(code, 1);
+    assert_one_error_line(&stderr, &["workflow pipeline", "is not registered", "rota workflows"]);
+
+    let (code, stderr) = rota.fails(&["tasks", "--state", "bogus"]);
+    assert_eq!(code, 2, "a bad flag value is a usage error");
+    assert!(stderr.contains("pending, processing, processed, error, compensating, compensated, cancelled"), "{stderr}");
+}
+
+// ----------------------------------------------- errors, alerts, resubmit
+
+#[test]
+fn a_failed_step_raises_an_alert_and_resubmit_runs_it_again() {
+    let rota = Rota::new();
+    let files = Files::new();
+    let marker = files.path("marker");
+    let log = files.path("steps.log");
+    files.workflow(
+        "fails.yaml",
+        r#"
+name: fails
+version: 1
+steps:
+  - name: broken
+    agent: exec
+    with: { command: ["sh", "-c", "echo 'no such thing' >&2; exit 1"] }
+"#,
+    );
+    files.workflow(
+        "needs-marker.yaml",
+        &format!(
+            r#"
+name: needs-marker
+version: 1
+steps:
+  - name: first
+    agent: exec
+    with: {{ command: ["sh", "-c", "echo first >> '{log}'; echo '{{}}'"] }}
+  - name: check
+    agent: exec
+    with: {{ command: ["sh", "-c", "echo check >> '{log}'; test -f '{marker}' && echo '{{\"found\": true}}'"] }}
+"#,
+            log = log.display(),
+            marker = marker.display()
+        ),
+    );
+    let _serve = Serve::start(&rota, &files.workflows(), "alerts-1", &[]);
+
+    // A permanent failure ends the task in Error, and --wait says so.
+    let output = rota.command(&["submit", "fails", "--id", "f-1", "--wait"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = stderr_of(&output);
+    assert!(stderr.lines().last().unwrap().starts_with("error: task f-1 ended error: "), "{stderr}");
+    assert!(stderr.contains("no such thing"), "the step's stderr is in the error: {stderr}");
+    let status = rota.json(&["status", "f-1", "--json"]);
+    assert_eq!(status["state"], "error");
+    assert_eq!(status["steps"][0]["state"], "failed");
+    assert!(status["steps"][0]["last_error"].as_str().unwrap().contains("exited 1"), "{status:#}");
+    assert_eq!(rota.json(&["tasks", "--state", "error", "--json"])[0]["id"], "f-1");
+
+    let alerts = rota.json(&["alerts", "--json"]);
+    let alerts = alerts.as_array().unwrap();
+    assert_eq!(alerts.len(), 1, "{alerts:?}");
+    assert_eq!(alerts[0]["task_id"], "f-1");
+    assert!(alerts[0]["reason"].as_str().unwrap().contains("no such thing"), "{alerts:?}");
+    assert!(alerts[0]["at"].as_str().unwrap().ends_with('Z'));
+    let table = rota.ok(&["alerts"]);
+    assert!(table.starts_with("TASK") && table.contains("f-1"), "{table}");
+
+    // Fixing the cause and resubmitting runs the failed step again, and
+    // only it: the completed step is kept.
+    let output = rota.command(&["submit", "needs-marker", "--id", "m-1", "--wait"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(1), "{}", stderr_of(&output));
+    let status = rota.json(&["status", "m-1", "--json"]);
+    assert_eq!((&status["steps"][0]["state"], &status["steps"][1]["state"]), (&json!("completed"), &json!("failed")));
+    let (code, stderr) = rota.fails(&["resubmit", "m-1", "--step", "nope"]);
+    assert_eq!(code, 1);
+    assert_one_error_line(&stderr, &["task m-1 has no step nope (its steps: first, check)"]);
+    std::fs::write(&marker, "").unwrap();
+    assert_eq!(rota.ok(&["resubmit", "m-1"]), "pending\n");
+    let status = wait_for_state(&rota, "m-1", "processed", Duration::from_secs(10));
+    assert_eq!(status["output"]["check"], json!({ "found": true }));
+    assert_eq!(status["steps"][0]["attempts"], 1, "the completed step did not run again");
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), "first\ncheck\ncheck\n");
+    let kinds: Vec<&str> = status["history"].as_array().unwrap().iter().map(|event| event["kind"].as_str().unwrap()).collect();
+    assert!(kinds.contains(&"resubmitted"), "{kinds:?}");
+
+    // A processed task cannot be resubmitted.
+    let (code, stderr) = rota.fails(&["resubmit", "m-1"]);
+    assert_eq!(code, 1);
+    assert_one_error_line(&stderr, &["cannot resubmit task m-1: "]);
+}
+
+// -------------------------------------------------------- circuit breakers
+
+#[test]
+fn status_shows_a_circuit_breaker_that_opened() {
+    let rota = Rota::new();
+    let files = Files::new();
+    // A port nobody listens on: every call is refused, a transient failure.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    files.workflow(
+        "down.yaml",
+        &format!(
+            "name: down\nversion: 1\nsteps:\n  - name: call\n    agent: http\n    with: {{ method: POST, url: \"http://127.0.0.1:{port}/x\" }}\n    \
+             timeout: 3s\n    retry: {{ attempts: 20, backoff: 10ms, max_backoff: 20ms }}\n"
+        ),
+    );
+    let _serve = Serve::start(&rota, &files.workflows(), "breaker-1", &[]);
+    assert_eq!(rota.ok(&["submit", "down", "--id", "d-1"]), "d-1\n");
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        let status = rota.json(&["status", "d-1", "--json"]);
+        if status["breakers"].as_array().unwrap().iter().any(|breaker| breaker["endpoint"] == endpoint.as_str()) {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "no breaker of {endpoint} was reported: {status:#}");
+        thread::sleep(Duration::from_millis(100));
+    };
+    let breaker = status["breakers"].as_array().unwrap().iter().find(|breaker| breaker["endpoint"] == endpoint.as_str()).unwrap();
+    assert_eq!(breaker["state"], "open", "{breaker}");
+    assert_eq!(breaker["agent"], "http");
+    assert_eq!(breaker["instance"], "breaker-1");
+    assert!(breaker["open_until"].as_str().unwrap().ends_with('Z'), "{breaker}");
+    let text = rota.ok(&["status", "d-1"]);
+    assert!(text.contains("circuit breakers not closed:") && text.contains(&endpoint), "{text}");
+}
+
+// ------------------------------------------------------------------ cancel
+
+#[test]
+fn cancel_stops_a_task_stuck_in_a_long_step() {
+    let rota = Rota::new();
+    let files = Files::new();
+    files.workflow(
+        "slow.yaml",
+        r#"
+name: slow
+version: 1
+steps:
+  - name: wait
+    agent: delay
+    with: { for: "60s" }
+    timeout: 2m
+  - name: after
+    agent: delay
+    with: { ms: 1 }
+"#,
+    );
+    let serve = Serve::start(&rota, &files.workflows(), "cancel-1", &[]);
+    assert_eq!(rota.ok(&["submit", "slow", "--id", "s-1"]), "s-1\n");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = rota.json(&["status", "s-1", "--json"]);
+        if status["steps"][0]["state"] == "running" {
+            assert_eq!(status["state"], "processing");
+            assert_eq!(status["locked_by"], "cancel-1");
+            assert_eq!(status["steps"][0]["owner"], "cancel-1", "{status:#}");
+            assert!(status["steps"][0]["complete_by"].is_string());
+            break;
+        }
+        assert!(Instant::now() < deadline, "the step never started: {status:#}");
+        thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(rota.ok(&["cancel", "s-1"]), "cancelled\n");
+    let status = rota.json(&["status", "s-1", "--json"]);
+    assert_eq!(status["state"], "cancelled");
+    assert_eq!(status["steps"][1]["state"], "not_started");
+    let (code, stderr) = rota.fails(&["cancel", "s-1"]);
+    assert_eq!(code, 1);
+    assert_one_error_line(&stderr, &["cannot cancel task s-1: ", "cancelled"]);
+
+    // The agent is still in its 60 s sleep: a stop gives it the consumer's
+    // shutdown grace, then gives its message back.
+    let (status, took, stderr) = serve.terminate();
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert!(took < Duration::from_secs(15), "stopping took {took:?}");
+}
+
+// ------------------------------------------------------ real processes
+
+/// A workflow of `steps` exec steps, each logging `$RUN <idempotency key>
+/// <attempt>` to `$STEP_LOG`, then sleeping `sleep` seconds.
+fn logging_workflow(name: &str, steps: usize, sleep: &str, deadline: &str) -> String {
+    let mut yaml = format!("name: {name}\nversion: 1\ndeadline: {deadline}\nmax_failures: 5\nsteps:\n");
+    for i in 1..=steps {
+        yaml.push_str(&format!(
+            "  - name: s{i}\n    agent: exec\n    timeout: 2s\n    with: {{ command: [\"sh\", \"-c\", \"echo \\\"$RUN $ROTA_IDEMPOTENCY_KEY $ROTA_ATTEMPT\\\" >> \\\"$STEP_LOG\\\"; sleep {sleep}; echo '{{}}'\"] }}\n"
+        ));
+    }
+    yaml
+}
+
+/// The log's lines as (run, task, step).
+fn log_entries(log: &Path) -> Vec<(String, String, String)> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .map(|line| {
+            let mut parts = line.split(' ');
+            let run = parts.next().unwrap().to_owned();
+            let key = parts.next().unwrap_or_else(|| panic!("a log line without a key: {line:?}"));
+            let (task, step) = key.rsplit_once('/').unwrap_or_else(|| panic!("a key without a step: {line:?}"));
+            (run, task.to_owned(), step.to_owned())
+        })
+        .collect()
+}
+
+fn submit_all(rota: &Rota, workflow: &str, count: usize) -> Vec<String> {
+    (0..count)
+        .map(|i| {
+            let id = format!("t-{i:03}");
+            assert_eq!(rota.ok(&["submit", workflow, "--id", &id]).trim(), id);
+            id
+        })
+        .collect()
+}
+
+/// Each task's history events, by task id.
+fn histories(rota: &Rota, ids: &[String]) -> BTreeMap<String, Vec<Value>> {
+    ids.iter().map(|id| (id.clone(), rota.json(&["status", id, "--json"])["history"].as_array().unwrap().clone())).collect()
+}
+
+#[test]
+fn sigkill_mid_run_then_restart_runs_no_completed_step_again() {
+    const TASKS: usize = 12;
+    const STEPS: usize = 4;
+    let rota = Rota::new();
+    let files = Files::new();
+    let log = files.path("steps.log");
+    let log_env = log.to_str().unwrap();
+    files.workflow("chain.yaml", &logging_workflow("chain", STEPS, "0.3", "3s"));
+
+    let first = Serve::start(&rota, &files.workflows(), "crash-1", &[("RUN", "before"), ("STEP_LOG", log_env)]);
+    let ids = submit_all(&rota, "chain", TASKS);
+    // Kill once some steps have run but most tasks are mid-way.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while log_entries(&log).len() < TASKS + TASKS / 2 {
+        assert!(Instant::now() < deadline, "the steps did not start: {:?}", log_entries(&log));
+        thread::sleep(Duration::from_millis(20));
+    }
+    first.kill();
+    let killed_at = Instant::now();
+
+    // With no process running, read what was recorded as completed.
+    let before = histories(&rota, &ids);
+    let completed_before: BTreeSet<(String, String)> = before
+        .iter()
+        .flat_map(|(id, events)| {
+            events
+                .iter()
+                .filter(|event| event["kind"] == "step_completed")
+                .map(|event| (id.clone(), event["step"].as_str().unwrap().to_owned()))
+        })
+        .collect();
+    let unfinished = before.values().filter(|events| !events.iter().any(|event| event["kind"] == "processed")).count();
+    assert!(unfinished > 0, "every task finished before the kill; the test needs tasks in flight");
+    assert!(!completed_before.is_empty(), "no step completed before the kill");
+
+    let _second = Serve::start(&rota, &files.workflows(), "crash-2", &[("RUN", "after"), ("STEP_LOG", log_env)]);
+    let tasks = wait_for_all_terminal(&rota, TASKS, Duration::from_secs(25));
+    for task in &tasks {
+        assert_eq!(task["state"], "processed", "{task}");
+    }
+    eprintln!(
+        "{} steps completed and {unfinished} tasks unfinished at the kill; all {TASKS} processed {:?} after it",
+        completed_before.len(),
+        killed_at.elapsed()
+    );
+
+    let entries = log_entries(&log);
+    let rerun: Vec<&(String, String, String)> =
+        entries.iter().filter(|(run, task, step)| run == "after" && completed_before.contains(&(task.clone(), step.clone()))).collect();
+    assert!(rerun.is_empty(), "steps recorded as completed before the kill ran again after the restart: {rerun:?}");
+    // Every step ran, and each completed exactly once.
+    let after = histories(&rota, &ids);
+    for (id, events) in &after {
+        for i in 1..=STEPS {
+            let step = format!("s{i}");
+            let completions = events.iter().filter(|event| event["kind"] == "step_completed" && event["step"] == step.as_str()).count();
+            assert_eq!(completions, 1, "task {id} step {step} completed {completions} times");
+            assert!(entries.iter().any(|(_, task, s)| task == id && *s == step), "task {id} step {step} never ran");
+        }
+    }
+    // The recovered tasks were claimed by the second instance after the
+    // Supervisor reset them.
+    let recovered = after.values().filter(|events| events.iter().any(|event| event["kind"] == "expired")).count();
+    assert!(recovered > 0, "no task was recovered by the Supervisor");
+}
+
+#[test]
+fn two_serve_processes_on_one_store_never_run_a_task_twice() {
+    const TASKS: usize = 30;
+    const STEPS: usize = 3;
+    let rota = Rota::new();
+    let files = Files::new();
+    let log = files.path("steps.log");
+    let log_env = log.to_str().unwrap();
+    files.workflow("pair.yaml", &logging_workflow("pair", STEPS, "0.02", "30s"));
+
+    let a = Serve::start(&rota, &files.workflows(), "pair-a", &[("RUN", "a"), ("STEP_LOG", log_env)]);
+    let b = Serve::start(&rota, &files.workflows(), "pair-b", &[("RUN", "b"), ("STEP_LOG", log_env)]);
+    let ids = submit_all(&rota, "pair", TASKS);
+    let tasks = wait_for_all_terminal(&rota, TASKS, Duration::from_secs(25));
+    for task in &tasks {
+        assert_eq!(task["state"], "processed", "{task}");
+    }
+
+    let mut claims_by: BTreeMap<String, usize> = BTreeMap::new();
+    for (id, events) in histories(&rota, &ids) {
+        let owners: Vec<&str> =
+            events.iter().filter(|event| event["kind"] == "claimed").map(|event| event["detail"]["owner"].as_str().unwrap()).collect();
+        assert_eq!(owners.len(), 1, "task {id} was claimed {} times: {owners:?}", owners.len());
+        *claims_by.entry(owners[0].to_owned()).or_default() += 1;
+        assert!(!events.iter().any(|event| event["kind"] == "expired"), "task {id} needed recovery without a fault");
+    }
+    // Each step ran exactly once, in whichever process's agent took it.
+    let mut runs: BTreeMap<(String, String), usize> = BTreeMap::new();
+    let mut runs_by: BTreeMap<String, usize> = BTreeMap::new();
+    for (run, task, step) in log_entries(&log) {
+        *runs.entry((task, step)).or_default() += 1;
+        *runs_by.entry(run).or_default() += 1;
+    }
+    assert_eq!(runs.len(), TASKS * STEPS);
+    let repeated: Vec<_> = runs.iter().filter(|(_, count)| **count > 1).collect();
+    assert!(repeated.is_empty(), "steps ran more than once: {repeated:?}");
+    eprintln!("claims by instance: {claims_by:?}; step runs by process: {runs_by:?}");
+    // Submissions come one at a time, each with its doorbell, so both
+    // Schedulers get some (in practice between a sixth and a half each).
+    assert_eq!(claims_by.len(), 2, "one process claimed every task: {claims_by:?}");
+
+    for serve in [a, b] {
+        let (status, _, stderr) = serve.terminate();
+        assert_eq!(status.code(), Some(0), "{stderr}");
+    }
+}
