@@ -8,6 +8,7 @@
 //! - `dlq`: `rota dlq …`, the dead-letter queues.
 //! - `output`: the JSON shapes and tables the commands print.
 //! - `bench`: `rota bench`.
+//! - `demo`: `rota demo`, the pattern's example end to end on a simulated service.
 //! - `serve`: `rota serve`, the engine with every role until a signal.
 //! - `tasks`: `rota submit`, `status`, `tasks`, `alerts`, `resubmit`,
 //!   `cancel` and `workflows`.
@@ -19,6 +20,7 @@
 //! says otherwise.
 mod bench;
 mod consume;
+mod demo;
 mod dlq;
 mod output;
 mod queue;
@@ -87,6 +89,8 @@ enum Command {
     Dlq(dlq::Command),
     /// Run a benchmark workload (see ../shared/bench/peers/README.md).
     Bench(bench::Args),
+    /// Run the order-processing demo: a simulated payment service that fails, an agent killed mid-run, a final table.
+    Demo(demo::Args),
 }
 
 /// Where the store is, as the global flags say. Commands open it only after
@@ -108,6 +112,7 @@ fn main() -> ExitCode {
     let store = StoreArgs { url: cli.store_url, durability: cli.durability };
     let result = match cli.command {
         Command::Bench(args) => return bench::run(args, &store),
+        Command::Demo(args) => return demo::run(args),
         Command::Serve(args) => run_async_logging(serve::run(store, args), "info"),
         Command::Submit(args) => run_async(async move { tasks::submit(&store, args).await }),
         Command::Status(args) => run_async(async move { tasks::status(&store, args).await }),
