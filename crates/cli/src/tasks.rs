@@ -541,7 +541,7 @@ fn status_text(status: &StatusJson) -> String {
 /// `rota tasks`.
 pub async fn list(store: &StoreArgs, args: ListArgs) -> anyhow::Result<()> {
     let store = store.open()?;
-    let filter = TaskFilter { state: args.state, workflow: args.workflow, limit: args.limit };
+    let filter = TaskFilter { state: args.state, workflow: args.workflow, limit: args.limit, ..TaskFilter::default() };
     let tasks = store.list_tasks(&filter).await.context("cannot list tasks")?;
     if args.json {
         let json: Vec<TaskSummaryJson> = tasks.iter().map(TaskSummaryJson::from).collect();

@@ -90,11 +90,11 @@ impl Client {
             workflow.steps().iter().enumerate().map(|(i, def)| Step::new(id.clone(), def.name().clone(), i as u32, now)).collect();
         let received = Event::task(&id, now, EventKind::Received, json!({ "workflow": workflow.name(), "version": workflow.version() }));
         let new = NewTask { task, steps, messages: vec![doorbell(&id)], events: vec![received] };
-        let created = match self.store.create_task(new).await? {
-            Created::New => true,
-            Created::Existing(_) => false,
-        };
-        Ok(Submitted { id, created, version: workflow.version() })
+        match self.store.create_task(new).await? {
+            Created::New => Ok(Submitted { id, created: true, version: workflow.version() }),
+            // The existing task keeps the version it started with.
+            Created::Existing(existing) => Ok(Submitted { id, created: false, version: existing.task.workflow_version }),
+        }
     }
 
     /// A task and its steps.

@@ -18,13 +18,14 @@ use async_trait::async_trait;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rota_model::{Clock, InstanceId, QueueName, RetryPolicy, StepName, TaskState};
-use rota_store::{Delivery, EventKind, Receive, SharedStore, TaskRecord};
+use rota_store::{Changes, Delivery, Event, EventKind, Outgoing, Receive, SharedStore, TaskFilter, TaskRecord, TaskWrite};
+use serde_json::json;
 use tokio::task::JoinSet;
 
 use crate::completions::Completions;
 use crate::consumer::{self, Consumer, Handler, Outcome};
 use crate::plan::{self, Decision, Input};
-use crate::protocol::{self, InboxMessage};
+use crate::protocol::{self, Doorbell, InboxMessage};
 use crate::workflows::Workflows;
 use crate::{Error, Result, Shutdown};
 
@@ -85,6 +86,9 @@ pub fn default_recovery() -> RetryPolicy {
 /// (the Supervisor then recovers the task when its claim lease runs out).
 const START_TRIES_MAX: u32 = 5;
 
+/// The most tasks given back at shutdown (the rest wait for the Supervisor).
+const RELEASE_MAX: u32 = 10_000;
+
 /// What handling one input did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Handled {
@@ -140,6 +144,9 @@ impl Scheduler {
         let claims = self.claim_loop(shutdown).await;
         let inbox =
             inbox_run.join_next().await.expect("one inbox consumer").map_err(|e| Error::Config(format!("inbox consumer panicked: {e}")))?;
+        if let Err(err) = self.release_held().await {
+            tracing::warn!("giving back held tasks at shutdown: {err}");
+        }
         claims?;
         inbox.map(|_| ())
     }
@@ -204,6 +211,37 @@ impl Scheduler {
         }
         while starts.join_next().await.is_some() {}
         Ok(count)
+    }
+
+    /// Gives back every task this instance holds, at once claimable by
+    /// another Scheduler (which re-sends the steps that were in flight). Run
+    /// at a graceful shutdown, after the inbox stopped: without it, the
+    /// tasks would wait for the Supervisor to expire their leases.
+    pub async fn release_held(&self) -> Result<usize> {
+        let inner = &self.inner;
+        let filter = TaskFilter { locked_by: Some(inner.config.instance.clone()), limit: RELEASE_MAX, ..TaskFilter::default() };
+        let held = inner.store.list_tasks(&filter).await?;
+        let mut released = 0;
+        for task in held {
+            let Some(fence) = task.fence() else { continue };
+            let now = inner.clock.now();
+            let Ok(next) = task.release(fence, now) else { continue };
+            let mut changes = Changes::default();
+            changes.events.push(Event::task(&task.id, now, EventKind::Released, json!({ "by": inner.config.instance.as_str() })));
+            changes
+                .send
+                .push((protocol::tasks_queue(), Outgoing::json(&Doorbell { task_id: task.id.clone() }).expect("doorbells serialize")));
+            changes.tasks.push(TaskWrite::replacing(&task, next));
+            match inner.store.commit(changes).await {
+                Ok(()) => released += 1,
+                Err(err) if err.is_lost_race() => {}
+                Err(err) => return Err(err.into()),
+            }
+        }
+        if released > 0 {
+            tracing::info!("gave back {released} task(s) held by {}", inner.config.instance);
+        }
+        Ok(released)
     }
 
     /// Decides what a fresh claim of `task` means and commits it. A lost

@@ -298,3 +298,61 @@ async fn cancel_compensates_what_completed_and_resubmit_runs_a_failed_task_again
     .await;
     let _ = store;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_gives_held_tasks_back_at_once() {
+    let rig = rig();
+    // A long deadline: if the task were not given back, the takeover would
+    // wait for the Supervisor far longer than this test runs.
+    let wf = workflow(3, ExhaustedPolicy::Error, Duration::from_secs(600));
+    let support = Engine::new(
+        rig.store.clone(),
+        Arc::new(SystemClock),
+        config("support", Roles { scheduler: false, agents: true, supervisor: true }),
+    )
+    .agent(rig.agent.clone())
+    .workflow(wf);
+    support.register_workflows().await.unwrap();
+    let client = support.client();
+    let shutdown = Shutdown::new();
+    let supporting = tokio::spawn(support.run(shutdown.clone()));
+
+    rig.agent.hang.lock().unwrap().insert(("b".into(), 1), ());
+    let first = Engine::new(
+        rig.store.clone(),
+        Arc::new(SystemClock),
+        config("scheduler-1", Roles { scheduler: true, agents: false, supervisor: false }),
+    );
+    let first_shutdown = Shutdown::new();
+    let first_running = tokio::spawn(first.run(first_shutdown.clone()));
+    let id = client.submit(Submission::new(flow(), json!({}))).await.unwrap().id;
+    loop {
+        let record = rig.store.task(&id).await.unwrap().unwrap();
+        if record.steps.iter().any(|s| s.name.as_str() == "b" && s.state == StepState::Running) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    first_shutdown.trigger();
+    first_running.await.unwrap().unwrap();
+    let record = rig.store.task(&id).await.unwrap().unwrap();
+    assert_eq!((record.task.state, record.task.locked_by.clone()), (TaskState::Pending, None), "given back, claimable at once");
+    assert!(kinds(&rig.store, &id).await.contains(&EventKind::Released));
+
+    let second = Engine::new(
+        rig.store.clone(),
+        Arc::new(SystemClock),
+        config("scheduler-2", Roles { scheduler: true, agents: false, supervisor: false }),
+    );
+    let second_shutdown = Shutdown::new();
+    let second_running = tokio::spawn(second.run(second_shutdown.clone()));
+    assert_eq!(client.wait(&id, Duration::from_secs(20)).await.unwrap(), TaskState::Processed);
+    second_shutdown.trigger();
+    second_running.await.unwrap().unwrap();
+    shutdown.trigger();
+    supporting.await.unwrap().unwrap();
+    let record = rig.store.task(&id).await.unwrap().unwrap();
+    assert_eq!(record.task.failure_count, 0, "a release is not a failure");
+    let a_calls = rig.agent.calls.lock().unwrap().iter().filter(|c| c.0 == "a").count();
+    assert_eq!(a_calls, 1, "the completed step is not run again");
+}

@@ -328,11 +328,17 @@ pub(crate) fn list_tasks(conn: &Connection, filter: &TaskFilter) -> Result<Vec<T
     let rows = conn
         .prepare_cached(&format!(
             "SELECT {TASK_COLUMNS} FROM tasks WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR workflow = ?2)
+                AND (?4 IS NULL OR locked_by = ?4)
               ORDER BY rowid DESC LIMIT ?3"
         ))
         .and_then(|mut stmt| {
             stmt.query_map(
-                params![filter.state.map(TaskState::as_str), filter.workflow.as_ref().map(WorkflowName::as_str), filter.limit],
+                params![
+                    filter.state.map(TaskState::as_str),
+                    filter.workflow.as_ref().map(WorkflowName::as_str),
+                    filter.limit,
+                    filter.locked_by.as_ref().map(InstanceId::as_str)
+                ],
                 task_row,
             )?
             .collect::<rusqlite::Result<Vec<_>>>()

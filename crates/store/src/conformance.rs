@@ -1094,6 +1094,7 @@ pub async fn list_tasks_filters_newest_first(harness: &dyn Harness) {
         state,
         workflow: workflow.map(|w| WorkflowName::new(w).unwrap()),
         limit,
+        ..TaskFilter::default()
     };
     let cases = [
         (list(None, None, 100), vec!["o3", "o2", "r1", "o1"]),
@@ -1165,6 +1166,12 @@ pub async fn claim_tasks_leases_due_pending_and_unleased_compensating(harness: &
     assert!(claim(&store, &s1, LEASE_DEFAULT, 10).await.is_empty(), "leased Compensating and Processing tasks are not claimable");
     clock.advance(LEASE_DEFAULT * 3);
     assert!(claim(&store, &s1, LEASE_DEFAULT, 10).await.is_empty(), "an expired lease is the Supervisor's to reset, not a claim's");
+
+    // A Scheduler finds the tasks it holds (to give them back when it stops).
+    let held = ok(store.list_tasks(&TaskFilter { locked_by: Some(s2.clone()), ..TaskFilter::default() }).await, "list_tasks");
+    let mut held: Vec<&str> = held.iter().map(|t| t.id.as_str()).collect();
+    held.sort();
+    assert_eq!(held, ["p1", "p2", "p3"], "every task s2 holds, and only those");
 }
 
 /// Four concurrent claimers over 100 Pending tasks claim each exactly once.

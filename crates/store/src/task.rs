@@ -59,13 +59,15 @@ pub struct TaskFilter {
     pub state: Option<TaskState>,
     /// Only tasks of this workflow.
     pub workflow: Option<WorkflowName>,
+    /// Only tasks whose lease this instance holds.
+    pub locked_by: Option<InstanceId>,
     /// At most this many, newest first.
     pub limit: u32,
 }
 
 impl Default for TaskFilter {
     fn default() -> Self {
-        TaskFilter { state: None, workflow: None, limit: 100 }
+        TaskFilter { state: None, workflow: None, locked_by: None, limit: 100 }
     }
 }
 
