@@ -15,8 +15,11 @@
 //!   `failure_count`; below `max_failures` the step is retried after a
 //!   backoff, at the threshold the task ends as for a permanent error.
 //! * Compensation undoes completed steps one at a time, in reverse order of
-//!   completion, and waits for steps still in flight to settle first (a step
-//!   whose reply arrives late may have had its effect).
+//!   completion, and waits for steps still in flight to settle first. A step
+//!   whose attempt timed out while the task is being undone is "in doubt"
+//!   (the agent may have applied it and lost the answer): it is settled as
+//!   completed without output and compensated first. Compensations must
+//!   therefore be idempotent and accept that there may be nothing to undo.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -188,11 +191,9 @@ impl<'a> Draft<'a> {
         let compensate = step.state == StepState::Compensating;
         let reason = format!("step {name} attempt {attempt} got no reply before its complete-by");
         if self.task.state == TaskState::Compensating && !compensate {
-            // A step left running when compensation began timed out: it is
-            // settled as not done, and compensation goes on without it.
-            let expired = step.expire(self.cx.now, Duration::ZERO).map_err(|e| e.to_string())?;
-            self.steps.insert(name.clone(), expired);
-            self.step_event(name, EventKind::StepFailed, json!({ "error": reason, "retryable": false }));
+            // A step left running when compensation began timed out: its
+            // effect may have landed, so it is compensated too.
+            self.settle_in_doubt(name, &reason)?;
             return Ok(());
         }
         self.transient_failure(name, compensate, reason, rng)
@@ -210,7 +211,16 @@ impl<'a> Draft<'a> {
         let backoff = self.cx.recovery.delay_after(self.task.failure_count.max(1), rng);
         let attempt = step.attempt;
         let retry_after = below_threshold.then_some(backoff);
-        let next = if step.complete_by.is_some_and(|at| at <= self.cx.now) {
+        let timed_out = step.complete_by.is_some_and(|at| at <= self.cx.now);
+        if timed_out && !below_threshold && !compensate && self.task.state == TaskState::Compensating {
+            // The last straw, and the task is to be undone: the timed-out
+            // attempt may have had its effect, so it is compensated too.
+            self.step_event(name, EventKind::StepFailed, json!({ "error": reason, "retryable": true }));
+            self.settle_in_doubt(name, &reason)?;
+            self.task_ended_by_failures(&reason);
+            return Ok(());
+        }
+        let next = if timed_out {
             // A timeout: the agent went silent, so expire the attempt.
             let mut expired = step.expire(self.cx.now, backoff).map_err(|e| e.to_string())?;
             if !below_threshold && !compensate {
@@ -233,6 +243,17 @@ impl<'a> Draft<'a> {
         } else {
             self.task_ended_by_failures(&reason);
         }
+        Ok(())
+    }
+
+    /// Settles a timed-out step as Completed without output ("in doubt")
+    /// and queues it for compensation, last completed so undone first.
+    fn settle_in_doubt(&mut self, name: &StepName, reason: &str) -> Result<(), String> {
+        let settled = self.steps[name].settle_in_doubt(self.cx.now).map_err(|e| e.to_string())?;
+        self.steps.insert(name.clone(), settled);
+        self.completed_in_order.retain(|n| n != name);
+        self.completed_in_order.push(name.clone());
+        self.step_event(name, EventKind::StepFailed, json!({ "error": reason, "retryable": false, "in_doubt": true }));
         Ok(())
     }
 

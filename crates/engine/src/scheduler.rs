@@ -318,6 +318,13 @@ impl Scheduler {
                 order.push(step);
             }
         }
+        // Steps settled in doubt (timed out while the task was being undone)
+        // completed without a StepCompleted event; they were the last to run.
+        for step in &record.steps {
+            if step.state == rota_model::StepState::Completed && !order.contains(&step.name) {
+                order.push(step.name.clone());
+            }
+        }
         Ok(order)
     }
 }

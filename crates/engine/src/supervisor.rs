@@ -220,7 +220,14 @@ impl Supervisor {
             // the next) resets the whole task.
             return Ok(());
         }
-        let settled = step.expire(now, Duration::ZERO).map_err(|e| Error::Store(rota_store::Error::Conflict(e.to_string())))?;
+        // In a task being undone, a step that timed out is in doubt and gets
+        // compensated; otherwise it is simply started afresh by the next holder.
+        let settled = if task.state == TaskState::Compensating && step.state == rota_model::StepState::Running {
+            step.settle_in_doubt(now)
+        } else {
+            step.expire(now, Duration::ZERO)
+        }
+        .map_err(|e| Error::Store(rota_store::Error::Conflict(e.to_string())))?;
         let event = Event::step(
             step,
             now,

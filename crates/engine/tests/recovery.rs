@@ -356,3 +356,20 @@ async fn a_graceful_stop_gives_held_tasks_back_at_once() {
     let a_calls = rig.agent.calls.lock().unwrap().iter().filter(|c| c.0 == "a").count();
     assert_eq!(a_calls, 1, "the completed step is not run again");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_that_timed_out_for_good_is_compensated_in_case_its_effect_landed() {
+    let rig = rig();
+    rig.agent.hang_always.lock().unwrap().push("b".into());
+    let store = rig.store.clone();
+    let id = with_engine(&rig, workflow(2, ExhaustedPolicy::Compensate, Duration::from_secs(30)), |client| async move {
+        let id = client.submit(Submission::new(flow(), json!({}))).await.unwrap().id;
+        assert_eq!(client.wait(&id, Duration::from_secs(20)).await.unwrap(), TaskState::Compensated);
+        id
+    })
+    .await;
+    let compensations: Vec<String> = rig.agent.calls.lock().unwrap().iter().filter(|c| c.1).map(|c| c.0.clone()).collect();
+    assert_eq!(compensations, ["b", "a"], "the in-doubt step first, then the completed one");
+    let history = store.history(&id).await.unwrap();
+    assert!(history.iter().any(|e| e.kind == EventKind::StepFailed && e.detail["in_doubt"] == json!(true)), "the doubt is in the history");
+}

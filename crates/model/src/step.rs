@@ -255,6 +255,27 @@ impl Step {
         Ok(next)
     }
 
+    /// A step whose attempt timed out while its task is being undone: its
+    /// effect may or may not have landed (the agent may have applied it and
+    /// lost the answer). It is settled as Completed without an output, "in
+    /// doubt", so that its compensation runs too: compensations must be
+    /// idempotent and accept that there may be nothing to undo.
+    pub fn settle_in_doubt(&self, now: Timestamp) -> Result<Step, TransitionError> {
+        let Some(complete_by) = self.complete_by.filter(|_| self.state == StepState::Running) else {
+            return Err(self.refuse("settle in doubt"));
+        };
+        if complete_by > now {
+            return Err(TransitionError::NotDue { record: "step", until: complete_by });
+        }
+        let mut next = self.clone();
+        next.state = StepState::Completed;
+        next.complete_by = None;
+        next.not_before = now;
+        next.last_error = Some(format!("attempt {} timed out: its effect is in doubt, so it is compensated", self.attempt));
+        next.updated_at = now;
+        Ok(next)
+    }
+
     /// The Scheduler sends the compensation of a completed step.
     pub fn begin_compensation(&self, now: Timestamp, timeout: Duration) -> Result<Step, TransitionError> {
         if self.state != StepState::Completed {
@@ -399,6 +420,7 @@ mod tests {
         Compensated(u32, i64),
         Reissue(i64),
         FailCompensation(u32, Option<u64>, i64),
+        SettleInDoubt(i64),
     }
 
     fn arb_move() -> impl Strategy<Value = Move> {
@@ -411,7 +433,8 @@ mod tests {
             time.clone().prop_map(Move::BeginCompensation),
             (0u32..6, time.clone()).prop_map(|(a, t)| Move::Compensated(a, t)),
             time.clone().prop_map(Move::Reissue),
-            (0u32..6, prop::option::of(0u64..2_000), time).prop_map(|(a, r, t)| Move::FailCompensation(a, r, t)),
+            (0u32..6, prop::option::of(0u64..2_000), time.clone()).prop_map(|(a, r, t)| Move::FailCompensation(a, r, t)),
+            time.prop_map(Move::SettleInDoubt),
         ]
     }
 
@@ -425,6 +448,7 @@ mod tests {
             Move::Compensated(a, now) => s.compensated(a, at(now)),
             Move::Reissue(now) => s.reissue(at(now), TIMEOUT),
             Move::FailCompensation(a, r, now) => s.fail_compensation(a, "e".into(), r.map(Duration::from_millis), at(now)),
+            Move::SettleInDoubt(now) => s.settle_in_doubt(at(now)),
         }
     }
 
