@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
-use rota_model::{StepState, TaskId, TaskState};
+use rota_model::{TaskId, TaskState};
 use rota_store::{EventKind, SharedStore, TaskFilter};
 
 use super::service::{self, Op};
@@ -44,8 +44,6 @@ pub struct Report {
     out_of_order: Vec<String>,
     /// Orders whose ledger at the service disagrees with how their task ended.
     mismatches: Vec<String>,
-    /// Compensated orders with an effect of a timed-out step left in place.
-    not_undone: Vec<String>,
 }
 
 /// Reads everything the table needs.
@@ -78,6 +76,11 @@ pub async fn gather(store: &SharedStore, service: &service::Report, base: &str) 
                 }
                 EventKind::StepCompensated => compensation_order.entry(event.task_id).or_default().push(step.unwrap_or_default()),
                 EventKind::StepFailed => {
+                    // A step settled "in doubt" (timed out while its order was
+                    // being undone) is compensated as if it had completed last.
+                    if event.detail["in_doubt"] == serde_json::Value::Bool(true) {
+                        completion_order.entry(event.task_id.clone()).or_default().push(step.clone().unwrap_or_default());
+                    }
                     let error = event.detail["error"].as_str().unwrap_or_default();
                     if event.detail["retryable"].as_bool() == Some(true) {
                         report.step_retries += 1;
@@ -153,23 +156,8 @@ pub async fn gather(store: &SharedStore, service: &service::Report, base: &str) 
                     .into_iter()
                     .filter(|(_, done, undone)| n(*done) != n(*undone))
                     .collect();
-                if leftover.is_empty() {
-                    continue;
-                }
-                // A step whose last attempt timed out is settled as failed
-                // and not compensated, though the service may have applied
-                // it (late, or with its answer lost): known engine behaviour,
-                // shown apart from real disagreements.
-                let record = store.task(id).await?;
-                let failed = |step: &str| {
-                    record.as_ref().is_some_and(|r| r.steps.iter().any(|s| s.name.as_str() == step && s.state == StepState::Failed))
-                };
-                let line = format!("{id}: compensated, but the service has {}", describe(ledger));
-                if leftover.iter().all(|(step, done, undone)| failed(step) && n(*done) == 1 && n(*undone) == 0) {
-                    let steps: Vec<&str> = leftover.iter().map(|(step, _, _)| *step).collect();
-                    report.not_undone.push(format!("{line} (step {} timed out and was left failed)", steps.join(", ")));
-                } else {
-                    report.mismatches.push(line);
+                if !leftover.is_empty() {
+                    report.mismatches.push(format!("{id}: compensated, but the service has {}", describe(ledger)));
                 }
             }
             // Error: left for an operator, whatever was done stays as it is.
@@ -177,7 +165,6 @@ pub async fn gather(store: &SharedStore, service: &service::Report, base: &str) 
         }
     }
     report.mismatches.sort();
-    report.not_undone.sort();
     Ok(report)
 }
 
@@ -288,13 +275,6 @@ impl Report {
         );
         for problem in self.completed_twice.iter().chain(&self.out_of_order).chain(&self.mismatches).take(20) {
             let _ = writeln!(out, "    {problem}");
-        }
-        if !self.not_undone.is_empty() {
-            let label = "compensated orders keeping a timed-out step's effect";
-            row(&mut out, label, self.not_undone.len().to_string(), "WARNING: the engine does not compensate a step that timed out");
-            for order in self.not_undone.iter().take(20) {
-                let _ = writeln!(out, "    {order}");
-            }
         }
         let _ = writeln!(out, "{}", if self.passed() { "demo passed" } else { "DEMO FAILED: see the FAILED lines above" });
         out

@@ -119,6 +119,10 @@ pub struct OrderLedger {
     pub applied: HashMap<Op, u32>,
     /// The card charged, if any.
     pub card: Option<String>,
+    /// Operations undone before they took effect: a compensation that found
+    /// nothing to undo leaves this mark, so that the original request, if it
+    /// lands late, is refused instead of taking effect after its undo.
+    pub voided: Vec<Op>,
 }
 
 impl OrderLedger {
@@ -246,6 +250,17 @@ impl Service {
 }
 
 impl Ledger {
+    /// A compensation that found nothing to undo: remember it.
+    fn void(&mut self, order: &str, op: Op) -> Stored {
+        self.orders.entry(order.to_owned()).or_default().voided.push(op);
+        Stored { status: StatusCode::OK, body: json!({ "nothing_to_undo": true }) }
+    }
+
+    /// How many times `op` took effect for `order`.
+    fn applied(&self, order: &str, op: Op) -> u32 {
+        self.orders.get(order).and_then(|o| o.applied.get(&op)).copied().unwrap_or(0)
+    }
+
     /// The business logic: the response to the first request of a key, and
     /// its effect on the order's ledger when it succeeds.
     fn decide(&mut self, op: Op, body: &Value) -> Stored {
@@ -253,11 +268,18 @@ impl Ledger {
         if order.is_empty() {
             return Stored { status: StatusCode::BAD_REQUEST, body: json!({ "error": "the body names no order" }) };
         }
+        if self.orders.get(&order).is_some_and(|o| o.voided.contains(&op)) {
+            let error = "already undone: this order's request was compensated before it arrived";
+            return Stored { status: StatusCode::CONFLICT, body: json!({ "error": error }) };
+        }
         self.next_id += 1;
         let id = self.next_id;
         let (status, response) = match op {
             Op::Reserve => (StatusCode::OK, json!({ "hold_id": format!("hold-{id}") })),
-            Op::Release => (StatusCode::OK, json!({ "released": text(body, "hold") })),
+            // Undoing what never happened is a success with no effect: a
+            // compensation may be sent for a step whose effect is in doubt.
+            Op::Release if self.applied(&order, Op::Reserve) == 0 => return self.void(&order, Op::Reserve),
+            Op::Release => (StatusCode::OK, json!({ "released": true })),
             Op::Charge => {
                 let card = text(body, "card");
                 if card.ends_with(DECLINED_CARD_SUFFIX) {
@@ -267,6 +289,7 @@ impl Ledger {
                     (StatusCode::OK, json!({ "charge_id": format!("ch-{id}") }))
                 }
             }
+            Op::Refund if self.applied(&order, Op::Charge) == 0 => return self.void(&order, Op::Charge),
             Op::Refund => {
                 let card = self.orders.get(&order).and_then(|o| o.card.clone()).unwrap_or_default();
                 if card.ends_with(CLOSED_CARD_SUFFIX) {
