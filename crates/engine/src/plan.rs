@@ -150,6 +150,17 @@ impl<'a> Draft<'a> {
             self.send_request(&name, compensate, input);
             self.step_event(&name, EventKind::StepStarted, json!({ "reissued": true, "compensate": compensate }));
         }
+        // A step backing off before its next attempt was to be woken by a
+        // Retry in the previous holder's inbox, which nobody reads now.
+        let backing_off: Vec<(StepName, Duration)> = self
+            .steps
+            .values()
+            .filter(|s| s.not_before > self.cx.now && matches!(s.state, StepState::NotStarted | StepState::Completed))
+            .map(|s| (s.name.clone(), s.not_before.since(self.cx.now)))
+            .collect();
+        for (name, wait) in backing_off {
+            self.send_retry(&name, wait);
+        }
         Ok(())
     }
 
@@ -212,9 +223,16 @@ impl<'a> Draft<'a> {
         let attempt = step.attempt;
         let retry_after = below_threshold.then_some(backoff);
         let timed_out = step.complete_by.is_some_and(|at| at <= self.cx.now);
-        if timed_out && !below_threshold && !compensate && self.task.state == TaskState::Compensating {
-            // The last straw, and the task is to be undone: the timed-out
-            // attempt may have had its effect, so it is compensated too.
+        if !below_threshold && !compensate && self.task.state == TaskState::Compensating {
+            // The last straw, and the task is to be undone. This attempt, or
+            // an earlier unconfirmed one, may have had its effect (a timeout,
+            // a lost answer): the step is compensated too.
+            let waiting = if timed_out {
+                step.clone()
+            } else {
+                step.fail(attempt, reason.clone(), Some(Duration::ZERO), self.cx.now).map_err(|e| e.to_string())?
+            };
+            self.steps.insert(name.clone(), waiting);
             self.step_event(name, EventKind::StepFailed, json!({ "error": reason, "retryable": true }));
             self.settle_in_doubt(name, &reason)?;
             self.task_ended_by_failures(&reason);
@@ -369,6 +387,20 @@ impl<'a> Draft<'a> {
         if self.steps.values().any(|s| matches!(s.state, StepState::Running | StepState::Compensating)) {
             return; // Wait for in-flight steps and compensations to settle.
         }
+        // A step waiting for another attempt had one that was never
+        // confirmed (a timeout, a transient failure): it may have had its
+        // effect, so it is settled in doubt and compensated first.
+        let unconfirmed: Vec<StepName> = self
+            .steps
+            .values()
+            .filter(|s| s.state == StepState::NotStarted && s.attempt > 0 && wf.step(&s.name).is_some_and(|d| d.compensate().is_some()))
+            .map(|s| s.name.clone())
+            .collect();
+        for name in unconfirmed {
+            if let Err(err) = self.settle_in_doubt(&name, "its last attempt was never confirmed") {
+                tracing::error!("settling step {name} of task {} in doubt: {err}", self.task.id);
+            }
+        }
         let next = self.completed_in_order.iter().rev().find(|name| {
             let completed = self.steps.get(*name).is_some_and(|s| s.state == StepState::Completed);
             completed && wf.step(name).is_some_and(|d| d.compensate().is_some())
@@ -461,9 +493,12 @@ impl<'a> Draft<'a> {
     fn finish(mut self) -> Decision {
         // The task write doubles as the fence of the whole commit: even when
         // only a step changed, the commit fails if the task moved on.
-        if self.task == *self.task_before {
-            self.task.updated_at = self.cx.now;
-        }
+        // Every decision bumps the lease epoch, which makes it the task's
+        // version: two decisions taken on the same read (a delayed Retry and
+        // a reply, handled side by side) cannot both commit, so neither
+        // overwrites what the other counted.
+        self.task.updated_at = self.cx.now;
+        self.task.lease_epoch += 1;
         self.changes.tasks.push(TaskWrite::replacing(self.task_before, self.task.clone()));
         for (name, step) in &self.steps {
             let before = self.steps_before[name];

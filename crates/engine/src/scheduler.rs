@@ -311,18 +311,12 @@ impl Scheduler {
         let history = self.inner.store.history(&record.task.id).await?;
         let mut order: Vec<StepName> = Vec::new();
         for event in history {
-            if event.kind == EventKind::StepCompleted
-                && let Some(step) = event.step
-            {
+            // A step settled in doubt counts as completed when it was settled.
+            let completed = event.kind == EventKind::StepCompleted
+                || (event.kind == EventKind::StepFailed && event.detail["in_doubt"] == serde_json::Value::Bool(true));
+            if completed && let Some(step) = event.step {
                 order.retain(|s| s != &step);
                 order.push(step);
-            }
-        }
-        // Steps settled in doubt (timed out while the task was being undone)
-        // completed without a StepCompleted event; they were the last to run.
-        for step in &record.steps {
-            if step.state == rota_model::StepState::Completed && !order.contains(&step.name) {
-                order.push(step.name.clone());
             }
         }
         Ok(order)

@@ -205,7 +205,8 @@ impl Supervisor {
         if held && task.complete_by.is_some_and(|at| at > now) {
             // Its Scheduler is (presumably) alive: ask it to recover the step.
             let message = InboxMessage::StepExpired { task_id: task.id.clone(), step: step.name.clone(), attempt: step.attempt };
-            let mut outgoing = Outgoing::json(&message).expect("inbox messages serialize");
+            // Keyed by task like replies: handled one at a time with them.
+            let mut outgoing = Outgoing::json(&message).expect("inbox messages serialize").with_ordering_key(task.id.as_str());
             if let Some(id) = protocol::message_id(format_args!("expired/{}/{}/{}", task.id, step.name, step.attempt)) {
                 outgoing = outgoing.with_id(id);
             }
@@ -222,18 +223,11 @@ impl Supervisor {
         }
         // In a task being undone, a step that timed out is in doubt and gets
         // compensated; otherwise it is simply started afresh by the next holder.
-        let settled = if task.state == TaskState::Compensating && step.state == rota_model::StepState::Running {
-            step.settle_in_doubt(now)
-        } else {
-            step.expire(now, Duration::ZERO)
-        }
-        .map_err(|e| Error::Store(rota_store::Error::Conflict(e.to_string())))?;
-        let event = Event::step(
-            step,
-            now,
-            EventKind::StepFailed,
-            json!({ "error": "timed out while its task had no Scheduler", "retryable": true }),
-        );
+        let in_doubt = task.state == TaskState::Compensating && step.state == rota_model::StepState::Running;
+        let settled = if in_doubt { step.settle_in_doubt(now) } else { step.expire(now, Duration::ZERO) }
+            .map_err(|e| Error::Store(rota_store::Error::Conflict(e.to_string())))?;
+        let detail = json!({ "error": "timed out while its task had no Scheduler", "retryable": !in_doubt, "in_doubt": in_doubt });
+        let event = Event::step(step, now, EventKind::StepFailed, detail);
         let changes = Changes { steps: vec![StepWrite::replacing(step, settled)], events: vec![event], ..Changes::default() };
         self.store.commit(changes).await?;
         round.steps_settled += 1;

@@ -260,18 +260,24 @@ impl Step {
     /// lost the answer). It is settled as Completed without an output, "in
     /// doubt", so that its compensation runs too: compensations must be
     /// idempotent and accept that there may be nothing to undo.
+    ///
+    /// It applies to a Running step whose complete-by has passed, and to a
+    /// step waiting for its next attempt after an unconfirmed one (NotStarted
+    /// with an attempt behind it: a timeout or a transient failure).
     pub fn settle_in_doubt(&self, now: Timestamp) -> Result<Step, TransitionError> {
-        let Some(complete_by) = self.complete_by.filter(|_| self.state == StepState::Running) else {
-            return Err(self.refuse("settle in doubt"));
-        };
-        if complete_by > now {
-            return Err(TransitionError::NotDue { record: "step", until: complete_by });
+        match (self.state, self.complete_by) {
+            (StepState::Running, Some(complete_by)) if complete_by > now => {
+                return Err(TransitionError::NotDue { record: "step", until: complete_by });
+            }
+            (StepState::Running, Some(_)) => {}
+            (StepState::NotStarted, _) if self.attempt > 0 => {}
+            _ => return Err(self.refuse("settle in doubt")),
         }
         let mut next = self.clone();
         next.state = StepState::Completed;
         next.complete_by = None;
         next.not_before = now;
-        next.last_error = Some(format!("attempt {} timed out: its effect is in doubt, so it is compensated", self.attempt));
+        next.last_error = Some(format!("attempt {} was never confirmed: its effect is in doubt, so it is compensated", self.attempt));
         next.updated_at = now;
         Ok(next)
     }
@@ -330,6 +336,19 @@ impl Step {
             }
             None => next.state = StepState::Failed,
         }
+        Ok(next)
+    }
+
+    /// An operator resumes a compensation that failed on this step: it goes
+    /// back to Completed, to be compensated again.
+    pub fn resubmit_compensation(&self, now: Timestamp) -> Result<Step, TransitionError> {
+        if self.state != StepState::Failed {
+            return Err(TransitionError::NotAllowed { record: "step", action: "resubmit the compensation of", state: self.state.as_str() });
+        }
+        let mut next = self.clone();
+        next.state = StepState::Completed;
+        next.not_before = now;
+        next.updated_at = now;
         Ok(next)
     }
 

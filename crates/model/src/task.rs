@@ -436,6 +436,14 @@ impl Task {
         Ok(next)
     }
 
+    /// An operator resumes the compensation of a task that ended in Error
+    /// while being undone: it waits, unleased, for a Scheduler to claim it.
+    pub fn resubmit_compensation(&self, now: Timestamp) -> Result<Task, TransitionError> {
+        let mut next = self.resubmit(now)?;
+        next.state = TaskState::Compensating;
+        Ok(next)
+    }
+
     /// A copy without lease and with a new epoch, for moves made by someone
     /// other than the holder (the Supervisor, an operator). The new epoch is
     /// what makes the holder's next compare-and-set fail even where the

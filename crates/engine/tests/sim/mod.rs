@@ -649,14 +649,7 @@ impl World {
                 let filter = TaskFilter { state: Some(TaskState::Error), limit: 1_000, ..TaskFilter::default() };
                 let mut failed = Vec::new();
                 for task in self.store.list_tasks(&filter).await.map_err(|e| format!("listing tasks: {e}"))? {
-                    // FIXME: a task that failed while compensating is resubmitted into forward
-                    // processing, which re-runs steps whose effect is still applied (see
-                    // `a_resubmit_after_a_failed_compensation_runs_the_step_again`). Only
-                    // ROTA_SIM_STRICT=1 resubmits those.
-                    let history = self.store.history(&task.id).await.map_err(|e| format!("history of {}: {e}", task.id))?;
-                    if std::env::var_os("ROTA_SIM_STRICT").is_some() || !history.iter().any(|e| e.kind == EventKind::CompensationStarted) {
-                        failed.push(task.id);
-                    }
+                    failed.push(task.id);
                 }
                 if !failed.is_empty() {
                     let id = failed[self.rng.random_range(0..failed.len())].clone();
