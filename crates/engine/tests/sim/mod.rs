@@ -874,6 +874,16 @@ impl World {
             && self.tasks.iter().any(|t| t.id == call.task_id && t.declined.as_ref() == Some(&call.step))
             && !self.service.applied(&call.task_id, &call.step, false);
         let applied = self.service.applied(&call.task_id, &call.step, call.compensate);
+        // An idempotent service serializes calls with one key: while a slow
+        // call that will succeed is in flight, a second call cannot be
+        // declined for good, it is told to retry (as a 409 "in progress").
+        let in_flight = self.held.iter().any(|held| match held {
+            Held::Slow { request: other, fate: Fate::Succeed, .. } => {
+                other.call.task_id == call.task_id && other.call.step == call.step && other.call.compensate == call.compensate
+            }
+            _ => false,
+        });
+        let fate = if fate == Fate::FailPermanent && in_flight { Fate::FailRetryable } else { fate };
         match fate {
             Fate::FailPermanent if !applied => ReplyOutcome::Failed { error: "declined by the service".into(), retryable: false },
             Fate::FailRetryable => ReplyOutcome::Failed { error: "the service is unavailable".into(), retryable: true },
