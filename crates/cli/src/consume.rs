@@ -20,6 +20,7 @@
 //! Deliberately left out: prefetching, batching completes, and killing a
 //! command whose lease was lost (it finishes; its outcome is dropped).
 
+use crate::signals::Signals;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
@@ -30,7 +31,6 @@ use rota_model::{InstanceId, QueueName};
 use rota_store::{Delivery, Receive, SharedStore};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
-use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
@@ -164,26 +164,7 @@ fn propagate_panic(joined: Result<(), tokio::task::JoinError>) {
     }
 }
 
-/// SIGINT and SIGTERM, registered before the store is opened.
-struct Signals {
-    interrupt: Signal,
-    terminate: Signal,
-}
-
 impl Signals {
-    fn new() -> anyhow::Result<Signals> {
-        let interrupt = signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?;
-        let terminate = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
-        Ok(Signals { interrupt, terminate })
-    }
-
-    async fn next(&mut self) {
-        tokio::select! {
-            _ = self.interrupt.recv() => {}
-            _ = self.terminate.recv() => {}
-        }
-    }
-
     /// The first signal asks to stop receiving; the second to abort the
     /// commands in progress.
     async fn forward(mut self, stop: Arc<watch::Sender<bool>>, abort: watch::Sender<bool>) {

@@ -25,6 +25,7 @@ mod dlq;
 mod output;
 mod queue;
 mod serve;
+mod signals;
 mod store_url;
 mod tasks;
 mod validate;

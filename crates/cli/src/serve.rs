@@ -22,6 +22,7 @@
 //! Deliberately left out: custom agents (a Rust program embeds the engine
 //! instead), hot reloading of definitions, and the HTTP API.
 
+use crate::signals::Signals;
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -36,7 +37,6 @@ use rota_model::{Clock, InstanceId, SystemClock, Timestamp};
 use rota_store::SharedStore;
 use rota_workflow::{AgentCatalog, AgentName, Workflow};
 use serde_json::{Value, json};
-use tokio::signal::unix::{Signal, SignalKind, signal};
 use tracing::{info, warn};
 
 use crate::StoreArgs;
@@ -389,27 +389,6 @@ impl Reporter {
                 }
                 Err(err) => warn!("cannot report the circuit breaker of {}: {err}", snapshot.endpoint),
             }
-        }
-    }
-}
-
-/// SIGINT and SIGTERM, registered before the store is opened.
-struct Signals {
-    interrupt: Signal,
-    terminate: Signal,
-}
-
-impl Signals {
-    fn new() -> anyhow::Result<Signals> {
-        let interrupt = signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?;
-        let terminate = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
-        Ok(Signals { interrupt, terminate })
-    }
-
-    async fn next(&mut self) {
-        tokio::select! {
-            _ = self.interrupt.recv() => {}
-            _ = self.terminate.recv() => {}
         }
     }
 }

@@ -144,28 +144,47 @@ pub(crate) fn task_exists(conn: &Connection, id: &TaskId) -> Result<bool> {
         .map_err(sql_error)
 }
 
+/// Binds a task's columns, in `TASK_COLUMNS` order, to parameters ?1..?15.
+fn bind_task(stmt: &mut rusqlite::Statement<'_>, task: &Task) -> rusqlite::Result<()> {
+    stmt.raw_bind_parameter(1, task.id.as_str())?;
+    stmt.raw_bind_parameter(2, task.workflow.as_str())?;
+    stmt.raw_bind_parameter(3, task.workflow_version)?;
+    stmt.raw_bind_parameter(4, json_text(&task.input))?;
+    stmt.raw_bind_parameter(5, task.state.as_str())?;
+    stmt.raw_bind_parameter(6, task.locked_by.as_ref().map(InstanceId::as_str))?;
+    stmt.raw_bind_parameter(7, task.lease_epoch as i64)?;
+    stmt.raw_bind_parameter(8, task.complete_by.map(Timestamp::as_millis))?;
+    stmt.raw_bind_parameter(9, task.not_before.as_millis())?;
+    stmt.raw_bind_parameter(10, task.failure_count)?;
+    stmt.raw_bind_parameter(11, task.reply_to.as_deref())?;
+    stmt.raw_bind_parameter(12, task.output.as_ref().map(json_text))?;
+    stmt.raw_bind_parameter(13, task.error.as_deref())?;
+    stmt.raw_bind_parameter(14, task.created_at.as_millis())?;
+    stmt.raw_bind_parameter(15, task.updated_at.as_millis())
+}
+
+/// Binds a step's columns, in `STEP_COLUMNS` order, to parameters ?1..?11.
+fn bind_step(stmt: &mut rusqlite::Statement<'_>, step: &Step) -> rusqlite::Result<()> {
+    stmt.raw_bind_parameter(1, step.task_id.as_str())?;
+    stmt.raw_bind_parameter(2, step.name.as_str())?;
+    stmt.raw_bind_parameter(3, step.position)?;
+    stmt.raw_bind_parameter(4, step.state.as_str())?;
+    stmt.raw_bind_parameter(5, step.attempt)?;
+    stmt.raw_bind_parameter(6, step.complete_by.map(Timestamp::as_millis))?;
+    stmt.raw_bind_parameter(7, step.not_before.as_millis())?;
+    stmt.raw_bind_parameter(8, step.input.as_ref().map(json_text))?;
+    stmt.raw_bind_parameter(9, step.output.as_ref().map(json_text))?;
+    stmt.raw_bind_parameter(10, step.last_error.as_deref())?;
+    stmt.raw_bind_parameter(11, step.updated_at.as_millis())
+}
+
 pub(crate) fn insert_task(conn: &Connection, task: &Task) -> Result<()> {
     conn.prepare_cached(&format!(
         "INSERT INTO tasks ({TASK_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
     ))
     .and_then(|mut stmt| {
-        stmt.execute(params![
-            task.id.as_str(),
-            task.workflow.as_str(),
-            task.workflow_version,
-            json_text(&task.input),
-            task.state.as_str(),
-            task.locked_by.as_ref().map(InstanceId::as_str),
-            task.lease_epoch as i64,
-            task.complete_by.map(Timestamp::as_millis),
-            task.not_before.as_millis(),
-            task.failure_count,
-            task.reply_to,
-            task.output.as_ref().map(json_text),
-            task.error,
-            task.created_at.as_millis(),
-            task.updated_at.as_millis(),
-        ])
+        bind_task(&mut stmt, task)?;
+        stmt.raw_execute()
     })
     .map_err(sql_error)?;
     Ok(())
@@ -174,19 +193,8 @@ pub(crate) fn insert_task(conn: &Connection, task: &Task) -> Result<()> {
 pub(crate) fn insert_step(conn: &Connection, step: &Step) -> Result<()> {
     conn.prepare_cached(&format!("INSERT INTO steps ({STEP_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"))
         .and_then(|mut stmt| {
-            stmt.execute(params![
-                step.task_id.as_str(),
-                step.name.as_str(),
-                step.position,
-                step.state.as_str(),
-                step.attempt,
-                step.complete_by.map(Timestamp::as_millis),
-                step.not_before.as_millis(),
-                step.input.as_ref().map(json_text),
-                step.output.as_ref().map(json_text),
-                step.last_error,
-                step.updated_at.as_millis(),
-            ])
+            bind_step(&mut stmt, step)?;
+            stmt.raw_execute()
         })
         .map_err(sql_error)?;
     Ok(())
@@ -215,28 +223,14 @@ pub(crate) fn write_task(conn: &Connection, write: &TaskWrite) -> Result<()> {
         .prepare_cached(
             "UPDATE tasks SET workflow = ?2, workflow_version = ?3, input = ?4, state = ?5, locked_by = ?6, lease_epoch = ?7,
                               complete_by = ?8, not_before = ?9, failure_count = ?10, reply_to = ?11, output = ?12,
-                              error = ?13, updated_at = ?14
-              WHERE id = ?1 AND state = ?15 AND lease_epoch = ?16",
+                              error = ?13, created_at = ?14, updated_at = ?15
+              WHERE id = ?1 AND state = ?16 AND lease_epoch = ?17",
         )
         .and_then(|mut stmt| {
-            stmt.execute(params![
-                task.id.as_str(),
-                task.workflow.as_str(),
-                task.workflow_version,
-                json_text(&task.input),
-                task.state.as_str(),
-                task.locked_by.as_ref().map(InstanceId::as_str),
-                task.lease_epoch as i64,
-                task.complete_by.map(Timestamp::as_millis),
-                task.not_before.as_millis(),
-                task.failure_count,
-                task.reply_to,
-                task.output.as_ref().map(json_text),
-                task.error,
-                task.updated_at.as_millis(),
-                write.expected_state.as_str(),
-                write.expected_epoch as i64,
-            ])
+            bind_task(&mut stmt, task)?;
+            stmt.raw_bind_parameter(16, write.expected_state.as_str())?;
+            stmt.raw_bind_parameter(17, write.expected_epoch as i64)?;
+            stmt.raw_execute()
         })
         .map_err(sql_error)?;
     if updated == 1 {
@@ -261,21 +255,10 @@ pub(crate) fn write_step(conn: &Connection, write: &StepWrite) -> Result<()> {
               WHERE task_id = ?1 AND name = ?2 AND state = ?12 AND attempt = ?13",
         )
         .and_then(|mut stmt| {
-            stmt.execute(params![
-                step.task_id.as_str(),
-                step.name.as_str(),
-                step.position,
-                step.state.as_str(),
-                step.attempt,
-                step.complete_by.map(Timestamp::as_millis),
-                step.not_before.as_millis(),
-                step.input.as_ref().map(json_text),
-                step.output.as_ref().map(json_text),
-                step.last_error,
-                step.updated_at.as_millis(),
-                write.expected_state.as_str(),
-                write.expected_attempt,
-            ])
+            bind_step(&mut stmt, step)?;
+            stmt.raw_bind_parameter(12, write.expected_state.as_str())?;
+            stmt.raw_bind_parameter(13, write.expected_attempt)?;
+            stmt.raw_execute()
         })
         .map_err(sql_error)?;
     if updated == 1 {
