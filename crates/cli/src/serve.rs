@@ -83,6 +83,10 @@ pub struct Args {
     /// How often the Supervisor looks for passed deadlines (10ms..1h).
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = humantime::parse_duration)]
     supervisor_interval: Duration,
+    /// At SIGINT/SIGTERM, how long agent calls and replies in progress may
+    /// take to finish before they are cancelled and given back (0s..1h).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    shutdown_grace: Duration,
 }
 
 /// One role of the pattern.
@@ -114,6 +118,13 @@ pub async fn run(store_args: StoreArgs, args: Args) -> anyhow::Result<()> {
         "--supervisor-interval must be between 10ms and 1h, got {}",
         humantime::format_duration(interval)
     );
+    let grace_max = rota_engine::consumer::Config::SHUTDOWN_GRACE_MAX;
+    anyhow::ensure!(
+        args.shutdown_grace <= grace_max,
+        "--shutdown-grace must be at most {}, got {}",
+        humantime::format_duration(grace_max),
+        humantime::format_duration(args.shutdown_grace)
+    );
     // Listen before doing anything else, so that an early signal is a clean stop.
     let mut signals = Signals::new()?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
@@ -132,6 +143,7 @@ pub async fn run(store_args: StoreArgs, args: Args) -> anyhow::Result<()> {
     config.supervisor.interval = interval;
     config.supervisor.leader_ttl = interval * LEADER_TTL_INTERVALS;
     config.seed = seed(&instance, &*clock);
+    config.shutdown_grace = args.shutdown_grace;
     let mut engine = Engine::new(store.clone(), clock.clone(), config);
     for name in agents.names() {
         engine = engine.agent(agents.get(name).expect("a registered name"));

@@ -255,6 +255,10 @@ fn serve_refuses_to_start_with_an_invalid_workflow() {
     let (code, stderr) = rota.fails(&["serve", "--workflows", &dir, "--instance-id", "has space"]);
     assert_eq!(code, 1);
     assert_one_error_line(&stderr, &["--instance-id", "letters, digits"]);
+
+    let (code, stderr) = rota.fails(&["serve", "--workflows", &dir, "--shutdown-grace", "2h"]);
+    assert_eq!(code, 1);
+    assert_one_error_line(&stderr, &["--shutdown-grace", "at most 1h"]);
 }
 
 // ------------------------------------------------------------ end to end

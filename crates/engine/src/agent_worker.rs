@@ -32,6 +32,9 @@ pub struct Config {
     pub max_concurrent: usize,
     /// The seed of the retry jitter (mixed with each request's identity).
     pub seed: u64,
+    /// How long calls in progress may take to finish at shutdown; then
+    /// they are cancelled and their requests given back.
+    pub shutdown_grace: Duration,
 }
 
 /// Runs one agent on its queue.
@@ -54,6 +57,7 @@ impl AgentWorker {
     pub async fn run(self, shutdown: Shutdown) -> Result<()> {
         let consumer_config = consumer::Config::builder(self.queue.clone(), self.config.instance.clone())
             .max_concurrent(self.config.max_concurrent)
+            .shutdown_grace(self.config.shutdown_grace)
             .build()?;
         let consumer = Consumer::new(self.store.clone(), consumer_config);
         consumer.run(Arc::new(self), shutdown).await.map(|_| ())

@@ -2,6 +2,7 @@
 //! store (R8), or any subset of them (for processes that scale out).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use rota_agent::Agent;
 use rota_model::{Clock, InstanceId};
@@ -48,6 +49,9 @@ pub struct Config {
     pub agent_concurrency: usize,
     /// The seed of every jitter in this process.
     pub seed: u64,
+    /// How long work in progress (agent calls, replies being handled) may
+    /// take to finish when the engine stops; then it is given back.
+    pub shutdown_grace: Duration,
 }
 
 impl Config {
@@ -60,6 +64,7 @@ impl Config {
             roles: Roles::ALL,
             agent_concurrency: 16,
             seed: 0,
+            shutdown_grace: crate::consumer::Config::SHUTDOWN_GRACE_DEFAULT,
         }
     }
 }
@@ -121,6 +126,7 @@ impl Engine {
         if config.roles.scheduler {
             let mut scheduler_config = config.scheduler.clone();
             scheduler_config.seed ^= config.seed;
+            scheduler_config.shutdown_grace = config.shutdown_grace;
             let scheduler =
                 Scheduler::new(self.store.clone(), self.clock.clone(), self.workflows.clone(), self.completions.clone(), scheduler_config)?;
             roles.spawn(scheduler.run(shutdown.clone()));
@@ -139,8 +145,12 @@ impl Engine {
         }
         if config.roles.agents {
             for agent in &self.agents {
-                let worker_config =
-                    agent_worker::Config { instance: config.instance.clone(), max_concurrent: config.agent_concurrency, seed: config.seed };
+                let worker_config = agent_worker::Config {
+                    instance: config.instance.clone(),
+                    max_concurrent: config.agent_concurrency,
+                    seed: config.seed,
+                    shutdown_grace: config.shutdown_grace,
+                };
                 let worker = AgentWorker::new(self.store.clone(), self.clock.clone(), agent.clone(), worker_config);
                 roles.spawn(worker.run(shutdown.clone()));
             }

@@ -47,6 +47,8 @@ pub struct Config {
     pub recovery: RetryPolicy,
     /// The seed of the backoff jitter.
     pub seed: u64,
+    /// How long replies being handled may take to finish at shutdown.
+    pub shutdown_grace: Duration,
 }
 
 impl Config {
@@ -60,6 +62,7 @@ impl Config {
             inbox_concurrency: 32,
             recovery: default_recovery(),
             seed: 0,
+            shutdown_grace: crate::consumer::Config::SHUTDOWN_GRACE_DEFAULT,
         }
     }
 
@@ -132,6 +135,7 @@ impl Scheduler {
     pub async fn run(self, shutdown: Shutdown) -> Result<()> {
         let consumer_config = consumer::Config::builder(self.inner.inbox.clone(), self.inner.config.instance.clone())
             .max_concurrent(self.inner.config.inbox_concurrency)
+            .shutdown_grace(self.inner.config.shutdown_grace)
             .build()?;
         let inbox = Consumer::new(self.inner.store.clone(), consumer_config);
         let handler: Arc<dyn Handler> = Arc::new(self.clone());
