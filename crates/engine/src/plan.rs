@@ -90,7 +90,7 @@ pub fn decide(record: &TaskRecord, completed_in_order: &[StepName], input: Input
         return Decision::Ignore(reason);
     }
     if draft.task.locked_by.as_ref() == Some(cx.me) {
-        draft.advance(fence, rng);
+        draft.advance(fence);
     }
     draft.finish()
 }
@@ -321,8 +321,7 @@ impl<'a> Draft<'a> {
 
     /// Moves the task on: starts every ready step, or finishes it; while
     /// compensating, undoes the next completed step, or finishes.
-    fn advance(&mut self, fence: rota_model::TaskFence, rng: &mut impl Rng) {
-        let _ = rng;
+    fn advance(&mut self, fence: rota_model::TaskFence) {
         match self.task.state {
             TaskState::Processing => self.advance_processing(fence),
             TaskState::Compensating => self.advance_compensating(fence),

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, TaskId, Timestamp, WorkflowName};
+use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, Task, TaskId, Timestamp, WorkflowName};
 use rota_store::{
     Changes, ComponentStatus, Created, DeadLetter, Delivery, Error, Event, Expired, LeaderLease, NewTask, Outgoing, QueueConfig,
     QueueStats, Queues, Receive, Redrive, Result, Sent, Store, TaskFilter, TaskRecord, Tasks, WorkflowEntry,
@@ -135,7 +135,6 @@ pub struct SqliteStore {
     clock: Arc<dyn Clock>,
     config: Config,
     stats: Arc<CommitStats>,
-    closed: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -239,7 +238,9 @@ impl SqliteStore {
             .map_err(|e| Error::Backend(format!("cannot start the checkpoint thread: {e}")))?;
 
         let readers = Arc::new(Readers { connections: readers, next: AtomicUsize::new(0) });
-        Ok(SqliteStore { commands, readers, clock, config, stats, closed })
+        // The writer stops when the last sender (the store's) is dropped and then
+        // sets `closed`, which stops the checkpointer.
+        Ok(SqliteStore { commands, readers, clock, config, stats })
     }
 
     /// The settings SQLite reports: journal mode of the file and the
@@ -322,14 +323,6 @@ impl SqliteStore {
     /// Ids for messages that have none: time-ordered UUIDs.
     fn message_id(message: &Outgoing) -> MessageId {
         message.id.clone().unwrap_or_else(|| MessageId::new(uuid::Uuid::now_v7().to_string()).expect("a UUID is a valid message id"))
-    }
-}
-
-impl Drop for SqliteStore {
-    fn drop(&mut self) {
-        // The writer stops when the last sender (ours) is dropped; the
-        // checkpointer follows it through `closed`.
-        let _ = &self.closed;
     }
 }
 
@@ -646,8 +639,6 @@ impl Tasks for SqliteStore {
         self.read(move |conn, _| task_sql::statuses(conn, &prefix)).await
     }
 }
-
-use rota_model::Task;
 
 impl Store for SqliteStore {
     fn backend(&self) -> &'static str {
