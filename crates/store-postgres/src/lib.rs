@@ -1,0 +1,746 @@
+//! rota's Store on PostgreSQL: many processes on many machines sharing one
+//! database (R9).
+//!
+//! Every operation is one short transaction on a pooled connection. Claims
+//! of messages and tasks are single statements with `FOR UPDATE SKIP
+//! LOCKED`, so competing consumers never wait on each other's rows; state
+//! changes are fenced updates (the row must still have the state and epoch
+//! the writer read). PostgreSQL's own group commit shares fsyncs between
+//! concurrent transactions, so there is no writer thread as on SQLite.
+//!
+//! Waiting receivers are woken by `LISTEN`/`NOTIFY`: every transaction that
+//! sends to a queue notifies the store's channel with the queue's name, and
+//! one listening connection per process wakes that queue's receivers. They
+//! also re-check every `poll_interval` for what no notification announces
+//! (delays running out, expired leases) and after the listening connection
+//! was lost.
+//!
+//! Times come from the injected clock and are bound as parameters; SQL never
+//! calls `now()`, so both backends behave alike under a manual clock.
+//!
+//! Connection loss: the pool reconnects on the next operation. An operation
+//! whose connection broke fails with [`Error::Unavailable`] and nothing it
+//! did is kept, except a commit whose acknowledgement was lost: that one
+//! may have landed, which every caller already handles (a retried fenced
+//! write then finds its own change and reports a lost race).
+//!
+//! Deliberately left out: SQL outside this crate, and `now()` in SQL.
+
+mod queue_sql;
+mod schema;
+mod sql;
+mod task_sql;
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, Task, TaskId, Timestamp, WorkflowName};
+use rota_store::{
+    Changes, ComponentStatus, Created, DeadLetter, Delivery, Error, Event, Expired, LeaderLease, NewTask, Outgoing, QueueConfig,
+    QueueStats, Queues, Receive, Redrive, Sent, Store, TaskFilter, TaskRecord, Tasks, WorkflowEntry,
+};
+use serde_json::Value;
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+use sqlx::{PgConnection, PgPool};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use crate::sql::Names;
+
+/// How often a transaction that lost a deadlock or serialization race is run again.
+const TRANSACTION_TRIES_MAX: u32 = 5;
+
+/// How many expired message ids one sweep forgets.
+const ID_SWEEP_MAX: u32 = 1_000;
+
+/// Settings of a PostgreSQL store. Every bound is named here.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The connection URL (`postgres://user@host:port/database`).
+    pub url: String,
+    /// The PostgreSQL schema that holds rota's tables (created if missing).
+    pub schema: String,
+    /// The most connections this process opens (plus one for listening).
+    pub connections_max: u32,
+    /// How long an operation waits for a free connection, or for a new one
+    /// while the server is unreachable, before failing as unavailable.
+    pub acquire_timeout: Duration,
+    /// How often waiting receivers re-check for work no notification
+    /// announces (delays running out, expired leases).
+    pub poll_interval: Duration,
+    /// The largest message body accepted, in bytes.
+    pub body_bytes_max: usize,
+    /// How often expired duplicate-detection ids are forgotten.
+    pub sweep_interval: Duration,
+}
+
+impl Config {
+    /// Defaults for the database at `url`, in schema `rota`.
+    pub fn new(url: impl Into<String>) -> Self {
+        Config {
+            url: url.into(),
+            schema: "rota".into(),
+            connections_max: 16,
+            acquire_timeout: Duration::from_secs(5),
+            poll_interval: Duration::from_millis(100),
+            body_bytes_max: rota_store::BODY_BYTES_MAX,
+            sweep_interval: Duration::from_secs(10),
+        }
+    }
+
+    fn validate(&self) -> Result<(), Error> {
+        let bad = |what: String| Err(Error::Invalid(format!("postgres store config: {what}")));
+        if let Err(why) = sql::check_schema(&self.schema) {
+            return bad(why);
+        }
+        if self.connections_max == 0 || self.connections_max > 1_000 {
+            return bad(format!("connections_max must be between 1 and 1000, got {}", self.connections_max));
+        }
+        if self.poll_interval < Duration::from_millis(1) {
+            return bad("poll_interval must be at least 1 ms".into());
+        }
+        if self.body_bytes_max == 0 {
+            return bad("body_bytes_max must be at least 1".into());
+        }
+        if self.sweep_interval < Duration::from_millis(10) {
+            return bad("sweep_interval must be at least 10 ms".into());
+        }
+        Ok(())
+    }
+
+    /// The URL without its password, for messages.
+    fn display_url(&self) -> String {
+        match PgConnectOptions::from_str(&self.url) {
+            Ok(options) => {
+                format!(
+                    "postgres://{}@{}:{}/{}",
+                    options.get_username(),
+                    options.get_host(),
+                    options.get_port(),
+                    options.get_database().unwrap_or("")
+                )
+            }
+            Err(_) => "the configured postgres URL".into(),
+        }
+    }
+
+    fn connect_options(&self) -> Result<PgConnectOptions, Error> {
+        let options =
+            PgConnectOptions::from_str(&self.url).map_err(|e| Error::Invalid(format!("postgres URL {}: {e}", self.display_url())))?;
+        Ok(options.application_name("rota"))
+    }
+}
+
+/// What a store function can fail with: a domain error it decided, or a
+/// driver error still to be classified (some of which retry the transaction).
+#[derive(Debug)]
+pub(crate) enum Fail {
+    Store(Error),
+    Sql(sqlx::Error),
+}
+
+impl From<Error> for Fail {
+    fn from(err: Error) -> Self {
+        Fail::Store(err)
+    }
+}
+
+impl From<sqlx::Error> for Fail {
+    fn from(err: sqlx::Error) -> Self {
+        Fail::Sql(err)
+    }
+}
+
+pub(crate) type Result<T, E = Fail> = std::result::Result<T, E>;
+
+impl Fail {
+    /// Whether PostgreSQL aborted the transaction to break a deadlock or a
+    /// serialization conflict, so running it again is safe and likely to pass.
+    fn is_transient(&self) -> bool {
+        match self {
+            Fail::Sql(sqlx::Error::Database(db)) => matches!(db.code().as_deref(), Some("40P01" | "40001")),
+            _ => false,
+        }
+    }
+
+    fn into_store(self) -> Error {
+        match self {
+            Fail::Store(err) => err,
+            Fail::Sql(err) => classify(err),
+        }
+    }
+}
+
+/// Maps a driver error onto the store's classes: whatever a reconnect or a
+/// wait may cure is `Unavailable`, the rest is `Backend`.
+fn classify(err: sqlx::Error) -> Error {
+    match &err {
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Protocol(_) => {
+            Error::Unavailable(format!("postgres: {err}"))
+        }
+        sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => Error::Closed,
+        sqlx::Error::Database(db) => {
+            let code = db.code().unwrap_or_default();
+            // 08: connection exceptions; 53: insufficient resources; 57P: the
+            // server is shutting down or restarting; 40: a lost race that
+            // exhausted its retries.
+            if code.starts_with("08") || code.starts_with("53") || code.starts_with("57P") || code.starts_with("40") {
+                Error::Unavailable(format!("postgres ({code}): {err}"))
+            } else {
+                Error::Backend(format!("postgres ({code}): {err}"))
+            }
+        }
+        _ => Error::Backend(format!("postgres: {err}")),
+    }
+}
+
+/// Runs `$body` in a transaction on a pooled connection bound to `$tx`,
+/// committing when it returns `Ok`; runs it again when PostgreSQL aborted it
+/// to break a deadlock. Evaluates to `Result<T, store::Error>`.
+macro_rules! in_transaction {
+    ($store:expr, $tx:ident => $body:block) => {{
+        let mut tries = 1_u32;
+        loop {
+            let attempt: Result<_> = async {
+                let mut $tx = $store.pool.begin().await?;
+                let value = $body;
+                $tx.commit().await?;
+                Ok(value)
+            }
+            .await;
+            match attempt {
+                Err(fail) if fail.is_transient() && tries < TRANSACTION_TRIES_MAX => tries += 1,
+                other => break other.map_err(Fail::into_store),
+            }
+        }
+    }};
+}
+
+/// Runs `$body` with a pooled connection bound to `$conn`, outside any
+/// transaction (each statement commits on its own).
+macro_rules! with_connection {
+    ($store:expr, $conn:ident => $body:block) => {{
+        let attempt: Result<_> = async {
+            let mut $conn = $store.pool.acquire().await?;
+            Ok($body)
+        }
+        .await;
+        attempt.map_err(Fail::into_store)
+    }};
+}
+
+/// Waiting receivers by queue, woken by the listener.
+#[derive(Default)]
+struct Wakers {
+    by_queue: Mutex<HashMap<String, Arc<Notify>>>,
+}
+
+impl Wakers {
+    fn of(&self, queue: &str) -> Arc<Notify> {
+        let mut by_queue = self.by_queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        by_queue.entry(queue.to_owned()).or_default().clone()
+    }
+
+    fn wake(&self, queue: &str) {
+        let by_queue = self.by_queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(notify) = by_queue.get(queue) {
+            notify.notify_waiters();
+        }
+    }
+
+    fn wake_all(&self) {
+        let by_queue = self.by_queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        for notify in by_queue.values() {
+            notify.notify_waiters();
+        }
+    }
+}
+
+/// The background futures of one store, stopped when it is dropped.
+struct Background(Vec<JoinHandle<()>>);
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        for handle in &self.0 {
+            handle.abort();
+        }
+    }
+}
+
+/// rota's Store on PostgreSQL.
+pub struct PgStore {
+    pool: PgPool,
+    names: Arc<Names>,
+    channel: String,
+    clock: Arc<dyn Clock>,
+    config: Config,
+    wakers: Arc<Wakers>,
+    _background: Background,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore").field("url", &self.config.display_url()).field("schema", &self.config.schema).finish()
+    }
+}
+
+/// The schema versions before and after [`PgStore::migrate`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Migrated {
+    /// The version found.
+    pub from: i64,
+    /// The version now.
+    pub to: i64,
+}
+
+impl PgStore {
+    /// Connects, runs the migrations that have not run yet, and starts
+    /// listening for sends. Every operation reads "now" from `clock`.
+    pub async fn open(config: Config, clock: Arc<dyn Clock>) -> Result<PgStore, Error> {
+        config.validate()?;
+        let names = Arc::new(Names::new(&config.schema));
+        let pool = PgPoolOptions::new()
+            .max_connections(config.connections_max)
+            .acquire_timeout(config.acquire_timeout)
+            .connect_lazy_with(config.connect_options()?);
+        {
+            let mut conn =
+                pool.acquire().await.map_err(|e| Error::Unavailable(format!("cannot connect to {}: {e}", config.display_url())))?;
+            Self::migrate_on(&mut conn, &names, &config).await?;
+        }
+        let channel = format!("rota_{}", config.schema);
+        let wakers = Arc::new(Wakers::default());
+        let listener = tokio::spawn(listen(pool.clone(), channel.clone(), wakers.clone()));
+        let sweeper = tokio::spawn(sweep(pool.clone(), names.clone(), clock.clone(), config.sweep_interval));
+        Ok(PgStore { pool, names, channel, clock, config, wakers, _background: Background(vec![listener, sweeper]) })
+    }
+
+    /// Runs the migrations that have not run yet on the database at
+    /// `config.url`, without opening a store (`rota migrate`).
+    pub async fn migrate(config: &Config) -> Result<Migrated, Error> {
+        config.validate()?;
+        let names = Names::new(&config.schema);
+        let mut conn = <PgConnection as sqlx::Connection>::connect_with(&config.connect_options()?)
+            .await
+            .map_err(|e| Error::Unavailable(format!("cannot connect to {}: {e}", config.display_url())))?;
+        Self::migrate_on(&mut conn, &names, config).await
+    }
+
+    async fn migrate_on(conn: &mut PgConnection, names: &Names, config: &Config) -> Result<Migrated, Error> {
+        let (from, to) = schema::migrate(conn, names).await.map_err(|e| match classify(e) {
+            Error::Backend(why) => Error::Backend(format!("migrating schema {} of {}: {why}", config.schema, config.display_url())),
+            other => other,
+        })?;
+        if from > schema::version() {
+            return Err(Error::Unavailable(format!(
+                "schema {} of {} has version {from}, newer than this rota knows ({}): upgrade rota",
+                config.schema,
+                config.display_url(),
+                schema::version()
+            )));
+        }
+        Ok(Migrated { from, to })
+    }
+
+    /// The configuration the store was opened with.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The connection pool, for applications that run their own statements
+    /// beside rota's (see [`PgStore::create_task_in`]).
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Creates a task inside the caller's own transaction (or on the
+    /// caller's connection), so that it commits or rolls back together with
+    /// the application's writes: the pattern's "insert the order and its task
+    /// state together". If a task with that id exists, writes nothing and
+    /// returns it. The task's messages are announced when `conn` commits.
+    pub async fn create_task_in(&self, conn: &mut PgConnection, new: NewTask) -> Result<Created, Error> {
+        self.check_new_task(&new)?;
+        self.create_task_on(conn, &new).await.map_err(Fail::into_store)
+    }
+
+    fn check_body(&self, message: &Outgoing) -> Result<(), Error> {
+        let size = message.body.get().len();
+        if size > self.config.body_bytes_max {
+            return Err(Error::Invalid(format!("message body is {size} bytes, over the limit of {} bytes", self.config.body_bytes_max)));
+        }
+        if message.ordering_key.as_ref().is_some_and(|k| k.is_empty() || k.len() > 200) {
+            return Err(Error::Invalid("ordering key must be 1 to 200 bytes".into()));
+        }
+        Ok(())
+    }
+
+    fn check_new_task(&self, new: &NewTask) -> Result<(), Error> {
+        for (_, message) in &new.messages {
+            self.check_body(message)?;
+        }
+        for step in &new.steps {
+            if step.task_id != new.task.id {
+                return Err(Error::Invalid(format!("step {} belongs to task {}, not {}", step.name, step.task_id, new.task.id)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Ids for messages that have none: time-ordered UUIDs.
+    fn message_id(message: &Outgoing) -> MessageId {
+        message.id.clone().unwrap_or_else(|| MessageId::new(uuid::Uuid::now_v7().to_string()).expect("a UUID is a valid message id"))
+    }
+
+    /// Sends `messages` (grouped by queue, in order) and notifies each queue.
+    async fn send_all(&self, conn: &mut PgConnection, messages: &[(QueueName, Outgoing)], now: Timestamp) -> Result<Vec<Sent>> {
+        let mut sent = Vec::with_capacity(messages.len());
+        let mut start = 0;
+        while start < messages.len() {
+            let queue = &messages[start].0;
+            let end = messages[start..].iter().position(|(q, _)| q != queue).map_or(messages.len(), |offset| start + offset);
+            let row = queue_sql::ensure_queue(conn, &self.names, queue, now).await?;
+            let batch: Vec<(&Outgoing, MessageId)> = messages[start..end].iter().map(|(_, m)| (m, Self::message_id(m))).collect();
+            let outcome = queue_sql::send(conn, &self.names, &row, &batch, now).await?;
+            if outcome.iter().any(|s| !s.duplicate) {
+                queue_sql::notify(conn, &self.channel, queue).await?;
+            }
+            sent.extend(outcome);
+            start = end;
+        }
+        Ok(sent)
+    }
+
+    async fn create_task_on(&self, conn: &mut PgConnection, new: &NewTask) -> Result<Created> {
+        let now = self.clock.now();
+        if !task_sql::insert_task(conn, &self.names, &new.task).await? {
+            let existing = task_sql::get_task(conn, &self.names, &new.task.id).await?;
+            let existing = existing.ok_or_else(|| Error::Backend(format!("task {} vanished after a conflicting insert", new.task.id)))?;
+            return Ok(Created::Existing(Box::new(existing)));
+        }
+        task_sql::insert_steps(conn, &self.names, &new.steps).await?;
+        task_sql::insert_events(conn, &self.names, &new.events).await?;
+        self.send_all(conn, &new.messages, now).await?;
+        Ok(Created::New)
+    }
+
+    /// One attempt at leasing messages from `queue`.
+    async fn claim(&self, queue: &QueueName, request: &Receive) -> Result<Vec<Delivery>, Error> {
+        let now = self.clock.now();
+        in_transaction!(self, tx => {
+            let row = queue_sql::ensure_queue(&mut tx, &self.names, queue, now).await?;
+            let lease = request.lease.unwrap_or(row.config.lease);
+            queue_sql::claim(&mut tx, &self.names, &row, request.max, lease, request.consumer.as_ref(), now).await?
+        })
+    }
+}
+
+/// Listens on the store's channel and wakes the receivers of each queue
+/// named in a notification. When the connection drops, wakes everyone (what
+/// was sent meanwhile was not announced) and listens again.
+async fn listen(pool: PgPool, channel: String, wakers: Arc<Wakers>) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let mut listener = match PgListener::connect_with(&pool).await {
+            Ok(listener) => listener,
+            Err(err) => {
+                tracing::warn!("postgres store: cannot open the listening connection: {err}; retrying in {backoff:?}");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+                continue;
+            }
+        };
+        if let Err(err) = listener.listen(&channel).await {
+            tracing::warn!("postgres store: LISTEN {channel} failed: {err}; retrying in {backoff:?}");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+            continue;
+        }
+        backoff = Duration::from_millis(50);
+        wakers.wake_all();
+        loop {
+            match listener.try_recv().await {
+                Ok(Some(notification)) => wakers.wake(notification.payload()),
+                // The connection dropped; the next call reconnects and listens again.
+                Ok(None) => wakers.wake_all(),
+                Err(err) => {
+                    tracing::warn!("postgres store: listening connection failed: {err}");
+                    wakers.wake_all();
+                    tokio::time::sleep(backoff).await;
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Forgets expired duplicate-detection ids every `interval`.
+async fn sweep(pool: PgPool, names: Arc<Names>, clock: Arc<dyn Clock>, interval: Duration) {
+    loop {
+        tokio::time::sleep(interval).await;
+        let swept = async {
+            let mut conn = pool.acquire().await?;
+            queue_sql::forget_expired_ids(&mut conn, &names, clock.now(), ID_SWEEP_MAX).await
+        }
+        .await;
+        if let Err(err) = swept {
+            tracing::debug!("postgres store: sweeping expired message ids failed: {}", err.into_store());
+        }
+    }
+}
+
+#[async_trait]
+impl Queues for PgStore {
+    async fn create_queue(&self, queue: &QueueName, config: QueueConfig) -> Result<(), Error> {
+        config.validate()?;
+        let now = self.clock.now();
+        with_connection!(self, conn => { queue_sql::upsert_queue(&mut conn, &self.names, queue, &config, now, true).await? })
+    }
+
+    async fn queue_config(&self, queue: &QueueName) -> Result<Option<QueueConfig>, Error> {
+        with_connection!(self, conn => { queue_sql::find_queue(&mut conn, &self.names, queue).await?.map(|q| q.config) })
+    }
+
+    async fn send(&self, queue: &QueueName, message: Outgoing) -> Result<Sent, Error> {
+        let mut sent = self.send_batch(queue, vec![message]).await?;
+        sent.pop().ok_or_else(|| Error::Backend("a send returned no outcome".into()))
+    }
+
+    async fn send_batch(&self, queue: &QueueName, messages: Vec<Outgoing>) -> Result<Vec<Sent>, Error> {
+        for message in &messages {
+            self.check_body(message)?;
+        }
+        if messages.is_empty() {
+            return Ok(Vec::new());
+        }
+        let messages: Vec<(QueueName, Outgoing)> = messages.into_iter().map(|m| (queue.clone(), m)).collect();
+        let now = self.clock.now();
+        in_transaction!(self, tx => { self.send_all(&mut tx, &messages, now).await? })
+    }
+
+    async fn receive(&self, queue: &QueueName, request: Receive) -> Result<Vec<Delivery>, Error> {
+        request.validate()?;
+        let deadline = tokio::time::Instant::now() + request.wait;
+        let waker = self.wakers.of(queue.as_str());
+        loop {
+            // Register for a wake-up before looking, so that a send
+            // committed between the look and the wait is not missed.
+            let notified = waker.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let got = self.claim(queue, &request).await?;
+            let now = tokio::time::Instant::now();
+            if !got.is_empty() || now >= deadline {
+                return Ok(got);
+            }
+            let wait = (deadline - now).min(self.config.poll_interval);
+            let _ = tokio::time::timeout(wait, notified).await;
+        }
+    }
+
+    async fn complete(&self, queue: &QueueName, token: LeaseToken) -> Result<(), Error> {
+        let now = self.clock.now();
+        with_connection!(self, conn => {
+            let row = queue_sql::leasing_queue(&mut conn, &self.names, queue, token).await?;
+            queue_sql::complete(&mut conn, &self.names, &row, token, now).await?
+        })
+    }
+
+    async fn complete_batch(&self, queue: &QueueName, tokens: &[LeaseToken]) -> Result<Vec<LeaseToken>, Error> {
+        if tokens.is_empty() {
+            return Ok(Vec::new());
+        }
+        let now = self.clock.now();
+        with_connection!(self, conn => {
+            match queue_sql::find_queue(&mut conn, &self.names, queue).await? {
+                Some(row) => queue_sql::complete_batch(&mut conn, &self.names, &row, tokens, now).await?,
+                None => tokens.to_vec(),
+            }
+        })
+    }
+
+    async fn abandon(&self, queue: &QueueName, token: LeaseToken, delay: Duration, reason: Option<String>) -> Result<(), Error> {
+        let now = self.clock.now();
+        in_transaction!(self, tx => {
+            let row = queue_sql::leasing_queue(&mut tx, &self.names, queue, token).await?;
+            queue_sql::abandon(&mut tx, &self.names, &row, token, delay, reason.as_deref(), now).await?;
+            if delay.is_zero() {
+                queue_sql::notify(&mut tx, &self.channel, queue).await?;
+            }
+        })
+    }
+
+    async fn renew(&self, queue: &QueueName, token: LeaseToken, lease: Option<Duration>) -> Result<Timestamp, Error> {
+        if let Some(lease) = lease {
+            QueueConfig { lease, ..QueueConfig::default() }.validate()?;
+        }
+        let now = self.clock.now();
+        with_connection!(self, conn => {
+            let row = queue_sql::leasing_queue(&mut conn, &self.names, queue, token).await?;
+            queue_sql::renew(&mut conn, &self.names, &row, token, lease.unwrap_or(row.config.lease), now).await?
+        })
+    }
+
+    async fn dead_letter(&self, queue: &QueueName, token: LeaseToken, reason: String) -> Result<(), Error> {
+        let now = self.clock.now();
+        in_transaction!(self, tx => {
+            let row = queue_sql::leasing_queue(&mut tx, &self.names, queue, token).await?;
+            queue_sql::dead_letter(&mut tx, &self.names, &row, token, &reason, now).await?
+        })
+    }
+
+    async fn dead_letters(&self, queue: &QueueName, limit: u32) -> Result<Vec<DeadLetter>, Error> {
+        with_connection!(self, conn => {
+            let row = queue_sql::existing_queue(&mut conn, &self.names, queue).await?;
+            queue_sql::dead_letters(&mut conn, &self.names, &row, limit).await?
+        })
+    }
+
+    async fn redrive(&self, queue: &QueueName, which: Redrive) -> Result<u64, Error> {
+        let now = self.clock.now();
+        in_transaction!(self, tx => {
+            let row = queue_sql::existing_queue(&mut tx, &self.names, queue).await?;
+            let moved = queue_sql::redrive(&mut tx, &self.names, &row, &which, now).await?;
+            queue_sql::notify(&mut tx, &self.channel, queue).await?;
+            moved
+        })
+    }
+
+    async fn purge_dead_letters(&self, queue: &QueueName) -> Result<u64, Error> {
+        with_connection!(self, conn => {
+            let row = queue_sql::existing_queue(&mut conn, &self.names, queue).await?;
+            queue_sql::purge_dead_letters(&mut conn, &self.names, &row).await?
+        })
+    }
+
+    async fn pause(&self, queue: &QueueName) -> Result<(), Error> {
+        let now = self.clock.now();
+        in_transaction!(self, tx => {
+            let row = queue_sql::ensure_queue(&mut tx, &self.names, queue, now).await?;
+            queue_sql::set_paused(&mut tx, &self.names, &row, true).await?
+        })
+    }
+
+    async fn resume(&self, queue: &QueueName) -> Result<(), Error> {
+        let now = self.clock.now();
+        in_transaction!(self, tx => {
+            let row = queue_sql::ensure_queue(&mut tx, &self.names, queue, now).await?;
+            queue_sql::set_paused(&mut tx, &self.names, &row, false).await?;
+            queue_sql::notify(&mut tx, &self.channel, queue).await?
+        })
+    }
+
+    async fn stats(&self) -> Result<Vec<QueueStats>, Error> {
+        let now = self.clock.now();
+        with_connection!(self, conn => { queue_sql::stats(&mut conn, &self.names, now).await? })
+    }
+}
+
+#[async_trait]
+impl Tasks for PgStore {
+    async fn create_task(&self, new: NewTask) -> Result<Created, Error> {
+        self.check_new_task(&new)?;
+        in_transaction!(self, tx => { self.create_task_on(&mut tx, &new).await? })
+    }
+
+    async fn task(&self, id: &TaskId) -> Result<Option<TaskRecord>, Error> {
+        // One snapshot for the task and its steps.
+        in_transaction!(self, tx => {
+            sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY").execute(&mut *tx).await?;
+            task_sql::get_task(&mut tx, &self.names, id).await?
+        })
+    }
+
+    async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<Task>, Error> {
+        with_connection!(self, conn => { task_sql::list_tasks(&mut conn, &self.names, filter).await? })
+    }
+
+    async fn claim_tasks(&self, owner: &InstanceId, lease: Duration, max: u32) -> Result<Vec<Task>, Error> {
+        let now = self.clock.now();
+        in_transaction!(self, tx => { task_sql::claim_tasks(&mut tx, &self.names, owner, lease, max, now).await? })
+    }
+
+    async fn commit(&self, changes: Changes) -> Result<(), Error> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        for (_, message) in &changes.send {
+            self.check_body(message)?;
+        }
+        let now = self.clock.now();
+        in_transaction!(self, tx => {
+            for write in &changes.tasks {
+                task_sql::write_task(&mut tx, &self.names, write).await?;
+            }
+            for write in &changes.steps {
+                task_sql::write_step(&mut tx, &self.names, write).await?;
+            }
+            task_sql::insert_events(&mut tx, &self.names, &changes.events).await?;
+            for (queue, token) in &changes.complete {
+                let row = queue_sql::leasing_queue(&mut tx, &self.names, queue, *token).await?;
+                queue_sql::complete(&mut tx, &self.names, &row, *token, now).await?;
+            }
+            self.send_all(&mut tx, &changes.send, now).await?;
+        })
+    }
+
+    async fn expired(&self, limit: u32) -> Result<Vec<Expired>, Error> {
+        let now = self.clock.now();
+        with_connection!(self, conn => { task_sql::expired(&mut conn, &self.names, limit, now).await? })
+    }
+
+    async fn history(&self, id: &TaskId) -> Result<Vec<Event>, Error> {
+        with_connection!(self, conn => { task_sql::history(&mut conn, &self.names, id).await? })
+    }
+
+    async fn events_after(&self, after_seq: i64, limit: u32) -> Result<Vec<Event>, Error> {
+        with_connection!(self, conn => { task_sql::events_after(&mut conn, &self.names, after_seq, limit).await? })
+    }
+
+    async fn acquire_leader(&self, name: &str, holder: &InstanceId, ttl: Duration) -> Result<Option<LeaderLease>, Error> {
+        let now = self.clock.now();
+        with_connection!(self, conn => { task_sql::acquire_leader(&mut conn, &self.names, name, holder, ttl, now).await? })
+    }
+
+    async fn release_leader(&self, name: &str, holder: &InstanceId) -> Result<(), Error> {
+        let now = self.clock.now();
+        with_connection!(self, conn => { task_sql::release_leader(&mut conn, &self.names, name, holder, now).await? })
+    }
+
+    async fn register_workflow(&self, name: &WorkflowName, version: u32, definition: &Value) -> Result<(), Error> {
+        if version == 0 {
+            return Err(Error::Invalid(format!("workflow {name}: version must be at least 1")));
+        }
+        let now = self.clock.now();
+        in_transaction!(self, tx => { task_sql::register_workflow(&mut tx, &self.names, name, version, definition, now).await? })
+    }
+
+    async fn workflow(&self, name: &WorkflowName, version: Option<u32>) -> Result<Option<WorkflowEntry>, Error> {
+        with_connection!(self, conn => { task_sql::workflow(&mut conn, &self.names, name, version).await? })
+    }
+
+    async fn workflows(&self) -> Result<Vec<WorkflowEntry>, Error> {
+        with_connection!(self, conn => { task_sql::workflows(&mut conn, &self.names).await? })
+    }
+
+    async fn alerts(&self, limit: u32) -> Result<Vec<Event>, Error> {
+        with_connection!(self, conn => { task_sql::alerts(&mut conn, &self.names, limit).await? })
+    }
+
+    async fn report_status(&self, key: &str, value: &Value) -> Result<(), Error> {
+        let now = self.clock.now();
+        with_connection!(self, conn => { task_sql::report_status(&mut conn, &self.names, key, value, now).await? })
+    }
+
+    async fn statuses(&self, prefix: &str) -> Result<Vec<ComponentStatus>, Error> {
+        with_connection!(self, conn => { task_sql::statuses(&mut conn, &self.names, prefix).await? })
+    }
+}
+
+impl Store for PgStore {
+    fn backend(&self) -> &'static str {
+        "postgres"
+    }
+}

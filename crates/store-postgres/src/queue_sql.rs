@@ -1,0 +1,550 @@
+//! Queue operations as SQL. Every function takes `now` from its caller: SQL
+//! never reads its own clock. Functions that must be atomic with others take
+//! the caller's transaction as their connection.
+
+use std::time::Duration;
+
+use rota_model::{InstanceId, LeaseToken, MessageId, QueueName, Timestamp};
+use rota_store::{Body, DeadLetter, Delivery, Error, Outgoing, QueueConfig, QueueStats, Redrive, Sent};
+use serde_json::value::RawValue;
+use sqlx::{PgConnection, Row};
+
+use crate::sql::Names;
+use crate::{Fail, Result};
+
+/// A queue's row.
+#[derive(Debug, Clone)]
+pub(crate) struct QueueRow {
+    pub id: i64,
+    pub name: QueueName,
+    pub config: QueueConfig,
+    pub paused: bool,
+}
+
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn duration(ms: i64) -> Duration {
+    Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+fn count(value: i64) -> u32 {
+    u32::try_from(value).unwrap_or(u32::MAX)
+}
+
+pub(crate) async fn find_queue(conn: &mut PgConnection, n: &Names, name: &QueueName) -> Result<Option<QueueRow>> {
+    let row = sqlx::query(n.sql("SELECT id, lease_ms, deliveries_max, dedupe_window_ms, paused FROM rota.queues WHERE name = $1"))
+        .bind(name.as_str())
+        .fetch_optional(&mut *conn)
+        .await?;
+    let Some(row) = row else { return Ok(None) };
+    Ok(Some(QueueRow {
+        id: row.try_get(0)?,
+        name: name.clone(),
+        config: QueueConfig {
+            lease: duration(row.try_get(1)?),
+            deliveries_max: count(row.try_get(2)?),
+            dedupe_window: duration(row.try_get(3)?),
+        },
+        paused: row.try_get(4)?,
+    }))
+}
+
+/// The queue's row, creating the queue with default settings on first use.
+pub(crate) async fn ensure_queue(conn: &mut PgConnection, n: &Names, name: &QueueName, now: Timestamp) -> Result<QueueRow> {
+    if let Some(row) = find_queue(conn, n, name).await? {
+        return Ok(row);
+    }
+    upsert_queue(conn, n, name, &QueueConfig::default(), now, false).await?;
+    find_queue(conn, n, name).await?.ok_or_else(|| Fail::from(Error::Backend(format!("queue {name} vanished after creation"))))
+}
+
+/// The queue's row, or `NotFound` naming it.
+pub(crate) async fn existing_queue(conn: &mut PgConnection, n: &Names, name: &QueueName) -> Result<QueueRow> {
+    find_queue(conn, n, name).await?.ok_or_else(|| Error::NotFound(format!("queue {name}")).into())
+}
+
+/// The queue's row, or `LeaseLost` for `token` (no queue, no lease).
+pub(crate) async fn leasing_queue(conn: &mut PgConnection, n: &Names, name: &QueueName, token: LeaseToken) -> Result<QueueRow> {
+    find_queue(conn, n, name).await?.ok_or_else(|| lease_lost(name, token).into())
+}
+
+/// Creates a queue, or (when `update`) overwrites an existing queue's settings.
+pub(crate) async fn upsert_queue(
+    conn: &mut PgConnection,
+    n: &Names,
+    name: &QueueName,
+    config: &QueueConfig,
+    now: Timestamp,
+    update: bool,
+) -> Result<()> {
+    let sql = if update {
+        n.sql(
+            "INSERT INTO rota.queues (name, lease_ms, deliveries_max, dedupe_window_ms, created_at) VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (name) DO UPDATE SET lease_ms = excluded.lease_ms, deliveries_max = excluded.deliveries_max,
+                                              dedupe_window_ms = excluded.dedupe_window_ms",
+        )
+    } else {
+        n.sql(
+            "INSERT INTO rota.queues (name, lease_ms, deliveries_max, dedupe_window_ms, created_at) VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (name) DO NOTHING",
+        )
+    };
+    sqlx::query(sql)
+        .bind(name.as_str())
+        .bind(millis(config.lease))
+        .bind(i64::from(config.deliveries_max))
+        .bind(millis(config.dedupe_window))
+        .bind(now.as_millis())
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+pub(crate) async fn set_paused(conn: &mut PgConnection, n: &Names, queue: &QueueRow, paused: bool) -> Result<()> {
+    sqlx::query(n.sql("UPDATE rota.queues SET paused = $2 WHERE id = $1")).bind(queue.id).bind(paused).execute(&mut *conn).await?;
+    Ok(())
+}
+
+/// Inserts messages into one queue, dropping those whose id was seen within
+/// the queue's window. Messages without an id go in with one statement.
+pub(crate) async fn send(
+    conn: &mut PgConnection,
+    n: &Names,
+    queue: &QueueRow,
+    messages: &[(&Outgoing, MessageId)],
+    now: Timestamp,
+) -> Result<Vec<Sent>> {
+    let mut sent = Vec::with_capacity(messages.len());
+    let mut ids = Vec::with_capacity(messages.len());
+    let mut bodies = Vec::with_capacity(messages.len());
+    let mut keys = Vec::with_capacity(messages.len());
+    let mut visible = Vec::with_capacity(messages.len());
+    for (message, id) in messages {
+        if message.id.is_some() {
+            // One statement decides: a fresh id inserts, an expired one is
+            // refreshed, a remembered one changes nothing (a duplicate).
+            let accepted = sqlx::query(n.sql(
+                "INSERT INTO rota.message_ids (queue_id, id, expires_at) VALUES ($1, $2, $3)
+                 ON CONFLICT (queue_id, id) DO UPDATE SET expires_at = excluded.expires_at WHERE rota.message_ids.expires_at <= $4",
+            ))
+            .bind(queue.id)
+            .bind(id.as_str())
+            .bind(now.add(queue.config.dedupe_window).as_millis())
+            .bind(now.as_millis())
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+            if accepted == 0 {
+                sent.push(Sent { id: id.clone(), duplicate: true });
+                continue;
+            }
+        }
+        sent.push(Sent { id: id.clone(), duplicate: false });
+        ids.push(id.as_str());
+        bodies.push(message.body.get());
+        keys.push(message.ordering_key.as_deref());
+        visible.push(now.add(message.delay).as_millis());
+    }
+    if !ids.is_empty() {
+        // WITH ORDINALITY keeps the send order in the sequence numbers.
+        sqlx::query(n.sql(
+            "INSERT INTO rota.messages (queue_id, id, body, ordering_key, enqueued_at, visible_at)
+             SELECT $1, m.id, m.body, m.ordering_key, $2, m.visible_at
+               FROM unnest($3::text[], $4::text[], $5::text[], $6::bigint[]) WITH ORDINALITY
+                    AS m(id, body, ordering_key, visible_at, position)
+              ORDER BY m.position",
+        ))
+        .bind(queue.id)
+        .bind(now.as_millis())
+        .bind(&ids)
+        .bind(&bodies)
+        .bind(&keys)
+        .bind(&visible)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(sent)
+}
+
+/// Tells listening receivers (in every process) that `queue` has new messages;
+/// PostgreSQL delivers it when the transaction commits.
+pub(crate) async fn notify(conn: &mut PgConnection, channel: &str, queue: &QueueName) -> Result<()> {
+    sqlx::query("SELECT pg_notify($1, $2)").bind(channel).bind(queue.as_str()).execute(&mut *conn).await?;
+    Ok(())
+}
+
+/// Leases up to `max` visible messages, oldest first, in one statement that
+/// skips rows other receivers are leasing right now. Messages that would pass
+/// the queue's delivery limit are dead-lettered instead, and the scan goes on
+/// until `max` are leased or none is left.
+pub(crate) async fn claim(
+    conn: &mut PgConnection,
+    n: &Names,
+    queue: &QueueRow,
+    max: u32,
+    lease: Duration,
+    owner: Option<&InstanceId>,
+    now: Timestamp,
+) -> Result<Vec<Delivery>> {
+    if queue.paused {
+        return Ok(Vec::new());
+    }
+    let until = now.add(lease);
+    let mut deliveries = Vec::new();
+    loop {
+        let wanted = max as usize - deliveries.len();
+        // A keyed message is eligible only while it is the oldest remaining
+        // message of its key, so each key has at most one lease at a time and
+        // is delivered in send order: while a receiver holds the head's row
+        // lock, the others skip it and see that their candidate is no head.
+        let rows = sqlx::query(n.sql(
+            "WITH picked AS (
+                 SELECT m.seq, m.visible_at FROM rota.messages AS m
+                  WHERE m.queue_id = $1 AND m.visible_at <= $2
+                    AND (m.ordering_key IS NULL
+                         OR m.seq = (SELECT MIN(k.seq) FROM rota.messages AS k
+                                      WHERE k.queue_id = m.queue_id AND k.ordering_key = m.ordering_key))
+                  ORDER BY m.visible_at, m.seq
+                  LIMIT $3
+                  FOR UPDATE SKIP LOCKED)
+             UPDATE rota.messages AS m
+                SET delivery_count = m.delivery_count + 1, lease_epoch = m.lease_epoch + 1,
+                    lease_owner = $4, lease_until = $5, visible_at = $5
+               FROM picked
+              WHERE m.seq = picked.seq
+          RETURNING m.seq, m.id, m.body, m.ordering_key, m.enqueued_at, m.delivery_count, m.lease_epoch, m.last_error, picked.visible_at",
+        ))
+        .bind(queue.id)
+        .bind(now.as_millis())
+        .bind(wanted as i64)
+        .bind(owner.map(InstanceId::as_str))
+        .bind(until.as_millis())
+        .fetch_all(&mut *conn)
+        .await?;
+        if rows.is_empty() {
+            break;
+        }
+        let mut claimed = rows
+            .iter()
+            .map(|row| {
+                Ok(ClaimedRow {
+                    seq: row.try_get(0)?,
+                    id: row.try_get(1)?,
+                    body: row.try_get(2)?,
+                    ordering_key: row.try_get(3)?,
+                    enqueued_at: row.try_get(4)?,
+                    delivery_count: count(row.try_get(5)?),
+                    lease_epoch: row.try_get(6)?,
+                    last_error: row.try_get(7)?,
+                    was_visible_at: row.try_get(8)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        claimed.sort_by_key(|row| (row.was_visible_at, row.seq));
+        let mut exhausted = false;
+        for row in claimed {
+            if row.delivery_count > queue.config.deliveries_max {
+                // This receive would be one delivery too many: the message
+                // goes to the dead letters with the deliveries it really had.
+                let delivered = row.delivery_count - 1;
+                let last = row.last_error.as_deref().unwrap_or("lease expired without completion");
+                let reason =
+                    format!("delivered {delivered} times, the queue's limit is {}; last failure: {last}", queue.config.deliveries_max);
+                move_to_dead_letters(conn, n, row.seq, delivered, now, &reason).await?;
+                exhausted = true;
+                continue;
+            }
+            deliveries.push(row.into_delivery(queue, until)?);
+        }
+        if !exhausted || deliveries.len() >= max as usize {
+            break;
+        }
+    }
+    Ok(deliveries)
+}
+
+struct ClaimedRow {
+    seq: i64,
+    id: String,
+    body: String,
+    ordering_key: Option<String>,
+    enqueued_at: i64,
+    delivery_count: u32,
+    lease_epoch: i64,
+    last_error: Option<String>,
+    was_visible_at: i64,
+}
+
+impl ClaimedRow {
+    fn into_delivery(self, queue: &QueueRow, until: Timestamp) -> Result<Delivery> {
+        Ok(Delivery {
+            queue: queue.name.clone(),
+            id: stored_id(self.id)?,
+            body: stored_body(self.body)?,
+            lease_token: LeaseToken { message: self.seq, epoch: self.lease_epoch },
+            delivery_count: self.delivery_count,
+            enqueued_at: Timestamp::from_millis(self.enqueued_at),
+            lease_until: until,
+            ordering_key: self.ordering_key,
+        })
+    }
+}
+
+fn stored_id(id: String) -> Result<MessageId> {
+    MessageId::new(id).map_err(|e| Error::Backend(format!("stored message id is invalid: {e}")).into())
+}
+
+fn stored_body(body: String) -> Result<Body> {
+    RawValue::from_string(body).map_err(|e| Error::Backend(format!("stored message body is not JSON: {e}")).into())
+}
+
+/// Deletes a leased message. `LeaseLost` unless `token` is its current, unexpired lease.
+pub(crate) async fn complete(conn: &mut PgConnection, n: &Names, queue: &QueueRow, token: LeaseToken, now: Timestamp) -> Result<()> {
+    let lost = complete_batch(conn, n, queue, &[token], now).await?;
+    if !lost.is_empty() {
+        return Err(lease_lost(&queue.name, token).into());
+    }
+    Ok(())
+}
+
+/// Deletes the leased messages whose tokens are current, in one statement.
+/// Returns the tokens whose lease was lost.
+pub(crate) async fn complete_batch(
+    conn: &mut PgConnection,
+    n: &Names,
+    queue: &QueueRow,
+    tokens: &[LeaseToken],
+    now: Timestamp,
+) -> Result<Vec<LeaseToken>> {
+    let seqs: Vec<i64> = tokens.iter().map(|t| t.message).collect();
+    let epochs: Vec<i64> = tokens.iter().map(|t| t.epoch).collect();
+    let deleted: Vec<(i64, i64)> = sqlx::query_as(n.sql(
+        "DELETE FROM rota.messages AS m
+          USING unnest($3::bigint[], $4::bigint[]) AS t(seq, epoch)
+          WHERE m.seq = t.seq AND m.lease_epoch = t.epoch AND m.queue_id = $1 AND m.lease_until > $2
+      RETURNING m.seq, m.lease_epoch",
+    ))
+    .bind(queue.id)
+    .bind(now.as_millis())
+    .bind(&seqs)
+    .bind(&epochs)
+    .fetch_all(&mut *conn)
+    .await?;
+    if deleted.len() == tokens.len() {
+        return Ok(Vec::new());
+    }
+    Ok(tokens.iter().filter(|t| !deleted.contains(&(t.message, t.epoch))).copied().collect())
+}
+
+pub(crate) fn lease_lost(queue: &QueueName, token: LeaseToken) -> Error {
+    Error::LeaseLost(format!(
+        "token {token} is not a current lease in queue {queue} (unknown, expired, delivered again, or already settled)"
+    ))
+}
+
+/// The delivery count of the message leased by `token`, locked for this
+/// transaction, or `LeaseLost`.
+async fn leased_delivery_count(conn: &mut PgConnection, n: &Names, queue: &QueueRow, token: LeaseToken, now: Timestamp) -> Result<u32> {
+    let found: Option<i64> = sqlx::query_scalar(n.sql(
+        "SELECT delivery_count FROM rota.messages WHERE seq = $1 AND queue_id = $2 AND lease_epoch = $3 AND lease_until > $4 FOR UPDATE",
+    ))
+    .bind(token.message)
+    .bind(queue.id)
+    .bind(token.epoch)
+    .bind(now.as_millis())
+    .fetch_optional(&mut *conn)
+    .await?;
+    found.map(count).ok_or_else(|| lease_lost(&queue.name, token).into())
+}
+
+/// Gives a leased message back, visible after `delay`; dead-letters it when
+/// its deliveries are used up.
+pub(crate) async fn abandon(
+    conn: &mut PgConnection,
+    n: &Names,
+    queue: &QueueRow,
+    token: LeaseToken,
+    delay: Duration,
+    reason: Option<&str>,
+    now: Timestamp,
+) -> Result<()> {
+    let delivered = leased_delivery_count(conn, n, queue, token, now).await?;
+    if delivered >= queue.config.deliveries_max {
+        let reason = format!(
+            "delivered {delivered} times, the queue's limit is {}; last failure: {}",
+            queue.config.deliveries_max,
+            reason.unwrap_or("abandoned")
+        );
+        return move_to_dead_letters(conn, n, token.message, delivered, now, &reason).await;
+    }
+    sqlx::query(n.sql(
+        "UPDATE rota.messages SET lease_owner = NULL, lease_until = NULL, visible_at = $2, last_error = COALESCE($3, last_error)
+          WHERE seq = $1",
+    ))
+    .bind(token.message)
+    .bind(now.add(delay).as_millis())
+    .bind(reason)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Extends a lease to `now + lease`.
+pub(crate) async fn renew(
+    conn: &mut PgConnection,
+    n: &Names,
+    queue: &QueueRow,
+    token: LeaseToken,
+    lease: Duration,
+    now: Timestamp,
+) -> Result<Timestamp> {
+    let until = now.add(lease);
+    let updated = sqlx::query(n.sql(
+        "UPDATE rota.messages SET lease_until = $5, visible_at = $5
+          WHERE seq = $1 AND queue_id = $2 AND lease_epoch = $3 AND lease_until > $4",
+    ))
+    .bind(token.message)
+    .bind(queue.id)
+    .bind(token.epoch)
+    .bind(now.as_millis())
+    .bind(until.as_millis())
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if updated == 0 {
+        return Err(lease_lost(&queue.name, token).into());
+    }
+    Ok(until)
+}
+
+/// Moves a leased message to the dead letters with the consumer's reason.
+pub(crate) async fn dead_letter(
+    conn: &mut PgConnection,
+    n: &Names,
+    queue: &QueueRow,
+    token: LeaseToken,
+    reason: &str,
+    now: Timestamp,
+) -> Result<()> {
+    let delivered = leased_delivery_count(conn, n, queue, token, now).await?;
+    move_to_dead_letters(conn, n, token.message, delivered, now, reason).await
+}
+
+async fn move_to_dead_letters(conn: &mut PgConnection, n: &Names, seq: i64, delivered: u32, now: Timestamp, reason: &str) -> Result<()> {
+    sqlx::query(n.sql(
+        "WITH gone AS (DELETE FROM rota.messages WHERE seq = $1 RETURNING queue_id, id, body, ordering_key, enqueued_at)
+         INSERT INTO rota.dead_letters (queue_id, id, body, ordering_key, enqueued_at, delivery_count, dead_lettered_at, reason)
+         SELECT queue_id, id, body, ordering_key, enqueued_at, $4, $2, $3 FROM gone",
+    ))
+    .bind(seq)
+    .bind(now.as_millis())
+    .bind(reason)
+    .bind(i64::from(delivered))
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+pub(crate) async fn dead_letters(conn: &mut PgConnection, n: &Names, queue: &QueueRow, limit: u32) -> Result<Vec<DeadLetter>> {
+    let rows = sqlx::query(n.sql(
+        "SELECT id, body, ordering_key, delivery_count, enqueued_at, dead_lettered_at, reason
+           FROM rota.dead_letters WHERE queue_id = $1 ORDER BY seq LIMIT $2",
+    ))
+    .bind(queue.id)
+    .bind(i64::from(limit))
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(DeadLetter {
+                queue: queue.name.clone(),
+                id: stored_id(row.try_get(0)?)?,
+                body: stored_body(row.try_get(1)?)?,
+                ordering_key: row.try_get(2)?,
+                delivery_count: count(row.try_get(3)?),
+                enqueued_at: Timestamp::from_millis(row.try_get(4)?),
+                dead_lettered_at: Timestamp::from_millis(row.try_get(5)?),
+                reason: row.try_get(6)?,
+            })
+        })
+        .collect()
+}
+
+/// Sends dead letters back, in the order they were dead-lettered, with a
+/// fresh delivery count and their original send time.
+pub(crate) async fn redrive(conn: &mut PgConnection, n: &Names, queue: &QueueRow, which: &Redrive, now: Timestamp) -> Result<u64> {
+    let id = match which {
+        Redrive::One(id) => Some(id.as_str()),
+        Redrive::All => None,
+    };
+    let moved = sqlx::query(n.sql(
+        "WITH gone AS (DELETE FROM rota.dead_letters WHERE queue_id = $1 AND ($3::text IS NULL OR id = $3)
+                       RETURNING seq, queue_id, id, body, ordering_key, enqueued_at)
+         INSERT INTO rota.messages (queue_id, id, body, ordering_key, enqueued_at, visible_at)
+         SELECT queue_id, id, body, ordering_key, enqueued_at, $2 FROM gone ORDER BY seq",
+    ))
+    .bind(queue.id)
+    .bind(now.as_millis())
+    .bind(id)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if let (0, Redrive::One(id)) = (moved, which) {
+        return Err(Error::NotFound(format!("dead letter {id} in queue {}", queue.name)).into());
+    }
+    Ok(moved)
+}
+
+pub(crate) async fn purge_dead_letters(conn: &mut PgConnection, n: &Names, queue: &QueueRow) -> Result<u64> {
+    let deleted =
+        sqlx::query(n.sql("DELETE FROM rota.dead_letters WHERE queue_id = $1")).bind(queue.id).execute(&mut *conn).await?.rows_affected();
+    Ok(deleted)
+}
+
+/// Forgets message ids whose duplicate-detection window has passed, a bounded
+/// number at a time.
+pub(crate) async fn forget_expired_ids(conn: &mut PgConnection, n: &Names, now: Timestamp, limit: u32) -> Result<u64> {
+    let deleted = sqlx::query(n.sql(
+        "DELETE FROM rota.message_ids WHERE (queue_id, id) IN
+           (SELECT queue_id, id FROM rota.message_ids WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
+    ))
+    .bind(now.as_millis())
+    .bind(i64::from(limit))
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    Ok(deleted)
+}
+
+pub(crate) async fn stats(conn: &mut PgConnection, n: &Names, now: Timestamp) -> Result<Vec<QueueStats>> {
+    let rows = sqlx::query(n.sql(
+        "SELECT q.name, q.paused,
+                (SELECT COUNT(*) FROM rota.messages m WHERE m.queue_id = q.id AND m.visible_at <= $1),
+                (SELECT COUNT(*) FROM rota.messages m WHERE m.queue_id = q.id AND m.lease_until > $1),
+                (SELECT COUNT(*) FROM rota.messages m WHERE m.queue_id = q.id AND m.visible_at > $1
+                                                       AND (m.lease_until IS NULL OR m.lease_until <= $1)),
+                (SELECT COUNT(*) FROM rota.dead_letters d WHERE d.queue_id = q.id),
+                (SELECT MIN(m.enqueued_at) FROM rota.messages m WHERE m.queue_id = q.id AND m.visible_at <= $1)
+           FROM rota.queues q ORDER BY q.name COLLATE \"C\"",
+    ))
+    .bind(now.as_millis())
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            let name: String = row.try_get(0)?;
+            let counted = |index: usize| -> Result<u64> { Ok(u64::try_from(row.try_get::<i64, _>(index)?).unwrap_or(0)) };
+            Ok(QueueStats {
+                queue: QueueName::new(name).map_err(|e| Error::Backend(format!("stored queue name is invalid: {e}")))?,
+                paused: row.try_get(1)?,
+                ready: counted(2)?,
+                leased: counted(3)?,
+                delayed: counted(4)?,
+                dead_lettered: counted(5)?,
+                oldest_ready_at: row.try_get::<Option<i64>, _>(6)?.map(Timestamp::from_millis),
+            })
+        })
+        .collect()
+}

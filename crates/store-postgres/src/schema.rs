@@ -1,0 +1,183 @@
+//! The schema, as embedded migrations. Every table lives in the store's own
+//! PostgreSQL schema (`rota` by default), so several stores can share one
+//! database. `migrations` records which have run; each runs once, in order,
+//! in one transaction that holds an advisory lock, so that processes
+//! starting together never run a migration twice.
+
+use sqlx::{Connection, PgConnection};
+
+use crate::sql::Names;
+
+/// The migrations, in order. `rota.` stands for the store's schema. Never
+/// edit one that has shipped: add another.
+const MIGRATIONS: &[&str] = &[r#"
+-- Queues. `id` keeps message rows small and their index keys short.
+CREATE TABLE rota.queues (
+    id               BIGINT  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name             TEXT    NOT NULL UNIQUE,
+    lease_ms         BIGINT  NOT NULL,
+    deliveries_max   BIGINT  NOT NULL,
+    dedupe_window_ms BIGINT  NOT NULL,
+    paused           BOOLEAN NOT NULL DEFAULT false,
+    created_at       BIGINT  NOT NULL
+);
+
+-- Live messages. A message is visible when visible_at <= now. Receiving it
+-- sets lease_until and moves visible_at to the same time, so an expired lease
+-- makes it visible again with no extra write. Identity values are never
+-- reused: a lease token (seq, epoch) never matches a later message.
+CREATE TABLE rota.messages (
+    seq            BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue_id       BIGINT NOT NULL,
+    id             TEXT   NOT NULL,
+    body           TEXT   NOT NULL,
+    ordering_key   TEXT,
+    enqueued_at    BIGINT NOT NULL,
+    visible_at     BIGINT NOT NULL,
+    delivery_count BIGINT NOT NULL DEFAULT 0,
+    lease_epoch    BIGINT NOT NULL DEFAULT 0,
+    lease_owner    TEXT,
+    lease_until    BIGINT,
+    last_error     TEXT
+);
+-- The receive scan: oldest visible first, stopping after LIMIT rows.
+CREATE INDEX messages_visible ON rota.messages (queue_id, visible_at, seq);
+-- The head of each ordering key.
+CREATE INDEX messages_ordering ON rota.messages (queue_id, ordering_key, seq) WHERE ordering_key IS NOT NULL;
+
+-- Message ids remembered for duplicate detection until expires_at.
+CREATE TABLE rota.message_ids (
+    queue_id   BIGINT NOT NULL,
+    id         TEXT   NOT NULL,
+    expires_at BIGINT NOT NULL,
+    PRIMARY KEY (queue_id, id)
+);
+CREATE INDEX message_ids_expiry ON rota.message_ids (expires_at);
+
+CREATE TABLE rota.dead_letters (
+    seq              BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue_id         BIGINT NOT NULL,
+    id               TEXT   NOT NULL,
+    body             TEXT   NOT NULL,
+    ordering_key     TEXT,
+    enqueued_at      BIGINT NOT NULL,
+    delivery_count   BIGINT NOT NULL,
+    dead_lettered_at BIGINT NOT NULL,
+    reason           TEXT   NOT NULL
+);
+CREATE INDEX dead_letters_queue ON rota.dead_letters (queue_id, seq);
+
+-- Tasks: the pattern's state records. `created_seq` orders them by creation.
+CREATE TABLE rota.tasks (
+    id               TEXT   PRIMARY KEY,
+    created_seq      BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE,
+    workflow         TEXT   NOT NULL,
+    workflow_version BIGINT NOT NULL,
+    input            TEXT   NOT NULL,
+    state            TEXT   NOT NULL,
+    locked_by        TEXT,
+    lease_epoch      BIGINT NOT NULL,
+    complete_by      BIGINT,
+    not_before       BIGINT NOT NULL,
+    failure_count    BIGINT NOT NULL,
+    reply_to         TEXT,
+    output           TEXT,
+    error            TEXT,
+    created_at       BIGINT NOT NULL,
+    updated_at       BIGINT NOT NULL
+);
+CREATE INDEX tasks_claimable ON rota.tasks (not_before) WHERE state IN ('pending', 'compensating') AND locked_by IS NULL;
+CREATE INDEX tasks_leased ON rota.tasks (complete_by) WHERE locked_by IS NOT NULL;
+CREATE INDEX tasks_state ON rota.tasks (state, created_seq);
+CREATE INDEX tasks_workflow ON rota.tasks (workflow, created_seq);
+
+CREATE TABLE rota.steps (
+    task_id     TEXT   NOT NULL,
+    name        TEXT   NOT NULL,
+    position    BIGINT NOT NULL,
+    state       TEXT   NOT NULL,
+    attempt     BIGINT NOT NULL,
+    complete_by BIGINT,
+    not_before  BIGINT NOT NULL,
+    input       TEXT,
+    output      TEXT,
+    last_error  TEXT,
+    updated_at  BIGINT NOT NULL,
+    PRIMARY KEY (task_id, name)
+);
+CREATE INDEX steps_in_flight ON rota.steps (complete_by) WHERE complete_by IS NOT NULL;
+
+-- The append-only history of every task. `seq` comes from its own sequence
+-- so that readers can find the highest value handed out (see `events_after`).
+CREATE SEQUENCE rota.event_seq;
+CREATE TABLE rota.events (
+    seq     BIGINT PRIMARY KEY DEFAULT nextval('rota.event_seq'),
+    task_id TEXT   NOT NULL,
+    at      BIGINT NOT NULL,
+    kind    TEXT   NOT NULL,
+    step    TEXT,
+    attempt BIGINT,
+    detail  TEXT   NOT NULL
+);
+ALTER SEQUENCE rota.event_seq OWNED BY rota.events.seq;
+CREATE INDEX events_task ON rota.events (task_id, seq);
+-- Alerts are history events of kind 'alert'; operators list them newest first.
+CREATE INDEX events_alerts ON rota.events (seq) WHERE kind = 'alert';
+
+-- Named leases electing one holder (the Supervisor's leader election).
+CREATE TABLE rota.leaders (
+    name   TEXT   PRIMARY KEY,
+    holder TEXT   NOT NULL,
+    until  BIGINT NOT NULL,
+    epoch  BIGINT NOT NULL
+);
+
+-- Workflow definitions, one row per immutable version.
+CREATE TABLE rota.workflows (
+    name          TEXT   NOT NULL,
+    version       BIGINT NOT NULL,
+    definition    TEXT   NOT NULL,
+    registered_at BIGINT NOT NULL,
+    PRIMARY KEY (name, version)
+);
+
+-- The last reported status of components (circuit breakers, instances).
+CREATE TABLE rota.statuses (
+    key         TEXT   PRIMARY KEY,
+    value       TEXT   NOT NULL,
+    reported_at BIGINT NOT NULL
+);
+"#];
+
+/// How many migrations this build knows.
+pub(crate) fn version() -> i64 {
+    MIGRATIONS.len() as i64
+}
+
+/// Creates the schema if needed and runs the migrations that have not run
+/// yet. Returns the schema version found before and after.
+pub(crate) async fn migrate(conn: &mut PgConnection, names: &Names) -> Result<(i64, i64), sqlx::Error> {
+    let mut tx = conn.begin().await?;
+    // One migrator at a time per schema, across every process.
+    let (class, object) = names.migration_lock();
+    sqlx::query("SELECT pg_advisory_xact_lock($1, $2)").bind(class).bind(object).execute(&mut *tx).await?;
+    sqlx::query(names.raw(&format!("CREATE SCHEMA IF NOT EXISTS {}", names.quoted()))).execute(&mut *tx).await?;
+    sqlx::query(names.raw(&format!(
+        "CREATE TABLE IF NOT EXISTS {}.migrations (version BIGINT PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+        names.quoted()
+    )))
+    .execute(&mut *tx)
+    .await?;
+    let found: i64 = sqlx::query_scalar(names.raw(&format!("SELECT COALESCE(MAX(version), 0) FROM {}.migrations", names.quoted())))
+        .fetch_one(&mut *tx)
+        .await?;
+    for (index, sql) in MIGRATIONS.iter().enumerate().skip(usize::try_from(found).unwrap_or(0)) {
+        sqlx::raw_sql(names.raw(&names.qualify(sql))).execute(&mut *tx).await?;
+        sqlx::query(names.raw(&format!("INSERT INTO {}.migrations (version) VALUES ($1)", names.quoted())))
+            .bind(index as i64 + 1)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    Ok((found, found.max(version())))
+}

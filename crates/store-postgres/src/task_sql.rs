@@ -1,0 +1,546 @@
+//! State-store operations as SQL: tasks, steps, history, leader leases,
+//! workflow versions and component statuses. Like the queue operations, they
+//! take `now` from the caller.
+
+use std::time::Duration;
+
+use rota_model::{InstanceId, Step, StepName, StepState, Task, TaskId, TaskState, Timestamp, WorkflowName};
+use rota_store::{
+    ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, StepWrite, TaskFilter, TaskRecord, TaskWrite, WorkflowEntry,
+};
+use serde_json::Value;
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, Row};
+
+use crate::sql::Names;
+use crate::{Fail, Result};
+
+fn json_text(value: &Value) -> String {
+    value.to_string()
+}
+
+fn parse_json(column: &str, text: String) -> Result<Value> {
+    serde_json::from_str(&text).map_err(|e| Error::Backend(format!("stored {column} is not JSON: {e}")).into())
+}
+
+fn corrupt(what: &str, err: impl std::fmt::Display) -> Fail {
+    Error::Backend(format!("stored {what} is invalid: {err}")).into()
+}
+
+fn count(value: i64) -> u32 {
+    u32::try_from(value).unwrap_or(u32::MAX)
+}
+
+fn task_from(row: &PgRow) -> Result<Task> {
+    Ok(Task {
+        id: TaskId::new(row.try_get::<String, _>("id")?).map_err(|e| corrupt("task id", e))?,
+        workflow: WorkflowName::new(row.try_get::<String, _>("workflow")?).map_err(|e| corrupt("workflow name", e))?,
+        workflow_version: count(row.try_get("workflow_version")?),
+        input: parse_json("task input", row.try_get("input")?)?,
+        state: row.try_get::<String, _>("state")?.parse::<TaskState>().map_err(|e| corrupt("task state", e))?,
+        locked_by: row.try_get::<Option<String>, _>("locked_by")?.map(InstanceId::new).transpose().map_err(|e| corrupt("locked_by", e))?,
+        lease_epoch: row.try_get::<i64, _>("lease_epoch")? as u64,
+        complete_by: row.try_get::<Option<i64>, _>("complete_by")?.map(Timestamp::from_millis),
+        not_before: Timestamp::from_millis(row.try_get("not_before")?),
+        failure_count: count(row.try_get("failure_count")?),
+        reply_to: row.try_get("reply_to")?,
+        output: row.try_get::<Option<String>, _>("output")?.map(|o| parse_json("task output", o)).transpose()?,
+        error: row.try_get("error")?,
+        created_at: Timestamp::from_millis(row.try_get("created_at")?),
+        updated_at: Timestamp::from_millis(row.try_get("updated_at")?),
+    })
+}
+
+fn step_from(row: &PgRow) -> Result<Step> {
+    Ok(Step {
+        task_id: TaskId::new(row.try_get::<String, _>("task_id")?).map_err(|e| corrupt("task id", e))?,
+        name: StepName::new(row.try_get::<String, _>("name")?).map_err(|e| corrupt("step name", e))?,
+        position: count(row.try_get("position")?),
+        state: row.try_get::<String, _>("state")?.parse::<StepState>().map_err(|e| corrupt("step state", e))?,
+        attempt: count(row.try_get("attempt")?),
+        complete_by: row.try_get::<Option<i64>, _>("complete_by")?.map(Timestamp::from_millis),
+        not_before: Timestamp::from_millis(row.try_get("not_before")?),
+        input: row.try_get::<Option<String>, _>("input")?.map(|i| parse_json("step input", i)).transpose()?,
+        output: row.try_get::<Option<String>, _>("output")?.map(|o| parse_json("step output", o)).transpose()?,
+        last_error: row.try_get("last_error")?,
+        updated_at: Timestamp::from_millis(row.try_get("updated_at")?),
+    })
+}
+
+/// Binds a task's columns, in `TASK_COLUMNS` order, as parameters $1..$15.
+macro_rules! bind_task {
+    ($query:expr, $task:expr) => {{
+        let task: &Task = $task;
+        $query
+            .bind(task.id.as_str())
+            .bind(task.workflow.as_str())
+            .bind(i64::from(task.workflow_version))
+            .bind(json_text(&task.input))
+            .bind(task.state.as_str())
+            .bind(task.locked_by.as_ref().map(InstanceId::as_str))
+            .bind(task.lease_epoch as i64)
+            .bind(task.complete_by.map(Timestamp::as_millis))
+            .bind(task.not_before.as_millis())
+            .bind(i64::from(task.failure_count))
+            .bind(task.reply_to.as_deref())
+            .bind(task.output.as_ref().map(json_text))
+            .bind(task.error.as_deref())
+            .bind(task.created_at.as_millis())
+            .bind(task.updated_at.as_millis())
+    }};
+}
+
+/// Binds a step's columns, in `STEP_COLUMNS` order, as parameters $1..$11.
+macro_rules! bind_step {
+    ($query:expr, $step:expr) => {{
+        let step: &Step = $step;
+        $query
+            .bind(step.task_id.as_str())
+            .bind(step.name.as_str())
+            .bind(i64::from(step.position))
+            .bind(step.state.as_str())
+            .bind(i64::from(step.attempt))
+            .bind(step.complete_by.map(Timestamp::as_millis))
+            .bind(step.not_before.as_millis())
+            .bind(step.input.as_ref().map(json_text))
+            .bind(step.output.as_ref().map(json_text))
+            .bind(step.last_error.as_deref())
+            .bind(step.updated_at.as_millis())
+    }};
+}
+
+/// Inserts a task unless its id exists. Returns whether it was inserted.
+pub(crate) async fn insert_task(conn: &mut PgConnection, n: &Names, task: &Task) -> Result<bool> {
+    let inserted = bind_task!(
+        sqlx::query(n.sql(
+            "INSERT INTO rota.tasks (id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
+                                     failure_count, reply_to, output, error, created_at, updated_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+             ON CONFLICT (id) DO NOTHING"
+        )),
+        task
+    )
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    Ok(inserted == 1)
+}
+
+pub(crate) async fn insert_steps(conn: &mut PgConnection, n: &Names, steps: &[Step]) -> Result<()> {
+    for step in steps {
+        bind_step!(
+            sqlx::query(n.sql(
+                "INSERT INTO rota.steps (task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error,
+                                         updated_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+            )),
+            step
+        )
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
+/// Appends history events in one statement, after announcing this
+/// transaction as an event writer (see [`events_settled_through`]).
+pub(crate) async fn insert_events(conn: &mut PgConnection, n: &Names, events: &[Event]) -> Result<()> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    // The shared lock's key carries the sequence's value *before* this
+    // transaction draws from it, so every seq it writes is above its key.
+    sqlx::query(
+        n.sql("SELECT pg_advisory_xact_lock_shared($1 + (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM rota.event_seq))"),
+    )
+    .bind(n.event_lock_base())
+    .execute(&mut *conn)
+    .await?;
+    let task_ids: Vec<&str> = events.iter().map(|e| e.task_id.as_str()).collect();
+    let ats: Vec<i64> = events.iter().map(|e| e.at.as_millis()).collect();
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+    let steps: Vec<Option<&str>> = events.iter().map(|e| e.step.as_ref().map(StepName::as_str)).collect();
+    let attempts: Vec<Option<i64>> = events.iter().map(|e| e.attempt.map(i64::from)).collect();
+    let details: Vec<String> = events.iter().map(|e| json_text(&e.detail)).collect();
+    sqlx::query(n.sql(
+        "INSERT INTO rota.events (task_id, at, kind, step, attempt, detail)
+         SELECT e.task_id, e.at, e.kind, e.step, e.attempt, e.detail
+           FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bigint[], $6::text[]) WITH ORDINALITY
+                AS e(task_id, at, kind, step, attempt, detail, position)
+          ORDER BY e.position",
+    ))
+    .bind(&task_ids)
+    .bind(&ats)
+    .bind(&kinds)
+    .bind(&steps)
+    .bind(&attempts)
+    .bind(&details)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// A fenced task update. Zero rows matched is a `Conflict` (or `NotFound`).
+pub(crate) async fn write_task(conn: &mut PgConnection, n: &Names, write: &TaskWrite) -> Result<()> {
+    let task = &write.task;
+    let updated = bind_task!(
+        sqlx::query(n.sql(
+            "UPDATE rota.tasks SET workflow = $2, workflow_version = $3, input = $4, state = $5, locked_by = $6, lease_epoch = $7,
+                                   complete_by = $8, not_before = $9, failure_count = $10, reply_to = $11, output = $12,
+                                   error = $13, created_at = $14, updated_at = $15
+              WHERE id = $1 AND state = $16 AND lease_epoch = $17"
+        )),
+        task
+    )
+    .bind(write.expected_state.as_str())
+    .bind(write.expected_epoch as i64)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if updated == 1 {
+        return Ok(());
+    }
+    let exists: bool = sqlx::query_scalar(n.sql("SELECT EXISTS (SELECT 1 FROM rota.tasks WHERE id = $1)"))
+        .bind(task.id.as_str())
+        .fetch_one(&mut *conn)
+        .await?;
+    if !exists {
+        return Err(Error::NotFound(format!("task {}", task.id)).into());
+    }
+    Err(Error::Conflict(format!(
+        "task {} is no longer {} at lease epoch {} (changed by another writer)",
+        task.id, write.expected_state, write.expected_epoch
+    ))
+    .into())
+}
+
+/// A fenced step update. Zero rows matched is a `Conflict` (or `NotFound`).
+pub(crate) async fn write_step(conn: &mut PgConnection, n: &Names, write: &StepWrite) -> Result<()> {
+    let step = &write.step;
+    let updated = bind_step!(
+        sqlx::query(n.sql(
+            "UPDATE rota.steps SET position = $3, state = $4, attempt = $5, complete_by = $6, not_before = $7, input = $8,
+                                   output = $9, last_error = $10, updated_at = $11
+              WHERE task_id = $1 AND name = $2 AND state = $12 AND attempt = $13"
+        )),
+        step
+    )
+    .bind(write.expected_state.as_str())
+    .bind(i64::from(write.expected_attempt))
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if updated == 1 {
+        return Ok(());
+    }
+    let exists: bool = sqlx::query_scalar(n.sql("SELECT EXISTS (SELECT 1 FROM rota.steps WHERE task_id = $1 AND name = $2)"))
+        .bind(step.task_id.as_str())
+        .bind(step.name.as_str())
+        .fetch_one(&mut *conn)
+        .await?;
+    if !exists {
+        return Err(Error::NotFound(format!("step {} of task {}", step.name, step.task_id)).into());
+    }
+    Err(Error::Conflict(format!(
+        "step {} of task {} is no longer {} at attempt {} (changed by another writer)",
+        step.name, step.task_id, write.expected_state, write.expected_attempt
+    ))
+    .into())
+}
+
+pub(crate) async fn get_task(conn: &mut PgConnection, n: &Names, id: &TaskId) -> Result<Option<TaskRecord>> {
+    let row = sqlx::query(n.sql("SELECT * FROM rota.tasks WHERE id = $1")).bind(id.as_str()).fetch_optional(&mut *conn).await?;
+    let Some(row) = row else { return Ok(None) };
+    let task = task_from(&row)?;
+    let steps = sqlx::query(n.sql("SELECT * FROM rota.steps WHERE task_id = $1 ORDER BY position, name"))
+        .bind(id.as_str())
+        .fetch_all(&mut *conn)
+        .await?;
+    let steps = steps.iter().map(step_from).collect::<Result<Vec<_>>>()?;
+    Ok(Some(TaskRecord { task, steps }))
+}
+
+pub(crate) async fn list_tasks(conn: &mut PgConnection, n: &Names, filter: &TaskFilter) -> Result<Vec<Task>> {
+    let rows = sqlx::query(n.sql(
+        "SELECT * FROM rota.tasks
+          WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR workflow = $2) AND ($4::text IS NULL OR locked_by = $4)
+          ORDER BY created_seq DESC LIMIT $3",
+    ))
+    .bind(filter.state.map(TaskState::as_str))
+    .bind(filter.workflow.as_ref().map(WorkflowName::as_str))
+    .bind(i64::from(filter.limit))
+    .bind(filter.locked_by.as_ref().map(InstanceId::as_str))
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter().map(task_from).collect()
+}
+
+/// Claims up to `max` claimable tasks in one statement that skips tasks
+/// other Schedulers are claiming right now, and records a `Claimed` event
+/// for each.
+pub(crate) async fn claim_tasks(
+    conn: &mut PgConnection,
+    n: &Names,
+    owner: &InstanceId,
+    lease: Duration,
+    max: u32,
+    now: Timestamp,
+) -> Result<Vec<Task>> {
+    let rows = sqlx::query(n.sql(
+        "WITH picked AS (
+             SELECT id FROM rota.tasks
+              WHERE state IN ('pending', 'compensating') AND locked_by IS NULL AND not_before <= $3
+              ORDER BY not_before LIMIT $4
+              FOR UPDATE SKIP LOCKED)
+         UPDATE rota.tasks AS t
+            SET state = CASE t.state WHEN 'pending' THEN 'processing' ELSE t.state END,
+                locked_by = $1, lease_epoch = t.lease_epoch + 1, complete_by = $2, updated_at = $3
+           FROM picked
+          WHERE t.id = picked.id
+      RETURNING t.*",
+    ))
+    .bind(owner.as_str())
+    .bind(now.add(lease).as_millis())
+    .bind(now.as_millis())
+    .bind(i64::from(max))
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut tasks = rows.iter().map(task_from).collect::<Result<Vec<_>>>()?;
+    tasks.sort_by(|a, b| (a.not_before, &a.id).cmp(&(b.not_before, &b.id)));
+    let events: Vec<Event> = tasks
+        .iter()
+        .map(|task| {
+            let detail = serde_json::json!({ "owner": owner.as_str(), "lease_epoch": task.lease_epoch });
+            Event::task(&task.id, now, EventKind::Claimed, detail)
+        })
+        .collect();
+    insert_events(conn, n, &events).await?;
+    Ok(tasks)
+}
+
+pub(crate) async fn expired(conn: &mut PgConnection, n: &Names, limit: u32, now: Timestamp) -> Result<Vec<Expired>> {
+    let tasks =
+        sqlx::query(n.sql("SELECT * FROM rota.tasks WHERE locked_by IS NOT NULL AND complete_by <= $1 ORDER BY complete_by LIMIT $2"))
+            .bind(now.as_millis())
+            .bind(i64::from(limit))
+            .fetch_all(&mut *conn)
+            .await?;
+    let steps = sqlx::query(n.sql(
+        "SELECT * FROM rota.steps WHERE complete_by IS NOT NULL AND complete_by <= $1
+            AND state IN ('running', 'compensating') ORDER BY complete_by LIMIT $2",
+    ))
+    .bind(now.as_millis())
+    .bind(i64::from(limit))
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut found: Vec<(Timestamp, Expired)> = Vec::with_capacity(tasks.len() + steps.len());
+    for row in &tasks {
+        let task = task_from(row)?;
+        found.push((task.complete_by.unwrap_or(now), Expired::Task(task)));
+    }
+    for row in &steps {
+        let step = step_from(row)?;
+        found.push((step.complete_by.unwrap_or(now), Expired::Step(step)));
+    }
+    found.sort_by_key(|(at, _)| *at);
+    found.truncate(limit as usize);
+    Ok(found.into_iter().map(|(_, e)| e).collect())
+}
+
+fn event_from(row: &PgRow) -> Result<Event> {
+    let kind: String = row.try_get("kind")?;
+    Ok(Event {
+        seq: row.try_get("seq")?,
+        task_id: TaskId::new(row.try_get::<String, _>("task_id")?).map_err(|e| corrupt("event task id", e))?,
+        at: Timestamp::from_millis(row.try_get("at")?),
+        kind: EventKind::parse(&kind).ok_or_else(|| corrupt("event kind", &kind))?,
+        step: row.try_get::<Option<String>, _>("step")?.map(StepName::new).transpose().map_err(|e| corrupt("event step", e))?,
+        attempt: row.try_get::<Option<i64>, _>("attempt")?.map(count),
+        detail: parse_json("event detail", row.try_get("detail")?)?,
+    })
+}
+
+pub(crate) async fn history(conn: &mut PgConnection, n: &Names, id: &TaskId) -> Result<Vec<Event>> {
+    let rows =
+        sqlx::query(n.sql("SELECT * FROM rota.events WHERE task_id = $1 ORDER BY seq")).bind(id.as_str()).fetch_all(&mut *conn).await?;
+    rows.iter().map(event_from).collect()
+}
+
+/// The highest event seq at or below which every event is settled: committed
+/// for good or never to appear. Sequence values are drawn at insert time but
+/// become visible at commit, so a reader paging by seq could otherwise pass a
+/// low seq whose transaction commits later, and never see it.
+///
+/// Every event writer first takes a shared advisory lock whose key carries
+/// the sequence's value before it draws (so all its seqs are above the key),
+/// held until it ends. Read the sequence's last value first, then the lowest
+/// key held: any writer not holding its lock yet will draw above the value
+/// read, and every writer holding one writes only above its key.
+pub(crate) async fn events_settled_through(conn: &mut PgConnection, n: &Names) -> Result<i64> {
+    let handed_out: i64 = sqlx::query_scalar(n.sql("SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM rota.event_seq"))
+        .fetch_one(&mut *conn)
+        .await?;
+    let lowest_writer: Option<i64> = sqlx::query_scalar(
+        "SELECT MIN(((l.classid::bigint << 32) | l.objid::bigint) - $1)
+           FROM pg_locks AS l
+          WHERE l.locktype = 'advisory' AND l.objsubid = 1
+            AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+            AND ((l.classid::bigint << 32) | l.objid::bigint) BETWEEN $1 AND $1 + $2",
+    )
+    .bind(n.event_lock_base())
+    .bind(Names::event_lock_span())
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(lowest_writer.map_or(handed_out, |lowest| lowest.min(handed_out)))
+}
+
+pub(crate) async fn events_after(conn: &mut PgConnection, n: &Names, after: i64, limit: u32) -> Result<Vec<Event>> {
+    let settled = events_settled_through(conn, n).await?;
+    let rows = sqlx::query(n.sql("SELECT * FROM rota.events WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3"))
+        .bind(after)
+        .bind(settled)
+        .bind(i64::from(limit))
+        .fetch_all(&mut *conn)
+        .await?;
+    rows.iter().map(event_from).collect()
+}
+
+/// Takes the named lease if it is free, expired, or already `holder`'s.
+pub(crate) async fn acquire_leader(
+    conn: &mut PgConnection,
+    n: &Names,
+    name: &str,
+    holder: &InstanceId,
+    ttl: Duration,
+    now: Timestamp,
+) -> Result<Option<LeaderLease>> {
+    let row: Option<(i64, i64)> = sqlx::query_as(n.sql(
+        "INSERT INTO rota.leaders AS l (name, holder, until, epoch) VALUES ($1, $2, $3, 1)
+         ON CONFLICT (name) DO UPDATE
+            SET epoch = CASE WHEN l.holder = excluded.holder THEN l.epoch ELSE l.epoch + 1 END,
+                holder = excluded.holder, until = excluded.until
+          WHERE l.holder = excluded.holder OR l.until <= $4
+      RETURNING until, epoch",
+    ))
+    .bind(name)
+    .bind(holder.as_str())
+    .bind(now.add(ttl).as_millis())
+    .bind(now.as_millis())
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(row.map(|(until, epoch)| LeaderLease {
+        name: name.to_owned(),
+        holder: holder.clone(),
+        until: Timestamp::from_millis(until),
+        epoch: epoch as u64,
+    }))
+}
+
+pub(crate) async fn release_leader(conn: &mut PgConnection, n: &Names, name: &str, holder: &InstanceId, now: Timestamp) -> Result<()> {
+    sqlx::query(n.sql("UPDATE rota.leaders SET until = $3 WHERE name = $1 AND holder = $2"))
+        .bind(name)
+        .bind(holder.as_str())
+        .bind(now.as_millis())
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+pub(crate) async fn register_workflow(
+    conn: &mut PgConnection,
+    n: &Names,
+    name: &WorkflowName,
+    version: u32,
+    definition: &Value,
+    now: Timestamp,
+) -> Result<()> {
+    sqlx::query(n.sql(
+        "INSERT INTO rota.workflows (name, version, definition, registered_at) VALUES ($1, $2, $3, $4)
+         ON CONFLICT (name, version) DO NOTHING",
+    ))
+    .bind(name.as_str())
+    .bind(i64::from(version))
+    .bind(json_text(definition))
+    .bind(now.as_millis())
+    .execute(&mut *conn)
+    .await?;
+    let stored: String = sqlx::query_scalar(n.sql("SELECT definition FROM rota.workflows WHERE name = $1 AND version = $2"))
+        .bind(name.as_str())
+        .bind(i64::from(version))
+        .fetch_one(&mut *conn)
+        .await?;
+    if parse_json("workflow definition", stored)? != *definition {
+        return Err(Error::Conflict(format!(
+            "workflow {name} version {version} is already registered with a different definition (versions are immutable: bump the version)"
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+fn workflow_from(row: &PgRow) -> Result<WorkflowEntry> {
+    Ok(WorkflowEntry {
+        name: WorkflowName::new(row.try_get::<String, _>("name")?).map_err(|e| corrupt("workflow name", e))?,
+        version: count(row.try_get("version")?),
+        definition: parse_json("workflow definition", row.try_get("definition")?)?,
+        registered_at: Timestamp::from_millis(row.try_get("registered_at")?),
+    })
+}
+
+pub(crate) async fn workflow(
+    conn: &mut PgConnection,
+    n: &Names,
+    name: &WorkflowName,
+    version: Option<u32>,
+) -> Result<Option<WorkflowEntry>> {
+    let row = sqlx::query(
+        n.sql("SELECT * FROM rota.workflows WHERE name = $1 AND ($2::bigint IS NULL OR version = $2) ORDER BY version DESC LIMIT 1"),
+    )
+    .bind(name.as_str())
+    .bind(version.map(i64::from))
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.as_ref().map(workflow_from).transpose()
+}
+
+pub(crate) async fn workflows(conn: &mut PgConnection, n: &Names) -> Result<Vec<WorkflowEntry>> {
+    let rows = sqlx::query(n.sql(
+        "SELECT * FROM (SELECT DISTINCT ON (name) * FROM rota.workflows ORDER BY name, version DESC) AS latest ORDER BY name COLLATE \"C\"",
+    ))
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter().map(workflow_from).collect()
+}
+
+pub(crate) async fn alerts(conn: &mut PgConnection, n: &Names, limit: u32) -> Result<Vec<Event>> {
+    let rows = sqlx::query(n.sql("SELECT * FROM rota.events WHERE kind = 'alert' ORDER BY seq DESC LIMIT $1"))
+        .bind(i64::from(limit))
+        .fetch_all(&mut *conn)
+        .await?;
+    rows.iter().map(event_from).collect()
+}
+
+pub(crate) async fn report_status(conn: &mut PgConnection, n: &Names, key: &str, value: &Value, now: Timestamp) -> Result<()> {
+    sqlx::query(n.sql(
+        "INSERT INTO rota.statuses (key, value, reported_at) VALUES ($1, $2, $3)
+         ON CONFLICT (key) DO UPDATE SET value = excluded.value, reported_at = excluded.reported_at",
+    ))
+    .bind(key)
+    .bind(json_text(value))
+    .bind(now.as_millis())
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+pub(crate) async fn statuses(conn: &mut PgConnection, n: &Names, prefix: &str) -> Result<Vec<ComponentStatus>> {
+    let rows: Vec<(String, String, i64)> = sqlx::query_as(
+        n.sql("SELECT key, value, reported_at FROM rota.statuses WHERE left(key, length($1)) = $1 ORDER BY key COLLATE \"C\""),
+    )
+    .bind(prefix)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.into_iter()
+        .map(|(key, value, at)| Ok(ComponentStatus { key, value: parse_json("status", value)?, reported_at: Timestamp::from_millis(at) }))
+        .collect()
+}
