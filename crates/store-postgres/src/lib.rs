@@ -75,6 +75,8 @@ pub struct Config {
     pub body_bytes_max: usize,
     /// How often expired duplicate-detection ids are forgotten.
     pub sweep_interval: Duration,
+    /// The name the connections show in `pg_stat_activity`.
+    pub application_name: String,
 }
 
 impl Config {
@@ -88,6 +90,7 @@ impl Config {
             poll_interval: Duration::from_millis(100),
             body_bytes_max: rota_store::BODY_BYTES_MAX,
             sweep_interval: Duration::from_secs(10),
+            application_name: "rota".into(),
         }
     }
 
@@ -130,7 +133,7 @@ impl Config {
     fn connect_options(&self) -> Result<PgConnectOptions, Error> {
         let options =
             PgConnectOptions::from_str(&self.url).map_err(|e| Error::Invalid(format!("postgres URL {}: {e}", self.display_url())))?;
-        Ok(options.application_name("rota"))
+        Ok(options.application_name(&self.application_name))
     }
 }
 

@@ -1,0 +1,181 @@
+//! What only the PostgreSQL backend promises beyond the conformance suite:
+//! tasks created inside the application's own transaction, event paging that
+//! never passes a transaction still open, wake-ups across processes, and
+//! recovery from killed connections. Needs `ROTA_TEST_POSTGRES_URL`; without
+//! it each test prints a `SKIP` line.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rota_model::{Clock, ManualClock, QueueName, SystemClock, Task, TaskId, WorkflowName};
+use rota_store::{Created, Event, EventKind, NewTask, Outgoing, Queues, Receive, Tasks};
+use rota_store_postgres::{Config, PgStore};
+use rota_testkit::postgres::TestSchema;
+use serde_json::json;
+use sqlx::{Connection, PgConnection};
+
+fn config(schema: &TestSchema) -> Config {
+    let mut config = Config::new(schema.url.clone());
+    config.schema = schema.name.clone();
+    config.connections_max = 4;
+    config
+}
+
+async fn open(config: Config, clock: Arc<dyn Clock>) -> PgStore {
+    PgStore::open(config, clock).await.expect("open the postgres store")
+}
+
+fn new_task(id: &str, clock: &dyn Clock, doorbell: &QueueName) -> NewTask {
+    let id = TaskId::new(id).unwrap();
+    let now = clock.now();
+    NewTask {
+        task: Task::new(id.clone(), WorkflowName::new("order").unwrap(), 1, json!({ "order": id.as_str() }), now),
+        steps: Vec::new(),
+        messages: vec![(doorbell.clone(), Outgoing::json(&json!({ "task": id.as_str() })).unwrap())],
+        events: vec![Event::task(&id, now, EventKind::Received, json!({}))],
+    }
+}
+
+async fn app_connection(schema: &TestSchema) -> PgConnection {
+    PgConnection::connect(&schema.url).await.expect("connect as the application")
+}
+
+/// The pattern's example: the application inserts an order and the task that
+/// processes it in one transaction of its own. Rolled back, neither exists
+/// (nor the task's doorbell message); committed, both do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_created_in_the_applications_transaction_commits_or_rolls_back_with_it() {
+    let Some(schema) = TestSchema::new("transactional submit on PostgreSQL") else { return };
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::default());
+    let store = open(config(&schema), clock.clone()).await;
+    let doorbells = QueueName::new("doorbells").unwrap();
+    let mut app = app_connection(&schema).await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE TABLE \"{}\".orders (id TEXT PRIMARY KEY)", schema.name)))
+        .execute(&mut app)
+        .await
+        .unwrap();
+    let insert_order = format!("INSERT INTO \"{}\".orders (id) VALUES ($1)", schema.name);
+    let count_orders = format!("SELECT COUNT(*) FROM \"{}\".orders", schema.name);
+
+    let mut tx = app.begin().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(insert_order.clone())).bind("order-1").execute(&mut *tx).await.unwrap();
+    let created = store.create_task_in(&mut tx, new_task("order-1", clock.as_ref(), &doorbells)).await.unwrap();
+    assert_eq!(created, Created::New);
+    tx.rollback().await.unwrap();
+    assert!(store.task(&TaskId::new("order-1").unwrap()).await.unwrap().is_none(), "a rolled-back submit leaves no task");
+    assert!(store.receive(&doorbells, Receive::up_to(10)).await.unwrap().is_empty(), "nor its message");
+    let orders: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(count_orders.clone())).fetch_one(&mut app).await.unwrap();
+    assert_eq!(orders, 0, "nor the application's row");
+
+    let mut tx = app.begin().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(insert_order)).bind("order-1").execute(&mut *tx).await.unwrap();
+    store.create_task_in(&mut tx, new_task("order-1", clock.as_ref(), &doorbells)).await.unwrap();
+    tx.commit().await.unwrap();
+    let record = store.task(&TaskId::new("order-1").unwrap()).await.unwrap().expect("the committed task");
+    assert_eq!(record.task.input, json!({ "order": "order-1" }));
+    assert_eq!(store.receive(&doorbells, Receive::up_to(10)).await.unwrap().len(), 1, "its message was sent with it");
+    let orders: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(count_orders)).fetch_one(&mut app).await.unwrap();
+    assert_eq!(orders, 1);
+
+    let again = store.create_task_in(&mut app, new_task("order-1", clock.as_ref(), &doorbells)).await.unwrap();
+    assert!(matches!(again, Created::Existing(_)), "the task id stays the idempotency key: {again:?}");
+}
+
+/// Event sequence numbers are drawn at insert and become visible at commit,
+/// so they can commit out of order. `events_after` must not page past an
+/// event whose transaction is still open: a reader that did would never see it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_after_never_passes_an_event_still_being_written() {
+    let Some(schema) = TestSchema::new("event paging on PostgreSQL") else { return };
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::default());
+    let store = open(config(&schema), clock.clone()).await;
+    let doorbells = QueueName::new("doorbells").unwrap();
+    store.create_task(new_task("first", clock.as_ref(), &doorbells)).await.unwrap();
+
+    let mut app = app_connection(&schema).await;
+    let mut open_tx = app.begin().await.unwrap();
+    store.create_task_in(&mut open_tx, new_task("slow", clock.as_ref(), &doorbells)).await.unwrap();
+    store.create_task(new_task("last", clock.as_ref(), &doorbells)).await.unwrap();
+
+    let tasks_of = |events: Vec<Event>| events.into_iter().map(|e| e.task_id.to_string()).collect::<Vec<_>>();
+    let visible = tasks_of(store.events_after(0, 100).await.unwrap());
+    assert_eq!(visible, ["first"], "nothing after the open transaction's event is handed out yet");
+    assert_eq!(store.history(&TaskId::new("last").unwrap()).await.unwrap().len(), 1, "history shows committed events at once");
+
+    open_tx.commit().await.unwrap();
+    let visible = tasks_of(store.events_after(0, 100).await.unwrap());
+    assert_eq!(visible, ["first", "slow", "last"], "once it commits, every event in seq order");
+}
+
+/// A receiver waiting in one process is woken by a send from another
+/// (another store on the same schema) through NOTIFY, not by its poll: the
+/// poll interval here is longer than the receive's whole wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_from_another_process_wakes_a_waiting_receiver() {
+    let Some(schema) = TestSchema::new("cross-process wake-up on PostgreSQL") else { return };
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let mut slow_polling = config(&schema);
+    slow_polling.poll_interval = Duration::from_secs(600);
+    let receiver = open(slow_polling, clock.clone()).await;
+    let sender = open(config(&schema), clock).await;
+    let work = QueueName::new("work").unwrap();
+    receiver.create_queue(&work, Default::default()).await.unwrap();
+
+    let waiting = tokio::spawn(async move { receiver.receive(&work, Receive::up_to(1).waiting(Duration::from_secs(60))).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let sent = sender.send(&QueueName::new("work").unwrap(), Outgoing::json(&json!("hello")).unwrap()).await.unwrap();
+    let got = waiting.await.unwrap().unwrap();
+    assert_eq!(got.iter().map(|d| d.id.clone()).collect::<Vec<_>>(), [sent.id], "the waiting receiver got the message");
+}
+
+/// When the server drops every connection of a store (a restart, a network
+/// cut, an operator's pg_terminate_backend), the store reconnects: later
+/// operations succeed, nothing acknowledged is lost, and a waiting receiver
+/// is still woken by the next send.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_connections_are_replaced_and_nothing_acknowledged_is_lost() {
+    let Some(schema) = TestSchema::new("reconnect on PostgreSQL") else { return };
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let mut killed = config(&schema);
+    killed.application_name = format!("rota-{}", schema.name);
+    killed.poll_interval = Duration::from_secs(600);
+    let store = Arc::new(open(killed.clone(), clock.clone()).await);
+    let sender = open(config(&schema), clock).await;
+    let work = QueueName::new("work").unwrap();
+    let before = store.send(&work, Outgoing::json(&json!("before")).unwrap()).await.unwrap();
+
+    let mut admin = app_connection(&schema).await;
+    let terminated: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()",
+    )
+    .bind(&killed.application_name)
+    .fetch_all(&mut admin)
+    .await
+    .unwrap();
+    assert!(!terminated.is_empty(), "the store's connections (pool and listener) were found and killed");
+
+    // The first operations after the cut may fail as unavailable while the
+    // pool notices; none may fail otherwise, and one must soon succeed.
+    let mut received = Vec::new();
+    for _ in 0..50 {
+        match store.receive(&work, Receive::up_to(10)).await {
+            Ok(got) => {
+                received = got;
+                break;
+            }
+            Err(rota_store::Error::Unavailable(_)) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(other) => panic!("after reconnecting: {other}"),
+        }
+    }
+    assert_eq!(received.iter().map(|d| d.id.clone()).collect::<Vec<_>>(), [before.id], "the message sent before the cut survived");
+
+    let waiting = {
+        let store = store.clone();
+        let work = work.clone();
+        tokio::spawn(async move { store.receive(&work, Receive::up_to(1).waiting(Duration::from_secs(60))).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = sender.send(&work, Outgoing::json(&json!("after")).unwrap()).await.unwrap();
+    let got = waiting.await.unwrap().unwrap();
+    assert_eq!(got.iter().map(|d| d.id.clone()).collect::<Vec<_>>(), [after.id], "the listener is back: the waiting receiver was woken");
+}
