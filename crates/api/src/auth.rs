@@ -1,0 +1,300 @@
+//! Bearer tokens and scopes (R12).
+//!
+//! The configuration is a list of tokens, each with its scopes; the binary
+//! reads it (from a file or the environment) and builds an [`AuthConfig`].
+//! Every `/v1` route needs one [`Permission`]; a request without a token,
+//! or with one that is not configured, gets 401 with `WWW-Authenticate:
+//! Bearer`; a known token whose scopes do not grant the permission gets 403.
+//!
+//! Tokens are compared in constant time (every configured token is compared
+//! in full, whatever matches), and they never reach a log: [`AuthConfig`]'s
+//! `Debug` shows only how many there are.
+//!
+//! Deliberately left out: per-task ownership for the `submit` scope (the
+//! task record has no submitter yet, so a `submit` token may read any task
+//! whose id it knows, but never list them), and the worker-protocol
+//! endpoints that the `agent` scope will allow.
+
+use std::fmt;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{HeaderMap, Method, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use rota_model::QueueName;
+
+use crate::ApiState;
+use crate::error::ApiError;
+
+/// The shortest token accepted: a guessable token is no protection.
+pub const TOKEN_BYTES_MIN: usize = 16;
+/// The longest token accepted (tokens travel in every request's headers).
+pub const TOKEN_BYTES_MAX: usize = 512;
+
+/// What a token may do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// Everything.
+    Admin,
+    /// Read everything; cancel and resubmit tasks; pause and resume queues;
+    /// list, redrive and purge dead letters; validate and register workflows.
+    Operator,
+    /// Submit tasks and read a task by its id.
+    Submit,
+    /// An external agent that may work on the named queues (the worker
+    /// protocol, not served yet: today this scope grants no endpoint).
+    Agent {
+        /// The queues it may receive from.
+        queues: Vec<QueueName>,
+    },
+}
+
+impl Scope {
+    /// Whether this scope grants `permission`.
+    pub fn grants(&self, permission: Permission) -> bool {
+        match self {
+            Scope::Admin => true,
+            Scope::Operator => matches!(permission, Permission::Read | Permission::ReadTask | Permission::Operate),
+            Scope::Submit => matches!(permission, Permission::Submit | Permission::ReadTask),
+            Scope::Agent { .. } => false,
+        }
+    }
+
+    /// The scope's name as configured (`admin`, `operator`, `submit`, `agent`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Scope::Admin => "admin",
+            Scope::Operator => "operator",
+            Scope::Submit => "submit",
+            Scope::Agent { .. } => "agent",
+        }
+    }
+}
+
+/// What a route needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Permission {
+    /// Read anything: listings, alerts, queues, dead letters, workflows, metrics, all events.
+    Read,
+    /// Read one task (status, history, events) by its id.
+    ReadTask,
+    /// Submit a task.
+    Submit,
+    /// Change things: cancel, resubmit, pause, resume, redrive, purge, register.
+    Operate,
+}
+
+impl Permission {
+    fn describe(self) -> &'static str {
+        match self {
+            Permission::Read => "read access (scope admin or operator)",
+            Permission::ReadTask => "reading a task (scope admin, operator or submit)",
+            Permission::Submit => "submitting tasks (scope admin or submit)",
+            Permission::Operate => "operating (scope admin or operator)",
+        }
+    }
+}
+
+/// One configured token and its scopes.
+#[derive(Clone)]
+pub struct Token {
+    secret: Vec<u8>,
+    scopes: Vec<Scope>,
+}
+
+impl Token {
+    /// A token with its scopes. Refuses tokens shorter than
+    /// [`TOKEN_BYTES_MIN`] or longer than [`TOKEN_BYTES_MAX`], with
+    /// characters that cannot travel in a header, and empty scope lists.
+    /// The error never repeats the token.
+    pub fn new(secret: impl Into<String>, scopes: Vec<Scope>) -> Result<Token, crate::Error> {
+        let secret: String = secret.into();
+        if secret.len() < TOKEN_BYTES_MIN || secret.len() > TOKEN_BYTES_MAX {
+            return Err(crate::Error::Config(format!(
+                "a token must be {TOKEN_BYTES_MIN} to {TOKEN_BYTES_MAX} bytes long, one is {} bytes",
+                secret.len()
+            )));
+        }
+        if !secret.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(crate::Error::Config("a token may only contain visible ASCII characters (no spaces)".into()));
+        }
+        if scopes.is_empty() {
+            return Err(crate::Error::Config("a token needs at least one scope".into()));
+        }
+        Ok(Token { secret: secret.into_bytes(), scopes })
+    }
+
+    /// The token's scopes.
+    pub fn scopes(&self) -> &[Scope] {
+        &self.scopes
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let scopes: Vec<&str> = self.scopes.iter().map(Scope::name).collect();
+        write!(f, "Token(<redacted>, {scopes:?})")
+    }
+}
+
+/// Who may call the API.
+#[derive(Clone)]
+pub enum AuthConfig {
+    /// No authentication: every request may do everything. For local use
+    /// only; it must be chosen explicitly.
+    Disabled,
+    /// Bearer tokens with scopes.
+    Tokens(Vec<Token>),
+}
+
+impl AuthConfig {
+    /// Bearer tokens. Refuses an empty list (that would lock everyone out;
+    /// [`AuthConfig::Disabled`] says what is meant) and duplicate tokens.
+    pub fn tokens(tokens: Vec<Token>) -> Result<AuthConfig, crate::Error> {
+        if tokens.is_empty() {
+            return Err(crate::Error::Config("no tokens configured: give at least one, or disable authentication explicitly".into()));
+        }
+        for (i, token) in tokens.iter().enumerate() {
+            if tokens[..i].iter().any(|earlier| earlier.secret == token.secret) {
+                return Err(crate::Error::Config(format!("token number {} is configured twice", i + 1)));
+            }
+        }
+        Ok(AuthConfig::Tokens(tokens))
+    }
+
+    /// The scopes of the token `presented`, if it is configured. Every
+    /// configured token is compared in full, in constant time per byte, so
+    /// the time taken says nothing about which one (or how much of one) matched.
+    fn scopes_of(&self, presented: &[u8]) -> Option<&[Scope]> {
+        let AuthConfig::Tokens(tokens) = self else { return None };
+        let mut found = None;
+        for token in tokens {
+            if constant_time_eq(&token.secret, presented) {
+                found = Some(token.scopes.as_slice());
+            }
+        }
+        found
+    }
+}
+
+impl fmt::Debug for AuthConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AuthConfig::Disabled => f.write_str("AuthConfig::Disabled"),
+            AuthConfig::Tokens(tokens) => write!(f, "AuthConfig::Tokens({tokens:?})"),
+        }
+    }
+}
+
+/// Equality that takes the same time whatever the contents: it looks at
+/// every byte of the longer input.
+fn constant_time_eq(expected: &[u8], presented: &[u8]) -> bool {
+    let length = expected.len().max(presented.len());
+    let mut difference = (expected.len() ^ presented.len()) as u64;
+    for i in 0..length {
+        let a = expected.get(i).copied().unwrap_or(0);
+        let b = presented.get(i).copied().unwrap_or(0);
+        difference |= u64::from(a ^ b);
+    }
+    std::hint::black_box(difference) == 0
+}
+
+/// The permission a `/v1` route needs, by method and route pattern.
+/// Unknown routes need `Read`, so a route added without an entry here is
+/// closed to `submit` tokens rather than open to everyone.
+pub fn permission(method: &Method, route: &str) -> Permission {
+    match (method.as_str(), route) {
+        ("POST", "/v1/tasks") => Permission::Submit,
+        ("GET", "/v1/tasks/{id}" | "/v1/tasks/{id}/history" | "/v1/tasks/{id}/events") => Permission::ReadTask,
+        ("GET", _) => Permission::Read,
+        ("POST", "/v1/workflows/validate") => Permission::Read,
+        _ => Permission::Operate,
+    }
+}
+
+/// The middleware of every protected route: authenticates (401) and checks
+/// the route's permission (403) before any extractor reads the request.
+pub async fn authorize(State(state): State<ApiState>, request: Request, next: Next) -> Response {
+    let auth = &state.inner.config.auth;
+    if matches!(auth, AuthConfig::Disabled) {
+        return next.run(request).await;
+    }
+    let route = request.extensions().get::<MatchedPath>().map(|m| m.as_str().to_owned()).unwrap_or_default();
+    let needed = permission(request.method(), &route);
+    let scopes = match bearer(request.headers()) {
+        Err(why) => return ApiError::unauthorized(why).into_response(),
+        Ok(presented) => match auth.scopes_of(presented) {
+            Some(scopes) => scopes,
+            None => return ApiError::unauthorized("the bearer token is not valid").into_response(),
+        },
+    };
+    if !scopes.iter().any(|scope| scope.grants(needed)) {
+        let names: Vec<&str> = scopes.iter().map(Scope::name).collect();
+        let why = format!("{} {route} needs {}; the token has scope {}", request.method(), needed.describe(), names.join(", "));
+        return ApiError::forbidden(why).into_response();
+    }
+    next.run(request).await
+}
+
+/// The token of an `Authorization: Bearer …` header.
+fn bearer(headers: &HeaderMap) -> Result<&[u8], &'static str> {
+    let value = headers.get(header::AUTHORIZATION).ok_or("this request needs a bearer token (Authorization: Bearer …)")?;
+    let value = value.as_bytes();
+    let scheme = b"bearer ";
+    if value.len() <= scheme.len() || !value[..scheme.len()].eq_ignore_ascii_case(scheme) {
+        return Err("the Authorization header must be `Bearer <token>`");
+    }
+    Ok(value[scheme.len()..].trim_ascii())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constant_time_eq_is_equality() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
+        assert!(!constant_time_eq(b"abc\0", b"abc"));
+        assert!(!constant_time_eq(b"", b"a"));
+    }
+
+    #[test]
+    fn tokens_are_checked_and_never_shown() {
+        let err = Token::new("short", vec![Scope::Admin]).unwrap_err().to_string();
+        assert!(err.contains("16 to 512 bytes") && !err.contains("short"), "{err}");
+        assert!(Token::new("x".repeat(20), vec![]).is_err());
+        assert!(Token::new("with a space in the token", vec![Scope::Admin]).is_err());
+        let token = Token::new("s3cret-s3cret-s3cret", vec![Scope::Operator]).unwrap();
+        let shown = format!("{:?}", AuthConfig::tokens(vec![token.clone()]).unwrap());
+        assert!(!shown.contains("s3cret") && shown.contains("operator"), "{shown}");
+        assert!(AuthConfig::tokens(vec![]).is_err());
+        assert!(AuthConfig::tokens(vec![token.clone(), token]).is_err(), "duplicates are refused");
+    }
+
+    #[test]
+    fn scopes_grant_what_the_docs_say() {
+        use Permission::*;
+        let all = [Read, ReadTask, Submit, Operate];
+        let granted = |scope: Scope| all.into_iter().filter(|p| scope.grants(*p)).collect::<Vec<_>>();
+        assert_eq!(granted(Scope::Admin), all);
+        assert_eq!(granted(Scope::Operator), [Read, ReadTask, Operate]);
+        assert_eq!(granted(Scope::Submit), [ReadTask, Submit]);
+        assert!(granted(Scope::Agent { queues: vec![QueueName::new("agent.http").unwrap()] }).is_empty());
+    }
+
+    #[test]
+    fn bearer_headers_are_parsed_strictly() {
+        let headers = |value: &str| {
+            let mut map = HeaderMap::new();
+            map.insert(header::AUTHORIZATION, value.parse().unwrap());
+            map
+        };
+        assert_eq!(bearer(&headers("Bearer abc")).unwrap(), b"abc");
+        assert_eq!(bearer(&headers("bearer  abc ")).unwrap(), b"abc");
+        assert!(bearer(&headers("Basic abc")).is_err());
+        assert!(bearer(&headers("Bearer")).is_err());
+        assert!(bearer(&HeaderMap::new()).is_err());
+    }
+}

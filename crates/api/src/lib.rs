@@ -1,0 +1,296 @@
+//! rota's HTTP API (R7, R10, R11, R12): everything the operator commands of
+//! the CLI do, over HTTP with JSON, for applications, operators and
+//! dashboards written in any language.
+//!
+//! - [`router`] builds the axum [`Router`] from an [`ApiState`] (the store,
+//!   a [`rota_engine::Client`], the clock and a validated [`Config`]);
+//!   [`serve`] runs it on a listener until a shutdown future resolves.
+//! - `/v1/…`: tasks (submit with idempotent client ids, status, list,
+//!   history, cancel, resubmit), alerts, workflows (list, show, validate,
+//!   register), queues (stats, pause, resume), dead letters (list, redrive,
+//!   purge), circuit breakers, and server-sent event streams of task
+//!   events that resume from `Last-Event-ID` ([`events`]).
+//! - Every error is `{"error": {"code", "reason"}}` ([`ApiError`]); invalid
+//!   input is always a 4xx.
+//! - `/openapi.json` is generated from the handlers (utoipa) and `/docs`
+//!   serves Swagger UI from files vendored in the binary (works offline).
+//! - Bearer tokens with scopes ([`auth`]), bounded request bodies,
+//!   `/healthz`, `/readyz` and Prometheus `/metrics` ([`metrics`]).
+//!
+//! Deliberately left out: the worker protocol for external agents and
+//! webhooks (later parts of the same issue), TLS (put a proxy in front),
+//! and reading configuration: the binary builds [`Config`] from its flags
+//! and files. This crate runs no engine role; it only talks to the store
+//! and the client, so an API-only process scales out like any other.
+
+pub mod auth;
+pub mod error;
+pub mod events;
+mod health;
+pub mod metrics;
+mod openapi;
+pub mod queues;
+pub mod tasks;
+pub mod wire;
+pub mod workflows;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use rota_engine::Client;
+use rota_model::Clock;
+use rota_store::SharedStore;
+use rota_workflow::AgentCatalog;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+pub use auth::{AuthConfig, Permission, Scope, Token};
+pub use error::{ApiError, ApiResult, ErrorBody, ErrorDetail};
+
+/// What can stop the API from starting or serving.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A configuration value is out of bounds; the message names it.
+    #[error("invalid API configuration: {0}")]
+    Config(String),
+    /// The listener failed.
+    #[error("serving HTTP: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The bounds of the API. Every one has a default and is checked by
+/// [`Limits::validate`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// The largest request body, in bytes; a larger one gets 413.
+    pub body_bytes_max: usize,
+    /// The most items a listing may ask for (`limit`).
+    pub list_limit_max: u32,
+    /// The number of items a listing returns without `limit`.
+    pub list_limit_default: u32,
+    /// How often an event stream looks for new events in the store.
+    pub events_poll_interval: Duration,
+    /// How often an idle event stream sends a keep-alive comment.
+    pub events_keep_alive: Duration,
+    /// The most events read from the store at once by an event stream.
+    pub events_batch_max: u32,
+    /// The most tasks `/metrics` counts per state (the count saturates there).
+    pub metrics_tasks_counted_max: u32,
+}
+
+impl Limits {
+    /// The default largest request body: 1 MiB (a workflow definition is at
+    /// most [`rota_workflow::DEFINITION_BYTES_MAX`]).
+    pub const BODY_BYTES_MAX_DEFAULT: usize = 1024 * 1024;
+    /// The largest request body that may be configured.
+    pub const BODY_BYTES_MAX_LIMIT: usize = 64 * 1024 * 1024;
+    /// The largest `list_limit_max` that may be configured.
+    pub const LIST_LIMIT_MAX_LIMIT: u32 = 10_000;
+
+    /// Checks every bound; the error names the field.
+    pub fn validate(&self) -> Result<(), Error> {
+        let fail = |field: &str, why: String| Err(Error::Config(format!("limits.{field}: {why}")));
+        if self.body_bytes_max == 0 || self.body_bytes_max > Self::BODY_BYTES_MAX_LIMIT {
+            return fail("body_bytes_max", format!("must be between 1 and {}, got {}", Self::BODY_BYTES_MAX_LIMIT, self.body_bytes_max));
+        }
+        if self.list_limit_max == 0 || self.list_limit_max > Self::LIST_LIMIT_MAX_LIMIT {
+            return fail("list_limit_max", format!("must be between 1 and {}, got {}", Self::LIST_LIMIT_MAX_LIMIT, self.list_limit_max));
+        }
+        if self.list_limit_default == 0 || self.list_limit_default > self.list_limit_max {
+            return fail("list_limit_default", format!("must be between 1 and list_limit_max, got {}", self.list_limit_default));
+        }
+        if self.events_poll_interval < Duration::from_millis(10) || self.events_poll_interval > Duration::from_secs(60) {
+            return fail("events_poll_interval", format!("must be between 10 ms and 60 s, got {:?}", self.events_poll_interval));
+        }
+        if self.events_keep_alive < Duration::from_secs(1) || self.events_keep_alive > Duration::from_secs(300) {
+            return fail("events_keep_alive", format!("must be between 1 s and 300 s, got {:?}", self.events_keep_alive));
+        }
+        if self.events_batch_max == 0 || self.events_batch_max > 10_000 {
+            return fail("events_batch_max", format!("must be between 1 and 10000, got {}", self.events_batch_max));
+        }
+        if self.metrics_tasks_counted_max == 0 || self.metrics_tasks_counted_max > 1_000_000 {
+            return fail("metrics_tasks_counted_max", format!("must be between 1 and 1000000, got {}", self.metrics_tasks_counted_max));
+        }
+        Ok(())
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            body_bytes_max: Self::BODY_BYTES_MAX_DEFAULT,
+            list_limit_max: 1_000,
+            list_limit_default: 100,
+            events_poll_interval: Duration::from_millis(250),
+            events_keep_alive: Duration::from_secs(15),
+            events_batch_max: 500,
+            metrics_tasks_counted_max: 10_000,
+        }
+    }
+}
+
+/// The API's settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Who may call it.
+    pub auth: AuthConfig,
+    /// Its bounds.
+    pub limits: Limits,
+    /// The agents that workflow definitions may name when validated or
+    /// registered through the API (the built-in ones by default; add the
+    /// custom agents that the engine processes run).
+    pub agents: AgentCatalog,
+}
+
+impl Config {
+    /// Default limits, the built-in agents, and `auth`.
+    pub fn new(auth: AuthConfig) -> Self {
+        Config { auth, limits: Limits::default(), agents: AgentCatalog::builtin() }
+    }
+}
+
+/// What every handler reads: the store, the client, the clock, the
+/// configuration and the metrics registry. Cheap to clone.
+#[derive(Clone)]
+pub struct ApiState {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: SharedStore,
+    client: Client,
+    clock: Arc<dyn Clock>,
+    config: Config,
+    metrics: metrics::Metrics,
+    /// Set when the server begins to shut down, so that event streams end
+    /// (a graceful shutdown waits for every open response).
+    closing: watch::Sender<bool>,
+}
+
+impl ApiState {
+    /// The state of an API over `store`, making its task changes through
+    /// `client` (which should be a client of the same store). Checks
+    /// `config`'s limits.
+    pub fn new(store: SharedStore, client: Client, clock: Arc<dyn Clock>, config: Config) -> Result<Self, Error> {
+        config.limits.validate()?;
+        let inner = Inner { store, client, clock, config, metrics: metrics::Metrics::new(), closing: watch::Sender::new(false) };
+        Ok(ApiState { inner: Arc::new(inner) })
+    }
+
+    /// The store.
+    pub fn store(&self) -> &SharedStore {
+        &self.inner.store
+    }
+
+    /// The task client.
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.clock
+    }
+
+    /// The limits.
+    pub fn limits(&self) -> &Limits {
+        &self.inner.config.limits
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// Ends the open event streams (as [`serve`] does when its shutdown
+    /// future resolves). Requests keep being answered.
+    pub fn close_streams(&self) {
+        self.inner.closing.send_replace(true);
+    }
+
+    pub(crate) fn closing(&self) -> watch::Receiver<bool> {
+        self.inner.closing.subscribe()
+    }
+
+    /// A `limit` query parameter checked against the bounds.
+    pub(crate) fn limit(&self, limit: Option<u32>) -> ApiResult<u32> {
+        let limits = self.limits();
+        match limit {
+            None => Ok(limits.list_limit_default),
+            Some(n) if n >= 1 && n <= limits.list_limit_max => Ok(n),
+            Some(n) => Err(ApiError::invalid_query("limit", format!("must be between 1 and {}, got {n}", limits.list_limit_max))),
+        }
+    }
+}
+
+/// The whole API as an axum router: `/v1/…` behind authentication, and
+/// `/healthz`, `/readyz`, `/openapi.json` and `/docs` without.
+/// `/metrics` needs read access.
+pub fn router(state: ApiState) -> Router {
+    let (v1, openapi) = openapi::routes().split_for_parts();
+    let protected = v1
+        .route("/metrics", axum::routing::get(metrics::render))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth::authorize));
+    let openapi = Arc::new(openapi);
+    let swagger: Router<ApiState> = utoipa_swagger_ui::SwaggerUi::new("/docs").url("/openapi.json", (*openapi).clone()).into();
+    Router::new()
+        .merge(protected)
+        .route("/healthz", axum::routing::get(health::healthz))
+        .route("/readyz", axum::routing::get(health::readyz))
+        .merge(swagger)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(state.limits().body_bytes_max))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::count_request))
+        .with_state(state)
+}
+
+async fn not_found(uri: axum::http::Uri) -> impl IntoResponse {
+    ApiError::new(StatusCode::NOT_FOUND, "no_such_route", format!("no route {}", uri.path()))
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> impl IntoResponse {
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", format!("{method} is not allowed on {}", uri.path()))
+}
+
+/// Serves [`router`]`(state)` on `listener` until `shutdown` resolves;
+/// then ends the event streams and waits for the requests in progress.
+pub async fn serve(listener: TcpListener, state: ApiState, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), Error> {
+    let app = router(state.clone());
+    let closing = state.clone();
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            closing.close_streams();
+        })
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_limits_are_valid_and_each_bound_is_checked() {
+        Limits::default().validate().unwrap();
+        let check = |change: fn(&mut Limits), field: &str| {
+            let mut limits = Limits::default();
+            change(&mut limits);
+            let err = limits.validate().unwrap_err().to_string();
+            assert!(err.contains(field), "{err}");
+        };
+        check(|l| l.body_bytes_max = 0, "body_bytes_max");
+        check(|l| l.list_limit_max = 0, "list_limit_max");
+        check(|l| l.list_limit_default = 5_000, "list_limit_default");
+        check(|l| l.events_poll_interval = Duration::ZERO, "events_poll_interval");
+        check(|l| l.events_keep_alive = Duration::ZERO, "events_keep_alive");
+        check(|l| l.events_batch_max = 0, "events_batch_max");
+        check(|l| l.metrics_tasks_counted_max = 0, "metrics_tasks_counted_max");
+    }
+}

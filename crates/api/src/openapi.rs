@@ -1,0 +1,70 @@
+//! The `/v1` routes, registered together with their OpenAPI operations, so
+//! that the document at `/openapi.json` lists exactly the routes served.
+
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::{ApiState, events, queues, tasks, workflows};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "rota",
+        description = "Durable task orchestration (Scheduler Agent Supervisor over competing-consumer queues). \
+            Errors are `{\"error\": {\"code\", \"reason\"}}`; times are milliseconds since the Unix epoch.",
+        license(name = "Apache-2.0", identifier = "Apache-2.0")
+    ),
+    components(schemas(crate::error::ErrorBody)),
+    modifiers(&BearerAuth),
+    tags(
+        (name = "tasks", description = "Submit, inspect, cancel and resubmit tasks; alerts"),
+        (name = "events", description = "Live task events (server-sent events)"),
+        (name = "workflows", description = "The workflow registry"),
+        (name = "queues", description = "Queue counts, pause and resume; circuit breakers"),
+        (name = "dead letters", description = "Dead-lettered messages"),
+    )
+)]
+struct ApiDoc;
+
+/// Declares the bearer-token security scheme that the operations name.
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        let mut bearer = Http::new(HttpAuthScheme::Bearer);
+        bearer.description = Some("A token configured with its scopes (admin, operator, submit, agent)".into());
+        components.add_security_scheme("bearer", SecurityScheme::Http(bearer));
+    }
+}
+
+/// Every `/v1` route with its documentation.
+pub(crate) fn routes() -> OpenApiRouter<ApiState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(tasks::submit))
+        .routes(routes!(tasks::list))
+        .routes(routes!(tasks::get))
+        .routes(routes!(tasks::history))
+        .routes(routes!(tasks::cancel))
+        .routes(routes!(tasks::resubmit))
+        .routes(routes!(tasks::resubmit_step))
+        .routes(routes!(tasks::alerts))
+        .routes(routes!(events::task_events))
+        .routes(routes!(events::all_events))
+        .routes(routes!(workflows::list))
+        .routes(routes!(workflows::register))
+        .routes(routes!(workflows::validate))
+        .routes(routes!(workflows::latest))
+        .routes(routes!(workflows::version))
+        .routes(routes!(queues::list))
+        .routes(routes!(queues::get))
+        .routes(routes!(queues::pause))
+        .routes(routes!(queues::resume))
+        .routes(routes!(queues::dead_letters))
+        .routes(routes!(queues::redrive_all))
+        .routes(routes!(queues::redrive_one))
+        .routes(routes!(queues::purge))
+        .routes(routes!(queues::breakers))
+}

@@ -1,0 +1,219 @@
+//! The queue endpoints (R6): counts per queue, pause and resume, the dead
+//! letters (list, redrive one or all, purge) and the circuit breakers that
+//! `rota serve` processes report.
+//!
+//! Unlike `rota queue pause`, pausing or resuming a queue that does not
+//! exist is a 404 rather than creating it: over the network a typo should
+//! not make a queue.
+
+use axum::Json;
+use axum::extract::State;
+use rota_model::{MessageId, QueueName};
+use rota_store::Redrive;
+
+use crate::ApiState;
+use crate::error::{ApiError, ApiPath, ApiQuery, ApiResult, ErrorBody};
+use crate::wire::{BreakerView, Count, DeadLetterView, LimitQuery, QueueView};
+
+/// The key prefix under which circuit breakers report their state.
+pub const BREAKER_PREFIX: &str = "breaker/";
+
+fn queue_name(raw: String) -> ApiResult<QueueName> {
+    QueueName::new(raw).map_err(|err| ApiError::invalid_path("queue", err))
+}
+
+/// The counts of `queue`, or 404.
+async fn queue_stats(state: &ApiState, request: &str, queue: &QueueName) -> ApiResult<QueueView> {
+    let stats = state.store().stats().await.map_err(|err| ApiError::store(request, err))?;
+    stats.iter().find(|s| &s.queue == queue).map(QueueView::from).ok_or_else(|| ApiError::not_found(format!("queue {queue}")))
+}
+
+/// Counts for every queue, sorted by name.
+#[utoipa::path(
+    get, path = "/v1/queues", tag = "queues",
+    responses(
+        (status = 200, description = "Every queue", body = [QueueView]),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "Out of scope", body = ErrorBody),
+        (status = 503, description = "Store unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn list(State(state): State<ApiState>) -> ApiResult<Json<Vec<QueueView>>> {
+    let stats = state.store().stats().await.map_err(|err| ApiError::store("queue stats", err))?;
+    Ok(Json(stats.iter().map(QueueView::from).collect()))
+}
+
+/// Counts for one queue.
+#[utoipa::path(
+    get, path = "/v1/queues/{queue}", tag = "queues",
+    params(("queue" = String, Path, description = "The queue's name")),
+    responses(
+        (status = 200, description = "The queue", body = QueueView),
+        (status = 400, description = "Invalid queue name", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "Out of scope", body = ErrorBody),
+        (status = 404, description = "No such queue", body = ErrorBody),
+        (status = 503, description = "Store unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn get(State(state): State<ApiState>, ApiPath(queue): ApiPath<String>) -> ApiResult<Json<QueueView>> {
+    let queue = queue_name(queue)?;
+    Ok(Json(queue_stats(&state, "queue stats", &queue).await?))
+}
+
+/// Stop deliveries from a queue (sends still succeed).
+#[utoipa::path(
+    post, path = "/v1/queues/{queue}/pause", tag = "queues",
+    params(("queue" = String, Path, description = "The queue's name")),
+    responses(
+        (status = 200, description = "The queue, paused", body = QueueView),
+        (status = 400, description = "Invalid queue name", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "Out of scope", body = ErrorBody),
+        (status = 404, description = "No such queue", body = ErrorBody),
+        (status = 503, description = "Store unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn pause(State(state): State<ApiState>, ApiPath(queue): ApiPath<String>) -> ApiResult<Json<QueueView>> {
+    let queue = queue_name(queue)?;
+    existing(&state, "pause", &queue).await?;
+    state.store().pause(&queue).await.map_err(|err| ApiError::store("pause", err))?;
+    Ok(Json(queue_stats(&state, "pause", &queue).await?))
+}
+
+/// Resume deliveries from a paused queue.
+#[utoipa::path(
+    post, path = "/v1/queues/{queue}/resume", tag = "queues",
+    params(("queue" = String, Path, description = "The queue's name")),
+    responses(
+        (status = 200, description = "The queue, resumed", body = QueueView),
+        (status = 400, description = "Invalid queue name", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "Out of scope", body = ErrorBody),
+        (status = 404, description = "No such queue", body = ErrorBody),
+        (status = 503, description = "Store unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn resume(State(state): State<ApiState>, ApiPath(queue): ApiPath<String>) -> ApiResult<Json<QueueView>> {
+    let queue = queue_name(queue)?;
+    existing(&state, "resume", &queue).await?;
+    state.store().resume(&queue).await.map_err(|err| ApiError::store("resume", err))?;
+    Ok(Json(queue_stats(&state, "resume", &queue).await?))
+}
+
+async fn existing(state: &ApiState, request: &str, queue: &QueueName) -> ApiResult<()> {
+    match state.store().queue_config(queue).await.map_err(|err| ApiError::store(request, err))? {
+        Some(_) => Ok(()),
+        None => Err(ApiError::not_found(format!("queue {queue}"))),
+    }
+}
+
+/// A queue's dead letters, oldest first, with the reason of each.
+#[utoipa::path(
+    get, path = "/v1/queues/{queue}/dead-letters", tag = "dead letters",
+    params(("queue" = String, Path, description = "The queue's name"), LimitQuery),
+    responses(
+        (status = 200, description = "Dead letters, oldest first", body = [DeadLetterView]),
+        (status = 400, description = "Invalid queue name or limit", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "Out of scope", body = ErrorBody),
+        (status = 404, description = "No such queue", body = ErrorBody),
+        (status = 503, description = "Store unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn dead_letters(
+    State(state): State<ApiState>,
+    ApiPath(queue): ApiPath<String>,
+    ApiQuery(query): ApiQuery<LimitQuery>,
+) -> ApiResult<Json<Vec<DeadLetterView>>> {
+    let queue = queue_name(queue)?;
+    let limit = state.limit(query.limit)?;
+    let letters = state.store().dead_letters(&queue, limit).await.map_err(|err| ApiError::store("list dead letters", err))?;
+    Ok(Json(letters.iter().map(DeadLetterView::from).collect()))
+}
+
+/// Send every dead letter of a queue back to it with a fresh delivery count.
+#[utoipa::path(
+    post, path = "/v1/queues/{queue}/dead-letters/redrive", tag = "dead letters",
+    params(("queue" = String, Path, description = "The queue's name")),
+    responses(
+        (status = 200, description = "How many were sent back", body = Count),
+        (status = 400, description = "Invalid queue name", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "Out of scope", body = ErrorBody),
+        (status = 404, description = "No such queue", body = ErrorBody),
+        (status = 503, description = "Store unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn redrive_all(State(state): State<ApiState>, ApiPath(queue): ApiPath<String>) -> ApiResult<Json<Count>> {
+    let queue = queue_name(queue)?;
+    let count = state.store().redrive(&queue, Redrive::All).await.map_err(|err| ApiError::store("redrive", err))?;
+    Ok(Json(Count { count }))
+}
+
+/// Send one dead letter back to its queue with a fresh delivery count.
+#[utoipa::path(
+    post, path = "/v1/queues/{queue}/dead-letters/{id}/redrive", tag = "dead letters",
+    params(
+        ("queue" = String, Path, description = "The queue's name"),
+        ("id" = String, Path, description = "The message id (URL-encoded)"),
+    ),
+    responses(
+        (status = 200, description = "How many were sent back (1)", body = Count),
+        (status = 400, description = "Invalid queue name or message id", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "Out of scope", body = ErrorBody),
+        (status = 404, description = "No such queue or dead letter", body = ErrorBody),
+        (status = 503, description = "Store unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn redrive_one(State(state): State<ApiState>, ApiPath((queue, id)): ApiPath<(String, String)>) -> ApiResult<Json<Count>> {
+    let queue = queue_name(queue)?;
+    let id = MessageId::new(id).map_err(|err| ApiError::invalid_path("id", err))?;
+    let count = state.store().redrive(&queue, Redrive::One(id)).await.map_err(|err| ApiError::store("redrive", err))?;
+    Ok(Json(Count { count }))
+}
+
+/// Delete every dead letter of a queue.
+#[utoipa::path(
+    delete, path = "/v1/queues/{queue}/dead-letters", tag = "dead letters",
+    params(("queue" = String, Path, description = "The queue's name")),
+    responses(
+        (status = 200, description = "How many were deleted", body = Count),
+        (status = 400, description = "Invalid queue name", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "Out of scope", body = ErrorBody),
+        (status = 404, description = "No such queue", body = ErrorBody),
+        (status = 503, description = "Store unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn purge(State(state): State<ApiState>, ApiPath(queue): ApiPath<String>) -> ApiResult<Json<Count>> {
+    let queue = queue_name(queue)?;
+    let count = state.store().purge_dead_letters(&queue).await.map_err(|err| ApiError::store("purge", err))?;
+    Ok(Json(Count { count }))
+}
+
+/// The circuit breakers of the `http` agents, as last reported by the
+/// processes that run them.
+#[utoipa::path(
+    get, path = "/v1/breakers", tag = "queues",
+    responses(
+        (status = 200, description = "Every reported breaker, sorted by endpoint", body = [BreakerView]),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "Out of scope", body = ErrorBody),
+        (status = 503, description = "Store unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn breakers(State(state): State<ApiState>) -> ApiResult<Json<Vec<BreakerView>>> {
+    let statuses = state.store().statuses(BREAKER_PREFIX).await.map_err(|err| ApiError::store("list breakers", err))?;
+    Ok(Json(statuses.iter().map(BreakerView::from).collect()))
+}

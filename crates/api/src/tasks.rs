@@ -1,0 +1,230 @@
+//! The task endpoints (R6, R7): submit (the task id is the idempotency
+//! key), status with steps, listing with filters, history, alerts, cancel
+//! and resubmit. Changes go through [`rota_engine::Client`], so they are the
+//! same fenced commits the CLI makes.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use rota_engine::Submission;
+use rota_model::{InstanceId, StepName, TaskId, TaskState, WorkflowName};
+use rota_store::{TaskFilter, TaskRecord};
+use serde_json::json;
+
+use crate::ApiState;
+use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody};
+use crate::wire::{AlertView, EventView, LimitQuery, SubmitRequest, TaskListQuery, TaskStateChange, TaskSummary, TaskView};
+
+/// A task id from the path.
+pub(crate) fn task_id(raw: String) -> ApiResult<TaskId> {
+    TaskId::new(raw).map_err(|err| ApiError::invalid_path("id", err))
+}
+
+/// The task, or 404.
+async fn required(state: &ApiState, request: &str, id: &TaskId) -> ApiResult<TaskRecord> {
+    state.store().task(id).await.map_err(|err| ApiError::store(request, err))?.ok_or_else(|| ApiError::not_found(format!("task {id}")))
+}
+
+/// Submit a task.
+///
+/// The task id is the idempotency key: submitting an id that exists creates
+/// nothing and answers 200 with the existing task (which keeps its own
+/// workflow, version and input); a new task is 201.
+#[utoipa::path(
+    post, path = "/v1/tasks", tag = "tasks", request_body = SubmitRequest,
+    responses(
+        (status = 201, description = "Created", body = TaskView),
+        (status = 200, description = "A task with this id already existed; nothing was created", body = TaskView),
+        (status = 400, description = "Malformed JSON", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "Out of scope", body = ErrorBody),
+        (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 415, description = "Not JSON", body = ErrorBody),
+        (status = 422, description = "Invalid field, or unknown workflow or version", body = ErrorBody),
+        (status = 503, description = "Store unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn submit(State(state): State<ApiState>, ApiJson(request): ApiJson<SubmitRequest>) -> ApiResult<(StatusCode, Json<TaskView>)> {
+    let workflow = WorkflowName::new(request.workflow).map_err(|err| ApiError::invalid_body(format!("workflow: {err}")))?;
+    if request.version == Some(0) {
+        return Err(ApiError::invalid_body("version: must be at least 1"));
+    }
+    let id = request.id.map(TaskId::new).transpose().map_err(|err| ApiError::invalid_body(format!("id: {err}")))?;
+    let submission =
+        Submission { workflow, version: request.version, input: request.input.unwrap_or_else(|| json!({})), id, reply_to: None };
+    let submitted = state.client().submit(submission).await.map_err(|err| match err {
+        rota_engine::Error::Store(rota_store::Error::NotFound(what)) => {
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_workflow", format!("workflow: {what}"))
+        }
+        other => ApiError::engine("submit", other),
+    })?;
+    let record = required(&state, "submit", &submitted.id).await?;
+    let status = if submitted.created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(TaskView::new(&record.task, &record.steps))))
+}
+
+/// A task with its steps.
+#[utoipa::path(
+    get, path = "/v1/tasks/{id}", tag = "tasks",
+    params(("id" = String, Path, description = "The task id (URL-encoded)")),
+    responses(
+        (status = 200, description = "The task", body = TaskView),
+        (status = 400, description = "Invalid id", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "Out of scope", body = ErrorBody),
+        (status = 404, description = "No such task", body = ErrorBody),
+        (status = 503, description = "Store unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn get(State(state): State<ApiState>, ApiPath(id): ApiPath<String>) -> ApiResult<Json<TaskView>> {
+    let id = task_id(id)?;
+    let record = required(&state, "get task", &id).await?;
+    Ok(Json(TaskView::new(&record.task, &record.steps)))
+}
+
+/// Tasks, newest first, filtered.
+#[utoipa::path(
+    get, path = "/v1/tasks", tag = "tasks", params(TaskListQuery),
+    responses(
+        (status = 200, description = "Tasks, newest first", body = [TaskSummary]),
+        (status = 400, description = "Invalid filter or limit", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "Out of scope", body = ErrorBody),
+        (status = 503, description = "Store unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn list(State(state): State<ApiState>, ApiQuery(query): ApiQuery<TaskListQuery>) -> ApiResult<Json<Vec<TaskSummary>>> {
+    let filter = TaskFilter {
+        state: query.state.as_deref().map(str::parse::<TaskState>).transpose().map_err(|err| ApiError::invalid_query("state", err))?,
+        workflow: query.workflow.map(WorkflowName::new).transpose().map_err(|err| ApiError::invalid_query("workflow", err))?,
+        locked_by: query.locked_by.map(InstanceId::new).transpose().map_err(|err| ApiError::invalid_query("locked_by", err))?,
+        limit: state.limit(query.limit)?,
+    };
+    let tasks = state.store().list_tasks(&filter).await.map_err(|err| ApiError::store("list tasks", err))?;
+    Ok(Json(tasks.iter().map(TaskSummary::from).collect()))
+}
+
+/// A task's history, oldest first.
+#[utoipa::path(
+    get, path = "/v1/tasks/{id}/history", tag = "tasks",
+    params(("id" = String, Path, description = "The task id (URL-encoded)")),
+    responses(
+        (status = 200, description = "Its events, oldest first", body = [EventView]),
+        (status = 400, description = "Invalid id", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "Out of scope", body = ErrorBody),
+        (status = 404, description = "No such task", body = ErrorBody),
+        (status = 503, description = "Store unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn history(State(state): State<ApiState>, ApiPath(id): ApiPath<String>) -> ApiResult<Json<Vec<EventView>>> {
+    let id = task_id(id)?;
+    required(&state, "task history", &id).await?;
+    let events = state.store().history(&id).await.map_err(|err| ApiError::store("task history", err))?;
+    Ok(Json(events.iter().map(EventView::from).collect()))
+}
+
+/// Operator alerts, newest first.
+#[utoipa::path(
+    get, path = "/v1/alerts", tag = "tasks", params(LimitQuery),
+    responses(
+        (status = 200, description = "Alerts, newest first", body = [AlertView]),
+        (status = 400, description = "Invalid limit", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "Out of scope", body = ErrorBody),
+        (status = 503, description = "Store unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn alerts(State(state): State<ApiState>, ApiQuery(query): ApiQuery<LimitQuery>) -> ApiResult<Json<Vec<AlertView>>> {
+    let limit = state.limit(query.limit)?;
+    let alerts = state.store().alerts(limit).await.map_err(|err| ApiError::store("list alerts", err))?;
+    Ok(Json(alerts.iter().map(AlertView::from).collect()))
+}
+
+/// Cancel a task that has not finished.
+///
+/// If a step with a compensation completed (or may have), the task is
+/// compensated (`compensating`); otherwise it is `cancelled`.
+#[utoipa::path(
+    post, path = "/v1/tasks/{id}/cancel", tag = "tasks",
+    params(("id" = String, Path, description = "The task id (URL-encoded)")),
+    responses(
+        (status = 200, description = "The state it moved to", body = TaskStateChange),
+        (status = 400, description = "Invalid id", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "Out of scope", body = ErrorBody),
+        (status = 404, description = "No such task", body = ErrorBody),
+        (status = 409, description = "The task has finished, or changed concurrently", body = ErrorBody),
+        (status = 503, description = "Store unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn cancel(State(state): State<ApiState>, ApiPath(id): ApiPath<String>) -> ApiResult<Json<TaskStateChange>> {
+    let id = task_id(id)?;
+    required(&state, "cancel", &id).await?;
+    let moved = state.client().cancel(&id).await.map_err(|err| ApiError::engine("cancel", err))?;
+    Ok(Json(TaskStateChange { id: id.to_string(), state: moved.into() }))
+}
+
+/// Resubmit a task that ended in `error`: its failed steps run again (or
+/// its compensation resumes, if it failed while being undone).
+#[utoipa::path(
+    post, path = "/v1/tasks/{id}/resubmit", tag = "tasks",
+    params(("id" = String, Path, description = "The task id (URL-encoded)")),
+    responses(
+        (status = 200, description = "The task after the resubmit", body = TaskView),
+        (status = 400, description = "Invalid id", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "Out of scope", body = ErrorBody),
+        (status = 404, description = "No such task", body = ErrorBody),
+        (status = 409, description = "The task is not in error, or changed concurrently", body = ErrorBody),
+        (status = 503, description = "Store unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn resubmit(State(state): State<ApiState>, ApiPath(id): ApiPath<String>) -> ApiResult<Json<TaskView>> {
+    let id = task_id(id)?;
+    resubmit_task(&state, &id, None).await
+}
+
+/// Resubmit one step of a task that ended in `error`.
+#[utoipa::path(
+    post, path = "/v1/tasks/{id}/steps/{step}/resubmit", tag = "tasks",
+    params(
+        ("id" = String, Path, description = "The task id (URL-encoded)"),
+        ("step" = String, Path, description = "The step's name"),
+    ),
+    responses(
+        (status = 200, description = "The task after the resubmit", body = TaskView),
+        (status = 400, description = "Invalid id or step name", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "Out of scope", body = ErrorBody),
+        (status = 404, description = "No such task or step", body = ErrorBody),
+        (status = 409, description = "The task or step cannot be resubmitted, or changed concurrently", body = ErrorBody),
+        (status = 503, description = "Store unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn resubmit_step(State(state): State<ApiState>, ApiPath((id, step)): ApiPath<(String, String)>) -> ApiResult<Json<TaskView>> {
+    let id = task_id(id)?;
+    let step = StepName::new(step).map_err(|err| ApiError::invalid_path("step", err))?;
+    resubmit_task(&state, &id, Some(&step)).await
+}
+
+async fn resubmit_task(state: &ApiState, id: &TaskId, step: Option<&StepName>) -> ApiResult<Json<TaskView>> {
+    let record = required(state, "resubmit", id).await?;
+    if let Some(step) = step
+        && !record.steps.iter().any(|s| &s.name == step)
+    {
+        let names: Vec<&str> = record.steps.iter().map(|s| s.name.as_str()).collect();
+        return Err(ApiError::not_found(format!("step {step} of task {id} (its steps: {})", names.join(", "))));
+    }
+    state.client().resubmit(id, step).await.map_err(|err| ApiError::engine("resubmit", err))?;
+    let record = required(state, "resubmit", id).await?;
+    Ok(Json(TaskView::new(&record.task, &record.steps)))
+}

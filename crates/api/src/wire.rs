@@ -1,0 +1,577 @@
+//! The wire types: what requests carry and responses return. Only this
+//! crate defines wire types; the domain types stay free to change, and each
+//! conversion here is the one place where a field's public name is chosen.
+//!
+//! Times are integers: milliseconds since the Unix epoch (UTC), as the
+//! stores keep them.
+
+use rota_model::{Step, StepState, Task, TaskState};
+use rota_store::{ComponentStatus, DeadLetter, Event, QueueStats, WorkflowEntry};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
+
+/// A request to run a workflow.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitRequest {
+    /// The workflow to run.
+    #[schema(example = "order")]
+    pub workflow: String,
+    /// Its version; the latest registered when absent.
+    #[schema(minimum = 1)]
+    pub version: Option<u32>,
+    /// The task's input (any JSON); `{}` when absent.
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub input: Option<Value>,
+    /// The task id, which doubles as the idempotency key: submitting an id
+    /// that exists creates nothing and returns the existing task (200
+    /// instead of 201). A fresh UUID when absent.
+    #[schema(example = "order-17")]
+    pub id: Option<String>,
+}
+
+/// A task's state (`pending`, `processing`, `processed`, `error`, `compensating`, `compensated`, `cancelled`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskStateView {
+    /// Waiting for a Scheduler.
+    Pending,
+    /// Held by a Scheduler.
+    Processing,
+    /// Every step completed (terminal).
+    Processed,
+    /// Failed for good (terminal until resubmitted).
+    Error,
+    /// Undoing completed steps.
+    Compensating,
+    /// Undone (terminal).
+    Compensated,
+    /// Cancelled (terminal).
+    Cancelled,
+}
+
+impl From<TaskState> for TaskStateView {
+    fn from(state: TaskState) -> Self {
+        match state {
+            TaskState::Pending => TaskStateView::Pending,
+            TaskState::Processing => TaskStateView::Processing,
+            TaskState::Processed => TaskStateView::Processed,
+            TaskState::Error => TaskStateView::Error,
+            TaskState::Compensating => TaskStateView::Compensating,
+            TaskState::Compensated => TaskStateView::Compensated,
+            TaskState::Cancelled => TaskStateView::Cancelled,
+        }
+    }
+}
+
+/// A step's state.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StepStateView {
+    /// Not sent yet, or waiting for its next attempt.
+    NotStarted,
+    /// With an agent.
+    Running,
+    /// Done.
+    Completed,
+    /// Failed for good.
+    Failed,
+    /// Its compensation is with an agent.
+    Compensating,
+    /// Undone.
+    Compensated,
+}
+
+impl From<StepState> for StepStateView {
+    fn from(state: StepState) -> Self {
+        match state {
+            StepState::NotStarted => StepStateView::NotStarted,
+            StepState::Running => StepStateView::Running,
+            StepState::Completed => StepStateView::Completed,
+            StepState::Failed => StepStateView::Failed,
+            StepState::Compensating => StepStateView::Compensating,
+            StepState::Compensated => StepStateView::Compensated,
+        }
+    }
+}
+
+/// A task without its input, output and steps, as listings show it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TaskSummary {
+    /// The task id.
+    pub id: String,
+    /// The workflow.
+    pub workflow: String,
+    /// The workflow version it runs.
+    pub version: u32,
+    /// Where it is.
+    pub state: TaskStateView,
+    /// The Scheduler holding it (the pattern's LockedBy).
+    pub locked_by: Option<String>,
+    /// When the holder's time runs out (the pattern's CompleteBy), epoch ms.
+    pub complete_by: Option<i64>,
+    /// How many times its deadline passed.
+    pub failure_count: u32,
+    /// Why it failed, if it did.
+    pub error: Option<String>,
+    /// When it was created, epoch ms.
+    pub created_at: i64,
+    /// When it last changed, epoch ms.
+    pub updated_at: i64,
+}
+
+impl From<&Task> for TaskSummary {
+    fn from(task: &Task) -> Self {
+        TaskSummary {
+            id: task.id.to_string(),
+            workflow: task.workflow.to_string(),
+            version: task.workflow_version,
+            state: task.state.into(),
+            locked_by: task.locked_by.as_ref().map(ToString::to_string),
+            complete_by: task.complete_by.map(|t| t.as_millis()),
+            failure_count: task.failure_count,
+            error: task.error.clone(),
+            created_at: task.created_at.as_millis(),
+            updated_at: task.updated_at.as_millis(),
+        }
+    }
+}
+
+/// A task with its input, output and steps.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TaskView {
+    /// The task id.
+    pub id: String,
+    /// The workflow.
+    pub workflow: String,
+    /// The workflow version it runs.
+    pub version: u32,
+    /// Where it is.
+    pub state: TaskStateView,
+    /// The Scheduler holding it (the pattern's LockedBy).
+    pub locked_by: Option<String>,
+    /// Bumped by every move; the task's version.
+    pub lease_epoch: u64,
+    /// When the holder's time runs out (CompleteBy), epoch ms.
+    pub complete_by: Option<i64>,
+    /// The earliest time a Scheduler may claim it, epoch ms.
+    pub not_before: i64,
+    /// How many times its deadline passed.
+    pub failure_count: u32,
+    /// The submitted input.
+    #[schema(value_type = Object)]
+    pub input: Value,
+    /// The result, once processed.
+    #[schema(value_type = Object)]
+    pub output: Option<Value>,
+    /// Why it failed, if it did.
+    pub error: Option<String>,
+    /// When it was created, epoch ms.
+    pub created_at: i64,
+    /// When it last changed, epoch ms.
+    pub updated_at: i64,
+    /// Its steps, in definition order.
+    pub steps: Vec<StepView>,
+}
+
+impl TaskView {
+    /// A task and its steps.
+    pub fn new(task: &Task, steps: &[Step]) -> Self {
+        TaskView {
+            id: task.id.to_string(),
+            workflow: task.workflow.to_string(),
+            version: task.workflow_version,
+            state: task.state.into(),
+            locked_by: task.locked_by.as_ref().map(ToString::to_string),
+            lease_epoch: task.lease_epoch,
+            complete_by: task.complete_by.map(|t| t.as_millis()),
+            not_before: task.not_before.as_millis(),
+            failure_count: task.failure_count,
+            input: task.input.clone(),
+            output: task.output.clone(),
+            error: task.error.clone(),
+            created_at: task.created_at.as_millis(),
+            updated_at: task.updated_at.as_millis(),
+            steps: steps.iter().map(StepView::from).collect(),
+        }
+    }
+}
+
+/// One step of a task.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct StepView {
+    /// Its name in the workflow.
+    pub name: String,
+    /// Its position in the definition.
+    pub position: u32,
+    /// Where it is.
+    pub state: StepStateView,
+    /// The current attempt (0 before the first).
+    pub attempt: u32,
+    /// When the current attempt's time runs out, epoch ms.
+    pub complete_by: Option<i64>,
+    /// The earliest time the next attempt may start, epoch ms.
+    pub not_before: i64,
+    /// The request sent to the agent, once rendered.
+    #[schema(value_type = Object)]
+    pub input: Option<Value>,
+    /// The agent's output, once completed.
+    #[schema(value_type = Object)]
+    pub output: Option<Value>,
+    /// The last error, if an attempt failed.
+    pub last_error: Option<String>,
+    /// When it last changed, epoch ms.
+    pub updated_at: i64,
+}
+
+impl From<&Step> for StepView {
+    fn from(step: &Step) -> Self {
+        StepView {
+            name: step.name.to_string(),
+            position: step.position,
+            state: step.state.into(),
+            attempt: step.attempt,
+            complete_by: step.complete_by.map(|t| t.as_millis()),
+            not_before: step.not_before.as_millis(),
+            input: step.input.clone(),
+            output: step.output.clone(),
+            last_error: step.last_error.clone(),
+            updated_at: step.updated_at.as_millis(),
+        }
+    }
+}
+
+/// One entry of a task's history (also the data of a server-sent event).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct EventView {
+    /// Its position in the store's global event order (the SSE event id).
+    pub seq: i64,
+    /// The task.
+    pub task_id: String,
+    /// When it happened, epoch ms.
+    pub at: i64,
+    /// What happened: received, claimed, step_started, step_completed,
+    /// step_failed, expired, processed, error, compensation_started,
+    /// step_compensated, compensated, cancelled, resubmitted, released, alert.
+    #[schema(example = "step_completed")]
+    pub kind: String,
+    /// The step concerned, if any.
+    pub step: Option<String>,
+    /// The step's attempt, if any.
+    pub attempt: Option<u32>,
+    /// Details.
+    #[schema(value_type = Object)]
+    pub detail: Value,
+}
+
+impl From<&Event> for EventView {
+    fn from(event: &Event) -> Self {
+        EventView {
+            seq: event.seq,
+            task_id: event.task_id.to_string(),
+            at: event.at.as_millis(),
+            kind: event.kind.as_str().to_owned(),
+            step: event.step.as_ref().map(ToString::to_string),
+            attempt: event.attempt,
+            detail: event.detail.clone(),
+        }
+    }
+}
+
+/// An operator alert.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AlertView {
+    /// The event's position in the global order.
+    pub seq: i64,
+    /// The task.
+    pub task_id: String,
+    /// When it was raised, epoch ms.
+    pub at: i64,
+    /// Why.
+    pub reason: String,
+    /// The step concerned, if any.
+    pub step: Option<String>,
+    /// Details.
+    #[schema(value_type = Object)]
+    pub detail: Value,
+}
+
+impl From<&Event> for AlertView {
+    fn from(event: &Event) -> Self {
+        AlertView {
+            seq: event.seq,
+            task_id: event.task_id.to_string(),
+            at: event.at.as_millis(),
+            reason: event.detail["reason"].as_str().map_or_else(|| event.detail.to_string(), str::to_owned),
+            step: event.step.as_ref().map(ToString::to_string),
+            detail: event.detail.clone(),
+        }
+    }
+}
+
+/// The state a task moved to.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TaskStateChange {
+    /// The task.
+    pub id: String,
+    /// Its state now.
+    pub state: TaskStateView,
+}
+
+/// Counts of one queue.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct QueueView {
+    /// The queue.
+    pub queue: String,
+    /// Visible, waiting for a consumer.
+    pub ready: u64,
+    /// Leased by a consumer.
+    pub leased: u64,
+    /// Sent with a delay that has not passed.
+    pub delayed: u64,
+    /// In the dead-letter queue.
+    pub dead_lettered: u64,
+    /// Whether deliveries are paused.
+    pub paused: bool,
+    /// When the oldest ready message was sent, epoch ms.
+    pub oldest_ready_at: Option<i64>,
+}
+
+impl From<&QueueStats> for QueueView {
+    fn from(stats: &QueueStats) -> Self {
+        QueueView {
+            queue: stats.queue.to_string(),
+            ready: stats.ready,
+            leased: stats.leased,
+            delayed: stats.delayed,
+            dead_lettered: stats.dead_lettered,
+            paused: stats.paused,
+            oldest_ready_at: stats.oldest_ready_at.map(|t| t.as_millis()),
+        }
+    }
+}
+
+/// A dead-lettered message.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct DeadLetterView {
+    /// The queue it came from.
+    pub queue: String,
+    /// Its message id.
+    pub id: String,
+    /// Its body.
+    #[schema(value_type = Object)]
+    pub body: Value,
+    /// Its ordering key, if any.
+    pub ordering_key: Option<String>,
+    /// How many times it was delivered.
+    pub delivery_count: u32,
+    /// When it was first sent, epoch ms.
+    pub enqueued_at: i64,
+    /// When it was dead-lettered, epoch ms.
+    pub dead_lettered_at: i64,
+    /// Why it was dead-lettered.
+    pub reason: String,
+}
+
+impl From<&DeadLetter> for DeadLetterView {
+    fn from(letter: &DeadLetter) -> Self {
+        DeadLetterView {
+            queue: letter.queue.to_string(),
+            id: letter.id.to_string(),
+            // A body is validated JSON when sent; a null stands in should a
+            // backend ever hand back something else.
+            body: serde_json::from_str(letter.body.get()).unwrap_or(Value::Null),
+            ordering_key: letter.ordering_key.clone(),
+            delivery_count: letter.delivery_count,
+            enqueued_at: letter.enqueued_at.as_millis(),
+            dead_lettered_at: letter.dead_lettered_at.as_millis(),
+            reason: letter.reason.clone(),
+        }
+    }
+}
+
+/// How many messages an operation moved or deleted.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Count {
+    /// How many.
+    pub count: u64,
+}
+
+/// A circuit breaker, as the `rota serve` process that runs it reported it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct BreakerView {
+    /// The endpoint it guards.
+    pub endpoint: String,
+    /// The agent using it.
+    pub agent: Option<String>,
+    /// `closed`, `open` or `half_open` (`unknown` if the report has none).
+    pub state: String,
+    /// Failures in a row.
+    pub consecutive_failures: Option<u64>,
+    /// Until when it stays open, epoch ms.
+    pub open_until: Option<i64>,
+    /// The instance that reported it.
+    pub instance: Option<String>,
+    /// When it was reported, epoch ms.
+    pub reported_at: i64,
+}
+
+impl From<&ComponentStatus> for BreakerView {
+    fn from(status: &ComponentStatus) -> Self {
+        let text = |field: &str| status.value[field].as_str().map(str::to_owned);
+        BreakerView {
+            endpoint: text("endpoint").unwrap_or_else(|| status.key.trim_start_matches(crate::queues::BREAKER_PREFIX).to_owned()),
+            agent: text("agent"),
+            state: text("state").unwrap_or_else(|| "unknown".to_owned()),
+            consecutive_failures: status.value["consecutive_failures"].as_u64(),
+            open_until: status.value["open_until"].as_i64(),
+            instance: text("instance"),
+            reported_at: status.reported_at.as_millis(),
+        }
+    }
+}
+
+/// One step of a workflow definition, in a summary.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct WorkflowStepView {
+    /// The step's name.
+    pub name: String,
+    /// The agent that runs it.
+    pub agent: String,
+    /// The steps it waits for.
+    pub depends_on: Vec<String>,
+    /// Whether it has a compensation.
+    pub compensated: bool,
+}
+
+/// A registered workflow version.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct WorkflowView {
+    /// Its name.
+    pub name: String,
+    /// The version.
+    pub version: u32,
+    /// When it was registered, epoch ms (absent for a definition that was only validated).
+    pub registered_at: Option<i64>,
+    /// Its steps.
+    pub steps: Vec<WorkflowStepView>,
+    /// The resolved definition, in its canonical JSON form.
+    #[schema(value_type = Object)]
+    pub definition: Value,
+}
+
+impl WorkflowView {
+    /// The view of a definition, registered at `registered_at` if it was.
+    pub fn new(workflow: &rota_workflow::Workflow, registered_at: Option<i64>) -> Self {
+        WorkflowView {
+            name: workflow.name().to_string(),
+            version: workflow.version(),
+            registered_at,
+            steps: workflow
+                .steps()
+                .iter()
+                .map(|step| WorkflowStepView {
+                    name: step.name().to_string(),
+                    agent: step.agent().to_string(),
+                    depends_on: step.depends_on().iter().map(ToString::to_string).collect(),
+                    compensated: step.compensate().is_some(),
+                })
+                .collect(),
+            definition: serde_json::to_value(workflow).unwrap_or(Value::Null),
+        }
+    }
+
+    /// The view of a registry entry; `None` when the stored definition is unreadable.
+    pub fn from_entry(entry: &WorkflowEntry) -> Option<Self> {
+        let workflow: rota_workflow::Workflow = serde_json::from_value(entry.definition.clone()).ok()?;
+        Some(WorkflowView::new(&workflow, Some(entry.registered_at.as_millis())))
+    }
+}
+
+/// One problem of a workflow definition.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ProblemView {
+    /// 1-based line, 0 when there is no position.
+    pub line: u32,
+    /// 1-based column, 0 when there is no position.
+    pub column: u32,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// The outcome of validating a definition.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ValidationView {
+    /// Whether it is valid.
+    pub valid: bool,
+    /// The resolved definition, when valid.
+    pub workflow: Option<WorkflowView>,
+    /// Every problem, in source order (empty when valid).
+    pub problems: Vec<ProblemView>,
+}
+
+/// The body of a refused registration: the error and every problem.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct InvalidWorkflowBody {
+    /// The error (`invalid_workflow`).
+    pub error: crate::error::ErrorDetail,
+    /// Every problem, in source order.
+    pub problems: Vec<ProblemView>,
+}
+
+/// Liveness or readiness.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    /// `ok`, or `unavailable` (readiness only).
+    pub status: String,
+    /// The store's backend, for `/readyz`.
+    pub store: Option<String>,
+}
+
+/// Filters of `GET /v1/tasks`.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct TaskListQuery {
+    /// Only tasks in this state.
+    pub state: Option<String>,
+    /// Only tasks of this workflow.
+    pub workflow: Option<String>,
+    /// Only tasks held by this Scheduler instance.
+    pub locked_by: Option<String>,
+    /// The most tasks to return, newest first (default 100, at most the configured maximum, 1000 by default).
+    pub limit: Option<u32>,
+}
+
+/// A listing's bound.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct LimitQuery {
+    /// The most items to return (default 100, at most the configured maximum, 1000 by default).
+    pub limit: Option<u32>,
+}
+
+/// Filters of `GET /v1/events`.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct EventsQuery {
+    /// Only events of tasks of this workflow.
+    pub workflow: Option<String>,
+    /// Only events of these kinds, comma-separated (`step_completed,processed`).
+    pub kind: Option<String>,
+    /// Start after this event seq (as `Last-Event-ID` does; the header wins).
+    pub after: Option<i64>,
+}
+
+/// Where a per-task event stream starts.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct TaskEventsQuery {
+    /// Start after this event seq (as `Last-Event-ID` does; the header wins).
+    pub after: Option<i64>,
+}

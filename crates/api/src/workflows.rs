@@ -1,0 +1,199 @@
+//! The workflow endpoints: the registry (list the latest versions, show one
+//! version), validation of a definition without registering it (what `rota
+//! validate` does for a file), and registration of a new version.
+//!
+//! A definition is sent as the request body, YAML or JSON (JSON when it
+//! starts with `{` and parses as JSON), and read by [`rota_workflow::parse`]:
+//! every problem comes back with its line and column. Versions are
+//! immutable: registering the same definition again is a no-op (200), a
+//! different definition under an existing version is a 409.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use rota_model::WorkflowName;
+use rota_workflow::{Diagnostics, Workflow};
+
+use crate::ApiState;
+use crate::error::{ApiError, ApiPath, ApiResult, ApiText, ErrorBody, ErrorDetail};
+use crate::wire::{InvalidWorkflowBody, ProblemView, ValidationView, WorkflowView};
+
+/// How diagnostics name the request body (its extension is not `.json` or
+/// `.yaml`, so the parser picks the format from the text).
+const BODY_SOURCE: &str = "body";
+
+fn workflow_name(raw: String) -> ApiResult<WorkflowName> {
+    WorkflowName::new(raw).map_err(|err| ApiError::invalid_path("name", err))
+}
+
+fn problems(diagnostics: &Diagnostics) -> Vec<ProblemView> {
+    diagnostics.iter().map(|d| ProblemView { line: d.line, column: d.column, message: d.message.clone() }).collect()
+}
+
+fn view(request: &str, entry: &rota_store::WorkflowEntry) -> ApiResult<WorkflowView> {
+    WorkflowView::from_entry(entry).ok_or_else(|| {
+        ApiError::internal(request, format!("the stored definition of workflow {} version {} is unreadable", entry.name, entry.version))
+    })
+}
+
+/// The latest version of every registered workflow, sorted by name.
+#[utoipa::path(
+    get, path = "/v1/workflows", tag = "workflows",
+    responses(
+        (status = 200, description = "Registered workflows", body = [WorkflowView]),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "Out of scope", body = ErrorBody),
+        (status = 503, description = "Store unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn list(State(state): State<ApiState>) -> ApiResult<Json<Vec<WorkflowView>>> {
+    let entries = state.store().workflows().await.map_err(|err| ApiError::store("list workflows", err))?;
+    entries.iter().map(|entry| view("list workflows", entry)).collect::<ApiResult<Vec<_>>>().map(Json)
+}
+
+/// The latest registered version of a workflow.
+#[utoipa::path(
+    get, path = "/v1/workflows/{name}", tag = "workflows",
+    params(("name" = String, Path, description = "The workflow's name")),
+    responses(
+        (status = 200, description = "The latest version", body = WorkflowView),
+        (status = 400, description = "Invalid name", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "Out of scope", body = ErrorBody),
+        (status = 404, description = "Not registered", body = ErrorBody),
+        (status = 503, description = "Store unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn latest(State(state): State<ApiState>, ApiPath(name): ApiPath<String>) -> ApiResult<Json<WorkflowView>> {
+    let name = workflow_name(name)?;
+    show(&state, &name, None).await
+}
+
+/// One version of a workflow.
+#[utoipa::path(
+    get, path = "/v1/workflows/{name}/versions/{version}", tag = "workflows",
+    params(
+        ("name" = String, Path, description = "The workflow's name"),
+        ("version" = u32, Path, description = "The version", minimum = 1),
+    ),
+    responses(
+        (status = 200, description = "That version", body = WorkflowView),
+        (status = 400, description = "Invalid name or version", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "Out of scope", body = ErrorBody),
+        (status = 404, description = "Not registered", body = ErrorBody),
+        (status = 503, description = "Store unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn version(State(state): State<ApiState>, ApiPath((name, version)): ApiPath<(String, String)>) -> ApiResult<Json<WorkflowView>> {
+    let name = workflow_name(name)?;
+    let version = version
+        .parse::<u32>()
+        .ok()
+        .filter(|v| *v >= 1)
+        .ok_or_else(|| ApiError::invalid_path("version", format!("expected a whole number from 1, got {version:?}")))?;
+    show(&state, &name, Some(version)).await
+}
+
+async fn show(state: &ApiState, name: &WorkflowName, version: Option<u32>) -> ApiResult<Json<WorkflowView>> {
+    let entry = state.store().workflow(name, version).await.map_err(|err| ApiError::store("show workflow", err))?;
+    let entry = entry.ok_or_else(|| match version {
+        Some(version) => ApiError::not_found(format!("workflow {name} version {version}")),
+        None => ApiError::not_found(format!("workflow {name}")),
+    })?;
+    Ok(Json(view("show workflow", &entry)?))
+}
+
+/// Check a definition (YAML or JSON) without registering it.
+///
+/// Always 200 when the body could be read: `valid` says whether the
+/// definition is valid, `problems` lists every problem with its position.
+#[utoipa::path(
+    post, path = "/v1/workflows/validate", tag = "workflows",
+    request_body(content = String, description = "A workflow definition, YAML or JSON", content_type = "application/yaml"),
+    responses(
+        (status = 200, description = "The outcome", body = ValidationView),
+        (status = 400, description = "The body is not UTF-8 text", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "Out of scope", body = ErrorBody),
+        (status = 413, description = "Body too large", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn validate(State(state): State<ApiState>, ApiText(text): ApiText) -> Json<ValidationView> {
+    Json(match rota_workflow::parse(BODY_SOURCE, &text, &state.config().agents) {
+        Ok(workflow) => ValidationView { valid: true, workflow: Some(WorkflowView::new(&workflow, None)), problems: Vec::new() },
+        Err(diagnostics) => ValidationView { valid: false, workflow: None, problems: problems(&diagnostics) },
+    })
+}
+
+/// Register a new version of a workflow (YAML or JSON).
+///
+/// 201 when registered; 200 when the same definition was registered under
+/// that version already; 409 when a different one was.
+#[utoipa::path(
+    post, path = "/v1/workflows", tag = "workflows",
+    request_body(content = String, description = "A workflow definition, YAML or JSON", content_type = "application/yaml"),
+    responses(
+        (status = 201, description = "Registered", body = WorkflowView),
+        (status = 200, description = "This definition was registered under this version already", body = WorkflowView),
+        (status = 400, description = "The body is not UTF-8 text", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "Out of scope", body = ErrorBody),
+        (status = 409, description = "A different definition has this version", body = ErrorBody),
+        (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 422, description = "Invalid definition: every problem", body = InvalidWorkflowBody),
+        (status = 503, description = "Store unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn register(State(state): State<ApiState>, ApiText(text): ApiText) -> ApiResult<Response> {
+    let workflow = match rota_workflow::parse(BODY_SOURCE, &text, &state.config().agents) {
+        Ok(workflow) => workflow,
+        Err(diagnostics) => {
+            let body = InvalidWorkflowBody {
+                error: ErrorDetail {
+                    code: "invalid_workflow".into(),
+                    reason: format!("the definition has {} problem(s), listed in `problems`", diagnostics.len()),
+                },
+                problems: problems(&diagnostics),
+            };
+            return Ok((StatusCode::UNPROCESSABLE_ENTITY, Json(body)).into_response());
+        }
+    };
+    let registered = state.store().workflow(workflow.name(), Some(workflow.version())).await;
+    let registered = registered.map_err(|err| ApiError::store("register workflow", err))?;
+    let definition = serde_json::to_value(&workflow).map_err(|err| ApiError::internal("register workflow", err))?;
+    let status = match registered {
+        Some(entry) if entry.definition == definition => StatusCode::OK,
+        Some(_) => return Err(version_taken(&workflow)),
+        None => {
+            let result = state.store().register_workflow(workflow.name(), workflow.version(), &definition).await;
+            match result {
+                Ok(()) => StatusCode::CREATED,
+                Err(rota_store::Error::Conflict(_)) => return Err(version_taken(&workflow)),
+                Err(err) => return Err(ApiError::store("register workflow", err)),
+            }
+        }
+    };
+    let entry = state.store().workflow(workflow.name(), Some(workflow.version())).await;
+    let entry = entry.map_err(|err| ApiError::store("register workflow", err))?;
+    let registered_at = entry.map(|e| e.registered_at.as_millis());
+    Ok((status, Json(WorkflowView::new(&workflow, registered_at))).into_response())
+}
+
+fn version_taken(workflow: &Workflow) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "version_exists",
+        format!(
+            "workflow {} version {} is registered with a different definition; versions are immutable, register a new version",
+            workflow.name(),
+            workflow.version()
+        ),
+    )
+}

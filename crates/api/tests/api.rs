@@ -1,0 +1,369 @@
+//! Every endpoint and every error class, over HTTP, against a real SQLite
+//! store and (where tasks must run) a real engine.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Options, Server, start};
+use reqwest::{Method, StatusCode};
+use rota_model::QueueName;
+use rota_store::{Outgoing, Receive};
+use serde_json::{Value, json};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submitted_task_runs_and_a_second_submit_with_its_id_returns_it() {
+    let server = start(Options::default()).await;
+    let created = server.submit("quick", "order-1").await;
+    assert_eq!(created["id"], "order-1");
+    assert_eq!(created["workflow"], "quick");
+    assert_eq!(created["input"], json!({ "n": 1 }));
+    assert_eq!(created["steps"].as_array().unwrap().len(), 2);
+
+    let again = server.post_json("/v1/tasks", &json!({ "workflow": "quick", "id": "order-1", "input": { "n": 2 } })).await;
+    assert_eq!(again.status, StatusCode::OK, "the id is the idempotency key: {}", again.text);
+    assert_eq!(again.body["input"], json!({ "n": 1 }), "the existing task is returned unchanged");
+
+    let done = server.wait_terminal("order-1").await;
+    assert_eq!(done["state"], "processed");
+    let steps: Vec<(&str, &str)> =
+        done["steps"].as_array().unwrap().iter().map(|s| (s["name"].as_str().unwrap(), s["state"].as_str().unwrap())).collect();
+    assert_eq!(steps, [("first", "completed"), ("second", "completed")]);
+    assert_eq!(done["output"]["second"], json!({ "slept_ms": 10 }));
+
+    let history = server.get("/v1/tasks/order-1/history").await;
+    assert_eq!(history.status, StatusCode::OK);
+    let kinds: Vec<&str> = history.body.as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds.first(), Some(&"received"));
+    assert_eq!(kinds.last(), Some(&"processed"));
+    assert_eq!(kinds.iter().filter(|k| **k == "step_completed").count(), 2);
+
+    // A submission without an id gets a fresh one.
+    let fresh = server.post_json("/v1/tasks", &json!({ "workflow": "quick" })).await;
+    assert_eq!(fresh.status, StatusCode::CREATED, "{}", fresh.text);
+    assert_ne!(fresh.body["id"], "order-1");
+    assert_eq!(fresh.body["input"], json!({}));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_are_listed_newest_first_and_filtered() {
+    let server = start(Options::default()).await;
+    server.submit("quick", "a").await;
+    server.wait_terminal("a").await;
+    server.submit("slow", "b").await;
+    server.wait_for("b", |state| state == "processing").await;
+
+    let ids = |reply: &common::Reply| -> Vec<String> {
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+        reply.body.as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap().to_owned()).collect()
+    };
+    assert_eq!(ids(&server.get("/v1/tasks").await), ["b", "a"]);
+    assert_eq!(ids(&server.get("/v1/tasks?limit=1").await), ["b"]);
+    assert_eq!(ids(&server.get("/v1/tasks?state=processed").await), ["a"]);
+    assert_eq!(ids(&server.get("/v1/tasks?workflow=slow").await), ["b"]);
+    assert_eq!(ids(&server.get(&format!("/v1/tasks?locked_by={}", common::INSTANCE)).await), ["b"]);
+    assert!(ids(&server.get("/v1/tasks?state=cancelled").await).is_empty());
+    let listed = server.get("/v1/tasks?workflow=slow").await;
+    assert_eq!(listed.body[0]["locked_by"], common::INSTANCE);
+    assert!(listed.body[0].get("input").is_none(), "listings leave out input and output");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_submissions_are_4xx_naming_the_problem() {
+    let server = start(Options { engine: false, ..Options::default() }).await;
+    let raw = |body: &'static str| server.request(Method::POST, "/v1/tasks").header("content-type", "application/json").body(body);
+
+    let reason = server.send(raw("{\"workflow\": ")).await.assert_error(400, "malformed_json");
+    assert!(reason.starts_with("request body:"), "{reason}");
+    server.send(server.request(Method::POST, "/v1/tasks").body("{}")).await.assert_error(415, "unsupported_media_type");
+    let reason = server.send(raw("{\"workflow\": \"quick\", \"colour\": 1}")).await.assert_error(422, "invalid_body");
+    assert!(reason.contains("colour"), "{reason}");
+    server.send(raw("{\"input\": {}}")).await.assert_error(422, "invalid_body");
+    server.send(raw("[1, 2]")).await.assert_error(422, "invalid_body");
+    let reason = server.post_json("/v1/tasks", &json!({ "workflow": "no such" })).await.assert_error(422, "invalid_body");
+    assert!(reason.starts_with("workflow:"), "{reason}");
+    let reason = server.post_json("/v1/tasks", &json!({ "workflow": "nope" })).await.assert_error(422, "unknown_workflow");
+    assert!(reason.contains("nope"), "{reason}");
+    server.post_json("/v1/tasks", &json!({ "workflow": "quick", "version": 7 })).await.assert_error(422, "unknown_workflow");
+    let reason = server.post_json("/v1/tasks", &json!({ "workflow": "quick", "version": 0 })).await.assert_error(422, "invalid_body");
+    assert!(reason.starts_with("version:"), "{reason}");
+    server.post_json("/v1/tasks", &json!({ "workflow": "quick", "version": -1 })).await.assert_error(422, "invalid_body");
+    let reason = server.post_json("/v1/tasks", &json!({ "workflow": "quick", "id": "tab\there" })).await.assert_error(422, "invalid_body");
+    assert!(reason.starts_with("id:"), "{reason}");
+    server.post_json("/v1/tasks", &json!({ "workflow": "quick", "id": "x".repeat(201) })).await.assert_error(422, "invalid_body");
+    assert!(server.get("/v1/tasks").await.body.as_array().unwrap().is_empty(), "nothing was created");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_paths_and_queries_are_400_and_missing_things_404() {
+    let server = start(Options { engine: false, ..Options::default() }).await;
+    let reason = server.get("/v1/tasks/nope").await.assert_error(404, "not_found");
+    assert!(reason.contains("task nope"), "{reason}");
+    server.get("/v1/tasks/nope/history").await.assert_error(404, "not_found");
+    server.get("/v1/tasks/nope/events").await.assert_error(404, "not_found");
+    server.post("/v1/tasks/nope/cancel").await.assert_error(404, "not_found");
+    server.post("/v1/tasks/nope/resubmit").await.assert_error(404, "not_found");
+    server.get("/v1/tasks/%20padded").await.assert_error(400, "invalid_path");
+    server.get("/v1/tasks/%FF").await.assert_error(400, "invalid_path");
+
+    let reason = server.get("/v1/tasks?state=bogus").await.assert_error(400, "invalid_query");
+    assert!(reason.contains("state") && reason.contains("bogus"), "{reason}");
+    let reason = server.get("/v1/tasks?limit=0").await.assert_error(400, "invalid_query");
+    assert!(reason.contains("limit: must be between 1 and 1000, got 0"), "{reason}");
+    server.get("/v1/tasks?limit=1001").await.assert_error(400, "invalid_query");
+    server.get("/v1/tasks?limit=99999999999").await.assert_error(400, "invalid_query");
+    server.get("/v1/tasks?limit=ten").await.assert_error(400, "invalid_query");
+    server.get("/v1/tasks?workflow=a%20b").await.assert_error(400, "invalid_query");
+    server.get("/v1/tasks?locked_by=%09").await.assert_error(400, "invalid_query");
+    server.get("/v1/tasks?colour=red").await.assert_error(400, "invalid_query");
+    server.get("/v1/alerts?limit=0").await.assert_error(400, "invalid_query");
+    server.get("/v1/events?kind=nope").await.assert_error(400, "invalid_query");
+    server.get("/v1/events?after=-1").await.assert_error(400, "invalid_query");
+    server.get("/v1/events?workflow=a%20b").await.assert_error(400, "invalid_query");
+    let bad_header = server.request(Method::GET, "/v1/events").header("last-event-id", "abc");
+    server.send(bad_header).await.assert_error(400, "invalid_header");
+
+    server.get("/v1/nothing-here").await.assert_error(404, "no_such_route");
+    server.delete("/v1/tasks").await.assert_error(405, "method_not_allowed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_task_raises_an_alert_and_can_be_resubmitted_whole_or_by_step() {
+    let server = start(Options::default()).await;
+    server.submit("broken", "b-1").await;
+    let failed = server.wait_terminal("b-1").await;
+    assert_eq!(failed["state"], "error");
+    assert!(failed["steps"][0]["last_error"].as_str().unwrap().contains("input.ms"), "{failed}");
+
+    let alerts = server.get("/v1/alerts").await;
+    assert_eq!(alerts.status, StatusCode::OK);
+    assert_eq!(alerts.body[0]["task_id"], "b-1");
+    assert!(alerts.body[0]["reason"].as_str().unwrap().contains("input.ms"), "{}", alerts.text);
+
+    let reason = server.post("/v1/tasks/b-1/steps/nope/resubmit").await.assert_error(404, "not_found");
+    assert!(reason.contains("its steps: only"), "{reason}");
+    server.post("/v1/tasks/b-1/steps/a%20b/resubmit").await.assert_error(400, "invalid_path");
+
+    let resubmitted = server.post("/v1/tasks/b-1/resubmit").await;
+    assert_eq!(resubmitted.status, StatusCode::OK, "{}", resubmitted.text);
+    assert_ne!(resubmitted.body["state"], "error", "a resubmitted task is pending again");
+    server.wait_for("b-1", |state| state == "error").await;
+    let resubmitted = server.post("/v1/tasks/b-1/steps/only/resubmit").await;
+    assert_eq!(resubmitted.status, StatusCode::OK, "{}", resubmitted.text);
+    server.wait_for("b-1", |state| state == "error").await;
+    let history = server.get("/v1/tasks/b-1/history").await;
+    let resubmits = history.body.as_array().unwrap().iter().filter(|e| e["kind"] == "resubmitted").count();
+    assert_eq!(resubmits, 2);
+
+    // A task that did not fail cannot be resubmitted, nor a finished one cancelled.
+    server.submit("quick", "q-1").await;
+    server.wait_terminal("q-1").await;
+    let reason = server.post("/v1/tasks/q-1/resubmit").await.assert_error(409, "refused");
+    assert!(reason.contains("q-1"), "{reason}");
+    server.post("/v1/tasks/q-1/cancel").await.assert_error(409, "refused");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_task_is_cancelled() {
+    let server = start(Options::default()).await;
+    server.submit("slow", "s-1").await;
+    server.wait_for("s-1", |state| state == "processing").await;
+    let cancelled = server.post("/v1/tasks/s-1/cancel").await;
+    assert_eq!(cancelled.status, StatusCode::OK, "{}", cancelled.text);
+    assert_eq!(cancelled.body, json!({ "id": "s-1", "state": "cancelled" }));
+    assert_eq!(server.get("/v1/tasks/s-1").await.body["state"], "cancelled");
+    server.post("/v1/tasks/s-1/cancel").await.assert_error(409, "refused");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ids_with_slashes_and_spaces_travel_url_encoded() {
+    let server = start(Options::default()).await;
+    server.submit("quick", "order 17/β").await;
+    let done = server.wait_terminal("order%2017%2F%CE%B2").await;
+    assert_eq!((done["id"].as_str(), done["state"].as_str()), (Some("order 17/β"), Some("processed")));
+}
+
+const VALID_YAML: &str = "name: extra\nversion: 1\nsteps:\n  - name: nap\n    agent: delay\n    with: { ms: 1 }\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workflows_are_listed_shown_validated_and_registered() {
+    let server = start(Options { engine: false, ..Options::default() }).await;
+    let listed = server.get("/v1/workflows").await;
+    let names: Vec<&str> = listed.body.as_array().unwrap().iter().map(|w| w["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["broken", "quick", "slow"]);
+
+    let shown = server.get("/v1/workflows/quick").await;
+    assert_eq!(shown.status, StatusCode::OK);
+    assert_eq!(shown.body["version"], 1);
+    assert_eq!(shown.body["steps"][1], json!({ "name": "second", "agent": "delay", "depends_on": ["first"], "compensated": false }));
+    assert!(shown.body["registered_at"].as_i64().unwrap() > 0);
+    assert_eq!(server.get("/v1/workflows/quick/versions/1").await.body, shown.body);
+    server.get("/v1/workflows/quick/versions/2").await.assert_error(404, "not_found");
+    server.get("/v1/workflows/quick/versions/0").await.assert_error(400, "invalid_path");
+    server.get("/v1/workflows/quick/versions/one").await.assert_error(400, "invalid_path");
+    server.get("/v1/workflows/nope").await.assert_error(404, "not_found");
+    server.get("/v1/workflows/a%20b").await.assert_error(400, "invalid_path");
+
+    let text = |path: &str, body: &str| server.request(Method::POST, path).header("content-type", "application/yaml").body(body.to_owned());
+    let valid = server.send(text("/v1/workflows/validate", VALID_YAML)).await;
+    assert_eq!(valid.status, StatusCode::OK, "{}", valid.text);
+    assert_eq!((valid.body["valid"].as_bool(), valid.body["workflow"]["name"].as_str()), (Some(true), Some("extra")));
+    assert!(valid.body["workflow"]["registered_at"].is_null());
+    assert_eq!(server.get("/v1/workflows/extra").await.status, StatusCode::NOT_FOUND, "validating registers nothing");
+
+    let invalid_yaml = VALID_YAML.replace("agent: delay", "agent: teleport");
+    let invalid = server.send(text("/v1/workflows/validate", &invalid_yaml)).await;
+    assert_eq!(invalid.status, StatusCode::OK);
+    assert_eq!(invalid.body["valid"], false);
+    let problem = &invalid.body["problems"][0];
+    assert_eq!(problem["line"], 5, "{problem}");
+    assert!(problem["message"].as_str().unwrap().contains("unknown agent `teleport`"), "{problem}");
+
+    let json_definition = json!({ "name": "extra", "version": 2, "steps": [{ "name": "nap", "agent": "delay" }] });
+    let validated = server.post_json("/v1/workflows/validate", &json_definition).await;
+    assert_eq!(validated.body["valid"], true, "{}", validated.text);
+
+    let created = server.send(text("/v1/workflows", VALID_YAML)).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.text);
+    assert!(created.body["registered_at"].as_i64().is_some());
+    let again = server.send(text("/v1/workflows", VALID_YAML)).await;
+    assert_eq!(again.status, StatusCode::OK, "the same definition again is a no-op: {}", again.text);
+    let changed = VALID_YAML.replace("ms: 1", "ms: 2");
+    server.send(text("/v1/workflows", &changed)).await.assert_error(409, "version_exists");
+    let refused = server.send(text("/v1/workflows", &invalid_yaml)).await;
+    assert_eq!((refused.status.as_u16(), refused.code()), (422, "invalid_workflow"), "{}", refused.text);
+    assert_eq!(refused.body["problems"][0]["line"], 5);
+    let garbage = server.send(text("/v1/workflows", "{ not: [valid")).await;
+    assert_eq!((garbage.status.as_u16(), garbage.code()), (422, "invalid_workflow"), "{}", garbage.text);
+    let not_text = server.request(Method::POST, "/v1/workflows").body(vec![0xff_u8, 0xfe]);
+    server.send(not_text).await.assert_error(400, "unreadable_body");
+
+    let second = server.post_json("/v1/workflows", &json_definition).await;
+    assert_eq!(second.status, StatusCode::CREATED, "{}", second.text);
+    assert_eq!(server.get("/v1/workflows/extra").await.body["version"], 2, "the latest version is shown");
+    let submitted = server.post_json("/v1/tasks", &json!({ "workflow": "extra", "version": 1 })).await;
+    assert_eq!((submitted.status, &submitted.body["version"]), (StatusCode::CREATED, &json!(1)));
+}
+
+async fn dead_letter_one(server: &Server, queue: &QueueName, id: &str) {
+    let message = Outgoing::json(&json!({ "job": id })).unwrap().with_id(rota_model::MessageId::new(id).unwrap());
+    server.store.send(queue, message).await.unwrap();
+    let delivery = server.store.receive(queue, Receive::up_to(1)).await.unwrap().remove(0);
+    server.store.dead_letter(queue, delivery.lease_token, format!("poison {id}")).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queues_are_counted_paused_resumed_and_their_dead_letters_redriven_and_purged() {
+    let server = start(Options { engine: false, ..Options::default() }).await;
+    let queue = QueueName::new("jobs").unwrap();
+    dead_letter_one(&server, &queue, "m-1").await;
+
+    let queues = server.get("/v1/queues").await;
+    assert_eq!(queues.status, StatusCode::OK);
+    let jobs = queues.body.as_array().unwrap().iter().find(|q| q["queue"] == "jobs").unwrap().clone();
+    assert_eq!((jobs["ready"].as_u64(), jobs["dead_lettered"].as_u64(), jobs["paused"].as_bool()), (Some(0), Some(1), Some(false)));
+    assert_eq!(server.get("/v1/queues/jobs").await.body, jobs);
+    server.get("/v1/queues/nope").await.assert_error(404, "not_found");
+    server.get("/v1/queues/a%20b").await.assert_error(400, "invalid_path");
+
+    let letters = server.get("/v1/queues/jobs/dead-letters").await;
+    assert_eq!(letters.status, StatusCode::OK);
+    assert_eq!(letters.body[0]["id"], "m-1");
+    assert_eq!(letters.body[0]["body"], json!({ "job": "m-1" }));
+    assert_eq!(letters.body[0]["reason"], "poison m-1");
+    server.get("/v1/queues/nope/dead-letters").await.assert_error(404, "not_found");
+    server.get("/v1/queues/jobs/dead-letters?limit=0").await.assert_error(400, "invalid_query");
+
+    server.post("/v1/queues/jobs/dead-letters/m-404/redrive").await.assert_error(404, "not_found");
+    assert_eq!(server.post("/v1/queues/jobs/dead-letters/m-1/redrive").await.body, json!({ "count": 1 }));
+    assert_eq!(server.get("/v1/queues/jobs").await.body["ready"], 1);
+    let redriven = server.store.receive(&queue, Receive::up_to(1)).await.unwrap().remove(0);
+    server.store.complete(&queue, redriven.lease_token).await.unwrap();
+
+    dead_letter_one(&server, &queue, "m-2").await;
+    dead_letter_one(&server, &queue, "m-3").await;
+    assert_eq!(server.post("/v1/queues/jobs/dead-letters/redrive").await.body, json!({ "count": 2 }));
+    for _ in 0..2 {
+        let delivery = server.store.receive(&queue, Receive::up_to(1)).await.unwrap().remove(0);
+        server.store.dead_letter(&queue, delivery.lease_token, "again".into()).await.unwrap();
+    }
+    assert_eq!(server.delete("/v1/queues/jobs/dead-letters").await.body, json!({ "count": 2 }));
+    assert_eq!(server.get("/v1/queues/jobs").await.body["dead_lettered"], 0);
+    server.post("/v1/queues/nope/dead-letters/redrive").await.assert_error(404, "not_found");
+    server.delete("/v1/queues/nope/dead-letters").await.assert_error(404, "not_found");
+
+    let paused = server.post("/v1/queues/jobs/pause").await;
+    assert_eq!((paused.status, &paused.body["paused"]), (StatusCode::OK, &json!(true)));
+    let resumed = server.post("/v1/queues/jobs/resume").await;
+    assert_eq!((resumed.status, &resumed.body["paused"]), (StatusCode::OK, &json!(false)));
+    server.post("/v1/queues/nope/pause").await.assert_error(404, "not_found");
+    server.post("/v1/queues/nope/resume").await.assert_error(404, "not_found");
+    assert!(server.get("/v1/queues").await.body.as_array().unwrap().iter().all(|q| q["queue"] != "nope"), "no queue was made");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn breakers_show_what_serve_processes_reported() {
+    let server = start(Options { engine: false, ..Options::default() }).await;
+    assert_eq!(server.get("/v1/breakers").await.body, json!([]));
+    let report = json!({
+        "agent": "http", "endpoint": "http://127.0.0.1:9100", "state": "open",
+        "consecutive_failures": 5, "open_until": 1_700_000_000_000_i64, "instance": "serve-1",
+    });
+    server.store.report_status("breaker/http://127.0.0.1:9100", &report).await.unwrap();
+    server.store.report_status("instance/serve-1", &json!({ "alive": true })).await.unwrap();
+    let breakers = server.get("/v1/breakers").await;
+    assert_eq!(breakers.status, StatusCode::OK);
+    let only: Vec<Value> = breakers.body.as_array().unwrap().clone();
+    assert_eq!(only.len(), 1, "only breakers: {}", breakers.text);
+    assert_eq!(
+        (&only[0]["endpoint"], &only[0]["state"], &only[0]["consecutive_failures"], &only[0]["open_until"], &only[0]["instance"]),
+        (&json!("http://127.0.0.1:9100"), &json!("open"), &json!(5), &json!(1_700_000_000_000_i64), &json!("serve-1"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_bodies_are_413() {
+    let limits = rota_api::Limits { body_bytes_max: 1024, ..Options::default().limits };
+    let server = start(Options { limits, engine: false, ..Options::default() }).await;
+    let big = json!({ "workflow": "quick", "input": { "blob": "x".repeat(2048) } });
+    let reason = server.post_json("/v1/tasks", &big).await.assert_error(413, "body_too_large");
+    assert!(reason.starts_with("request body:"), "{reason}");
+    let yaml = format!("{VALID_YAML}# {}\n", "x".repeat(2048));
+    let register = server.request(Method::POST, "/v1/workflows").body(yaml.clone());
+    server.send(register).await.assert_error(413, "body_too_large");
+    server.send(server.request(Method::POST, "/v1/workflows/validate").body(yaml)).await.assert_error(413, "body_too_large");
+    let small = server.post_json("/v1/tasks", &json!({ "workflow": "quick" })).await;
+    assert_eq!(small.status, StatusCode::CREATED, "a body within the limit is served: {}", small.text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_and_readiness_need_no_token() {
+    let options = Options { auth: common_auth(), engine: false, ..Options::default() };
+    let server = start(options).await;
+    let health = server.get("/healthz").await;
+    assert_eq!((health.status, &health.body["status"]), (StatusCode::OK, &json!("ok")));
+    let ready = server.get("/readyz").await;
+    assert_eq!((ready.status, &ready.body["status"], &ready.body["store"]), (StatusCode::OK, &json!("ok"), &json!("sqlite")));
+    server.get("/v1/tasks").await.assert_error(401, "unauthorized");
+}
+
+fn common_auth() -> rota_api::AuthConfig {
+    let token = rota_api::Token::new("admin-token-0123456789", vec![rota_api::Scope::Admin]).unwrap();
+    rota_api::AuthConfig::tokens(vec![token]).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_stops_when_its_shutdown_future_resolves() {
+    let server = start(Options { engine: false, ..Options::default() }).await;
+    let base = server.base.clone();
+    assert_eq!(server.get("/healthz").await.status, StatusCode::OK);
+    drop(server);
+    let started = std::time::Instant::now();
+    loop {
+        if reqwest::get(format!("{base}/healthz")).await.is_err() {
+            break;
+        }
+        assert!(started.elapsed() < common::WAIT_MAX, "the server still answers");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -1,0 +1,215 @@
+//! The test harness: a real SQLite store in a temporary directory, a real
+//! engine (every role, the built-in `delay` agent) when a test needs tasks
+//! to run, and the API served on `127.0.0.1:0`, spoken to with reqwest.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::{Method, RequestBuilder, StatusCode};
+use rota_agent::DelayAgent;
+use rota_api::{ApiState, AuthConfig, Config, Limits};
+use rota_engine::engine::Config as EngineConfig;
+use rota_engine::{Client, Engine, Shutdown, Workflows};
+use rota_model::{Clock, InstanceId, SystemClock};
+use rota_store::SharedStore;
+use rota_store_sqlite::{Config as StoreConfig, SqliteStore};
+use rota_workflow::{AgentCatalog, StepDef, Workflow};
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+/// The engine's instance id (what `locked_by` shows).
+pub const INSTANCE: &str = "api-test-1";
+
+/// How long a test waits for a task to reach a state before failing. A
+/// bound on the test, not a timing it asserts.
+pub const WAIT_MAX: Duration = Duration::from_secs(30);
+
+/// What a test server runs.
+pub struct Options {
+    pub auth: AuthConfig,
+    pub limits: Limits,
+    /// Whether the engine runs (tasks only move when it does).
+    pub engine: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        let limits = Limits { events_poll_interval: Duration::from_millis(20), ..Limits::default() };
+        Options { auth: AuthConfig::Disabled, limits, engine: true }
+    }
+}
+
+/// A running API (and maybe engine) over a fresh store.
+pub struct Server {
+    pub base: String,
+    pub http: reqwest::Client,
+    pub store: SharedStore,
+    /// The bearer token every request carries, if any.
+    pub token: Option<String>,
+    engine_shutdown: Shutdown,
+    api_shutdown: Option<oneshot::Sender<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.engine_shutdown.trigger();
+        if let Some(tx) = self.api_shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Two delay steps of 10 ms: runs to `processed` at once.
+pub fn quick() -> Workflow {
+    Workflow::builder("quick", 1)
+        .step(StepDef::new("first", "delay").with_input(json!({ "ms": 10 })))
+        .step(StepDef::new("second", "delay").with_input(json!({ "ms": 10 })))
+        .build(&AgentCatalog::builtin())
+        .unwrap()
+}
+
+/// One step that waits a long time: stays `processing` until cancelled.
+pub fn slow() -> Workflow {
+    Workflow::builder("slow", 1)
+        .step(StepDef::new("wait", "delay").with_input(json!({ "for": "10m" })).timeout(Duration::from_secs(3600)))
+        .deadline(Duration::from_secs(7200))
+        .build(&AgentCatalog::builtin())
+        .unwrap()
+}
+
+/// One step whose input the delay agent refuses: a permanent error, so
+/// the task ends in `error` with an alert.
+pub fn broken() -> Workflow {
+    Workflow::builder("broken", 1)
+        .step(StepDef::new("only", "delay").with_input(json!({ "ms": "not a number" })))
+        .build(&AgentCatalog::builtin())
+        .unwrap()
+}
+
+pub async fn start(options: Options) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let store: SharedStore = Arc::new(SqliteStore::open(StoreConfig::new(dir.path().join("api.db")), clock.clone()).unwrap());
+    let mut config = EngineConfig::new(InstanceId::new(INSTANCE).unwrap());
+    config.supervisor.interval = Duration::from_millis(100);
+    config.supervisor.leader_ttl = Duration::from_secs(1);
+    config.shutdown_grace = Duration::from_millis(100);
+    let engine = Engine::new(store.clone(), clock.clone(), config)
+        .agent(Arc::new(DelayAgent::new()))
+        .workflow(quick())
+        .workflow(slow())
+        .workflow(broken());
+    engine.register_workflows().await.unwrap();
+    let engine_shutdown = Shutdown::new();
+    let client = if options.engine {
+        let client = engine.client();
+        tokio::spawn(engine.run(engine_shutdown.clone()));
+        client
+    } else {
+        Client::new(store.clone(), clock.clone(), Workflows::new(store.clone()), None)
+    };
+    let config = Config { limits: options.limits, ..Config::new(options.auth) };
+    let state = ApiState::new(store.clone(), client, clock, config).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (tx, rx) = oneshot::channel::<()>();
+    tokio::spawn(rota_api::serve(listener, state, async move {
+        let _ = rx.await;
+    }));
+    Server { base, http: reqwest::Client::new(), store, token: None, engine_shutdown, api_shutdown: Some(tx), _dir: dir }
+}
+
+/// A response's status and JSON body (`Value::Null` when the body is not JSON).
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: Value,
+    pub text: String,
+}
+
+impl Reply {
+    /// The error code of an error body.
+    pub fn code(&self) -> &str {
+        self.body["error"]["code"].as_str().unwrap_or_else(|| panic!("not an error body: {} {}", self.status, self.text))
+    }
+
+    /// The error reason of an error body.
+    pub fn reason(&self) -> &str {
+        self.body["error"]["reason"].as_str().unwrap_or_else(|| panic!("not an error body: {} {}", self.status, self.text))
+    }
+
+    /// Asserts an error with this status and code, and returns the reason.
+    #[track_caller]
+    pub fn assert_error(&self, status: u16, code: &str) -> String {
+        assert_eq!((self.status.as_u16(), self.code()), (status, code), "{}", self.text);
+        self.reason().to_owned()
+    }
+}
+
+impl Server {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub fn request(&self, method: Method, path: &str) -> RequestBuilder {
+        let builder = self.http.request(method, self.url(path));
+        match &self.token {
+            Some(token) => builder.bearer_auth(token),
+            None => builder,
+        }
+    }
+
+    pub async fn send(&self, builder: RequestBuilder) -> Reply {
+        let response = builder.send().await.unwrap();
+        let status = response.status();
+        let headers = response.headers().clone();
+        let text = response.text().await.unwrap();
+        let body = serde_json::from_str(&text).unwrap_or(Value::Null);
+        Reply { status, headers, body, text }
+    }
+
+    pub async fn get(&self, path: &str) -> Reply {
+        self.send(self.request(Method::GET, path)).await
+    }
+
+    pub async fn post(&self, path: &str) -> Reply {
+        self.send(self.request(Method::POST, path)).await
+    }
+
+    pub async fn post_json(&self, path: &str, body: &Value) -> Reply {
+        self.send(self.request(Method::POST, path).json(body)).await
+    }
+
+    pub async fn delete(&self, path: &str) -> Reply {
+        self.send(self.request(Method::DELETE, path)).await
+    }
+
+    /// Submits `workflow` with `id`; asserts it was created.
+    pub async fn submit(&self, workflow: &str, id: &str) -> Value {
+        let reply = self.post_json("/v1/tasks", &json!({ "workflow": workflow, "id": id, "input": { "n": 1 } })).await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+        reply.body
+    }
+
+    /// Polls the task until `done` holds for its state, within [`WAIT_MAX`].
+    pub async fn wait_for(&self, id: &str, done: impl Fn(&str) -> bool) -> Value {
+        let started = std::time::Instant::now();
+        loop {
+            let reply = self.get(&format!("/v1/tasks/{id}")).await;
+            assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+            if done(reply.body["state"].as_str().unwrap()) {
+                return reply.body;
+            }
+            assert!(started.elapsed() < WAIT_MAX, "task {id} stayed {}", reply.body["state"]);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Polls the task until it is terminal.
+    pub async fn wait_terminal(&self, id: &str) -> Value {
+        self.wait_for(id, |state| matches!(state, "processed" | "error" | "compensated" | "cancelled")).await
+    }
+}
