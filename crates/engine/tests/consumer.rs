@@ -1,8 +1,11 @@
-//! The Consumer against a real SQLite store on a temporary file.
+//! The Consumer against a real store: each test runs on SQLite (a temporary
+//! file) and on PostgreSQL (a fresh schema).
 //!
 //! These run in real time with short durations: the store does its IO on a
 //! thread of its own, which tokio's paused clock counts as idle, so paused
 //! time would fire every timeout at once (see DEPENDENCIES.md).
+
+mod common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,15 +17,15 @@ use rota_engine::consumer::{Config, ConfigBuilder};
 use rota_engine::{Consumer, Handler, Outcome, Shutdown, Summary};
 use rota_model::{InstanceId, QueueName, SystemClock};
 use rota_store::{Delivery, Outgoing, QueueConfig, QueueStats, Queues};
-use rota_store_sqlite::SqliteStore;
 use serde::Deserialize;
 
-/// A store on a fresh file, and the directory that holds it.
-fn open_store() -> (Arc<dyn Queues>, tempfile::TempDir) {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let config = rota_store_sqlite::Config::new(dir.path().join("consumer.db"));
-    let store = SqliteStore::open(config, Arc::new(SystemClock)).expect("open the SQLite store");
-    (Arc::new(store), dir)
+use common::{Backend, TestStore};
+
+/// A store on a fresh database, and what keeps that database alive.
+async fn open_store(backend: Backend) -> Option<(Arc<dyn Queues>, TestStore)> {
+    let db = common::open(backend, Arc::new(SystemClock)).await?;
+    let store: Arc<dyn Queues> = db.store.clone();
+    Some((store, db))
 }
 
 fn queue() -> QueueName {
@@ -170,9 +173,8 @@ async fn queue_stats(store: &dyn Queues) -> QueueStats {
     store.stats().await.unwrap().into_iter().find(|stats| stats.queue == queue()).expect("the queue exists")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_message_is_handled_once_and_completed_within_max_concurrent() {
-    let (store, _dir) = open_store();
+async fn every_message_is_handled_once_and_completed_within_max_concurrent(backend: Backend) {
+    let Some((store, _dir)) = open_store(backend).await else { return };
     send_jobs(&*store, (0..600).map(|i| Job { i, action: Action::Work })).await;
     let recorder = Recorder::new(Duration::from_millis(1));
     let consumer = Running::start(&store, config("c1", |b| b.max_concurrent(8).complete_batch_max(50)), recorder.clone());
@@ -191,9 +193,8 @@ async fn every_message_is_handled_once_and_completed_within_max_concurrent() {
     assert_eq!((stats.ready, stats.leased, stats.delayed, stats.dead_lettered), (0, 0, 0, 0), "{stats:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn slow_handlers_fill_exactly_max_concurrent_slots() {
-    let (store, _dir) = open_store();
+async fn slow_handlers_fill_exactly_max_concurrent_slots(backend: Backend) {
+    let Some((store, _dir)) = open_store(backend).await else { return };
     send_jobs(&*store, (0..40).map(|i| Job { i, action: Action::Work })).await;
     let recorder = Recorder::new(Duration::from_millis(30));
     let consumer = Running::start(&store, config("c1", |b| b.max_concurrent(3).prefetch(5)), recorder.clone());
@@ -206,9 +207,8 @@ async fn slow_handlers_fill_exactly_max_concurrent_slots() {
     assert_eq!(recorder.total(), 40);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn abandon_and_dead_letter_outcomes_reach_the_store() {
-    let (store, _dir) = open_store();
+async fn abandon_and_dead_letter_outcomes_reach_the_store(backend: Backend) {
+    let Some((store, _dir)) = open_store(backend).await else { return };
     store.create_queue(&queue(), QueueConfig { deliveries_max: 3, ..QueueConfig::default() }).await.unwrap();
     send_jobs(
         &*store,
@@ -252,9 +252,8 @@ async fn abandon_and_dead_letter_outcomes_reach_the_store() {
     assert_eq!((stats.ready, stats.leased, stats.delayed, stats.dead_lettered), (0, 0, 0, 2), "{stats:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_handler_slower_than_the_lease_keeps_its_message() {
-    let (store, _dir) = open_store();
+async fn a_handler_slower_than_the_lease_keeps_its_message(backend: Backend) {
+    let Some((store, _dir)) = open_store(backend).await else { return };
     send_jobs(&*store, [Job { i: 0, action: Action::SleepMs(1_000) }]).await;
     let recorder = Recorder::new(Duration::ZERO);
     // Two competing consumers with a 300 ms lease: if renewal failed, the
@@ -277,9 +276,8 @@ async fn a_handler_slower_than_the_lease_keeps_its_message() {
     assert_eq!((stats.ready, stats.leased), (0, 0), "{stats:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shutdown_gives_back_prefetched_messages_and_leaves_nothing_leased() {
-    let (store, _dir) = open_store();
+async fn shutdown_gives_back_prefetched_messages_and_leaves_nothing_leased(backend: Backend) {
+    let Some((store, _dir)) = open_store(backend).await else { return };
     send_jobs(&*store, (0..200).map(|i| Job { i, action: Action::Work })).await;
     let recorder = Recorder::new(Duration::from_millis(40));
     let consumer = Running::start(&store, config("c1", |b| b.max_concurrent(4).prefetch(12)), recorder.clone());
@@ -294,9 +292,8 @@ async fn shutdown_gives_back_prefetched_messages_and_leaves_nothing_leased() {
     assert_eq!(stats.ready + summary.completed, 200, "every job is completed or ready again: {stats:?} {summary:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shutdown_cancels_handlers_past_the_grace_and_gives_their_messages_back() {
-    let (store, _dir) = open_store();
+async fn shutdown_cancels_handlers_past_the_grace_and_gives_their_messages_back(backend: Backend) {
+    let Some((store, _dir)) = open_store(backend).await else { return };
     send_jobs(&*store, (0..3).map(|i| Job { i, action: Action::SleepMs(30_000) })).await;
     let recorder = Recorder::new(Duration::ZERO);
     let consumer =
@@ -313,9 +310,8 @@ async fn shutdown_cancels_handlers_past_the_grace_and_gives_their_messages_back(
     assert_eq!((stats.ready, stats.leased), (3, 0), "{stats:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_panicking_handler_gives_its_message_back_until_it_is_dead_lettered() {
-    let (store, _dir) = open_store();
+async fn a_panicking_handler_gives_its_message_back_until_it_is_dead_lettered(backend: Backend) {
+    let Some((store, _dir)) = open_store(backend).await else { return };
     store.create_queue(&queue(), QueueConfig { deliveries_max: 2, ..QueueConfig::default() }).await.unwrap();
     send_jobs(&*store, [Job { i: 0, action: Action::Panic }, Job { i: 1, action: Action::Work }]).await;
     let recorder = Recorder::new(Duration::ZERO);
@@ -334,11 +330,10 @@ async fn a_panicking_handler_gives_its_message_back_until_it_is_dead_lettered() 
     assert!(letters[0].reason.contains("panicked"), "{letters:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_slow_handler_does_not_hold_up_the_fast_ones() {
+async fn one_slow_handler_does_not_hold_up_the_fast_ones(backend: Backend) {
     // Fast handlers make a due receive wait for the running ones to end;
     // that wait is bounded, so a slow handler among them must not stall it.
-    let (store, _dir) = open_store();
+    let Some((store, _dir)) = open_store(backend).await else { return };
     send_jobs(&*store, [Job { i: 0, action: Action::SleepMs(3_000) }]).await;
     send_jobs(&*store, (1..=400).map(|i| Job { i, action: Action::Work })).await;
     let recorder = Recorder::new(Duration::ZERO);
@@ -351,3 +346,14 @@ async fn one_slow_handler_does_not_hold_up_the_fast_ones() {
     let summary = consumer.stop().await;
     assert_eq!(summary.completed, 401, "{summary:?}");
 }
+
+on_each_backend!(
+    every_message_is_handled_once_and_completed_within_max_concurrent,
+    slow_handlers_fill_exactly_max_concurrent_slots,
+    abandon_and_dead_letter_outcomes_reach_the_store,
+    a_handler_slower_than_the_lease_keeps_its_message,
+    shutdown_gives_back_prefetched_messages_and_leaves_nothing_leased,
+    shutdown_cancels_handlers_past_the_grace_and_gives_their_messages_back,
+    a_panicking_handler_gives_its_message_back_until_it_is_dead_lettered,
+    one_slow_handler_does_not_hold_up_the_fast_ones,
+);

@@ -1,5 +1,8 @@
-//! The embedded engine end to end, on a real SQLite store, with agents
-//! written in Rust: every role in one process, as `rota serve` runs them.
+//! The embedded engine end to end, on a real store (each test runs on
+//! SQLite and on PostgreSQL), with agents written in Rust: every role in one
+//! process, as `rota serve` runs them.
+
+mod common;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -11,9 +14,10 @@ use rota_engine::engine::Config;
 use rota_engine::{Engine, Shutdown, Submission};
 use rota_model::{ExhaustedPolicy, InstanceId, RetryPolicy, SystemClock, TaskId, TaskState, WorkflowName};
 use rota_store::{EventKind, SharedStore};
-use rota_store_sqlite::{Config as StoreConfig, SqliteStore};
 use rota_workflow::{AgentCatalog, CompensateDef, StepDef, Workflow};
 use serde_json::{Value, json};
+
+use common::{Backend, TestStore};
 
 /// An agent that records every call and fails the steps it is told to.
 #[derive(Default)]
@@ -38,15 +42,14 @@ impl Agent for Recorder {
 }
 
 struct Setup {
-    _dir: tempfile::TempDir,
+    _db: TestStore,
     store: SharedStore,
     agent: Arc<Recorder>,
 }
 
-fn setup() -> Setup {
-    let dir = tempfile::tempdir().unwrap();
-    let store: SharedStore = Arc::new(SqliteStore::open(StoreConfig::new(dir.path().join("engine.db")), Arc::new(SystemClock)).unwrap());
-    Setup { _dir: dir, store, agent: Arc::new(Recorder::default()) }
+async fn setup(backend: Backend) -> Option<Setup> {
+    let db = common::open(backend, Arc::new(SystemClock)).await?;
+    Some(Setup { store: db.store.clone(), _db: db, agent: Arc::new(Recorder::default()) })
 }
 
 fn catalog() -> AgentCatalog {
@@ -98,9 +101,8 @@ fn order(policy: ExhaustedPolicy) -> Workflow {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_task_runs_its_steps_in_order_and_is_processed() {
-    let setup = setup();
+async fn a_task_runs_its_steps_in_order_and_is_processed(backend: Backend) {
+    let Some(setup) = setup(backend).await else { return };
     let (id, state) = run_one(&setup, order(ExhaustedPolicy::Error), json!({ "order_id": 17, "amount": 250 })).await;
     assert_eq!(state, TaskState::Processed);
     let calls: Vec<String> = setup.agent.calls.lock().unwrap().iter().map(|c| c.0.clone()).collect();
@@ -115,9 +117,8 @@ async fn a_task_runs_its_steps_in_order_and_is_processed() {
     assert_eq!(kinds.iter().filter(|k| **k == EventKind::StepCompleted).count(), 3);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn parallel_branches_fan_out_and_fan_in() {
-    let setup = setup();
+async fn parallel_branches_fan_out_and_fan_in(backend: Backend) {
+    let Some(setup) = setup(backend).await else { return };
     let workflow = Workflow::builder("diamond", 1)
         .step(StepDef::new("start", "recorder"))
         .step(StepDef::new("left", "recorder").depends_on(["start"]))
@@ -138,9 +139,8 @@ async fn parallel_branches_fan_out_and_fan_in() {
     assert_eq!(record.task.output.unwrap()["join"]["input"], json!(["left", "right"]));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_permanent_error_ends_in_error_with_an_alert() {
-    let setup = setup();
+async fn a_permanent_error_ends_in_error_with_an_alert(backend: Backend) {
+    let Some(setup) = setup(backend).await else { return };
     setup.agent.fail_permanently.lock().unwrap().push("charge".into());
     let (id, state) = run_one(&setup, order(ExhaustedPolicy::Error), json!({ "order_id": 1, "amount": 5 })).await;
     assert_eq!(state, TaskState::Error);
@@ -152,9 +152,8 @@ async fn a_permanent_error_ends_in_error_with_an_alert() {
     assert_eq!(calls, ["reserve", "charge"], "a permanent error is not retried and nothing after it runs");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_permanent_error_compensates_completed_steps_in_reverse() {
-    let setup = setup();
+async fn a_permanent_error_compensates_completed_steps_in_reverse(backend: Backend) {
+    let Some(setup) = setup(backend).await else { return };
     setup.agent.fail_permanently.lock().unwrap().push("ship".into());
     let (id, state) = run_one(&setup, order(ExhaustedPolicy::Compensate), json!({ "order_id": 2, "amount": 9 })).await;
     assert_eq!(state, TaskState::Compensated);
@@ -171,9 +170,8 @@ async fn a_permanent_error_compensates_completed_steps_in_reverse() {
     assert_eq!(states["ship"], "failed");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn submitting_the_same_id_twice_creates_one_task() {
-    let setup = setup();
+async fn submitting_the_same_id_twice_creates_one_task(backend: Backend) {
+    let Some(setup) = setup(backend).await else { return };
     let engine = engine(&setup, order(ExhaustedPolicy::Error));
     engine.register_workflows().await.unwrap();
     let client = engine.client();
@@ -188,3 +186,11 @@ async fn submitting_the_same_id_twice_creates_one_task() {
     running.await.unwrap().unwrap();
     assert_eq!(setup.agent.calls.lock().unwrap().len(), 3);
 }
+
+on_each_backend!(
+    a_task_runs_its_steps_in_order_and_is_processed,
+    parallel_branches_fan_out_and_fan_in,
+    a_permanent_error_ends_in_error_with_an_alert,
+    a_permanent_error_compensates_completed_steps_in_reverse,
+    submitting_the_same_id_twice_creates_one_task,
+);

@@ -1,7 +1,9 @@
-//! Recovery paths of the pattern, end to end on a real SQLite store in real
-//! time (short timeouts): agents that go silent, a Scheduler that dies, the
+//! Recovery paths of the pattern, end to end on a real store (each test runs
+//! on SQLite and on PostgreSQL) in real time (short timeouts): agents that go silent, a Scheduler that dies, the
 //! failure threshold, two Supervisors, and the operator's cancel and
 //! resubmit.
+
+mod common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,9 +16,10 @@ use rota_engine::supervisor::{self, Supervisor};
 use rota_engine::{Completions, Engine, Roles, Shutdown, Submission, Workflows};
 use rota_model::{ExhaustedPolicy, InstanceId, RetryPolicy, StepState, SystemClock, TaskId, TaskState, WorkflowName};
 use rota_store::{EventKind, SharedStore};
-use rota_store_sqlite::{Config as StoreConfig, SqliteStore};
 use rota_workflow::{AgentCatalog, AgentName, CompensateDef, StepDef, Workflow};
 use serde_json::{Value, json};
+
+use common::{Backend, TestStore};
 
 /// An agent whose behaviour per (step, attempt) is scripted: hang past the
 /// deadline, fail, or succeed. It counts calls per step.
@@ -48,15 +51,14 @@ impl Agent for Scripted {
 }
 
 struct Rig {
-    _dir: tempfile::TempDir,
+    _db: TestStore,
     store: SharedStore,
     agent: Arc<Scripted>,
 }
 
-fn rig() -> Rig {
-    let dir = tempfile::tempdir().unwrap();
-    let store: SharedStore = Arc::new(SqliteStore::open(StoreConfig::new(dir.path().join("r.db")), Arc::new(SystemClock)).unwrap());
-    Rig { _dir: dir, store, agent: Arc::new(Scripted::default()) }
+async fn rig(backend: Backend) -> Option<Rig> {
+    let db = common::open(backend, Arc::new(SystemClock)).await?;
+    Some(Rig { store: db.store.clone(), _db: db, agent: Arc::new(Scripted::default()) })
 }
 
 fn quick_recovery() -> RetryPolicy {
@@ -113,9 +115,8 @@ async fn kinds(store: &SharedStore, id: &TaskId) -> Vec<EventKind> {
     store.history(id).await.unwrap().into_iter().map(|e| e.kind).collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_silent_agent_is_recovered_by_the_supervisor_and_the_step_retried() {
-    let rig = rig();
+async fn a_silent_agent_is_recovered_by_the_supervisor_and_the_step_retried(backend: Backend) {
+    let Some(rig) = rig(backend).await else { return };
     rig.agent.hang.lock().unwrap().insert(("b".into(), 1), ());
     let store = rig.store.clone();
     let id = with_engine(&rig, workflow(3, ExhaustedPolicy::Error, Duration::from_secs(30)), |client| async move {
@@ -135,9 +136,8 @@ async fn a_silent_agent_is_recovered_by_the_supervisor_and_the_step_retried() {
     assert!(history.contains(&EventKind::StepFailed), "the timeout is in the history: {history:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn at_the_failure_threshold_the_task_ends_in_error_with_an_alert() {
-    let rig = rig();
+async fn at_the_failure_threshold_the_task_ends_in_error_with_an_alert(backend: Backend) {
+    let Some(rig) = rig(backend).await else { return };
     rig.agent.hang_always.lock().unwrap().push("b".into());
     let store = rig.store.clone();
     let id = with_engine(&rig, workflow(2, ExhaustedPolicy::Error, Duration::from_secs(30)), |client| async move {
@@ -155,9 +155,8 @@ async fn at_the_failure_threshold_the_task_ends_in_error_with_an_alert() {
     assert_eq!(alerts[0].task_id, id);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn at_the_threshold_with_compensate_the_completed_steps_are_undone_in_reverse() {
-    let rig = rig();
+async fn at_the_threshold_with_compensate_the_completed_steps_are_undone_in_reverse(backend: Backend) {
+    let Some(rig) = rig(backend).await else { return };
     rig.agent.hang_always.lock().unwrap().push("c".into());
     let store = rig.store.clone();
     let id = with_engine(&rig, workflow(2, ExhaustedPolicy::Compensate, Duration::from_secs(30)), |client| async move {
@@ -174,9 +173,8 @@ async fn at_the_threshold_with_compensate_the_completed_steps_are_undone_in_reve
     assert_eq!(states["b"], StepState::Compensated);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_schedulers_task_is_taken_over_after_its_deadline() {
-    let rig = rig();
+async fn a_dead_schedulers_task_is_taken_over_after_its_deadline(backend: Backend) {
+    let Some(rig) = rig(backend).await else { return };
     let wf = workflow(3, ExhaustedPolicy::Error, Duration::from_millis(1_500));
     // The agents and the Supervisor run in their own engine throughout.
     let support = Engine::new(
@@ -248,9 +246,8 @@ async fn a_dead_schedulers_task_is_taken_over_after_its_deadline() {
     assert_eq!(a_calls, 1, "the step completed before the crash is not run again");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn of_two_supervisors_only_one_leads() {
-    let rig = rig();
+async fn of_two_supervisors_only_one_leads(backend: Backend) {
+    let Some(rig) = rig(backend).await else { return };
     let workflows = Workflows::new(rig.store.clone());
     let make = |name: &str| {
         let mut cfg = supervisor::Config::new(InstanceId::new(name).unwrap());
@@ -265,9 +262,8 @@ async fn of_two_supervisors_only_one_leads() {
     assert_eq!([a.unwrap().leader, b.unwrap().leader], leaders, "leadership is sticky while renewed");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancel_compensates_what_completed_and_resubmit_runs_a_failed_task_again() {
-    let rig = rig();
+async fn cancel_compensates_what_completed_and_resubmit_runs_a_failed_task_again(backend: Backend) {
+    let Some(rig) = rig(backend).await else { return };
     rig.agent.block.store(false, Ordering::SeqCst);
     rig.agent.hang_always.lock().unwrap().push("b".into());
     let store = rig.store.clone();
@@ -299,9 +295,8 @@ async fn cancel_compensates_what_completed_and_resubmit_runs_a_failed_task_again
     let _ = store;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_graceful_stop_gives_held_tasks_back_at_once() {
-    let rig = rig();
+async fn a_graceful_stop_gives_held_tasks_back_at_once(backend: Backend) {
+    let Some(rig) = rig(backend).await else { return };
     // A long deadline: if the task were not given back, the takeover would
     // wait for the Supervisor far longer than this test runs.
     let wf = workflow(3, ExhaustedPolicy::Error, Duration::from_secs(600));
@@ -357,9 +352,8 @@ async fn a_graceful_stop_gives_held_tasks_back_at_once() {
     assert_eq!(a_calls, 1, "the completed step is not run again");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_step_that_timed_out_for_good_is_compensated_in_case_its_effect_landed() {
-    let rig = rig();
+async fn a_step_that_timed_out_for_good_is_compensated_in_case_its_effect_landed(backend: Backend) {
+    let Some(rig) = rig(backend).await else { return };
     rig.agent.hang_always.lock().unwrap().push("b".into());
     let store = rig.store.clone();
     let id = with_engine(&rig, workflow(2, ExhaustedPolicy::Compensate, Duration::from_secs(30)), |client| async move {
@@ -373,3 +367,14 @@ async fn a_step_that_timed_out_for_good_is_compensated_in_case_its_effect_landed
     let history = store.history(&id).await.unwrap();
     assert!(history.iter().any(|e| e.kind == EventKind::StepFailed && e.detail["in_doubt"] == json!(true)), "the doubt is in the history");
 }
+
+on_each_backend!(
+    a_silent_agent_is_recovered_by_the_supervisor_and_the_step_retried,
+    at_the_failure_threshold_the_task_ends_in_error_with_an_alert,
+    at_the_threshold_with_compensate_the_completed_steps_are_undone_in_reverse,
+    a_dead_schedulers_task_is_taken_over_after_its_deadline,
+    of_two_supervisors_only_one_leads,
+    cancel_compensates_what_completed_and_resubmit_runs_a_failed_task_again,
+    a_graceful_stop_gives_held_tasks_back_at_once,
+    a_step_that_timed_out_for_good_is_compensated_in_case_its_effect_landed,
+);

@@ -1,0 +1,68 @@
+//! What the engine's end-to-end tests share: a real store on either
+//! backend. `on_each_backend!` turns each listed `async fn name(backend)`
+//! into two tests, `sqlite::name` and `postgres::name`; the PostgreSQL ones
+//! need `ROTA_TEST_POSTGRES_URL` and print a `SKIP` line without it.
+
+use std::sync::Arc;
+
+use rota_model::Clock;
+use rota_store::SharedStore;
+use rota_testkit::postgres::TestSchema;
+
+/// Which store a test runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// A store on a fresh database (a temporary SQLite file, or a PostgreSQL
+/// schema dropped at the end), kept alive with what it lives in.
+pub struct TestStore {
+    pub store: SharedStore,
+    _dir: tempfile::TempDir,
+    _schema: Option<TestSchema>,
+}
+
+/// Opens a fresh store on `backend`, or `None` when PostgreSQL is not configured.
+pub async fn open(backend: Backend, clock: Arc<dyn Clock>) -> Option<TestStore> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    match backend {
+        Backend::Sqlite => {
+            let config = rota_store_sqlite::Config::new(dir.path().join("test.db"));
+            let store = rota_store_sqlite::SqliteStore::open(config, clock).expect("open the SQLite store");
+            Some(TestStore { store: Arc::new(store), _dir: dir, _schema: None })
+        }
+        Backend::Postgres => {
+            let schema = TestSchema::new("engine test on PostgreSQL")?;
+            let mut config = rota_store_postgres::Config::new(schema.url.clone());
+            config.schema = schema.name.clone();
+            config.connections_max = 8;
+            let store = rota_store_postgres::PgStore::open(config, clock).await.expect("open the PostgreSQL store");
+            Some(TestStore { store: Arc::new(store), _dir: dir, _schema: Some(schema) })
+        }
+    }
+}
+
+/// Runs each `async fn $name(backend: Backend)` of the file as two tests.
+#[macro_export]
+macro_rules! on_each_backend {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::common::Backend::Sqlite).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::common::Backend::Postgres).await
+                }
+            )*
+        }
+    };
+}
