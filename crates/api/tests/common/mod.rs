@@ -213,3 +213,85 @@ impl Server {
         self.wait_for(id, |state| matches!(state, "processed" | "error" | "compensated" | "cancelled")).await
     }
 }
+
+/// One server-sent event (or keep-alive comment) as it came over the wire.
+#[derive(Debug, Clone, Default)]
+pub struct Frame {
+    pub id: Option<String>,
+    pub event: Option<String>,
+    pub data: String,
+    pub comment: bool,
+}
+
+impl Frame {
+    /// The data as JSON.
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.data).unwrap_or_else(|err| panic!("event data is not JSON ({err}): {}", self.data))
+    }
+}
+
+/// Reads an event stream frame by frame.
+pub struct SseReader {
+    response: reqwest::Response,
+    buffer: String,
+}
+
+impl SseReader {
+    /// Opens `path` as an event stream; asserts 200 and the content type.
+    pub async fn open(server: &Server, path: &str, last_event_id: Option<&str>) -> SseReader {
+        let mut request = server.request(Method::GET, path);
+        if let Some(id) = last_event_id {
+            request = request.header("last-event-id", id);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let content_type = response.headers()["content-type"].to_str().unwrap().to_owned();
+        assert!(content_type.starts_with("text/event-stream"), "{content_type}");
+        SseReader { response, buffer: String::new() }
+    }
+
+    /// The next frame, or `None` when the stream ended. Fails the test if
+    /// nothing arrives within [`WAIT_MAX`].
+    pub async fn next(&mut self) -> Option<Frame> {
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let block: String = self.buffer.drain(..end + 2).collect();
+                let mut frame = Frame::default();
+                for line in block.lines() {
+                    if line.starts_with(':') {
+                        frame.comment = true;
+                    } else if let Some((field, value)) = line.split_once(':') {
+                        let value = value.strip_prefix(' ').unwrap_or(value);
+                        match field {
+                            "id" => frame.id = Some(value.to_owned()),
+                            "event" => frame.event = Some(value.to_owned()),
+                            "data" => {
+                                if !frame.data.is_empty() {
+                                    frame.data.push('\n');
+                                }
+                                frame.data.push_str(value);
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                return Some(frame);
+            }
+            let chunk = tokio::time::timeout(WAIT_MAX, self.response.chunk()).await.expect("no event within WAIT_MAX");
+            match chunk {
+                Ok(Some(bytes)) => self.buffer.push_str(std::str::from_utf8(&bytes).unwrap()),
+                Ok(None) | Err(_) => return None,
+            }
+        }
+    }
+
+    /// The next frame that is an event (keep-alive comments skipped).
+    pub async fn next_event(&mut self) -> Option<Frame> {
+        loop {
+            let frame = self.next().await?;
+            if !frame.comment || !frame.data.is_empty() {
+                return Some(frame);
+            }
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! The auth matrix: every endpoint × every scope, allowed or 403; 401
+//! without a token or with an unknown one; public endpoints open to all.
+
+mod common;
+
+use common::{Options, start};
+use reqwest::{Method, StatusCode};
+use rota_api::{AuthConfig, Scope, Token};
+use rota_model::QueueName;
+use rota_store::Outgoing;
+use serde_json::{Value, json};
+
+const ADMIN: &str = "admin-token-000000000001";
+const OPERATOR: &str = "operator-token-00000001";
+const SUBMIT: &str = "submit-token-0000000001";
+const AGENT: &str = "agent-token-00000000001";
+
+fn auth() -> AuthConfig {
+    let token = |secret: &str, scope: Scope| Token::new(secret, vec![scope]).unwrap();
+    AuthConfig::tokens(vec![
+        token(ADMIN, Scope::Admin),
+        token(OPERATOR, Scope::Operator),
+        token(SUBMIT, Scope::Submit),
+        token(AGENT, Scope::Agent { queues: vec![QueueName::new("agent.delay").unwrap()] }),
+    ])
+    .unwrap()
+}
+
+/// What an endpoint needs.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Needs {
+    Read,
+    ReadTask,
+    Submit,
+    Operate,
+}
+
+fn allowed(token: &str, needs: Needs) -> bool {
+    match token {
+        ADMIN => true,
+        OPERATOR => needs != Needs::Submit,
+        SUBMIT => matches!(needs, Needs::Submit | Needs::ReadTask),
+        _ => false,
+    }
+}
+
+const YAML: &str = "name: extra\nversion: 1\nsteps:\n  - name: nap\n    agent: delay\n";
+
+/// A request: method, path, JSON body, text body, and what it needs.
+type Endpoint = (Method, &'static str, Option<Value>, Option<&'static str>, Needs);
+
+/// Every protected endpoint, with a request that is valid apart from auth.
+fn endpoints() -> Vec<Endpoint> {
+    use Needs::*;
+    vec![
+        (Method::POST, "/v1/tasks", Some(json!({ "workflow": "quick" })), None, Submit),
+        (Method::GET, "/v1/tasks", None, None, Read),
+        (Method::GET, "/v1/tasks/t-1", None, None, ReadTask),
+        (Method::GET, "/v1/tasks/t-1/history", None, None, ReadTask),
+        (Method::GET, "/v1/tasks/t-1/events", None, None, ReadTask),
+        (Method::POST, "/v1/tasks/t-1/cancel", None, None, Operate),
+        (Method::POST, "/v1/tasks/t-1/resubmit", None, None, Operate),
+        (Method::POST, "/v1/tasks/t-1/steps/first/resubmit", None, None, Operate),
+        (Method::GET, "/v1/alerts", None, None, Read),
+        (Method::GET, "/v1/events", None, None, Read),
+        (Method::GET, "/v1/workflows", None, None, Read),
+        (Method::GET, "/v1/workflows/quick", None, None, Read),
+        (Method::GET, "/v1/workflows/quick/versions/1", None, None, Read),
+        (Method::POST, "/v1/workflows/validate", None, Some(YAML), Read),
+        (Method::POST, "/v1/workflows", None, Some(YAML), Operate),
+        (Method::GET, "/v1/queues", None, None, Read),
+        (Method::GET, "/v1/queues/jobs", None, None, Read),
+        (Method::POST, "/v1/queues/jobs/pause", None, None, Operate),
+        (Method::POST, "/v1/queues/jobs/resume", None, None, Operate),
+        (Method::GET, "/v1/queues/jobs/dead-letters", None, None, Read),
+        (Method::POST, "/v1/queues/jobs/dead-letters/redrive", None, None, Operate),
+        (Method::POST, "/v1/queues/jobs/dead-letters/m-1/redrive", None, None, Operate),
+        (Method::DELETE, "/v1/queues/jobs/dead-letters", None, None, Operate),
+        (Method::GET, "/v1/breakers", None, None, Read),
+        (Method::GET, "/metrics", None, None, Read),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_scope_on_every_endpoint() {
+    let server = start(Options { auth: auth(), engine: false, ..Options::default() }).await;
+    server.store.send(&QueueName::new("jobs").unwrap(), Outgoing::json(&json!({})).unwrap()).await.unwrap();
+    let seeded = server.http.post(server.url("/v1/tasks")).bearer_auth(ADMIN).json(&json!({ "workflow": "quick", "id": "t-1" }));
+    assert_eq!(seeded.send().await.unwrap().status(), StatusCode::CREATED);
+
+    let mut checked = 0;
+    for (method, path, json, text, needs) in endpoints() {
+        for token in [ADMIN, OPERATOR, SUBMIT, AGENT, "not-a-configured-token", ""] {
+            let mut request = server.http.request(method.clone(), server.url(path));
+            if !token.is_empty() {
+                request = request.bearer_auth(token);
+            }
+            if let Some(json) = &json {
+                request = request.json(json);
+            }
+            if let Some(text) = text {
+                request = request.body(text);
+            }
+            // Only the status and headers are read: event streams stay open.
+            let response = request.send().await.unwrap();
+            let status = response.status();
+            let www_authenticate = response.headers().get("www-authenticate").map(|v| v.to_str().unwrap().to_owned());
+            let what = format!("{method} {path} with token {token:?}");
+            match token {
+                "" | "not-a-configured-token" => {
+                    assert_eq!(status, StatusCode::UNAUTHORIZED, "{what}");
+                    assert_eq!(www_authenticate.as_deref(), Some("Bearer"), "{what}");
+                    let body: Value = response.json().await.unwrap();
+                    assert_eq!(body["error"]["code"], "unauthorized", "{what}");
+                    assert!(!body.to_string().contains("not-a-configured"), "the token is never echoed: {body}");
+                }
+                token if allowed(token, needs) => {
+                    assert!(status != StatusCode::UNAUTHORIZED && status != StatusCode::FORBIDDEN, "{what}: {status}");
+                    assert!(!status.is_server_error(), "{what}: {status}");
+                }
+                _ => {
+                    assert_eq!(status, StatusCode::FORBIDDEN, "{what}");
+                    let body: Value = response.json().await.unwrap();
+                    assert_eq!(body["error"]["code"], "forbidden", "{what}");
+                    assert!(body["error"]["reason"].as_str().unwrap().contains(path.split('/').nth(2).unwrap_or("metrics")), "{body}");
+                }
+            }
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, endpoints().len() * 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_authorization_headers_are_401() {
+    let server = start(Options { auth: auth(), engine: false, ..Options::default() }).await;
+    for header in [format!("Basic {ADMIN}"), "Bearer".to_owned(), format!("Bearer{ADMIN}"), format!("Bearer {ADMIN}x")] {
+        let response = server.http.get(server.url("/v1/tasks")).header("authorization", &header).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "{header}");
+    }
+    let lower = server.http.get(server.url("/v1/tasks")).header("authorization", format!("bearer {ADMIN}")).send().await.unwrap();
+    assert_eq!(lower.status(), StatusCode::OK, "the scheme is case-insensitive");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn documentation_and_health_are_public() {
+    let server = start(Options { auth: auth(), engine: false, ..Options::default() }).await;
+    for path in ["/healthz", "/readyz", "/openapi.json", "/docs/"] {
+        assert_eq!(server.get(path).await.status, StatusCode::OK, "{path}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_auth_disabled_everything_is_open() {
+    let server = start(Options { engine: false, ..Options::default() }).await;
+    for (method, path, json, text, _) in endpoints() {
+        let mut request = server.http.request(method.clone(), server.url(path));
+        if let Some(json) = &json {
+            request = request.json(json);
+        }
+        if let Some(text) = text {
+            request = request.body(text);
+        }
+        let status = request.send().await.unwrap().status();
+        assert!(status != StatusCode::UNAUTHORIZED && status != StatusCode::FORBIDDEN, "{method} {path}: {status}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_submit_scope_submits_and_reads_its_task() {
+    let mut server = start(Options { auth: auth(), engine: false, ..Options::default() }).await;
+    server.token = Some(SUBMIT.to_owned());
+    let created = server.submit("quick", "mine").await;
+    assert_eq!(created["id"], "mine");
+    assert_eq!(server.get("/v1/tasks/mine").await.body["state"], "pending");
+    server.get("/v1/tasks").await.assert_error(403, "forbidden");
+    server.post("/v1/tasks/mine/cancel").await.assert_error(403, "forbidden");
+}
