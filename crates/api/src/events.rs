@@ -35,7 +35,7 @@ use tokio::sync::watch;
 use crate::ApiState;
 use crate::error::{ApiError, ApiPath, ApiQuery, ApiResult, ErrorBody};
 use crate::tasks::task_id;
-use crate::wire::{EventView, EventsQuery, TaskEventsQuery};
+use crate::wire::{EventView, EventsQuery, TaskEventsQuery, TaskPath};
 
 /// The header a reconnecting client sends with the last event id it saw.
 pub const LAST_EVENT_ID: &str = "last-event-id";
@@ -81,8 +81,8 @@ async fn pause(state: &ApiState, closing: &mut watch::Receiver<bool>) -> bool {
 #[utoipa::path(
     get, path = "/v1/tasks/{id}/events", tag = "events",
     params(
-        ("id" = String, Path, description = "The task id (URL-encoded)"),
-        ("Last-Event-ID" = Option<i64>, Header, description = "Resume after this event seq"),
+        TaskPath,
+        ("Last-Event-ID" = Option<i64>, Header, description = "Resume after this event seq", minimum = 0),
         TaskEventsQuery,
     ),
     responses(
@@ -97,7 +97,7 @@ async fn pause(state: &ApiState, closing: &mut watch::Receiver<bool>) -> bool {
 )]
 pub async fn task_events(
     State(state): State<ApiState>,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(TaskPath { id }): ApiPath<TaskPath>,
     ApiQuery(query): ApiQuery<TaskEventsQuery>,
     headers: HeaderMap,
 ) -> ApiResult<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>> {
@@ -169,7 +169,7 @@ impl TaskStream {
 #[utoipa::path(
     get, path = "/v1/events", tag = "events",
     params(
-        ("Last-Event-ID" = Option<i64>, Header, description = "Resume after this event seq"),
+        ("Last-Event-ID" = Option<i64>, Header, description = "Resume after this event seq", minimum = 0),
         EventsQuery,
     ),
     responses(

@@ -13,7 +13,7 @@ use rota_store::Redrive;
 
 use crate::ApiState;
 use crate::error::{ApiError, ApiPath, ApiQuery, ApiResult, ErrorBody};
-use crate::wire::{BreakerView, Count, DeadLetterView, LimitQuery, QueueView};
+use crate::wire::{BreakerView, Count, DeadLetterPath, DeadLetterView, LimitQuery, QueuePath, QueueView};
 
 /// The key prefix under which circuit breakers report their state.
 pub const BREAKER_PREFIX: &str = "breaker/";
@@ -47,7 +47,7 @@ pub async fn list(State(state): State<ApiState>) -> ApiResult<Json<Vec<QueueView
 /// Counts for one queue.
 #[utoipa::path(
     get, path = "/v1/queues/{queue}", tag = "queues",
-    params(("queue" = String, Path, description = "The queue's name")),
+    params(QueuePath),
     responses(
         (status = 200, description = "The queue", body = QueueView),
         (status = 400, description = "Invalid queue name", body = ErrorBody),
@@ -58,7 +58,7 @@ pub async fn list(State(state): State<ApiState>) -> ApiResult<Json<Vec<QueueView
     ),
     security(("bearer" = []))
 )]
-pub async fn get(State(state): State<ApiState>, ApiPath(queue): ApiPath<String>) -> ApiResult<Json<QueueView>> {
+pub async fn get(State(state): State<ApiState>, ApiPath(QueuePath { queue }): ApiPath<QueuePath>) -> ApiResult<Json<QueueView>> {
     let queue = queue_name(queue)?;
     Ok(Json(queue_stats(&state, "queue stats", &queue).await?))
 }
@@ -66,7 +66,7 @@ pub async fn get(State(state): State<ApiState>, ApiPath(queue): ApiPath<String>)
 /// Stop deliveries from a queue (sends still succeed).
 #[utoipa::path(
     post, path = "/v1/queues/{queue}/pause", tag = "queues",
-    params(("queue" = String, Path, description = "The queue's name")),
+    params(QueuePath),
     responses(
         (status = 200, description = "The queue, paused", body = QueueView),
         (status = 400, description = "Invalid queue name", body = ErrorBody),
@@ -77,7 +77,7 @@ pub async fn get(State(state): State<ApiState>, ApiPath(queue): ApiPath<String>)
     ),
     security(("bearer" = []))
 )]
-pub async fn pause(State(state): State<ApiState>, ApiPath(queue): ApiPath<String>) -> ApiResult<Json<QueueView>> {
+pub async fn pause(State(state): State<ApiState>, ApiPath(QueuePath { queue }): ApiPath<QueuePath>) -> ApiResult<Json<QueueView>> {
     let queue = queue_name(queue)?;
     existing(&state, "pause", &queue).await?;
     state.store().pause(&queue).await.map_err(|err| ApiError::store("pause", err))?;
@@ -87,7 +87,7 @@ pub async fn pause(State(state): State<ApiState>, ApiPath(queue): ApiPath<String
 /// Resume deliveries from a paused queue.
 #[utoipa::path(
     post, path = "/v1/queues/{queue}/resume", tag = "queues",
-    params(("queue" = String, Path, description = "The queue's name")),
+    params(QueuePath),
     responses(
         (status = 200, description = "The queue, resumed", body = QueueView),
         (status = 400, description = "Invalid queue name", body = ErrorBody),
@@ -98,7 +98,7 @@ pub async fn pause(State(state): State<ApiState>, ApiPath(queue): ApiPath<String
     ),
     security(("bearer" = []))
 )]
-pub async fn resume(State(state): State<ApiState>, ApiPath(queue): ApiPath<String>) -> ApiResult<Json<QueueView>> {
+pub async fn resume(State(state): State<ApiState>, ApiPath(QueuePath { queue }): ApiPath<QueuePath>) -> ApiResult<Json<QueueView>> {
     let queue = queue_name(queue)?;
     existing(&state, "resume", &queue).await?;
     state.store().resume(&queue).await.map_err(|err| ApiError::store("resume", err))?;
@@ -115,7 +115,7 @@ async fn existing(state: &ApiState, request: &str, queue: &QueueName) -> ApiResu
 /// A queue's dead letters, oldest first, with the reason of each.
 #[utoipa::path(
     get, path = "/v1/queues/{queue}/dead-letters", tag = "dead letters",
-    params(("queue" = String, Path, description = "The queue's name"), LimitQuery),
+    params(QueuePath, LimitQuery),
     responses(
         (status = 200, description = "Dead letters, oldest first", body = [DeadLetterView]),
         (status = 400, description = "Invalid queue name or limit", body = ErrorBody),
@@ -128,7 +128,7 @@ async fn existing(state: &ApiState, request: &str, queue: &QueueName) -> ApiResu
 )]
 pub async fn dead_letters(
     State(state): State<ApiState>,
-    ApiPath(queue): ApiPath<String>,
+    ApiPath(QueuePath { queue }): ApiPath<QueuePath>,
     ApiQuery(query): ApiQuery<LimitQuery>,
 ) -> ApiResult<Json<Vec<DeadLetterView>>> {
     let queue = queue_name(queue)?;
@@ -140,7 +140,7 @@ pub async fn dead_letters(
 /// Send every dead letter of a queue back to it with a fresh delivery count.
 #[utoipa::path(
     post, path = "/v1/queues/{queue}/dead-letters/redrive", tag = "dead letters",
-    params(("queue" = String, Path, description = "The queue's name")),
+    params(QueuePath),
     responses(
         (status = 200, description = "How many were sent back", body = Count),
         (status = 400, description = "Invalid queue name", body = ErrorBody),
@@ -151,7 +151,7 @@ pub async fn dead_letters(
     ),
     security(("bearer" = []))
 )]
-pub async fn redrive_all(State(state): State<ApiState>, ApiPath(queue): ApiPath<String>) -> ApiResult<Json<Count>> {
+pub async fn redrive_all(State(state): State<ApiState>, ApiPath(QueuePath { queue }): ApiPath<QueuePath>) -> ApiResult<Json<Count>> {
     let queue = queue_name(queue)?;
     let count = state.store().redrive(&queue, Redrive::All).await.map_err(|err| ApiError::store("redrive", err))?;
     Ok(Json(Count { count }))
@@ -160,10 +160,7 @@ pub async fn redrive_all(State(state): State<ApiState>, ApiPath(queue): ApiPath<
 /// Send one dead letter back to its queue with a fresh delivery count.
 #[utoipa::path(
     post, path = "/v1/queues/{queue}/dead-letters/{id}/redrive", tag = "dead letters",
-    params(
-        ("queue" = String, Path, description = "The queue's name"),
-        ("id" = String, Path, description = "The message id (URL-encoded)"),
-    ),
+    params(DeadLetterPath),
     responses(
         (status = 200, description = "How many were sent back (1)", body = Count),
         (status = 400, description = "Invalid queue name or message id", body = ErrorBody),
@@ -174,7 +171,10 @@ pub async fn redrive_all(State(state): State<ApiState>, ApiPath(queue): ApiPath<
     ),
     security(("bearer" = []))
 )]
-pub async fn redrive_one(State(state): State<ApiState>, ApiPath((queue, id)): ApiPath<(String, String)>) -> ApiResult<Json<Count>> {
+pub async fn redrive_one(
+    State(state): State<ApiState>,
+    ApiPath(DeadLetterPath { queue, id }): ApiPath<DeadLetterPath>,
+) -> ApiResult<Json<Count>> {
     let queue = queue_name(queue)?;
     let id = MessageId::new(id).map_err(|err| ApiError::invalid_path("id", err))?;
     let count = state.store().redrive(&queue, Redrive::One(id)).await.map_err(|err| ApiError::store("redrive", err))?;
@@ -183,8 +183,8 @@ pub async fn redrive_one(State(state): State<ApiState>, ApiPath((queue, id)): Ap
 
 /// Delete every dead letter of a queue.
 #[utoipa::path(
-    delete, path = "/v1/queues/{queue}/dead-letters", tag = "dead letters",
-    params(("queue" = String, Path, description = "The queue's name")),
+    post, path = "/v1/queues/{queue}/dead-letters/purge", tag = "dead letters",
+    params(QueuePath),
     responses(
         (status = 200, description = "How many were deleted", body = Count),
         (status = 400, description = "Invalid queue name", body = ErrorBody),
@@ -195,7 +195,7 @@ pub async fn redrive_one(State(state): State<ApiState>, ApiPath((queue, id)): Ap
     ),
     security(("bearer" = []))
 )]
-pub async fn purge(State(state): State<ApiState>, ApiPath(queue): ApiPath<String>) -> ApiResult<Json<Count>> {
+pub async fn purge(State(state): State<ApiState>, ApiPath(QueuePath { queue }): ApiPath<QueuePath>) -> ApiResult<Json<Count>> {
     let queue = queue_name(queue)?;
     let count = state.store().purge_dead_letters(&queue).await.map_err(|err| ApiError::store("purge", err))?;
     Ok(Json(Count { count }))

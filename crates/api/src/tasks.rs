@@ -13,7 +13,9 @@ use serde_json::json;
 
 use crate::ApiState;
 use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody};
-use crate::wire::{AlertView, EventView, LimitQuery, SubmitRequest, TaskListQuery, TaskStateChange, TaskSummary, TaskView};
+use crate::wire::{
+    AlertView, EventView, LimitQuery, StepPath, SubmitRequest, TaskListQuery, TaskPath, TaskStateChange, TaskSummary, TaskView,
+};
 
 /// A task id from the path.
 pub(crate) fn task_id(raw: String) -> ApiResult<TaskId> {
@@ -40,7 +42,8 @@ async fn required(state: &ApiState, request: &str, id: &TaskId) -> ApiResult<Tas
         (status = 403, description = "Out of scope", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
         (status = 415, description = "Not JSON", body = ErrorBody),
-        (status = 422, description = "Invalid field, or unknown workflow or version", body = ErrorBody),
+        (status = 404, description = "The workflow (or that version of it) is not registered", body = ErrorBody),
+        (status = 422, description = "Invalid field", body = ErrorBody),
         (status = 503, description = "Store unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))
@@ -55,7 +58,7 @@ pub async fn submit(State(state): State<ApiState>, ApiJson(request): ApiJson<Sub
         Submission { workflow, version: request.version, input: request.input.unwrap_or_else(|| json!({})), id, reply_to: None };
     let submitted = state.client().submit(submission).await.map_err(|err| match err {
         rota_engine::Error::Store(rota_store::Error::NotFound(what)) => {
-            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_workflow", format!("workflow: {what}"))
+            ApiError::new(StatusCode::NOT_FOUND, "unknown_workflow", format!("workflow: {what}"))
         }
         other => ApiError::engine("submit", other),
     })?;
@@ -67,7 +70,7 @@ pub async fn submit(State(state): State<ApiState>, ApiJson(request): ApiJson<Sub
 /// A task with its steps.
 #[utoipa::path(
     get, path = "/v1/tasks/{id}", tag = "tasks",
-    params(("id" = String, Path, description = "The task id (URL-encoded)")),
+    params(TaskPath),
     responses(
         (status = 200, description = "The task", body = TaskView),
         (status = 400, description = "Invalid id", body = ErrorBody),
@@ -78,7 +81,7 @@ pub async fn submit(State(state): State<ApiState>, ApiJson(request): ApiJson<Sub
     ),
     security(("bearer" = []))
 )]
-pub async fn get(State(state): State<ApiState>, ApiPath(id): ApiPath<String>) -> ApiResult<Json<TaskView>> {
+pub async fn get(State(state): State<ApiState>, ApiPath(TaskPath { id }): ApiPath<TaskPath>) -> ApiResult<Json<TaskView>> {
     let id = task_id(id)?;
     let record = required(&state, "get task", &id).await?;
     Ok(Json(TaskView::new(&record.task, &record.steps)))
@@ -110,7 +113,7 @@ pub async fn list(State(state): State<ApiState>, ApiQuery(query): ApiQuery<TaskL
 /// A task's history, oldest first.
 #[utoipa::path(
     get, path = "/v1/tasks/{id}/history", tag = "tasks",
-    params(("id" = String, Path, description = "The task id (URL-encoded)")),
+    params(TaskPath),
     responses(
         (status = 200, description = "Its events, oldest first", body = [EventView]),
         (status = 400, description = "Invalid id", body = ErrorBody),
@@ -121,7 +124,7 @@ pub async fn list(State(state): State<ApiState>, ApiQuery(query): ApiQuery<TaskL
     ),
     security(("bearer" = []))
 )]
-pub async fn history(State(state): State<ApiState>, ApiPath(id): ApiPath<String>) -> ApiResult<Json<Vec<EventView>>> {
+pub async fn history(State(state): State<ApiState>, ApiPath(TaskPath { id }): ApiPath<TaskPath>) -> ApiResult<Json<Vec<EventView>>> {
     let id = task_id(id)?;
     required(&state, "task history", &id).await?;
     let events = state.store().history(&id).await.map_err(|err| ApiError::store("task history", err))?;
@@ -152,7 +155,7 @@ pub async fn alerts(State(state): State<ApiState>, ApiQuery(query): ApiQuery<Lim
 /// compensated (`compensating`); otherwise it is `cancelled`.
 #[utoipa::path(
     post, path = "/v1/tasks/{id}/cancel", tag = "tasks",
-    params(("id" = String, Path, description = "The task id (URL-encoded)")),
+    params(TaskPath),
     responses(
         (status = 200, description = "The state it moved to", body = TaskStateChange),
         (status = 400, description = "Invalid id", body = ErrorBody),
@@ -164,7 +167,7 @@ pub async fn alerts(State(state): State<ApiState>, ApiQuery(query): ApiQuery<Lim
     ),
     security(("bearer" = []))
 )]
-pub async fn cancel(State(state): State<ApiState>, ApiPath(id): ApiPath<String>) -> ApiResult<Json<TaskStateChange>> {
+pub async fn cancel(State(state): State<ApiState>, ApiPath(TaskPath { id }): ApiPath<TaskPath>) -> ApiResult<Json<TaskStateChange>> {
     let id = task_id(id)?;
     required(&state, "cancel", &id).await?;
     let moved = state.client().cancel(&id).await.map_err(|err| ApiError::engine("cancel", err))?;
@@ -175,7 +178,7 @@ pub async fn cancel(State(state): State<ApiState>, ApiPath(id): ApiPath<String>)
 /// its compensation resumes, if it failed while being undone).
 #[utoipa::path(
     post, path = "/v1/tasks/{id}/resubmit", tag = "tasks",
-    params(("id" = String, Path, description = "The task id (URL-encoded)")),
+    params(TaskPath),
     responses(
         (status = 200, description = "The task after the resubmit", body = TaskView),
         (status = 400, description = "Invalid id", body = ErrorBody),
@@ -187,7 +190,7 @@ pub async fn cancel(State(state): State<ApiState>, ApiPath(id): ApiPath<String>)
     ),
     security(("bearer" = []))
 )]
-pub async fn resubmit(State(state): State<ApiState>, ApiPath(id): ApiPath<String>) -> ApiResult<Json<TaskView>> {
+pub async fn resubmit(State(state): State<ApiState>, ApiPath(TaskPath { id }): ApiPath<TaskPath>) -> ApiResult<Json<TaskView>> {
     let id = task_id(id)?;
     resubmit_task(&state, &id, None).await
 }
@@ -195,10 +198,7 @@ pub async fn resubmit(State(state): State<ApiState>, ApiPath(id): ApiPath<String
 /// Resubmit one step of a task that ended in `error`.
 #[utoipa::path(
     post, path = "/v1/tasks/{id}/steps/{step}/resubmit", tag = "tasks",
-    params(
-        ("id" = String, Path, description = "The task id (URL-encoded)"),
-        ("step" = String, Path, description = "The step's name"),
-    ),
+    params(StepPath),
     responses(
         (status = 200, description = "The task after the resubmit", body = TaskView),
         (status = 400, description = "Invalid id or step name", body = ErrorBody),
@@ -210,7 +210,7 @@ pub async fn resubmit(State(state): State<ApiState>, ApiPath(id): ApiPath<String
     ),
     security(("bearer" = []))
 )]
-pub async fn resubmit_step(State(state): State<ApiState>, ApiPath((id, step)): ApiPath<(String, String)>) -> ApiResult<Json<TaskView>> {
+pub async fn resubmit_step(State(state): State<ApiState>, ApiPath(StepPath { id, step }): ApiPath<StepPath>) -> ApiResult<Json<TaskView>> {
     let id = task_id(id)?;
     let step = StepName::new(step).map_err(|err| ApiError::invalid_path("step", err))?;
     resubmit_task(&state, &id, Some(&step)).await

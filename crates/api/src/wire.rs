@@ -16,19 +16,24 @@ use utoipa::{IntoParams, ToSchema};
 #[serde(deny_unknown_fields)]
 pub struct SubmitRequest {
     /// The workflow to run.
-    #[schema(example = "order")]
+    #[schema(example = "order", pattern = r"^[A-Za-z0-9._:-]{1,100}$")]
     pub workflow: String,
     /// Its version; the latest registered when absent.
     #[schema(minimum = 1)]
     pub version: Option<u32>,
     /// The task's input (any JSON); `{}` when absent.
     #[serde(default)]
-    #[schema(value_type = Object)]
     pub input: Option<Value>,
     /// The task id, which doubles as the idempotency key: submitting an id
     /// that exists creates nothing and returns the existing task (200
-    /// instead of 201). A fresh UUID when absent.
-    #[schema(example = "order-17")]
+    /// instead of 201). A fresh UUID when absent. Up to 200 bytes of UTF-8
+    /// text (so fewer characters when some take several bytes), without
+    /// control characters or surrounding whitespace.
+    #[schema(
+        example = "order-17",
+        pattern = r"^[^\s\x00-\x1f\x7f-\x9f](?:[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f])?$",
+        max_length = 50
+    )]
     pub id: Option<String>,
 }
 
@@ -161,10 +166,8 @@ pub struct TaskView {
     /// How many times its deadline passed.
     pub failure_count: u32,
     /// The submitted input.
-    #[schema(value_type = Object)]
     pub input: Value,
     /// The result, once processed.
-    #[schema(value_type = Object)]
     pub output: Option<Value>,
     /// Why it failed, if it did.
     pub error: Option<String>,
@@ -215,10 +218,8 @@ pub struct StepView {
     /// The earliest time the next attempt may start, epoch ms.
     pub not_before: i64,
     /// The request sent to the agent, once rendered.
-    #[schema(value_type = Object)]
     pub input: Option<Value>,
     /// The agent's output, once completed.
-    #[schema(value_type = Object)]
     pub output: Option<Value>,
     /// The last error, if an attempt failed.
     pub last_error: Option<String>,
@@ -262,7 +263,6 @@ pub struct EventView {
     /// The step's attempt, if any.
     pub attempt: Option<u32>,
     /// Details.
-    #[schema(value_type = Object)]
     pub detail: Value,
 }
 
@@ -294,7 +294,6 @@ pub struct AlertView {
     /// The step concerned, if any.
     pub step: Option<String>,
     /// Details.
-    #[schema(value_type = Object)]
     pub detail: Value,
 }
 
@@ -361,7 +360,6 @@ pub struct DeadLetterView {
     /// Its message id.
     pub id: String,
     /// Its body.
-    #[schema(value_type = Object)]
     pub body: Value,
     /// Its ordering key, if any.
     pub ordering_key: Option<String>,
@@ -458,7 +456,6 @@ pub struct WorkflowView {
     /// Its steps.
     pub steps: Vec<WorkflowStepView>,
     /// The resolved definition, in its canonical JSON form.
-    #[schema(value_type = Object)]
     pub definition: Value,
 }
 
@@ -536,12 +533,16 @@ pub struct Health {
 #[into_params(parameter_in = Query)]
 pub struct TaskListQuery {
     /// Only tasks in this state.
+    #[param(value_type = Option<TaskStateView>)]
     pub state: Option<String>,
     /// Only tasks of this workflow.
+    #[param(pattern = r"^[A-Za-z0-9._:-]{1,100}$")]
     pub workflow: Option<String>,
     /// Only tasks held by this Scheduler instance.
+    #[param(pattern = r"^[^\s\x00-\x1f\x7f-\x9f](?:[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f])?$", max_length = 200)]
     pub locked_by: Option<String>,
     /// The most tasks to return, newest first (default 100, at most the configured maximum, 1000 by default).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
 }
 
@@ -551,6 +552,7 @@ pub struct TaskListQuery {
 #[into_params(parameter_in = Query)]
 pub struct LimitQuery {
     /// The most items to return (default 100, at most the configured maximum, 1000 by default).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
 }
 
@@ -560,10 +562,15 @@ pub struct LimitQuery {
 #[into_params(parameter_in = Query)]
 pub struct EventsQuery {
     /// Only events of tasks of this workflow.
+    #[param(pattern = r"^[A-Za-z0-9._:-]{1,100}$")]
     pub workflow: Option<String>,
     /// Only events of these kinds, comma-separated (`step_completed,processed`).
+    #[param(
+        pattern = r"^(received|claimed|step_started|step_completed|step_failed|expired|processed|error|compensation_started|step_compensated|compensated|cancelled|resubmitted|released|alert)(,(received|claimed|step_started|step_completed|step_failed|expired|processed|error|compensation_started|step_compensated|compensated|cancelled|resubmitted|released|alert))*$"
+    )]
     pub kind: Option<String>,
     /// Start after this event seq (as `Last-Event-ID` does; the header wins).
+    #[param(minimum = 0)]
     pub after: Option<i64>,
 }
 
@@ -573,5 +580,69 @@ pub struct EventsQuery {
 #[into_params(parameter_in = Query)]
 pub struct TaskEventsQuery {
     /// Start after this event seq (as `Last-Event-ID` does; the header wins).
+    #[param(minimum = 0)]
     pub after: Option<i64>,
+}
+
+/// A task in the path.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct TaskPath {
+    /// The task id, URL-encoded (up to 200 bytes; see `SubmitRequest.id`).
+    #[param(pattern = r"^[^\s\x00-\x1f\x7f-\x9f](?:[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f])?$", max_length = 200)]
+    pub id: String,
+}
+
+/// A step of a task in the path.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct StepPath {
+    /// The task id, URL-encoded.
+    #[param(pattern = r"^[^\s\x00-\x1f\x7f-\x9f](?:[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f])?$", max_length = 200)]
+    pub id: String,
+    /// The step's name.
+    #[param(pattern = r"^[A-Za-z0-9._:-]{1,100}$")]
+    pub step: String,
+}
+
+/// A queue in the path.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct QueuePath {
+    /// The queue's name.
+    #[param(pattern = r"^[A-Za-z0-9._:-]{1,100}$")]
+    pub queue: String,
+}
+
+/// A dead letter in the path.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct DeadLetterPath {
+    /// The queue's name.
+    #[param(pattern = r"^[A-Za-z0-9._:-]{1,100}$")]
+    pub queue: String,
+    /// The message id, URL-encoded.
+    #[param(pattern = r"^[^\s\x00-\x1f\x7f-\x9f](?:[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f])?$", max_length = 200)]
+    pub id: String,
+}
+
+/// A workflow in the path.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct WorkflowPath {
+    /// The workflow's name.
+    #[param(pattern = r"^[A-Za-z0-9._:-]{1,100}$")]
+    pub name: String,
+}
+
+/// A workflow version in the path.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct WorkflowVersionPath {
+    /// The workflow's name.
+    #[param(pattern = r"^[A-Za-z0-9._:-]{1,100}$")]
+    pub name: String,
+    /// The version (read as text here, so that a bad one gets this API's error).
+    #[param(value_type = u32, minimum = 1)]
+    pub version: String,
 }

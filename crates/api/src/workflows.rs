@@ -17,7 +17,7 @@ use rota_workflow::{Diagnostics, Workflow};
 
 use crate::ApiState;
 use crate::error::{ApiError, ApiPath, ApiResult, ApiText, ErrorBody, ErrorDetail};
-use crate::wire::{InvalidWorkflowBody, ProblemView, ValidationView, WorkflowView};
+use crate::wire::{InvalidWorkflowBody, ProblemView, ValidationView, WorkflowPath, WorkflowVersionPath, WorkflowView};
 
 /// How diagnostics name the request body (its extension is not `.json` or
 /// `.yaml`, so the parser picks the format from the text).
@@ -56,7 +56,7 @@ pub async fn list(State(state): State<ApiState>) -> ApiResult<Json<Vec<WorkflowV
 /// The latest registered version of a workflow.
 #[utoipa::path(
     get, path = "/v1/workflows/{name}", tag = "workflows",
-    params(("name" = String, Path, description = "The workflow's name")),
+    params(WorkflowPath),
     responses(
         (status = 200, description = "The latest version", body = WorkflowView),
         (status = 400, description = "Invalid name", body = ErrorBody),
@@ -67,7 +67,7 @@ pub async fn list(State(state): State<ApiState>) -> ApiResult<Json<Vec<WorkflowV
     ),
     security(("bearer" = []))
 )]
-pub async fn latest(State(state): State<ApiState>, ApiPath(name): ApiPath<String>) -> ApiResult<Json<WorkflowView>> {
+pub async fn latest(State(state): State<ApiState>, ApiPath(WorkflowPath { name }): ApiPath<WorkflowPath>) -> ApiResult<Json<WorkflowView>> {
     let name = workflow_name(name)?;
     show(&state, &name, None).await
 }
@@ -75,10 +75,7 @@ pub async fn latest(State(state): State<ApiState>, ApiPath(name): ApiPath<String
 /// One version of a workflow.
 #[utoipa::path(
     get, path = "/v1/workflows/{name}/versions/{version}", tag = "workflows",
-    params(
-        ("name" = String, Path, description = "The workflow's name"),
-        ("version" = u32, Path, description = "The version", minimum = 1),
-    ),
+    params(WorkflowVersionPath),
     responses(
         (status = 200, description = "That version", body = WorkflowView),
         (status = 400, description = "Invalid name or version", body = ErrorBody),
@@ -89,7 +86,10 @@ pub async fn latest(State(state): State<ApiState>, ApiPath(name): ApiPath<String
     ),
     security(("bearer" = []))
 )]
-pub async fn version(State(state): State<ApiState>, ApiPath((name, version)): ApiPath<(String, String)>) -> ApiResult<Json<WorkflowView>> {
+pub async fn version(
+    State(state): State<ApiState>,
+    ApiPath(WorkflowVersionPath { name, version }): ApiPath<WorkflowVersionPath>,
+) -> ApiResult<Json<WorkflowView>> {
     let name = workflow_name(name)?;
     let version = version
         .parse::<u32>()
@@ -117,18 +117,31 @@ async fn show(state: &ApiState, name: &WorkflowName, version: Option<u32>) -> Ap
     request_body(content = String, description = "A workflow definition, YAML or JSON", content_type = "application/yaml"),
     responses(
         (status = 200, description = "The outcome", body = ValidationView),
-        (status = 400, description = "The body is not UTF-8 text", body = ErrorBody),
+        (status = 400, description = "The body is empty or not UTF-8 text", body = ErrorBody),
         (status = 401, description = "No valid token", body = ErrorBody),
         (status = 403, description = "Out of scope", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
-pub async fn validate(State(state): State<ApiState>, ApiText(text): ApiText) -> Json<ValidationView> {
-    Json(match rota_workflow::parse(BODY_SOURCE, &text, &state.config().agents) {
+pub async fn validate(State(state): State<ApiState>, ApiText(text): ApiText) -> ApiResult<Json<ValidationView>> {
+    required_body(&text)?;
+    Ok(Json(match rota_workflow::parse(BODY_SOURCE, &text, &state.config().agents) {
         Ok(workflow) => ValidationView { valid: true, workflow: Some(WorkflowView::new(&workflow, None)), problems: Vec::new() },
         Err(diagnostics) => ValidationView { valid: false, workflow: None, problems: problems(&diagnostics) },
-    })
+    }))
+}
+
+/// An empty body is a missing definition, not an invalid one.
+fn required_body(text: &str) -> ApiResult<()> {
+    if text.trim().is_empty() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "missing_body",
+            "request body: a workflow definition (YAML or JSON) is required",
+        ));
+    }
+    Ok(())
 }
 
 /// Register a new version of a workflow (YAML or JSON).
@@ -141,7 +154,7 @@ pub async fn validate(State(state): State<ApiState>, ApiText(text): ApiText) -> 
     responses(
         (status = 201, description = "Registered", body = WorkflowView),
         (status = 200, description = "This definition was registered under this version already", body = WorkflowView),
-        (status = 400, description = "The body is not UTF-8 text", body = ErrorBody),
+        (status = 400, description = "The body is empty or not UTF-8 text", body = ErrorBody),
         (status = 401, description = "No valid token", body = ErrorBody),
         (status = 403, description = "Out of scope", body = ErrorBody),
         (status = 409, description = "A different definition has this version", body = ErrorBody),
@@ -152,6 +165,7 @@ pub async fn validate(State(state): State<ApiState>, ApiText(text): ApiText) -> 
     security(("bearer" = []))
 )]
 pub async fn register(State(state): State<ApiState>, ApiText(text): ApiText) -> ApiResult<Response> {
+    required_body(&text)?;
     let workflow = match rota_workflow::parse(BODY_SOURCE, &text, &state.config().agents) {
         Ok(workflow) => workflow,
         Err(diagnostics) => {

@@ -82,9 +82,9 @@ async fn invalid_submissions_are_4xx_naming_the_problem() {
     server.send(raw("[1, 2]")).await.assert_error(422, "invalid_body");
     let reason = server.post_json("/v1/tasks", &json!({ "workflow": "no such" })).await.assert_error(422, "invalid_body");
     assert!(reason.starts_with("workflow:"), "{reason}");
-    let reason = server.post_json("/v1/tasks", &json!({ "workflow": "nope" })).await.assert_error(422, "unknown_workflow");
+    let reason = server.post_json("/v1/tasks", &json!({ "workflow": "nope" })).await.assert_error(404, "unknown_workflow");
     assert!(reason.contains("nope"), "{reason}");
-    server.post_json("/v1/tasks", &json!({ "workflow": "quick", "version": 7 })).await.assert_error(422, "unknown_workflow");
+    server.post_json("/v1/tasks", &json!({ "workflow": "quick", "version": 7 })).await.assert_error(404, "unknown_workflow");
     let reason = server.post_json("/v1/tasks", &json!({ "workflow": "quick", "version": 0 })).await.assert_error(422, "invalid_body");
     assert!(reason.starts_with("version:"), "{reason}");
     server.post_json("/v1/tasks", &json!({ "workflow": "quick", "version": -1 })).await.assert_error(422, "invalid_body");
@@ -235,6 +235,8 @@ async fn workflows_are_listed_shown_validated_and_registered() {
     assert_eq!(refused.body["problems"][0]["line"], 5);
     let garbage = server.send(text("/v1/workflows", "{ not: [valid")).await;
     assert_eq!((garbage.status.as_u16(), garbage.code()), (422, "invalid_workflow"), "{}", garbage.text);
+    server.send(text("/v1/workflows", " \n")).await.assert_error(400, "missing_body");
+    server.send(text("/v1/workflows/validate", "")).await.assert_error(400, "missing_body");
     let not_text = server.request(Method::POST, "/v1/workflows").body(vec![0xff_u8, 0xfe]);
     server.send(not_text).await.assert_error(400, "unreadable_body");
 
@@ -287,10 +289,10 @@ async fn queues_are_counted_paused_resumed_and_their_dead_letters_redriven_and_p
         let delivery = server.store.receive(&queue, Receive::up_to(1)).await.unwrap().remove(0);
         server.store.dead_letter(&queue, delivery.lease_token, "again".into()).await.unwrap();
     }
-    assert_eq!(server.delete("/v1/queues/jobs/dead-letters").await.body, json!({ "count": 2 }));
+    assert_eq!(server.post("/v1/queues/jobs/dead-letters/purge").await.body, json!({ "count": 2 }));
     assert_eq!(server.get("/v1/queues/jobs").await.body["dead_lettered"], 0);
     server.post("/v1/queues/nope/dead-letters/redrive").await.assert_error(404, "not_found");
-    server.delete("/v1/queues/nope/dead-letters").await.assert_error(404, "not_found");
+    server.post("/v1/queues/nope/dead-letters/purge").await.assert_error(404, "not_found");
 
     let paused = server.post("/v1/queues/jobs/pause").await;
     assert_eq!((paused.status, &paused.body["paused"]), (StatusCode::OK, &json!(true)));

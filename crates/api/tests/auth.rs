@@ -75,7 +75,7 @@ fn endpoints() -> Vec<Endpoint> {
         (Method::GET, "/v1/queues/jobs/dead-letters", None, None, Read),
         (Method::POST, "/v1/queues/jobs/dead-letters/redrive", None, None, Operate),
         (Method::POST, "/v1/queues/jobs/dead-letters/m-1/redrive", None, None, Operate),
-        (Method::DELETE, "/v1/queues/jobs/dead-letters", None, None, Operate),
+        (Method::POST, "/v1/queues/jobs/dead-letters/purge", None, None, Operate),
         (Method::GET, "/v1/breakers", None, None, Read),
         (Method::GET, "/metrics", None, None, Read),
     ]

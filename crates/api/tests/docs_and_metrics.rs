@@ -31,7 +31,7 @@ const OPERATIONS: &[(&str, &str)] = &[
     ("post", "/v1/queues/{queue}/pause"),
     ("post", "/v1/queues/{queue}/resume"),
     ("get", "/v1/queues/{queue}/dead-letters"),
-    ("delete", "/v1/queues/{queue}/dead-letters"),
+    ("post", "/v1/queues/{queue}/dead-letters/purge"),
     ("post", "/v1/queues/{queue}/dead-letters/redrive"),
     ("post", "/v1/queues/{queue}/dead-letters/{id}/redrive"),
     ("get", "/v1/breakers"),
