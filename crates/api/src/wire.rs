@@ -20,6 +20,7 @@ pub struct SubmitRequest {
     pub workflow: String,
     /// Its version; the latest registered when absent.
     #[schema(minimum = 1)]
+    #[serde(default, deserialize_with = "whole_number")]
     pub version: Option<u32>,
     /// The task's input (any JSON); `{}` when absent.
     #[serde(default)]
@@ -35,6 +36,17 @@ pub struct SubmitRequest {
         max_length = 50
     )]
     pub id: Option<String>,
+}
+
+/// A JSON number that is a whole `u32`, written `1` or `1.0` (JSON does not
+/// tell the two apart, and JSON Schema calls both integers).
+fn whole_number<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<u32>, D::Error> {
+    let Some(number) = Option::<serde_json::Number>::deserialize(deserializer)? else { return Ok(None) };
+    let whole = match number.as_u64() {
+        Some(n) => u32::try_from(n).ok(),
+        None => number.as_f64().filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f <= f64::from(u32::MAX)).map(|f| f as u32),
+    };
+    whole.map(Some).ok_or_else(|| serde::de::Error::custom(format!("expected a whole number from 1 to {}, got {number}", u32::MAX)))
 }
 
 /// A task's state (`pending`, `processing`, `processed`, `error`, `compensating`, `compensated`, `cancelled`).

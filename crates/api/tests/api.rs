@@ -88,6 +88,8 @@ async fn invalid_submissions_are_4xx_naming_the_problem() {
     let reason = server.post_json("/v1/tasks", &json!({ "workflow": "quick", "version": 0 })).await.assert_error(422, "invalid_body");
     assert!(reason.starts_with("version:"), "{reason}");
     server.post_json("/v1/tasks", &json!({ "workflow": "quick", "version": -1 })).await.assert_error(422, "invalid_body");
+    server.post_json("/v1/tasks", &json!({ "workflow": "quick", "version": 1.5 })).await.assert_error(422, "invalid_body");
+    server.post_json("/v1/tasks", &json!({ "workflow": "quick", "version": 4294967296_u64 })).await.assert_error(422, "invalid_body");
     let reason = server.post_json("/v1/tasks", &json!({ "workflow": "quick", "id": "tab\there" })).await.assert_error(422, "invalid_body");
     assert!(reason.starts_with("id:"), "{reason}");
     server.post_json("/v1/tasks", &json!({ "workflow": "quick", "id": "x".repeat(201) })).await.assert_error(422, "invalid_body");
@@ -245,6 +247,8 @@ async fn workflows_are_listed_shown_validated_and_registered() {
     assert_eq!(server.get("/v1/workflows/extra").await.body["version"], 2, "the latest version is shown");
     let submitted = server.post_json("/v1/tasks", &json!({ "workflow": "extra", "version": 1 })).await;
     assert_eq!((submitted.status, &submitted.body["version"]), (StatusCode::CREATED, &json!(1)));
+    let written_as_float = server.post_json("/v1/tasks", &json!({ "workflow": "extra", "version": 1.0 })).await;
+    assert_eq!((written_as_float.status, &written_as_float.body["version"]), (StatusCode::CREATED, &json!(1)));
 }
 
 async fn dead_letter_one(server: &Server, queue: &QueueName, id: &str) {
