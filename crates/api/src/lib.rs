@@ -17,11 +17,32 @@
 //! - Bearer tokens with scopes ([`auth`]), bounded request bodies,
 //!   `/healthz`, `/readyz` and Prometheus `/metrics` ([`metrics`]).
 //!
+//! ```no_run
+//! # async fn run(store: rota_store::SharedStore, engine: rota_engine::Engine) -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use rota_api::{ApiState, AuthConfig, Config, Scope, Token};
+//!
+//! let auth = AuthConfig::tokens(vec![
+//!     Token::new("an-admin-token-of-16+-chars", vec![Scope::Admin])?,
+//!     Token::new("the-shop-application-token", vec![Scope::Submit])?,
+//! ])?;
+//! let clock: Arc<dyn rota_model::Clock> = Arc::new(rota_model::SystemClock);
+//! let state = ApiState::new(store, engine.client(), clock, Config::new(auth))?;
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:7878").await?;
+//! let shutdown = rota_engine::Shutdown::new();
+//! let stop = shutdown.clone();
+//! rota_api::serve(listener, state, async move { stop.triggered().await }).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! Deliberately left out: the worker protocol for external agents and
 //! webhooks (later parts of the same issue), TLS (put a proxy in front),
 //! and reading configuration: the binary builds [`Config`] from its flags
 //! and files. This crate runs no engine role; it only talks to the store
 //! and the client, so an API-only process scales out like any other.
+
+#![warn(missing_docs)]
 
 pub mod auth;
 pub mod error;
@@ -261,6 +282,9 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
 /// Serves [`router`]`(state)` on `listener` until `shutdown` resolves;
 /// then ends the event streams and waits for the requests in progress.
 pub async fn serve(listener: TcpListener, state: ApiState, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), Error> {
+    if matches!(state.config().auth, AuthConfig::Disabled) {
+        tracing::warn!("HTTP API authentication is disabled: every request may do everything");
+    }
     let app = router(state.clone());
     let closing = state.clone();
     axum::serve(listener, app)

@@ -67,6 +67,8 @@ pub async fn count_request(State(state): State<ApiState>, request: Request, next
     let response = next.run(request).await;
     let status = response.status().as_u16().to_string();
     let seconds = started.elapsed().as_secs_f64();
+    // Method, route pattern and status only: never headers (tokens) or bodies.
+    tracing::debug!(method = %method, route = %route, status = %status, seconds, "request");
     state.inner.metrics.record(|| {
         metrics::counter!("rota_http_requests_total", "route" => route.clone(), "method" => method.clone(), "status" => status)
             .increment(1);
