@@ -71,6 +71,32 @@ impl Scope {
     }
 }
 
+impl std::str::FromStr for Scope {
+    type Err = crate::Error;
+
+    /// `admin`, `operator`, `submit`, or `agent:QUEUE[,QUEUE…]` (the queues
+    /// an external agent may receive from), as a configuration file names them.
+    fn from_str(text: &str) -> Result<Scope, crate::Error> {
+        match text {
+            "admin" => Ok(Scope::Admin),
+            "operator" => Ok(Scope::Operator),
+            "submit" => Ok(Scope::Submit),
+            other => match other.strip_prefix("agent:") {
+                Some(list) => {
+                    let queues = list
+                        .split(',')
+                        .map(|name| QueueName::new(name.trim()).map_err(|err| crate::Error::Config(format!("scope {other:?}: {err}"))))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    Ok(Scope::Agent { queues })
+                }
+                None => {
+                    Err(crate::Error::Config(format!("unknown scope {other:?} (expected admin, operator, submit or agent:QUEUE[,QUEUE…])")))
+                }
+            },
+        }
+    }
+}
+
 /// What a route needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Permission {
@@ -282,6 +308,17 @@ mod tests {
         assert_eq!(granted(Scope::Operator), [Read, ReadTask, Operate]);
         assert_eq!(granted(Scope::Submit), [ReadTask, Submit]);
         assert!(granted(Scope::Agent { queues: vec![QueueName::new("agent.http").unwrap()] }).is_empty());
+    }
+
+    #[test]
+    fn scopes_parse_from_their_configured_names() {
+        assert_eq!("admin".parse::<Scope>().unwrap(), Scope::Admin);
+        assert_eq!("operator".parse::<Scope>().unwrap(), Scope::Operator);
+        assert_eq!("submit".parse::<Scope>().unwrap(), Scope::Submit);
+        let queues = vec![QueueName::new("agent.http").unwrap(), QueueName::new("agent.exec").unwrap()];
+        assert_eq!("agent:agent.http, agent.exec".parse::<Scope>().unwrap(), Scope::Agent { queues });
+        assert!("agent:".parse::<Scope>().unwrap_err().to_string().contains("queue name"));
+        assert!("root".parse::<Scope>().unwrap_err().to_string().contains("unknown scope \"root\""));
     }
 
     #[test]
