@@ -63,7 +63,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use rota_engine::Client;
+use rota_engine::{Client, Workflows};
 use rota_model::Clock;
 use rota_store::SharedStore;
 use rota_workflow::AgentCatalog;
@@ -187,6 +187,8 @@ struct Inner {
     client: Client,
     clock: Arc<dyn Clock>,
     config: Config,
+    /// The definitions tasks run, cached (versions are immutable).
+    workflows: Workflows,
     metrics: metrics::Metrics,
     /// Set when the server begins to shut down, so that event streams end
     /// (a graceful shutdown waits for every open response).
@@ -199,7 +201,8 @@ impl ApiState {
     /// `config`'s limits.
     pub fn new(store: SharedStore, client: Client, clock: Arc<dyn Clock>, config: Config) -> Result<Self, Error> {
         config.limits.validate()?;
-        let inner = Inner { store, client, clock, config, metrics: metrics::Metrics::new(), closing: watch::Sender::new(false) };
+        let workflows = Workflows::new(store.clone());
+        let inner = Inner { store, client, clock, config, workflows, metrics: metrics::Metrics::new(), closing: watch::Sender::new(false) };
         Ok(ApiState { inner: Arc::new(inner) })
     }
 
@@ -211,6 +214,11 @@ impl ApiState {
     /// The task client.
     pub fn client(&self) -> &Client {
         &self.inner.client
+    }
+
+    /// The workflow definitions, cached.
+    pub fn workflows(&self) -> &Workflows {
+        &self.inner.workflows
     }
 
     /// The clock.

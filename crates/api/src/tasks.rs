@@ -22,6 +22,14 @@ pub(crate) fn task_id(raw: String) -> ApiResult<TaskId> {
     TaskId::new(raw).map_err(|err| ApiError::invalid_path("id", err))
 }
 
+/// The view of a task, with the agents of its definition (a task whose
+/// definition is missing or unreadable is still shown).
+async fn view(state: &ApiState, record: &TaskRecord) -> TaskView {
+    let task = &record.task;
+    let definition = state.workflows().get(&task.workflow, Some(task.workflow_version)).await.ok();
+    TaskView::new(task, &record.steps, definition.as_deref())
+}
+
 /// The task, or 404.
 async fn required(state: &ApiState, request: &str, id: &TaskId) -> ApiResult<TaskRecord> {
     state.store().task(id).await.map_err(|err| ApiError::store(request, err))?.ok_or_else(|| ApiError::not_found(format!("task {id}")))
@@ -64,7 +72,7 @@ pub async fn submit(State(state): State<ApiState>, ApiJson(request): ApiJson<Sub
     })?;
     let record = required(&state, "submit", &submitted.id).await?;
     let status = if submitted.created { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, Json(TaskView::new(&record.task, &record.steps))))
+    Ok((status, Json(view(&state, &record).await)))
 }
 
 /// A task with its steps.
@@ -84,7 +92,7 @@ pub async fn submit(State(state): State<ApiState>, ApiJson(request): ApiJson<Sub
 pub async fn get(State(state): State<ApiState>, ApiPath(TaskPath { id }): ApiPath<TaskPath>) -> ApiResult<Json<TaskView>> {
     let id = task_id(id)?;
     let record = required(&state, "get task", &id).await?;
-    Ok(Json(TaskView::new(&record.task, &record.steps)))
+    Ok(Json(view(&state, &record).await))
 }
 
 /// Tasks, newest first, filtered.
@@ -226,5 +234,5 @@ async fn resubmit_task(state: &ApiState, id: &TaskId, step: Option<&StepName>) -
     }
     state.client().resubmit(id, step).await.map_err(|err| ApiError::engine("resubmit", err))?;
     let record = required(state, "resubmit", id).await?;
-    Ok(Json(TaskView::new(&record.task, &record.steps)))
+    Ok(Json(view(state, &record).await))
 }

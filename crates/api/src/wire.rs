@@ -177,6 +177,9 @@ pub struct TaskView {
     pub not_before: i64,
     /// How many times its deadline passed.
     pub failure_count: u32,
+    /// The failure count at which it ends (its workflow's `max_failures`;
+    /// absent when the definition cannot be read).
+    pub max_failures: Option<u32>,
     /// The submitted input.
     pub input: Value,
     /// The result, once processed.
@@ -192,8 +195,9 @@ pub struct TaskView {
 }
 
 impl TaskView {
-    /// A task and its steps.
-    pub fn new(task: &Task, steps: &[Step]) -> Self {
+    /// A task and its steps; `definition` (the version the task runs) names
+    /// each step's agent.
+    pub fn new(task: &Task, steps: &[Step], definition: Option<&rota_workflow::Workflow>) -> Self {
         TaskView {
             id: task.id.to_string(),
             workflow: task.workflow.to_string(),
@@ -204,12 +208,22 @@ impl TaskView {
             complete_by: task.complete_by.map(|t| t.as_millis()),
             not_before: task.not_before.as_millis(),
             failure_count: task.failure_count,
+            max_failures: definition.map(rota_workflow::Workflow::max_failures),
             input: task.input.clone(),
             output: task.output.clone(),
             error: task.error.clone(),
             created_at: task.created_at.as_millis(),
             updated_at: task.updated_at.as_millis(),
-            steps: steps.iter().map(StepView::from).collect(),
+            steps: steps
+                .iter()
+                .map(|step| {
+                    let mut view = StepView::from(step);
+                    view.agent = definition.and_then(|d| d.step(&step.name)).map(|def| def.agent().to_string());
+                    let in_flight = matches!(step.state, StepState::Running | StepState::Compensating);
+                    view.owner = task.locked_by.as_ref().filter(|_| in_flight).map(ToString::to_string);
+                    view
+                })
+                .collect(),
         }
     }
 }
@@ -221,10 +235,14 @@ pub struct StepView {
     pub name: String,
     /// Its position in the definition.
     pub position: u32,
+    /// The agent that runs it (absent when the definition cannot be read).
+    pub agent: Option<String>,
     /// Where it is.
     pub state: StepStateView,
     /// The current attempt (0 before the first).
     pub attempt: u32,
+    /// The Scheduler holding its task while the step is in flight.
+    pub owner: Option<String>,
     /// When the current attempt's time runs out, epoch ms.
     pub complete_by: Option<i64>,
     /// The earliest time the next attempt may start, epoch ms.
@@ -244,8 +262,10 @@ impl From<&Step> for StepView {
         StepView {
             name: step.name.to_string(),
             position: step.position,
+            agent: None,
             state: step.state.into(),
             attempt: step.attempt,
+            owner: None,
             complete_by: step.complete_by.map(|t| t.as_millis()),
             not_before: step.not_before.as_millis(),
             input: step.input.clone(),

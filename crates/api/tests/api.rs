@@ -30,6 +30,7 @@ async fn a_submitted_task_runs_and_a_second_submit_with_its_id_returns_it() {
         done["steps"].as_array().unwrap().iter().map(|s| (s["name"].as_str().unwrap(), s["state"].as_str().unwrap())).collect();
     assert_eq!(steps, [("first", "completed"), ("second", "completed")]);
     assert_eq!(done["output"]["second"], json!({ "slept_ms": 10 }));
+    assert_eq!((done["steps"][0]["agent"].as_str(), done["max_failures"].as_u64()), (Some("delay"), Some(3)), "{done}");
 
     let history = server.get("/v1/tasks/order-1/history").await;
     assert_eq!(history.status, StatusCode::OK);
@@ -169,7 +170,8 @@ async fn a_failed_task_raises_an_alert_and_can_be_resubmitted_whole_or_by_step()
 async fn a_running_task_is_cancelled() {
     let server = start(Options::default()).await;
     server.submit("slow", "s-1").await;
-    server.wait_for("s-1", |state| state == "processing").await;
+    let running = server.wait_until("s-1", |task| task["steps"][0]["state"] == "running").await;
+    assert_eq!(running["steps"][0]["owner"], common::INSTANCE, "the holder owns a step in flight: {running}");
     let cancelled = server.post("/v1/tasks/s-1/cancel").await;
     assert_eq!(cancelled.status, StatusCode::OK, "{}", cancelled.text);
     assert_eq!(cancelled.body, json!({ "id": "s-1", "state": "cancelled" }));

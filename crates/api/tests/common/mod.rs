@@ -196,14 +196,19 @@ impl Server {
 
     /// Polls the task until `done` holds for its state, within [`WAIT_MAX`].
     pub async fn wait_for(&self, id: &str, done: impl Fn(&str) -> bool) -> Value {
+        self.wait_until(id, |task| done(task["state"].as_str().unwrap())).await
+    }
+
+    /// Polls the task until `done` holds for it, within [`WAIT_MAX`].
+    pub async fn wait_until(&self, id: &str, done: impl Fn(&Value) -> bool) -> Value {
         let started = std::time::Instant::now();
         loop {
             let reply = self.get(&format!("/v1/tasks/{id}")).await;
             assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
-            if done(reply.body["state"].as_str().unwrap()) {
+            if done(&reply.body) {
                 return reply.body;
             }
-            assert!(started.elapsed() < WAIT_MAX, "task {id} stayed {}", reply.body["state"]);
+            assert!(started.elapsed() < WAIT_MAX, "task {id} did not get there: {}", reply.text);
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
