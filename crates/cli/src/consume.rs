@@ -83,7 +83,7 @@ pub async fn run(store_args: &StoreArgs, args: Args) -> anyhow::Result<()> {
     }
     // Listen before doing anything else, so that an early signal is a clean stop.
     let signals = Signals::new()?;
-    let store = store_args.open()?;
+    let store = store_args.open().await?;
     let queue = args.queue;
     let lease = match args.lease {
         Some(lease) => lease,

@@ -67,7 +67,7 @@ pub async fn run(store: StoreArgs, command: Command) -> anyhow::Result<()> {
 }
 
 async fn list(store: &StoreArgs, args: ListArgs) -> anyhow::Result<()> {
-    let store = store.open()?;
+    let store = store.open().await?;
     let letters = store
         .dead_letters(&args.queue, args.limit)
         .await
@@ -104,14 +104,14 @@ async fn redrive(store: &StoreArgs, args: RedriveArgs) -> anyhow::Result<()> {
             Redrive::All
         }
     };
-    let store = store.open()?;
+    let store = store.open().await?;
     let moved = store.redrive(&args.queue, which).await.with_context(|| format!("cannot redrive dead letters of queue {}", args.queue))?;
     output::line(&moved.to_string())?;
     Ok(())
 }
 
 async fn purge(store: &StoreArgs, args: PurgeArgs) -> anyhow::Result<()> {
-    let store = store.open()?;
+    let store = store.open().await?;
     let purged =
         store.purge_dead_letters(&args.queue).await.with_context(|| format!("cannot purge dead letters of queue {}", args.queue))?;
     output::line(&purged.to_string())?;

@@ -9,7 +9,8 @@
 //! - `output`: the JSON shapes and tables the commands print.
 //! - `bench`: `rota bench`.
 //! - `demo`: `rota demo`, the pattern's example end to end on a simulated service.
-//! - `serve`: `rota serve`, the engine with every role until a signal.
+//! - `serve`: `rota serve`, the engine with every role (or some) until a
+//!   signal; `rota scheduler`, `rota agent` and `rota supervisor` run one role.
 //! - `tasks`: `rota submit`, `status`, `tasks`, `alerts`, `resubmit`,
 //!   `cancel` and `workflows`.
 //! - `validate`: `rota validate`, workflow files checked without a store.
@@ -49,7 +50,7 @@ const RUNTIME_SHUTDOWN_TIMEOUT: Duration = Duration::from_millis(200);
 #[command(name = "rota", version)]
 struct Cli {
     /// The store: sqlite://PATH, sqlite:///ABSOLUTE/PATH, a path ending in .db
-    /// or .sqlite, or postgres://… (not built yet).
+    /// or .sqlite, or postgres://USER@HOST:PORT/DATABASE[?schema=NAME&connections=N].
     #[arg(long = "store", env = "ROTA_STORE", value_name = "URL", default_value = STORE_URL_DEFAULT, global = true)]
     store_url: String,
 
@@ -66,6 +67,14 @@ struct Cli {
 enum Command {
     /// Run the engine (Scheduler, agents, Supervisor) until SIGINT or SIGTERM.
     Serve(serve::Args),
+    /// Run only the Scheduler role until SIGINT or SIGTERM (scale-out: any number of them).
+    Scheduler(serve::ProcessArgs),
+    /// Run only agents (all built-in ones, or those --queues names) until SIGINT or SIGTERM.
+    Agent(serve::AgentCommand),
+    /// Run only the Supervisor role until SIGINT or SIGTERM (one leads at a time, elected by a lease).
+    Supervisor(serve::SupervisorCommand),
+    /// Create or upgrade the store's schema (every command also does it when it opens the store).
+    Migrate,
     /// Submit a task; prints its id.
     Submit(tasks::SubmitArgs),
     /// Show a task: its fields, steps, history, and circuit breakers that are not closed.
@@ -102,9 +111,9 @@ pub struct StoreArgs {
 }
 
 impl StoreArgs {
-    /// Opens the store.
-    pub fn open(&self) -> anyhow::Result<SharedStore> {
-        open_store(&self.url, self.durability.into())
+    /// Opens the store, running its migrations.
+    pub async fn open(&self) -> anyhow::Result<SharedStore> {
+        open_store(&self.url, self.durability.into()).await
     }
 }
 
@@ -114,7 +123,11 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Bench(args) => return bench::run(args, &store),
         Command::Demo(args) => return demo::run(args),
-        Command::Serve(args) => run_async_logging(serve::run(store, args), "info"),
+        Command::Serve(args) => run_async_logging(serve::run(store, args.into()), "info"),
+        Command::Scheduler(args) => run_async_logging(serve::run(store, serve::RunArgs::scheduler(args)), "info"),
+        Command::Agent(args) => run_async_logging(serve::run(store, args.into()), "info"),
+        Command::Supervisor(args) => run_async_logging(serve::run(store, args.into()), "info"),
+        Command::Migrate => run_async(migrate(store)),
         Command::Submit(args) => run_async(async move { tasks::submit(&store, args).await }),
         Command::Status(args) => run_async(async move { tasks::status(&store, args).await }),
         Command::Tasks(args) => run_async(async move { tasks::list(&store, args).await }),
@@ -136,6 +149,25 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `rota migrate`: brings the store's schema up to this build's version.
+async fn migrate(store: StoreArgs) -> anyhow::Result<()> {
+    match store_url::StoreUrl::parse(&store.url)? {
+        store_url::StoreUrl::Postgres(postgres) => {
+            let config = postgres.config();
+            let migrated = rota_store_postgres::PgStore::migrate(&config)
+                .await
+                .with_context(|| format!("cannot migrate store {}", store_url::redacted(&store.url)))?;
+            println!("schema {} of {}: version {} (was {})", config.schema, store_url::redacted(&store.url), migrated.to, migrated.from);
+        }
+        store_url::StoreUrl::Sqlite(path) => {
+            // Opening a SQLite store runs its migrations.
+            store.open().await?;
+            println!("{}: migrated to this build's schema", path.display());
+        }
+    }
+    Ok(())
 }
 
 /// Runs a command on a fresh multi-threaded runtime, with logging set up.

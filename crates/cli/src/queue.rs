@@ -236,7 +236,7 @@ async fn send(store: &StoreArgs, args: SendArgs) -> anyhow::Result<()> {
     let mut message = Outgoing::new(parse_body(text)?).with_delay(args.delay);
     message.id = args.id;
     message.ordering_key = args.key;
-    let store = store.open()?;
+    let store = store.open().await?;
     let sent = store.send(&args.queue, message).await.with_context(|| format!("cannot send to queue {}", args.queue))?;
     output::line(sent.id.as_str())?;
     if sent.duplicate {
@@ -256,7 +256,7 @@ async fn send_lines(store: &StoreArgs, args: SendArgs) -> anyhow::Result<()> {
     // Concurrent sends may commit in any order; an ordering key promises send
     // order, so with one the lines go one at a time.
     let lanes = if args.key.is_some() { 1 } else { args.lanes.unwrap_or(SEND_LANES_DEFAULT) as usize };
-    let store: SharedStore = store.open()?;
+    let store: SharedStore = store.open().await?;
     let queue = args.queue;
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
     let mut in_flight: JoinSet<(usize, rota_store::Result<MessageId>)> = JoinSet::new();
@@ -322,7 +322,7 @@ async fn receive(store: &StoreArgs, args: ReceiveArgs) -> anyhow::Result<()> {
     }
     let mut request = Receive::up_to(args.max).waiting(args.wait);
     request.lease = args.lease;
-    let store = store.open()?;
+    let store = store.open().await?;
     let deliveries = store.receive(&args.queue, request).await.with_context(|| format!("cannot receive from queue {}", args.queue))?;
     if args.json {
         let json: Vec<DeliveryJson> = deliveries.iter().map(DeliveryJson::from).collect();
@@ -350,13 +350,13 @@ async fn receive(store: &StoreArgs, args: ReceiveArgs) -> anyhow::Result<()> {
 }
 
 async fn complete(store: &StoreArgs, args: TokenArgs) -> anyhow::Result<()> {
-    let store = store.open()?;
+    let store = store.open().await?;
     store.complete(&args.queue, args.token).await.map_err(|err| lease_error(err, &args.queue, args.token))
 }
 
 async fn abandon(store: &StoreArgs, args: AbandonArgs) -> anyhow::Result<()> {
     let TokenArgs { queue, token } = args.target;
-    let store = store.open()?;
+    let store = store.open().await?;
     store.abandon(&queue, token, args.delay, args.reason).await.map_err(|err| lease_error(err, &queue, token))
 }
 
@@ -365,7 +365,7 @@ async fn renew(store: &StoreArgs, args: RenewArgs) -> anyhow::Result<()> {
     if let Some(lease) = args.lease {
         check_lease_flag(lease)?;
     }
-    let store = store.open()?;
+    let store = store.open().await?;
     let until = store.renew(&queue, token, args.lease).await.map_err(|err| lease_error(err, &queue, token))?;
     output::line(&output::rfc3339(until))?;
     Ok(())
@@ -373,12 +373,12 @@ async fn renew(store: &StoreArgs, args: RenewArgs) -> anyhow::Result<()> {
 
 async fn dead_letter(store: &StoreArgs, args: DeadLetterArgs) -> anyhow::Result<()> {
     let TokenArgs { queue, token } = args.target;
-    let store = store.open()?;
+    let store = store.open().await?;
     store.dead_letter(&queue, token, args.reason).await.map_err(|err| lease_error(err, &queue, token))
 }
 
 async fn create(store: &StoreArgs, args: CreateArgs) -> anyhow::Result<()> {
-    let store = store.open()?;
+    let store = store.open().await?;
     let existing = store.queue_config(&args.queue).await.with_context(|| format!("cannot read the settings of queue {}", args.queue))?;
     let mut config = existing.unwrap_or_default();
     if let Some(lease) = args.lease {
@@ -405,17 +405,17 @@ fn validate_config(config: &QueueConfig) -> anyhow::Result<()> {
 }
 
 async fn pause(store: &StoreArgs, args: QueueArg) -> anyhow::Result<()> {
-    let store = store.open()?;
+    let store = store.open().await?;
     store.pause(&args.queue).await.with_context(|| format!("cannot pause queue {}", args.queue))
 }
 
 async fn resume(store: &StoreArgs, args: QueueArg) -> anyhow::Result<()> {
-    let store = store.open()?;
+    let store = store.open().await?;
     store.resume(&args.queue).await.with_context(|| format!("cannot resume queue {}", args.queue))
 }
 
 async fn stats(store: &StoreArgs, args: StatsArgs) -> anyhow::Result<()> {
-    let store = store.open()?;
+    let store = store.open().await?;
     let mut all = store.stats().await.context("cannot read queue stats")?;
     if let Some(queue) = &args.queue {
         all.retain(|stats| &stats.queue == queue);

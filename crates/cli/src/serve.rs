@@ -40,6 +40,7 @@ use serde_json::{Value, json};
 use tracing::{info, warn};
 
 use crate::StoreArgs;
+use crate::store_url::redacted;
 
 /// The workflows directory used when `--workflows` is absent, if it exists.
 const WORKFLOWS_DIR_DEFAULT: &str = "workflows";
@@ -62,9 +63,14 @@ const LEADER_TTL_INTERVALS: u32 = 5;
 /// The most agent calls each agent runs at once.
 const AGENT_CONCURRENCY_MAX: u32 = 1024;
 
-/// Arguments of `serve`.
-#[derive(clap::Args)]
-pub struct Args {
+/// How many calls each agent runs at once unless told otherwise.
+const AGENT_CONCURRENCY_DEFAULT: u32 = 16;
+/// How often the Supervisor looks for passed deadlines unless told otherwise.
+const SUPERVISOR_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
+
+/// What every engine process takes, whatever its roles.
+#[derive(clap::Args, Clone)]
+pub struct ProcessArgs {
     /// The directory of workflow definitions (*.yaml, *.yml, *.json), all
     /// registered at startup [default: ./workflows if it exists].
     #[arg(long, value_name = "DIR")]
@@ -74,19 +80,109 @@ pub struct Args {
     /// [default: <hostname>-<pid>].
     #[arg(long, env = "ROTA_INSTANCE_ID", value_name = "ID")]
     instance_id: Option<String>,
-    /// The roles to run, comma-separated.
-    #[arg(long, value_enum, value_name = "ROLES", value_delimiter = ',', default_value = "scheduler,agent,supervisor")]
-    roles: Vec<Role>,
-    /// How many calls each agent runs at once (MaxConcurrentCalls).
-    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=i64::from(AGENT_CONCURRENCY_MAX)))]
-    agent_concurrency: u32,
-    /// How often the Supervisor looks for passed deadlines (10ms..1h).
-    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = humantime::parse_duration)]
-    supervisor_interval: Duration,
     /// At SIGINT/SIGTERM, how long agent calls and replies in progress may
     /// take to finish before they are cancelled and given back (0s..1h).
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
     shutdown_grace: Duration,
+}
+
+/// The agent role's settings.
+#[derive(clap::Args, Clone)]
+pub struct AgentArgs {
+    /// The agent queues to consume, comma-separated: agent names (`http`) or
+    /// their queues (`agent.http`) [default: every built-in agent].
+    #[arg(long, value_name = "QUEUES", value_delimiter = ',')]
+    queues: Vec<String>,
+    /// How many calls each agent runs at once (MaxConcurrentCalls).
+    #[arg(long, visible_alias = "max-concurrent", value_name = "N", default_value_t = AGENT_CONCURRENCY_DEFAULT,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(AGENT_CONCURRENCY_MAX)))]
+    agent_concurrency: u32,
+}
+
+impl Default for AgentArgs {
+    fn default() -> Self {
+        AgentArgs { queues: Vec::new(), agent_concurrency: AGENT_CONCURRENCY_DEFAULT }
+    }
+}
+
+/// The Supervisor role's settings.
+#[derive(clap::Args, Clone)]
+pub struct SupervisorArgs {
+    /// How often the Supervisor looks for passed deadlines (10ms..1h); its
+    /// leadership lasts five of these without renewal.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = humantime::parse_duration)]
+    supervisor_interval: Duration,
+}
+
+impl Default for SupervisorArgs {
+    fn default() -> Self {
+        SupervisorArgs { supervisor_interval: SUPERVISOR_INTERVAL_DEFAULT }
+    }
+}
+
+/// Arguments of `serve`.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    process: ProcessArgs,
+    #[command(flatten)]
+    agent: AgentArgs,
+    #[command(flatten)]
+    supervisor: SupervisorArgs,
+    /// The roles to run, comma-separated.
+    #[arg(long, value_enum, value_name = "ROLES", value_delimiter = ',', default_value = "scheduler,agent,supervisor")]
+    roles: Vec<Role>,
+}
+
+/// Arguments of `rota agent`.
+#[derive(clap::Args)]
+pub struct AgentCommand {
+    #[command(flatten)]
+    process: ProcessArgs,
+    #[command(flatten)]
+    agent: AgentArgs,
+}
+
+/// Arguments of `rota supervisor`.
+#[derive(clap::Args)]
+pub struct SupervisorCommand {
+    #[command(flatten)]
+    process: ProcessArgs,
+    #[command(flatten)]
+    supervisor: SupervisorArgs,
+}
+
+/// One engine process: its roles and their settings.
+pub struct RunArgs {
+    process: ProcessArgs,
+    agent: AgentArgs,
+    supervisor: SupervisorArgs,
+    roles: Vec<Role>,
+}
+
+impl RunArgs {
+    /// `rota scheduler`.
+    pub fn scheduler(process: ProcessArgs) -> Self {
+        RunArgs { process, agent: AgentArgs::default(), supervisor: SupervisorArgs::default(), roles: vec![Role::Scheduler] }
+    }
+}
+
+impl From<Args> for RunArgs {
+    fn from(args: Args) -> Self {
+        RunArgs { process: args.process, agent: args.agent, supervisor: args.supervisor, roles: args.roles }
+    }
+}
+
+impl From<AgentCommand> for RunArgs {
+    fn from(args: AgentCommand) -> Self {
+        RunArgs { process: args.process, agent: args.agent, supervisor: SupervisorArgs::default(), roles: vec![Role::Agent] }
+    }
+}
+
+impl From<SupervisorCommand> for RunArgs {
+    fn from(args: SupervisorCommand) -> Self {
+        RunArgs { process: args.process, agent: AgentArgs::default(), supervisor: args.supervisor, roles: vec![Role::Supervisor] }
+    }
 }
 
 /// One role of the pattern.
@@ -102,8 +198,8 @@ enum Role {
 }
 
 /// Runs the engine until a signal stops it.
-pub async fn run(store_args: StoreArgs, args: Args) -> anyhow::Result<()> {
-    let instance = match args.instance_id.as_deref() {
+pub async fn run(store_args: StoreArgs, args: RunArgs) -> anyhow::Result<()> {
+    let instance = match args.process.instance_id.as_deref() {
         Some(id) => checked_instance_id(id)?,
         None => default_instance_id(),
     };
@@ -112,7 +208,7 @@ pub async fn run(store_args: StoreArgs, args: Args) -> anyhow::Result<()> {
         agents: args.roles.contains(&Role::Agent),
         supervisor: args.roles.contains(&Role::Supervisor),
     };
-    let interval = args.supervisor_interval;
+    let interval = args.supervisor.supervisor_interval;
     anyhow::ensure!(
         (SUPERVISOR_INTERVAL_MIN..=SUPERVISOR_INTERVAL_MAX).contains(&interval),
         "--supervisor-interval must be between 10ms and 1h, got {}",
@@ -120,10 +216,10 @@ pub async fn run(store_args: StoreArgs, args: Args) -> anyhow::Result<()> {
     );
     let grace_max = rota_engine::consumer::Config::SHUTDOWN_GRACE_MAX;
     anyhow::ensure!(
-        args.shutdown_grace <= grace_max,
+        args.process.shutdown_grace <= grace_max,
         "--shutdown-grace must be at most {}, got {}",
         humantime::format_duration(grace_max),
-        humantime::format_duration(args.shutdown_grace)
+        humantime::format_duration(args.process.shutdown_grace)
     );
     // Listen before doing anything else, so that an early signal is a clean stop.
     let mut signals = Signals::new()?;
@@ -132,20 +228,21 @@ pub async fn run(store_args: StoreArgs, args: Args) -> anyhow::Result<()> {
     let catalog = agents
         .names()
         .fold(AgentCatalog::empty(), |catalog, name| catalog.with(AgentName::new(name).expect("registered agents have valid names")));
-    let (dir, definitions) = load_workflows(args.workflows.as_deref(), &catalog)?;
-    let store = store_args.open()?;
+    let running_agents = selected_agents(&agents, &args.agent.queues)?;
+    let (dir, definitions) = load_workflows(args.process.workflows.as_deref(), &catalog)?;
+    let store = store_args.open().await?;
     warn_if_instance_is_live(&store, &instance, &*clock).await;
     register(&store, &definitions).await?;
 
     let mut config = Config::new(instance.clone());
     config.roles = roles;
-    config.agent_concurrency = args.agent_concurrency as usize;
+    config.agent_concurrency = args.agent.agent_concurrency as usize;
     config.supervisor.interval = interval;
     config.supervisor.leader_ttl = interval * LEADER_TTL_INTERVALS;
     config.seed = seed(&instance, &*clock);
-    config.shutdown_grace = args.shutdown_grace;
+    config.shutdown_grace = args.process.shutdown_grace;
     let mut engine = Engine::new(store.clone(), clock.clone(), config);
-    for name in agents.names() {
+    for name in &running_agents {
         engine = engine.agent(agents.get(name).expect("a registered name"));
     }
     for definition in &definitions {
@@ -163,7 +260,7 @@ pub async fn run(store_args: StoreArgs, args: Args) -> anyhow::Result<()> {
     };
     let role_names: Vec<&str> = args.roles.iter().map(|role| role_name(*role)).collect();
     // Without the agent role the registry only serves to validate definitions.
-    let agent_names: Vec<&str> = if roles.agents { agents.names().collect() } else { Vec::new() };
+    let agent_names: Vec<&str> = if roles.agents { running_agents.iter().map(String::as_str).collect() } else { Vec::new() };
     info!(
         "rota serve started: instance {instance}, store {}, roles {}, agents {}, workflows {loaded}",
         redacted(&store_args.url),
@@ -216,15 +313,26 @@ pub async fn run(store_args: StoreArgs, args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The store URL without a password (`postgres://user:secret@host` logs as
-/// `postgres://user:***@host`).
-fn redacted(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
-    let Some((userinfo, host)) = rest.split_once('@') else { return url.to_owned() };
-    match userinfo.split_once(':') {
-        Some((user, _password)) => format!("{scheme}://{user}:***@{host}"),
-        None => url.to_owned(),
+/// The agents whose queues `--queues` names (an agent's name or its queue's),
+/// or every built-in agent when it names none.
+fn selected_agents(agents: &AgentRegistry, queues: &[String]) -> anyhow::Result<Vec<String>> {
+    let known: Vec<&str> = agents.names().collect();
+    if queues.is_empty() {
+        return Ok(known.iter().map(|name| (*name).to_owned()).collect());
     }
+    let mut selected: Vec<String> = Vec::new();
+    for queue in queues {
+        let queue = queue.trim();
+        let name = known.iter().find(|name| **name == queue || rota_engine::protocol::agent_queue(name).as_str() == queue);
+        let Some(name) = name else {
+            let choices: Vec<String> = known.iter().map(|name| format!("{name} ({})", rota_engine::protocol::agent_queue(name))).collect();
+            bail!("--queues: no agent consumes {queue:?}; the agents and their queues are {}", choices.join(", "));
+        };
+        if !selected.iter().any(|s| s == name) {
+            selected.push((*name).to_owned());
+        }
+    }
+    Ok(selected)
 }
 
 fn role_name(role: Role) -> &'static str {
@@ -414,13 +522,6 @@ mod tests {
         let id = default_instance_id();
         assert!(id.as_str().ends_with(&format!("-{}", std::process::id())), "{id}");
         assert!(checked_instance_id(id.as_str()).is_ok(), "{id}");
-    }
-
-    #[test]
-    fn logged_store_urls_hide_passwords() {
-        assert_eq!(redacted("postgres://rota:s3cret@db:5432/rota"), "postgres://rota:***@db:5432/rota");
-        assert_eq!(redacted("postgres://rota@db/rota"), "postgres://rota@db/rota");
-        assert_eq!(redacted("sqlite:///var/lib/rota.db"), "sqlite:///var/lib/rota.db");
     }
 
     #[test]

@@ -1,10 +1,12 @@
 //! The store URL: which backend to open, and where.
 //!
 //! `--store` (or `ROTA_STORE`) takes `sqlite://relative/path.db`,
-//! `sqlite:///absolute/path.db`, or a bare path ending in `.db`, `.sqlite` or
-//! `.sqlite3`. `postgres://…` is recognised so that it fails with a clear
-//! message until the PostgreSQL backend exists. Every command that touches a
-//! store opens it through [`open_store`], so the rules live here once.
+//! `sqlite:///absolute/path.db`, a bare path ending in `.db`, `.sqlite` or
+//! `.sqlite3`, or `postgres://user@host:port/database`. A PostgreSQL URL may
+//! carry two options of rota's own, taken off before the URL reaches the
+//! driver: `schema=NAME` (the schema holding rota's tables, default `rota`)
+//! and `connections=N` (the pool size). Every command that touches a store
+//! opens it through [`open_store`], so the rules live here once.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -26,8 +28,54 @@ const SQLITE_EXTENSIONS: [&str; 3] = ["db", "sqlite", "sqlite3"];
 pub enum StoreUrl {
     /// A SQLite database file (created when missing; its directory must exist).
     Sqlite(PathBuf),
-    /// A PostgreSQL server (not built yet).
-    Postgres,
+    /// A PostgreSQL database.
+    Postgres(PostgresUrl),
+}
+
+/// A PostgreSQL store URL, split into the driver's URL and rota's options.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PostgresUrl {
+    /// The URL for the driver, without rota's options.
+    pub url: String,
+    /// `schema=`: the schema that holds rota's tables.
+    pub schema: Option<String>,
+    /// `connections=`: the most pooled connections.
+    pub connections: Option<u32>,
+}
+
+impl PostgresUrl {
+    fn parse(url: &str) -> anyhow::Result<PostgresUrl> {
+        let Some((base, query)) = url.split_once('?') else {
+            return Ok(PostgresUrl { url: url.to_owned(), schema: None, connections: None });
+        };
+        let mut parsed = PostgresUrl { url: String::new(), schema: None, connections: None };
+        let mut kept = Vec::new();
+        for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+            match pair.split_once('=') {
+                Some(("schema", value)) => parsed.schema = Some(value.to_owned()),
+                Some(("connections", value)) => {
+                    let count = value.parse::<u32>().ok().filter(|n| (1..=1000).contains(n));
+                    parsed.connections =
+                        Some(count.with_context(|| format!("store URL option connections={value:?} must be a number from 1 to 1000"))?);
+                }
+                _ => kept.push(pair),
+            }
+        }
+        parsed.url = if kept.is_empty() { base.to_owned() } else { format!("{base}?{}", kept.join("&")) };
+        Ok(parsed)
+    }
+
+    /// The store configuration this URL asks for.
+    pub fn config(&self) -> rota_store_postgres::Config {
+        let mut config = rota_store_postgres::Config::new(self.url.clone());
+        if let Some(schema) = &self.schema {
+            config.schema = schema.clone();
+        }
+        if let Some(connections) = self.connections {
+            config.connections_max = connections;
+        }
+        config
+    }
 }
 
 impl StoreUrl {
@@ -49,7 +97,7 @@ impl StoreUrl {
             return Ok(StoreUrl::Sqlite(PathBuf::from(path)));
         }
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            return Ok(StoreUrl::Postgres);
+            return Ok(StoreUrl::Postgres(PostgresUrl::parse(url)?));
         }
         if let Some((scheme, _)) = url.split_once("://") {
             bail!("unknown store URL scheme {scheme:?} in {url:?}; {EXPECTED}");
@@ -63,7 +111,8 @@ impl StoreUrl {
     }
 }
 
-const EXPECTED: &str = "expected sqlite://PATH, sqlite:///ABSOLUTE/PATH, postgres://… or a file path ending in .db or .sqlite";
+const EXPECTED: &str =
+    "expected sqlite://PATH, sqlite:///ABSOLUTE/PATH, postgres://USER@HOST:PORT/DATABASE or a file path ending in .db or .sqlite";
 
 /// How hard a SQLite commit tries to survive power loss (`--durability`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -93,14 +142,19 @@ impl fmt::Display for DurabilityArg {
     }
 }
 
-/// Opens the store that `url` names, with the given durability (SQLite only).
+/// Opens the store that `url` names, with the given durability (SQLite only:
+/// PostgreSQL's durability is the server's `synchronous_commit`), running
+/// its migrations.
 ///
-/// Errors are one line that names the URL and the reason, e.g. a directory
-/// that does not exist or a backend that is not built.
-pub fn open_store(url: &str, durability: Durability) -> anyhow::Result<SharedStore> {
+/// Errors are one line that names the URL (without a password) and the
+/// reason, e.g. a directory that does not exist or a server that does not answer.
+pub async fn open_store(url: &str, durability: Durability) -> anyhow::Result<SharedStore> {
     match StoreUrl::parse(url)? {
-        StoreUrl::Postgres => {
-            bail!("cannot open store {url}: the PostgreSQL store is not built yet (issue 4); use sqlite://PATH")
+        StoreUrl::Postgres(postgres) => {
+            let store = rota_store_postgres::PgStore::open(postgres.config(), Arc::new(SystemClock))
+                .await
+                .with_context(|| format!("cannot open store {}", redacted(url)))?;
+            Ok(Arc::new(store))
         }
         StoreUrl::Sqlite(path) => {
             // SQLite creates the file but not its directory, and its own error
@@ -118,6 +172,17 @@ pub fn open_store(url: &str, durability: Durability) -> anyhow::Result<SharedSto
             let store = SqliteStore::open(config, Arc::new(SystemClock)).with_context(|| format!("cannot open store {url}"))?;
             Ok(Arc::new(store))
         }
+    }
+}
+
+/// The store URL without a password (`postgres://user:secret@host` shows as
+/// `postgres://user:***@host`), for logs and messages.
+pub fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
+    let Some((userinfo, host)) = rest.split_once('@') else { return url.to_owned() };
+    match userinfo.split_once(':') {
+        Some((user, _password)) => format!("{scheme}://{user}:***@{host}"),
+        None => url.to_owned(),
     }
 }
 
@@ -157,21 +222,41 @@ mod tests {
         check("", None);
     }
 
-    #[test]
-    fn postgres_is_recognised_and_other_schemes_refused() {
-        check("postgres://rota@localhost/rota", Some(StoreUrl::Postgres));
-        check("postgresql://localhost", Some(StoreUrl::Postgres));
-        check("mysql://localhost/x.db", None);
+    fn postgres(url: &str, schema: Option<&str>, connections: Option<u32>) -> Option<StoreUrl> {
+        Some(StoreUrl::Postgres(PostgresUrl { url: url.into(), schema: schema.map(Into::into), connections }))
     }
 
     #[test]
-    fn opening_names_the_missing_directory_and_the_missing_backend() {
-        let err = open_store("sqlite:///nonexistent-rota-dir/sub/q.db", Durability::Full).err().unwrap();
+    fn postgres_urls_keep_driver_options_and_take_rotas_own() {
+        check("postgres://rota@localhost/rota", postgres("postgres://rota@localhost/rota", None, None));
+        check("postgresql://localhost", postgres("postgresql://localhost", None, None));
+        check(
+            "postgres://h/db?sslmode=require&schema=jobs&connections=8",
+            postgres("postgres://h/db?sslmode=require", Some("jobs"), Some(8)),
+        );
+        check("postgres://h/db?connections=0", None);
+        check("postgres://h/db?connections=many", None);
+        check("mysql://localhost/x.db", None);
+    }
+
+    #[tokio::test]
+    async fn opening_names_the_missing_directory_and_the_unreachable_server() {
+        let err = open_store("sqlite:///nonexistent-rota-dir/sub/q.db", Durability::Full).await.err().unwrap();
         assert_eq!(
             err.to_string(),
             "cannot open store sqlite:///nonexistent-rota-dir/sub/q.db: directory /nonexistent-rota-dir/sub does not exist"
         );
-        let err = open_store("postgres://localhost/rota", Durability::Full).err().unwrap();
-        assert!(err.to_string().contains("PostgreSQL store is not built yet (issue 4)"), "{err}");
+        // Port 1 on loopback refuses at once.
+        let err = open_store("postgres://rota:secret@127.0.0.1:1/rota", Durability::Full).await.err().unwrap();
+        let message = format!("{err:#}");
+        assert!(message.starts_with("cannot open store postgres://rota:***@127.0.0.1:1/rota: "), "{message}");
+        assert!(!message.contains("secret"), "the password never shows: {message}");
+    }
+
+    #[test]
+    fn shown_store_urls_hide_passwords() {
+        assert_eq!(redacted("postgres://rota:s3cret@db:5432/rota"), "postgres://rota:***@db:5432/rota");
+        assert_eq!(redacted("postgres://rota@db/rota"), "postgres://rota@db/rota");
+        assert_eq!(redacted("sqlite:///var/lib/rota.db"), "sqlite:///var/lib/rota.db");
     }
 }

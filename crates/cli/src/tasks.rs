@@ -154,7 +154,7 @@ fn parse_input(text: &str) -> anyhow::Result<Value> {
 /// `rota submit`.
 pub async fn submit(store: &StoreArgs, args: SubmitArgs) -> anyhow::Result<()> {
     let input = parse_input(&args.input)?;
-    let store = store.open()?;
+    let store = store.open().await?;
     let submission = Submission { workflow: args.workflow.clone(), version: args.version, input, id: args.id, reply_to: None };
     let submitted = client(&store).submit(submission).await.map_err(engine_error).map_err(|err| {
         let hint = "; `rota workflows` lists the registered ones, and `rota serve --workflows DIR` registers a directory of definitions";
@@ -391,7 +391,7 @@ fn step_owner(task: &Task, state: StepState) -> Option<&str> {
 
 /// `rota status`.
 pub async fn status(store: &StoreArgs, args: StatusArgs) -> anyhow::Result<()> {
-    let store = store.open()?;
+    let store = store.open().await?;
     let record = required(&store, &args.id).await?;
     let history = store.history(&args.id).await.with_context(|| format!("cannot read the history of task {}", args.id))?;
     let task = &record.task;
@@ -540,7 +540,7 @@ fn status_text(status: &StatusJson) -> String {
 
 /// `rota tasks`.
 pub async fn list(store: &StoreArgs, args: ListArgs) -> anyhow::Result<()> {
-    let store = store.open()?;
+    let store = store.open().await?;
     let filter = TaskFilter { state: args.state, workflow: args.workflow, limit: args.limit, ..TaskFilter::default() };
     let tasks = store.list_tasks(&filter).await.context("cannot list tasks")?;
     if args.json {
@@ -582,7 +582,7 @@ struct AlertJson<'a> {
 
 /// `rota alerts`.
 pub async fn alerts(store: &StoreArgs, args: AlertsArgs) -> anyhow::Result<()> {
-    let store = store.open()?;
+    let store = store.open().await?;
     let alerts = store.alerts(args.limit).await.context("cannot list alerts")?;
     let json: Vec<AlertJson> = alerts
         .iter()
@@ -610,7 +610,7 @@ pub async fn alerts(store: &StoreArgs, args: AlertsArgs) -> anyhow::Result<()> {
 
 /// `rota resubmit`: prints the task's state afterwards.
 pub async fn resubmit(store: &StoreArgs, args: ResubmitArgs) -> anyhow::Result<()> {
-    let store = store.open()?;
+    let store = store.open().await?;
     let record = required(&store, &args.id).await?;
     if let Some(step) = &args.step
         && !record.steps.iter().any(|s| &s.name == step)
@@ -626,7 +626,7 @@ pub async fn resubmit(store: &StoreArgs, args: ResubmitArgs) -> anyhow::Result<(
 
 /// `rota cancel`: prints the state the task moved to.
 pub async fn cancel(store: &StoreArgs, args: CancelArgs) -> anyhow::Result<()> {
-    let store = store.open()?;
+    let store = store.open().await?;
     required(&store, &args.id).await?;
     let state = client(&store).cancel(&args.id).await.map_err(|err| refused("cancel", &args.id, err))?;
     output::line(state.as_str())?;
@@ -659,7 +659,7 @@ struct WorkflowStepJson {
 
 /// `rota workflows`: the latest version of each registered workflow.
 pub async fn workflows(store: &StoreArgs, args: WorkflowsArgs) -> anyhow::Result<()> {
-    let store = store.open()?;
+    let store = store.open().await?;
     let entries = store.workflows().await.context("cannot list workflows")?;
     let mut json = Vec::with_capacity(entries.len());
     for entry in entries {

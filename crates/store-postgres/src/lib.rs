@@ -45,7 +45,7 @@ use rota_store::{
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{PgConnection, PgPool};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 
 use crate::sql::Names;
@@ -281,12 +281,35 @@ pub struct PgStore {
     clock: Arc<dyn Clock>,
     config: Config,
     wakers: Arc<Wakers>,
+    /// Queue ids by name. A queue is never deleted and its id never
+    /// changes, so an entry never goes stale.
+    queue_ids: Mutex<HashMap<QueueName, i64>>,
+    /// Queues to announce to other processes, after the commit that sent to them.
+    announcements: mpsc::UnboundedSender<QueueName>,
     _background: Background,
 }
 
 impl std::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgStore").field("url", &self.config.display_url()).field("schema", &self.config.schema).finish()
+    }
+}
+
+/// The server's durability settings, as it reports them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerSettings {
+    /// `server_version`.
+    pub version: String,
+    /// `synchronous_commit`: `on` means a commit is acknowledged after its WAL is flushed.
+    pub synchronous_commit: String,
+    /// `fsync`: `on` means flushes reach the disk.
+    pub fsync: String,
+}
+
+impl ServerSettings {
+    /// Whether an acknowledged commit survives a process crash and a power loss.
+    pub fn survives_power_loss(&self) -> bool {
+        matches!(self.synchronous_commit.as_str(), "on" | "remote_apply" | "remote_write" | "local") && self.fsync == "on"
     }
 }
 
@@ -318,7 +341,19 @@ impl PgStore {
         let wakers = Arc::new(Wakers::default());
         let listener = tokio::spawn(listen(pool.clone(), channel.clone(), wakers.clone()));
         let sweeper = tokio::spawn(sweep(pool.clone(), names.clone(), clock.clone(), config.sweep_interval));
-        Ok(PgStore { pool, names, channel, clock, config, wakers, _background: Background(vec![listener, sweeper]) })
+        let (announcements, pending) = mpsc::unbounded_channel();
+        let announcer = tokio::spawn(announce(pool.clone(), channel.clone(), pending));
+        Ok(PgStore {
+            pool,
+            names,
+            channel,
+            clock,
+            config,
+            wakers,
+            queue_ids: Mutex::new(HashMap::new()),
+            announcements,
+            _background: Background(vec![listener, sweeper, announcer]),
+        })
     }
 
     /// Runs the migrations that have not run yet on the database at
@@ -353,6 +388,28 @@ impl PgStore {
         &self.config
     }
 
+    /// The server's version and durability settings, read back from it.
+    pub async fn server_settings(&self) -> Result<ServerSettings, Error> {
+        with_connection!(self, conn => {
+            let (version, synchronous_commit, fsync): (String, String, String) = sqlx::query_as(
+                "SELECT current_setting('server_version'), current_setting('synchronous_commit'), current_setting('fsync')",
+            )
+            .fetch_one(&mut *conn)
+            .await?;
+            ServerSettings { version, synchronous_commit, fsync }
+        })
+    }
+
+    /// Deletes the store's schema with everything in it, and closes the
+    /// store (benchmarks and tests that start from an empty schema).
+    pub async fn drop_schema(self) -> Result<(), Error> {
+        with_connection!(self, conn => {
+            sqlx::query(self.names.raw(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.names.quoted()))).execute(&mut *conn).await?;
+        })?;
+        self.pool.close().await;
+        Ok(())
+    }
+
     /// The connection pool, for applications that run their own statements
     /// beside rota's (see [`PgStore::create_task_in`]).
     pub fn pool(&self) -> &PgPool {
@@ -366,7 +423,19 @@ impl PgStore {
     /// returns it. The task's messages are announced when `conn` commits.
     pub async fn create_task_in(&self, conn: &mut PgConnection, new: NewTask) -> Result<Created, Error> {
         self.check_new_task(&new)?;
-        self.create_task_on(conn, &new).await.map_err(Fail::into_store)
+        self.ensure_queues(&new.messages.iter().map(|(queue, _)| queue).collect::<Vec<_>>()).await?;
+        let attempt: Result<Created> = async {
+            let (created, sent_to) = self.create_task_on(conn, &new).await?;
+            // Only the caller knows when it commits: PostgreSQL delivers a
+            // NOTIFY made in the transaction at that moment (or never).
+            let queues: Vec<&str> = sent_to.iter().map(QueueName::as_str).collect();
+            if !queues.is_empty() {
+                queue_sql::notify(conn, &self.channel, &queues).await?;
+            }
+            Ok(created)
+        }
+        .await;
+        attempt.map_err(Fail::into_store)
     }
 
     fn check_body(&self, message: &Outgoing) -> Result<(), Error> {
@@ -397,46 +466,150 @@ impl PgStore {
         message.id.clone().unwrap_or_else(|| MessageId::new(uuid::Uuid::now_v7().to_string()).expect("a UUID is a valid message id"))
     }
 
-    /// Sends `messages` (grouped by queue, in order) and notifies each queue.
-    async fn send_all(&self, conn: &mut PgConnection, messages: &[(QueueName, Outgoing)], now: Timestamp) -> Result<Vec<Sent>> {
+    /// Creates the queues that `messages` go to and that this process has
+    /// not seen yet, with default settings, each in a statement of its own,
+    /// before the transaction that sends to them begins: a rollback there
+    /// must not take away a queue whose id is already cached (and a queue is
+    /// harmless to keep), and a transaction must not wait for a second
+    /// pooled connection while it holds one.
+    async fn ensure_queues(&self, queues: &[&QueueName]) -> Result<(), Error> {
+        let now = self.clock.now();
+        for &name in queues {
+            if self.cached_queue_id(name).is_some() {
+                continue;
+            }
+            let row = with_connection!(self, conn => { queue_sql::ensure_queue(&mut conn, &self.names, name, now).await? })?;
+            self.queue_ids.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(name.clone(), row.id);
+        }
+        Ok(())
+    }
+
+    /// The id of a queue [`PgStore::ensure_queues`] made sure of.
+    async fn queue_id(&self, conn: &mut PgConnection, name: &QueueName) -> Result<i64> {
+        self.existing_queue_id(conn, name).await?.ok_or_else(|| Error::Backend(format!("queue {name} vanished after its creation")).into())
+    }
+
+    /// The id of the queue `name` if it exists (a lease needs no queue creation).
+    async fn existing_queue_id(&self, conn: &mut PgConnection, name: &QueueName) -> Result<Option<i64>> {
+        if let Some(id) = self.cached_queue_id(name) {
+            return Ok(Some(id));
+        }
+        let Some(row) = queue_sql::find_queue(conn, &self.names, name).await? else { return Ok(None) };
+        self.queue_ids.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(name.clone(), row.id);
+        Ok(Some(row.id))
+    }
+
+    fn cached_queue_id(&self, name: &QueueName) -> Option<i64> {
+        self.queue_ids.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(name).copied()
+    }
+
+    /// Sends `messages` (grouped by queue, in order). Returns each send's
+    /// outcome and the queues that got new messages, to be announced once
+    /// the transaction commits.
+    async fn send_all(
+        &self,
+        conn: &mut PgConnection,
+        messages: &[(QueueName, Outgoing)],
+        now: Timestamp,
+    ) -> Result<(Vec<Sent>, Vec<QueueName>)> {
         let mut sent = Vec::with_capacity(messages.len());
+        let mut sent_to = Vec::new();
         let mut start = 0;
         while start < messages.len() {
             let queue = &messages[start].0;
             let end = messages[start..].iter().position(|(q, _)| q != queue).map_or(messages.len(), |offset| start + offset);
-            let row = queue_sql::ensure_queue(conn, &self.names, queue, now).await?;
+            let queue_id = self.queue_id(conn, queue).await?;
             let batch: Vec<(&Outgoing, MessageId)> = messages[start..end].iter().map(|(_, m)| (m, Self::message_id(m))).collect();
-            let outcome = queue_sql::send(conn, &self.names, &row, &batch, now).await?;
-            if outcome.iter().any(|s| !s.duplicate) {
-                queue_sql::notify(conn, &self.channel, queue).await?;
+            let outcome = queue_sql::send(conn, &self.names, queue_id, &batch, now).await?;
+            if outcome.iter().any(|s| !s.duplicate) && !sent_to.contains(queue) {
+                sent_to.push(queue.clone());
             }
             sent.extend(outcome);
             start = end;
         }
-        Ok(sent)
+        Ok((sent, sent_to))
     }
 
-    async fn create_task_on(&self, conn: &mut PgConnection, new: &NewTask) -> Result<Created> {
+    /// Wakes this process's receivers of `queues` at once and has the others
+    /// told: called after the commit that sent to them.
+    fn announce(&self, queues: Vec<QueueName>) {
+        for queue in queues {
+            self.wakers.wake(queue.as_str());
+            // Only fails when the store is closing.
+            let _ = self.announcements.send(queue);
+        }
+    }
+
+    async fn create_task_on(&self, conn: &mut PgConnection, new: &NewTask) -> Result<(Created, Vec<QueueName>)> {
         let now = self.clock.now();
         if !task_sql::insert_task(conn, &self.names, &new.task).await? {
             let existing = task_sql::get_task(conn, &self.names, &new.task.id).await?;
             let existing = existing.ok_or_else(|| Error::Backend(format!("task {} vanished after a conflicting insert", new.task.id)))?;
-            return Ok(Created::Existing(Box::new(existing)));
+            return Ok((Created::Existing(Box::new(existing)), Vec::new()));
         }
         task_sql::insert_steps(conn, &self.names, &new.steps).await?;
         task_sql::insert_events(conn, &self.names, &new.events).await?;
-        self.send_all(conn, &new.messages, now).await?;
-        Ok(Created::New)
+        let (_, sent_to) = self.send_all(conn, &new.messages, now).await?;
+        Ok((Created::New, sent_to))
     }
 
-    /// One attempt at leasing messages from `queue`.
+    /// One attempt at leasing messages from `queue`: one statement, plus one
+    /// per message that ran out of deliveries (dead-lettered under its lease).
     async fn claim(&self, queue: &QueueName, request: &Receive) -> Result<Vec<Delivery>, Error> {
         let now = self.clock.now();
-        in_transaction!(self, tx => {
-            let row = queue_sql::ensure_queue(&mut tx, &self.names, queue, now).await?;
-            let lease = request.lease.unwrap_or(row.config.lease);
-            queue_sql::claim(&mut tx, &self.names, &row, request.max, lease, request.consumer.as_ref(), now).await?
+        self.ensure_queues(&[queue]).await?;
+        with_connection!(self, conn => {
+            let queue_id = self.queue_id(&mut conn, queue).await?;
+            let mut deliveries = Vec::new();
+            loop {
+                let wanted = request.max - deliveries.len() as u32;
+                let claimed = queue_sql::claim(&mut conn, &self.names, queue, queue_id, wanted, request, now)
+                    .await?;
+                deliveries.extend(claimed.deliveries);
+                if claimed.exhausted.is_empty() {
+                    break;
+                }
+                for (token, delivered, reason) in &claimed.exhausted {
+                    queue_sql::dead_letter_exhausted(&mut conn, &self.names, *token, *delivered, reason, now).await?;
+                }
+                if deliveries.len() as u32 >= request.max {
+                    break;
+                }
+            }
+            deliveries
         })
+    }
+}
+
+/// Announces sends to every process listening on `channel`, coalescing the
+/// queues that pile up while one announcement is in flight. Each is a NOTIFY
+/// in a transaction of its own with `synchronous_commit` off: PostgreSQL
+/// serializes the commits of notifying transactions, so a NOTIFY inside each
+/// sending transaction would make every send wait for the fsync of the one
+/// before; this one has no data to make durable. A process that dies before
+/// announcing leaves the others to find its messages on their next poll.
+async fn announce(pool: PgPool, channel: String, mut pending: mpsc::UnboundedReceiver<QueueName>) {
+    let mut queues: Vec<QueueName> = Vec::new();
+    while let Some(first) = pending.recv().await {
+        queues.clear();
+        queues.push(first);
+        while let Ok(next) = pending.try_recv() {
+            if !queues.contains(&next) {
+                queues.push(next);
+            }
+        }
+        let names: Vec<&str> = queues.iter().map(QueueName::as_str).collect();
+        let announced = sqlx::query("SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, q) FROM unnest($2::text[]) AS q")
+            .bind(&channel)
+            .bind(&names)
+            .execute(&pool)
+            .await;
+        if let Err(err) = announced {
+            if pool.is_closed() {
+                return;
+            }
+            tracing::debug!("postgres store: announcing sends to {names:?} failed (receivers will poll): {err}");
+        }
     }
 }
 
@@ -446,6 +619,9 @@ impl PgStore {
 async fn listen(pool: PgPool, channel: String, wakers: Arc<Wakers>) {
     let mut backoff = Duration::from_millis(50);
     loop {
+        if pool.is_closed() {
+            return;
+        }
         let mut listener = match PgListener::connect_with(&pool).await {
             Ok(listener) => listener,
             Err(err) => {
@@ -468,6 +644,7 @@ async fn listen(pool: PgPool, channel: String, wakers: Arc<Wakers>) {
                 Ok(Some(notification)) => wakers.wake(notification.payload()),
                 // The connection dropped; the next call reconnects and listens again.
                 Ok(None) => wakers.wake_all(),
+                Err(_) if pool.is_closed() => return,
                 Err(err) => {
                     tracing::warn!("postgres store: listening connection failed: {err}");
                     wakers.wake_all();
@@ -520,7 +697,16 @@ impl Queues for PgStore {
         }
         let messages: Vec<(QueueName, Outgoing)> = messages.into_iter().map(|m| (queue.clone(), m)).collect();
         let now = self.clock.now();
-        in_transaction!(self, tx => { self.send_all(&mut tx, &messages, now).await? })
+        self.ensure_queues(&[queue]).await?;
+        if messages.len() == 1 {
+            // One statement commits on its own: no BEGIN and COMMIT round trips.
+            let (sent, sent_to) = with_connection!(self, conn => { self.send_all(&mut conn, &messages, now).await? })?;
+            self.announce(sent_to);
+            return Ok(sent);
+        }
+        let (sent, sent_to) = in_transaction!(self, tx => { self.send_all(&mut tx, &messages, now).await? })?;
+        self.announce(sent_to);
+        Ok(sent)
     }
 
     async fn receive(&self, queue: &QueueName, request: Receive) -> Result<Vec<Delivery>, Error> {
@@ -546,8 +732,8 @@ impl Queues for PgStore {
     async fn complete(&self, queue: &QueueName, token: LeaseToken) -> Result<(), Error> {
         let now = self.clock.now();
         with_connection!(self, conn => {
-            let row = queue_sql::leasing_queue(&mut conn, &self.names, queue, token).await?;
-            queue_sql::complete(&mut conn, &self.names, &row, token, now).await?
+            let queue_id = self.existing_queue_id(&mut conn, queue).await?.ok_or_else(|| queue_sql::lease_lost(queue, token))?;
+            queue_sql::complete(&mut conn, &self.names, queue, queue_id, token, now).await?
         })
     }
 
@@ -557,8 +743,8 @@ impl Queues for PgStore {
         }
         let now = self.clock.now();
         with_connection!(self, conn => {
-            match queue_sql::find_queue(&mut conn, &self.names, queue).await? {
-                Some(row) => queue_sql::complete_batch(&mut conn, &self.names, &row, tokens, now).await?,
+            match self.existing_queue_id(&mut conn, queue).await? {
+                Some(queue_id) => queue_sql::complete_batch(&mut conn, &self.names, queue_id, tokens, now).await?,
                 None => tokens.to_vec(),
             }
         })
@@ -569,10 +755,11 @@ impl Queues for PgStore {
         in_transaction!(self, tx => {
             let row = queue_sql::leasing_queue(&mut tx, &self.names, queue, token).await?;
             queue_sql::abandon(&mut tx, &self.names, &row, token, delay, reason.as_deref(), now).await?;
-            if delay.is_zero() {
-                queue_sql::notify(&mut tx, &self.channel, queue).await?;
-            }
-        })
+        })?;
+        if delay.is_zero() {
+            self.announce(vec![queue.clone()]);
+        }
+        Ok(())
     }
 
     async fn renew(&self, queue: &QueueName, token: LeaseToken, lease: Option<Duration>) -> Result<Timestamp, Error> {
@@ -603,12 +790,12 @@ impl Queues for PgStore {
 
     async fn redrive(&self, queue: &QueueName, which: Redrive) -> Result<u64, Error> {
         let now = self.clock.now();
-        in_transaction!(self, tx => {
+        let moved = in_transaction!(self, tx => {
             let row = queue_sql::existing_queue(&mut tx, &self.names, queue).await?;
-            let moved = queue_sql::redrive(&mut tx, &self.names, &row, &which, now).await?;
-            queue_sql::notify(&mut tx, &self.channel, queue).await?;
-            moved
-        })
+            queue_sql::redrive(&mut tx, &self.names, &row, &which, now).await?
+        })?;
+        self.announce(vec![queue.clone()]);
+        Ok(moved)
     }
 
     async fn purge_dead_letters(&self, queue: &QueueName) -> Result<u64, Error> {
@@ -630,9 +817,10 @@ impl Queues for PgStore {
         let now = self.clock.now();
         in_transaction!(self, tx => {
             let row = queue_sql::ensure_queue(&mut tx, &self.names, queue, now).await?;
-            queue_sql::set_paused(&mut tx, &self.names, &row, false).await?;
-            queue_sql::notify(&mut tx, &self.channel, queue).await?
-        })
+            queue_sql::set_paused(&mut tx, &self.names, &row, false).await?
+        })?;
+        self.announce(vec![queue.clone()]);
+        Ok(())
     }
 
     async fn stats(&self) -> Result<Vec<QueueStats>, Error> {
@@ -645,15 +833,14 @@ impl Queues for PgStore {
 impl Tasks for PgStore {
     async fn create_task(&self, new: NewTask) -> Result<Created, Error> {
         self.check_new_task(&new)?;
-        in_transaction!(self, tx => { self.create_task_on(&mut tx, &new).await? })
+        self.ensure_queues(&new.messages.iter().map(|(queue, _)| queue).collect::<Vec<_>>()).await?;
+        let (created, sent_to) = in_transaction!(self, tx => { self.create_task_on(&mut tx, &new).await? })?;
+        self.announce(sent_to);
+        Ok(created)
     }
 
     async fn task(&self, id: &TaskId) -> Result<Option<TaskRecord>, Error> {
-        // One snapshot for the task and its steps.
-        in_transaction!(self, tx => {
-            sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY").execute(&mut *tx).await?;
-            task_sql::get_task(&mut tx, &self.names, id).await?
-        })
+        with_connection!(self, conn => { task_sql::get_task(&mut conn, &self.names, id).await? })
     }
 
     async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<Task>, Error> {
@@ -673,7 +860,8 @@ impl Tasks for PgStore {
             self.check_body(message)?;
         }
         let now = self.clock.now();
-        in_transaction!(self, tx => {
+        self.ensure_queues(&changes.send.iter().map(|(queue, _)| queue).collect::<Vec<_>>()).await?;
+        let sent_to = in_transaction!(self, tx => {
             for write in &changes.tasks {
                 task_sql::write_task(&mut tx, &self.names, write).await?;
             }
@@ -682,11 +870,13 @@ impl Tasks for PgStore {
             }
             task_sql::insert_events(&mut tx, &self.names, &changes.events).await?;
             for (queue, token) in &changes.complete {
-                let row = queue_sql::leasing_queue(&mut tx, &self.names, queue, *token).await?;
-                queue_sql::complete(&mut tx, &self.names, &row, *token, now).await?;
+                let queue_id = self.existing_queue_id(&mut tx, queue).await?.ok_or_else(|| queue_sql::lease_lost(queue, *token))?;
+                queue_sql::complete(&mut tx, &self.names, queue, queue_id, *token, now).await?;
             }
-            self.send_all(&mut tx, &changes.send, now).await?;
-        })
+            self.send_all(&mut tx, &changes.send, now).await?.1
+        });
+        self.announce(sent_to?);
+        Ok(())
     }
 
     async fn expired(&self, limit: u32) -> Result<Vec<Expired>, Error> {

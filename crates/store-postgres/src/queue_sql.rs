@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use rota_model::{InstanceId, LeaseToken, MessageId, QueueName, Timestamp};
-use rota_store::{Body, DeadLetter, Delivery, Error, Outgoing, QueueConfig, QueueStats, Redrive, Sent};
+use rota_store::{Body, DeadLetter, Delivery, Error, Outgoing, QueueConfig, QueueStats, Receive, Redrive, Sent};
 use serde_json::value::RawValue;
 use sqlx::{PgConnection, Row};
 
@@ -18,7 +18,6 @@ pub(crate) struct QueueRow {
     pub id: i64,
     pub name: QueueName,
     pub config: QueueConfig,
-    pub paused: bool,
 }
 
 pub(crate) fn millis(d: Duration) -> i64 {
@@ -34,7 +33,7 @@ fn count(value: i64) -> u32 {
 }
 
 pub(crate) async fn find_queue(conn: &mut PgConnection, n: &Names, name: &QueueName) -> Result<Option<QueueRow>> {
-    let row = sqlx::query(n.sql("SELECT id, lease_ms, deliveries_max, dedupe_window_ms, paused FROM rota.queues WHERE name = $1"))
+    let row = sqlx::query(n.sql("SELECT id, lease_ms, deliveries_max, dedupe_window_ms FROM rota.queues WHERE name = $1"))
         .bind(name.as_str())
         .fetch_optional(&mut *conn)
         .await?;
@@ -47,7 +46,6 @@ pub(crate) async fn find_queue(conn: &mut PgConnection, n: &Names, name: &QueueN
             deliveries_max: count(row.try_get(2)?),
             dedupe_window: duration(row.try_get(3)?),
         },
-        paused: row.try_get(4)?,
     }))
 }
 
@@ -107,162 +105,190 @@ pub(crate) async fn set_paused(conn: &mut PgConnection, n: &Names, queue: &Queue
     Ok(())
 }
 
-/// Inserts messages into one queue, dropping those whose id was seen within
-/// the queue's window. Messages without an id go in with one statement.
+/// Inserts messages into the queue with id `queue_id` in one statement,
+/// dropping those whose id was seen within the queue's window (and repeats
+/// of an id within `messages`). Returns one outcome per message, in order.
 pub(crate) async fn send(
     conn: &mut PgConnection,
     n: &Names,
-    queue: &QueueRow,
+    queue_id: i64,
     messages: &[(&Outgoing, MessageId)],
     now: Timestamp,
 ) -> Result<Vec<Sent>> {
-    let mut sent = Vec::with_capacity(messages.len());
     let mut ids = Vec::with_capacity(messages.len());
+    let mut keyed = Vec::with_capacity(messages.len());
     let mut bodies = Vec::with_capacity(messages.len());
     let mut keys = Vec::with_capacity(messages.len());
     let mut visible = Vec::with_capacity(messages.len());
-    for (message, id) in messages {
-        if message.id.is_some() {
-            // One statement decides: a fresh id inserts, an expired one is
-            // refreshed, a remembered one changes nothing (a duplicate).
-            let accepted = sqlx::query(n.sql(
-                "INSERT INTO rota.message_ids (queue_id, id, expires_at) VALUES ($1, $2, $3)
-                 ON CONFLICT (queue_id, id) DO UPDATE SET expires_at = excluded.expires_at WHERE rota.message_ids.expires_at <= $4",
-            ))
-            .bind(queue.id)
-            .bind(id.as_str())
-            .bind(now.add(queue.config.dedupe_window).as_millis())
-            .bind(now.as_millis())
-            .execute(&mut *conn)
-            .await?
-            .rows_affected();
-            if accepted == 0 {
-                sent.push(Sent { id: id.clone(), duplicate: true });
-                continue;
-            }
+    let mut repeated = vec![false; messages.len()];
+    for (index, (message, id)) in messages.iter().enumerate() {
+        // A second message with the same id in one batch is its duplicate.
+        if message.id.is_some() && messages[..index].iter().any(|(m, earlier)| m.id.is_some() && earlier == id) {
+            repeated[index] = true;
+            continue;
         }
-        sent.push(Sent { id: id.clone(), duplicate: false });
         ids.push(id.as_str());
+        keyed.push(message.id.is_some());
         bodies.push(message.body.get());
         keys.push(message.ordering_key.as_deref());
         visible.push(now.add(message.delay).as_millis());
     }
-    if !ids.is_empty() {
-        // WITH ORDINALITY keeps the send order in the sequence numbers.
-        sqlx::query(n.sql(
-            "INSERT INTO rota.messages (queue_id, id, body, ordering_key, enqueued_at, visible_at)
-             SELECT $1, m.id, m.body, m.ordering_key, $2, m.visible_at
-               FROM unnest($3::text[], $4::text[], $5::text[], $6::bigint[]) WITH ORDINALITY
-                    AS m(id, body, ordering_key, visible_at, position)
-              ORDER BY m.position",
-        ))
-        .bind(queue.id)
-        .bind(now.as_millis())
-        .bind(&ids)
-        .bind(&bodies)
-        .bind(&keys)
-        .bind(&visible)
-        .execute(&mut *conn)
-        .await?;
-    }
-    Ok(sent)
+    // One statement decides for every id: a fresh one is remembered, an
+    // expired one is refreshed, a remembered one inserts nothing. WITH
+    // ORDINALITY keeps the send order in the sequence numbers.
+    let inserted: Vec<String> = sqlx::query_scalar(n.sql(
+        "WITH fresh AS (
+             INSERT INTO rota.message_ids (queue_id, id, expires_at)
+             SELECT q.id, m.id, $2 + q.dedupe_window_ms
+               FROM unnest($3::text[], $4::bool[]) AS m(id, keyed), rota.queues AS q
+              WHERE q.id = $1 AND m.keyed
+             ON CONFLICT (queue_id, id) DO UPDATE SET expires_at = excluded.expires_at WHERE rota.message_ids.expires_at <= $2
+             RETURNING id)
+         INSERT INTO rota.messages (queue_id, id, body, ordering_key, enqueued_at, visible_at)
+         SELECT $1, m.id, m.body, m.ordering_key, $2, m.visible_at
+           FROM unnest($3::text[], $4::bool[], $5::text[], $6::text[], $7::bigint[]) WITH ORDINALITY
+                AS m(id, keyed, body, ordering_key, visible_at, position)
+          WHERE NOT m.keyed OR m.id IN (SELECT id FROM fresh)
+          ORDER BY m.position
+      RETURNING id",
+    ))
+    .bind(queue_id)
+    .bind(now.as_millis())
+    .bind(&ids)
+    .bind(&keyed)
+    .bind(&bodies)
+    .bind(&keys)
+    .bind(&visible)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(messages
+        .iter()
+        .zip(repeated)
+        .map(|((message, id), repeated)| {
+            let duplicate = repeated || (message.id.is_some() && !inserted.iter().any(|i| i == id.as_str()));
+            Sent { id: id.clone(), duplicate }
+        })
+        .collect())
 }
 
-/// Tells listening receivers (in every process) that `queue` has new messages;
-/// PostgreSQL delivers it when the transaction commits.
-pub(crate) async fn notify(conn: &mut PgConnection, channel: &str, queue: &QueueName) -> Result<()> {
-    sqlx::query("SELECT pg_notify($1, $2)").bind(channel).bind(queue.as_str()).execute(&mut *conn).await?;
+/// Tells listening receivers (in every process) that these queues have new
+/// messages; PostgreSQL delivers it when the transaction commits.
+pub(crate) async fn notify(conn: &mut PgConnection, channel: &str, queues: &[&str]) -> Result<()> {
+    sqlx::query("SELECT pg_notify($1, q) FROM unnest($2::text[]) AS q").bind(channel).bind(queues).execute(&mut *conn).await?;
     Ok(())
 }
 
-/// Leases up to `max` visible messages, oldest first, in one statement that
-/// skips rows other receivers are leasing right now. Messages that would pass
-/// the queue's delivery limit are dead-lettered instead, and the scan goes on
-/// until `max` are leased or none is left.
+/// What one claim statement leased.
+pub(crate) struct Claimed {
+    /// Deliveries to hand out.
+    pub deliveries: Vec<Delivery>,
+    /// Messages leased one delivery past the queue's limit, with their
+    /// token and the reason to dead-letter them under.
+    pub exhausted: Vec<(LeaseToken, u32, String)>,
+}
+
+/// Leases up to `max` visible messages of a queue that is not paused,
+/// oldest first, in one statement that skips rows other receivers are
+/// leasing right now. A message whose delivery count passes the queue's
+/// limit is leased too but returned as exhausted, for the caller to
+/// dead-letter under its token.
 pub(crate) async fn claim(
     conn: &mut PgConnection,
     n: &Names,
-    queue: &QueueRow,
+    queue: &QueueName,
+    queue_id: i64,
     max: u32,
-    lease: Duration,
-    owner: Option<&InstanceId>,
+    request: &Receive,
     now: Timestamp,
-) -> Result<Vec<Delivery>> {
-    if queue.paused {
-        return Ok(Vec::new());
-    }
-    let until = now.add(lease);
-    let mut deliveries = Vec::new();
-    loop {
-        let wanted = max as usize - deliveries.len();
-        // A keyed message is eligible only while it is the oldest remaining
-        // message of its key, so each key has at most one lease at a time and
-        // is delivered in send order: while a receiver holds the head's row
-        // lock, the others skip it and see that their candidate is no head.
-        let rows = sqlx::query(n.sql(
-            "WITH picked AS (
+) -> Result<Claimed> {
+    // A keyed message is eligible only while it is the oldest remaining
+    // message of its key, so each key has at most one lease at a time and is
+    // delivered in send order: while a receiver holds the head's row lock,
+    // the others skip it and see that their candidate is no head.
+    let rows = sqlx::query(n.sql(
+        "WITH q AS (SELECT id, lease_ms, deliveries_max FROM rota.queues WHERE id = $1 AND NOT paused),
+              picked AS (
                  SELECT m.seq, m.visible_at FROM rota.messages AS m
-                  WHERE m.queue_id = $1 AND m.visible_at <= $2
+                  WHERE m.queue_id = (SELECT id FROM q) AND m.visible_at <= $2
                     AND (m.ordering_key IS NULL
                          OR m.seq = (SELECT MIN(k.seq) FROM rota.messages AS k
                                       WHERE k.queue_id = m.queue_id AND k.ordering_key = m.ordering_key))
                   ORDER BY m.visible_at, m.seq
                   LIMIT $3
                   FOR UPDATE SKIP LOCKED)
-             UPDATE rota.messages AS m
-                SET delivery_count = m.delivery_count + 1, lease_epoch = m.lease_epoch + 1,
-                    lease_owner = $4, lease_until = $5, visible_at = $5
-               FROM picked
-              WHERE m.seq = picked.seq
-          RETURNING m.seq, m.id, m.body, m.ordering_key, m.enqueued_at, m.delivery_count, m.lease_epoch, m.last_error, picked.visible_at",
-        ))
-        .bind(queue.id)
-        .bind(now.as_millis())
-        .bind(wanted as i64)
-        .bind(owner.map(InstanceId::as_str))
-        .bind(until.as_millis())
-        .fetch_all(&mut *conn)
-        .await?;
-        if rows.is_empty() {
-            break;
-        }
-        let mut claimed = rows
-            .iter()
-            .map(|row| {
-                Ok(ClaimedRow {
-                    seq: row.try_get(0)?,
-                    id: row.try_get(1)?,
-                    body: row.try_get(2)?,
-                    ordering_key: row.try_get(3)?,
-                    enqueued_at: row.try_get(4)?,
-                    delivery_count: count(row.try_get(5)?),
-                    lease_epoch: row.try_get(6)?,
-                    last_error: row.try_get(7)?,
-                    was_visible_at: row.try_get(8)?,
-                })
+         UPDATE rota.messages AS m
+            SET delivery_count = m.delivery_count + 1, lease_epoch = m.lease_epoch + 1,
+                lease_owner = $4, lease_until = $2 + COALESCE($5, q.lease_ms), visible_at = $2 + COALESCE($5, q.lease_ms)
+           FROM picked, q
+          WHERE m.seq = picked.seq
+      RETURNING m.seq, m.id, m.body, m.ordering_key, m.enqueued_at, m.delivery_count, m.lease_epoch, m.last_error,
+                picked.visible_at, m.lease_until, q.deliveries_max",
+    ))
+    .bind(queue_id)
+    .bind(now.as_millis())
+    .bind(i64::from(max))
+    .bind(request.consumer.as_ref().map(InstanceId::as_str))
+    .bind(request.lease.map(millis))
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut claimed = rows
+        .iter()
+        .map(|row| {
+            Ok(ClaimedRow {
+                seq: row.try_get(0)?,
+                id: row.try_get(1)?,
+                body: row.try_get(2)?,
+                ordering_key: row.try_get(3)?,
+                enqueued_at: row.try_get(4)?,
+                delivery_count: count(row.try_get(5)?),
+                lease_epoch: row.try_get(6)?,
+                last_error: row.try_get(7)?,
+                was_visible_at: row.try_get(8)?,
+                lease_until: row.try_get(9)?,
+                deliveries_max: count(row.try_get(10)?),
             })
-            .collect::<Result<Vec<_>>>()?;
-        claimed.sort_by_key(|row| (row.was_visible_at, row.seq));
-        let mut exhausted = false;
-        for row in claimed {
-            if row.delivery_count > queue.config.deliveries_max {
-                // This receive would be one delivery too many: the message
-                // goes to the dead letters with the deliveries it really had.
-                let delivered = row.delivery_count - 1;
-                let last = row.last_error.as_deref().unwrap_or("lease expired without completion");
-                let reason =
-                    format!("delivered {delivered} times, the queue's limit is {}; last failure: {last}", queue.config.deliveries_max);
-                move_to_dead_letters(conn, n, row.seq, delivered, now, &reason).await?;
-                exhausted = true;
-                continue;
-            }
-            deliveries.push(row.into_delivery(queue, until)?);
+        })
+        .collect::<Result<Vec<_>>>()?;
+    claimed.sort_by_key(|row| (row.was_visible_at, row.seq));
+    let mut outcome = Claimed { deliveries: Vec::with_capacity(claimed.len()), exhausted: Vec::new() };
+    for row in claimed {
+        if row.delivery_count > row.deliveries_max {
+            // This receive would be one delivery too many: the message goes
+            // to the dead letters with the deliveries it really had.
+            let delivered = row.delivery_count - 1;
+            let last = row.last_error.as_deref().unwrap_or("lease expired without completion");
+            let reason = format!("delivered {delivered} times, the queue's limit is {}; last failure: {last}", row.deliveries_max);
+            outcome.exhausted.push((LeaseToken { message: row.seq, epoch: row.lease_epoch }, delivered, reason));
+            continue;
         }
-        if !exhausted || deliveries.len() >= max as usize {
-            break;
-        }
+        outcome.deliveries.push(row.into_delivery(queue)?);
     }
-    Ok(deliveries)
+    Ok(outcome)
+}
+
+/// Dead-letters a message this receive leased past its delivery limit.
+pub(crate) async fn dead_letter_exhausted(
+    conn: &mut PgConnection,
+    n: &Names,
+    token: LeaseToken,
+    delivered: u32,
+    reason: &str,
+    now: Timestamp,
+) -> Result<()> {
+    sqlx::query(n.sql(
+        "WITH gone AS (DELETE FROM rota.messages WHERE seq = $1 AND lease_epoch = $5
+                       RETURNING queue_id, id, body, ordering_key, enqueued_at)
+         INSERT INTO rota.dead_letters (queue_id, id, body, ordering_key, enqueued_at, delivery_count, dead_lettered_at, reason)
+         SELECT queue_id, id, body, ordering_key, enqueued_at, $4, $2, $3 FROM gone",
+    ))
+    .bind(token.message)
+    .bind(now.as_millis())
+    .bind(reason)
+    .bind(i64::from(delivered))
+    .bind(token.epoch)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
 }
 
 struct ClaimedRow {
@@ -275,12 +301,15 @@ struct ClaimedRow {
     lease_epoch: i64,
     last_error: Option<String>,
     was_visible_at: i64,
+    lease_until: i64,
+    deliveries_max: u32,
 }
 
 impl ClaimedRow {
-    fn into_delivery(self, queue: &QueueRow, until: Timestamp) -> Result<Delivery> {
+    fn into_delivery(self, queue: &QueueName) -> Result<Delivery> {
+        let until = Timestamp::from_millis(self.lease_until);
         Ok(Delivery {
-            queue: queue.name.clone(),
+            queue: queue.clone(),
             id: stored_id(self.id)?,
             body: stored_body(self.body)?,
             lease_token: LeaseToken { message: self.seq, epoch: self.lease_epoch },
@@ -301,10 +330,17 @@ fn stored_body(body: String) -> Result<Body> {
 }
 
 /// Deletes a leased message. `LeaseLost` unless `token` is its current, unexpired lease.
-pub(crate) async fn complete(conn: &mut PgConnection, n: &Names, queue: &QueueRow, token: LeaseToken, now: Timestamp) -> Result<()> {
-    let lost = complete_batch(conn, n, queue, &[token], now).await?;
+pub(crate) async fn complete(
+    conn: &mut PgConnection,
+    n: &Names,
+    queue: &QueueName,
+    queue_id: i64,
+    token: LeaseToken,
+    now: Timestamp,
+) -> Result<()> {
+    let lost = complete_batch(conn, n, queue_id, &[token], now).await?;
     if !lost.is_empty() {
-        return Err(lease_lost(&queue.name, token).into());
+        return Err(lease_lost(queue, token).into());
     }
     Ok(())
 }
@@ -314,7 +350,7 @@ pub(crate) async fn complete(conn: &mut PgConnection, n: &Names, queue: &QueueRo
 pub(crate) async fn complete_batch(
     conn: &mut PgConnection,
     n: &Names,
-    queue: &QueueRow,
+    queue_id: i64,
     tokens: &[LeaseToken],
     now: Timestamp,
 ) -> Result<Vec<LeaseToken>> {
@@ -326,7 +362,7 @@ pub(crate) async fn complete_batch(
           WHERE m.seq = t.seq AND m.lease_epoch = t.epoch AND m.queue_id = $1 AND m.lease_until > $2
       RETURNING m.seq, m.lease_epoch",
     ))
-    .bind(queue.id)
+    .bind(queue_id)
     .bind(now.as_millis())
     .bind(&seqs)
     .bind(&epochs)
@@ -432,7 +468,14 @@ pub(crate) async fn dead_letter(
     move_to_dead_letters(conn, n, token.message, delivered, now, reason).await
 }
 
-async fn move_to_dead_letters(conn: &mut PgConnection, n: &Names, seq: i64, delivered: u32, now: Timestamp, reason: &str) -> Result<()> {
+pub(crate) async fn move_to_dead_letters(
+    conn: &mut PgConnection,
+    n: &Names,
+    seq: i64,
+    delivered: u32,
+    now: Timestamp,
+    reason: &str,
+) -> Result<()> {
     sqlx::query(n.sql(
         "WITH gone AS (DELETE FROM rota.messages WHERE seq = $1 RETURNING queue_id, id, body, ordering_key, enqueued_at)
          INSERT INTO rota.dead_letters (queue_id, id, body, ordering_key, enqueued_at, delivery_count, dead_lettered_at, reason)

@@ -51,19 +51,22 @@ fn task_from(row: &PgRow) -> Result<Task> {
     })
 }
 
-fn step_from(row: &PgRow) -> Result<Step> {
+/// A step from `row`, whose step columns carry `prefix` (empty when the
+/// row is a `steps` row, `s_` when steps were joined to their task).
+fn step_from(row: &PgRow, prefix: &str) -> Result<Step> {
+    let column = |name: &str| format!("{prefix}{name}");
     Ok(Step {
-        task_id: TaskId::new(row.try_get::<String, _>("task_id")?).map_err(|e| corrupt("task id", e))?,
-        name: StepName::new(row.try_get::<String, _>("name")?).map_err(|e| corrupt("step name", e))?,
-        position: count(row.try_get("position")?),
-        state: row.try_get::<String, _>("state")?.parse::<StepState>().map_err(|e| corrupt("step state", e))?,
-        attempt: count(row.try_get("attempt")?),
-        complete_by: row.try_get::<Option<i64>, _>("complete_by")?.map(Timestamp::from_millis),
-        not_before: Timestamp::from_millis(row.try_get("not_before")?),
-        input: row.try_get::<Option<String>, _>("input")?.map(|i| parse_json("step input", i)).transpose()?,
-        output: row.try_get::<Option<String>, _>("output")?.map(|o| parse_json("step output", o)).transpose()?,
-        last_error: row.try_get("last_error")?,
-        updated_at: Timestamp::from_millis(row.try_get("updated_at")?),
+        task_id: TaskId::new(row.try_get::<String, _>(&*column("task_id"))?).map_err(|e| corrupt("task id", e))?,
+        name: StepName::new(row.try_get::<String, _>(&*column("name"))?).map_err(|e| corrupt("step name", e))?,
+        position: count(row.try_get(&*column("position"))?),
+        state: row.try_get::<String, _>(&*column("state"))?.parse::<StepState>().map_err(|e| corrupt("step state", e))?,
+        attempt: count(row.try_get(&*column("attempt"))?),
+        complete_by: row.try_get::<Option<i64>, _>(&*column("complete_by"))?.map(Timestamp::from_millis),
+        not_before: Timestamp::from_millis(row.try_get(&*column("not_before"))?),
+        input: row.try_get::<Option<String>, _>(&*column("input"))?.map(|i| parse_json("step input", i)).transpose()?,
+        output: row.try_get::<Option<String>, _>(&*column("output"))?.map(|o| parse_json("step output", o)).transpose()?,
+        last_error: row.try_get(&*column("last_error"))?,
+        updated_at: Timestamp::from_millis(row.try_get(&*column("updated_at"))?),
     })
 }
 
@@ -127,18 +130,29 @@ pub(crate) async fn insert_task(conn: &mut PgConnection, n: &Names, task: &Task)
 }
 
 pub(crate) async fn insert_steps(conn: &mut PgConnection, n: &Names, steps: &[Step]) -> Result<()> {
-    for step in steps {
-        bind_step!(
-            sqlx::query(n.sql(
-                "INSERT INTO rota.steps (task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error,
-                                         updated_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
-            )),
-            step
-        )
-        .execute(&mut *conn)
-        .await?;
+    if steps.is_empty() {
+        return Ok(());
     }
+    let column = |f: fn(&Step) -> Option<String>| steps.iter().map(f).collect::<Vec<_>>();
+    let numbers = |f: fn(&Step) -> Option<i64>| steps.iter().map(f).collect::<Vec<_>>();
+    sqlx::query(n.sql(
+        "INSERT INTO rota.steps (task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error, updated_at)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::bigint[], $7::bigint[],
+                              $8::text[], $9::text[], $10::text[], $11::bigint[])",
+    ))
+    .bind(column(|s| Some(s.task_id.to_string())))
+    .bind(column(|s| Some(s.name.to_string())))
+    .bind(numbers(|s| Some(i64::from(s.position))))
+    .bind(column(|s| Some(s.state.as_str().to_owned())))
+    .bind(numbers(|s| Some(i64::from(s.attempt))))
+    .bind(numbers(|s| s.complete_by.map(Timestamp::as_millis)))
+    .bind(numbers(|s| Some(s.not_before.as_millis())))
+    .bind(column(|s| s.input.as_ref().map(json_text)))
+    .bind(column(|s| s.output.as_ref().map(json_text)))
+    .bind(column(|s| s.last_error.clone()))
+    .bind(numbers(|s| Some(s.updated_at.as_millis())))
+    .execute(&mut *conn)
+    .await?;
     Ok(())
 }
 
@@ -148,24 +162,21 @@ pub(crate) async fn insert_events(conn: &mut PgConnection, n: &Names, events: &[
     if events.is_empty() {
         return Ok(());
     }
-    // The shared lock's key carries the sequence's value *before* this
-    // transaction draws from it, so every seq it writes is above its key.
-    sqlx::query(
-        n.sql("SELECT pg_advisory_xact_lock_shared($1 + (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM rota.event_seq))"),
-    )
-    .bind(n.event_lock_base())
-    .execute(&mut *conn)
-    .await?;
     let task_ids: Vec<&str> = events.iter().map(|e| e.task_id.as_str()).collect();
     let ats: Vec<i64> = events.iter().map(|e| e.at.as_millis()).collect();
     let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
     let steps: Vec<Option<&str>> = events.iter().map(|e| e.step.as_ref().map(StepName::as_str)).collect();
     let attempts: Vec<Option<i64>> = events.iter().map(|e| e.attempt.map(i64::from)).collect();
     let details: Vec<String> = events.iter().map(|e| json_text(&e.detail)).collect();
+    // The writer's shared lock is taken before any row is produced, so
+    // before any seq is drawn; its key carries the sequence's value at that
+    // moment, so every seq this transaction writes is above its key.
     sqlx::query(n.sql(
-        "INSERT INTO rota.events (task_id, at, kind, step, attempt, detail)
+        "WITH writer AS (
+             SELECT pg_advisory_xact_lock_shared($7 + (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM rota.event_seq)))
+         INSERT INTO rota.events (task_id, at, kind, step, attempt, detail)
          SELECT e.task_id, e.at, e.kind, e.step, e.attempt, e.detail
-           FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bigint[], $6::text[]) WITH ORDINALITY
+           FROM writer, unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bigint[], $6::text[]) WITH ORDINALITY
                 AS e(task_id, at, kind, step, attempt, detail, position)
           ORDER BY e.position",
     ))
@@ -175,6 +186,7 @@ pub(crate) async fn insert_events(conn: &mut PgConnection, n: &Names, events: &[
     .bind(&steps)
     .bind(&attempts)
     .bind(&details)
+    .bind(n.event_lock_base())
     .execute(&mut *conn)
     .await?;
     Ok(())
@@ -248,15 +260,27 @@ pub(crate) async fn write_step(conn: &mut PgConnection, n: &Names, write: &StepW
     .into())
 }
 
+/// A task and its steps, read in one statement (one snapshot).
 pub(crate) async fn get_task(conn: &mut PgConnection, n: &Names, id: &TaskId) -> Result<Option<TaskRecord>> {
-    let row = sqlx::query(n.sql("SELECT * FROM rota.tasks WHERE id = $1")).bind(id.as_str()).fetch_optional(&mut *conn).await?;
-    let Some(row) = row else { return Ok(None) };
-    let task = task_from(&row)?;
-    let steps = sqlx::query(n.sql("SELECT * FROM rota.steps WHERE task_id = $1 ORDER BY position, name"))
-        .bind(id.as_str())
-        .fetch_all(&mut *conn)
-        .await?;
-    let steps = steps.iter().map(step_from).collect::<Result<Vec<_>>>()?;
+    let rows = sqlx::query(n.sql(
+        "SELECT t.*, s.task_id AS s_task_id, s.name AS s_name, s.position AS s_position, s.state AS s_state, s.attempt AS s_attempt,
+                s.complete_by AS s_complete_by, s.not_before AS s_not_before, s.input AS s_input, s.output AS s_output,
+                s.last_error AS s_last_error, s.updated_at AS s_updated_at
+           FROM rota.tasks AS t LEFT JOIN rota.steps AS s ON s.task_id = t.id
+          WHERE t.id = $1
+          ORDER BY s.position, s.name",
+    ))
+    .bind(id.as_str())
+    .fetch_all(&mut *conn)
+    .await?;
+    let Some(first) = rows.first() else { return Ok(None) };
+    let task = task_from(first)?;
+    let mut steps = Vec::with_capacity(rows.len());
+    for row in &rows {
+        if row.try_get::<Option<String>, _>("s_name")?.is_some() {
+            steps.push(step_from(row, "s_")?);
+        }
+    }
     Ok(Some(TaskRecord { task, steps }))
 }
 
@@ -339,7 +363,7 @@ pub(crate) async fn expired(conn: &mut PgConnection, n: &Names, limit: u32, now:
         found.push((task.complete_by.unwrap_or(now), Expired::Task(task)));
     }
     for row in &steps {
-        let step = step_from(row)?;
+        let step = step_from(row, "")?;
         found.push((step.complete_by.unwrap_or(now), Expired::Step(step)));
     }
     found.sort_by_key(|(at, _)| *at);

@@ -23,12 +23,12 @@ use rota_engine::engine::{Config as EngineConfig, Roles};
 use rota_engine::{Client, Engine, Shutdown, Submission};
 use rota_model::{InstanceId, RetryPolicy, SystemClock, TaskId, TaskState, WorkflowName};
 use rota_store::SharedStore;
-use rota_store_sqlite::{Durability, SqliteStore};
 use rota_workflow::{AgentCatalog, AgentName, StepDef, Workflow};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
-use super::{env_string, env_u64, now_ms, percentile, round, workdir};
+use super::target::Target;
+use super::{env_string, env_u64, now_ms, percentile, round};
 use crate::StoreArgs;
 
 /// How long one workflow may take before the run fails.
@@ -139,14 +139,9 @@ pub(super) async fn run(store_args: &StoreArgs) -> anyhow::Result<()> {
     if m == 0 || k == 0 {
         bail!("PEERS_M and PEERS_K must be at least 1");
     }
-    let workdir = workdir(&store_args.url)?;
-    let durability: Durability = store_args.durability.into();
-    let mut store_config = rota_store_sqlite::Config::new(&workdir.db);
-    store_config.durability = durability;
-    let sqlite =
-        Arc::new(SqliteStore::open(store_config, Arc::new(SystemClock)).with_context(|| format!("cannot open {}", workdir.db.display()))?);
-    let pragmas = sqlite.pragmas().await?;
-    let store: SharedStore = sqlite.clone();
+    let target = Target::open(store_args).await?;
+    let durability = target.durability().await?;
+    let store: SharedStore = target.store.clone();
 
     let mut orchestration = EngineConfig::new(InstanceId::new(format!("bench-scheduler-{}", std::process::id()))?);
     orchestration.roles = Roles { scheduler: true, agents: false, supervisor: true };
@@ -176,9 +171,9 @@ pub(super) async fn run(store_args: &StoreArgs) -> anyhow::Result<()> {
     };
 
     closed_loop(&client, &waiters, "warmup", 0, warmup, k).await.context("warm-up")?;
-    let commits_before = sqlite.commit_counts();
+    let commits_before = target.commit_counts();
     let timed = closed_loop(&client, &waiters, "w", 0, m, k).await?;
-    let commits_after = sqlite.commit_counts();
+    let commits_after = target.commit_counts();
     shutdown.trigger();
     router.abort();
     orchestrating.await.context("the engine panicked")??;
@@ -188,10 +183,15 @@ pub(super) async fn run(store_args: &StoreArgs) -> anyhow::Result<()> {
     let last_done = timed.iter().map(|t| t.2).fold(f64::NEG_INFINITY, f64::max);
     let latencies: Vec<f64> = timed.iter().map(|t| t.0).collect();
     let elapsed_s = (last_done - first_submit) / 1000.0;
-    let commits = commits_after.commits - commits_before.commits;
-    let jobs = commits_after.jobs - commits_before.jobs;
+    let group_commits = match (commits_before, commits_after) {
+        (Some(before), Some(after)) => {
+            let (commits, jobs) = (after.commits - before.commits, after.jobs - before.jobs);
+            json!({ "commits": commits, "jobs": jobs, "jobs_per_commit": round((commits > 0).then(|| jobs as f64 / commits as f64), 2) })
+        }
+        _ => json!("not counted: PostgreSQL groups commits itself"),
+    };
     let record = json!({
-        "peer": env_string("PEERS_PEER").unwrap_or_else(|| "rota-sqlite".into()),
+        "peer": env_string("PEERS_PEER").unwrap_or_else(|| target.peer_default().into()),
         "workload": "W",
         "run": env_u64("PEERS_RUN_INDEX", 1)?,
         "metrics": {
@@ -202,16 +202,11 @@ pub(super) async fn run(store_args: &StoreArgs) -> anyhow::Result<()> {
         "extra": {
             "elapsed_s": round(Some(elapsed_s), 3),
             "latency_max_ms": round(percentile(&latencies, 100.0), 3),
-            "group_commits": { "commits": commits, "jobs": jobs, "jobs_per_commit": round((commits > 0).then(|| jobs as f64 / commits as f64), 2) },
+            "group_commits": group_commits,
         },
         "settings": {
             "M": m, "K": k, "W_WARMUP": warmup,
-            "durability": {
-                "journal_mode": pragmas.journal_mode,
-                "synchronous": pragmas.synchronous,
-                "durability_flag": match durability { Durability::Full => "full", Durability::Normal => "normal" },
-                "meets_rule": pragmas.journal_mode == "wal" && matches!(pragmas.synchronous.as_str(), "full" | "extra"),
-            },
+            "durability": durability,
         },
         "config": {
             "version": format!("rota {}", env!("CARGO_PKG_VERSION")),
@@ -219,7 +214,7 @@ pub(super) async fn run(store_args: &StoreArgs) -> anyhow::Result<()> {
             "dispatch": "Scheduler -> queue agent.noop -> agent-only engine (separate instance, same process) -> reply queue rota.inbox.<scheduler> -> Scheduler",
             "completion_observed": "notification: the Scheduler publishes the task's terminal state in-process after the commit that records it Processed returns (durable, visible)",
             "submit": "Client::submit (public API): task + steps + doorbell in one transaction",
-            "store": "SQLite file in PEERS_WORKDIR, one writer thread with group commit",
+            "store": target.description(),
         },
     });
     let metrics = &record["metrics"];
@@ -231,7 +226,6 @@ pub(super) async fn run(store_args: &StoreArgs) -> anyhow::Result<()> {
         std::fs::write(&out, serde_json::to_string_pretty(&record)?).with_context(|| format!("cannot write PEERS_OUT={out}"))?;
     }
     drop(store);
-    drop(sqlite);
-    drop(workdir);
+    target.close().await;
     Ok(())
 }

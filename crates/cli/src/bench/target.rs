@@ -1,0 +1,145 @@
+//! The store a benchmark run measures: a fresh SQLite file, or a fresh
+//! schema on PostgreSQL, both empty when the run starts and removed after.
+
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use rota_model::SystemClock;
+use rota_store::SharedStore;
+use rota_store_postgres::PgStore;
+use rota_store_sqlite::{CommitCounts, Durability, SqliteStore};
+use serde_json::{Value, json};
+
+use super::{Workdir, env_string, workdir};
+use crate::StoreArgs;
+use crate::store_url::{StoreUrl, redacted};
+
+/// The store under measurement and how to describe it in the record.
+pub(crate) struct Target {
+    pub(crate) store: SharedStore,
+    backend: Backend,
+}
+
+enum Backend {
+    Sqlite { store: Arc<SqliteStore>, durability: Durability, _workdir: Workdir },
+    Postgres { store: Arc<PgStore>, url: String },
+}
+
+impl Target {
+    /// Opens the store `--store` names: `sqlite` (or a SQLite URL) or
+    /// `postgres` (the database at `$PEERS_PG_URL`) or a PostgreSQL URL. On
+    /// PostgreSQL every run gets a schema of its own, dropped by [`Target::close`].
+    pub(crate) async fn open(store_args: &StoreArgs) -> anyhow::Result<Target> {
+        let url = store_args.url.trim();
+        let postgres_url = if url == "postgres" {
+            Some(env_string("PEERS_PG_URL").context("--store postgres takes the database URL from PEERS_PG_URL, which is unset")?)
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Some(url.to_owned())
+        } else {
+            None
+        };
+        if let Some(url) = postgres_url {
+            let StoreUrl::Postgres(parsed) = StoreUrl::parse(&url)? else { bail!("{} is not a PostgreSQL URL", redacted(&url)) };
+            let mut config = parsed.config();
+            if parsed.schema.is_none() {
+                config.schema = format!("rota_bench_{}", std::process::id());
+            }
+            // A leftover schema of an earlier run would not be empty.
+            if let Ok(stale) = PgStore::open(config.clone(), Arc::new(SystemClock)).await {
+                stale.drop_schema().await.ok();
+            }
+            let store = Arc::new(
+                PgStore::open(config, Arc::new(SystemClock)).await.with_context(|| format!("cannot open store {}", redacted(&url)))?,
+            );
+            return Ok(Target { store: store.clone(), backend: Backend::Postgres { store, url } });
+        }
+        let workdir = workdir(url)?;
+        let durability: Durability = store_args.durability.into();
+        let mut config = rota_store_sqlite::Config::new(&workdir.db);
+        config.durability = durability;
+        let store = Arc::new(
+            SqliteStore::open(config, Arc::new(SystemClock))
+                .with_context(|| format!("cannot open the SQLite store {}", workdir.db.display()))?,
+        );
+        Ok(Target { store: store.clone(), backend: Backend::Sqlite { store, durability, _workdir: workdir } })
+    }
+
+    /// The peer name used when the harness does not give one.
+    pub(crate) fn peer_default(&self) -> &'static str {
+        match self.backend {
+            Backend::Sqlite { .. } => "rota-sqlite",
+            Backend::Postgres { .. } => "rota-pg",
+        }
+    }
+
+    /// The group-commit counters (SQLite's writer thread only).
+    pub(crate) fn commit_counts(&self) -> Option<CommitCounts> {
+        match &self.backend {
+            Backend::Sqlite { store, .. } => Some(store.commit_counts()),
+            Backend::Postgres { .. } => None,
+        }
+    }
+
+    /// The durability settings read back from the store, with `meets_rule`.
+    pub(crate) async fn durability(&self) -> anyhow::Result<Value> {
+        Ok(match &self.backend {
+            Backend::Sqlite { store, durability, .. } => {
+                let pragmas = store.pragmas().await?;
+                json!({
+                    "store": "SQLite file in PEERS_WORKDIR (rota-store-sqlite: rusqlite, bundled libsqlite3; one writer thread, group commit)",
+                    "journal_mode": pragmas.journal_mode,
+                    "synchronous": pragmas.synchronous,
+                    "durability_flag": match durability { Durability::Full => "full", Durability::Normal => "normal" },
+                    "how": "read back from the store (SqliteStore::pragmas: journal_mode of the file, synchronous of the writing connection)",
+                    "meets_rule": pragmas.journal_mode == "wal" && matches!(pragmas.synchronous.as_str(), "full" | "extra"),
+                })
+            }
+            Backend::Postgres { store, url } => {
+                let settings = store.server_settings().await?;
+                json!({
+                    "store": format!("PostgreSQL {} at {} (rota-store-postgres: sqlx, schema {}, {} pooled connections)",
+                        settings.version, redacted(url), store.config().schema, store.config().connections_max),
+                    "synchronous_commit": settings.synchronous_commit,
+                    "fsync": settings.fsync,
+                    "how": "read back from the server (current_setting) on the store's own connection",
+                    "meets_rule": settings.survives_power_loss(),
+                })
+            }
+        })
+    }
+
+    /// One line describing the store's configuration.
+    pub(crate) fn description(&self) -> String {
+        match &self.backend {
+            Backend::Sqlite { store, durability, .. } => {
+                let config = store.config();
+                format!(
+                    "SQLite, durability {durability:?}, batch_ops_max {}, pending_ops_max {}, poll_interval {:?}",
+                    config.batch_ops_max, config.pending_ops_max, config.poll_interval
+                )
+            }
+            Backend::Postgres { store, .. } => {
+                let config = store.config();
+                format!(
+                    "PostgreSQL, schema {}, connections_max {}, poll_interval {:?} (LISTEN/NOTIFY wake-ups)",
+                    config.schema, config.connections_max, config.poll_interval
+                )
+            }
+        }
+    }
+
+    /// Closes the store and removes what the run created.
+    pub(crate) async fn close(self) {
+        drop(self.store);
+        match self.backend {
+            Backend::Sqlite { store, .. } => drop(store),
+            Backend::Postgres { store, .. } => {
+                if let Ok(store) = Arc::try_unwrap(store)
+                    && let Err(err) = store.drop_schema().await
+                {
+                    tracing::warn!("cannot drop the benchmark's schema: {err}");
+                }
+            }
+        }
+    }
+}
