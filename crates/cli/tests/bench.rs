@@ -14,6 +14,7 @@ fn bench(workdir: &Path, args: &[&str]) -> Output {
         .args(args)
         .env_remove("ROTA_STORE")
         .env_remove("ROTA_DURABILITY")
+        .env_remove("PEERS_PG_URL")
         .env("PEERS_N", "300")
         .env("PEERS_C", "4")
         .env("PEERS_TRICKLE_N", "20")
@@ -100,7 +101,7 @@ fn exit_codes_follow_the_harness_contract() {
 
     let output = bench(dir.path(), &["--store", "postgres", "Q"]);
     assert_eq!(output.status.code(), Some(1));
-    assert!(stderr(&output).contains("PostgreSQL store is not built yet"), "{}", stderr(&output));
+    assert!(stderr(&output).contains("PEERS_PG_URL, which is unset"), "--store postgres names its variable: {}", stderr(&output));
 
     let existing = dir.path().join("old.db");
     std::fs::write(&existing, b"").unwrap();
@@ -109,4 +110,31 @@ fn exit_codes_follow_the_harness_contract() {
     assert_eq!(output.status.code(), Some(1));
     assert!(stderr(&output).contains("already exists"), "a run needs an empty store: {}", stderr(&output));
     assert!(!dir.path().join("out.json").exists(), "no record for a failed run");
+}
+
+/// Both workloads on PostgreSQL, each in a schema of its own that is dropped
+/// afterwards; the server's durability settings are read back.
+#[test]
+fn q_and_w_run_on_postgres() {
+    let Some(url) = rota_testkit::postgres::url("rota bench on PostgreSQL") else { return };
+    for workload in ["Q", "W"] {
+        let dir = tempfile::tempdir().unwrap();
+        let output = Command::new(env!("CARGO_BIN_EXE_rota"))
+            .args(["bench", "--store", "postgres", workload])
+            .env_remove("ROTA_STORE")
+            .envs([("PEERS_N", "300"), ("PEERS_C", "4"), ("PEERS_TRICKLE_N", "20"), ("PEERS_TRICKLE_RATE", "200")])
+            .envs([("PEERS_M", "60"), ("PEERS_K", "8"), ("PEERS_W_WARMUP", "5")])
+            .env("PEERS_PG_URL", &url)
+            .env("PEERS_OUT", dir.path().join("out.json"))
+            .env_remove("PEERS_PEER")
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{workload}: {:?}: {}", output.status, stderr(&output));
+        let record = record(dir.path());
+        assert_eq!(record["peer"], "rota-pg", "{record}");
+        assert_eq!(record["workload"], workload);
+        let durability = &record["settings"]["durability"];
+        assert_eq!(durability["synchronous_commit"], "on", "{durability}");
+        assert_eq!(durability["meets_rule"], true, "{durability}");
+    }
 }

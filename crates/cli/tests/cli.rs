@@ -206,9 +206,12 @@ fn errors_are_one_line_naming_the_problem() {
     assert_eq!(output.status.code(), Some(1));
     assert_one_error_line(&String::from_utf8_lossy(&output.stderr), &["cannot open store", "does not exist"]);
 
-    let output = rota.command(&["queue", "stats"]).args(["--store", "postgres://localhost/rota"]).output().unwrap();
+    // Port 1 on loopback refuses at once; the password is never shown.
+    let output = rota.command(&["queue", "stats"]).args(["--store", "postgres://rota:secret@127.0.0.1:1/rota"]).output().unwrap();
     assert_eq!(output.status.code(), Some(1));
-    assert_one_error_line(&String::from_utf8_lossy(&output.stderr), &["PostgreSQL store is not built yet (issue 4)"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_one_error_line(&stderr, &["cannot open store postgres://rota:***@127.0.0.1:1/rota", "cannot connect"]);
+    assert!(!stderr.contains("secret"), "{stderr}");
 
     // Usage errors are clap's: exit code 2, the first line names the argument.
     for (args, needles) in [
