@@ -7,6 +7,11 @@
 //! request's complete-by has passed the agent stops and sends nothing, not
 //! even an error: by then the Supervisor may already have asked for another
 //! attempt, and the Scheduler's fence would refuse the reply anyway.
+//!
+//! The rules that every agent follows, built-in or external (the HTTP
+//! worker protocol of `rota-api` calls them too), are public functions:
+//! [`too_late`] (the deadline) and [`commit_reply`] (the reply message and
+//! its commit with the request's completion).
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
@@ -16,7 +21,7 @@ use async_trait::async_trait;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rota_agent::{Agent, Outcome as CallOutcome};
-use rota_model::{Clock, InstanceId, QueueName};
+use rota_model::{Clock, InstanceId, LeaseToken, QueueName, StepName, TaskId, Timestamp};
 use rota_store::{Changes, Delivery, Outgoing, SharedStore};
 
 use crate::consumer::{self, Consumer, Handler, Outcome};
@@ -65,7 +70,7 @@ impl AgentWorker {
 
     /// Handles one request: calls the agent and replies (or stays silent).
     pub async fn serve(&self, request: &StepRequest, delivery: &Delivery) -> Outcome {
-        if self.clock.now() >= request.complete_by() {
+        if too_late(request.complete_by(), self.clock.now()) {
             tracing::debug!("request {} arrived after its complete-by: dropped without reply", delivery.id);
             return Outcome::Complete;
         }
@@ -76,24 +81,7 @@ impl AgentWorker {
             CallOutcome::Failed { message, retryable, .. } => ReplyOutcome::Failed { error: message, retryable },
             CallOutcome::DeadlinePassed { .. } => return Outcome::Complete,
         };
-        let call = &request.call;
-        let reply = InboxMessage::Reply(Reply {
-            task_id: call.task_id.clone(),
-            step: call.step.clone(),
-            attempt: call.attempt,
-            compensate: call.compensate,
-            outcome: reply_outcome,
-        });
-        // The reply commits together with the request's completion, so it
-        // is sent once per delivery; a redelivered request's second reply
-        // (after a lost lease) is refused by the Scheduler's attempt fence.
-        let message = Outgoing::json(&reply).expect("replies serialize").with_ordering_key(call.task_id.as_str());
-        let changes = Changes {
-            send: vec![(request.reply_to.clone(), message)],
-            complete: vec![(self.queue.clone(), delivery.lease_token)],
-            ..Changes::default()
-        };
-        match self.store.commit(changes).await {
+        match commit_reply(&self.store, &self.queue, delivery.lease_token, &ReplyAddress::of(request), reply_outcome).await {
             Ok(()) => Outcome::Settled,
             // The request's lease ran out while we worked: it is (or will be)
             // someone else's, and its reply is theirs to send.
@@ -107,6 +95,77 @@ impl AgentWorker {
         (self.config.seed, request.call.task_id.as_str(), request.call.step.as_str(), request.call.attempt).hash(&mut hasher);
         hasher.finish()
     }
+}
+
+/// Whether a request due by `complete_by` is too late to answer at `now`:
+/// from its complete-by on, an agent stops and sends nothing, not even an
+/// error (the Supervisor may already have asked for another attempt).
+pub fn too_late(complete_by: Timestamp, now: Timestamp) -> bool {
+    now >= complete_by
+}
+
+/// Whom a reply answers and where it goes: the parts of a [`StepRequest`]
+/// that its reply needs. External workers (the HTTP worker protocol of
+/// `rota-api`) carry it in their lease token instead of the whole request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplyAddress {
+    /// The task.
+    pub task_id: TaskId,
+    /// The step.
+    pub step: StepName,
+    /// The attempt answered: the Scheduler's fence.
+    pub attempt: u32,
+    /// Whether the request was the step's compensation.
+    pub compensate: bool,
+    /// The Scheduler inbox the reply goes to.
+    pub reply_to: QueueName,
+}
+
+impl ReplyAddress {
+    /// The address of the reply to `request`.
+    pub fn of(request: &StepRequest) -> Self {
+        let call = &request.call;
+        ReplyAddress {
+            task_id: call.task_id.clone(),
+            step: call.step.clone(),
+            attempt: call.attempt,
+            compensate: call.compensate,
+            reply_to: request.reply_to.clone(),
+        }
+    }
+}
+
+/// The changes that answer a request: the reply to `address` with
+/// `outcome`, sent to the Scheduler's inbox keyed by the task, and the
+/// completion of the request message (leased from `queue` with `lease`).
+pub fn reply_changes(queue: &QueueName, lease: LeaseToken, address: &ReplyAddress, outcome: ReplyOutcome) -> Changes {
+    let reply = InboxMessage::Reply(Reply {
+        task_id: address.task_id.clone(),
+        step: address.step.clone(),
+        attempt: address.attempt,
+        compensate: address.compensate,
+        outcome,
+    });
+    let message = Outgoing::json(&reply).expect("replies serialize").with_ordering_key(address.task_id.as_str());
+    Changes { send: vec![(address.reply_to.clone(), message)], complete: vec![(queue.clone(), lease)], ..Changes::default() }
+}
+
+/// Answers a request as every agent does, built-in or external: the reply
+/// commits together with the request's completion ([`reply_changes`]), so
+/// it is sent once per delivery; a redelivered request's second reply
+/// (after a lost lease) is refused by the Scheduler's attempt fence.
+///
+/// Fails with [`rota_store::Error::LeaseLost`] when the request's lease ran
+/// out (the request is someone else's now, and so is its reply); nothing is
+/// sent then.
+pub async fn commit_reply(
+    store: &SharedStore,
+    queue: &QueueName,
+    lease: LeaseToken,
+    address: &ReplyAddress,
+    outcome: ReplyOutcome,
+) -> rota_store::Result<()> {
+    store.commit(reply_changes(queue, lease, address, outcome)).await
 }
 
 #[async_trait]
