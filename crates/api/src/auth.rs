@@ -12,8 +12,11 @@
 //!
 //! Deliberately left out: per-task ownership for the `submit` scope (the
 //! task record has no submitter yet, so a `submit` token may read any task
-//! whose id it knows, but never list them), and the worker-protocol
-//! endpoints that the `agent` scope will allow.
+//! whose id it knows, but never list them).
+//!
+//! The worker-protocol endpoints (`/v1/workers/{agent}/…`) need
+//! [`Permission::Work`] on the agent in the path: `admin`, or an `agent`
+//! scope that names the agent's queue (`agent.<name>`) or the agent.
 
 use std::fmt;
 
@@ -41,8 +44,8 @@ pub enum Scope {
     Operator,
     /// Submit tasks and read a task by its id.
     Submit,
-    /// An external agent that may work on the named queues (the worker
-    /// protocol, not served yet: today this scope grants no endpoint).
+    /// An external agent that may use the worker protocol on the named
+    /// queues (`agent.<name>`, or the agent's bare name), and nothing else.
     Agent {
         /// The queues it may receive from.
         queues: Vec<QueueName>,
@@ -50,13 +53,27 @@ pub enum Scope {
 }
 
 impl Scope {
-    /// Whether this scope grants `permission`.
+    /// Whether this scope grants `permission` on every route that needs
+    /// it. [`Permission::Work`] is granted per agent: see [`Scope::grants_work`].
     pub fn grants(&self, permission: Permission) -> bool {
         match self {
             Scope::Admin => true,
             Scope::Operator => matches!(permission, Permission::Read | Permission::ReadTask | Permission::Operate),
             Scope::Submit => matches!(permission, Permission::Submit | Permission::ReadTask),
             Scope::Agent { .. } => false,
+        }
+    }
+
+    /// Whether this scope may use the worker protocol for `agent` (the
+    /// name in the path, not yet validated): `admin`, or an `agent` scope
+    /// naming its queue `agent.<agent>` or the agent itself.
+    pub fn grants_work(&self, agent: &str) -> bool {
+        match self {
+            Scope::Admin => true,
+            Scope::Agent { queues } => {
+                queues.iter().any(|queue| queue.as_str() == agent || queue.as_str().strip_prefix("agent.") == Some(agent))
+            }
+            Scope::Operator | Scope::Submit => false,
         }
     }
 
@@ -108,6 +125,9 @@ pub enum Permission {
     Submit,
     /// Change things: cancel, resubmit, pause, resume, redrive, purge, register.
     Operate,
+    /// Receive, renew, complete and fail the step requests of the agent
+    /// named in the path (the worker protocol).
+    Work,
 }
 
 impl Permission {
@@ -117,6 +137,7 @@ impl Permission {
             Permission::ReadTask => "reading a task (scope admin, operator or submit)",
             Permission::Submit => "submitting tasks (scope admin or submit)",
             Permission::Operate => "operating (scope admin or operator)",
+            Permission::Work => "working on this agent's queue (scope admin, or agent naming the queue)",
         }
     }
 }
@@ -231,6 +252,7 @@ fn constant_time_eq(expected: &[u8], presented: &[u8]) -> bool {
 pub fn permission(method: &Method, route: &str) -> Permission {
     match (method.as_str(), route) {
         ("POST", "/v1/tasks") => Permission::Submit,
+        (_, route) if route.starts_with("/v1/workers/") => Permission::Work,
         ("GET", "/v1/tasks/{id}" | "/v1/tasks/{id}/history" | "/v1/tasks/{id}/events") => Permission::ReadTask,
         ("GET", _) => Permission::Read,
         ("POST", "/v1/workflows/validate") => Permission::Read,
@@ -254,12 +276,44 @@ pub async fn authorize(State(state): State<ApiState>, request: Request, next: Ne
             None => return ApiError::unauthorized("the bearer token is not valid").into_response(),
         },
     };
-    if !scopes.iter().any(|scope| scope.grants(needed)) {
+    let granted = match needed {
+        Permission::Work => {
+            let agent = agent_in_path(request.uri().path());
+            scopes.iter().any(|scope| scope.grants_work(&agent))
+        }
+        _ => scopes.iter().any(|scope| scope.grants(needed)),
+    };
+    if !granted {
         let names: Vec<&str> = scopes.iter().map(Scope::name).collect();
         let why = format!("{} {route} needs {}; the token has scope {}", request.method(), needed.describe(), names.join(", "));
         return ApiError::forbidden(why).into_response();
     }
     next.run(request).await
+}
+
+/// The agent of a `/v1/workers/{agent}/…` path, percent-decoded (an
+/// undecodable one matches no scope, and the handler refuses it).
+fn agent_in_path(path: &str) -> String {
+    let segment = path.strip_prefix("/v1/workers/").and_then(|rest| rest.split('/').next()).unwrap_or_default();
+    percent_decode(segment).unwrap_or_default()
+}
+
+/// `%XX` escapes decoded; `None` when they do not make UTF-8.
+fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// The token of an `Authorization: Bearer …` header.
@@ -302,12 +356,25 @@ mod tests {
     #[test]
     fn scopes_grant_what_the_docs_say() {
         use Permission::*;
-        let all = [Read, ReadTask, Submit, Operate];
+        let all = [Read, ReadTask, Submit, Operate, Work];
         let granted = |scope: Scope| all.into_iter().filter(|p| scope.grants(*p)).collect::<Vec<_>>();
         assert_eq!(granted(Scope::Admin), all);
         assert_eq!(granted(Scope::Operator), [Read, ReadTask, Operate]);
         assert_eq!(granted(Scope::Submit), [ReadTask, Submit]);
-        assert!(granted(Scope::Agent { queues: vec![QueueName::new("agent.http").unwrap()] }).is_empty());
+        let agent = Scope::Agent { queues: vec![QueueName::new("agent.py").unwrap(), QueueName::new("ledger").unwrap()] };
+        assert!(granted(agent.clone()).is_empty(), "work is granted per agent only");
+        assert!(agent.grants_work("py") && agent.grants_work("ledger"));
+        assert!(!agent.grants_work("agent.ledger") && !agent.grants_work("http") && !agent.grants_work(""));
+        assert!(Scope::Admin.grants_work("anything"));
+        assert!(!Scope::Operator.grants_work("py") && !Scope::Submit.grants_work("py"));
+    }
+
+    #[test]
+    fn the_agent_is_read_from_worker_paths() {
+        assert_eq!(agent_in_path("/v1/workers/py-payments/receive"), "py-payments");
+        assert_eq!(agent_in_path("/v1/workers/a%2Eb/renew"), "a.b");
+        assert_eq!(agent_in_path("/v1/workers/%FF/renew"), "");
+        assert_eq!(agent_in_path("/v1/workers/%4/renew"), "");
     }
 
     #[test]

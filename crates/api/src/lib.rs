@@ -36,8 +36,11 @@
 //! # }
 //! ```
 //!
-//! Deliberately left out: the worker protocol for external agents and
-//! webhooks (later parts of the same issue), TLS (put a proxy in front),
+//! - The worker protocol for external agents ([`workers`]): receive step
+//!   requests with a lease, renew, complete or fail them, under the same
+//!   deadline and fencing rules as the built-in agents.
+//!
+//! Deliberately left out: webhooks (a later part of the same issue), TLS (put a proxy in front),
 //! and reading configuration: the binary builds [`Config`] from its flags
 //! and files. This crate runs no engine role; it only talks to the store
 //! and the client, so an API-only process scales out like any other.
@@ -53,6 +56,7 @@ mod openapi;
 pub mod queues;
 pub mod tasks;
 pub mod wire;
+pub mod workers;
 pub mod workflows;
 
 use std::future::Future;
@@ -72,6 +76,7 @@ use tokio::sync::watch;
 
 pub use auth::{AuthConfig, Permission, Scope, Token};
 pub use error::{ApiError, ApiResult, ErrorBody, ErrorDetail};
+pub use workers::{LeaseKey, WorkerConfig};
 
 /// What can stop the API from starting or serving.
 #[derive(Debug, thiserror::Error)]
@@ -164,14 +169,23 @@ pub struct Config {
     pub limits: Limits,
     /// The agents that workflow definitions may name when validated or
     /// registered through the API (the built-in ones by default; add the
-    /// custom agents that the engine processes run).
+    /// custom agents that the engine processes run). The remote agents of
+    /// [`WorkerConfig::remote_agents`] are added to it.
     pub agents: AgentCatalog,
+    /// The worker protocol for external agents.
+    pub workers: WorkerConfig,
 }
 
 impl Config {
     /// Default limits, the built-in agents, and `auth`.
     pub fn new(auth: AuthConfig) -> Self {
-        Config { auth, limits: Limits::default(), agents: AgentCatalog::builtin() }
+        Config { auth, limits: Limits::default(), agents: AgentCatalog::builtin(), workers: WorkerConfig::default() }
+    }
+
+    /// The agents workflow definitions may name: [`Config::agents`] and the
+    /// remote agents.
+    pub fn catalog(&self) -> AgentCatalog {
+        self.workers.remote_agents.iter().cloned().fold(self.agents.clone(), AgentCatalog::with)
     }
 }
 
@@ -187,6 +201,8 @@ struct Inner {
     client: Client,
     clock: Arc<dyn Clock>,
     config: Config,
+    /// The agents definitions may name ([`Config::catalog`]).
+    catalog: AgentCatalog,
     /// The definitions tasks run, cached (versions are immutable).
     workflows: Workflows,
     metrics: metrics::Metrics,
@@ -201,8 +217,19 @@ impl ApiState {
     /// `config`'s limits.
     pub fn new(store: SharedStore, client: Client, clock: Arc<dyn Clock>, config: Config) -> Result<Self, Error> {
         config.limits.validate()?;
+        config.workers.validate()?;
         let workflows = Workflows::new(store.clone());
-        let inner = Inner { store, client, clock, config, workflows, metrics: metrics::Metrics::new(), closing: watch::Sender::new(false) };
+        let catalog = config.catalog();
+        let inner = Inner {
+            store,
+            client,
+            clock,
+            config,
+            catalog,
+            workflows,
+            metrics: metrics::Metrics::new(),
+            closing: watch::Sender::new(false),
+        };
         Ok(ApiState { inner: Arc::new(inner) })
     }
 
@@ -234,6 +261,12 @@ impl ApiState {
     /// The configuration.
     pub fn config(&self) -> &Config {
         &self.inner.config
+    }
+
+    /// The agents workflow definitions may name: the configured ones and
+    /// the remote ones.
+    pub fn catalog(&self) -> &AgentCatalog {
+        &self.inner.catalog
     }
 
     /// Ends the open event streams (as [`serve`] does when its shutdown

@@ -6,7 +6,7 @@ use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::{ApiState, events, queues, tasks, workflows};
+use crate::{ApiState, events, queues, tasks, workers, workflows};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -24,6 +24,7 @@ use crate::{ApiState, events, queues, tasks, workflows};
         (name = "workflows", description = "The workflow registry"),
         (name = "queues", description = "Queue counts, pause and resume; circuit breakers"),
         (name = "dead letters", description = "Dead-lettered messages"),
+        (name = "workers", description = "The worker protocol: external agents receive step requests with a lease, renew it, and complete or fail them"),
     )
 )]
 struct ApiDoc;
@@ -67,4 +68,8 @@ pub(crate) fn routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(queues::redrive_one))
         .routes(routes!(queues::purge))
         .routes(routes!(queues::breakers))
+        .routes(routes!(workers::receive))
+        .routes(routes!(workers::renew))
+        .routes(routes!(workers::complete))
+        .routes(routes!(workers::fail))
 }

@@ -678,3 +678,143 @@ pub struct WorkflowVersionPath {
     #[param(value_type = u32, minimum = 1)]
     pub version: String,
 }
+
+/// An agent in the path of a worker-protocol endpoint.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct AgentPath {
+    /// The agent's name, as workflow steps name it in `agent:` (one of the
+    /// remote agents the server is configured with).
+    #[param(pattern = r"^[A-Za-z0-9._:-]{1,94}$")]
+    pub agent: String,
+}
+
+/// A worker asks for step requests (a long poll).
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReceiveRequest {
+    /// The most requests to lease (default 1; at most the server's
+    /// `WorkerConfig::receive_max`).
+    #[schema(minimum = 1)]
+    pub max: Option<u32>,
+    /// How long to wait for a first request when none is ready, in ms
+    /// (default and most: the server's `WorkerConfig::receive_wait_max`).
+    /// 0 answers at once.
+    #[schema(minimum = 0)]
+    pub wait_ms: Option<u64>,
+    /// The worker's name, recorded as the owner of its leases (for
+    /// operators; it grants nothing).
+    #[schema(pattern = r"^[A-Za-z0-9._:-]{1,100}$")]
+    pub worker: Option<String>,
+}
+
+/// The step requests leased to a worker (none when the wait ended first).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ReceiveResponse {
+    /// The requests, oldest first.
+    pub requests: Vec<WorkRequest>,
+}
+
+/// One attempt of one step, for an external worker to run before
+/// `complete_by`, exactly as a built-in agent receives it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct WorkRequest {
+    /// The proof of this lease: pass it to `renew`, `complete` or `fail`.
+    /// Opaque; signed by the server.
+    pub lease_token: String,
+    /// When the lease runs out unless renewed (ms since the epoch).
+    pub lease_until: i64,
+    /// The task.
+    pub task_id: String,
+    /// The workflow and its version (`name@version`).
+    pub workflow: String,
+    /// The step (or the step whose compensation this is).
+    pub step: String,
+    /// The Scheduler's attempt number of the step (1-based).
+    pub attempt: u32,
+    /// Whether this is the step's compensating action.
+    pub compensate: bool,
+    /// The step's input, templates resolved.
+    #[schema(value_type = Object)]
+    pub input: Value,
+    /// The key the remote side uses to apply the effect once: the same for
+    /// every attempt of the step (`<task>/<step>`, `/compensate` appended
+    /// for the compensation).
+    pub idempotency_key: String,
+    /// The deadline (ms since the epoch): past it, stop and send nothing;
+    /// a reply after it is dropped.
+    pub complete_by: i64,
+    /// How many times this request has been delivered, this time included.
+    pub delivery_count: u32,
+    /// The retry policy for transient faults within the deadline.
+    pub retry: RetryView,
+}
+
+/// The retry policy an agent follows within one attempt's deadline.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RetryView {
+    /// The most tries within the attempt.
+    pub attempts_max: u32,
+    /// The first backoff, in ms.
+    pub backoff_initial_ms: u64,
+    /// The longest backoff, in ms.
+    pub backoff_max_ms: u64,
+}
+
+/// Extend a lease.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RenewRequest {
+    /// The lease token from `receive`.
+    pub lease_token: String,
+    /// The new lease length from now, in ms (default: the server's
+    /// `WorkerConfig::lease`); cut at the step's deadline.
+    #[schema(minimum = 1)]
+    pub lease_ms: Option<u64>,
+}
+
+/// A renewed lease.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RenewResponse {
+    /// When the lease runs out now (ms since the epoch); never after `complete_by`.
+    pub lease_until: i64,
+}
+
+/// A step request succeeded.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CompleteRequest {
+    /// The lease token from `receive`.
+    pub lease_token: String,
+    /// The step's output (any JSON; `null` when absent).
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub output: Value,
+}
+
+/// A step request failed.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FailRequest {
+    /// The lease token from `receive`.
+    pub lease_token: String,
+    /// What went wrong (kept in the step's history).
+    pub message: String,
+    /// `true`: a transient fault (the worker gave up its tries within the
+    /// deadline; the step stays recoverable and is retried after a backoff).
+    /// `false`: a permanent fault (the task goes to `error` or compensates).
+    pub retryable: bool,
+}
+
+/// The reply that was committed for a request.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ReplyView {
+    /// The task.
+    pub task_id: String,
+    /// The step.
+    pub step: String,
+    /// The attempt answered.
+    pub attempt: u32,
+    /// `succeeded` or `failed`.
+    pub status: String,
+}

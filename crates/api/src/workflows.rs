@@ -126,7 +126,7 @@ async fn show(state: &ApiState, name: &WorkflowName, version: Option<u32>) -> Ap
 )]
 pub async fn validate(State(state): State<ApiState>, ApiText(text): ApiText) -> ApiResult<Json<ValidationView>> {
     required_body(&text)?;
-    Ok(Json(match rota_workflow::parse(BODY_SOURCE, &text, &state.config().agents) {
+    Ok(Json(match rota_workflow::parse(BODY_SOURCE, &text, state.catalog()) {
         Ok(workflow) => ValidationView { valid: true, workflow: Some(WorkflowView::new(&workflow, None)), problems: Vec::new() },
         Err(diagnostics) => ValidationView { valid: false, workflow: None, problems: problems(&diagnostics) },
     }))
@@ -166,7 +166,7 @@ fn required_body(text: &str) -> ApiResult<()> {
 )]
 pub async fn register(State(state): State<ApiState>, ApiText(text): ApiText) -> ApiResult<Response> {
     required_body(&text)?;
-    let workflow = match rota_workflow::parse(BODY_SOURCE, &text, &state.config().agents) {
+    let workflow = match rota_workflow::parse(BODY_SOURCE, &text, state.catalog()) {
         Ok(workflow) => workflow,
         Err(diagnostics) => {
             let body = InvalidWorkflowBody {

@@ -5,9 +5,10 @@ mod common;
 
 use common::{Options, start};
 use reqwest::{Method, StatusCode};
-use rota_api::{AuthConfig, Scope, Token};
+use rota_api::{AuthConfig, Scope, Token, WorkerConfig};
 use rota_model::QueueName;
 use rota_store::Outgoing;
+use rota_workflow::AgentName;
 use serde_json::{Value, json};
 
 const ADMIN: &str = "admin-token-000000000001";
@@ -21,7 +22,7 @@ fn auth() -> AuthConfig {
         token(ADMIN, Scope::Admin),
         token(OPERATOR, Scope::Operator),
         token(SUBMIT, Scope::Submit),
-        token(AGENT, Scope::Agent { queues: vec![QueueName::new("agent.delay").unwrap()] }),
+        token(AGENT, Scope::Agent { queues: vec![QueueName::new("agent.delay").unwrap(), QueueName::new("agent.py").unwrap()] }),
     ])
     .unwrap()
 }
@@ -33,15 +34,25 @@ enum Needs {
     ReadTask,
     Submit,
     Operate,
+    /// The worker protocol on agent `py`, which the agent token names.
+    Work,
+    /// The worker protocol on agent `other`, which it does not.
+    WorkOther,
 }
 
 fn allowed(token: &str, needs: Needs) -> bool {
     match token {
         ADMIN => true,
-        OPERATOR => needs != Needs::Submit,
+        OPERATOR => matches!(needs, Needs::Read | Needs::ReadTask | Needs::Operate),
         SUBMIT => matches!(needs, Needs::Submit | Needs::ReadTask),
+        AGENT => needs == Needs::Work,
         _ => false,
     }
+}
+
+/// Two remote agents: `py` (in the agent token's scope) and `other`.
+fn workers() -> WorkerConfig {
+    WorkerConfig { remote_agents: vec![AgentName::new("py").unwrap(), AgentName::new("other").unwrap()], ..WorkerConfig::default() }
 }
 
 const YAML: &str = "name: extra\nversion: 1\nsteps:\n  - name: nap\n    agent: delay\n";
@@ -78,12 +89,18 @@ fn endpoints() -> Vec<Endpoint> {
         (Method::POST, "/v1/queues/jobs/dead-letters/purge", None, None, Operate),
         (Method::GET, "/v1/breakers", None, None, Read),
         (Method::GET, "/metrics", None, None, Read),
+        (Method::POST, "/v1/workers/py/receive", Some(json!({ "wait_ms": 0 })), None, Work),
+        (Method::POST, "/v1/workers/py/renew", Some(json!({ "lease_token": "v1.x.y" })), None, Work),
+        (Method::POST, "/v1/workers/py/complete", Some(json!({ "lease_token": "v1.x.y", "output": 1 })), None, Work),
+        (Method::POST, "/v1/workers/py/fail", Some(json!({ "lease_token": "v1.x.y", "message": "m", "retryable": true })), None, Work),
+        (Method::POST, "/v1/workers/other/receive", Some(json!({ "wait_ms": 0 })), None, WorkOther),
+        (Method::POST, "/v1/workers/other/complete", Some(json!({ "lease_token": "v1.x.y", "output": 1 })), None, WorkOther),
     ]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_scope_on_every_endpoint() {
-    let server = start(Options { auth: auth(), engine: false, ..Options::default() }).await;
+    let server = start(Options { auth: auth(), engine: false, workers: workers(), ..Options::default() }).await;
     server.store.send(&QueueName::new("jobs").unwrap(), Outgoing::json(&json!({})).unwrap()).await.unwrap();
     let seeded = server.http.post(server.url("/v1/tasks")).bearer_auth(ADMIN).json(&json!({ "workflow": "quick", "id": "t-1" }));
     assert_eq!(seeded.send().await.unwrap().status(), StatusCode::CREATED);
@@ -152,7 +169,7 @@ async fn documentation_and_health_are_public() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_auth_disabled_everything_is_open() {
-    let server = start(Options { engine: false, ..Options::default() }).await;
+    let server = start(Options { engine: false, workers: workers(), ..Options::default() }).await;
     for (method, path, json, text, _) in endpoints() {
         let mut request = server.http.request(method.clone(), server.url(path));
         if let Some(json) = &json {

@@ -59,6 +59,10 @@ const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/queues/jobs/dead-letters/{}/redrive"),
     ("POST", "/v1/queues/{}/dead-letters/purge"),
     ("GET", "/v1/breakers"),
+    ("POST", "/v1/workers/{}/receive"),
+    ("POST", "/v1/workers/{}/renew"),
+    ("POST", "/v1/workers/{}/complete"),
+    ("POST", "/v1/workers/{}/fail"),
 ];
 
 #[track_caller]

@@ -35,6 +35,10 @@ const OPERATIONS: &[(&str, &str)] = &[
     ("post", "/v1/queues/{queue}/dead-letters/redrive"),
     ("post", "/v1/queues/{queue}/dead-letters/{id}/redrive"),
     ("get", "/v1/breakers"),
+    ("post", "/v1/workers/{agent}/receive"),
+    ("post", "/v1/workers/{agent}/renew"),
+    ("post", "/v1/workers/{agent}/complete"),
+    ("post", "/v1/workers/{agent}/fail"),
 ];
 
 /// Every `$ref` in a JSON document.
@@ -99,7 +103,21 @@ async fn the_openapi_document_lists_every_route_with_its_errors_and_schemas() {
         let name = target.strip_prefix("#/components/schemas/").unwrap_or_else(|| panic!("unexpected $ref {target}"));
         assert!(schemas.contains_key(name), "{target} is defined");
     }
-    for name in ["ErrorBody", "SubmitRequest", "TaskView", "StepView", "EventView", "QueueView", "DeadLetterView", "WorkflowView"] {
+    for name in [
+        "ErrorBody",
+        "SubmitRequest",
+        "TaskView",
+        "StepView",
+        "EventView",
+        "QueueView",
+        "DeadLetterView",
+        "WorkflowView",
+        "ReceiveRequest",
+        "WorkRequest",
+        "CompleteRequest",
+        "FailRequest",
+        "ReplyView",
+    ] {
         assert!(schemas.contains_key(name), "schema {name}");
     }
 }

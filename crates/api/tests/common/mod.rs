@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use reqwest::{Method, RequestBuilder, StatusCode};
 use rota_agent::DelayAgent;
-use rota_api::{ApiState, AuthConfig, Config, Limits};
+use rota_api::{ApiState, AuthConfig, Config, Limits, WorkerConfig};
 use rota_engine::engine::Config as EngineConfig;
 use rota_engine::{Client, Engine, Shutdown, Workflows};
 use rota_model::{Clock, InstanceId, SystemClock};
@@ -32,12 +32,16 @@ pub struct Options {
     pub limits: Limits,
     /// Whether the engine runs (tasks only move when it does).
     pub engine: bool,
+    /// The worker protocol's settings (remote agents…).
+    pub workers: WorkerConfig,
+    /// Workflows registered besides `quick`, `slow` and `broken`.
+    pub workflows: Vec<Workflow>,
 }
 
 impl Default for Options {
     fn default() -> Self {
         let limits = Limits { events_poll_interval: Duration::from_millis(20), ..Limits::default() };
-        Options { auth: AuthConfig::Disabled, limits, engine: true }
+        Options { auth: AuthConfig::Disabled, limits, engine: true, workers: WorkerConfig::default(), workflows: Vec::new() }
     }
 }
 
@@ -97,11 +101,14 @@ pub async fn start(options: Options) -> Server {
     config.supervisor.interval = Duration::from_millis(100);
     config.supervisor.leader_ttl = Duration::from_secs(1);
     config.shutdown_grace = Duration::from_millis(100);
-    let engine = Engine::new(store.clone(), clock.clone(), config)
+    let mut engine = Engine::new(store.clone(), clock.clone(), config)
         .agent(Arc::new(DelayAgent::new()))
         .workflow(quick())
         .workflow(slow())
         .workflow(broken());
+    for workflow in options.workflows {
+        engine = engine.workflow(workflow);
+    }
     engine.register_workflows().await.unwrap();
     let engine_shutdown = Shutdown::new();
     let client = if options.engine {
@@ -111,7 +118,7 @@ pub async fn start(options: Options) -> Server {
     } else {
         Client::new(store.clone(), clock.clone(), Workflows::new(store.clone()), None)
     };
-    let config = Config { limits: options.limits, ..Config::new(options.auth) };
+    let config = Config { limits: options.limits, workers: options.workers, ..Config::new(options.auth) };
     let state = ApiState::new(store.clone(), client, clock, config).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
