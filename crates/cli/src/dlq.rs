@@ -1,8 +1,8 @@
 //! `rota dlq …`: the dead-letter queues. An operator lists what was
 //! dead-lettered and why, sends messages back to their queue with a fresh
-//! delivery count (redrive), or deletes them (purge).
+//! delivery count (redrive), or deletes them (purge), on the store or, with
+//! `--server`, through a server's HTTP API.
 
-use anyhow::Context;
 use rota_model::{MessageId, QueueName};
 use rota_store::Redrive;
 
@@ -67,11 +67,7 @@ pub async fn run(store: StoreArgs, command: Command) -> anyhow::Result<()> {
 }
 
 async fn list(store: &StoreArgs, args: ListArgs) -> anyhow::Result<()> {
-    let store = store.open().await?;
-    let letters = store
-        .dead_letters(&args.queue, args.limit)
-        .await
-        .with_context(|| format!("cannot list the dead letters of queue {}", args.queue))?;
+    let letters = store.backend().await?.dead_letters(&args.queue, args.limit).await?;
     if args.json {
         let json: Vec<DeadLetterJson> = letters.iter().map(DeadLetterJson::from).collect();
         return output::json(&json);
@@ -86,8 +82,8 @@ async fn list(store: &StoreArgs, args: ListArgs) -> anyhow::Result<()> {
             vec![
                 letter.id.to_string(),
                 letter.delivery_count.to_string(),
-                output::rfc3339(letter.dead_lettered_at),
-                output::body_cell(&letter.body),
+                output::rfc3339_millis(letter.dead_lettered_at),
+                output::value_cell(&letter.body),
                 letter.reason.clone(),
             ]
         })
@@ -104,16 +100,13 @@ async fn redrive(store: &StoreArgs, args: RedriveArgs) -> anyhow::Result<()> {
             Redrive::All
         }
     };
-    let store = store.open().await?;
-    let moved = store.redrive(&args.queue, which).await.with_context(|| format!("cannot redrive dead letters of queue {}", args.queue))?;
+    let moved = store.backend().await?.redrive(&args.queue, which).await?;
     output::line(&moved.to_string())?;
     Ok(())
 }
 
 async fn purge(store: &StoreArgs, args: PurgeArgs) -> anyhow::Result<()> {
-    let store = store.open().await?;
-    let purged =
-        store.purge_dead_letters(&args.queue).await.with_context(|| format!("cannot purge dead letters of queue {}", args.queue))?;
+    let purged = store.backend().await?.purge(&args.queue).await?;
     output::line(&purged.to_string())?;
     Ok(())
 }

@@ -9,8 +9,12 @@
 //! - `output`: the JSON shapes and tables the commands print.
 //! - `bench`: `rota bench`.
 //! - `demo`: `rota demo`, the pattern's example end to end on a simulated service.
-//! - `serve`: `rota serve`, the engine with every role (or some) until a
-//!   signal; `rota scheduler`, `rota agent` and `rota supervisor` run one role.
+//! - `serve`: `rota serve`, the engine with every role (or some) and the
+//!   HTTP API until a signal; `rota scheduler`, `rota agent` and `rota
+//!   supervisor` run one role.
+//! - `api_server`: `--listen`, `--auth` and `rota api` (the HTTP API alone).
+//! - `backend`: where the operator commands act: the store (`--store`) or a
+//!   remote server's HTTP API (`--server`, through `remote`).
 //! - `tasks`: `rota submit`, `status`, `tasks`, `alerts`, `resubmit`,
 //!   `cancel` and `workflows`.
 //! - `validate`: `rota validate`, workflow files checked without a store.
@@ -19,12 +23,15 @@
 //! code 1; clap reports usage errors (bad flags, ids, durations) with exit
 //! code 2. Logs go to stderr at `warn` (`info` for `serve`) unless `RUST_LOG`
 //! says otherwise.
+mod api_server;
+mod backend;
 mod bench;
 mod consume;
 mod demo;
 mod dlq;
 mod output;
 mod queue;
+mod remote;
 mod serve;
 mod signals;
 mod store_url;
@@ -59,6 +66,16 @@ struct Cli {
     #[arg(long, env = "ROTA_DURABILITY", value_enum, default_value_t = DurabilityArg::Full, global = true)]
     durability: DurabilityArg,
 
+    /// Run the operator commands (status, tasks, alerts, submit, resubmit,
+    /// cancel, workflows, queue stats/pause/resume, dlq) against this
+    /// server's HTTP API instead of --store, e.g. http://rota.internal:7878.
+    #[arg(long = "server", env = "ROTA_SERVER", value_name = "URL", global = true)]
+    server_url: Option<String>,
+
+    /// The bearer token for --server.
+    #[arg(id = "server_token", long = "token", env = "ROTA_TOKEN", value_name = "TOKEN", global = true, hide_env_values = true)]
+    token: Option<String>,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -73,6 +90,8 @@ enum Command {
     Agent(serve::AgentCommand),
     /// Run only the Supervisor role until SIGINT or SIGTERM (one leads at a time, elected by a lease).
     Supervisor(serve::SupervisorCommand),
+    /// Serve only the HTTP API until SIGINT or SIGTERM (scale-out: no engine role runs here).
+    Api(api_server::Args),
     /// Create or upgrade the store's schema (every command also does it when it opens the store).
     Migrate,
     /// Submit a task; prints its id.
@@ -103,11 +122,13 @@ enum Command {
     Demo(demo::Args),
 }
 
-/// Where the store is, as the global flags say. Commands open it only after
-/// checking their own arguments, so a bad argument is reported first.
+/// Where the store is, as the global flags say, or the server whose API
+/// the operator commands use instead. Commands open it only after checking
+/// their own arguments, so a bad argument is reported first.
 pub struct StoreArgs {
     url: String,
     durability: DurabilityArg,
+    server: Option<remote::ServerArgs>,
 }
 
 impl StoreArgs {
@@ -115,11 +136,33 @@ impl StoreArgs {
     pub async fn open(&self) -> anyhow::Result<SharedStore> {
         open_store(&self.url, self.durability.into()).await
     }
+
+    /// Where an operator command acts: the remote server when `--server`
+    /// names one, else the store (opened here).
+    pub async fn backend(&self) -> anyhow::Result<backend::Backend> {
+        match &self.server {
+            Some(server) => Ok(backend::Backend::Remote(remote::Server::new(server)?)),
+            None => Ok(backend::Backend::Local(self.open().await?)),
+        }
+    }
+
+    /// Fails for a command that works only on a local store when `--server`
+    /// (or ROTA_SERVER) names a server.
+    pub fn local_only(&self, command: &str) -> anyhow::Result<()> {
+        match &self.server {
+            Some(server) => anyhow::bail!(
+                "`rota {command}` works only on a local store (--store), not over HTTP; --server {} is set (unset ROTA_SERVER if it came from there)",
+                server.url
+            ),
+            None => Ok(()),
+        }
+    }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let store = StoreArgs { url: cli.store_url, durability: cli.durability };
+    let server = cli.server_url.map(|url| remote::ServerArgs { url, token: cli.token });
+    let store = StoreArgs { url: cli.store_url, durability: cli.durability, server };
     let result = match cli.command {
         Command::Bench(args) => return bench::run(args, &store),
         Command::Demo(args) => return demo::run(args),
@@ -127,6 +170,7 @@ fn main() -> ExitCode {
         Command::Scheduler(args) => run_async_logging(serve::run(store, serve::RunArgs::scheduler(args)), "info"),
         Command::Agent(args) => run_async_logging(serve::run(store, args.into()), "info"),
         Command::Supervisor(args) => run_async_logging(serve::run(store, args.into()), "info"),
+        Command::Api(args) => run_async_logging(api_server::run(store, args), "info"),
         Command::Migrate => run_async(migrate(store)),
         Command::Submit(args) => run_async(async move { tasks::submit(&store, args).await }),
         Command::Status(args) => run_async(async move { tasks::status(&store, args).await }),

@@ -3,14 +3,17 @@
 //! people. Times are RFC 3339 in UTC with milliseconds in both.
 //!
 //! The JSON shapes are the CLI's own, not the HTTP API's wire types: they
-//! are built here from store records and only ever serialized.
+//! are built here from store records or from the API's views (which the
+//! operator commands get from either backend) and only ever serialized.
 
 use std::io::{self, Write};
 use std::time::{Duration, UNIX_EPOCH};
 
+use rota_api::wire::{DeadLetterView, QueueView};
 use rota_model::Timestamp;
-use rota_store::{DeadLetter, Delivery, QueueStats};
+use rota_store::Delivery;
 use serde::Serialize;
+use serde_json::Value;
 use serde_json::value::RawValue;
 
 /// How many characters of a body a table shows before cutting it.
@@ -20,6 +23,11 @@ const TABLE_BODY_CHARS_MAX: usize = 60;
 pub fn rfc3339(at: Timestamp) -> String {
     let millis = u64::try_from(at.as_millis()).unwrap_or(0);
     humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(millis)).to_string()
+}
+
+/// A time in epoch milliseconds (as the API's views carry it) as RFC 3339.
+pub fn rfc3339_millis(millis: i64) -> String {
+    rfc3339(Timestamp::from_millis(millis))
 }
 
 /// A leased message, as `receive --json` and `consume` print it.
@@ -55,7 +63,7 @@ impl<'a> From<&'a Delivery> for DeliveryJson<'a> {
 pub struct DeadLetterJson<'a> {
     queue: &'a str,
     id: &'a str,
-    body: &'a RawValue,
+    body: &'a Value,
     reason: &'a str,
     delivery_count: u32,
     enqueued_at: String,
@@ -63,16 +71,16 @@ pub struct DeadLetterJson<'a> {
     ordering_key: Option<&'a str>,
 }
 
-impl<'a> From<&'a DeadLetter> for DeadLetterJson<'a> {
-    fn from(letter: &'a DeadLetter) -> Self {
+impl<'a> From<&'a DeadLetterView> for DeadLetterJson<'a> {
+    fn from(letter: &'a DeadLetterView) -> Self {
         DeadLetterJson {
-            queue: letter.queue.as_str(),
-            id: letter.id.as_str(),
+            queue: &letter.queue,
+            id: &letter.id,
             body: &letter.body,
             reason: &letter.reason,
             delivery_count: letter.delivery_count,
-            enqueued_at: rfc3339(letter.enqueued_at),
-            dead_lettered_at: rfc3339(letter.dead_lettered_at),
+            enqueued_at: rfc3339_millis(letter.enqueued_at),
+            dead_lettered_at: rfc3339_millis(letter.dead_lettered_at),
             ordering_key: letter.ordering_key.as_deref(),
         }
     }
@@ -90,16 +98,16 @@ pub struct StatsJson<'a> {
     oldest_ready_at: Option<String>,
 }
 
-impl<'a> From<&'a QueueStats> for StatsJson<'a> {
-    fn from(stats: &'a QueueStats) -> Self {
+impl<'a> From<&'a QueueView> for StatsJson<'a> {
+    fn from(stats: &'a QueueView) -> Self {
         StatsJson {
-            queue: stats.queue.as_str(),
+            queue: &stats.queue,
             ready: stats.ready,
             leased: stats.leased,
             delayed: stats.delayed,
             dead_lettered: stats.dead_lettered,
             paused: stats.paused,
-            oldest_ready_at: stats.oldest_ready_at.map(rfc3339),
+            oldest_ready_at: stats.oldest_ready_at.map(rfc3339_millis),
         }
     }
 }
@@ -121,7 +129,15 @@ pub fn json<T: Serialize + ?Sized>(value: &T) -> anyhow::Result<()> {
 
 /// A body cut to fit a table cell.
 pub fn body_cell(body: &RawValue) -> String {
-    let text = body.get();
+    text_cell(body.get())
+}
+
+/// A JSON value (a dead letter's body) cut to fit a table cell.
+pub fn value_cell(value: &Value) -> String {
+    text_cell(&value.to_string())
+}
+
+fn text_cell(text: &str) -> String {
     if text.chars().count() <= TABLE_BODY_CHARS_MAX {
         return text.to_owned();
     }

@@ -4,6 +4,10 @@
 //! `send --lines`, a stream of them) and prints the result.
 //!
 //! The long-running consumer lives in `consume`; dead letters in `dlq`.
+//!
+//! `stats`, `pause` and `resume` also work against a server's HTTP API
+//! (`--server`); the others move messages and leases, which the API does not
+//! offer, and work only on a local store.
 
 use std::time::Duration;
 
@@ -170,6 +174,10 @@ pub struct StatsArgs {
 
 /// Runs one `rota queue` subcommand.
 pub async fn run(store: StoreArgs, command: Command) -> anyhow::Result<()> {
+    let remote_capable = matches!(command, Command::Stats(_) | Command::Pause(_) | Command::Resume(_));
+    if !remote_capable {
+        store.local_only(&format!("queue {}", command.name()))?;
+    }
     match command {
         Command::Send(args) if args.lines => send_lines(&store, args).await,
         Command::Send(args) => send(&store, args).await,
@@ -183,6 +191,25 @@ pub async fn run(store: StoreArgs, command: Command) -> anyhow::Result<()> {
         Command::Resume(args) => resume(&store, args).await,
         Command::Stats(args) => stats(&store, args).await,
         Command::Consume(args) => consume::run(&store, args).await,
+    }
+}
+
+impl Command {
+    /// The subcommand's name, as typed.
+    fn name(&self) -> &'static str {
+        match self {
+            Command::Send(_) => "send",
+            Command::Receive(_) => "receive",
+            Command::Complete(_) => "complete",
+            Command::Abandon(_) => "abandon",
+            Command::Renew(_) => "renew",
+            Command::DeadLetter(_) => "dead-letter",
+            Command::Create(_) => "create",
+            Command::Pause(_) => "pause",
+            Command::Resume(_) => "resume",
+            Command::Stats(_) => "stats",
+            Command::Consume(_) => "consume",
+        }
     }
 }
 
@@ -405,20 +432,17 @@ fn validate_config(config: &QueueConfig) -> anyhow::Result<()> {
 }
 
 async fn pause(store: &StoreArgs, args: QueueArg) -> anyhow::Result<()> {
-    let store = store.open().await?;
-    store.pause(&args.queue).await.with_context(|| format!("cannot pause queue {}", args.queue))
+    store.backend().await?.pause(&args.queue).await
 }
 
 async fn resume(store: &StoreArgs, args: QueueArg) -> anyhow::Result<()> {
-    let store = store.open().await?;
-    store.resume(&args.queue).await.with_context(|| format!("cannot resume queue {}", args.queue))
+    store.backend().await?.resume(&args.queue).await
 }
 
 async fn stats(store: &StoreArgs, args: StatsArgs) -> anyhow::Result<()> {
-    let store = store.open().await?;
-    let mut all = store.stats().await.context("cannot read queue stats")?;
+    let mut all = store.backend().await?.queues().await?;
     if let Some(queue) = &args.queue {
-        all.retain(|stats| &stats.queue == queue);
+        all.retain(|stats| stats.queue == queue.as_str());
     }
     if args.json {
         let json: Vec<StatsJson> = all.iter().map(StatsJson::from).collect();
@@ -438,7 +462,7 @@ async fn stats(store: &StoreArgs, args: StatsArgs) -> anyhow::Result<()> {
                 stats.delayed.to_string(),
                 stats.dead_lettered.to_string(),
                 if stats.paused { "yes" } else { "no" }.to_owned(),
-                stats.oldest_ready_at.map(output::rfc3339).unwrap_or_default(),
+                stats.oldest_ready_at.map(output::rfc3339_millis).unwrap_or_default(),
             ]
         })
         .collect();

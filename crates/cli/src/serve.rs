@@ -19,8 +19,15 @@
 //! shutdown grace); a second signal exits at once, leaving the leases to
 //! expire.
 //!
+//! `rota serve` also serves the HTTP API (`--listen`, default
+//! 127.0.0.1:7878; `--listen none` turns it off; see `api_server`). It binds
+//! before the engine starts, so that a busy port or a bad token file stops
+//! startup, and it stops with the same [`Shutdown`]. The role-only commands
+//! (`rota scheduler`, `agent`, `supervisor`) serve no API; `rota api` serves
+//! only the API.
+//!
 //! Deliberately left out: custom agents (a Rust program embeds the engine
-//! instead), hot reloading of definitions, and the HTTP API.
+//! instead) and hot reloading of definitions.
 
 use crate::signals::Signals;
 use std::collections::HashMap;
@@ -40,6 +47,7 @@ use serde_json::{Value, json};
 use tracing::{info, warn};
 
 use crate::StoreArgs;
+use crate::api_server::{self, ListenArgs};
 use crate::store_url::redacted;
 
 /// The workflows directory used when `--workflows` is absent, if it exists.
@@ -132,6 +140,8 @@ pub struct Args {
     /// The roles to run, comma-separated.
     #[arg(long, value_enum, value_name = "ROLES", value_delimiter = ',', default_value = "scheduler,agent,supervisor")]
     roles: Vec<Role>,
+    #[command(flatten)]
+    listen: ListenArgs,
 }
 
 /// Arguments of `rota agent`.
@@ -158,30 +168,39 @@ pub struct RunArgs {
     agent: AgentArgs,
     supervisor: SupervisorArgs,
     roles: Vec<Role>,
+    /// Where to serve the HTTP API, if at all.
+    listen: Option<ListenArgs>,
 }
 
 impl RunArgs {
     /// `rota scheduler`.
     pub fn scheduler(process: ProcessArgs) -> Self {
-        RunArgs { process, agent: AgentArgs::default(), supervisor: SupervisorArgs::default(), roles: vec![Role::Scheduler] }
+        RunArgs { process, agent: AgentArgs::default(), supervisor: SupervisorArgs::default(), roles: vec![Role::Scheduler], listen: None }
     }
 }
 
 impl From<Args> for RunArgs {
     fn from(args: Args) -> Self {
-        RunArgs { process: args.process, agent: args.agent, supervisor: args.supervisor, roles: args.roles }
+        let listen = Some(args.listen).filter(|listen| !listen.is_off());
+        RunArgs { process: args.process, agent: args.agent, supervisor: args.supervisor, roles: args.roles, listen }
     }
 }
 
 impl From<AgentCommand> for RunArgs {
     fn from(args: AgentCommand) -> Self {
-        RunArgs { process: args.process, agent: args.agent, supervisor: SupervisorArgs::default(), roles: vec![Role::Agent] }
+        RunArgs { process: args.process, agent: args.agent, supervisor: SupervisorArgs::default(), roles: vec![Role::Agent], listen: None }
     }
 }
 
 impl From<SupervisorCommand> for RunArgs {
     fn from(args: SupervisorCommand) -> Self {
-        RunArgs { process: args.process, agent: AgentArgs::default(), supervisor: args.supervisor, roles: vec![Role::Supervisor] }
+        RunArgs {
+            process: args.process,
+            agent: AgentArgs::default(),
+            supervisor: args.supervisor,
+            roles: vec![Role::Supervisor],
+            listen: None,
+        }
     }
 }
 
@@ -230,6 +249,22 @@ pub async fn run(store_args: StoreArgs, args: RunArgs) -> anyhow::Result<()> {
         .fold(AgentCatalog::empty(), |catalog, name| catalog.with(AgentName::new(name).expect("registered agents have valid names")));
     let running_agents = selected_agents(&agents, &args.agent.queues)?;
     let (dir, definitions) = load_workflows(args.process.workflows.as_deref(), &catalog)?;
+    // Bound before the store is written to, so that a busy port or a bad
+    // token file stops startup with nothing changed.
+    let listening = match &args.listen {
+        Some(listen) => match api_server::bind(listen).await {
+            Ok(listening) => Some(listening),
+            Err(err) if listen.is_default_in_use(&err) => {
+                warn!(
+                    "{err:#}: running without the HTTP API (another rota serve on this host has it?); \
+                     give --listen ADDR (port 0 picks a free one) or --listen none"
+                );
+                None
+            }
+            Err(err) => return Err(err),
+        },
+        None => None,
+    };
     let store = store_args.open().await?;
     warn_if_instance_is_live(&store, &instance, &*clock).await;
     register(&store, &definitions).await?;
@@ -242,6 +277,7 @@ pub async fn run(store_args: StoreArgs, args: RunArgs) -> anyhow::Result<()> {
     config.seed = seed(&instance, &*clock);
     config.shutdown_grace = args.process.shutdown_grace;
     let mut engine = Engine::new(store.clone(), clock.clone(), config);
+    let client = engine.client();
     for name in &running_agents {
         engine = engine.agent(agents.get(name).expect("a registered name"));
     }
@@ -261,8 +297,12 @@ pub async fn run(store_args: StoreArgs, args: RunArgs) -> anyhow::Result<()> {
     let role_names: Vec<&str> = args.roles.iter().map(|role| role_name(*role)).collect();
     // Without the agent role the registry only serves to validate definitions.
     let agent_names: Vec<&str> = if roles.agents { running_agents.iter().map(String::as_str).collect() } else { Vec::new() };
+    let api = match &listening {
+        Some(listening) => format!("http://{}", listening.address),
+        None => "off".to_owned(),
+    };
     info!(
-        "rota serve started: instance {instance}, store {}, roles {}, agents {}, workflows {loaded}",
+        "rota serve started: instance {instance}, store {}, roles {}, agents {}, workflows {loaded}, API {api}",
         redacted(&store_args.url),
         role_names.join(","),
         if agent_names.is_empty() { "none".to_owned() } else { agent_names.join(",") }
@@ -280,6 +320,18 @@ pub async fn run(store_args: StoreArgs, args: RunArgs) -> anyhow::Result<()> {
     let mut engine_run = tokio::spawn(engine.run(shutdown.clone()));
     let reporter = Reporter { store: store.clone(), clock: clock.clone(), agents, instance: instance.clone(), heartbeat };
     let reporting = tokio::spawn(reporter.run(shutdown.clone()));
+    // Without --listen the API "serves" until the shutdown, so that the
+    // select below has one shape either way.
+    let mut serving = match listening {
+        Some(listening) => tokio::spawn(listening.serve(store.clone(), client, clock.clone(), shutdown.clone())),
+        None => {
+            let stopped = shutdown.clone();
+            tokio::spawn(async move {
+                stopped.triggered().await;
+                Ok(())
+            })
+        }
+    };
 
     let stopped = tokio::select! {
         () = signals.next() => {
@@ -300,7 +352,23 @@ pub async fn run(store_args: StoreArgs, args: RunArgs) -> anyhow::Result<()> {
                 Err(err) => Err(anyhow!("the engine panicked: {err}")),
             }?
         }
+        joined = &mut serving => {
+            // The API failed (it stops only after the shutdown otherwise):
+            // stop the engine too rather than run half a server.
+            shutdown.trigger();
+            let _ = engine_run.await;
+            match joined {
+                Ok(Ok(())) => bail!("the HTTP API stopped by itself"),
+                Ok(Err(err)) => return Err(err),
+                Err(err) => bail!("the HTTP API panicked: {err}"),
+            }
+        }
     };
+    match serving.await {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => warn!("the HTTP API failed while stopping: {err:#}"),
+        Err(err) => warn!("the HTTP API panicked while stopping: {err}"),
+    }
     match stopped {
         Ok(Ok(())) => {}
         Ok(Err(err)) => return Err(anyhow::Error::new(err).context("the engine failed while stopping")),

@@ -1,10 +1,12 @@
 //! The task commands (R6, R7): `submit`, `status`, `tasks`, `alerts`,
 //! `resubmit`, `cancel` and `workflows`. Each checks its arguments, opens
-//! the store, makes its calls through a [`Client`] (no engine runs in this
-//! process: a `rota serve` somewhere does the work) or reads the store, and
-//! prints the result: a table for people, `--json` for programs.
+//! its [`Backend`] (the store, with no engine in this process: a `rota
+//! serve` somewhere does the work; or a server's API with `--server`),
+//! makes its calls, and prints the result: a table for people, `--json` for
+//! programs. Both backends answer with the API's views, so the output is
+//! the same either way.
 //!
-//! `submit --wait` polls the store, printing each step's moves on stderr as
+//! `submit --wait` polls the task, printing each step's moves on stderr as
 //! they happen, and exits 0 only when the task ends Processed.
 //!
 //! Deliberately left out: following a task's events as a stream (the API's
@@ -12,19 +14,17 @@
 
 use std::io::IsTerminal;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
-use rota_engine::{Client, Submission, Workflows};
-use rota_model::{StepName, StepState, SystemClock, Task, TaskId, TaskState, WorkflowName};
-use rota_store::{ComponentStatus, Event, SharedStore, TaskFilter, TaskRecord};
-use rota_workflow::Workflow;
+use rota_api::wire::{AlertView, BreakerView, EventView, StepStateView, TaskStateView, TaskSummary, TaskView};
+use rota_model::{StepName, StepState, TaskId, TaskState, WorkflowName};
 use serde::Serialize;
 use serde_json::Value;
 
 use crate::StoreArgs;
-use crate::output::{self, rfc3339};
+use crate::backend::{Backend, TaskQuery};
+use crate::output::{self, rfc3339_millis};
 
 /// How often `submit --wait` reads the task.
 const WAIT_POLL_INTERVAL: Duration = Duration::from_millis(100);
@@ -123,24 +123,6 @@ pub struct WorkflowsArgs {
     json: bool,
 }
 
-fn client(store: &SharedStore) -> Client {
-    Client::new(store.clone(), Arc::new(SystemClock), Workflows::new(store.clone()), None)
-}
-
-/// An engine error as an operator reads it: a missing record or a refused
-/// request is its own message, without the variant's prefix.
-fn engine_error(err: rota_engine::Error) -> anyhow::Error {
-    match err {
-        rota_engine::Error::Store(rota_store::Error::NotFound(what)) => anyhow!("{what}"),
-        rota_engine::Error::Refused(why) => anyhow!("{why}"),
-        other => anyhow::Error::new(other),
-    }
-}
-
-async fn required(store: &SharedStore, id: &TaskId) -> anyhow::Result<TaskRecord> {
-    store.task(id).await.with_context(|| format!("cannot read task {id}"))?.ok_or_else(|| anyhow!("task {id} not found"))
-}
-
 /// Parses `--input`: JSON, or `@FILE`. serde_json's message ends with the
 /// line and column of the problem.
 fn parse_input(text: &str) -> anyhow::Result<Value> {
@@ -154,27 +136,28 @@ fn parse_input(text: &str) -> anyhow::Result<Value> {
 /// `rota submit`.
 pub async fn submit(store: &StoreArgs, args: SubmitArgs) -> anyhow::Result<()> {
     let input = parse_input(&args.input)?;
-    let store = store.open().await?;
-    let submission = Submission { workflow: args.workflow.clone(), version: args.version, input, id: args.id, reply_to: None };
-    let submitted = client(&store).submit(submission).await.map_err(engine_error).map_err(|err| {
+    let backend = store.backend().await?;
+    let submitted = backend.submit(&args.workflow, args.version, input, args.id).await.map_err(|err| {
         let hint = "; `rota workflows` lists the registered ones, and `rota serve --workflows DIR` registers a directory of definitions";
         if err.to_string().contains("is not registered") { anyhow!("{err}{hint}") } else { err.context("cannot submit") }
     })?;
-    output::line(submitted.id.as_str())?;
+    let task = &submitted.view;
+    output::line(&task.id)?;
     if !submitted.created {
-        let record = required(&store, &submitted.id).await?;
-        let task = &record.task;
         eprintln!(
             "(existing) task {} already exists ({}@{}, {}); nothing was submitted",
-            task.id, task.workflow, task.workflow_version, task.state
+            task.id,
+            task.workflow,
+            task.version,
+            task_state(task.state)
         );
     }
     if !args.wait {
         return Ok(());
     }
-    let record = wait(&store, &submitted.id, args.timeout).await?;
-    let task = &record.task;
-    match task.state {
+    let id = TaskId::new(task.id.as_str()).map_err(|err| anyhow!("the server answered an invalid task id: {err}"))?;
+    let task = wait(&backend, &id, args.timeout).await?;
+    match task_state(task.state) {
         TaskState::Processed => Ok(()),
         state if state.is_terminal() => {
             let why = task.error.as_deref().map(|error| format!(": {error}")).unwrap_or_default();
@@ -192,7 +175,7 @@ pub async fn submit(store: &StoreArgs, args: SubmitArgs) -> anyhow::Result<()> {
 /// Polls the task until it is terminal or `timeout` has passed, printing
 /// each move of the task and of its steps on stderr, behind a spinner when
 /// stderr is a terminal.
-async fn wait(store: &SharedStore, id: &TaskId, timeout: Duration) -> anyhow::Result<TaskRecord> {
+async fn wait(backend: &Backend, id: &TaskId, timeout: Duration) -> anyhow::Result<TaskView> {
     let started = Instant::now();
     let spinner = if std::io::stderr().is_terminal() {
         let spinner = indicatif::ProgressBar::new_spinner();
@@ -201,43 +184,69 @@ async fn wait(store: &SharedStore, id: &TaskId, timeout: Duration) -> anyhow::Re
     } else {
         indicatif::ProgressBar::hidden()
     };
-    let mut seen: Option<TaskRecord> = None;
+    let mut seen: Option<TaskView> = None;
     loop {
-        let record = required(store, id).await?;
+        let task = backend.task(id).await?.view;
         let elapsed = started.elapsed();
-        for line in moves(seen.as_ref(), &record) {
+        for line in moves(seen.as_ref(), &task) {
             spinner.suspend(|| eprintln!("[{:>7.2}s] {line}", elapsed.as_secs_f64()));
         }
-        let completed = record.steps.iter().filter(|step| step.state == StepState::Completed).count();
-        spinner.set_message(format!("task {id}: {}, {completed}/{} steps completed", record.task.state, record.steps.len()));
-        if record.task.state.is_terminal() || elapsed >= timeout {
+        let completed = task.steps.iter().filter(|step| step_state(step.state) == StepState::Completed).count();
+        spinner.set_message(format!("task {id}: {}, {completed}/{} steps completed", task_state(task.state), task.steps.len()));
+        if task_state(task.state).is_terminal() || elapsed >= timeout {
             spinner.finish_and_clear();
-            return Ok(record);
+            return Ok(task);
         }
-        seen = Some(record);
+        seen = Some(task);
         tokio::time::sleep(WAIT_POLL_INTERVAL.min(timeout.saturating_sub(elapsed))).await;
     }
 }
 
+/// A task state from the API's view of it.
+pub fn task_state(view: TaskStateView) -> TaskState {
+    match view {
+        TaskStateView::Pending => TaskState::Pending,
+        TaskStateView::Processing => TaskState::Processing,
+        TaskStateView::Processed => TaskState::Processed,
+        TaskStateView::Error => TaskState::Error,
+        TaskStateView::Compensating => TaskState::Compensating,
+        TaskStateView::Compensated => TaskState::Compensated,
+        TaskStateView::Cancelled => TaskState::Cancelled,
+    }
+}
+
+/// A step state from the API's view of it.
+fn step_state(view: StepStateView) -> StepState {
+    match view {
+        StepStateView::NotStarted => StepState::NotStarted,
+        StepStateView::Running => StepState::Running,
+        StepStateView::Completed => StepState::Completed,
+        StepStateView::Failed => StepState::Failed,
+        StepStateView::Compensating => StepState::Compensating,
+        StepStateView::Compensated => StepState::Compensated,
+    }
+}
+
 /// What changed between two reads of a task, one line per move.
-fn moves(before: Option<&TaskRecord>, after: &TaskRecord) -> Vec<String> {
+fn moves(before: Option<&TaskView>, after: &TaskView) -> Vec<String> {
     let mut lines = Vec::new();
     for step in &after.steps {
+        let state = step_state(step.state);
         let previous = before.and_then(|before| before.steps.iter().find(|s| s.name == step.name));
-        let unchanged = previous.is_some_and(|p| p.state == step.state && p.attempt == step.attempt);
-        if unchanged || (previous.is_none() && step.state == StepState::NotStarted && step.attempt == 0) {
+        let unchanged = previous.is_some_and(|p| step_state(p.state) == state && p.attempt == step.attempt);
+        if unchanged || (previous.is_none() && state == StepState::NotStarted && step.attempt == 0) {
             continue;
         }
-        let error = match (step.state, &step.last_error) {
+        let error = match (state, &step.last_error) {
             (StepState::Failed | StepState::NotStarted, Some(error)) => format!(": {}", cut(error)),
             _ => String::new(),
         };
-        lines.push(format!("step {}: {} (attempt {}){error}", step.name, step.state, step.attempt));
+        lines.push(format!("step {}: {state} (attempt {}){error}", step.name, step.attempt));
     }
-    let task = &after.task;
-    if before.is_none_or(|before| before.task.state != task.state || before.task.failure_count != task.failure_count) {
-        let failures = if task.failure_count > 0 { format!(" (failure count {})", task.failure_count) } else { String::new() };
-        lines.push(format!("task {}: {}{failures}", task.id, task.state));
+    let state = task_state(after.state);
+    if before.is_none_or(|before| task_state(before.state) != state || before.failure_count != after.failure_count) {
+        let failures = if after.failure_count > 0 { format!(" (failure count {})", after.failure_count) } else { String::new() };
+        lines.push(format!("task {}: {state}{failures}", after.id));
     }
     lines
 }
@@ -269,19 +278,19 @@ struct TaskSummaryJson<'a> {
     updated_at: String,
 }
 
-impl<'a> From<&'a Task> for TaskSummaryJson<'a> {
-    fn from(task: &'a Task) -> Self {
+impl<'a> From<&'a TaskSummary> for TaskSummaryJson<'a> {
+    fn from(task: &'a TaskSummary) -> Self {
         TaskSummaryJson {
-            id: task.id.as_str(),
-            workflow: task.workflow.as_str(),
-            version: task.workflow_version,
-            state: task.state,
-            locked_by: task.locked_by.as_ref().map(|owner| owner.as_str()),
-            complete_by: task.complete_by.map(rfc3339),
+            id: &task.id,
+            workflow: &task.workflow,
+            version: task.version,
+            state: task_state(task.state),
+            locked_by: task.locked_by.as_deref(),
+            complete_by: task.complete_by.map(rfc3339_millis),
             failure_count: task.failure_count,
             error: task.error.as_deref(),
-            created_at: rfc3339(task.created_at),
-            updated_at: rfc3339(task.updated_at),
+            created_at: rfc3339_millis(task.created_at),
+            updated_at: rfc3339_millis(task.updated_at),
         }
     }
 }
@@ -331,19 +340,19 @@ struct StepJson<'a> {
 struct EventJson<'a> {
     seq: i64,
     at: String,
-    kind: &'static str,
+    kind: &'a str,
     step: Option<&'a str>,
     attempt: Option<u32>,
     detail: &'a Value,
 }
 
-impl<'a> From<&'a Event> for EventJson<'a> {
-    fn from(event: &'a Event) -> Self {
+impl<'a> From<&'a EventView> for EventJson<'a> {
+    fn from(event: &'a EventView) -> Self {
         EventJson {
             seq: event.seq,
-            at: rfc3339(event.at),
-            kind: event.kind.as_str(),
-            step: event.step.as_ref().map(|step| step.as_str()),
+            at: rfc3339_millis(event.at),
+            kind: &event.kind,
+            step: event.step.as_deref(),
             attempt: event.attempt,
             detail: &event.detail,
         }
@@ -362,79 +371,62 @@ struct BreakerJson {
     reported_at: String,
 }
 
-impl From<&ComponentStatus> for BreakerJson {
-    fn from(status: &ComponentStatus) -> Self {
-        let text = |field: &str| status.value[field].as_str().map(str::to_owned);
+impl From<&BreakerView> for BreakerJson {
+    fn from(breaker: &BreakerView) -> Self {
         BreakerJson {
-            endpoint: text("endpoint").unwrap_or_else(|| status.key.trim_start_matches("breaker/").to_owned()),
-            agent: text("agent"),
-            state: text("state").unwrap_or_else(|| "unknown".to_owned()),
-            consecutive_failures: status.value["consecutive_failures"].as_u64(),
-            open_until: status.value["open_until"].as_i64().map(|millis| rfc3339(rota_model::Timestamp::from_millis(millis))),
-            instance: text("instance"),
-            reported_at: rfc3339(status.reported_at),
+            endpoint: breaker.endpoint.clone(),
+            agent: breaker.agent.clone(),
+            state: breaker.state.clone(),
+            consecutive_failures: breaker.consecutive_failures,
+            open_until: breaker.open_until.map(rfc3339_millis),
+            instance: breaker.instance.clone(),
+            reported_at: rfc3339_millis(breaker.reported_at),
         }
     }
 }
 
-/// The breakers `rota serve` processes reported that are not closed.
-async fn open_breakers(store: &SharedStore) -> anyhow::Result<Vec<BreakerJson>> {
-    let statuses = store.statuses("breaker/").await.context("cannot read the circuit breakers")?;
-    Ok(statuses.iter().map(BreakerJson::from).filter(|breaker| breaker.state != "closed").collect())
-}
-
-/// The owner of a step: the task's holder, while the step is in flight.
-fn step_owner(task: &Task, state: StepState) -> Option<&str> {
-    let in_flight = matches!(state, StepState::Running | StepState::Compensating);
-    task.locked_by.as_ref().filter(|_| in_flight).map(|owner| owner.as_str())
-}
-
 /// `rota status`.
 pub async fn status(store: &StoreArgs, args: StatusArgs) -> anyhow::Result<()> {
-    let store = store.open().await?;
-    let record = required(&store, &args.id).await?;
-    let history = store.history(&args.id).await.with_context(|| format!("cannot read the history of task {}", args.id))?;
-    let task = &record.task;
-    // The definition names each step's agent; a task whose definition is
-    // missing or unreadable is still shown.
-    let definition = Workflows::new(store.clone()).get(&task.workflow, Some(task.workflow_version)).await.ok();
-    let agent_of = |name: &StepName| definition.as_deref().and_then(|d: &Workflow| d.step(name)).map(|def| def.agent().as_str());
-    let breakers = open_breakers(&store).await?;
-    let steps: Vec<StepJson> = record
+    let backend = store.backend().await?;
+    let detail = backend.task(&args.id).await?;
+    let history = backend.history(&args.id).await?;
+    let breakers: Vec<BreakerJson> = backend.breakers().await?.iter().map(BreakerJson::from).filter(|b| b.state != "closed").collect();
+    let task = &detail.view;
+    let steps: Vec<StepJson> = task
         .steps
         .iter()
         .map(|step| StepJson {
-            name: step.name.as_str(),
+            name: &step.name,
             position: step.position,
-            agent: agent_of(&step.name),
-            state: step.state,
+            agent: step.agent.as_deref(),
+            state: step_state(step.state),
             attempts: step.attempt,
-            complete_by: step.complete_by.map(rfc3339),
-            not_before: rfc3339(step.not_before),
-            owner: step_owner(task, step.state),
+            complete_by: step.complete_by.map(rfc3339_millis),
+            not_before: rfc3339_millis(step.not_before),
+            owner: step.owner.as_deref(),
             input: step.input.as_ref(),
             output: step.output.as_ref(),
             last_error: step.last_error.as_deref(),
-            updated_at: rfc3339(step.updated_at),
+            updated_at: rfc3339_millis(step.updated_at),
         })
         .collect();
     let status = StatusJson {
-        id: task.id.as_str(),
-        workflow: task.workflow.as_str(),
-        version: task.workflow_version,
-        state: task.state,
-        locked_by: task.locked_by.as_ref().map(|owner| owner.as_str()),
+        id: &task.id,
+        workflow: &task.workflow,
+        version: task.version,
+        state: task_state(task.state),
+        locked_by: task.locked_by.as_deref(),
         lease_epoch: task.lease_epoch,
-        complete_by: task.complete_by.map(rfc3339),
-        not_before: rfc3339(task.not_before),
+        complete_by: task.complete_by.map(rfc3339_millis),
+        not_before: rfc3339_millis(task.not_before),
         failure_count: task.failure_count,
-        max_failures: definition.as_deref().map(Workflow::max_failures),
+        max_failures: task.max_failures,
         error: task.error.as_deref(),
         input: &task.input,
         output: task.output.as_ref(),
-        reply_to: task.reply_to.as_deref(),
-        created_at: rfc3339(task.created_at),
-        updated_at: rfc3339(task.updated_at),
+        reply_to: detail.reply_to.as_deref(),
+        created_at: rfc3339_millis(task.created_at),
+        updated_at: rfc3339_millis(task.updated_at),
         steps,
         history: history.iter().map(EventJson::from).collect(),
         breakers,
@@ -540,9 +532,8 @@ fn status_text(status: &StatusJson) -> String {
 
 /// `rota tasks`.
 pub async fn list(store: &StoreArgs, args: ListArgs) -> anyhow::Result<()> {
-    let store = store.open().await?;
-    let filter = TaskFilter { state: args.state, workflow: args.workflow, limit: args.limit, ..TaskFilter::default() };
-    let tasks = store.list_tasks(&filter).await.context("cannot list tasks")?;
+    let backend = store.backend().await?;
+    let tasks = backend.tasks(TaskQuery { state: args.state, workflow: args.workflow, limit: args.limit }).await?;
     if args.json {
         let json: Vec<TaskSummaryJson> = tasks.iter().map(TaskSummaryJson::from).collect();
         return output::json(&json);
@@ -555,12 +546,12 @@ pub async fn list(store: &StoreArgs, args: ListArgs) -> anyhow::Result<()> {
         .iter()
         .map(|task| {
             vec![
-                task.id.to_string(),
-                format!("{}@{}", task.workflow, task.workflow_version),
-                task.state.to_string(),
+                task.id.clone(),
+                format!("{}@{}", task.workflow, task.version),
+                task_state(task.state).to_string(),
                 task.failure_count.to_string(),
-                task.locked_by.as_ref().map_or_else(|| "-".to_owned(), ToString::to_string),
-                rfc3339(task.updated_at),
+                task.locked_by.clone().unwrap_or_else(|| "-".to_owned()),
+                rfc3339_millis(task.updated_at),
                 task.error.as_deref().map(cut).unwrap_or_default(),
             ]
         })
@@ -575,26 +566,28 @@ struct AlertJson<'a> {
     seq: i64,
     task_id: &'a str,
     at: String,
-    reason: String,
+    reason: &'a str,
     step: Option<&'a str>,
     detail: &'a Value,
 }
 
+impl<'a> From<&'a AlertView> for AlertJson<'a> {
+    fn from(alert: &'a AlertView) -> Self {
+        AlertJson {
+            seq: alert.seq,
+            task_id: &alert.task_id,
+            at: rfc3339_millis(alert.at),
+            reason: &alert.reason,
+            step: alert.step.as_deref(),
+            detail: &alert.detail,
+        }
+    }
+}
+
 /// `rota alerts`.
 pub async fn alerts(store: &StoreArgs, args: AlertsArgs) -> anyhow::Result<()> {
-    let store = store.open().await?;
-    let alerts = store.alerts(args.limit).await.context("cannot list alerts")?;
-    let json: Vec<AlertJson> = alerts
-        .iter()
-        .map(|event| AlertJson {
-            seq: event.seq,
-            task_id: event.task_id.as_str(),
-            at: rfc3339(event.at),
-            reason: event.detail["reason"].as_str().map_or_else(|| event.detail.to_string(), str::to_owned),
-            step: event.step.as_ref().map(|step| step.as_str()),
-            detail: &event.detail,
-        })
-        .collect();
+    let alerts = store.backend().await?.alerts(args.limit).await?;
+    let json: Vec<AlertJson> = alerts.iter().map(AlertJson::from).collect();
     if args.json {
         return output::json(&json);
     }
@@ -610,77 +603,50 @@ pub async fn alerts(store: &StoreArgs, args: AlertsArgs) -> anyhow::Result<()> {
 
 /// `rota resubmit`: prints the task's state afterwards.
 pub async fn resubmit(store: &StoreArgs, args: ResubmitArgs) -> anyhow::Result<()> {
-    let store = store.open().await?;
-    let record = required(&store, &args.id).await?;
-    if let Some(step) = &args.step
-        && !record.steps.iter().any(|s| &s.name == step)
-    {
-        let names: Vec<&str> = record.steps.iter().map(|s| s.name.as_str()).collect();
-        bail!("task {} has no step {step} (its steps: {})", args.id, names.join(", "));
-    }
-    client(&store).resubmit(&args.id, args.step.as_ref()).await.map_err(|err| refused("resubmit", &args.id, err))?;
-    let record = required(&store, &args.id).await?;
-    output::line(record.task.state.as_str())?;
+    let task = store.backend().await?.resubmit(&args.id, args.step.as_ref()).await?;
+    output::line(task_state(task.state).as_str())?;
     Ok(())
 }
 
 /// `rota cancel`: prints the state the task moved to.
 pub async fn cancel(store: &StoreArgs, args: CancelArgs) -> anyhow::Result<()> {
-    let store = store.open().await?;
-    required(&store, &args.id).await?;
-    let state = client(&store).cancel(&args.id).await.map_err(|err| refused("cancel", &args.id, err))?;
+    let state = store.backend().await?.cancel(&args.id).await?;
     output::line(state.as_str())?;
     Ok(())
 }
 
-/// "cannot ACTION task ID: why", from a refused (or failed) operation.
-fn refused(action: &str, id: &TaskId, err: rota_engine::Error) -> anyhow::Error {
-    let prefix = format!("task {id}: ");
-    let message = engine_error(err).to_string();
-    let message = message.strip_prefix(&prefix).unwrap_or(&message);
-    anyhow!("cannot {action} task {id}: {message}")
-}
-
 /// A registered workflow, as `workflows --json` lists it.
 #[derive(Serialize)]
-struct WorkflowJson {
-    name: String,
+struct WorkflowJson<'a> {
+    name: &'a str,
     version: u32,
-    registered_at: String,
-    steps: Vec<WorkflowStepJson>,
+    registered_at: Option<String>,
+    steps: Vec<WorkflowStepJson<'a>>,
 }
 
 #[derive(Serialize)]
-struct WorkflowStepJson {
-    name: String,
-    agent: String,
-    depends_on: Vec<String>,
+struct WorkflowStepJson<'a> {
+    name: &'a str,
+    agent: &'a str,
+    depends_on: &'a [String],
 }
 
 /// `rota workflows`: the latest version of each registered workflow.
 pub async fn workflows(store: &StoreArgs, args: WorkflowsArgs) -> anyhow::Result<()> {
-    let store = store.open().await?;
-    let entries = store.workflows().await.context("cannot list workflows")?;
-    let mut json = Vec::with_capacity(entries.len());
-    for entry in entries {
-        let definition: Workflow = serde_json::from_value(entry.definition)
-            .with_context(|| format!("the stored definition of workflow {} version {} is unreadable", entry.name, entry.version))?;
-        let steps = definition
-            .steps()
-            .iter()
-            .map(|step| WorkflowStepJson {
-                name: step.name().to_string(),
-                agent: step.agent().to_string(),
-                depends_on: step.depends_on().iter().map(ToString::to_string).collect(),
-            })
-            .collect();
-        json.push(WorkflowJson {
-            name: entry.name.to_string(),
-            version: entry.version,
-            registered_at: rfc3339(entry.registered_at),
-            steps,
-        });
-    }
+    let workflows = store.backend().await?.workflows().await?;
+    let json: Vec<WorkflowJson> = workflows
+        .iter()
+        .map(|workflow| WorkflowJson {
+            name: &workflow.name,
+            version: workflow.version,
+            registered_at: workflow.registered_at.map(rfc3339_millis),
+            steps: workflow
+                .steps
+                .iter()
+                .map(|step| WorkflowStepJson { name: &step.name, agent: &step.agent, depends_on: &step.depends_on })
+                .collect(),
+        })
+        .collect();
     if args.json {
         return output::json(&json);
     }
@@ -692,7 +658,12 @@ pub async fn workflows(store: &StoreArgs, args: WorkflowsArgs) -> anyhow::Result
         .iter()
         .map(|workflow| {
             let steps: Vec<String> = workflow.steps.iter().map(|step| format!("{} ({})", step.name, step.agent)).collect();
-            vec![workflow.name.clone(), workflow.version.to_string(), workflow.registered_at.clone(), steps.join(", ")]
+            vec![
+                workflow.name.to_owned(),
+                workflow.version.to_string(),
+                workflow.registered_at.clone().unwrap_or_default(),
+                steps.join(", "),
+            ]
         })
         .collect();
     output::line(&output::table(&["NAME", "VERSION", "REGISTERED", "STEPS"], &rows))?;
@@ -702,14 +673,14 @@ pub async fn workflows(store: &StoreArgs, args: WorkflowsArgs) -> anyhow::Result
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rota_model::{Step, Timestamp};
+    use rota_model::{Step, Task, Timestamp};
     use serde_json::json;
 
-    fn record(task_state: TaskState, steps: &[(&str, StepState, u32)]) -> TaskRecord {
+    fn record(task_state: TaskState, steps: &[(&str, StepState, u32)]) -> TaskView {
         let id = TaskId::new("t-1").unwrap();
         let mut task = Task::new(id.clone(), WorkflowName::new("w").unwrap(), 1, json!({}), Timestamp::from_millis(0));
         task.state = task_state;
-        let steps = steps
+        let steps: Vec<Step> = steps
             .iter()
             .enumerate()
             .map(|(i, (name, state, attempt))| {
@@ -719,7 +690,7 @@ mod tests {
                 step
             })
             .collect();
-        TaskRecord { task, steps }
+        TaskView::new(&task, &steps, None)
     }
 
     #[test]

@@ -1,0 +1,433 @@
+//! The HTTP API in the real binary: `rota serve --listen` and `rota api` on a
+//! temporary SQLite store, driven over HTTP (submit, server-sent events,
+//! result), tokens from an `--auth` file and from `ROTA_API_TOKEN`, the
+//! operator commands with `--server` printing what they print on the store,
+//! and SIGTERM stopping cleanly.
+//!
+//! Real processes and real time, each test a few seconds.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{Rota, assert_one_error_line, lines_of};
+use serde_json::{Value, json};
+
+/// How long a test waits for a server to say where it listens.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long one HTTP request (or a whole event stream) may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a server may take to stop after SIGTERM.
+const STOP_TIMEOUT: Duration = Duration::from_secs(20);
+
+const ADMIN_TOKEN: &str = "admin-token-for-the-api-tests";
+const SUBMIT_TOKEN: &str = "submit-token-for-the-api-tests";
+
+/// Two steps: a short delay, then `cat` of the input's order.
+const PIPELINE: &str = r#"
+name: pipeline
+version: 1
+steps:
+  - name: pause
+    agent: delay
+    with: { for: "50ms" }
+  - name: echo
+    agent: exec
+    with: { command: ["sh", "-c", "cat"], stdin: { order: "{{ input.order }}" } }
+"#;
+
+/// One step that sleeps for a minute: a task to cancel.
+const SLOW: &str = r#"
+name: slow
+version: 1
+steps:
+  - name: wait
+    agent: delay
+    with: { for: "60s" }
+    timeout: 2m
+"#;
+
+/// A workflows directory and an `--auth` file in a temporary directory.
+struct Files {
+    dir: tempfile::TempDir,
+}
+
+impl Files {
+    fn new() -> Files {
+        let files = Files { dir: tempfile::tempdir().unwrap() };
+        let workflows = files.workflows();
+        std::fs::create_dir_all(&workflows).unwrap();
+        std::fs::write(workflows.join("pipeline.yaml"), PIPELINE).unwrap();
+        std::fs::write(workflows.join("slow.yaml"), SLOW).unwrap();
+        files
+    }
+
+    fn workflows(&self) -> PathBuf {
+        self.dir.path().join("workflows")
+    }
+
+    /// An auth file with an admin token (read from the environment
+    /// variable `ROTA_TEST_ADMIN`) and a submit token (inline).
+    fn auth(&self) -> PathBuf {
+        let path = self.dir.path().join("auth.toml");
+        let text = format!(
+            "[[tokens]]\nname = \"ops\"\ntoken_env = \"ROTA_TEST_ADMIN\"\nscopes = [\"admin\"]\n\n\
+             [[tokens]]\nname = \"shop\"\ntoken = \"{SUBMIT_TOKEN}\"\nscopes = [\"submit\"]\n"
+        );
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    fn file(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+}
+
+/// A `rota serve` or `rota api` child that listens on a free port; killed when dropped.
+struct Server {
+    child: Child,
+    stderr: mpsc::Receiver<String>,
+    seen: Vec<String>,
+    /// `http://127.0.0.1:PORT`, as the server logged it.
+    url: String,
+}
+
+impl Server {
+    /// Starts `rota ARGS` (which must listen on port 0) with `env`, and
+    /// waits for the line that says where it listens.
+    fn start(rota: &Rota, args: &[&str], env: &[(&str, &str)]) -> Server {
+        let mut command = rota.command(args);
+        command.stdout(Stdio::null()).stderr(Stdio::piped()).env_remove("ROTA_API_TOKEN").env_remove("ROTA_SERVER");
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = command.spawn().expect("rota starts");
+        let stderr = lines_of(child.stderr.take().unwrap());
+        let mut server = Server { child, stderr, seen: Vec::new(), url: String::new() };
+        let line = server.wait_for_line("listening on http://", STARTUP_TIMEOUT);
+        let address = line.split("listening on ").nth(1).unwrap().split_whitespace().next().unwrap();
+        server.url = address.to_owned();
+        server
+    }
+
+    /// `rota serve --listen 127.0.0.1:0` with the test workflows and a quick Supervisor.
+    fn serve(rota: &Rota, files: &Files, extra: &[&str], env: &[(&str, &str)]) -> Server {
+        let workflows = files.workflows();
+        let mut args = vec!["serve", "--listen", "127.0.0.1:0", "--workflows", workflows.to_str().unwrap(), "--instance-id", "api-1"];
+        args.extend(["--supervisor-interval", "200ms"]);
+        args.extend(extra);
+        Server::start(rota, &args, env)
+    }
+
+    fn wait_for_line(&mut self, needle: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.stderr.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        panic!("rota did not log {needle:?} within {timeout:?}; its stderr:\n{}", self.seen.join("\n"));
+    }
+
+    /// Sends SIGTERM; the exit status and everything it logged.
+    fn terminate(mut self) -> (std::process::ExitStatus, String) {
+        assert_eq!(unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) }, 0);
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "rota did not stop within {STOP_TIMEOUT:?} of SIGTERM");
+            thread::sleep(Duration::from_millis(20));
+        };
+        self.seen.extend(self.stderr.try_iter());
+        (status, self.seen.join("\n"))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A blocking HTTP client (reqwest on its own runtime) for one server.
+struct Http {
+    runtime: tokio::runtime::Runtime,
+    client: reqwest::Client,
+    base: String,
+}
+
+/// A response: status, headers of interest, body text.
+struct Answer {
+    status: u16,
+    content_type: String,
+    body: String,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|err| panic!("not JSON ({err}): {}", self.body))
+    }
+}
+
+impl Http {
+    fn new(server: &Server) -> Http {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let client = reqwest::Client::builder().timeout(REQUEST_TIMEOUT).build().unwrap();
+        Http { runtime, client, base: server.url.clone() }
+    }
+
+    fn send(&self, method: reqwest::Method, path: &str, token: Option<&str>, body: Option<Value>) -> Answer {
+        let mut request = self.client.request(method, format!("{}{path}", self.base));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        self.runtime.block_on(async {
+            let response = request.send().await.expect("the request is answered");
+            let status = response.status().as_u16();
+            let content_type = response.headers().get("content-type").map(|value| value.to_str().unwrap().to_owned()).unwrap_or_default();
+            let body = response.text().await.expect("the body is read");
+            Answer { status, content_type, body }
+        })
+    }
+
+    fn get(&self, path: &str, token: Option<&str>) -> Answer {
+        self.send(reqwest::Method::GET, path, token, None)
+    }
+
+    fn post(&self, path: &str, token: Option<&str>, body: Option<Value>) -> Answer {
+        self.send(reqwest::Method::POST, path, token, body)
+    }
+}
+
+/// The `data:` lines of a server-sent event stream, as JSON, and the names of its `event:` lines.
+fn sse_data(stream: &str) -> (Vec<Value>, Vec<String>) {
+    let data =
+        stream.lines().filter_map(|line| line.strip_prefix("data:")).map(|data| serde_json::from_str(data.trim()).unwrap()).collect();
+    let names = stream.lines().filter_map(|line| line.strip_prefix("event:")).map(|name| name.trim().to_owned()).collect();
+    (data, names)
+}
+
+/// Polls `GET /v1/tasks/{id}` until its state is `state`.
+fn wait_for_state(http: &Http, id: &str, state: &str, token: &str) -> Value {
+    let deadline = Instant::now() + REQUEST_TIMEOUT;
+    loop {
+        let task = http.get(&format!("/v1/tasks/{id}"), Some(token)).json();
+        if task["state"] == state {
+            return task;
+        }
+        assert!(Instant::now() < deadline, "task {id} is not {state}: {task:#}");
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Runs `rota --server URL --token TOKEN args…` and returns what it printed.
+fn remote(rota: &Rota, server: &Server, token: &str, args: &[&str]) -> std::process::Output {
+    let mut full = vec!["--server", server.url.as_str(), "--token", token];
+    full.extend(args);
+    rota.command(&full).env_remove("ROTA_SERVER").env_remove("ROTA_TOKEN").output().expect("rota runs")
+}
+
+fn stdout(output: &std::process::Output) -> String {
+    assert!(output.status.success(), "failed: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8(output.stdout.clone()).unwrap()
+}
+
+#[test]
+fn serve_listens_and_runs_a_task_submitted_over_http() {
+    let rota = Rota::new();
+    let files = Files::new();
+    let auth = files.auth();
+    let server = Server::serve(&rota, &files, &["--auth", auth.to_str().unwrap()], &[("ROTA_TEST_ADMIN", ADMIN_TOKEN)]);
+    assert!(server.url.starts_with("http://127.0.0.1:") && !server.url.ends_with(":0"), "{}", server.url);
+    assert!(!server.seen.join("\n").contains(ADMIN_TOKEN) && !server.seen.join("\n").contains(SUBMIT_TOKEN), "tokens are never logged");
+    let http = Http::new(&server);
+
+    // Without a token, or with an unknown one: 401; out of scope: 403; open routes need none.
+    let denied = http.get("/v1/tasks", None);
+    assert_eq!((denied.status, denied.json()["error"]["code"].as_str()), (401, Some("unauthorized")), "{}", denied.body);
+    assert_eq!(http.get("/v1/tasks", Some("not-a-configured-token")).status, 401);
+    assert_eq!(http.get("/v1/tasks", Some(SUBMIT_TOKEN)).status, 403, "the submit scope lists nothing");
+    assert_eq!(http.get("/healthz", None).status, 200);
+    let openapi = http.get("/openapi.json", None);
+    assert_eq!(openapi.status, 200);
+    assert!(openapi.json()["paths"]["/v1/tasks"].is_object());
+
+    // Submit, follow the events until the end, read the result: what the README shows with curl.
+    let submitted = http.post("/v1/tasks", Some(SUBMIT_TOKEN), Some(json!({"workflow": "pipeline", "id": "o-1", "input": {"order": 7}})));
+    assert_eq!(submitted.status, 201, "{}", submitted.body);
+    assert_eq!(submitted.json()["id"], "o-1");
+    let events = http.get("/v1/tasks/o-1/events", Some(SUBMIT_TOKEN));
+    assert_eq!(events.status, 200);
+    assert!(events.content_type.starts_with("text/event-stream"), "{}", events.content_type);
+    let (data, names) = sse_data(&events.body);
+    let kinds: Vec<&str> = data.iter().filter_map(|event| event["kind"].as_str()).collect();
+    assert_eq!(kinds.first(), Some(&"received"), "{}", events.body);
+    assert!(kinds.contains(&"step_completed") && kinds.contains(&"processed"), "{}", events.body);
+    assert_eq!(names, ["end"], "{}", events.body);
+    assert_eq!(data.last().unwrap(), &json!({"task_id": "o-1", "state": "processed"}));
+    let task = http.get("/v1/tasks/o-1", Some(SUBMIT_TOKEN)).json();
+    assert_eq!(task["state"], "processed");
+    assert_eq!(task["output"]["echo"], json!({"order": 7}));
+    // The id is the idempotency key.
+    let again = http.post("/v1/tasks", Some(SUBMIT_TOKEN), Some(json!({"workflow": "pipeline", "id": "o-1"})));
+    assert_eq!(again.status, 200, "{}", again.body);
+
+    // The same engine sees a task submitted on the store, and the API shows it.
+    assert_eq!(rota.ok(&["submit", "pipeline", "--id", "local-1", "--input", r#"{"order": 8}"#, "--wait"]), "local-1\n");
+    assert_eq!(http.get("/v1/tasks/local-1", Some(ADMIN_TOKEN)).json()["state"], "processed");
+
+    let (status, log) = server.terminate();
+    assert_eq!(status.code(), Some(0), "SIGTERM is a clean stop: {log}");
+    assert!(log.contains("rota serve stopped"), "{log}");
+    assert!(!log.contains(ADMIN_TOKEN) && !log.contains(SUBMIT_TOKEN), "tokens are never logged: {log}");
+}
+
+#[test]
+fn operator_commands_over_http_print_what_they_print_locally() {
+    let rota = Rota::new();
+    let files = Files::new();
+    // A short grace: the cancelled task's agent is still in its minute-long sleep at the stop.
+    let server = Server::serve(&rota, &files, &["--shutdown-grace", "1s"], &[("ROTA_API_TOKEN", ADMIN_TOKEN)]);
+    let http = Http::new(&server);
+
+    // submit (and --wait) over HTTP.
+    let output = remote(&rota, &server, ADMIN_TOKEN, &["submit", "pipeline", "--id", "r-1", "--input", r#"{"order": 1}"#, "--wait"]);
+    assert_eq!(stdout(&output), "r-1\n");
+    let progress = String::from_utf8_lossy(&output.stderr);
+    assert!(progress.contains("step echo: completed (attempt 1)") && progress.contains("task r-1: processed"), "{progress}");
+    let output = remote(&rota, &server, ADMIN_TOKEN, &["submit", "pipeline", "--id", "r-1"]);
+    assert_eq!(stdout(&output), "r-1\n");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("(existing) task r-1 already exists (pipeline@1, processed)"));
+    rota.ok(&["submit", "pipeline", "--id", "r-2", "--input", r#"{"order": 2}"#, "--wait"]);
+
+    // A dead letter to list (the API has no send: put it there on the store).
+    rota.ok(&["queue", "send", "jobs", "--body", r#"{"n": 1}"#]);
+    let received = rota.receive("jobs", 1);
+    rota.ok(&["queue", "dead-letter", "jobs", received[0]["lease_token"].as_str().unwrap(), "--reason", "poison"]);
+
+    // Read-only commands print the same bytes either way.
+    for args in [
+        vec!["status", "r-1", "--json"],
+        vec!["status", "r-1"],
+        vec!["tasks", "--json"],
+        vec!["tasks", "--state", "processed", "--workflow", "pipeline", "--limit", "1"],
+        vec!["alerts", "--json"],
+        vec!["workflows", "--json"],
+        vec!["workflows"],
+        vec!["queue", "stats", "jobs", "--json"],
+        vec!["queue", "stats", "jobs"],
+        vec!["dlq", "list", "jobs", "--json"],
+        vec!["dlq", "list", "jobs"],
+    ] {
+        let local = rota.ok(&args);
+        let over_http = stdout(&remote(&rota, &server, ADMIN_TOKEN, &args));
+        assert_eq!(over_http, local, "rota {args:?} differs over HTTP");
+    }
+
+    // Changes: cancel a task stuck in a long step, pause and resume a queue, redrive and purge dead letters.
+    assert_eq!(stdout(&remote(&rota, &server, ADMIN_TOKEN, &["submit", "slow", "--id", "s-1"])), "s-1\n");
+    wait_for_state(&http, "s-1", "processing", ADMIN_TOKEN);
+    assert_eq!(stdout(&remote(&rota, &server, ADMIN_TOKEN, &["cancel", "s-1"])), "cancelled\n");
+    let output = remote(&rota, &server, ADMIN_TOKEN, &["cancel", "s-1"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert_one_error_line(&String::from_utf8_lossy(&output.stderr), &["cannot cancel task s-1: ", "cancelled"]);
+    let output = remote(&rota, &server, ADMIN_TOKEN, &["status", "nope"]);
+    assert_one_error_line(&String::from_utf8_lossy(&output.stderr), &["task nope not found"]);
+    let (_, local) = rota.fails(&["status", "nope"]);
+    assert_eq!(String::from_utf8_lossy(&output.stderr), local, "a missing task reads the same");
+
+    stdout(&remote(&rota, &server, ADMIN_TOKEN, &["queue", "pause", "jobs"]));
+    assert_eq!(rota.stats("jobs")["paused"], true);
+    stdout(&remote(&rota, &server, ADMIN_TOKEN, &["queue", "resume", "jobs"]));
+    assert_eq!(rota.stats("jobs")["paused"], false);
+    assert_eq!(stdout(&remote(&rota, &server, ADMIN_TOKEN, &["dlq", "redrive", "jobs", "--all"])), "1\n");
+    let again = rota.receive("jobs", 1);
+    rota.ok(&["queue", "dead-letter", "jobs", again[0]["lease_token"].as_str().unwrap(), "--reason", "poison again"]);
+    assert_eq!(stdout(&remote(&rota, &server, ADMIN_TOKEN, &["dlq", "purge", "jobs"])), "1\n");
+
+    // Without the token: one clear line, naming the flag to give.
+    let output = rota.command(&["--server", &server.url, "tasks"]).env_remove("ROTA_TOKEN").output().unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert_one_error_line(&String::from_utf8_lossy(&output.stderr), &["--token"]);
+    // Commands the API does not offer say so.
+    let output = remote(&rota, &server, ADMIN_TOKEN, &["queue", "send", "jobs", "--body", "{}"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert_one_error_line(&String::from_utf8_lossy(&output.stderr), &["rota queue send", "only on a local store"]);
+
+    let (status, log) = server.terminate();
+    assert_eq!(status.code(), Some(0), "{log}");
+}
+
+#[test]
+fn rota_api_serves_the_api_without_running_tasks() {
+    let rota = Rota::new();
+    let files = Files::new();
+    // Register the workflows, then stop: only the API runs from here on.
+    let serve = Server::serve(&rota, &files, &[], &[]);
+    let (status, _) = serve.terminate();
+    assert_eq!(status.code(), Some(0));
+
+    let api = Server::start(&rota, &["api", "--listen", "127.0.0.1:0"], &[("ROTA_API_TOKEN", ADMIN_TOKEN)]);
+    let http = Http::new(&api);
+    assert_eq!(http.get("/v1/workflows", None).status, 401);
+    let submitted = http.post("/v1/tasks", Some(ADMIN_TOKEN), Some(json!({"workflow": "pipeline", "id": "p-1", "input": {"order": 1}})));
+    assert_eq!(submitted.status, 201, "{}", submitted.body);
+    thread::sleep(Duration::from_millis(500));
+    assert_eq!(http.get("/v1/tasks/p-1", Some(ADMIN_TOKEN)).json()["state"], "pending", "no Scheduler runs in `rota api`");
+    assert_eq!(http.get("/readyz", None).status, 200);
+    let cancelled = http.post("/v1/tasks/p-1/cancel", Some(ADMIN_TOKEN), None);
+    assert_eq!(cancelled.json()["state"], "cancelled", "{}", cancelled.body);
+    let (status, log) = api.terminate();
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert!(log.contains("rota api stopped"), "{log}");
+}
+
+#[test]
+fn listen_and_auth_errors_name_the_flag_the_file_and_the_field() {
+    let rota = Rota::new();
+    let files = Files::new();
+    let workflows = files.workflows();
+    let dir = workflows.to_str().unwrap();
+
+    // No token on a non-loopback address: refused unless --insecure-no-auth.
+    let (code, stderr) = rota.fails(&["serve", "--workflows", dir, "--listen", "0.0.0.0:0"]);
+    assert_eq!(code, 1);
+    assert_one_error_line(&stderr, &["--listen 0.0.0.0:0", "non-loopback", "--auth", "--insecure-no-auth"]);
+    let (code, stderr) = rota.fails(&["api", "--listen", "0.0.0.0:0"]);
+    assert_eq!(code, 1);
+    assert_one_error_line(&stderr, &["--listen 0.0.0.0:0", "non-loopback"]);
+
+    let auth = files.file("bad.toml", "[[tokens]]\ntoken = \"a-token-long-enough-1\"\nscopes = [\"root\"]\n");
+    let (code, stderr) = rota.fails(&["api", "--listen", "127.0.0.1:0", "--auth", auth.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert_one_error_line(&stderr, &[&format!("--auth {}", auth.display()), "tokens[0].scopes[0]", "unknown scope \"root\""]);
+    assert!(!stderr.contains("a-token-long-enough-1"), "{stderr}");
+
+    let missing = Path::new(dir).join("missing.toml");
+    let (_, stderr) = rota.fails(&["api", "--listen", "127.0.0.1:0", "--auth", missing.to_str().unwrap()]);
+    assert_one_error_line(&stderr, &[&format!("--auth {}", missing.display()), "cannot read"]);
+
+    let output = rota.command(&["api", "--listen", "127.0.0.1:0"]).env("ROTA_API_TOKEN", "short").output().unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert_one_error_line(&String::from_utf8_lossy(&output.stderr), &["ROTA_API_TOKEN", "16 to 512 bytes"]);
+}
