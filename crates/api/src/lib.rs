@@ -40,7 +40,12 @@
 //!   requests with a lease, renew, complete or fail them, under the same
 //!   deadline and fencing rules as the built-in agents.
 //!
-//! Deliberately left out: webhooks (a later part of the same issue), TLS (put a proxy in front),
+//! - Webhooks ([`webhooks::Dispatcher`]): a task submitted with a
+//!   `callback_url` has its status events POSTed there, signed with
+//!   HMAC-SHA256, retried with backoff through the durable queue
+//!   `rota.webhooks`, and dead-lettered when they keep failing.
+//!
+//! Deliberately left out: TLS (put a proxy in front),
 //! and reading configuration: the binary builds [`Config`] from its flags
 //! and files. This crate runs no engine role; it only talks to the store
 //! and the client, so an API-only process scales out like any other.
@@ -55,6 +60,7 @@ pub mod metrics;
 mod openapi;
 pub mod queues;
 pub mod tasks;
+pub mod webhooks;
 pub mod wire;
 pub mod workers;
 pub mod workflows;

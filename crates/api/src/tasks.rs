@@ -62,8 +62,11 @@ pub async fn submit(State(state): State<ApiState>, ApiJson(request): ApiJson<Sub
         return Err(ApiError::invalid_body("version: must be at least 1"));
     }
     let id = request.id.map(TaskId::new).transpose().map_err(|err| ApiError::invalid_body(format!("id: {err}")))?;
-    let submission =
-        Submission { workflow, version: request.version, input: request.input.unwrap_or_else(|| json!({})), id, reply_to: None };
+    if let Some(url) = &request.callback_url {
+        crate::webhooks::check_url(url).map_err(|why| ApiError::invalid_body(format!("callback_url: {why}")))?;
+    }
+    let input = request.input.unwrap_or_else(|| json!({}));
+    let submission = Submission { workflow, version: request.version, input, id, reply_to: request.callback_url };
     let submitted = state.client().submit(submission).await.map_err(|err| match err {
         rota_engine::Error::Store(rota_store::Error::NotFound(what)) => {
             ApiError::new(StatusCode::NOT_FOUND, "unknown_workflow", format!("workflow: {what}"))

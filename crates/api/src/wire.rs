@@ -36,6 +36,13 @@ pub struct SubmitRequest {
         max_length = 50
     )]
     pub id: Option<String>,
+    /// Where to POST the task's status events (a webhook): an http or https
+    /// URL of at most 2048 bytes. Each POST is signed (`Rota-Signature`),
+    /// retried with backoff, and dead-lettered in queue `rota.webhooks` when
+    /// it keeps failing. Kept with the task; a second submit with the same id
+    /// does not change it.
+    #[schema(example = "https://shop.example/hooks/rota", max_length = 2048)]
+    pub callback_url: Option<String>,
 }
 
 /// A JSON number that is a whole `u32`, written `1` or `1.0` (JSON does not
@@ -186,6 +193,8 @@ pub struct TaskView {
     pub output: Option<Value>,
     /// Why it failed, if it did.
     pub error: Option<String>,
+    /// Where its status events are POSTed, if it was submitted with a callback URL.
+    pub callback_url: Option<String>,
     /// When it was created, epoch ms.
     pub created_at: i64,
     /// When it last changed, epoch ms.
@@ -212,6 +221,7 @@ impl TaskView {
             input: task.input.clone(),
             output: task.output.clone(),
             error: task.error.clone(),
+            callback_url: task.reply_to.clone(),
             created_at: task.created_at.as_millis(),
             updated_at: task.updated_at.as_millis(),
             steps: steps
