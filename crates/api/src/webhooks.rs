@@ -36,11 +36,12 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hmac::{Hmac, KeyInit, Mac};
-use rand::Rng;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use rota_engine::{Consumer, Handler, Outcome, Shutdown, async_trait};
 use rota_model::{Clock, InstanceId, MessageId, QueueName, TaskId};
 use rota_store::{Delivery, EventKind, Outgoing, QueueConfig, SharedStore};
@@ -140,6 +141,8 @@ pub struct WebhookConfig {
     pub poll_interval: Duration,
     /// The most events the follower reads at once.
     pub batch_max: u32,
+    /// The seed of the retry jitter.
+    pub seed: u64,
 }
 
 impl WebhookConfig {
@@ -170,6 +173,7 @@ impl WebhookConfig {
             concurrency: 16,
             poll_interval: Duration::from_millis(250),
             batch_max: 500,
+            seed: 0,
         }
     }
 
@@ -267,7 +271,7 @@ impl Dispatcher {
             .lease(self.config.lease())
             .receive_wait(Duration::from_secs(1))
             .build()?;
-        let sender = Sender { http: self.http.clone(), clock: self.clock.clone(), config: self.config.clone() };
+        let sender = Sender::new(self.http.clone(), self.clock.clone(), self.config.clone());
         let consumer = tokio::spawn(Consumer::new(self.store.clone(), consumer_config).run(Arc::new(sender), shutdown.clone()));
 
         let stop = shutdown.triggered();
@@ -356,16 +360,23 @@ struct Sender {
     http: reqwest::Client,
     clock: Arc<dyn Clock>,
     config: WebhookConfig,
+    rng: Mutex<StdRng>,
 }
 
 impl Sender {
+    fn new(http: reqwest::Client, clock: Arc<dyn Clock>, config: WebhookConfig) -> Self {
+        let rng = Mutex::new(StdRng::seed_from_u64(config.seed));
+        Sender { http, clock, config, rng }
+    }
+
     /// The wait before the next delivery after `deliveries` failed ones:
     /// doubling from `backoff_initial`, capped, with equal jitter.
     fn backoff(&self, deliveries: u32) -> Duration {
         let doublings = deliveries.saturating_sub(1).min(30);
         let base = self.config.backoff_initial.saturating_mul(1 << doublings).min(self.config.backoff_max);
         let half = base / 2;
-        half + half.mul_f64(rand::rng().random::<f64>())
+        let fraction: f64 = self.rng.lock().expect("the jitter RNG is never poisoned").random();
+        half + half.mul_f64(fraction)
     }
 }
 
@@ -461,7 +472,7 @@ mod tests {
         let mut config = WebhookConfig::new(InstanceId::new("i-1").unwrap(), Secret::new("0123456789abcdef").unwrap());
         config.backoff_initial = Duration::from_millis(100);
         config.backoff_max = Duration::from_millis(1_000);
-        let sender = Sender { http: reqwest::Client::new(), clock: Arc::new(rota_model::SystemClock), config };
+        let sender = Sender::new(reqwest::Client::new(), Arc::new(rota_model::SystemClock), config);
         for (deliveries, base) in [(1, 100), (2, 200), (3, 400), (4, 800), (5, 1_000), (40, 1_000)] {
             for _ in 0..20 {
                 let wait = sender.backoff(deliveries);

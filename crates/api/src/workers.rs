@@ -342,7 +342,11 @@ pub async fn receive(
         };
         if agent_worker::too_late(request.complete_by(), now) {
             tracing::debug!("request {} arrived after its complete-by: dropped without reply", delivery.id);
-            drop_request(&state, &queue, delivery.lease_token).await?;
+            // Not answered with an error: the other requests are leased
+            // already, and this one's lease simply runs out if this failed.
+            if let Err(err) = drop_request(&state, &queue, delivery.lease_token).await {
+                tracing::warn!("could not drop request {} of {queue} past its deadline: {err}", delivery.id);
+            }
             continue;
         }
         requests.push(work_request(&state, &delivery, request));
