@@ -1,7 +1,9 @@
 //! A local API server to try the API with curl or a browser, and to run
 //! schemathesis against: a SQLite store in the given file, every engine
 //! role in this process, the `delay` agent, one workflow `nap` (two short
-//! delay steps), and authentication disabled unless an admin token is given.
+//! delay steps), the remote agent `py-payments` with a workflow `pay` for
+//! the Python example worker (`examples/workers/python/worker.py`), and
+//! authentication disabled unless an admin token is given.
 //!
 //! ```text
 //! cargo run -p rota-api --example serve -- 127.0.0.1:7878 /tmp/rota-api.db [ADMIN_TOKEN]
@@ -14,13 +16,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rota_agent::DelayAgent;
-use rota_api::{ApiState, AuthConfig, Config, Scope, Token};
+use rota_api::{ApiState, AuthConfig, Config, Scope, Token, WorkerConfig};
 use rota_engine::engine::Config as EngineConfig;
 use rota_engine::{Engine, Shutdown};
 use rota_model::{Clock, InstanceId, SystemClock};
 use rota_store::SharedStore;
 use rota_store_sqlite::{Config as StoreConfig, SqliteStore};
-use rota_workflow::{AgentCatalog, StepDef, Workflow};
+use rota_workflow::{AgentCatalog, AgentName, StepDef, Workflow};
 use serde_json::json;
 
 #[tokio::main]
@@ -40,11 +42,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .step(StepDef::new("second", "delay").with_input(json!({ "ms": "{{ input.ms }}" })).timeout(Duration::from_secs(60)))
         .build(&AgentCatalog::builtin())
         .map_err(|problems| problems.to_string())?;
+    // Run by an external worker: `python3 examples/workers/python/worker.py --agent py-payments`.
+    let remote = AgentName::new("py-payments")?;
+    let pay = Workflow::builder("pay", 1)
+        .step(StepDef::new("reserve", remote.as_str()).with_input(json!({ "amount": "{{ input.amount }}" })))
+        .step(StepDef::new("charge", remote.as_str()).with_input(json!({ "amount": "{{ input.amount }}", "card": "{{ input.card }}" })))
+        .build(&AgentCatalog::builtin().with(remote.clone()))
+        .map_err(|problems| problems.to_string())?;
     let engine = Engine::new(store.clone(), clock.clone(), EngineConfig::new(InstanceId::new("example-1")?))
         .agent(Arc::new(DelayAgent::new()))
-        .workflow(nap);
+        .workflow(nap)
+        .workflow(pay);
     engine.register_workflows().await?;
-    let state = ApiState::new(store, engine.client(), clock, Config::new(auth))?;
+    let config = Config { workers: WorkerConfig { remote_agents: vec![remote], ..WorkerConfig::default() }, ..Config::new(auth) };
+    let state = ApiState::new(store, engine.client(), clock, config)?;
 
     let shutdown = Shutdown::new();
     let engine = tokio::spawn(engine.run(shutdown.clone()));
