@@ -355,6 +355,12 @@ fn operator_commands_over_http_print_what_they_print_locally() {
     assert_one_error_line(&String::from_utf8_lossy(&output.stderr), &["task nope not found"]);
     let (_, local) = rota.fails(&["status", "nope"]);
     assert_eq!(String::from_utf8_lossy(&output.stderr), local, "a missing task reads the same");
+    // Refusals read the same too.
+    for args in [["resubmit", "r-1"], ["cancel", "r-1"], ["cancel", "nope"]] {
+        let (code, local) = rota.fails(&args);
+        let output = remote(&rota, &server, ADMIN_TOKEN, &args);
+        assert_eq!((output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned()), (Some(code), local), "rota {args:?}");
+    }
 
     stdout(&remote(&rota, &server, ADMIN_TOKEN, &["queue", "pause", "jobs"]));
     assert_eq!(rota.stats("jobs")["paused"], true);
