@@ -9,7 +9,10 @@
 //!   inline or named by an environment variable), and/or `ROTA_API_TOKEN`,
 //!   one admin token;
 //! - without any token the API runs with authentication disabled, but only
-//!   on a loopback address, unless `--insecure-no-auth` says otherwise.
+//!   on a loopback address, unless `--insecure-no-auth` says otherwise;
+//! - `--remote-agent NAME`, the agents that external workers run through
+//!   the worker protocol, and `ROTA_WORKER_KEY`, the key that signs their
+//!   lease tokens (shared by every API process; random when absent).
 //!
 //! Tokens never reach a log or an error message: errors name the file, the
 //! entry and the field.
@@ -23,10 +26,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, anyhow, bail};
+use rota_api::workers::{LeaseKey, WorkerConfig};
 use rota_api::{AuthConfig, Scope, Token};
 use rota_engine::{Client, Shutdown, Workflows};
 use rota_model::{Clock, SystemClock};
 use rota_store::SharedStore;
+use rota_workflow::AgentName;
 use serde::Deserialize;
 use tokio::net::TcpListener;
 use tracing::{info, warn};
@@ -41,6 +46,8 @@ pub const LISTEN_DEFAULT: &str = "127.0.0.1:7878";
 pub const LISTEN_NONE: &str = "none";
 /// The environment variable holding one admin token.
 pub const TOKEN_ENV: &str = "ROTA_API_TOKEN";
+/// The environment variable holding the key that signs workers' lease tokens.
+pub const WORKER_KEY_ENV: &str = "ROTA_WORKER_KEY";
 /// The largest `--auth` file read: a token file is small, and a huge one is a mistake.
 const AUTH_FILE_BYTES_MAX: u64 = 1024 * 1024;
 /// The most tokens an `--auth` file may configure (each request compares every one).
@@ -85,6 +92,25 @@ impl ListenArgs {
     }
 }
 
+/// The agents that external workers run (the worker protocol): workflow
+/// definitions may name them, and the API serves their queues.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct RemoteAgentArgs {
+    /// An agent run by external workers through the HTTP API's worker
+    /// protocol (repeat or comma-separate); steps may name it, and its
+    /// queue is agent.NAME. ROTA_WORKER_KEY (32+ bytes, the same on every
+    /// API process) signs the workers' lease tokens.
+    #[arg(long = "remote-agent", value_name = "NAME", value_delimiter = ',')]
+    pub remote_agents: Vec<String>,
+}
+
+impl RemoteAgentArgs {
+    /// The names, checked; the error names the flag.
+    pub fn names(&self) -> anyhow::Result<Vec<AgentName>> {
+        self.remote_agents.iter().map(|name| AgentName::new(name.trim()).map_err(|err| anyhow!("--remote-agent {name:?}: {err}"))).collect()
+    }
+}
+
 /// The API, ready to serve: a bound listener and its configuration.
 pub struct Listening {
     listener: TcpListener,
@@ -96,8 +122,9 @@ pub struct Listening {
 /// Reads the tokens, resolves and checks `--listen`, and binds it. Run
 /// before the engine starts, so that a bad address or token file stops
 /// startup with nothing running.
-pub async fn bind(args: &ListenArgs) -> anyhow::Result<Listening> {
+pub async fn bind(args: &ListenArgs, remote: &RemoteAgentArgs) -> anyhow::Result<Listening> {
     let tokens = configured_tokens(args.auth_file.as_deref(), std::env::var(TOKEN_ENV).ok())?;
+    let workers = worker_config(remote.names()?, std::env::var(WORKER_KEY_ENV).ok())?;
     let listen = args.address();
     let addresses: Vec<SocketAddr> =
         tokio::net::lookup_host(listen).await.with_context(|| format!("--listen {listen}: not a HOST:PORT address"))?.collect();
@@ -120,7 +147,25 @@ pub async fn bind(args: &ListenArgs) -> anyhow::Result<Listening> {
     };
     let listener = TcpListener::bind(address).await.with_context(|| format!("--listen {listen}: cannot listen on {address}"))?;
     let address = listener.local_addr().with_context(|| format!("--listen {listen}: cannot read the bound address"))?;
-    Ok(Listening { listener, config: rota_api::Config::new(auth), address })
+    let mut config = rota_api::Config::new(auth);
+    config.workers = workers;
+    Ok(Listening { listener, config, address })
+}
+
+/// The worker protocol's settings: the remote agents, and the lease key
+/// from `key` (`ROTA_WORKER_KEY`) or a random one.
+fn worker_config(remote_agents: Vec<AgentName>, key: Option<String>) -> anyhow::Result<WorkerConfig> {
+    let mut workers = WorkerConfig { remote_agents, ..WorkerConfig::default() };
+    match key {
+        Some(key) => workers.lease_key = LeaseKey::new(key).map_err(|err| anyhow!("{WORKER_KEY_ENV}: {}", config_message(err)))?,
+        None if !workers.remote_agents.is_empty() => info!(
+            "{WORKER_KEY_ENV} is not set: workers' lease tokens are signed with a random key, so only this process accepts them \
+             (set it, the same on every API process, to share them)"
+        ),
+        None => {}
+    }
+    workers.validate().map_err(|err| anyhow!("the worker protocol: {}", config_message(err)))?;
+    Ok(workers)
 }
 
 impl Listening {
@@ -140,6 +185,8 @@ impl Listening {
 pub struct Args {
     #[command(flatten)]
     listen: ListenArgs,
+    #[command(flatten)]
+    remote: RemoteAgentArgs,
 }
 
 /// `rota api`: the HTTP API alone, until SIGINT or SIGTERM. Task changes go
@@ -148,7 +195,7 @@ pub struct Args {
 pub async fn run(store_args: StoreArgs, args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(!args.listen.is_off(), "--listen {LISTEN_NONE}: `rota api` serves only the API; give it an address");
     let mut signals = Signals::new()?;
-    let listening = bind(&args.listen).await?;
+    let listening = bind(&args.listen, &args.remote).await?;
     let store = store_args.open().await?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let client = Client::new(store.clone(), clock.clone(), Workflows::new(store.clone()), None);
@@ -319,6 +366,19 @@ mod tests {
         assert!(err.starts_with("ROTA_API_TOKEN: a token must be"), "{err}");
     }
 
+    #[test]
+    fn remote_agents_and_the_worker_key_are_checked() {
+        let names = RemoteAgentArgs { remote_agents: vec!["py-payments".into(), " ledger".into()] }.names().unwrap();
+        assert_eq!(names.iter().map(AgentName::as_str).collect::<Vec<_>>(), ["py-payments", "ledger"]);
+        let err = RemoteAgentArgs { remote_agents: vec!["has space".into()] }.names().unwrap_err().to_string();
+        assert!(err.starts_with("--remote-agent \"has space\""), "{err}");
+        let workers = worker_config(names, Some("k".repeat(LeaseKey::BYTES_MIN))).unwrap();
+        assert_eq!(workers.remote_agents.len(), 2);
+        let err = worker_config(Vec::new(), Some("short".into())).unwrap_err().to_string();
+        assert!(err.starts_with("ROTA_WORKER_KEY: "), "{err}");
+        assert!(!err.contains("short"), "the key is never repeated: {err}");
+    }
+
     #[tokio::test]
     async fn no_tokens_means_loopback_only() {
         // SAFETY-free: the test process does not set ROTA_API_TOKEN itself;
@@ -328,17 +388,18 @@ mod tests {
         }
         let args =
             |listen: &str, insecure: bool| ListenArgs { listen: Some(listen.to_owned()), auth_file: None, insecure_no_auth: insecure };
-        let bound = bind(&args("127.0.0.1:0", false)).await.unwrap();
+        let no_remote = RemoteAgentArgs::default();
+        let bound = bind(&args("127.0.0.1:0", false), &no_remote).await.unwrap();
         assert!(bound.address.ip().is_loopback() && bound.address.port() != 0);
-        let err = bind(&args("0.0.0.0:0", false)).await.err().unwrap().to_string();
+        let err = bind(&args("0.0.0.0:0", false), &no_remote).await.err().unwrap().to_string();
         assert!(err.starts_with("--listen 0.0.0.0:0: refusing") && err.contains("--insecure-no-auth"), "{err}");
-        assert!(bind(&args("0.0.0.0:0", true)).await.is_ok());
-        let err = bind(&args("not an address", false)).await.err().unwrap().to_string();
+        assert!(bind(&args("0.0.0.0:0", true), &no_remote).await.is_ok());
+        let err = bind(&args("not an address", false), &no_remote).await.err().unwrap().to_string();
         assert!(err.starts_with("--listen not an address"), "{err}");
 
         // A busy port is an error, except the default one in `rota serve`.
         let taken = bound.address.to_string();
-        let err = bind(&args(&taken, false)).await.err().unwrap();
+        let err = bind(&args(&taken, false), &no_remote).await.err().unwrap();
         assert!(format!("{err:#}").starts_with(&format!("--listen {taken}: cannot listen")), "{err:#}");
         assert!(!args(&taken, false).is_default_in_use(&err));
         let implicit = ListenArgs { listen: None, auth_file: None, insecure_no_auth: false };

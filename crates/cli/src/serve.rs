@@ -47,7 +47,7 @@ use serde_json::{Value, json};
 use tracing::{info, warn};
 
 use crate::StoreArgs;
-use crate::api_server::{self, ListenArgs};
+use crate::api_server::{self, ListenArgs, RemoteAgentArgs};
 use crate::store_url::redacted;
 
 /// The workflows directory used when `--workflows` is absent, if it exists.
@@ -92,6 +92,8 @@ pub struct ProcessArgs {
     /// take to finish before they are cancelled and given back (0s..1h).
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
     shutdown_grace: Duration,
+    #[command(flatten)]
+    remote: RemoteAgentArgs,
 }
 
 /// The agent role's settings.
@@ -247,12 +249,14 @@ pub async fn run(store_args: StoreArgs, args: RunArgs) -> anyhow::Result<()> {
     let catalog = agents
         .names()
         .fold(AgentCatalog::empty(), |catalog, name| catalog.with(AgentName::new(name).expect("registered agents have valid names")));
+    // Steps may also name the agents that external workers run.
+    let catalog = args.process.remote.names()?.into_iter().fold(catalog, AgentCatalog::with);
     let running_agents = selected_agents(&agents, &args.agent.queues)?;
     let (dir, definitions) = load_workflows(args.process.workflows.as_deref(), &catalog)?;
     // Bound before the store is written to, so that a busy port or a bad
     // token file stops startup with nothing changed.
     let listening = match &args.listen {
-        Some(listen) => match api_server::bind(listen).await {
+        Some(listen) => match api_server::bind(listen, &args.process.remote).await {
             Ok(listening) => Some(listening),
             Err(err) if listen.is_default_in_use(&err) => {
                 warn!(

@@ -437,3 +437,62 @@ fn listen_and_auth_errors_name_the_flag_the_file_and_the_field() {
     assert_eq!(output.status.code(), Some(1));
     assert_one_error_line(&String::from_utf8_lossy(&output.stderr), &["ROTA_API_TOKEN", "16 to 512 bytes"]);
 }
+
+/// A step of an agent that no rota process runs: the example Python worker does.
+const PAY: &str = r#"
+name: pay
+version: 1
+steps:
+  - name: charge
+    agent: py-payments
+    with: { amount: "{{ input.amount }}" }
+"#;
+
+#[test]
+fn serve_with_a_remote_agent_lets_the_python_worker_run_its_steps() {
+    let rota = Rota::new();
+    let files = Files::new();
+    std::fs::write(files.workflows().join("pay.yaml"), PAY).unwrap();
+    let worker_token = "worker-token-for-the-api-tests";
+    let auth = files.file(
+        "workers.toml",
+        &format!(
+            "[[tokens]]\ntoken = \"{ADMIN_TOKEN}\"\nscopes = [\"admin\"]\n\n\
+             [[tokens]]\nname = \"payments\"\ntoken = \"{worker_token}\"\nscopes = [\"agent:py-payments\"]\n"
+        ),
+    );
+    // Without --remote-agent the definition names an unknown agent.
+    let workflows = files.workflows();
+    let (code, stderr) = rota.fails(&["serve", "--workflows", workflows.to_str().unwrap(), "--listen", "none"]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("unknown agent `py-payments`"), "{stderr}");
+
+    let key = "a-worker-lease-key-of-at-least-32-bytes";
+    let extra = ["--auth", auth.to_str().unwrap(), "--remote-agent", "py-payments"];
+    let server = Server::serve(&rota, &files, &extra, &[("ROTA_WORKER_KEY", key)]);
+    let worker_script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/workers/python/worker.py");
+    let mut worker = std::process::Command::new("python3")
+        .arg(&worker_script)
+        .args(["--url", &server.url, "--agent", "py-payments", "--token", worker_token, "--wait-ms", "500"])
+        .env_remove("ROTA_TOKEN")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 runs the example worker");
+    let output = remote(&rota, &server, ADMIN_TOKEN, &["submit", "pay", "--id", "p-1", "--input", r#"{"amount": 42}"#, "--wait"]);
+    let _ = worker.kill();
+    let worker_output = worker.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "the task did not end processed: {}\nworker: {}",
+        String::from_utf8_lossy(&output.stderr),
+        String::from_utf8_lossy(&worker_output.stderr)
+    );
+    let status: Value = serde_json::from_str(&stdout(&remote(&rota, &server, ADMIN_TOKEN, &["status", "p-1", "--json"]))).unwrap();
+    assert_eq!(status["steps"][0]["agent"], "py-payments");
+    assert_eq!(status["output"]["charge"]["amount"], 42, "{status:#}");
+
+    let (status, log) = server.terminate();
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert!(!log.contains(key) && !log.contains(worker_token), "secrets are never logged");
+}
