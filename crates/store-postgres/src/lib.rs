@@ -26,6 +26,7 @@
 //!
 //! Deliberately left out: SQL outside this crate, and `now()` in SQL.
 
+mod commit_sql;
 mod queue_sql;
 mod schema;
 mod sql;
@@ -339,10 +340,13 @@ impl PgStore {
         }
         let channel = format!("rota_{}", config.schema);
         let wakers = Arc::new(Wakers::default());
-        let listener = tokio::spawn(listen(pool.clone(), channel.clone(), wakers.clone()));
         let sweeper = tokio::spawn(sweep(pool.clone(), names.clone(), clock.clone(), config.sweep_interval));
         let (announcements, pending) = mpsc::unbounded_channel();
-        let announcer = tokio::spawn(announce(pool.clone(), channel.clone(), pending));
+        // Notifications carry their origin, so that the listener skips this
+        // store's own: its receivers were woken at the commit already.
+        let origin = uuid::Uuid::new_v4().simple().to_string();
+        let listener = tokio::spawn(listen(pool.clone(), channel.clone(), origin.clone(), wakers.clone()));
+        let announcer = tokio::spawn(announce(pool.clone(), channel.clone(), origin, pending));
         Ok(PgStore {
             pool,
             names,
@@ -588,7 +592,7 @@ impl PgStore {
 /// sending transaction would make every send wait for the fsync of the one
 /// before; this one has no data to make durable. A process that dies before
 /// announcing leaves the others to find its messages on their next poll.
-async fn announce(pool: PgPool, channel: String, mut pending: mpsc::UnboundedReceiver<QueueName>) {
+async fn announce(pool: PgPool, channel: String, origin: String, mut pending: mpsc::UnboundedReceiver<QueueName>) {
     let mut queues: Vec<QueueName> = Vec::new();
     while let Some(first) = pending.recv().await {
         queues.clear();
@@ -598,7 +602,7 @@ async fn announce(pool: PgPool, channel: String, mut pending: mpsc::UnboundedRec
                 queues.push(next);
             }
         }
-        let names: Vec<&str> = queues.iter().map(QueueName::as_str).collect();
+        let names: Vec<String> = queues.iter().map(|queue| format!("{origin} {queue}")).collect();
         let announced = sqlx::query("SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, q) FROM unnest($2::text[]) AS q")
             .bind(&channel)
             .bind(&names)
@@ -614,9 +618,11 @@ async fn announce(pool: PgPool, channel: String, mut pending: mpsc::UnboundedRec
 }
 
 /// Listens on the store's channel and wakes the receivers of each queue
-/// named in a notification. When the connection drops, wakes everyone (what
-/// was sent meanwhile was not announced) and listens again.
-async fn listen(pool: PgPool, channel: String, wakers: Arc<Wakers>) {
+/// named in a notification (`<origin> <queue>`, or a bare queue name from a
+/// transaction of the application's own), except this store's own. When
+/// the connection drops, wakes everyone (what was sent meanwhile was not
+/// announced) and listens again.
+async fn listen(pool: PgPool, channel: String, origin: String, wakers: Arc<Wakers>) {
     let mut backoff = Duration::from_millis(50);
     loop {
         if pool.is_closed() {
@@ -641,7 +647,11 @@ async fn listen(pool: PgPool, channel: String, wakers: Arc<Wakers>) {
         wakers.wake_all();
         loop {
             match listener.try_recv().await {
-                Ok(Some(notification)) => wakers.wake(notification.payload()),
+                Ok(Some(notification)) => match notification.payload().split_once(' ') {
+                    Some((from, _)) if from == origin => {}
+                    Some((_, queue)) => wakers.wake(queue),
+                    None => wakers.wake(notification.payload()),
+                },
                 // The connection dropped; the next call reconnects and listens again.
                 Ok(None) => wakers.wake_all(),
                 Err(_) if pool.is_closed() => return,
@@ -861,21 +871,40 @@ impl Tasks for PgStore {
         }
         let now = self.clock.now();
         self.ensure_queues(&changes.send.iter().map(|(queue, _)| queue).collect::<Vec<_>>()).await?;
-        let sent_to = in_transaction!(self, tx => {
-            for write in &changes.tasks {
-                task_sql::write_task(&mut tx, &self.names, write).await?;
+        let send_ids: Vec<MessageId> = changes.send.iter().map(|(_, message)| Self::message_id(message)).collect();
+        let mut tries = 1_u32;
+        let sent_to = loop {
+            let attempt: Result<Vec<QueueName>> = async {
+                let mut conn = self.pool.acquire().await?;
+                let mut queue_ids = HashMap::new();
+                for (queue, token) in changes
+                    .complete
+                    .iter()
+                    .map(|(queue, token)| (queue, Some(token)))
+                    .chain(changes.send.iter().map(|(queue, _)| (queue, None)))
+                {
+                    if queue_ids.contains_key(queue) {
+                        continue;
+                    }
+                    match self.existing_queue_id(&mut conn, queue).await? {
+                        Some(id) => {
+                            queue_ids.insert(queue.clone(), id);
+                        }
+                        None => match token {
+                            Some(token) => return Err(queue_sql::lease_lost(queue, *token).into()),
+                            None => return Err(Error::Backend(format!("queue {queue} vanished after its creation")).into()),
+                        },
+                    }
+                }
+                commit_sql::commit(&mut conn, &self.names, &changes, &queue_ids, &send_ids, now).await
             }
-            for write in &changes.steps {
-                task_sql::write_step(&mut tx, &self.names, write).await?;
+            .await;
+            match attempt {
+                Err(fail) if fail.is_transient() && tries < TRANSACTION_TRIES_MAX => tries += 1,
+                other => break other.map_err(Fail::into_store)?,
             }
-            task_sql::insert_events(&mut tx, &self.names, &changes.events).await?;
-            for (queue, token) in &changes.complete {
-                let queue_id = self.existing_queue_id(&mut tx, queue).await?.ok_or_else(|| queue_sql::lease_lost(queue, *token))?;
-                queue_sql::complete(&mut tx, &self.names, queue, queue_id, *token, now).await?;
-            }
-            self.send_all(&mut tx, &changes.send, now).await?.1
-        });
-        self.announce(sent_to?);
+        };
+        self.announce(sent_to);
         Ok(())
     }
 

@@ -10,7 +10,8 @@ use crate::sql::Names;
 
 /// The migrations, in order. `rota.` stands for the store's schema. Never
 /// edit one that has shipped: add another.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 -- Queues. `id` keeps message rows small and their index keys short.
 CREATE TABLE rota.queues (
     id               BIGINT  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -147,7 +148,22 @@ CREATE TABLE rota.statuses (
     value       TEXT   NOT NULL,
     reported_at BIGINT NOT NULL
 );
-"#];
+"#,
+    r#"
+-- Fails the statement that calls it (and so rolls back everything that
+-- statement wrote) unless `ok`: how a one-statement commit refuses to keep
+-- its writes when a fenced write or a lease missed. SQLSTATE RT409.
+CREATE FUNCTION rota.refuse_unless(ok boolean, message text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT ok THEN
+        RAISE EXCEPTION USING ERRCODE = 'RT409', MESSAGE = message;
+    END IF;
+    RETURN true;
+END
+$$;
+"#,
+];
 
 /// How many migrations this build knows.
 pub(crate) fn version() -> i64 {

@@ -5,9 +5,7 @@
 use std::time::Duration;
 
 use rota_model::{InstanceId, Step, StepName, StepState, Task, TaskId, TaskState, Timestamp, WorkflowName};
-use rota_store::{
-    ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, StepWrite, TaskFilter, TaskRecord, TaskWrite, WorkflowEntry,
-};
+use rota_store::{ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, TaskFilter, TaskRecord, WorkflowEntry};
 use serde_json::Value;
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
@@ -93,25 +91,6 @@ macro_rules! bind_task {
     }};
 }
 
-/// Binds a step's columns, in `STEP_COLUMNS` order, as parameters $1..$11.
-macro_rules! bind_step {
-    ($query:expr, $step:expr) => {{
-        let step: &Step = $step;
-        $query
-            .bind(step.task_id.as_str())
-            .bind(step.name.as_str())
-            .bind(i64::from(step.position))
-            .bind(step.state.as_str())
-            .bind(i64::from(step.attempt))
-            .bind(step.complete_by.map(Timestamp::as_millis))
-            .bind(step.not_before.as_millis())
-            .bind(step.input.as_ref().map(json_text))
-            .bind(step.output.as_ref().map(json_text))
-            .bind(step.last_error.as_deref())
-            .bind(step.updated_at.as_millis())
-    }};
-}
-
 /// Inserts a task unless its id exists. Returns whether it was inserted.
 pub(crate) async fn insert_task(conn: &mut PgConnection, n: &Names, task: &Task) -> Result<bool> {
     let inserted = bind_task!(
@@ -190,74 +169,6 @@ pub(crate) async fn insert_events(conn: &mut PgConnection, n: &Names, events: &[
     .execute(&mut *conn)
     .await?;
     Ok(())
-}
-
-/// A fenced task update. Zero rows matched is a `Conflict` (or `NotFound`).
-pub(crate) async fn write_task(conn: &mut PgConnection, n: &Names, write: &TaskWrite) -> Result<()> {
-    let task = &write.task;
-    let updated = bind_task!(
-        sqlx::query(n.sql(
-            "UPDATE rota.tasks SET workflow = $2, workflow_version = $3, input = $4, state = $5, locked_by = $6, lease_epoch = $7,
-                                   complete_by = $8, not_before = $9, failure_count = $10, reply_to = $11, output = $12,
-                                   error = $13, created_at = $14, updated_at = $15
-              WHERE id = $1 AND state = $16 AND lease_epoch = $17"
-        )),
-        task
-    )
-    .bind(write.expected_state.as_str())
-    .bind(write.expected_epoch as i64)
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
-    if updated == 1 {
-        return Ok(());
-    }
-    let exists: bool = sqlx::query_scalar(n.sql("SELECT EXISTS (SELECT 1 FROM rota.tasks WHERE id = $1)"))
-        .bind(task.id.as_str())
-        .fetch_one(&mut *conn)
-        .await?;
-    if !exists {
-        return Err(Error::NotFound(format!("task {}", task.id)).into());
-    }
-    Err(Error::Conflict(format!(
-        "task {} is no longer {} at lease epoch {} (changed by another writer)",
-        task.id, write.expected_state, write.expected_epoch
-    ))
-    .into())
-}
-
-/// A fenced step update. Zero rows matched is a `Conflict` (or `NotFound`).
-pub(crate) async fn write_step(conn: &mut PgConnection, n: &Names, write: &StepWrite) -> Result<()> {
-    let step = &write.step;
-    let updated = bind_step!(
-        sqlx::query(n.sql(
-            "UPDATE rota.steps SET position = $3, state = $4, attempt = $5, complete_by = $6, not_before = $7, input = $8,
-                                   output = $9, last_error = $10, updated_at = $11
-              WHERE task_id = $1 AND name = $2 AND state = $12 AND attempt = $13"
-        )),
-        step
-    )
-    .bind(write.expected_state.as_str())
-    .bind(i64::from(write.expected_attempt))
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
-    if updated == 1 {
-        return Ok(());
-    }
-    let exists: bool = sqlx::query_scalar(n.sql("SELECT EXISTS (SELECT 1 FROM rota.steps WHERE task_id = $1 AND name = $2)"))
-        .bind(step.task_id.as_str())
-        .bind(step.name.as_str())
-        .fetch_one(&mut *conn)
-        .await?;
-    if !exists {
-        return Err(Error::NotFound(format!("step {} of task {}", step.name, step.task_id)).into());
-    }
-    Err(Error::Conflict(format!(
-        "step {} of task {} is no longer {} at attempt {} (changed by another writer)",
-        step.name, step.task_id, write.expected_state, write.expected_attempt
-    ))
-    .into())
 }
 
 /// A task and its steps, read in one statement (one snapshot).

@@ -1,0 +1,261 @@
+//! [`Tasks::commit`](rota_store::Tasks::commit) as one statement: the
+//! fenced task and step writes, the history events, the completions of
+//! leased messages and the sends, all as data-modifying CTEs over arrays,
+//! committed on their own (no BEGIN, no COMMIT: one round trip). The final
+//! SELECT calls `rota.refuse_unless`, which fails the statement, and with it
+//! every write, when a fenced write or a completion matched fewer rows than
+//! asked. A refused commit is then diagnosed, in the order the trait's
+//! documentation gives (tasks, steps, leases), to say what conflicted.
+
+use std::collections::HashMap;
+
+use rota_model::{InstanceId, MessageId, QueueName, StepName, Timestamp};
+use rota_store::{Changes, Error};
+use sqlx::PgConnection;
+
+use crate::queue_sql::lease_lost;
+use crate::sql::Names;
+use crate::{Fail, Result};
+
+/// The SQLSTATE `rota.refuse_unless` raises.
+pub(crate) const REFUSED: &str = "RT409";
+
+fn json_text(value: &serde_json::Value) -> String {
+    value.to_string()
+}
+
+/// Applies `changes` in one statement. `queue_ids` holds the id of every
+/// queue named in `changes` (sends and completions); `send_ids` the id of
+/// each message to send. Returns the queues that got new messages.
+pub(crate) async fn commit(
+    conn: &mut PgConnection,
+    n: &Names,
+    changes: &Changes,
+    queue_ids: &HashMap<QueueName, i64>,
+    send_ids: &[MessageId],
+    now: Timestamp,
+) -> Result<Vec<QueueName>> {
+    let queue_id = |queue: &QueueName| -> Result<i64> {
+        queue_ids.get(queue).copied().ok_or_else(|| Error::Backend(format!("queue {queue} has no known id")).into())
+    };
+    let tasks: Vec<_> = changes.tasks.iter().map(|w| &w.task).collect();
+    let steps: Vec<_> = changes.steps.iter().map(|w| &w.step).collect();
+    let events = &changes.events;
+
+    // Sends: an id repeated within the commit is a duplicate of its first use.
+    let mut send_queue_ids = Vec::with_capacity(changes.send.len());
+    let mut send_ids_text = Vec::with_capacity(changes.send.len());
+    let mut keyed = Vec::with_capacity(changes.send.len());
+    let mut bodies = Vec::with_capacity(changes.send.len());
+    let mut ordering_keys = Vec::with_capacity(changes.send.len());
+    let mut visible = Vec::with_capacity(changes.send.len());
+    for (index, ((queue, message), id)) in changes.send.iter().zip(send_ids).enumerate() {
+        let repeated = message.id.is_some()
+            && changes.send[..index].iter().zip(send_ids).any(|((q, m), earlier)| m.id.is_some() && q == queue && earlier == id);
+        if repeated {
+            continue;
+        }
+        send_queue_ids.push(queue_id(queue)?);
+        send_ids_text.push(id.as_str());
+        keyed.push(message.id.is_some());
+        bodies.push(message.body.get());
+        ordering_keys.push(message.ordering_key.as_deref());
+        visible.push(now.add(message.delay).as_millis());
+    }
+    let complete_queue_ids = changes.complete.iter().map(|(queue, _)| queue_id(queue)).collect::<Result<Vec<_>>>()?;
+
+    let outcome = sqlx::query_scalar::<_, Vec<i64>>(n.sql(
+        "WITH
+         task_writes AS (
+             UPDATE rota.tasks AS t
+                SET workflow = w.workflow, workflow_version = w.workflow_version, input = w.input, state = w.state,
+                    locked_by = w.locked_by, lease_epoch = w.lease_epoch, complete_by = w.complete_by, not_before = w.not_before,
+                    failure_count = w.failure_count, reply_to = w.reply_to, output = w.output, error = w.error,
+                    created_at = w.created_at, updated_at = w.updated_at
+               FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::bigint[], $8::bigint[],
+                           $9::bigint[], $10::bigint[], $11::text[], $12::text[], $13::text[], $14::bigint[], $15::bigint[],
+                           $16::text[], $17::bigint[])
+                    AS w(id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
+                         failure_count, reply_to, output, error, created_at, updated_at, expected_state, expected_epoch)
+              WHERE t.id = w.id AND t.state = w.expected_state AND t.lease_epoch = w.expected_epoch
+          RETURNING t.id),
+         step_writes AS (
+             UPDATE rota.steps AS s
+                SET position = w.position, state = w.state, attempt = w.attempt, complete_by = w.complete_by,
+                    not_before = w.not_before, input = w.input, output = w.output, last_error = w.last_error,
+                    updated_at = w.updated_at
+               FROM unnest($18::text[], $19::text[], $20::bigint[], $21::text[], $22::bigint[], $23::bigint[], $24::bigint[],
+                           $25::text[], $26::text[], $27::text[], $28::bigint[], $29::text[], $30::bigint[])
+                    AS w(task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error,
+                         updated_at, expected_state, expected_attempt)
+              WHERE s.task_id = w.task_id AND s.name = w.name AND s.state = w.expected_state AND s.attempt = w.expected_attempt
+          RETURNING s.task_id),
+         completed AS (
+             DELETE FROM rota.messages AS m
+              USING unnest($31::bigint[], $32::bigint[], $33::bigint[]) AS c(seq, epoch, queue_id)
+              WHERE m.seq = c.seq AND m.lease_epoch = c.epoch AND m.queue_id = c.queue_id AND m.lease_until > $34
+          RETURNING m.seq),
+         writer AS (
+             SELECT pg_advisory_xact_lock_shared($41 + (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM rota.event_seq))
+              WHERE cardinality($35::text[]) > 0),
+         appended AS (
+             INSERT INTO rota.events (task_id, at, kind, step, attempt, detail)
+             SELECT e.task_id, e.at, e.kind, e.step, e.attempt, e.detail
+               FROM writer, unnest($35::text[], $36::bigint[], $37::text[], $38::text[], $39::bigint[], $40::text[]) WITH ORDINALITY
+                    AS e(task_id, at, kind, step, attempt, detail, position)
+              ORDER BY e.position
+          RETURNING 1),
+         fresh AS (
+             INSERT INTO rota.message_ids (queue_id, id, expires_at)
+             SELECT q.id, m.id, $34 + q.dedupe_window_ms
+               FROM unnest($42::bigint[], $43::text[], $44::bool[]) AS m(queue_id, id, keyed)
+               JOIN rota.queues AS q ON q.id = m.queue_id
+              WHERE m.keyed
+             ON CONFLICT (queue_id, id) DO UPDATE SET expires_at = excluded.expires_at WHERE rota.message_ids.expires_at <= $34
+             RETURNING queue_id, id),
+         sent AS (
+             INSERT INTO rota.messages (queue_id, id, body, ordering_key, enqueued_at, visible_at)
+             SELECT m.queue_id, m.id, m.body, m.ordering_key, $34, m.visible_at
+               FROM unnest($42::bigint[], $43::text[], $44::bool[], $45::text[], $46::text[], $47::bigint[]) WITH ORDINALITY
+                    AS m(queue_id, id, keyed, body, ordering_key, visible_at, position)
+              WHERE NOT m.keyed OR (m.queue_id, m.id) IN (SELECT queue_id, id FROM fresh)
+              ORDER BY m.position
+          RETURNING queue_id)
+         SELECT ARRAY(SELECT DISTINCT queue_id FROM sent)
+          WHERE rota.refuse_unless(
+                    (SELECT count(*) FROM task_writes) = cardinality($1::text[])
+                AND (SELECT count(*) FROM step_writes) = cardinality($18::text[])
+                AND (SELECT count(*) FROM completed) = cardinality($31::bigint[])
+                AND (SELECT count(*) FROM appended) = cardinality($35::text[]),
+                    'a fenced write or a lease missed')",
+    ))
+    // Tasks, $1..$17.
+    .bind(tasks.iter().map(|t| t.id.as_str()).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| t.workflow.as_str()).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| i64::from(t.workflow_version)).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| json_text(&t.input)).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| t.state.as_str()).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| t.locked_by.as_ref().map(InstanceId::as_str)).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| t.lease_epoch as i64).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| t.complete_by.map(Timestamp::as_millis)).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| t.not_before.as_millis()).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| i64::from(t.failure_count)).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| t.reply_to.as_deref()).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| t.output.as_ref().map(json_text)).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| t.error.as_deref()).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| t.created_at.as_millis()).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| t.updated_at.as_millis()).collect::<Vec<_>>())
+    .bind(changes.tasks.iter().map(|w| w.expected_state.as_str()).collect::<Vec<_>>())
+    .bind(changes.tasks.iter().map(|w| w.expected_epoch as i64).collect::<Vec<_>>())
+    // Steps, $18..$30.
+    .bind(steps.iter().map(|s| s.task_id.as_str()).collect::<Vec<_>>())
+    .bind(steps.iter().map(|s| s.name.as_str()).collect::<Vec<_>>())
+    .bind(steps.iter().map(|s| i64::from(s.position)).collect::<Vec<_>>())
+    .bind(steps.iter().map(|s| s.state.as_str()).collect::<Vec<_>>())
+    .bind(steps.iter().map(|s| i64::from(s.attempt)).collect::<Vec<_>>())
+    .bind(steps.iter().map(|s| s.complete_by.map(Timestamp::as_millis)).collect::<Vec<_>>())
+    .bind(steps.iter().map(|s| s.not_before.as_millis()).collect::<Vec<_>>())
+    .bind(steps.iter().map(|s| s.input.as_ref().map(json_text)).collect::<Vec<_>>())
+    .bind(steps.iter().map(|s| s.output.as_ref().map(json_text)).collect::<Vec<_>>())
+    .bind(steps.iter().map(|s| s.last_error.as_deref()).collect::<Vec<_>>())
+    .bind(steps.iter().map(|s| s.updated_at.as_millis()).collect::<Vec<_>>())
+    .bind(changes.steps.iter().map(|w| w.expected_state.as_str()).collect::<Vec<_>>())
+    .bind(changes.steps.iter().map(|w| i64::from(w.expected_attempt)).collect::<Vec<_>>())
+    // Completions, $31..$33, and now, $34.
+    .bind(changes.complete.iter().map(|(_, token)| token.message).collect::<Vec<_>>())
+    .bind(changes.complete.iter().map(|(_, token)| token.epoch).collect::<Vec<_>>())
+    .bind(&complete_queue_ids)
+    .bind(now.as_millis())
+    // Events, $35..$40, and the event-writer lock base, $41.
+    .bind(events.iter().map(|e| e.task_id.as_str()).collect::<Vec<_>>())
+    .bind(events.iter().map(|e| e.at.as_millis()).collect::<Vec<_>>())
+    .bind(events.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>())
+    .bind(events.iter().map(|e| e.step.as_ref().map(StepName::as_str)).collect::<Vec<_>>())
+    .bind(events.iter().map(|e| e.attempt.map(i64::from)).collect::<Vec<_>>())
+    .bind(events.iter().map(|e| json_text(&e.detail)).collect::<Vec<_>>())
+    .bind(n.event_lock_base())
+    // Sends, $42..$47.
+    .bind(&send_queue_ids)
+    .bind(&send_ids_text)
+    .bind(&keyed)
+    .bind(&bodies)
+    .bind(&ordering_keys)
+    .bind(&visible)
+    .fetch_one(&mut *conn)
+    .await;
+    match outcome {
+        Ok(sent_to) => {
+            let mut queues = Vec::new();
+            for (queue, id) in queue_ids {
+                if sent_to.contains(id) && !queues.contains(queue) {
+                    queues.push(queue.clone());
+                }
+            }
+            Ok(queues)
+        }
+        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some(REFUSED) => Err(diagnose(conn, n, changes, now).await),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// Says why a refused commit was refused: the first task write, then step
+/// write, then lease that does not match the store now.
+async fn diagnose(conn: &mut PgConnection, n: &Names, changes: &Changes, now: Timestamp) -> Fail {
+    let diagnosis: Result<Fail> = async {
+        for write in &changes.tasks {
+            let found: Option<(String, i64)> = sqlx::query_as(n.sql("SELECT state, lease_epoch FROM rota.tasks WHERE id = $1"))
+                .bind(write.task.id.as_str())
+                .fetch_optional(&mut *conn)
+                .await?;
+            match found {
+                None => return Ok(Error::NotFound(format!("task {}", write.task.id)).into()),
+                Some((state, epoch)) if state != write.expected_state.as_str() || epoch != write.expected_epoch as i64 => {
+                    return Ok(Error::Conflict(format!(
+                        "task {} is no longer {} at lease epoch {} (changed by another writer)",
+                        write.task.id, write.expected_state, write.expected_epoch
+                    ))
+                    .into());
+                }
+                Some(_) => {}
+            }
+        }
+        for write in &changes.steps {
+            let step = &write.step;
+            let found: Option<(String, i64)> =
+                sqlx::query_as(n.sql("SELECT state, attempt FROM rota.steps WHERE task_id = $1 AND name = $2"))
+                    .bind(step.task_id.as_str())
+                    .bind(step.name.as_str())
+                    .fetch_optional(&mut *conn)
+                    .await?;
+            match found {
+                None => return Ok(Error::NotFound(format!("step {} of task {}", step.name, step.task_id)).into()),
+                Some((state, attempt)) if state != write.expected_state.as_str() || attempt != i64::from(write.expected_attempt) => {
+                    return Ok(Error::Conflict(format!(
+                        "step {} of task {} is no longer {} at attempt {} (changed by another writer)",
+                        step.name, step.task_id, write.expected_state, write.expected_attempt
+                    ))
+                    .into());
+                }
+                Some(_) => {}
+            }
+        }
+        for (queue, token) in &changes.complete {
+            let held: bool = sqlx::query_scalar(
+                n.sql("SELECT EXISTS (SELECT 1 FROM rota.messages WHERE seq = $1 AND lease_epoch = $2 AND lease_until > $3)"),
+            )
+            .bind(token.message)
+            .bind(token.epoch)
+            .bind(now.as_millis())
+            .fetch_one(&mut *conn)
+            .await?;
+            if !held {
+                return Ok(lease_lost(queue, *token).into());
+            }
+        }
+        // Everything matches now: another writer changed and restored a
+        // record in between. Still a lost race for this commit.
+        Ok(Error::Conflict("a record changed while the commit ran (changed by another writer)".into()).into())
+    }
+    .await;
+    diagnosis.unwrap_or_else(|fail| fail)
+}
