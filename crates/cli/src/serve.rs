@@ -19,6 +19,11 @@
 //! shutdown grace); a second signal exits at once, leaving the leases to
 //! expire.
 //!
+//! With `ROTA_WEBHOOK_SECRET` set, `rota serve` also runs the webhook
+//! dispatcher (`rota_api::webhooks`), which POSTs the status events of
+//! tasks submitted with a `callback_url`, signed with that secret; without
+//! it, no webhook is sent. Several processes may run it (one leads).
+//!
 //! `rota serve` also serves the HTTP API (`--listen`, default
 //! 127.0.0.1:7878; `--listen none` turns it off; see `api_server`). It binds
 //! before the engine starts, so that a busy port or a bad token file stops
@@ -50,6 +55,8 @@ use crate::StoreArgs;
 use crate::api_server::{self, ListenArgs, RemoteAgentArgs};
 use crate::store_url::redacted;
 
+/// The environment variable holding the secret that signs webhooks.
+const WEBHOOK_SECRET_ENV: &str = "ROTA_WEBHOOK_SECRET";
 /// The workflows directory used when `--workflows` is absent, if it exists.
 const WORKFLOWS_DIR_DEFAULT: &str = "workflows";
 /// How often the heartbeat and the changed breakers are reported.
@@ -269,6 +276,10 @@ pub async fn run(store_args: StoreArgs, args: RunArgs) -> anyhow::Result<()> {
         },
         None => None,
     };
+    let webhook_secret = match std::env::var(WEBHOOK_SECRET_ENV) {
+        Ok(secret) => Some(rota_api::webhooks::Secret::new(secret).map_err(|err| anyhow!("{WEBHOOK_SECRET_ENV}: {err}"))?),
+        Err(_) => None,
+    };
     let store = store_args.open().await?;
     warn_if_instance_is_live(&store, &instance, &*clock).await;
     register(&store, &definitions).await?;
@@ -280,6 +291,14 @@ pub async fn run(store_args: StoreArgs, args: RunArgs) -> anyhow::Result<()> {
     config.supervisor.leader_ttl = interval * LEADER_TTL_INTERVALS;
     config.seed = seed(&instance, &*clock);
     config.shutdown_grace = args.process.shutdown_grace;
+    let dispatcher = match webhook_secret {
+        Some(secret) => {
+            let mut webhooks = rota_api::webhooks::WebhookConfig::new(instance.clone(), secret);
+            webhooks.seed = config.seed.rotate_left(1);
+            Some(rota_api::webhooks::Dispatcher::new(store.clone(), clock.clone(), webhooks).context("cannot set up the webhooks")?)
+        }
+        None => None,
+    };
     let mut engine = Engine::new(store.clone(), clock.clone(), config);
     let client = engine.client();
     for name in &running_agents {
@@ -305,8 +324,9 @@ pub async fn run(store_args: StoreArgs, args: RunArgs) -> anyhow::Result<()> {
         Some(listening) => format!("http://{}", listening.address),
         None => "off".to_owned(),
     };
+    let webhooks = if dispatcher.is_some() { "on" } else { "off (no ROTA_WEBHOOK_SECRET)" };
     info!(
-        "rota serve started: instance {instance}, store {}, roles {}, agents {}, workflows {loaded}, API {api}",
+        "rota serve started: instance {instance}, store {}, roles {}, agents {}, workflows {loaded}, API {api}, webhooks {webhooks}",
         redacted(&store_args.url),
         role_names.join(","),
         if agent_names.is_empty() { "none".to_owned() } else { agent_names.join(",") }
@@ -324,18 +344,34 @@ pub async fn run(store_args: StoreArgs, args: RunArgs) -> anyhow::Result<()> {
     let mut engine_run = tokio::spawn(engine.run(shutdown.clone()));
     let reporter = Reporter { store: store.clone(), clock: clock.clone(), agents, instance: instance.clone(), heartbeat };
     let reporting = tokio::spawn(reporter.run(shutdown.clone()));
-    // Without --listen the API "serves" until the shutdown, so that the
+    // The API and the webhook dispatcher run until the shutdown, or fail
+    // early together; one that is off waits for the shutdown, so that the
     // select below has one shape either way.
-    let mut serving = match listening {
-        Some(listening) => tokio::spawn(listening.serve(store.clone(), client, clock.clone(), shutdown.clone())),
-        None => {
-            let stopped = shutdown.clone();
-            tokio::spawn(async move {
-                stopped.triggered().await;
-                Ok(())
-            })
+    let api = {
+        let (store, clock, shutdown) = (store.clone(), clock.clone(), shutdown.clone());
+        async move {
+            match listening {
+                Some(listening) => listening.serve(store, client, clock, shutdown).await,
+                None => {
+                    shutdown.triggered().await;
+                    Ok(())
+                }
+            }
         }
     };
+    let dispatching = {
+        let shutdown = shutdown.clone();
+        async move {
+            match dispatcher {
+                Some(dispatcher) => dispatcher.run(shutdown).await.context("the webhook dispatcher failed"),
+                None => {
+                    shutdown.triggered().await;
+                    Ok(())
+                }
+            }
+        }
+    };
+    let mut serving = tokio::spawn(async move { tokio::try_join!(api, dispatching).map(drop) });
 
     let stopped = tokio::select! {
         () = signals.next() => {
@@ -362,16 +398,16 @@ pub async fn run(store_args: StoreArgs, args: RunArgs) -> anyhow::Result<()> {
             shutdown.trigger();
             let _ = engine_run.await;
             match joined {
-                Ok(Ok(())) => bail!("the HTTP API stopped by itself"),
+                Ok(Ok(())) => bail!("the HTTP API and the webhook dispatcher stopped by themselves"),
                 Ok(Err(err)) => return Err(err),
-                Err(err) => bail!("the HTTP API panicked: {err}"),
+                Err(err) => bail!("the HTTP API or the webhook dispatcher panicked: {err}"),
             }
         }
     };
     match serving.await {
         Ok(Ok(())) => {}
-        Ok(Err(err)) => warn!("the HTTP API failed while stopping: {err:#}"),
-        Err(err) => warn!("the HTTP API panicked while stopping: {err}"),
+        Ok(Err(err)) => warn!("stopping: {err:#}"),
+        Err(err) => warn!("the HTTP API or the webhook dispatcher panicked while stopping: {err}"),
     }
     match stopped {
         Ok(Ok(())) => {}

@@ -496,3 +496,79 @@ fn serve_with_a_remote_agent_lets_the_python_worker_run_its_steps() {
     assert_eq!(status.code(), Some(0), "{log}");
     assert!(!log.contains(key) && !log.contains(worker_token), "secrets are never logged");
 }
+
+/// One webhook delivery as a receiver saw it.
+struct Delivery {
+    headers: Vec<(String, String)>,
+    body: Value,
+}
+
+impl Delivery {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(key, _)| key.eq_ignore_ascii_case(name)).map(|(_, value)| value.as_str())
+    }
+}
+
+/// A webhook receiver on a free loopback port: answers 200 to every POST
+/// and passes each delivery on; `http://127.0.0.1:PORT/hook` is its URL.
+fn webhook_receiver() -> (String, mpsc::Receiver<Delivery>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut headers = Vec::new();
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            loop {
+                line.clear();
+                reader.read_line(&mut line).unwrap();
+                let Some((key, value)) = line.trim_end().split_once(':') else { break };
+                headers.push((key.trim().to_owned(), value.trim().to_owned()));
+            }
+            let length: usize = headers.iter().find(|(key, _)| key.eq_ignore_ascii_case("content-length")).unwrap().1.parse().unwrap();
+            let mut body = vec![0; length];
+            reader.read_exact(&mut body).unwrap();
+            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+            let body = serde_json::from_slice(&body).unwrap();
+            if tx.send(Delivery { headers, body }).is_err() {
+                return;
+            }
+        }
+    });
+    (url, rx)
+}
+
+#[test]
+fn serve_with_a_webhook_secret_posts_signed_status_events_to_the_callback_url() {
+    let rota = Rota::new();
+    let files = Files::new();
+    let (hook, deliveries) = webhook_receiver();
+    let secret = "a-webhook-secret-for-the-tests";
+    let server = Server::serve(&rota, &files, &[], &[("ROTA_API_TOKEN", ADMIN_TOKEN), ("ROTA_WEBHOOK_SECRET", secret)]);
+    assert!(server.seen.iter().any(|line| line.contains("webhooks on")), "{}", server.seen.join("\n"));
+    let http = Http::new(&server);
+    let submitted = http.post(
+        "/v1/tasks",
+        Some(ADMIN_TOKEN),
+        Some(json!({"workflow": "pipeline", "id": "w-1", "input": {"order": 3}, "callback_url": hook})),
+    );
+    assert_eq!(submitted.status, 201, "{}", submitted.body);
+    let mut kinds = Vec::new();
+    while kinds.last().map(String::as_str) != Some("processed") {
+        let delivery = deliveries.recv_timeout(REQUEST_TIMEOUT).unwrap_or_else(|_| panic!("no webhook after {kinds:?}"));
+        assert_eq!(delivery.body["task_id"], "w-1");
+        let signature = delivery.header("Rota-Signature").expect("signed");
+        assert!(signature.starts_with("t=") && signature.contains(",v1="), "{signature}");
+        assert_eq!(delivery.header("Rota-Event-Id"), Some(delivery.body["seq"].to_string().as_str()));
+        kinds.push(delivery.body["kind"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(kinds.first().map(String::as_str), Some("received"), "{kinds:?}");
+
+    let (status, log) = server.terminate();
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert!(!log.contains(secret), "the secret is never logged");
+}
