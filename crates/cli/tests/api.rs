@@ -292,6 +292,12 @@ fn serve_listens_and_runs_a_task_submitted_over_http() {
     let again = http.post("/v1/tasks", Some(SUBMIT_TOKEN), Some(json!({"workflow": "pipeline", "id": "o-1"})));
     assert_eq!(again.status, 200, "{}", again.body);
 
+    // A submit token is enough to follow its own task from the CLI.
+    let over_http = stdout(&remote(&rota, &server, SUBMIT_TOKEN, &["status", "o-1", "--json"]));
+    assert_eq!(over_http, rota.ok(&["status", "o-1", "--json"]));
+    let output = remote(&rota, &server, SUBMIT_TOKEN, &["tasks"]);
+    assert_one_error_line(&String::from_utf8_lossy(&output.stderr), &["cannot list tasks", "read access"]);
+
     // The same engine sees a task submitted on the store, and the API shows it.
     assert_eq!(rota.ok(&["submit", "pipeline", "--id", "local-1", "--input", r#"{"order": 8}"#, "--wait"]), "local-1\n");
     assert_eq!(http.get("/v1/tasks/local-1", Some(ADMIN_TOKEN)).json()["state"], "processed");
