@@ -77,6 +77,12 @@ pub struct Args {
     /// The most completions the consumer commits in one `complete_batch`.
     #[arg(long, default_value_t = ConsumerConfig::COMPLETE_BATCH_MAX_DEFAULT)]
     complete_batch_max: usize,
+
+    /// W only: run the steps in this many separate `rota agent` processes
+    /// (the built-in `delay` agent, 0 ms) instead of an in-process no-op
+    /// agent; 0 keeps them in process (the harness's configuration).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=w::AGENT_PROCESSES_MAX))]
+    agent_processes: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -97,7 +103,7 @@ pub fn run(args: Args, store: &StoreArgs) -> ExitCode {
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the async runtime").and_then(|runtime| {
             match args.workload {
                 Workload::Q => runtime.block_on(run_q(&args, store)),
-                Workload::W => runtime.block_on(w::run(store)),
+                Workload::W => runtime.block_on(w::run(store, args.agent_processes)),
             }
         });
     match result {

@@ -138,3 +138,16 @@ fn q_and_w_run_on_postgres() {
         assert_eq!(durability["meets_rule"], true, "{durability}");
     }
 }
+
+/// `--agent-processes N` runs W's steps in N `rota agent` processes (the
+/// figures for "1 to 4 agent processes"), which stop cleanly afterwards.
+#[test]
+fn workload_w_runs_its_agents_in_separate_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = bench(dir.path(), &["--store", "sqlite", "W", "--agent-processes", "2"]);
+    assert!(output.status.success(), "{:?}: {}", output.status, stderr(&output));
+    let record = record(dir.path());
+    assert_eq!(record["settings"]["agent_processes"], 2, "{record}");
+    assert!(record["config"]["dispatch"].as_str().unwrap().contains("2 `rota agent"), "{record}");
+    assert!(record["metrics"]["workflows_per_s"].as_f64().unwrap() > 0.0);
+}

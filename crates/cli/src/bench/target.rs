@@ -64,6 +64,17 @@ impl Target {
         Ok(Target { store: store.clone(), backend: Backend::Sqlite { store, durability, _workdir: workdir } })
     }
 
+    /// The store URL for child processes of the run (`rota agent`).
+    pub(crate) fn child_store_url(&self) -> String {
+        match &self.backend {
+            Backend::Sqlite { store, .. } => format!("sqlite://{}", store.config().path.display()),
+            Backend::Postgres { store, url } => {
+                let (base, _) = url.split_once('?').unwrap_or((url, ""));
+                format!("{base}?schema={}", store.config().schema)
+            }
+        }
+    }
+
     /// The peer name used when the harness does not give one.
     pub(crate) fn peer_default(&self) -> &'static str {
         match self.backend {

@@ -48,16 +48,21 @@ impl Agent for Noop {
     }
 }
 
-fn workflow() -> anyhow::Result<Workflow> {
+/// The most `--agent-processes`.
+pub(super) const AGENT_PROCESSES_MAX: i64 = 16;
+
+/// The workflow: three sequential steps of the in-process `noop` agent, or
+/// (for agents in other processes) of the built-in `delay` agent with 0 ms.
+fn workflow(remote_agents: bool) -> anyhow::Result<Workflow> {
     let retry = RetryPolicy::new(3, Duration::from_millis(10), Duration::from_millis(100))?;
     let mut builder = Workflow::builder("bench_w", 1).deadline(Duration::from_secs(60));
     for s in 1..=3 {
-        builder = builder.step(
-            StepDef::new(format!("s{s}"), "noop")
-                .with_input(json!({ "i": "{{ input.i }}", "step": s }))
-                .timeout(Duration::from_secs(10))
-                .retry(retry.clone()),
-        );
+        let step = if remote_agents {
+            StepDef::new(format!("s{s}"), "delay").with_input(json!({ "ms": 0 }))
+        } else {
+            StepDef::new(format!("s{s}"), "noop").with_input(json!({ "i": "{{ input.i }}", "step": s }))
+        };
+        builder = builder.step(step.timeout(Duration::from_secs(10)).retry(retry.clone()));
     }
     let catalog = AgentCatalog::builtin().with(AgentName::new("noop")?);
     builder.build(&catalog).map_err(|d| anyhow::anyhow!("bench workflow: {d}"))
@@ -132,7 +137,7 @@ async fn closed_loop(
 }
 
 /// Runs workload W and writes the record.
-pub(super) async fn run(store_args: &StoreArgs) -> anyhow::Result<()> {
+pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32) -> anyhow::Result<()> {
     let m = env_u64("PEERS_M", 2_000)?;
     let k = env_u64("PEERS_K", 50)?;
     let warmup = env_u64("PEERS_W_WARMUP", 100)?;
@@ -146,7 +151,8 @@ pub(super) async fn run(store_args: &StoreArgs) -> anyhow::Result<()> {
     let mut orchestration = EngineConfig::new(InstanceId::new(format!("bench-scheduler-{}", std::process::id()))?);
     orchestration.roles = Roles { scheduler: true, agents: false, supervisor: true };
     orchestration.scheduler.inbox_concurrency = usize::try_from(k)?.max(16);
-    let engine = Engine::new(store.clone(), Arc::new(SystemClock), orchestration).workflow(workflow()?);
+    let remote_agents = agent_processes > 0;
+    let engine = Engine::new(store.clone(), Arc::new(SystemClock), orchestration).workflow(workflow(remote_agents)?);
     engine.register_workflows().await?;
     let client = engine.client();
     let completions = engine.completions();
@@ -158,7 +164,9 @@ pub(super) async fn run(store_args: &StoreArgs) -> anyhow::Result<()> {
 
     let shutdown = Shutdown::new();
     let orchestrating = tokio::spawn(engine.run(shutdown.clone()));
-    let serving = tokio::spawn(agent_engine.run(shutdown.clone()));
+    let agent_shutdown = Shutdown::new();
+    let serving = if remote_agents { None } else { Some(tokio::spawn(agent_engine.run(agent_shutdown.clone()))) };
+    let children = AgentProcesses::start(&target.child_store_url(), agent_processes, k)?;
     let waiters = Waiters::default();
     let router = {
         let waiters = waiters.clone();
@@ -175,9 +183,13 @@ pub(super) async fn run(store_args: &StoreArgs) -> anyhow::Result<()> {
     let timed = closed_loop(&client, &waiters, "w", 0, m, k).await?;
     let commits_after = target.commit_counts();
     shutdown.trigger();
+    agent_shutdown.trigger();
     router.abort();
     orchestrating.await.context("the engine panicked")??;
-    serving.await.context("the agent engine panicked")??;
+    if let Some(serving) = serving {
+        serving.await.context("the agent engine panicked")??;
+    }
+    children.stop()?;
 
     let first_submit = timed.iter().map(|t| t.1).fold(f64::INFINITY, f64::min);
     let last_done = timed.iter().map(|t| t.2).fold(f64::NEG_INFINITY, f64::max);
@@ -205,13 +217,17 @@ pub(super) async fn run(store_args: &StoreArgs) -> anyhow::Result<()> {
             "group_commits": group_commits,
         },
         "settings": {
-            "M": m, "K": k, "W_WARMUP": warmup,
+            "M": m, "K": k, "W_WARMUP": warmup, "agent_processes": agent_processes,
             "durability": durability,
         },
         "config": {
             "version": format!("rota {}", env!("CARGO_PKG_VERSION")),
             "workflow": "bench_w@1: s1 -> s2 -> s3, each a no-op Rust agent `noop` (returns its input {i, step}); step s+1 is sent in the commit that records step s",
-            "dispatch": "Scheduler -> queue agent.noop -> agent-only engine (separate instance, same process) -> reply queue rota.inbox.<scheduler> -> Scheduler",
+            "dispatch": if remote_agents {
+                format!("Scheduler -> queue agent.delay -> {agent_processes} `rota agent --queues delay --max-concurrent {k}` processes -> reply queue rota.inbox.<scheduler> -> Scheduler")
+            } else {
+                "Scheduler -> queue agent.noop -> agent-only engine (separate instance, same process) -> reply queue rota.inbox.<scheduler> -> Scheduler".to_owned()
+            },
             "completion_observed": "notification: the Scheduler publishes the task's terminal state in-process after the commit that records it Processed returns (durable, visible)",
             "submit": "Client::submit (public API): task + steps + doorbell in one transaction",
             "store": target.description(),
@@ -228,4 +244,65 @@ pub(super) async fn run(store_args: &StoreArgs) -> anyhow::Result<()> {
     drop(store);
     target.close().await;
     Ok(())
+}
+
+/// `rota agent` child processes serving the `delay` agent, stopped with
+/// SIGTERM (each must exit 0).
+struct AgentProcesses(Vec<std::process::Child>);
+
+impl AgentProcesses {
+    fn start(store_url: &str, count: u32, concurrency: u64) -> anyhow::Result<AgentProcesses> {
+        let exe = std::env::current_exe().context("cannot find the rota binary to start agent processes")?;
+        let mut children = AgentProcesses(Vec::new());
+        for i in 0..count {
+            let mut child = std::process::Command::new(&exe)
+                .args(["--store", store_url, "agent", "--queues", "delay", "--shutdown-grace", "1s"])
+                .args(["--max-concurrent", &concurrency.max(16).to_string()])
+                .args(["--instance-id", &format!("bench-agent-{}-{i}", std::process::id())])
+                .env("RUST_LOG", "info")
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .context("cannot start an agent process")?;
+            let stderr = child.stderr.take().expect("piped");
+            children.0.push(child);
+            // Wait until it serves, then keep draining its log.
+            let (started, ready) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                use std::io::BufRead;
+                let mut lines = std::io::BufReader::new(stderr).lines().map_while(Result::ok);
+                for line in lines.by_ref() {
+                    if line.contains("rota serve started") {
+                        let _ = started.send(());
+                        break;
+                    }
+                }
+                lines.for_each(drop);
+            });
+            ready.recv_timeout(Duration::from_secs(20)).context("an agent process did not start within 20 s")?;
+        }
+        Ok(children)
+    }
+
+    fn stop(mut self) -> anyhow::Result<()> {
+        for child in &self.0 {
+            // SAFETY: kill(2) on a child of this process.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        }
+        for child in self.0.drain(..) {
+            let output = child.wait_with_output().context("waiting for an agent process")?;
+            anyhow::ensure!(output.status.success(), "an agent process exited with {}", output.status);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for AgentProcesses {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
