@@ -123,8 +123,8 @@ pub struct Listening {
 /// before the engine starts, so that a bad address or token file stops
 /// startup with nothing running.
 pub async fn bind(args: &ListenArgs, remote: &RemoteAgentArgs) -> anyhow::Result<Listening> {
-    let tokens = configured_tokens(args.auth_file.as_deref(), std::env::var(TOKEN_ENV).ok())?;
-    let workers = worker_config(remote.names()?, std::env::var(WORKER_KEY_ENV).ok())?;
+    let tokens = configured_tokens(args.auth_file.as_deref(), secret_env(TOKEN_ENV))?;
+    let workers = worker_config(remote.names()?, secret_env(WORKER_KEY_ENV))?;
     let listen = args.address();
     let addresses: Vec<SocketAddr> =
         tokio::net::lookup_host(listen).await.with_context(|| format!("--listen {listen}: not a HOST:PORT address"))?.collect();
@@ -150,6 +150,12 @@ pub async fn bind(args: &ListenArgs, remote: &RemoteAgentArgs) -> anyhow::Result
     let mut config = rota_api::Config::new(auth);
     config.workers = workers;
     Ok(Listening { listener, config, address })
+}
+
+/// A secret from the environment; an empty variable counts as unset (as
+/// `VAR= rota …` means to unset it).
+pub fn secret_env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|value| !value.is_empty())
 }
 
 /// The worker protocol's settings: the remote agents, and the lease key

@@ -276,9 +276,9 @@ pub async fn run(store_args: StoreArgs, args: RunArgs) -> anyhow::Result<()> {
         },
         None => None,
     };
-    let webhook_secret = match std::env::var(WEBHOOK_SECRET_ENV) {
-        Ok(secret) => Some(rota_api::webhooks::Secret::new(secret).map_err(|err| anyhow!("{WEBHOOK_SECRET_ENV}: {err}"))?),
-        Err(_) => None,
+    let webhook_secret = match api_server::secret_env(WEBHOOK_SECRET_ENV) {
+        Some(secret) => Some(rota_api::webhooks::Secret::new(secret).map_err(|err| anyhow!("{WEBHOOK_SECRET_ENV}: {err}"))?),
+        None => None,
     };
     let store = store_args.open().await?;
     warn_if_instance_is_live(&store, &instance, &*clock).await;
@@ -393,8 +393,9 @@ pub async fn run(store_args: StoreArgs, args: RunArgs) -> anyhow::Result<()> {
             }?
         }
         joined = &mut serving => {
-            // The API failed (it stops only after the shutdown otherwise):
-            // stop the engine too rather than run half a server.
+            // The API or the dispatcher failed (they stop only after the
+            // shutdown otherwise): stop the engine too rather than run half
+            // a server.
             shutdown.trigger();
             let _ = engine_run.await;
             match joined {
@@ -404,7 +405,13 @@ pub async fn run(store_args: StoreArgs, args: RunArgs) -> anyhow::Result<()> {
             }
         }
     };
-    match serving.await {
+    // Requests in progress (a worker's long poll, say) may still take a
+    // moment; a second signal does not wait for them either.
+    let served = tokio::select! {
+        joined = &mut serving => joined,
+        () = signals.next() => bail!("stopped at once by a second signal, with HTTP requests in progress"),
+    };
+    match served {
         Ok(Ok(())) => {}
         Ok(Err(err)) => warn!("stopping: {err:#}"),
         Err(err) => warn!("the HTTP API or the webhook dispatcher panicked while stopping: {err}"),
