@@ -81,6 +81,21 @@ impl Client {
     /// that wakes a Scheduler, in one transaction. Submitting an id that
     /// exists creates nothing and says so.
     pub async fn submit(&self, submission: Submission) -> Result<Submitted> {
+        let new = self.prepare(submission).await?;
+        let (id, version) = (new.task.id.clone(), new.task.workflow_version);
+        match self.store.create_task(new).await? {
+            Created::New => Ok(Submitted { id, created: true, version }),
+            // The existing task keeps the version it started with.
+            Created::Existing(existing) => Ok(Submitted { id, created: false, version: existing.task.workflow_version }),
+        }
+    }
+
+    /// Everything [`Client::submit`] would create, without creating it: for
+    /// an application that creates the task inside its own transaction, with
+    /// its own writes (`PgStore::create_task_in` on PostgreSQL,
+    /// `SqliteStore::create_task_with` on SQLite), so that both commit or
+    /// neither does.
+    pub async fn prepare(&self, submission: Submission) -> Result<NewTask> {
         let workflow = self.workflows.get(&submission.workflow, submission.version).await?;
         let now = self.clock.now();
         let id = match submission.id {
@@ -92,12 +107,7 @@ impl Client {
         let steps: Vec<Step> =
             workflow.steps().iter().enumerate().map(|(i, def)| Step::new(id.clone(), def.name().clone(), i as u32, now)).collect();
         let received = Event::task(&id, now, EventKind::Received, json!({ "workflow": workflow.name(), "version": workflow.version() }));
-        let new = NewTask { task, steps, messages: vec![doorbell(&id)], events: vec![received] };
-        match self.store.create_task(new).await? {
-            Created::New => Ok(Submitted { id, created: true, version: workflow.version() }),
-            // The existing task keeps the version it started with.
-            Created::Existing(existing) => Ok(Submitted { id, created: false, version: existing.task.workflow_version }),
-        }
+        Ok(NewTask { task, steps, messages: vec![doorbell(&id)], events: vec![received] })
     }
 
     /// A task and its steps.

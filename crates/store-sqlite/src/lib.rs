@@ -269,6 +269,58 @@ impl SqliteStore {
         &self.config
     }
 
+    /// Creates a task together with the application's own writes to the
+    /// same database file, in one transaction: the pattern's "insert the
+    /// order and its task state together". `app` runs on the writing
+    /// connection inside the task's savepoint, after the task is created (or
+    /// found: the task id is the idempotency key, and `app` is told which);
+    /// if it fails, neither its writes nor the task are kept, and its error
+    /// is returned as `Invalid`. `app` must not start or end transactions.
+    pub async fn create_task_with<T, F>(&self, new: NewTask, app: F) -> Result<(Created, T)>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection, &Created) -> rusqlite::Result<T> + Send + 'static,
+    {
+        self.check_new_task(&new)?;
+        let ids: Vec<MessageId> = new.messages.iter().map(|(_, m)| Self::message_id(m)).collect();
+        self.write(move |conn, now| {
+            let created = Self::create_task_on(conn, &new, ids, now)?;
+            let value = app(conn, &created).map_err(|e| Error::Invalid(format!("the application's writes failed: {e}")))?;
+            Ok((created, value))
+        })
+        .await
+    }
+
+    fn check_new_task(&self, new: &NewTask) -> Result<()> {
+        for (_, message) in &new.messages {
+            self.check_body(message)?;
+        }
+        for step in &new.steps {
+            if step.task_id != new.task.id {
+                return Err(Error::Invalid(format!("step {} belongs to task {}, not {}", step.name, step.task_id, new.task.id)));
+            }
+        }
+        Ok(())
+    }
+
+    fn create_task_on(conn: &Connection, new: &NewTask, ids: Vec<MessageId>, now: Timestamp) -> Result<Created> {
+        if let Some(existing) = task_sql::get_task(conn, &new.task.id)? {
+            return Ok(Created::Existing(Box::new(existing)));
+        }
+        task_sql::insert_task(conn, &new.task)?;
+        for step in &new.steps {
+            task_sql::insert_step(conn, step)?;
+        }
+        for event in &new.events {
+            task_sql::insert_event(conn, event)?;
+        }
+        for ((queue, message), id) in new.messages.iter().zip(ids) {
+            let row = queue_sql::ensure_queue(conn, queue, now)?;
+            queue_sql::send(conn, &row, message, id, now)?;
+        }
+        Ok(Created::New)
+    }
+
     /// Runs `op` on the writer inside its group-commit transaction and
     /// returns its result once the transaction is durable.
     async fn write<T, F>(&self, op: F) -> Result<T>
@@ -518,33 +570,9 @@ impl Queues for SqliteStore {
 #[async_trait]
 impl Tasks for SqliteStore {
     async fn create_task(&self, new: NewTask) -> Result<Created> {
-        for (_, message) in &new.messages {
-            self.check_body(message)?;
-        }
-        for step in &new.steps {
-            if step.task_id != new.task.id {
-                return Err(Error::Invalid(format!("step {} belongs to task {}, not {}", step.name, step.task_id, new.task.id)));
-            }
-        }
+        self.check_new_task(&new)?;
         let ids: Vec<MessageId> = new.messages.iter().map(|(_, m)| Self::message_id(m)).collect();
-        self.write(move |conn, now| {
-            if let Some(existing) = task_sql::get_task(conn, &new.task.id)? {
-                return Ok(Created::Existing(Box::new(existing)));
-            }
-            task_sql::insert_task(conn, &new.task)?;
-            for step in &new.steps {
-                task_sql::insert_step(conn, step)?;
-            }
-            for event in &new.events {
-                task_sql::insert_event(conn, event)?;
-            }
-            for ((queue, message), id) in new.messages.iter().zip(ids) {
-                let row = queue_sql::ensure_queue(conn, queue, now)?;
-                queue_sql::send(conn, &row, message, id, now)?;
-            }
-            Ok(Created::New)
-        })
-        .await
+        self.write(move |conn, now| Self::create_task_on(conn, &new, ids, now)).await
     }
 
     async fn task(&self, id: &TaskId) -> Result<Option<TaskRecord>> {
