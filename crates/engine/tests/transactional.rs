@@ -5,8 +5,6 @@
 //! neither the row nor the task; a committed one leaves both, and the
 //! embedded engine then runs the task.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
