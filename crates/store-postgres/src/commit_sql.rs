@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 
 use rota_model::{InstanceId, MessageId, QueueName, StepName, Timestamp};
-use rota_store::{Changes, Error};
+use rota_store::{Changes, Error, NewTask, Outgoing};
 use sqlx::PgConnection;
 
 use crate::queue_sql::lease_lost;
@@ -22,6 +22,160 @@ pub(crate) const REFUSED: &str = "RT409";
 
 fn json_text(value: &serde_json::Value) -> String {
     value.to_string()
+}
+
+/// The messages of one statement as parallel arrays. An id repeated within
+/// the statement is a duplicate of its first use and left out.
+struct Sends<'a> {
+    queue_ids: Vec<i64>,
+    ids: Vec<&'a str>,
+    keyed: Vec<bool>,
+    bodies: Vec<&'a str>,
+    ordering_keys: Vec<Option<&'a str>>,
+    visible: Vec<i64>,
+}
+
+impl<'a> Sends<'a> {
+    fn new(
+        messages: &'a [(QueueName, Outgoing)],
+        ids: &'a [MessageId],
+        queue_id: &dyn Fn(&QueueName) -> Result<i64>,
+        now: Timestamp,
+    ) -> Result<Sends<'a>> {
+        let mut sends = Sends {
+            queue_ids: Vec::with_capacity(messages.len()),
+            ids: Vec::with_capacity(messages.len()),
+            keyed: Vec::with_capacity(messages.len()),
+            bodies: Vec::with_capacity(messages.len()),
+            ordering_keys: Vec::with_capacity(messages.len()),
+            visible: Vec::with_capacity(messages.len()),
+        };
+        for (index, ((queue, message), id)) in messages.iter().zip(ids).enumerate() {
+            let repeated = message.id.is_some()
+                && messages[..index].iter().zip(ids).any(|((q, m), earlier)| m.id.is_some() && q == queue && earlier == id);
+            if repeated {
+                continue;
+            }
+            sends.queue_ids.push(queue_id(queue)?);
+            sends.ids.push(id.as_str());
+            sends.keyed.push(message.id.is_some());
+            sends.bodies.push(message.body.get());
+            sends.ordering_keys.push(message.ordering_key.as_deref());
+            sends.visible.push(now.add(message.delay).as_millis());
+        }
+        Ok(sends)
+    }
+}
+
+/// The queues among `queue_ids` whose id is in `sent_to`.
+fn queues_named(queue_ids: &HashMap<QueueName, i64>, sent_to: &[i64]) -> Vec<QueueName> {
+    queue_ids.iter().filter(|(_, id)| sent_to.contains(id)).map(|(queue, _)| queue.clone()).collect()
+}
+
+/// Creates a task, its steps, its events and its messages in one statement,
+/// unless a task with its id exists (then nothing is written). Returns
+/// whether it was created and the queues that got new messages.
+pub(crate) async fn create_task(
+    conn: &mut PgConnection,
+    n: &Names,
+    new: &NewTask,
+    queue_ids: &HashMap<QueueName, i64>,
+    send_ids: &[MessageId],
+    now: Timestamp,
+) -> Result<(bool, Vec<QueueName>)> {
+    let queue_id = |queue: &QueueName| -> Result<i64> {
+        queue_ids.get(queue).copied().ok_or_else(|| Error::Backend(format!("queue {queue} has no known id")).into())
+    };
+    let sends = Sends::new(&new.messages, send_ids, &queue_id, now)?;
+    let (task, steps, events) = (&new.task, &new.steps, &new.events);
+    let row: (bool, Vec<i64>) = sqlx::query_as(n.sql(
+        "WITH
+         inserted AS (
+             INSERT INTO rota.tasks (id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
+                                     failure_count, reply_to, output, error, created_at, updated_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+             ON CONFLICT (id) DO NOTHING
+          RETURNING id),
+         step_rows AS (
+             INSERT INTO rota.steps (task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error,
+                                     updated_at)
+             SELECT w.* FROM unnest($16::text[], $17::text[], $18::bigint[], $19::text[], $20::bigint[], $21::bigint[],
+                                    $22::bigint[], $23::text[], $24::text[], $25::text[], $26::bigint[]) AS w
+              WHERE EXISTS (SELECT 1 FROM inserted)),
+         writer AS (
+             SELECT pg_advisory_xact_lock_shared($33 + (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM rota.event_seq))
+              WHERE cardinality($27::text[]) > 0 AND EXISTS (SELECT 1 FROM inserted)),
+         appended AS (
+             INSERT INTO rota.events (task_id, at, kind, step, attempt, detail)
+             SELECT e.task_id, e.at, e.kind, e.step, e.attempt, e.detail
+               FROM writer, unnest($27::text[], $28::bigint[], $29::text[], $30::text[], $31::bigint[], $32::text[]) WITH ORDINALITY
+                    AS e(task_id, at, kind, step, attempt, detail, position)
+              ORDER BY e.position),
+         fresh AS (
+             INSERT INTO rota.message_ids (queue_id, id, expires_at)
+             SELECT q.id, m.id, $34 + q.dedupe_window_ms
+               FROM unnest($35::bigint[], $36::text[], $37::bool[]) AS m(queue_id, id, keyed)
+               JOIN rota.queues AS q ON q.id = m.queue_id
+              WHERE m.keyed AND EXISTS (SELECT 1 FROM inserted)
+             ON CONFLICT (queue_id, id) DO UPDATE SET expires_at = excluded.expires_at WHERE rota.message_ids.expires_at <= $34
+             RETURNING queue_id, id),
+         sent AS (
+             INSERT INTO rota.messages (queue_id, id, body, ordering_key, enqueued_at, visible_at)
+             SELECT m.queue_id, m.id, m.body, m.ordering_key, $34, m.visible_at
+               FROM unnest($35::bigint[], $36::text[], $37::bool[], $38::text[], $39::text[], $40::bigint[]) WITH ORDINALITY
+                    AS m(queue_id, id, keyed, body, ordering_key, visible_at, position)
+              WHERE EXISTS (SELECT 1 FROM inserted) AND (NOT m.keyed OR (m.queue_id, m.id) IN (SELECT queue_id, id FROM fresh))
+              ORDER BY m.position
+          RETURNING queue_id)
+         SELECT EXISTS (SELECT 1 FROM inserted), ARRAY(SELECT DISTINCT queue_id FROM sent)",
+    ))
+    // The task, $1..$15.
+    .bind(task.id.as_str())
+    .bind(task.workflow.as_str())
+    .bind(i64::from(task.workflow_version))
+    .bind(json_text(&task.input))
+    .bind(task.state.as_str())
+    .bind(task.locked_by.as_ref().map(InstanceId::as_str))
+    .bind(task.lease_epoch as i64)
+    .bind(task.complete_by.map(Timestamp::as_millis))
+    .bind(task.not_before.as_millis())
+    .bind(i64::from(task.failure_count))
+    .bind(task.reply_to.as_deref())
+    .bind(task.output.as_ref().map(json_text))
+    .bind(task.error.as_deref())
+    .bind(task.created_at.as_millis())
+    .bind(task.updated_at.as_millis())
+    // Steps, $16..$26.
+    .bind(steps.iter().map(|s| s.task_id.as_str()).collect::<Vec<_>>())
+    .bind(steps.iter().map(|s| s.name.as_str()).collect::<Vec<_>>())
+    .bind(steps.iter().map(|s| i64::from(s.position)).collect::<Vec<_>>())
+    .bind(steps.iter().map(|s| s.state.as_str()).collect::<Vec<_>>())
+    .bind(steps.iter().map(|s| i64::from(s.attempt)).collect::<Vec<_>>())
+    .bind(steps.iter().map(|s| s.complete_by.map(Timestamp::as_millis)).collect::<Vec<_>>())
+    .bind(steps.iter().map(|s| s.not_before.as_millis()).collect::<Vec<_>>())
+    .bind(steps.iter().map(|s| s.input.as_ref().map(json_text)).collect::<Vec<_>>())
+    .bind(steps.iter().map(|s| s.output.as_ref().map(json_text)).collect::<Vec<_>>())
+    .bind(steps.iter().map(|s| s.last_error.as_deref()).collect::<Vec<_>>())
+    .bind(steps.iter().map(|s| s.updated_at.as_millis()).collect::<Vec<_>>())
+    // Events, $27..$32, the event-writer lock base, $33, and now, $34.
+    .bind(events.iter().map(|e| e.task_id.as_str()).collect::<Vec<_>>())
+    .bind(events.iter().map(|e| e.at.as_millis()).collect::<Vec<_>>())
+    .bind(events.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>())
+    .bind(events.iter().map(|e| e.step.as_ref().map(StepName::as_str)).collect::<Vec<_>>())
+    .bind(events.iter().map(|e| e.attempt.map(i64::from)).collect::<Vec<_>>())
+    .bind(events.iter().map(|e| json_text(&e.detail)).collect::<Vec<_>>())
+    .bind(n.event_lock_base())
+    .bind(now.as_millis())
+    // Sends, $35..$40.
+    .bind(&sends.queue_ids)
+    .bind(&sends.ids)
+    .bind(&sends.keyed)
+    .bind(&sends.bodies)
+    .bind(&sends.ordering_keys)
+    .bind(&sends.visible)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok((row.0, queues_named(queue_ids, &row.1)))
 }
 
 /// Applies `changes` in one statement. `queue_ids` holds the id of every
@@ -42,26 +196,7 @@ pub(crate) async fn commit(
     let steps: Vec<_> = changes.steps.iter().map(|w| &w.step).collect();
     let events = &changes.events;
 
-    // Sends: an id repeated within the commit is a duplicate of its first use.
-    let mut send_queue_ids = Vec::with_capacity(changes.send.len());
-    let mut send_ids_text = Vec::with_capacity(changes.send.len());
-    let mut keyed = Vec::with_capacity(changes.send.len());
-    let mut bodies = Vec::with_capacity(changes.send.len());
-    let mut ordering_keys = Vec::with_capacity(changes.send.len());
-    let mut visible = Vec::with_capacity(changes.send.len());
-    for (index, ((queue, message), id)) in changes.send.iter().zip(send_ids).enumerate() {
-        let repeated = message.id.is_some()
-            && changes.send[..index].iter().zip(send_ids).any(|((q, m), earlier)| m.id.is_some() && q == queue && earlier == id);
-        if repeated {
-            continue;
-        }
-        send_queue_ids.push(queue_id(queue)?);
-        send_ids_text.push(id.as_str());
-        keyed.push(message.id.is_some());
-        bodies.push(message.body.get());
-        ordering_keys.push(message.ordering_key.as_deref());
-        visible.push(now.add(message.delay).as_millis());
-    }
+    let sends = Sends::new(&changes.send, send_ids, &queue_id, now)?;
     let complete_queue_ids = changes.complete.iter().map(|(queue, _)| queue_id(queue)).collect::<Result<Vec<_>>>()?;
 
     let outcome = sqlx::query_scalar::<_, Vec<i64>>(n.sql(
@@ -175,24 +310,16 @@ pub(crate) async fn commit(
     .bind(events.iter().map(|e| json_text(&e.detail)).collect::<Vec<_>>())
     .bind(n.event_lock_base())
     // Sends, $42..$47.
-    .bind(&send_queue_ids)
-    .bind(&send_ids_text)
-    .bind(&keyed)
-    .bind(&bodies)
-    .bind(&ordering_keys)
-    .bind(&visible)
+    .bind(&sends.queue_ids)
+    .bind(&sends.ids)
+    .bind(&sends.keyed)
+    .bind(&sends.bodies)
+    .bind(&sends.ordering_keys)
+    .bind(&sends.visible)
     .fetch_one(&mut *conn)
     .await;
     match outcome {
-        Ok(sent_to) => {
-            let mut queues = Vec::new();
-            for (queue, id) in queue_ids {
-                if sent_to.contains(id) && !queues.contains(queue) {
-                    queues.push(queue.clone());
-                }
-            }
-            Ok(queues)
-        }
+        Ok(sent_to) => Ok(queues_named(queue_ids, &sent_to)),
         Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some(REFUSED) => Err(diagnose(conn, n, changes, now).await),
         Err(err) => Err(err.into()),
     }

@@ -546,15 +546,20 @@ impl PgStore {
 
     async fn create_task_on(&self, conn: &mut PgConnection, new: &NewTask) -> Result<(Created, Vec<QueueName>)> {
         let now = self.clock.now();
-        if !task_sql::insert_task(conn, &self.names, &new.task).await? {
-            let existing = task_sql::get_task(conn, &self.names, &new.task.id).await?;
-            let existing = existing.ok_or_else(|| Error::Backend(format!("task {} vanished after a conflicting insert", new.task.id)))?;
-            return Ok((Created::Existing(Box::new(existing)), Vec::new()));
+        let mut queue_ids = HashMap::new();
+        for (queue, _) in &new.messages {
+            if !queue_ids.contains_key(queue) {
+                queue_ids.insert(queue.clone(), self.queue_id(conn, queue).await?);
+            }
         }
-        task_sql::insert_steps(conn, &self.names, &new.steps).await?;
-        task_sql::insert_events(conn, &self.names, &new.events).await?;
-        let (_, sent_to) = self.send_all(conn, &new.messages, now).await?;
-        Ok((Created::New, sent_to))
+        let send_ids: Vec<MessageId> = new.messages.iter().map(|(_, message)| Self::message_id(message)).collect();
+        let (created, sent_to) = commit_sql::create_task(conn, &self.names, new, &queue_ids, &send_ids, now).await?;
+        if created {
+            return Ok((Created::New, sent_to));
+        }
+        let existing = task_sql::get_task(conn, &self.names, &new.task.id).await?;
+        let existing = existing.ok_or_else(|| Error::Backend(format!("task {} vanished after a conflicting insert", new.task.id)))?;
+        Ok((Created::Existing(Box::new(existing)), Vec::new()))
     }
 
     /// One attempt at leasing messages from `queue`: one statement, plus one
@@ -844,7 +849,8 @@ impl Tasks for PgStore {
     async fn create_task(&self, new: NewTask) -> Result<Created, Error> {
         self.check_new_task(&new)?;
         self.ensure_queues(&new.messages.iter().map(|(queue, _)| queue).collect::<Vec<_>>()).await?;
-        let (created, sent_to) = in_transaction!(self, tx => { self.create_task_on(&mut tx, &new).await? })?;
+        // One statement: no BEGIN and COMMIT round trips.
+        let (created, sent_to) = with_connection!(self, conn => { self.create_task_on(&mut conn, &new).await? })?;
         self.announce(sent_to);
         Ok(created)
     }
@@ -859,7 +865,7 @@ impl Tasks for PgStore {
 
     async fn claim_tasks(&self, owner: &InstanceId, lease: Duration, max: u32) -> Result<Vec<Task>, Error> {
         let now = self.clock.now();
-        in_transaction!(self, tx => { task_sql::claim_tasks(&mut tx, &self.names, owner, lease, max, now).await? })
+        with_connection!(self, conn => { task_sql::claim_tasks(&mut conn, &self.names, owner, lease, max, now).await? })
     }
 
     async fn commit(&self, changes: Changes) -> Result<(), Error> {

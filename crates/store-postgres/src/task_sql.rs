@@ -68,109 +68,6 @@ fn step_from(row: &PgRow, prefix: &str) -> Result<Step> {
     })
 }
 
-/// Binds a task's columns, in `TASK_COLUMNS` order, as parameters $1..$15.
-macro_rules! bind_task {
-    ($query:expr, $task:expr) => {{
-        let task: &Task = $task;
-        $query
-            .bind(task.id.as_str())
-            .bind(task.workflow.as_str())
-            .bind(i64::from(task.workflow_version))
-            .bind(json_text(&task.input))
-            .bind(task.state.as_str())
-            .bind(task.locked_by.as_ref().map(InstanceId::as_str))
-            .bind(task.lease_epoch as i64)
-            .bind(task.complete_by.map(Timestamp::as_millis))
-            .bind(task.not_before.as_millis())
-            .bind(i64::from(task.failure_count))
-            .bind(task.reply_to.as_deref())
-            .bind(task.output.as_ref().map(json_text))
-            .bind(task.error.as_deref())
-            .bind(task.created_at.as_millis())
-            .bind(task.updated_at.as_millis())
-    }};
-}
-
-/// Inserts a task unless its id exists. Returns whether it was inserted.
-pub(crate) async fn insert_task(conn: &mut PgConnection, n: &Names, task: &Task) -> Result<bool> {
-    let inserted = bind_task!(
-        sqlx::query(n.sql(
-            "INSERT INTO rota.tasks (id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
-                                     failure_count, reply_to, output, error, created_at, updated_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
-             ON CONFLICT (id) DO NOTHING"
-        )),
-        task
-    )
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
-    Ok(inserted == 1)
-}
-
-pub(crate) async fn insert_steps(conn: &mut PgConnection, n: &Names, steps: &[Step]) -> Result<()> {
-    if steps.is_empty() {
-        return Ok(());
-    }
-    let column = |f: fn(&Step) -> Option<String>| steps.iter().map(f).collect::<Vec<_>>();
-    let numbers = |f: fn(&Step) -> Option<i64>| steps.iter().map(f).collect::<Vec<_>>();
-    sqlx::query(n.sql(
-        "INSERT INTO rota.steps (task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error, updated_at)
-         SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::bigint[], $7::bigint[],
-                              $8::text[], $9::text[], $10::text[], $11::bigint[])",
-    ))
-    .bind(column(|s| Some(s.task_id.to_string())))
-    .bind(column(|s| Some(s.name.to_string())))
-    .bind(numbers(|s| Some(i64::from(s.position))))
-    .bind(column(|s| Some(s.state.as_str().to_owned())))
-    .bind(numbers(|s| Some(i64::from(s.attempt))))
-    .bind(numbers(|s| s.complete_by.map(Timestamp::as_millis)))
-    .bind(numbers(|s| Some(s.not_before.as_millis())))
-    .bind(column(|s| s.input.as_ref().map(json_text)))
-    .bind(column(|s| s.output.as_ref().map(json_text)))
-    .bind(column(|s| s.last_error.clone()))
-    .bind(numbers(|s| Some(s.updated_at.as_millis())))
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
-}
-
-/// Appends history events in one statement, after announcing this
-/// transaction as an event writer (see [`events_settled_through`]).
-pub(crate) async fn insert_events(conn: &mut PgConnection, n: &Names, events: &[Event]) -> Result<()> {
-    if events.is_empty() {
-        return Ok(());
-    }
-    let task_ids: Vec<&str> = events.iter().map(|e| e.task_id.as_str()).collect();
-    let ats: Vec<i64> = events.iter().map(|e| e.at.as_millis()).collect();
-    let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
-    let steps: Vec<Option<&str>> = events.iter().map(|e| e.step.as_ref().map(StepName::as_str)).collect();
-    let attempts: Vec<Option<i64>> = events.iter().map(|e| e.attempt.map(i64::from)).collect();
-    let details: Vec<String> = events.iter().map(|e| json_text(&e.detail)).collect();
-    // The writer's shared lock is taken before any row is produced, so
-    // before any seq is drawn; its key carries the sequence's value at that
-    // moment, so every seq this transaction writes is above its key.
-    sqlx::query(n.sql(
-        "WITH writer AS (
-             SELECT pg_advisory_xact_lock_shared($7 + (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM rota.event_seq)))
-         INSERT INTO rota.events (task_id, at, kind, step, attempt, detail)
-         SELECT e.task_id, e.at, e.kind, e.step, e.attempt, e.detail
-           FROM writer, unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bigint[], $6::text[]) WITH ORDINALITY
-                AS e(task_id, at, kind, step, attempt, detail, position)
-          ORDER BY e.position",
-    ))
-    .bind(&task_ids)
-    .bind(&ats)
-    .bind(&kinds)
-    .bind(&steps)
-    .bind(&attempts)
-    .bind(&details)
-    .bind(n.event_lock_base())
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
-}
-
 /// A task and its steps, read in one statement (one snapshot).
 pub(crate) async fn get_task(conn: &mut PgConnection, n: &Names, id: &TaskId) -> Result<Option<TaskRecord>> {
     let rows = sqlx::query(n.sql(
@@ -221,35 +118,39 @@ pub(crate) async fn claim_tasks(
     max: u32,
     now: Timestamp,
 ) -> Result<Vec<Task>> {
+    // One statement: the claim, and a `claimed` event per task (the writer's
+    // lock taken before any seq is drawn, as in every event writer).
     let rows = sqlx::query(n.sql(
-        "WITH picked AS (
+        "WITH writer AS (
+             SELECT pg_advisory_xact_lock_shared($5 + (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM rota.event_seq))),
+         picked AS (
              SELECT id FROM rota.tasks
               WHERE state IN ('pending', 'compensating') AND locked_by IS NULL AND not_before <= $3
               ORDER BY not_before LIMIT $4
-              FOR UPDATE SKIP LOCKED)
-         UPDATE rota.tasks AS t
-            SET state = CASE t.state WHEN 'pending' THEN 'processing' ELSE t.state END,
-                locked_by = $1, lease_epoch = t.lease_epoch + 1, complete_by = $2, updated_at = $3
-           FROM picked
-          WHERE t.id = picked.id
-      RETURNING t.*",
+              FOR UPDATE SKIP LOCKED),
+         claimed AS (
+             UPDATE rota.tasks AS t
+                SET state = CASE t.state WHEN 'pending' THEN 'processing' ELSE t.state END,
+                    locked_by = $1, lease_epoch = t.lease_epoch + 1, complete_by = $2, updated_at = $3
+               FROM picked
+              WHERE t.id = picked.id
+          RETURNING t.*),
+         appended AS (
+             INSERT INTO rota.events (task_id, at, kind, detail)
+             SELECT c.id, $3, 'claimed', json_build_object('owner', $1::text, 'lease_epoch', c.lease_epoch)::text
+               FROM writer, claimed AS c
+              ORDER BY c.not_before, c.id)
+         SELECT * FROM claimed",
     ))
     .bind(owner.as_str())
     .bind(now.add(lease).as_millis())
     .bind(now.as_millis())
     .bind(i64::from(max))
+    .bind(n.event_lock_base())
     .fetch_all(&mut *conn)
     .await?;
     let mut tasks = rows.iter().map(task_from).collect::<Result<Vec<_>>>()?;
     tasks.sort_by(|a, b| (a.not_before, &a.id).cmp(&(b.not_before, &b.id)));
-    let events: Vec<Event> = tasks
-        .iter()
-        .map(|task| {
-            let detail = serde_json::json!({ "owner": owner.as_str(), "lease_epoch": task.lease_epoch });
-            Event::task(&task.id, now, EventKind::Claimed, detail)
-        })
-        .collect();
-    insert_events(conn, n, &events).await?;
     Ok(tasks)
 }
 
