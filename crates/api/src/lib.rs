@@ -180,12 +180,21 @@ pub struct Config {
     pub agents: AgentCatalog,
     /// The worker protocol for external agents.
     pub workers: WorkerConfig,
+    /// Where `/metrics` comes from: the API's own recorder (the default), or
+    /// the process-global one that the engine records into too.
+    pub metrics: metrics::Registry,
 }
 
 impl Config {
     /// Default limits, the built-in agents, and `auth`.
     pub fn new(auth: AuthConfig) -> Self {
-        Config { auth, limits: Limits::default(), agents: AgentCatalog::builtin(), workers: WorkerConfig::default() }
+        Config {
+            auth,
+            limits: Limits::default(),
+            agents: AgentCatalog::builtin(),
+            workers: WorkerConfig::default(),
+            metrics: metrics::Registry::default(),
+        }
     }
 
     /// The agents workflow definitions may name: [`Config::agents`] and the
@@ -226,16 +235,8 @@ impl ApiState {
         config.workers.validate()?;
         let workflows = Workflows::new(store.clone());
         let catalog = config.catalog();
-        let inner = Inner {
-            store,
-            client,
-            clock,
-            config,
-            catalog,
-            workflows,
-            metrics: metrics::Metrics::new(),
-            closing: watch::Sender::new(false),
-        };
+        let metrics = metrics::Metrics::new(&config.metrics);
+        let inner = Inner { store, client, clock, config, catalog, workflows, metrics, closing: watch::Sender::new(false) };
         Ok(ApiState { inner: Arc::new(inner) })
     }
 

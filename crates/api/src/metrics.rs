@@ -12,9 +12,18 @@
 //!   and the age of its oldest ready message, the circuit breakers' states,
 //!   and whether the store answered (`rota_store_up`).
 //!
-//! Deliberately left out (for now): the engine's own metrics (step latency,
-//! retries, recoveries, group-commit batch sizes), which need the engine to
-//! record into a registry it shares with this one.
+//! The engine's own metrics (step latencies, retries, recoveries, agent
+//! calls, dead letters, the SQLite writer's group-commit batch sizes) are
+//! recorded through the `metrics` facade into the process-global recorder,
+//! wherever they happen (other threads, the store's writer thread). A
+//! process that runs the engine and serves the API installs one
+//! Prometheus recorder globally with [`install_global`] and gives its
+//! handle to the API as [`Registry::Global`]: `/metrics` then renders the
+//! engine's metrics and the API's together. The default,
+//! [`Registry::PerState`], keeps the API's own recorder (tests).
+//!
+//! Deliberately left out: an HTTP listener of the exporter's own (the API
+//! serves `/metrics`), and push gateways.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -36,25 +45,92 @@ const HTTP_DURATION_BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
 /// The states a breaker reports (`rota_breaker_state` has one series per state).
 const BREAKER_STATES: [&str; 3] = ["closed", "open", "half_open"];
 
+/// The buckets of every `*_seconds` histogram but the HTTP one, in seconds:
+/// from a fast local step to a slow remote call.
+const DURATION_BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0];
+
+/// The buckets of `rota_sqlite_commit_jobs` (jobs per group commit).
+const BATCH_BUCKETS: &[f64] = &[0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0];
+
+/// Where the API's `/metrics` comes from.
+#[derive(Clone, Default)]
+pub enum Registry {
+    /// A recorder of the API's own, only for the API's metrics: several
+    /// routers in one process (tests) never share or fight over the global
+    /// `metrics` recorder.
+    #[default]
+    PerState,
+    /// The process-global recorder installed by [`install_global`], which
+    /// the engine records into too.
+    Global(PrometheusHandle),
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Registry::PerState => "PerState",
+            Registry::Global(_) => "Global",
+        })
+    }
+}
+
+/// The Prometheus builder with every histogram's buckets.
+fn builder() -> PrometheusBuilder {
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full("rota_http_request_duration_seconds".into()), HTTP_DURATION_BUCKETS)
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Full("rota_sqlite_commit_jobs".into()), BATCH_BUCKETS))
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("_seconds".into()), DURATION_BUCKETS))
+        .expect("the buckets are not empty")
+}
+
+/// The global recorder, once installed by this crate.
+static GLOBAL: std::sync::OnceLock<PrometheusHandle> = std::sync::OnceLock::new();
+
+/// Installs a Prometheus recorder as the process-global `metrics` recorder
+/// (once: later calls return the same handle), and returns the handle
+/// that renders it, for [`Registry::Global`]. Fails when another recorder
+/// was installed first.
+pub fn install_global() -> Result<PrometheusHandle, crate::Error> {
+    let mut failed = None;
+    let handle = GLOBAL.get_or_init(|| {
+        let recorder = builder().build_recorder();
+        let handle = recorder.handle();
+        if let Err(err) = metrics::set_global_recorder(recorder) {
+            failed = Some(err.to_string());
+        }
+        handle
+    });
+    match failed {
+        Some(err) => Err(crate::Error::Config(format!("cannot install the metrics recorder: {err}"))),
+        None => Ok(handle.clone()),
+    }
+}
+
 /// This API's metrics registry.
 #[derive(Clone)]
 pub(crate) struct Metrics {
-    recorder: Arc<PrometheusRecorder>,
+    /// The API's own recorder; `None` records into the global one.
+    recorder: Option<Arc<PrometheusRecorder>>,
     handle: PrometheusHandle,
 }
 
 impl Metrics {
-    pub(crate) fn new() -> Self {
-        let recorder = PrometheusBuilder::new()
-            .set_buckets_for_metric(Matcher::Full("rota_http_request_duration_seconds".into()), HTTP_DURATION_BUCKETS)
-            .expect("the buckets are not empty")
-            .build_recorder();
-        let handle = recorder.handle();
-        Metrics { recorder: Arc::new(recorder), handle }
+    pub(crate) fn new(registry: &Registry) -> Self {
+        match registry {
+            Registry::PerState => {
+                let recorder = builder().build_recorder();
+                let handle = recorder.handle();
+                Metrics { recorder: Some(Arc::new(recorder)), handle }
+            }
+            Registry::Global(handle) => Metrics { recorder: None, handle: handle.clone() },
+        }
     }
 
     fn record<T>(&self, f: impl FnOnce() -> T) -> T {
-        metrics::with_local_recorder(self.recorder.as_ref(), f)
+        match &self.recorder {
+            Some(recorder) => metrics::with_local_recorder(recorder.as_ref(), f),
+            None => f(),
+        }
     }
 }
 

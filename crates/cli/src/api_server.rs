@@ -14,6 +14,10 @@
 //!   the worker protocol, and `ROTA_WORKER_KEY`, the key that signs their
 //!   lease tokens (shared by every API process; random when absent).
 //!
+//! Binding the API installs the process-global metrics recorder
+//! (`rota_api::metrics::install_global`), so that `/metrics` also shows what
+//! the engine roles of the same process record.
+//!
 //! Tokens never reach a log or an error message: errors name the file, the
 //! entry and the field.
 //!
@@ -149,6 +153,9 @@ pub async fn bind(args: &ListenArgs, remote: &RemoteAgentArgs) -> anyhow::Result
     let address = listener.local_addr().with_context(|| format!("--listen {listen}: cannot read the bound address"))?;
     let mut config = rota_api::Config::new(auth);
     config.workers = workers;
+    // One recorder for the whole process, so that `/metrics` shows what the
+    // engine roles (and the store's writer) of this process recorded too.
+    config.metrics = rota_api::metrics::Registry::Global(rota_api::metrics::install_global().context("the metrics recorder")?);
     Ok(Listening { listener, config, address })
 }
 

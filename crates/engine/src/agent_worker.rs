@@ -26,6 +26,7 @@ use rota_store::{Changes, Delivery, Outgoing, SharedStore};
 
 use crate::consumer::{self, Consumer, Handler, Outcome};
 use crate::protocol::{self, InboxMessage, Reply, ReplyOutcome, StepRequest};
+use crate::telemetry;
 use crate::{Result, Shutdown};
 
 /// Settings of the workers of one agent.
@@ -75,7 +76,9 @@ impl AgentWorker {
             return Outcome::Complete;
         }
         let mut rng = StdRng::seed_from_u64(self.request_seed(request));
+        let started = std::time::Instant::now();
         let outcome = rota_agent::run_until_deadline(&*self.agent, &request.call, &request.retry, &*self.clock, &mut rng).await;
+        record_call(self.agent.name(), &outcome, started.elapsed());
         let reply_outcome = match outcome {
             CallOutcome::Succeeded(output) => ReplyOutcome::Succeeded { output },
             CallOutcome::Failed { message, retryable, .. } => ReplyOutcome::Failed { error: message, retryable },
@@ -95,6 +98,20 @@ impl AgentWorker {
         (self.config.seed, request.call.task_id.as_str(), request.call.step.as_str(), request.call.attempt).hash(&mut hasher);
         hasher.finish()
     }
+}
+
+/// Records an agent call's metrics: its outcome and how long it took (in
+/// wall time: a call's latency is about the remote service, whatever the
+/// engine's clock says).
+fn record_call(agent: &str, outcome: &CallOutcome, took: Duration) {
+    let label = match outcome {
+        CallOutcome::Succeeded(_) => "succeeded",
+        CallOutcome::Failed { retryable: false, .. } => "failed",
+        CallOutcome::Failed { retryable: true, .. } => "retryable",
+        CallOutcome::DeadlinePassed { .. } => "deadline_passed",
+    };
+    metrics::counter!(telemetry::AGENT_CALLS, "agent" => agent.to_owned(), "outcome" => label).increment(1);
+    metrics::histogram!(telemetry::AGENT_CALL_DURATION, "agent" => agent.to_owned(), "outcome" => label).record(took.as_secs_f64());
 }
 
 /// Whether a request due by `complete_by` is too late to answer at `now`:

@@ -876,6 +876,9 @@ async fn settle_one(store: Arc<dyn Queues>, queue: QueueName, settlement: Settle
         match result {
             Ok(()) => {
                 done.fetch_add(1, Ordering::Relaxed);
+                if matches!(settlement, Settlement::DeadLetter { .. }) {
+                    metrics::counter!(crate::telemetry::DEAD_LETTERS, "queue" => queue.to_string()).increment(1);
+                }
                 return;
             }
             Err(err) if err.is_lost_race() => {

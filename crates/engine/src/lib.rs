@@ -32,6 +32,7 @@ pub mod protocol;
 pub mod scheduler;
 mod shutdown;
 pub mod supervisor;
+pub mod telemetry;
 pub mod workflows;
 
 pub use agent_worker::AgentWorker;

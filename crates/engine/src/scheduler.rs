@@ -26,6 +26,7 @@ use crate::completions::Completions;
 use crate::consumer::{self, Consumer, Handler, Outcome};
 use crate::plan::{self, Decision, Input};
 use crate::protocol::{self, Doorbell, InboxMessage};
+use crate::telemetry::{self, StepOutcome};
 use crate::workflows::Workflows;
 use crate::{Error, Result, Shutdown};
 
@@ -301,7 +302,9 @@ impl Scheduler {
                 }
                 let ended: Option<(rota_model::TaskId, TaskState)> =
                     changes.tasks.iter().map(|w| &w.task).find(|t| t.state.is_terminal()).map(|t| (t.id.clone(), t.state));
+                let retried: Vec<StepName> = retried_steps(&changes);
                 inner.store.commit(*changes).await?;
+                record_decision(record, &workflow, input, now, &retried, ended.as_ref().map(|(_, state)| *state));
                 if let Some((id, state)) = ended {
                     inner.completions.publish(id, state);
                 }
@@ -324,6 +327,64 @@ impl Scheduler {
             }
         }
         Ok(order)
+    }
+}
+
+/// The steps a decision schedules again after a failure (their
+/// `step_failed` event names a `retry_in_ms`).
+fn retried_steps(changes: &Changes) -> Vec<StepName> {
+    changes
+        .events
+        .iter()
+        .filter(|e| e.kind == EventKind::StepFailed && e.detail.get("retry_in_ms").is_some_and(|v| !v.is_null()))
+        .filter_map(|e| e.step.clone())
+        .collect()
+}
+
+/// Records the metrics of a committed decision: the latency of the attempt
+/// it answered (from the request's commit, the step's last update, to now),
+/// the retries it scheduled and the task's end.
+fn record_decision(
+    record: &TaskRecord,
+    workflow: &rota_workflow::Workflow,
+    input: Input<'_>,
+    now: rota_model::Timestamp,
+    retried: &[StepName],
+    ended: Option<TaskState>,
+) {
+    let workflow_name = record.task.workflow.to_string();
+    let answered = match input {
+        Input::Reply(reply) => {
+            let outcome = match &reply.outcome {
+                protocol::ReplyOutcome::Succeeded { .. } => StepOutcome::Succeeded,
+                protocol::ReplyOutcome::Failed { retryable: true, .. } => StepOutcome::Retryable,
+                protocol::ReplyOutcome::Failed { retryable: false, .. } => StepOutcome::Failed,
+            };
+            Some((&reply.step, reply.compensate, outcome))
+        }
+        Input::StepExpired(step, _) => {
+            let compensate = record.steps.iter().any(|s| &s.name == step && s.state == rota_model::StepState::Compensating);
+            Some((step, compensate, StepOutcome::TimedOut))
+        }
+        Input::Claimed | Input::Retry(_) => None,
+    };
+    if let Some((step, compensate, outcome)) = answered
+        && let (Some(before), Some(def)) = (record.steps.iter().find(|s| &s.name == step), workflow.step(step))
+    {
+        let agent = match (compensate, def.compensate()) {
+            (true, Some(compensation)) => compensation.agent().to_string(),
+            _ => def.agent().to_string(),
+        };
+        let seconds = now.since(before.updated_at).as_secs_f64();
+        metrics::histogram!(telemetry::STEP_DURATION, "workflow" => workflow_name.clone(), "step" => step.to_string(),
+            "agent" => agent, "outcome" => outcome.label(compensate))
+        .record(seconds);
+    }
+    for step in retried {
+        metrics::counter!(telemetry::STEP_RETRIES, "workflow" => workflow_name.clone(), "step" => step.to_string()).increment(1);
+    }
+    if let Some(state) = ended {
+        metrics::counter!(telemetry::TASKS_FINISHED, "workflow" => workflow_name, "state" => state.as_str()).increment(1);
     }
 }
 

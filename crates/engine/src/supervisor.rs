@@ -27,6 +27,7 @@ use serde_json::json;
 
 use crate::completions::Completions;
 use crate::protocol::{self, Doorbell, InboxMessage};
+use crate::telemetry;
 use crate::workflows::Workflows;
 use crate::{Error, Result, Shutdown};
 
@@ -93,6 +94,23 @@ pub struct Round {
     pub steps_settled: u32,
 }
 
+impl Round {
+    /// Adds the round's recoveries to [`telemetry::SUPERVISOR_RECOVERIES`].
+    fn record(&self) {
+        let kinds = [
+            ("task_reset", self.tasks_reset),
+            ("task_ended", self.tasks_ended),
+            ("step_reported", self.steps_reported),
+            ("step_settled", self.steps_settled),
+        ];
+        for (kind, count) in kinds {
+            if count > 0 {
+                metrics::counter!(telemetry::SUPERVISOR_RECOVERIES, "kind" => kind).increment(u64::from(count));
+            }
+        }
+    }
+}
+
 /// The Supervisor.
 pub struct Supervisor {
     store: SharedStore,
@@ -150,6 +168,7 @@ impl Supervisor {
                 Err(err) => tracing::warn!("recovering an expired record: {err}"),
             }
         }
+        round.record();
         Ok(round)
     }
 
@@ -192,6 +211,7 @@ impl Supervisor {
         changes.tasks.push(TaskWrite::replacing(task, next));
         self.store.commit(changes).await?;
         if let Some(state) = ended {
+            metrics::counter!(telemetry::TASKS_FINISHED, "workflow" => task.workflow.to_string(), "state" => state.as_str()).increment(1);
             self.completions.publish(task.id.clone(), state);
         }
         Ok(())

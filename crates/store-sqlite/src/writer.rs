@@ -15,6 +15,9 @@
 //! appears without passing through this writer (another process writing
 //! the same file, a delay or lease running out) is found by a poll every
 //! `poll_interval` while receivers are parked.
+//!
+//! Each commit is also counted through the `metrics` facade
+//! ([`COMMITS_METRIC`], [`COMMIT_JOBS_METRIC`]: the group-commit batch sizes).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -86,6 +89,14 @@ impl CommitStats {
         }
     }
 }
+
+/// Counter: group commits (transactions committed by the writer), through
+/// the `metrics` facade (a no-op unless the process installed a recorder).
+const COMMITS_METRIC: &str = "rota_sqlite_commits_total";
+/// Histogram: the jobs (callers' writes) that shared one group commit.
+const COMMIT_JOBS_METRIC: &str = "rota_sqlite_commit_jobs";
+/// Counter: group commits that failed (every job in them failed too).
+const COMMIT_FAILURES_METRIC: &str = "rota_sqlite_commit_failures_total";
 
 pub(crate) struct WriterConfig {
     pub batch_ops_max: usize,
@@ -234,7 +245,10 @@ impl Writer {
         let failure = outcome.err().map(|e| e.to_string());
         if failure.is_none() {
             self.stats.commits.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!(COMMITS_METRIC).increment(1);
+            metrics::histogram!(COMMIT_JOBS_METRIC).record(settles.len() as f64);
         } else {
+            metrics::counter!(COMMIT_FAILURES_METRIC).increment(1);
             tracing::error!("sqlite group commit failed: {}", failure.as_deref().unwrap_or_default());
         }
         for settle in settles {

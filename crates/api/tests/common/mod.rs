@@ -36,12 +36,21 @@ pub struct Options {
     pub workers: WorkerConfig,
     /// Workflows registered besides `quick`, `slow` and `broken`.
     pub workflows: Vec<Workflow>,
+    /// Where `/metrics` comes from (the API's own recorder by default).
+    pub metrics: rota_api::metrics::Registry,
 }
 
 impl Default for Options {
     fn default() -> Self {
         let limits = Limits { events_poll_interval: Duration::from_millis(20), ..Limits::default() };
-        Options { auth: AuthConfig::Disabled, limits, engine: true, workers: WorkerConfig::default(), workflows: Vec::new() }
+        Options {
+            auth: AuthConfig::Disabled,
+            limits,
+            engine: true,
+            workers: WorkerConfig::default(),
+            workflows: Vec::new(),
+            metrics: rota_api::metrics::Registry::default(),
+        }
     }
 }
 
@@ -118,7 +127,7 @@ pub async fn start(options: Options) -> Server {
     } else {
         Client::new(store.clone(), clock.clone(), Workflows::new(store.clone()), None)
     };
-    let config = Config { limits: options.limits, workers: options.workers, ..Config::new(options.auth) };
+    let config = Config { limits: options.limits, workers: options.workers, metrics: options.metrics, ..Config::new(options.auth) };
     let state = ApiState::new(store.clone(), client, clock, config).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());

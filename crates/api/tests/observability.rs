@@ -1,0 +1,129 @@
+//! The engine's metrics on the API's `/metrics` (one process-global
+//! recorder shared by the engine, the store's writer and the API), and the
+//! trace context carried from a submit through the Scheduler to the agent.
+//!
+//! Both install process-global things (the `metrics` recorder, the
+//! `tracing` subscriber), once per test process; each test only looks at
+//! the series and spans of its own tasks.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Options, WAIT_MAX, start};
+use reqwest::StatusCode;
+use rota_api::metrics::Registry;
+use rota_model::QueueName;
+use rota_store::Outgoing;
+use rota_workflow::{AgentCatalog, StepDef, Workflow};
+use serde_json::json;
+
+/// The value of the sample of `name` whose labels include `labels`.
+fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines().filter(|line| !line.starts_with('#')).find_map(|line| {
+        let (series, value) = line.rsplit_once(' ')?;
+        let (metric, rest) = series.split_once('{').unwrap_or((series, ""));
+        let all = labels.iter().all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")));
+        (metric == name && all).then(|| value.parse().unwrap())
+    })
+}
+
+/// A named check of the `/metrics` text.
+type Check = Box<dyn Fn(&str) -> bool>;
+
+/// One step that outlives its timeout every time: the Supervisor reports
+/// each attempt, the Scheduler retries once, then the task ends in error.
+fn stuck() -> Workflow {
+    Workflow::builder("stuck", 1)
+        .step(StepDef::new("hang", "delay").with_input(json!({ "ms": 60_000 })).timeout(Duration::from_millis(300)))
+        .max_failures(2)
+        .build(&AgentCatalog::builtin())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_engines_metrics_show_on_the_apis_metrics_after_tasks_run() {
+    let handle = rota_api::metrics::install_global().unwrap();
+    let server = start(Options { metrics: Registry::Global(handle), workflows: vec![stuck()], ..Options::default() }).await;
+    server.submit("quick", "obs-quick").await;
+    server.submit("broken", "obs-broken").await;
+    server.submit("stuck", "obs-stuck").await;
+    assert_eq!(server.wait_terminal("obs-quick").await["state"], "processed");
+    assert_eq!(server.wait_terminal("obs-broken").await["state"], "error");
+    assert_eq!(server.wait_terminal("obs-stuck").await["state"], "error");
+    // A poison message in an agent's queue is dead-lettered by its worker.
+    let queue = QueueName::new("agent.delay").unwrap();
+    server.store.send(&queue, Outgoing::json(&json!({ "not": "a step request" })).unwrap()).await.unwrap();
+
+    let step = |workflow: &'static str, step: &'static str, outcome: &'static str| {
+        move |text: &str| {
+            let labels = [("workflow", workflow), ("step", step), ("agent", "delay"), ("outcome", outcome)];
+            sample(text, "rota_step_duration_seconds_count", &labels).is_some_and(|n| n >= 1.0)
+                && sample(text, "rota_step_duration_seconds_bucket", &[labels[0], labels[1], ("le", "+Inf")]).is_some()
+        }
+    };
+    let expected: Vec<(&str, Check)> = vec![
+        ("quick's steps succeeded", Box::new(step("quick", "first", "succeeded"))),
+        ("broken's step failed", Box::new(step("broken", "only", "failed"))),
+        ("stuck's step timed out", Box::new(step("stuck", "hang", "timed_out"))),
+        (
+            "the retry of stuck's step",
+            Box::new(|text| sample(text, "rota_step_retries_total", &[("workflow", "stuck"), ("step", "hang")]).is_some_and(|n| n >= 1.0)),
+        ),
+        (
+            "finished tasks",
+            Box::new(|text| {
+                sample(text, "rota_tasks_finished_total", &[("workflow", "quick"), ("state", "processed")]) == Some(1.0)
+                    && sample(text, "rota_tasks_finished_total", &[("workflow", "stuck"), ("state", "error")]) == Some(1.0)
+            }),
+        ),
+        (
+            "the Supervisor's reports of timed-out steps",
+            Box::new(|text| sample(text, "rota_supervisor_recoveries_total", &[("kind", "step_reported")]).is_some_and(|n| n >= 2.0)),
+        ),
+        (
+            "agent calls",
+            Box::new(|text| {
+                sample(text, "rota_agent_calls_total", &[("agent", "delay"), ("outcome", "succeeded")]).is_some_and(|n| n >= 2.0)
+                    && sample(text, "rota_agent_calls_total", &[("agent", "delay"), ("outcome", "failed")]).is_some_and(|n| n >= 1.0)
+                    && sample(text, "rota_agent_calls_total", &[("agent", "delay"), ("outcome", "deadline_passed")])
+                        .is_some_and(|n| n >= 1.0)
+                    && sample(text, "rota_agent_call_duration_seconds_bucket", &[("agent", "delay"), ("le", "+Inf")]).is_some()
+            }),
+        ),
+        (
+            "the dead letter",
+            Box::new(|text| sample(text, "rota_dead_letters_total", &[("queue", "agent.delay")]).is_some_and(|n| n >= 1.0)),
+        ),
+        (
+            "the SQLite writer's group commits",
+            Box::new(|text| {
+                sample(text, "rota_sqlite_commits_total", &[]).is_some_and(|n| n >= 1.0)
+                    && sample(text, "rota_sqlite_commit_jobs_bucket", &[("le", "+Inf")]).is_some_and(|n| n >= 1.0)
+            }),
+        ),
+        (
+            "the API's own metrics beside them",
+            Box::new(|text| {
+                sample(text, "rota_http_requests_total", &[("route", "/v1/tasks"), ("method", "POST"), ("status", "201")]) == Some(3.0)
+                    && sample(text, "rota_tasks", &[("state", "processed")]) == Some(1.0)
+            }),
+        ),
+    ];
+    // Some series are recorded just after the state a test can see (an
+    // agent call returns after its reply committed): look until all show.
+    let started = std::time::Instant::now();
+    loop {
+        let reply = server.get("/metrics").await;
+        assert_eq!(reply.status, StatusCode::OK);
+        let missing: Vec<&str> = expected.iter().filter(|(_, present)| !present(&reply.text)).map(|(what, _)| *what).collect();
+        if missing.is_empty() {
+            for line in reply.text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+                assert!(line.starts_with("rota_"), "every name is prefixed: {line}");
+            }
+            break;
+        }
+        assert!(started.elapsed() < WAIT_MAX, "missing from /metrics: {missing:?}\n{}", reply.text);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
