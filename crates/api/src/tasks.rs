@@ -5,11 +5,12 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use rota_engine::Submission;
 use rota_model::{InstanceId, StepName, TaskId, TaskState, WorkflowName};
 use rota_store::{TaskFilter, TaskRecord};
 use serde_json::json;
+use tracing::Instrument;
 
 use crate::ApiState;
 use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody};
@@ -56,7 +57,22 @@ async fn required(state: &ApiState, request: &str, id: &TaskId) -> ApiResult<Tas
     ),
     security(("bearer" = []))
 )]
-pub async fn submit(State(state): State<ApiState>, ApiJson(request): ApiJson<SubmitRequest>) -> ApiResult<(StatusCode, Json<TaskView>)> {
+///
+/// A W3C `traceparent` header makes the submit (and the task's trace: its
+/// Scheduler decisions and agent calls) part of the caller's trace, when
+/// the server exports traces.
+pub async fn submit(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    ApiJson(request): ApiJson<SubmitRequest>,
+) -> ApiResult<(StatusCode, Json<TaskView>)> {
+    let span = tracing::debug_span!("rota.http.submit", workflow = %request.workflow);
+    let traceparent = headers.get("traceparent").and_then(|value| value.to_str().ok());
+    rota_engine::telemetry::set_parent(&span, traceparent);
+    submit_traced(state, request).instrument(span).await
+}
+
+async fn submit_traced(state: ApiState, request: SubmitRequest) -> ApiResult<(StatusCode, Json<TaskView>)> {
     let workflow = WorkflowName::new(request.workflow).map_err(|err| ApiError::invalid_body(format!("workflow: {err}")))?;
     if request.version == Some(0) {
         return Err(ApiError::invalid_body("version: must be at least 1"));

@@ -127,3 +127,103 @@ async fn the_engines_metrics_show_on_the_apis_metrics_after_tasks_run() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The spans every test in this process records: an OpenTelemetry layer
+/// over an in-memory exporter, installed once as the global subscriber (the
+/// engine's futures run on every runtime thread).
+fn spans() -> &'static opentelemetry_sdk::trace::InMemorySpanExporter {
+    use opentelemetry::trace::TracerProvider as _;
+    use tracing_subscriber::layer::SubscriberExt;
+    static EXPORTER: std::sync::OnceLock<opentelemetry_sdk::trace::InMemorySpanExporter> = std::sync::OnceLock::new();
+    EXPORTER.get_or_init(|| {
+        let exporter = opentelemetry_sdk::trace::InMemorySpanExporter::default();
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().with_simple_exporter(exporter.clone()).build();
+        let subscriber = tracing_subscriber::registry().with(tracing_opentelemetry::layer().with_tracer(provider.tracer("rota-test")));
+        tracing::subscriber::set_global_default(subscriber).expect("no other subscriber in this test process");
+        exporter
+    })
+}
+
+/// A finished span, as the test needs it.
+#[derive(Debug, Clone)]
+struct Span {
+    name: String,
+    trace_id: String,
+    span_id: String,
+    parent_span_id: String,
+    task_id: Option<String>,
+}
+
+fn finished_spans() -> Vec<Span> {
+    spans()
+        .get_finished_spans()
+        .unwrap()
+        .into_iter()
+        .map(|span| Span {
+            name: span.name.to_string(),
+            trace_id: span.span_context.trace_id().to_string(),
+            span_id: span.span_context.span_id().to_string(),
+            parent_span_id: span.parent_span_id.to_string(),
+            task_id: span.attributes.iter().find(|kv| kv.key.as_str() == "task_id").map(|kv| kv.value.as_str().into_owned()),
+        })
+        .collect()
+}
+
+/// Waits until the spans of task `id` include `calls` agent calls and as
+/// many handled replies (the last decision's span ends just after the task
+/// shows as finished), and returns them.
+async fn spans_of(id: &str, calls: usize) -> Vec<Span> {
+    let started = std::time::Instant::now();
+    loop {
+        let spans: Vec<Span> = finished_spans().into_iter().filter(|s| s.task_id.as_deref() == Some(id)).collect();
+        let count = |name: &str| spans.iter().filter(|s| s.name == name).count();
+        if count("rota.agent.call") >= calls && count("rota.scheduler.handle") >= calls {
+            return spans;
+        }
+        assert!(started.elapsed() < WAIT_MAX, "the spans of task {id} did not all end: {spans:#?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_trace_runs_from_the_submit_through_the_scheduler_to_the_agent_calls() {
+    spans();
+    let server = start(Options::default()).await;
+
+    // A caller's trace context is continued.
+    let (trace_id, caller_span) = ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331");
+    let request = server
+        .request(reqwest::Method::POST, "/v1/tasks")
+        .header("traceparent", format!("00-{trace_id}-{caller_span}-01"))
+        .json(&json!({ "workflow": "quick", "id": "traced-1" }));
+    assert_eq!(server.send(request).await.status, StatusCode::CREATED);
+    assert_eq!(server.wait_terminal("traced-1").await["state"], "processed");
+    let spans = spans_of("traced-1", 2).await;
+    for name in ["rota.submit", "rota.scheduler.start", "rota.scheduler.handle", "rota.agent.call"] {
+        assert!(spans.iter().any(|s| s.name == name), "no {name} span: {spans:#?}");
+    }
+    for span in &spans {
+        assert_eq!(span.trace_id, trace_id, "every span of the task is in the caller's trace: {spans:#?}");
+    }
+    let http = finished_spans().into_iter().find(|s| s.name == "rota.http.submit" && s.trace_id == trace_id).expect("the HTTP span");
+    assert_eq!(http.parent_span_id, caller_span, "the submit is a child of the caller's span");
+    // Each agent call is the child of the Scheduler decision that sent its
+    // request, and each reply's handling the child of the call it answers.
+    let ids = |prefix: &str| spans.iter().filter(|s| s.name.starts_with(prefix)).map(|s| s.span_id.clone()).collect::<Vec<_>>();
+    let (decisions, calls) = (ids("rota.scheduler."), ids("rota.agent.call"));
+    for span in &spans {
+        match span.name.as_str() {
+            "rota.agent.call" => assert!(decisions.contains(&span.parent_span_id), "{span:#?} in {spans:#?}"),
+            "rota.scheduler.handle" => assert!(calls.contains(&span.parent_span_id), "{span:#?} in {spans:#?}"),
+            _ => {}
+        }
+    }
+
+    // Without a caller's context, the submit starts the task's own trace.
+    server.submit("quick", "traced-2").await;
+    server.wait_terminal("traced-2").await;
+    let spans = spans_of("traced-2", 2).await;
+    let submit = spans.iter().find(|s| s.name == "rota.submit").expect("the submit span");
+    assert!(spans.iter().all(|s| s.trace_id == submit.trace_id), "one trace: {spans:#?}");
+    assert_ne!(submit.trace_id, trace_id);
+}

@@ -25,9 +25,10 @@ use rota_model::{Clock, InstanceId, LeaseToken, QueueName, StepName, TaskId, Tim
 use rota_store::{Changes, Delivery, Outgoing, SharedStore};
 
 use crate::consumer::{self, Consumer, Handler, Outcome};
-use crate::protocol::{self, InboxMessage, Reply, ReplyOutcome, StepRequest};
+use crate::protocol::{self, InboxEnvelope, InboxMessage, Reply, ReplyOutcome, StepRequest};
 use crate::telemetry;
 use crate::{Result, Shutdown};
+use tracing::Instrument;
 
 /// Settings of the workers of one agent.
 #[derive(Debug, Clone)]
@@ -156,13 +157,15 @@ impl ReplyAddress {
 /// `outcome`, sent to the Scheduler's inbox keyed by the task, and the
 /// completion of the request message (leased from `queue` with `lease`).
 pub fn reply_changes(queue: &QueueName, lease: LeaseToken, address: &ReplyAddress, outcome: ReplyOutcome) -> Changes {
-    let reply = InboxMessage::Reply(Reply {
+    // The reply carries the trace context of the span it is sent from (the
+    // agent call's, for the built-in agents).
+    let reply = InboxEnvelope::traced(InboxMessage::Reply(Reply {
         task_id: address.task_id.clone(),
         step: address.step.clone(),
         attempt: address.attempt,
         compensate: address.compensate,
         outcome,
-    });
+    }));
     let message = Outgoing::json(&reply).expect("replies serialize").with_ordering_key(address.task_id.as_str());
     Changes { send: vec![(address.reply_to.clone(), message)], complete: vec![(queue.clone(), lease)], ..Changes::default() }
 }
@@ -189,7 +192,13 @@ pub async fn commit_reply(
 impl Handler for AgentWorker {
     async fn handle(&self, delivery: &Delivery) -> Outcome {
         match serde_json::from_str::<StepRequest>(delivery.body.get()) {
-            Ok(request) => self.serve(&request, delivery).await,
+            Ok(request) => {
+                let call = &request.call;
+                let span = tracing::debug_span!("rota.agent.call", agent = self.agent.name(), task_id = %call.task_id,
+                    step = %call.step, attempt = call.attempt, compensate = call.compensate);
+                telemetry::set_parent(&span, request.traceparent.as_deref());
+                self.serve(&request, delivery).instrument(span).await
+            }
             Err(err) => Outcome::DeadLetter { reason: format!("not a step request: {err}") },
         }
     }

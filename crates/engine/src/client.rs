@@ -11,8 +11,10 @@ use serde_json::{Value, json};
 
 use crate::completions::Completions;
 use crate::protocol::{self, Doorbell};
+use crate::telemetry;
 use crate::workflows::Workflows;
 use crate::{Error, Result};
+use tracing::Instrument;
 
 /// How often an operator's change that lost a race is tried again.
 const OPERATOR_TRIES_MAX: u32 = 5;
@@ -80,14 +82,24 @@ impl Client {
     /// Creates a task with its steps, its `received` event and the doorbell
     /// that wakes a Scheduler, in one transaction. Submitting an id that
     /// exists creates nothing and says so.
+    ///
+    /// Runs in a `rota.submit` span, the root of the task's trace (or a
+    /// child of the caller's span): its trace context goes with the
+    /// doorbell and the `received` event to the Scheduler that claims it.
     pub async fn submit(&self, submission: Submission) -> Result<Submitted> {
-        let new = self.prepare(submission).await?;
-        let (id, version) = (new.task.id.clone(), new.task.workflow_version);
-        match self.store.create_task(new).await? {
-            Created::New => Ok(Submitted { id, created: true, version }),
-            // The existing task keeps the version it started with.
-            Created::Existing(existing) => Ok(Submitted { id, created: false, version: existing.task.workflow_version }),
+        let span = tracing::debug_span!("rota.submit", task_id = tracing::field::Empty, workflow = %submission.workflow);
+        async move {
+            let new = self.prepare(submission).await?;
+            let (id, version) = (new.task.id.clone(), new.task.workflow_version);
+            tracing::Span::current().record("task_id", id.as_str());
+            match self.store.create_task(new).await? {
+                Created::New => Ok(Submitted { id, created: true, version }),
+                // The existing task keeps the version it started with.
+                Created::Existing(existing) => Ok(Submitted { id, created: false, version: existing.task.workflow_version }),
+            }
         }
+        .instrument(span)
+        .await
     }
 
     /// Everything [`Client::submit`] would create, without creating it: for
@@ -106,7 +118,12 @@ impl Client {
         task.reply_to = submission.reply_to;
         let steps: Vec<Step> =
             workflow.steps().iter().enumerate().map(|(i, def)| Step::new(id.clone(), def.name().clone(), i as u32, now)).collect();
-        let received = Event::task(&id, now, EventKind::Received, json!({ "workflow": workflow.name(), "version": workflow.version() }));
+        let mut detail = json!({ "workflow": workflow.name(), "version": workflow.version() });
+        // Kept for a Scheduler that claims the task without its doorbell.
+        if let Some(traceparent) = telemetry::current_traceparent() {
+            detail["traceparent"] = Value::String(traceparent);
+        }
+        let received = Event::task(&id, now, EventKind::Received, detail);
         Ok(NewTask { task, steps, messages: vec![doorbell(&id)], events: vec![received] })
     }
 
@@ -268,5 +285,5 @@ impl Client {
 }
 
 fn doorbell(id: &TaskId) -> (rota_model::QueueName, Outgoing) {
-    (protocol::tasks_queue(), Outgoing::json(&Doorbell { task_id: id.clone() }).expect("doorbells serialize"))
+    (protocol::tasks_queue(), Outgoing::json(&Doorbell::new(id.clone())).expect("doorbells serialize"))
 }

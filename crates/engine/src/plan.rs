@@ -31,7 +31,7 @@ use rota_store::{Changes, Event, EventKind, Outgoing, StepWrite, TaskRecord, Tas
 use rota_workflow::{TemplateContext, Workflow};
 use serde_json::{Value, json};
 
-use crate::protocol::{self, Doorbell, InboxMessage, Reply, ReplyOutcome, StepRequest};
+use crate::protocol::{self, Doorbell, InboxEnvelope, InboxMessage, Reply, ReplyOutcome, StepRequest};
 
 /// What the Scheduler knows when it decides.
 pub struct Context<'a> {
@@ -45,6 +45,8 @@ pub struct Context<'a> {
     pub now: Timestamp,
     /// The backoff between recoveries of a step (Supervisor-level retries).
     pub recovery: &'a RetryPolicy,
+    /// The trace context of the decision, carried by the messages it sends.
+    pub traceparent: Option<&'a str>,
 }
 
 /// What happened that needs a decision.
@@ -471,6 +473,7 @@ impl<'a> Draft<'a> {
             },
             retry,
             reply_to: self.cx.inbox.clone(),
+            traceparent: self.cx.traceparent.map(str::to_owned),
         };
         // No message id (duplicate detection) is needed: the request is sent
         // by the commit that records the attempt, which happens once.
@@ -480,12 +483,14 @@ impl<'a> Draft<'a> {
 
     fn send_retry(&mut self, name: &StepName, after: Duration) {
         let message = InboxMessage::Retry { task_id: self.task.id.clone(), step: name.clone() };
-        let outgoing = Outgoing::json(&message).expect("inbox messages serialize").with_delay(after);
+        let envelope = InboxEnvelope { message, traceparent: self.cx.traceparent.map(str::to_owned) };
+        let outgoing = Outgoing::json(&envelope).expect("inbox messages serialize").with_delay(after);
         self.changes.send.push((self.cx.inbox.clone(), outgoing));
     }
 
     fn send_doorbell(&mut self, after: Duration) {
-        let outgoing = Outgoing::json(&Doorbell { task_id: self.task.id.clone() }).expect("doorbells serialize").with_delay(after);
+        let doorbell = Doorbell { task_id: self.task.id.clone(), traceparent: self.cx.traceparent.map(str::to_owned) };
+        let outgoing = Outgoing::json(&doorbell).expect("doorbells serialize").with_delay(after);
         self.changes.send.push((protocol::tasks_queue(), outgoing));
     }
 

@@ -13,6 +13,12 @@
 //! Delayed messages (Retry) carry no key: a delayed message at the head of a
 //! key would hold back every reply behind it. Their races are settled by the
 //! store's compare-and-set instead.
+//!
+//! Every message may carry the W3C trace context of the span that sent it
+//! (`traceparent`, see [`crate::telemetry`]): a doorbell the submit's, a
+//! request the Scheduler decision's, a reply the agent call's. The field is
+//! optional and left out when tracing is off, so messages written before it
+//! existed, or by a process that does not trace, read the same.
 
 use rota_agent::Request;
 use rota_model::{InstanceId, MessageId, QueueName, RetryPolicy, StepName, TaskId, Timestamp, WorkflowName};
@@ -55,6 +61,16 @@ pub(crate) fn message_id(parts: std::fmt::Arguments<'_>) -> Option<MessageId> {
 pub struct Doorbell {
     /// The task that became claimable.
     pub task_id: TaskId,
+    /// The trace context of the span that rang it (the submit's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+}
+
+impl Doorbell {
+    /// A doorbell for `task_id`, carrying the current span's trace context.
+    pub fn new(task_id: TaskId) -> Self {
+        Doorbell { task_id, traceparent: crate::telemetry::current_traceparent() }
+    }
 }
 
 /// A request from the Scheduler to an Agent: run one attempt of one step
@@ -68,6 +84,9 @@ pub struct StepRequest {
     pub retry: RetryPolicy,
     /// Where to send the reply.
     pub reply_to: QueueName,
+    /// The trace context of the Scheduler decision that sent it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 impl StepRequest {
@@ -135,6 +154,28 @@ pub enum InboxMessage {
     },
 }
 
+/// An [`InboxMessage`] as sent: the message and, beside its fields, the
+/// trace context of the span that sent it. Kept out of the message itself
+/// so that the message's shape (matched on by the Scheduler and the
+/// simulation) does not change; a message sent without it parses as an
+/// envelope without a trace context.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InboxEnvelope {
+    /// The message.
+    #[serde(flatten)]
+    pub message: InboxMessage,
+    /// The trace context of the span that sent it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+}
+
+impl InboxEnvelope {
+    /// `message` with the current span's trace context.
+    pub fn traced(message: InboxMessage) -> Self {
+        InboxEnvelope { message, traceparent: crate::telemetry::current_traceparent() }
+    }
+}
+
 impl InboxMessage {
     /// The task the message is about.
     pub fn task_id(&self) -> &TaskId {
@@ -148,4 +189,51 @@ impl InboxMessage {
 /// The workflow a request belongs to, for logs and agents.
 pub fn workflow_label(name: &WorkflowName, version: u32) -> String {
     format!("{name}@{version}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn messages_without_a_trace_context_still_parse_and_none_is_left_out() {
+        let doorbell: Doorbell = serde_json::from_str(r#"{"task_id":"t-1"}"#).unwrap();
+        assert_eq!(doorbell, Doorbell { task_id: TaskId::new("t-1").unwrap(), traceparent: None });
+        assert_eq!(serde_json::to_string(&doorbell).unwrap(), r#"{"task_id":"t-1"}"#, "the same bytes as before");
+        let traced: Doorbell = serde_json::from_str(&format!(r#"{{"task_id":"t-1","traceparent":"{TRACEPARENT}"}}"#)).unwrap();
+        assert_eq!(traced.traceparent.as_deref(), Some(TRACEPARENT));
+
+        let old_request = r#"{"task_id":"t-1","workflow":"w@1","step":"s","attempt":1,"compensate":false,"input":{},
+            "idempotency_key":"t-1/s","complete_by":1000,"reply_to":"rota.inbox.a",
+            "retry":{"attempts_max":3,"backoff_initial_ms":100,"backoff_max_ms":1000,"multiplier":2.0,"jitter":0.5}}"#;
+        let request: StepRequest = serde_json::from_str(old_request).unwrap();
+        assert_eq!(request.traceparent, None);
+        assert!(!serde_json::to_string(&request).unwrap().contains("traceparent"));
+        let traced = StepRequest { traceparent: Some(TRACEPARENT.into()), ..request };
+        let text = serde_json::to_string(&traced).unwrap();
+        assert_eq!(serde_json::from_str::<StepRequest>(&text).unwrap(), traced);
+
+        let reply = InboxMessage::Reply(Reply {
+            task_id: TaskId::new("t-1").unwrap(),
+            step: StepName::new("s").unwrap(),
+            attempt: 2,
+            compensate: false,
+            outcome: ReplyOutcome::Failed { error: "boom".into(), retryable: true },
+        });
+        let retry = InboxMessage::Retry { task_id: TaskId::new("t-1").unwrap(), step: StepName::new("s").unwrap() };
+        for message in [reply, retry] {
+            // As sent before the envelope existed (and by the Supervisor now).
+            let old = serde_json::to_string(&message).unwrap();
+            let envelope: InboxEnvelope = serde_json::from_str(&old).unwrap();
+            assert_eq!(envelope, InboxEnvelope { message: message.clone(), traceparent: None });
+            assert_eq!(serde_json::to_string(&envelope).unwrap(), old, "an envelope without a context is the message itself");
+            // A traced envelope still reads as the bare message.
+            let traced = InboxEnvelope { message: message.clone(), traceparent: Some(TRACEPARENT.into()) };
+            let text = serde_json::to_string(&traced).unwrap();
+            assert_eq!(serde_json::from_str::<InboxMessage>(&text).unwrap(), message);
+            assert_eq!(serde_json::from_str::<InboxEnvelope>(&text).unwrap(), traced);
+        }
+    }
 }

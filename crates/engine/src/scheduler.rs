@@ -11,21 +11,23 @@
 //! Scheduler, which re-sends only the steps that were in flight (completed
 //! steps never run again).
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
-use rota_model::{Clock, InstanceId, QueueName, RetryPolicy, StepName, TaskState};
+use rota_model::{Clock, InstanceId, QueueName, RetryPolicy, StepName, TaskId, TaskState};
 use rota_store::{Changes, Delivery, Event, EventKind, Outgoing, Receive, SharedStore, TaskFilter, TaskRecord, TaskWrite};
 use serde_json::json;
 use tokio::task::JoinSet;
+use tracing::Instrument;
 
 use crate::completions::Completions;
 use crate::consumer::{self, Consumer, Handler, Outcome};
 use crate::plan::{self, Decision, Input};
-use crate::protocol::{self, Doorbell, InboxMessage};
+use crate::protocol::{self, Doorbell, InboxEnvelope, InboxMessage};
 use crate::telemetry::{self, StepOutcome};
 use crate::workflows::Workflows;
 use crate::{Error, Result, Shutdown};
@@ -165,8 +167,13 @@ impl Scheduler {
                 rung = self.inner.store.receive(&doorbells, request) => rung,
                 () = shutdown.triggered() => break,
             };
+            let mut traces = HashMap::new();
             match rung {
                 Ok(rung) if !rung.is_empty() => {
+                    // Read only when the starts' spans are wanted: tracing on.
+                    if tracing::span_enabled!(tracing::Level::DEBUG) {
+                        traces = doorbell_traces(&rung);
+                    }
                     // Doorbells only wake; the claim below finds the work, and the
                     // fallback claim finds it too if a doorbell is lost. So their
                     // completion need not delay the claim: it commits alongside.
@@ -185,7 +192,7 @@ impl Scheduler {
                 }
             }
             loop {
-                match self.claim_once().await {
+                match self.claim_traced(&traces).await {
                     Ok(claimed) if claimed == self.inner.config.claim_batch as usize => continue,
                     Ok(_) => break,
                     Err(err) => {
@@ -201,21 +208,43 @@ impl Scheduler {
     /// Claims up to a batch of claimable tasks and starts each. Returns how
     /// many were claimed.
     pub async fn claim_once(&self) -> Result<usize> {
+        self.claim_traced(&HashMap::new()).await
+    }
+
+    /// [`Scheduler::claim_once`], each start in a `rota.scheduler.start`
+    /// span continuing the trace of its task's doorbell in `traces` (or,
+    /// when tracing is on, of its `received` event).
+    async fn claim_traced(&self, traces: &HashMap<TaskId, String>) -> Result<usize> {
         let inner = &self.inner;
         let claimed = inner.store.claim_tasks(&inner.config.instance, inner.config.claim_lease, inner.config.claim_batch).await?;
         let count = claimed.len();
         let mut starts = JoinSet::new();
         for task in claimed {
             let scheduler = self.clone();
+            let traceparent = traces.get(&task.id).cloned();
             starts.spawn(async move {
                 let id = task.id.clone();
-                if let Err(err) = scheduler.start(&id).await {
+                let span = tracing::debug_span!("rota.scheduler.start", task_id = %id, workflow = %task.workflow);
+                let traceparent = match traceparent {
+                    Some(traceparent) => Some(traceparent),
+                    None if !span.is_disabled() => scheduler.received_traceparent(&id).await,
+                    None => None,
+                };
+                telemetry::set_parent(&span, traceparent.as_deref());
+                if let Err(err) = scheduler.start(&id).instrument(span).await {
                     tracing::warn!("starting task {id}: {err}");
                 }
             });
         }
         while starts.join_next().await.is_some() {}
         Ok(count)
+    }
+
+    /// The trace context the task's submit left in its `received` event.
+    async fn received_traceparent(&self, id: &TaskId) -> Option<String> {
+        let history = self.inner.store.history(id).await.ok()?;
+        let received = history.iter().find(|e| e.kind == EventKind::Received)?;
+        received.detail.get("traceparent")?.as_str().map(str::to_owned)
     }
 
     /// Gives back every task this instance holds, at once claimable by
@@ -233,9 +262,7 @@ impl Scheduler {
             let Ok(next) = task.release(fence, now) else { continue };
             let mut changes = Changes::default();
             changes.events.push(Event::task(&task.id, now, EventKind::Released, json!({ "by": inner.config.instance.as_str() })));
-            changes
-                .send
-                .push((protocol::tasks_queue(), Outgoing::json(&Doorbell { task_id: task.id.clone() }).expect("doorbells serialize")));
+            changes.send.push((protocol::tasks_queue(), Outgoing::json(&Doorbell::new(task.id.clone())).expect("doorbells serialize")));
             changes.tasks.push(TaskWrite::replacing(&task, next));
             match inner.store.commit(changes).await {
                 Ok(()) => released += 1,
@@ -288,8 +315,15 @@ impl Scheduler {
         let workflow = inner.workflows.get(&record.task.workflow, Some(record.task.workflow_version)).await?;
         let order = if record.task.state == TaskState::Compensating { self.completion_order(record).await? } else { Vec::new() };
         let now = inner.clock.now();
-        let cx =
-            plan::Context { workflow: &workflow, me: &inner.config.instance, inbox: &inner.inbox, now, recovery: &inner.config.recovery };
+        let traceparent = telemetry::current_traceparent();
+        let cx = plan::Context {
+            workflow: &workflow,
+            me: &inner.config.instance,
+            inbox: &inner.inbox,
+            now,
+            recovery: &inner.config.recovery,
+            traceparent: traceparent.as_deref(),
+        };
         let decision = {
             let mut rng = inner.rng.lock().expect("scheduler rng");
             plan::decide(record, &order, input, &cx, &mut *rng)
@@ -328,6 +362,14 @@ impl Scheduler {
         }
         Ok(order)
     }
+}
+
+/// The trace contexts of the doorbells rung, by task.
+fn doorbell_traces(rung: &[Delivery]) -> HashMap<TaskId, String> {
+    rung.iter()
+        .filter_map(|d| serde_json::from_str::<Doorbell>(d.body.get()).ok())
+        .filter_map(|d| Some((d.task_id, d.traceparent?)))
+        .collect()
 }
 
 /// The steps a decision schedules again after a failure (their
@@ -391,11 +433,18 @@ fn record_decision(
 #[async_trait]
 impl Handler for Scheduler {
     async fn handle(&self, delivery: &Delivery) -> Outcome {
-        let message: InboxMessage = match serde_json::from_str(delivery.body.get()) {
-            Ok(message) => message,
+        let InboxEnvelope { message, traceparent } = match serde_json::from_str(delivery.body.get()) {
+            Ok(envelope) => envelope,
             Err(err) => return Outcome::DeadLetter { reason: format!("not an inbox message: {err}") },
         };
-        match Scheduler::handle(self, &message, Some(delivery.lease_token)).await {
+        let kind = match &message {
+            InboxMessage::Reply(_) => "reply",
+            InboxMessage::Retry { .. } => "retry",
+            InboxMessage::StepExpired { .. } => "step_expired",
+        };
+        let span = tracing::debug_span!("rota.scheduler.handle", task_id = %message.task_id(), message = kind);
+        telemetry::set_parent(&span, traceparent.as_deref());
+        match Scheduler::handle(self, &message, Some(delivery.lease_token)).instrument(span).await {
             Ok(Handled::Committed) => Outcome::Settled,
             Ok(Handled::Ignored(reason)) => {
                 tracing::debug!("inbox message for task {} ignored: {reason}", message.task_id());

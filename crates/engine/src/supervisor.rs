@@ -256,6 +256,6 @@ impl Supervisor {
 }
 
 fn doorbell(task: &Task, after: Duration) -> (rota_model::QueueName, Outgoing) {
-    let outgoing = Outgoing::json(&Doorbell { task_id: task.id.clone() }).expect("doorbells serialize").with_delay(after);
+    let outgoing = Outgoing::json(&Doorbell::new(task.id.clone())).expect("doorbells serialize").with_delay(after);
     (protocol::tasks_queue(), outgoing)
 }
