@@ -42,7 +42,7 @@ const KILLS_MIN: usize = 4;
 /// How long the whole run may take before the test fails.
 const RUN_TIMEOUT: Duration = Duration::from_secs(240);
 /// How long a process may take to log that it started.
-const STARTUP_TIMEOUT: Duration = Duration::from_secs(20);
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 /// The chaos loop's seed (printed, so that a failure can be replayed).
 const SEED: u64 = 0x5eed_0004;
 
@@ -225,24 +225,38 @@ fn run_scale_out(test: &str, fault: Fault) {
         }
     }
 
-    // Submit every task through the public client, a few at a time.
+    // Submit every task through the public client, a few at a time, while
+    // the chaos below already runs.
     let client = Client::new(store.clone(), clock.clone(), Workflows::new(store.clone()), None);
     let ids: Vec<TaskId> = (0..TASKS).map(|i| TaskId::new(format!("order-{i:04}")).unwrap()).collect();
-    runtime.block_on(async {
-        let mut submitting = tokio::task::JoinSet::new();
-        for chunk in ids.chunks(TASKS / 8) {
-            let (client, chunk) = (client.clone(), chunk.to_vec());
-            submitting.spawn(async move {
-                for id in chunk {
-                    let submission = Submission::new(WorkflowName::new("chain").unwrap(), json!({})).with_id(id);
-                    client.submit(submission).await.expect("submit");
-                }
-            });
-        }
-        while let Some(done) = submitting.join_next().await {
-            done.unwrap();
-        }
-    });
+    let submitting = {
+        let ids = ids.clone();
+        runtime.spawn(async move {
+            let mut submitting = tokio::task::JoinSet::new();
+            for chunk in ids.chunks(TASKS / 8) {
+                let (client, chunk) = (client.clone(), chunk.to_vec());
+                submitting.spawn(async move {
+                    for id in chunk {
+                        // The id is the idempotency key: a submission cut by
+                        // the server's restart is safe to send again.
+                        loop {
+                            let submission = Submission::new(WorkflowName::new("chain").unwrap(), json!({})).with_id(id.clone());
+                            match client.submit(submission).await {
+                                Ok(_) => break,
+                                Err(rota_engine::Error::Store(err)) if err.is_retryable() => {
+                                    tokio::time::sleep(Duration::from_millis(100)).await;
+                                }
+                                Err(err) => panic!("submit {id}: {err}"),
+                            }
+                        }
+                    }
+                });
+            }
+            while let Some(done) = submitting.join_next().await {
+                done.unwrap();
+            }
+        })
+    };
 
     // Chaos until every task is terminal: a kill every KILL_EVERY, and one
     // at each tenth of the tasks done, so that a fast run still gets its
@@ -283,6 +297,7 @@ fn run_scale_out(test: &str, fault: Fault) {
         std::thread::sleep(Duration::from_millis(100));
     }
     let elapsed = started.elapsed();
+    runtime.block_on(submitting).expect("the submissions finished");
     // A run that ended before enough chaos proves little.
     assert!(kills.len() >= KILLS_MIN, "the run ended after only {} kills ({kills:?}); it needs at least {KILLS_MIN}", kills.len());
 
