@@ -200,6 +200,8 @@ pub struct Args {
     listen: ListenArgs,
     #[command(flatten)]
     remote: RemoteAgentArgs,
+    #[command(flatten)]
+    pub trace: crate::serve::TraceArgs,
 }
 
 /// `rota api`: the HTTP API alone, until SIGINT or SIGTERM. Task changes go

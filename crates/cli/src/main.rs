@@ -22,7 +22,9 @@
 //! Every failure ends as one line on stderr starting with `error: ` and exit
 //! code 1; clap reports usage errors (bad flags, ids, durations) with exit
 //! code 2. Logs go to stderr at `warn` (`info` for `serve`) unless `RUST_LOG`
-//! says otherwise.
+//! says otherwise. The long-running commands (`serve`, `scheduler`, `agent`,
+//! `supervisor`, `api`) export their spans over OTLP/HTTP with
+//! `--otlp-endpoint URL` or `OTEL_EXPORTER_OTLP_ENDPOINT`.
 mod api_server;
 mod backend;
 mod bench;
@@ -166,11 +168,26 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Bench(args) => return bench::run(args, &store),
         Command::Demo(args) => return demo::run(args),
-        Command::Serve(args) => run_async_logging(serve::run(store, args.into()), "info"),
-        Command::Scheduler(args) => run_async_logging(serve::run(store, serve::RunArgs::scheduler(args)), "info"),
-        Command::Agent(args) => run_async_logging(serve::run(store, args.into()), "info"),
-        Command::Supervisor(args) => run_async_logging(serve::run(store, args.into()), "info"),
-        Command::Api(args) => run_async_logging(api_server::run(store, args), "info"),
+        Command::Serve(args) => {
+            let trace = args.process.trace.clone();
+            run_server(serve::run(store, args.into()), &trace)
+        }
+        Command::Scheduler(args) => {
+            let trace = args.trace.clone();
+            run_server(serve::run(store, serve::RunArgs::scheduler(args)), &trace)
+        }
+        Command::Agent(args) => {
+            let trace = args.process.trace.clone();
+            run_server(serve::run(store, args.into()), &trace)
+        }
+        Command::Supervisor(args) => {
+            let trace = args.process.trace.clone();
+            run_server(serve::run(store, args.into()), &trace)
+        }
+        Command::Api(args) => {
+            let trace = args.trace.clone();
+            run_server(api_server::run(store, args), &trace)
+        }
         Command::Migrate => run_async(migrate(store)),
         Command::Submit(args) => run_async(async move { tasks::submit(&store, args).await }),
         Command::Status(args) => run_async(async move { tasks::status(&store, args).await }),
@@ -221,23 +238,71 @@ fn run_async(command: impl Future<Output = anyhow::Result<()>>) -> anyhow::Resul
 
 /// [`run_async`], logging at `default_level` unless `RUST_LOG` says otherwise.
 fn run_async_logging(command: impl Future<Output = anyhow::Result<()>>, default_level: &str) -> anyhow::Result<()> {
-    init_tracing_at(default_level);
+    run_traced(command, default_level, None)
+}
+
+/// A long-running command (`serve`, the roles, `api`): logs at `info`, and
+/// exports its spans when `trace` names an OTLP endpoint.
+fn run_server(command: impl Future<Output = anyhow::Result<()>>, trace: &serve::TraceArgs) -> anyhow::Result<()> {
+    run_traced(command, "info", trace.endpoint())
+}
+
+/// Runs `command` on a fresh runtime with logging (and, with `otlp`, trace
+/// export) set up; the spans still batched are flushed once it ends.
+fn run_traced(command: impl Future<Output = anyhow::Result<()>>, default_level: &str, otlp: Option<&str>) -> anyhow::Result<()> {
+    // The exporter's HTTP client must be built outside any runtime.
+    let exporter = otlp.map(otlp_provider).transpose()?;
+    init_tracing_with(default_level, exporter.as_ref());
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the async runtime")?;
     let result = runtime.block_on(command);
     runtime.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
+    if let Some(provider) = exporter
+        && let Err(err) = provider.shutdown()
+    {
+        eprintln!("warning: exporting the last traces: {err}");
+    }
     result
+}
+
+/// A tracer provider that batches spans and POSTs them to
+/// `ENDPOINT/v1/traces` as OTLP protobuf (the OTLP/HTTP default port is
+/// 4318). Building it checks the URL.
+fn otlp_provider(endpoint: &str) -> anyhow::Result<opentelemetry_sdk::trace::SdkTracerProvider> {
+    use opentelemetry_otlp::WithExportConfig;
+    let url = format!("{}/v1/traces", endpoint.trim_end_matches('/'));
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_endpoint(url)
+        .build()
+        .map_err(|err| anyhow::anyhow!("--otlp-endpoint {endpoint}: {err}"))?;
+    let resource = opentelemetry_sdk::Resource::builder().with_service_name("rota").build();
+    Ok(opentelemetry_sdk::trace::SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource).build())
 }
 
 /// Logs to stderr, at `warn` unless `RUST_LOG` says otherwise.
 fn init_tracing() {
-    init_tracing_at("warn");
+    init_tracing_with("warn", None);
 }
 
-/// Logs to stderr, at `default_level` unless `RUST_LOG` says otherwise.
-fn init_tracing_at(default_level: &str) {
+/// Logs to stderr, at `default_level` unless `RUST_LOG` says otherwise;
+/// with `exporter`, also sends rota's spans (the engine's are at `debug`,
+/// so they never show in the log at its default level) and the warnings
+/// inside them to it.
+fn init_tracing_with(default_level: &str, exporter: Option<&opentelemetry_sdk::trace::SdkTracerProvider>) {
+    use opentelemetry::trace::TracerProvider as _;
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
-    // A second initialisation (there is none today) would only keep the first.
     // Colours only for a terminal: a log file or a pipe gets plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).try_init();
+    let log = tracing_subscriber::fmt::layer().with_ansi(ansi).with_writer(std::io::stderr).with_filter(filter);
+    let traces = exporter.map(|provider| {
+        let wanted = tracing_subscriber::filter::filter_fn(|meta| {
+            if meta.is_span() { meta.target().starts_with("rota") } else { *meta.level() <= tracing::Level::WARN }
+        });
+        tracing_opentelemetry::layer().with_tracer(provider.tracer("rota")).with_filter(wanted)
+    });
+    // A second initialisation (there is none today) would only keep the first.
+    let _ = tracing_subscriber::registry().with(log).with(traces).try_init();
 }

@@ -31,6 +31,10 @@
 //! (`rota scheduler`, `agent`, `supervisor`) serve no API; `rota api` serves
 //! only the API.
 //!
+//! `--otlp-endpoint URL` (or `OTEL_EXPORTER_OTLP_ENDPOINT`) on every
+//! engine command exports the roles' spans over OTLP (set up in `main`,
+//! before the runtime starts).
+//!
 //! Deliberately left out: custom agents (a Rust program embeds the engine
 //! instead) and hot reloading of definitions.
 
@@ -101,6 +105,25 @@ pub struct ProcessArgs {
     shutdown_grace: Duration,
     #[command(flatten)]
     remote: RemoteAgentArgs,
+    #[command(flatten)]
+    pub trace: TraceArgs,
+}
+
+/// Where this process exports its traces, if anywhere.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct TraceArgs {
+    /// Export traces over OTLP/HTTP (protobuf) to this collector, e.g.
+    /// http://127.0.0.1:4318 (spans are POSTed to URL/v1/traces). Off when
+    /// not given: nothing is exported and messages carry no trace context.
+    #[arg(long = "otlp-endpoint", env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+}
+
+impl TraceArgs {
+    /// The endpoint, unless unset or empty.
+    pub fn endpoint(&self) -> Option<&str> {
+        self.otlp_endpoint.as_deref().map(str::trim).filter(|endpoint| !endpoint.is_empty())
+    }
 }
 
 /// The agent role's settings.
@@ -141,7 +164,7 @@ impl Default for SupervisorArgs {
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    process: ProcessArgs,
+    pub process: ProcessArgs,
     #[command(flatten)]
     agent: AgentArgs,
     #[command(flatten)]
@@ -157,7 +180,7 @@ pub struct Args {
 #[derive(clap::Args)]
 pub struct AgentCommand {
     #[command(flatten)]
-    process: ProcessArgs,
+    pub process: ProcessArgs,
     #[command(flatten)]
     agent: AgentArgs,
 }
@@ -166,7 +189,7 @@ pub struct AgentCommand {
 #[derive(clap::Args)]
 pub struct SupervisorCommand {
     #[command(flatten)]
-    process: ProcessArgs,
+    pub process: ProcessArgs,
     #[command(flatten)]
     supervisor: SupervisorArgs,
 }
