@@ -152,6 +152,8 @@ struct Span {
     span_id: String,
     parent_span_id: String,
     task_id: Option<String>,
+    /// The `message` attribute of a `rota.scheduler.handle` span.
+    message: Option<String>,
 }
 
 fn finished_spans() -> Vec<Span> {
@@ -165,6 +167,7 @@ fn finished_spans() -> Vec<Span> {
             span_id: span.span_context.span_id().to_string(),
             parent_span_id: span.parent_span_id.to_string(),
             task_id: span.attributes.iter().find(|kv| kv.key.as_str() == "task_id").map(|kv| kv.value.as_str().into_owned()),
+            message: span.attributes.iter().find(|kv| kv.key.as_str() == "message").map(|kv| kv.value.as_str().into_owned()),
         })
         .collect()
 }
@@ -188,7 +191,7 @@ async fn spans_of(id: &str, calls: usize) -> Vec<Span> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_trace_runs_from_the_submit_through_the_scheduler_to_the_agent_calls() {
     spans();
-    let server = start(Options::default()).await;
+    let server = start(Options { workflows: vec![stuck()], ..Options::default() }).await;
 
     // A caller's trace context is continued.
     let (trace_id, caller_span) = ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331");
@@ -226,4 +229,13 @@ async fn one_trace_runs_from_the_submit_through_the_scheduler_to_the_agent_calls
     let submit = spans.iter().find(|s| s.name == "rota.submit").expect("the submit span");
     assert!(spans.iter().all(|s| s.trace_id == submit.trace_id), "one trace: {spans:#?}");
     assert_ne!(submit.trace_id, trace_id);
+
+    // The Supervisor's timeout reports carry no context, yet the decisions
+    // on them (and the retried attempt) stay in the task's trace.
+    server.submit("stuck", "traced-3").await;
+    assert_eq!(server.wait_terminal("traced-3").await["state"], "error");
+    let spans = spans_of("traced-3", 2).await;
+    let submit = spans.iter().find(|s| s.name == "rota.submit").expect("the submit span");
+    assert!(spans.iter().any(|s| s.message.as_deref() == Some("step_expired")), "{spans:#?}");
+    assert!(spans.iter().all(|s| s.trace_id == submit.trace_id), "one trace: {spans:#?}");
 }

@@ -165,6 +165,10 @@ impl Client {
         }
         changes.tasks.push(TaskWrite::replacing(&record.task, next));
         self.store.commit(changes).await?;
+        if state.is_terminal() {
+            metrics::counter!(telemetry::TASKS_FINISHED, "workflow" => record.task.workflow.to_string(), "state" => state.as_str())
+                .increment(1);
+        }
         Ok(state)
     }
 

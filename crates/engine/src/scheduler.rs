@@ -443,6 +443,12 @@ impl Handler for Scheduler {
             InboxMessage::StepExpired { .. } => "step_expired",
         };
         let span = tracing::debug_span!("rota.scheduler.handle", task_id = %message.task_id(), message = kind);
+        // The Supervisor's timeout reports carry no context: the decision
+        // joins the task's trace through its submit's.
+        let traceparent = match traceparent {
+            None if !span.is_disabled() => self.received_traceparent(message.task_id()).await,
+            other => other,
+        };
         telemetry::set_parent(&span, traceparent.as_deref());
         match Scheduler::handle(self, &message, Some(delivery.lease_token)).instrument(span).await {
             Ok(Handled::Committed) => Outcome::Settled,

@@ -31,8 +31,9 @@ pub const STEP_DURATION: &str = "rota_step_duration_seconds";
 /// Counter: step attempts the Scheduler scheduled again after a transient
 /// failure or a timeout. Labels: `workflow`, `step`.
 pub const STEP_RETRIES: &str = "rota_step_retries_total";
-/// Counter: tasks that reached a terminal state through a Scheduler or the
-/// Supervisor. Labels: `workflow`, `state`.
+/// Counter: tasks that reached a terminal state (through a Scheduler, the
+/// Supervisor, or a cancel of a task with nothing to undo). Labels:
+/// `workflow`, `state`.
 pub const TASKS_FINISHED: &str = "rota_tasks_finished_total";
 /// Counter: agent calls by this process's agent workers (each runs the
 /// agent's in-deadline retries). Labels: `agent`, `outcome` (`succeeded`,
