@@ -43,6 +43,10 @@ const KILLS_MIN: usize = 4;
 const RUN_TIMEOUT: Duration = Duration::from_secs(240);
 /// How long a process may take to log that it started.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
+/// The pool of each role process: seven of them (and their replacements,
+/// while a killed one's connections linger) stay well within the server's
+/// default of 100 connections.
+const CONNECTIONS_PER_PROCESS: u32 = 4;
 /// The chaos loop's seed (printed, so that a failure can be replayed).
 const SEED: u64 = 0x5eed_0004;
 
@@ -190,7 +194,8 @@ fn restart_postgres() {
 
 fn run_scale_out(test: &str, fault: Fault) {
     let Some(schema) = TestSchema::new(test) else { return };
-    let store_url = format!("{}?schema={}", schema.url, schema.name);
+    // Seven processes share the server's connections (100 by default).
+    let store_url = format!("{}?schema={}&connections={CONNECTIONS_PER_PROCESS}", schema.url, schema.name);
     let (service, calls) = start_recorder();
     let dir = tempfile::tempdir().unwrap();
     let workflows = dir.path().join("workflows");
