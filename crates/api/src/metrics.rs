@@ -83,13 +83,23 @@ fn builder() -> PrometheusBuilder {
         .expect("the buckets are not empty")
 }
 
+/// How often the global recorder's upkeep runs: it drains the samples
+/// histograms buffer between scrapes, which would otherwise grow without
+/// bound in a process nobody scrapes.
+const UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A per-state recorder runs its upkeep every this many requests (it has
+/// no thread of its own: several may live in one process).
+const UPKEEP_EVERY_REQUESTS: u64 = 1024;
+
 /// The global recorder, once installed by this crate.
 static GLOBAL: std::sync::OnceLock<PrometheusHandle> = std::sync::OnceLock::new();
 
 /// Installs a Prometheus recorder as the process-global `metrics` recorder
 /// (once: later calls return the same handle), and returns the handle
-/// that renders it, for [`Registry::Global`]. Fails when another recorder
-/// was installed first.
+/// that renders it, for [`Registry::Global`]. A thread runs the recorder's
+/// upkeep every few seconds. Fails when another recorder was installed
+/// first.
 pub fn install_global() -> Result<PrometheusHandle, crate::Error> {
     let mut failed = None;
     let handle = GLOBAL.get_or_init(|| {
@@ -97,6 +107,17 @@ pub fn install_global() -> Result<PrometheusHandle, crate::Error> {
         let handle = recorder.handle();
         if let Err(err) = metrics::set_global_recorder(recorder) {
             failed = Some(err.to_string());
+            return handle;
+        }
+        let upkeep = handle.clone();
+        let spawned = std::thread::Builder::new().name("rota-metrics-upkeep".into()).spawn(move || {
+            loop {
+                std::thread::sleep(UPKEEP_INTERVAL);
+                upkeep.run_upkeep();
+            }
+        });
+        if let Err(err) = spawned {
+            failed = Some(format!("cannot start its upkeep thread: {err}"));
         }
         handle
     });
@@ -112,6 +133,8 @@ pub(crate) struct Metrics {
     /// The API's own recorder; `None` records into the global one.
     recorder: Option<Arc<PrometheusRecorder>>,
     handle: PrometheusHandle,
+    /// Requests recorded, for the per-state recorder's upkeep.
+    recorded: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Metrics {
@@ -120,15 +143,21 @@ impl Metrics {
             Registry::PerState => {
                 let recorder = builder().build_recorder();
                 let handle = recorder.handle();
-                Metrics { recorder: Some(Arc::new(recorder)), handle }
+                Metrics { recorder: Some(Arc::new(recorder)), handle, recorded: Arc::default() }
             }
-            Registry::Global(handle) => Metrics { recorder: None, handle: handle.clone() },
+            Registry::Global(handle) => Metrics { recorder: None, handle: handle.clone(), recorded: Arc::default() },
         }
     }
 
     fn record<T>(&self, f: impl FnOnce() -> T) -> T {
         match &self.recorder {
-            Some(recorder) => metrics::with_local_recorder(recorder.as_ref(), f),
+            Some(recorder) => {
+                let recorded = self.recorded.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                if recorded.is_multiple_of(UPKEEP_EVERY_REQUESTS) {
+                    self.handle.run_upkeep();
+                }
+                metrics::with_local_recorder(recorder.as_ref(), f)
+            }
             None => f(),
         }
     }
