@@ -237,9 +237,10 @@ impl Supervisor {
             return Ok(());
         }
         if held {
-            // The task's own lease ran out too: its expiry (in this round or
-            // the next) resets the whole task.
-            return Ok(());
+            // The task's own lease ran out too: expire the task now. Leaving
+            // it to the task's own entry would starve it: its steps expired
+            // before it, so with enough of them they fill every round's batch.
+            return self.expire_task(task, round).await;
         }
         // In a task being undone, a step that timed out is in doubt and gets
         // compensated; otherwise it is simply started afresh by the next holder.

@@ -176,14 +176,13 @@ async fn at_the_threshold_with_compensate_the_completed_steps_are_undone_in_reve
 async fn a_dead_schedulers_task_is_taken_over_after_its_deadline(backend: Backend) {
     let Some(rig) = rig(backend).await else { return };
     let wf = workflow(3, ExhaustedPolicy::Error, Duration::from_millis(1_500));
-    // The agents and the Supervisor run in their own engine throughout.
-    let support = Engine::new(
-        rig.store.clone(),
-        Arc::new(SystemClock),
-        config("support", Roles { scheduler: false, agents: true, supervisor: true }),
-    )
-    .agent(rig.agent.clone())
-    .workflow(wf.clone());
+    // The agents and the Supervisor run in their own engine throughout. The
+    // Supervisor takes one expired record per round: step b's attempt
+    // expires before the task's deadline, so it comes first every round,
+    // and must not starve the task's own expiry.
+    let mut support_config = config("support", Roles { scheduler: false, agents: true, supervisor: true });
+    support_config.supervisor.batch = 1;
+    let support = Engine::new(rig.store.clone(), Arc::new(SystemClock), support_config).agent(rig.agent.clone()).workflow(wf.clone());
     support.register_workflows().await.unwrap();
     let client = support.client();
     let shutdown = Shutdown::new();
