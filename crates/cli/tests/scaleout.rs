@@ -182,14 +182,35 @@ enum Fault {
     ServerRestart,
 }
 
-fn restart_postgres() {
-    let versions = std::fs::read_dir("/etc/postgresql").expect("/etc/postgresql lists the clusters");
-    let version = versions.map(|entry| entry.unwrap().file_name().into_string().unwrap()).max().expect("a PostgreSQL cluster");
-    let status = Command::new("pg_ctlcluster")
-        .args(["--skip-systemctl-redirect", &version, "main", "restart", "-m", "fast"])
-        .status()
-        .expect("pg_ctlcluster runs");
-    assert!(status.success(), "pg_ctlcluster {version} main restart failed: {status}");
+/// Restarts the server the test uses: its Debian cluster (found by port in
+/// `pg_lsclusters`) with `pg_ctlcluster`, or else its data directory with
+/// `pg_ctl` as the `postgres` user.
+fn restart_postgres(url: &str) {
+    let settings = Command::new("psql")
+        .args([url, "-XAtc", "SELECT current_setting('port') || '|' || current_setting('data_directory')"])
+        .output()
+        .expect("psql runs");
+    let settings = String::from_utf8_lossy(&settings.stdout).trim().to_owned();
+    let (port, data_directory) = settings.split_once('|').expect("psql printed the port and the data directory");
+    let (port, data_directory) = (port.to_owned(), data_directory.to_owned());
+    let clusters = Command::new("pg_lsclusters").arg("--no-header").output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    let cluster = clusters.unwrap_or_default().lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        (fields.len() >= 3 && fields[2] == port).then(|| (fields[0].to_owned(), fields[1].to_owned()))
+    });
+    let status = match &cluster {
+        Some((version, name)) => {
+            Command::new("pg_ctlcluster").args(["--skip-systemctl-redirect", version, name, "restart", "-m", "fast"]).status()
+        }
+        None => {
+            let version = std::fs::read_to_string(format!("{data_directory}/PG_VERSION")).expect("the data directory's PG_VERSION");
+            let pg_ctl = format!("/usr/lib/postgresql/{}/bin/pg_ctl", version.trim());
+            let restart = format!("{pg_ctl} -D {data_directory} -w -t 60 -m fast restart");
+            Command::new("su").args(["postgres", "-s", "/bin/sh", "-c", &restart]).status()
+        }
+    };
+    let status = status.expect("the restart command runs");
+    assert!(status.success(), "restarting the server on port {port} ({cluster:?}, {data_directory}) failed: {status}");
 }
 
 fn run_scale_out(test: &str, fault: Fault) {
@@ -282,7 +303,7 @@ fn run_scale_out(test: &str, fault: Fault) {
             "only {terminal} of {TASKS} tasks terminal after {RUN_TIMEOUT:?} (faults: {kills:?}, seed {SEED:#x})"
         );
         if !restarted && terminal >= TASKS / 3 {
-            restart_postgres();
+            restart_postgres(&schema.url);
             restarted = true;
             kills.push(format!("postgres-restart at {terminal} done"));
         }
