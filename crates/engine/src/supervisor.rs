@@ -190,26 +190,34 @@ impl Supervisor {
         });
         changes.events.push(Event::task(&task.id, now, EventKind::Expired, detail));
         let reason = next.error.clone().unwrap_or_default();
-        match next.state {
+        let reset = match next.state {
             TaskState::Error => {
                 let reason = format!("{reason}; failure threshold {} reached", workflow.max_failures());
                 changes.events.push(Event::task(&task.id, now, EventKind::Error, json!({ "reason": reason })));
                 changes.events.push(Event::task(&task.id, now, EventKind::Alert, json!({ "reason": reason })));
-                round.tasks_ended += 1;
+                false
             }
             TaskState::Compensating if task.state == TaskState::Processing => {
                 changes.events.push(Event::task(&task.id, now, EventKind::CompensationStarted, json!({ "reason": reason })));
                 changes.send.push(doorbell(task, Duration::ZERO));
-                round.tasks_ended += 1;
+                false
             }
             _ => {
                 changes.send.push(doorbell(task, next.not_before.since(now)));
-                round.tasks_reset += 1;
+                true
             }
-        }
+        };
         let ended = next.state.is_terminal().then_some(next.state);
+        // Counted once committed: the same task may come up twice in a round
+        // (through an expired step, then its own entry), and the second
+        // expiry loses the race.
         changes.tasks.push(TaskWrite::replacing(task, next));
         self.store.commit(changes).await?;
+        if reset {
+            round.tasks_reset += 1;
+        } else {
+            round.tasks_ended += 1;
+        }
         if let Some(state) = ended {
             metrics::counter!(telemetry::TASKS_FINISHED, "workflow" => task.workflow.to_string(), "state" => state.as_str()).increment(1);
             self.completions.publish(task.id.clone(), state);
