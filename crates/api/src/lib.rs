@@ -111,8 +111,6 @@ pub struct Limits {
     pub events_keep_alive: Duration,
     /// The most events read from the store at once by an event stream.
     pub events_batch_max: u32,
-    /// The most tasks `/metrics` counts per state (the count saturates there).
-    pub metrics_tasks_counted_max: u32,
 }
 
 impl Limits {
@@ -145,9 +143,6 @@ impl Limits {
         if self.events_batch_max == 0 || self.events_batch_max > 10_000 {
             return fail("events_batch_max", format!("must be between 1 and 10000, got {}", self.events_batch_max));
         }
-        if self.metrics_tasks_counted_max == 0 || self.metrics_tasks_counted_max > 1_000_000 {
-            return fail("metrics_tasks_counted_max", format!("must be between 1 and 1000000, got {}", self.metrics_tasks_counted_max));
-        }
         Ok(())
     }
 }
@@ -161,7 +156,6 @@ impl Default for Limits {
             events_poll_interval: Duration::from_millis(250),
             events_keep_alive: Duration::from_secs(15),
             events_batch_max: 500,
-            metrics_tasks_counted_max: 10_000,
         }
     }
 }
@@ -363,6 +357,5 @@ mod tests {
         check(|l| l.events_poll_interval = Duration::ZERO, "events_poll_interval");
         check(|l| l.events_keep_alive = Duration::ZERO, "events_keep_alive");
         check(|l| l.events_batch_max = 0, "events_batch_max");
-        check(|l| l.metrics_tasks_counted_max = 0, "metrics_tasks_counted_max");
     }
 }

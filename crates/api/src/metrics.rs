@@ -34,7 +34,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 use rota_model::TaskState;
-use rota_store::{QueueStats, TaskFilter};
+use rota_store::QueueStats;
 
 use crate::ApiState;
 use crate::queues::BREAKER_PREFIX;
@@ -184,18 +184,14 @@ pub async fn count_request(State(state): State<ApiState>, request: Request, next
 
 /// What the store says at one scrape.
 struct Snapshot {
-    tasks: Vec<(TaskState, usize)>,
+    tasks: Vec<(TaskState, u64)>,
     queues: Vec<QueueStats>,
     breakers: Vec<(String, String, String)>,
 }
 
 async fn snapshot(state: &ApiState) -> rota_store::Result<Snapshot> {
     let store = state.store();
-    let mut tasks = Vec::with_capacity(TaskState::ALL.len());
-    for task_state in TaskState::ALL {
-        let filter = TaskFilter { state: Some(task_state), limit: state.limits().metrics_tasks_counted_max, ..TaskFilter::default() };
-        tasks.push((task_state, store.list_tasks(&filter).await?.len()));
-    }
+    let tasks = store.count_tasks().await?;
     let queues = store.stats().await?;
     let breakers = store
         .statuses(BREAKER_PREFIX)

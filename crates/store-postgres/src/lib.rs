@@ -38,7 +38,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, Task, TaskId, Timestamp, WorkflowName};
+use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{
     Changes, ComponentStatus, Created, DeadLetter, Delivery, Error, Event, Expired, LeaderLease, NewTask, Outgoing, QueueConfig,
     QueueStats, Queues, Receive, Redrive, Sent, Store, TaskFilter, TaskRecord, Tasks, WorkflowEntry,
@@ -861,6 +861,10 @@ impl Tasks for PgStore {
 
     async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<Task>, Error> {
         with_connection!(self, conn => { task_sql::list_tasks(&mut conn, &self.names, filter).await? })
+    }
+
+    async fn count_tasks(&self) -> Result<Vec<(TaskState, u64)>, Error> {
+        with_connection!(self, conn => { task_sql::count_tasks(&mut conn, &self.names).await? })
     }
 
     async fn claim_tasks(&self, owner: &InstanceId, lease: Duration, max: u32) -> Result<Vec<Task>, Error> {

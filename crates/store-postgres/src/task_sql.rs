@@ -107,6 +107,20 @@ pub(crate) async fn list_tasks(conn: &mut PgConnection, n: &Names, filter: &Task
     rows.iter().map(task_from).collect()
 }
 
+/// How many tasks are in each state, every state listed.
+pub(crate) async fn count_tasks(conn: &mut PgConnection, n: &Names) -> Result<Vec<(TaskState, u64)>> {
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as(n.sql("SELECT state, COUNT(*) FROM rota.tasks GROUP BY state")).fetch_all(&mut *conn).await?;
+    let mut counts: Vec<(TaskState, u64)> = TaskState::ALL.iter().map(|state| (*state, 0)).collect();
+    for (state, count) in rows {
+        let state = state.parse::<TaskState>().map_err(|e| corrupt("task state", e))?;
+        if let Some(entry) = counts.iter_mut().find(|(s, _)| *s == state) {
+            entry.1 = u64::try_from(count).unwrap_or(0);
+        }
+    }
+    Ok(counts)
+}
+
 /// Claims up to `max` claimable tasks in one statement that skips tasks
 /// other Schedulers are claiming right now, and records a `Claimed` event
 /// for each.

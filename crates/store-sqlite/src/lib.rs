@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, Task, TaskId, Timestamp, WorkflowName};
+use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{
     Changes, ComponentStatus, Created, DeadLetter, Delivery, Error, Event, Expired, LeaderLease, NewTask, Outgoing, QueueConfig,
     QueueStats, Queues, Receive, Redrive, Result, Sent, Store, TaskFilter, TaskRecord, Tasks, WorkflowEntry,
@@ -583,6 +583,10 @@ impl Tasks for SqliteStore {
     async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<Task>> {
         let filter = filter.clone();
         self.read(move |conn, _| task_sql::list_tasks(conn, &filter)).await
+    }
+
+    async fn count_tasks(&self) -> Result<Vec<(TaskState, u64)>> {
+        self.read(|conn, _| task_sql::count_tasks(conn)).await
     }
 
     async fn claim_tasks(&self, owner: &InstanceId, lease: Duration, max: u32) -> Result<Vec<Task>> {

@@ -330,6 +330,24 @@ pub(crate) fn list_tasks(conn: &Connection, filter: &TaskFilter) -> Result<Vec<T
     rows.into_iter().map(TaskRow::into_task).collect()
 }
 
+/// How many tasks are in each state, every state listed.
+pub(crate) fn count_tasks(conn: &Connection) -> Result<Vec<(TaskState, u64)>> {
+    let rows = conn
+        .prepare_cached("SELECT state, COUNT(*) FROM tasks GROUP BY state")
+        .and_then(|mut stmt| {
+            stmt.query_map([], |row| Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?)))?.collect::<rusqlite::Result<Vec<_>>>()
+        })
+        .map_err(sql_error)?;
+    let mut counts: Vec<(TaskState, u64)> = TaskState::ALL.iter().map(|state| (*state, 0)).collect();
+    for (state, count) in rows {
+        let state = state.parse::<TaskState>().map_err(|e| corrupt("task state", e))?;
+        if let Some(entry) = counts.iter_mut().find(|(s, _)| *s == state) {
+            entry.1 = u64::try_from(count).unwrap_or(0);
+        }
+    }
+    Ok(counts)
+}
+
 /// Claims up to `max` claimable tasks in one statement, and records a
 /// `Claimed` event for each.
 pub(crate) fn claim_tasks(conn: &Connection, owner: &InstanceId, lease: Duration, max: u32, now: Timestamp) -> Result<Vec<Task>> {

@@ -83,6 +83,7 @@ macro_rules! conformance_suite {
             // Tasks.
             create_task_writes_everything_once,
             list_tasks_filters_newest_first,
+            count_tasks_counts_every_state,
             claim_tasks_leases_due_pending_and_unleased_compensating,
             concurrent_claims_never_share_a_task,
             commit_applies_fenced_writes_and_messages_together,
@@ -1121,6 +1122,31 @@ pub async fn list_tasks_filters_newest_first(harness: &dyn Harness) {
     }
     let got = ok(store.list_tasks(&TaskFilter::default()).await, "list_tasks");
     assert_eq!(got[3], stored(&store, &task_id("o1")).await.task, "list_tasks returns whole tasks");
+}
+
+/// `count_tasks` lists every state, in `TaskState::ALL` order, with how
+/// many tasks are in it (zeros included), and follows their changes.
+pub async fn count_tasks_counts_every_state(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let zeros: Vec<(TaskState, u64)> = TaskState::ALL.iter().map(|state| (*state, 0)).collect();
+    assert_eq!(ok(store.count_tasks().await, "count_tasks"), zeros, "an empty store counts zero in every state");
+    for id in ["count-1", "count-2", "count-3"] {
+        create(&store, new_task(id, "order", &["charge"], clock.now())).await;
+    }
+    assert_eq!(claim(&store, &instance("counter"), 30 * SECOND, 1).await.len(), 1);
+    let expected: Vec<(TaskState, u64)> = TaskState::ALL
+        .iter()
+        .map(|state| {
+            let count = match state {
+                TaskState::Pending => 2,
+                TaskState::Processing => 1,
+                _ => 0,
+            };
+            (*state, count)
+        })
+        .collect();
+    assert_eq!(ok(store.count_tasks().await, "count_tasks"), expected, "two pending, one claimed");
 }
 
 /// `claim_tasks` leases due Pending tasks (oldest `not_before` first, at most

@@ -309,6 +309,10 @@ pub trait Tasks: Send + Sync {
     /// Tasks matching `filter`, newest first.
     async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<Task>>;
 
+    /// How many tasks are in each state: every state of
+    /// [`TaskState::ALL`], in that order, zeros included.
+    async fn count_tasks(&self) -> Result<Vec<(TaskState, u64)>>;
+
     /// Atomically claims up to `max` claimable tasks (as [`Task::claim`]
     /// decides: Pending or unleased Compensating, `not_before` passed),
     /// oldest `not_before` first, for `owner` until now + `lease`, and records
