@@ -178,6 +178,13 @@ pub(crate) async fn notify(conn: &mut PgConnection, channel: &str, queues: &[&st
     Ok(())
 }
 
+/// How far a receive moves a lease epoch on: 1 to 2^40, at random (see
+/// [`claim`]). Drawn from the operating system's generator, not a seeded
+/// one: its whole point is that no other process can draw the same value.
+fn lease_epoch_step() -> i64 {
+    1 + (rand::random::<u64>() >> 24) as i64
+}
+
 /// What one claim statement leased.
 pub(crate) struct Claimed {
     /// Deliveries to hand out.
@@ -192,6 +199,19 @@ pub(crate) struct Claimed {
 /// leasing right now. A message whose delivery count passes the queue's
 /// limit is leased too but returned as exhausted, for the caller to
 /// dead-letter under its token.
+///
+/// The statement commits asynchronously (`synchronous_commit` off for its
+/// own transaction): a receive records no work anyone relies on, so it need
+/// not wait for its WAL to reach the disk, which takes the flush out of
+/// every pickup. If the server crashes before that WAL is written, the lease
+/// is lost with it and the message is delivered again, as after any expired
+/// lease. What must not happen is that its holder's token matches the lease
+/// of that next delivery, which would take the same epoch if epochs only
+/// counted up: so each receive moves the epoch on by a random step of up to
+/// 2^40 ([`lease_epoch_step`]), and a token of a forgotten lease matches a
+/// later one with a probability of 2^-40. Everything that settles a lease
+/// (complete, abandon, dead-letter, the commit of a decision) is a
+/// synchronous commit, whose flush also makes every earlier receive durable.
 pub(crate) async fn claim(
     conn: &mut PgConnection,
     n: &Names,
@@ -206,7 +226,8 @@ pub(crate) async fn claim(
     // delivered in send order: while a receiver holds the head's row lock,
     // the others skip it and see that their candidate is no head.
     let rows = sqlx::query(n.sql(
-        "WITH q AS (SELECT id, lease_ms, deliveries_max FROM rota.queues WHERE id = $1 AND NOT paused),
+        "WITH q AS (SELECT id, lease_ms, deliveries_max FROM rota.queues, (SELECT set_config('synchronous_commit', 'off', true)) AS async
+                    WHERE id = $1 AND NOT paused),
               picked AS (
                  SELECT m.seq, m.visible_at FROM rota.messages AS m
                   WHERE m.queue_id = (SELECT id FROM q) AND m.visible_at <= $2
@@ -217,7 +238,7 @@ pub(crate) async fn claim(
                   LIMIT $3
                   FOR UPDATE SKIP LOCKED)
          UPDATE rota.messages AS m
-            SET delivery_count = m.delivery_count + 1, lease_epoch = m.lease_epoch + 1,
+            SET delivery_count = m.delivery_count + 1, lease_epoch = m.lease_epoch + $6,
                 lease_owner = $4, lease_until = $2 + COALESCE($5, q.lease_ms), visible_at = $2 + COALESCE($5, q.lease_ms)
            FROM picked, q
           WHERE m.seq = picked.seq
@@ -229,6 +250,7 @@ pub(crate) async fn claim(
     .bind(i64::from(max))
     .bind(request.consumer.as_ref().map(InstanceId::as_str))
     .bind(request.lease.map(millis))
+    .bind(lease_epoch_step())
     .fetch_all(&mut *conn)
     .await?;
     let mut claimed = rows

@@ -179,3 +179,107 @@ async fn killed_connections_are_replaced_and_nothing_acknowledged_is_lost() {
     let got = waiting.await.unwrap().unwrap();
     assert_eq!(got.iter().map(|d| d.id.clone()).collect::<Vec<_>>(), [after.id], "the listener is back: the waiting receiver was woken");
 }
+
+/// The statements the engine runs all the time reach their rows through
+/// indexes, however empty the tables were when each connection planned them:
+/// a plan made on a new schema must not scan whole tables once they are big.
+/// One connection plans everything on empty tables, the tables then grow to
+/// 20,000 rows each (no ANALYZE), and the same work runs again: PostgreSQL
+/// reports no sequential scan of tasks, steps, messages or events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_statements_use_indexes_whatever_the_tables_held_when_planned() {
+    let Some(schema) = TestSchema::new("index-only plans on PostgreSQL") else { return };
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let mut one_connection = config(&schema);
+    one_connection.connections_max = 1;
+    let store = open(one_connection, clock.clone()).await;
+    let (doorbells, agent, bulk) =
+        (QueueName::new("doorbells").unwrap(), QueueName::new("agent").unwrap(), QueueName::new("bulk").unwrap());
+    let me = rota_model::InstanceId::new("scheduler-1").unwrap();
+
+    // One task's way through the store: submit, doorbell, claim, read, a
+    // decision that starts its step and sends a request, the agent's receive
+    // and completion.
+    let cycle = |n: usize| {
+        let (store, clock, doorbells, agent, me) = (&store, &clock, &doorbells, &agent, &me);
+        async move {
+            let mut new = new_task(&format!("order-{n}"), clock.as_ref(), doorbells);
+            let id = new.task.id.clone();
+            new.steps.push(rota_model::Step::new(id.clone(), rota_model::StepName::new("work").unwrap(), 0, clock.now()));
+            store.create_task(new).await.unwrap();
+            let rung = store.receive(doorbells, Receive::up_to(1)).await.unwrap();
+            let claimed = store.claim_tasks(me, Duration::from_secs(60), 1).await.unwrap().pop().expect("the new task is claimed");
+            let record = store.task(&id).await.unwrap().expect("the claimed task");
+            let step = record.steps[0].clone();
+            let started = step.start(json!({}), clock.now(), Duration::from_secs(10)).unwrap();
+            let changes = rota_store::Changes {
+                tasks: vec![rota_store::TaskWrite::replacing(&claimed, claimed.clone())],
+                steps: vec![rota_store::StepWrite::replacing(&step, started)],
+                send: vec![(agent.clone(), Outgoing::json(&json!({ "task": id.as_str() })).unwrap())],
+                events: vec![Event::task(&id, clock.now(), EventKind::StepStarted, json!({}))],
+                complete: rung.iter().map(|d| (doorbells.clone(), d.lease_token)).collect(),
+            };
+            store.commit(changes).await.unwrap();
+            let requests = store.receive(agent, Receive::up_to(1)).await.unwrap();
+            let tokens: Vec<_> = requests.iter().map(|d| d.lease_token).collect();
+            assert!(store.complete_batch(agent, &tokens).await.unwrap().is_empty(), "the request is completed");
+        }
+    };
+    // More than five runs: PostgreSQL's own rule plans a statement's first
+    // five executions for their parameters and then settles on one plan.
+    for n in 0..8 {
+        cycle(n).await;
+    }
+
+    let mut admin = app_connection(&schema).await;
+    store.send(&bulk, Outgoing::json(&json!("bulk")).unwrap()).await.unwrap();
+    let s = &schema.name;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO \"{s}\".tasks (id, workflow, workflow_version, input, state, lease_epoch, not_before, failure_count,
+                                  created_at, updated_at)
+         SELECT 'bulk-' || g, 'order', 1, '{{}}', 'processed', 0, 0, 0, 0, 0 FROM generate_series(1, 20000) AS g;
+         INSERT INTO \"{s}\".steps (task_id, name, position, state, attempt, not_before, updated_at)
+         SELECT 'bulk-' || g, 'work', 0, 'completed', 1, 0, 0 FROM generate_series(1, 20000) AS g;
+         INSERT INTO \"{s}\".events (task_id, at, kind, detail)
+         SELECT 'bulk-' || g, 0, 'processed', '{{}}' FROM generate_series(1, 20000) AS g;
+         INSERT INTO \"{s}\".messages (queue_id, id, body, enqueued_at, visible_at)
+         SELECT (SELECT id FROM \"{s}\".queues WHERE name = 'bulk'), 'bulk-' || g, '{{}}', 0, 0 FROM generate_series(1, 20000) AS g;"
+    )))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+
+    // The pool's backend reports its counters when idle, within about a
+    // second: wait until its index scans show, then compare.
+    let scans = format!(
+        "SELECT COALESCE(SUM(seq_scan), 0)::bigint, COALESCE(SUM(idx_scan), 0)::bigint FROM pg_stat_user_tables
+          WHERE schemaname = '{s}' AND relname IN ('tasks', 'steps', 'messages', 'events')"
+    );
+    let (seq_before, idx_before) = settled_scans(&mut admin, &scans, 1).await;
+    for n in 8..12 {
+        cycle(n).await;
+    }
+    let (seq_after, idx_after) = settled_scans(&mut admin, &scans, idx_before + 4).await;
+    assert!(idx_after > idx_before, "the work ran through indexes");
+    assert_eq!(seq_after, seq_before, "no statement scanned a whole table once the tables were big");
+}
+
+/// The (sequential, index) scan counts `scans` reads, once they include at
+/// least `at_least` index scans and have stopped moving: a backend reports
+/// its counters when idle, within about a second.
+async fn settled_scans(admin: &mut PgConnection, scans: &str, at_least: i64) -> (i64, i64) {
+    let mut last = (0, 0);
+    for _ in 0..100 {
+        last = scan_counts(admin, scans).await;
+        if last.1 >= at_least {
+            tokio::time::sleep(Duration::from_millis(1_200)).await;
+            return scan_counts(admin, scans).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("the store's index scans never showed in pg_stat_user_tables: {last:?}");
+}
+
+async fn scan_counts(admin: &mut PgConnection, scans: &str) -> (i64, i64) {
+    sqlx::query_as(sqlx::AssertSqlSafe(scans.to_owned())).fetch_one(admin).await.unwrap()
+}
