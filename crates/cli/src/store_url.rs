@@ -3,9 +3,11 @@
 //! `--store` (or `ROTA_STORE`) takes `sqlite://relative/path.db`,
 //! `sqlite:///absolute/path.db`, a bare path ending in `.db`, `.sqlite` or
 //! `.sqlite3`, or `postgres://user@host:port/database`. A PostgreSQL URL may
-//! carry two options of rota's own, taken off before the URL reaches the
-//! driver: `schema=NAME` (the schema holding rota's tables, default `rota`)
-//! and `connections=N` (the pool size). Every command that touches a store
+//! carry options of rota's own, taken off before the URL reaches the
+//! driver: `schema=NAME` (the schema holding rota's tables, default `rota`),
+//! `connections=N` (the pool size), `commit_batch=N` (the most commits
+//! applied in one statement) and `commits_in_flight=N` (the most commit
+//! statements running at once). Every command that touches a store
 //! opens it through [`open_store`], so the rules live here once.
 
 use std::fmt;
@@ -41,23 +43,27 @@ pub struct PostgresUrl {
     pub schema: Option<String>,
     /// `connections=`: the most pooled connections.
     pub connections: Option<u32>,
+    /// `commit_batch=`: the most commits applied in one statement.
+    pub commit_batch: Option<usize>,
+    /// `commits_in_flight=`: the most commit statements running at once.
+    pub commits_in_flight: Option<usize>,
 }
 
 impl PostgresUrl {
     fn parse(url: &str) -> anyhow::Result<PostgresUrl> {
-        let Some((base, query)) = url.split_once('?') else {
-            return Ok(PostgresUrl { url: url.to_owned(), schema: None, connections: None });
+        let mut parsed = PostgresUrl { url: url.to_owned(), schema: None, connections: None, commit_batch: None, commits_in_flight: None };
+        let Some((base, query)) = url.split_once('?') else { return Ok(parsed) };
+        let count = |option: &str, value: &str| -> anyhow::Result<u32> {
+            let count = value.parse::<u32>().ok().filter(|n| (1..=1000).contains(n));
+            count.with_context(|| format!("store URL option {option}={value:?} must be a number from 1 to 1000"))
         };
-        let mut parsed = PostgresUrl { url: String::new(), schema: None, connections: None };
         let mut kept = Vec::new();
         for pair in query.split('&').filter(|pair| !pair.is_empty()) {
             match pair.split_once('=') {
                 Some(("schema", value)) => parsed.schema = Some(value.to_owned()),
-                Some(("connections", value)) => {
-                    let count = value.parse::<u32>().ok().filter(|n| (1..=1000).contains(n));
-                    parsed.connections =
-                        Some(count.with_context(|| format!("store URL option connections={value:?} must be a number from 1 to 1000"))?);
-                }
+                Some(("connections", value)) => parsed.connections = Some(count("connections", value)?),
+                Some(("commit_batch", value)) => parsed.commit_batch = Some(count("commit_batch", value)? as usize),
+                Some(("commits_in_flight", value)) => parsed.commits_in_flight = Some(count("commits_in_flight", value)? as usize),
                 _ => kept.push(pair),
             }
         }
@@ -73,6 +79,12 @@ impl PostgresUrl {
         }
         if let Some(connections) = self.connections {
             config.connections_max = connections;
+        }
+        if let Some(batch) = self.commit_batch {
+            config.commit_batch_max = batch;
+        }
+        if let Some(in_flight) = self.commits_in_flight {
+            config.commits_in_flight = in_flight;
         }
         config
     }
@@ -223,7 +235,13 @@ mod tests {
     }
 
     fn postgres(url: &str, schema: Option<&str>, connections: Option<u32>) -> Option<StoreUrl> {
-        Some(StoreUrl::Postgres(PostgresUrl { url: url.into(), schema: schema.map(Into::into), connections }))
+        Some(StoreUrl::Postgres(PostgresUrl {
+            url: url.into(),
+            schema: schema.map(Into::into),
+            connections,
+            commit_batch: None,
+            commits_in_flight: None,
+        }))
     }
 
     #[test]
@@ -234,6 +252,12 @@ mod tests {
             "postgres://h/db?sslmode=require&schema=jobs&connections=8",
             postgres("postgres://h/db?sslmode=require", Some("jobs"), Some(8)),
         );
+        let StoreUrl::Postgres(tuned) = StoreUrl::parse("postgres://h/db?commit_batch=16&commits_in_flight=2").unwrap() else {
+            panic!("a PostgreSQL URL")
+        };
+        assert_eq!((tuned.commit_batch, tuned.commits_in_flight, tuned.url.as_str()), (Some(16), Some(2), "postgres://h/db"));
+        assert_eq!((tuned.config().commit_batch_max, tuned.config().commits_in_flight), (16, 2));
+        check("postgres://h/db?commit_batch=0", None);
         check("postgres://h/db?connections=0", None);
         check("postgres://h/db?connections=many", None);
         check("mysql://localhost/x.db", None);

@@ -37,24 +37,25 @@ struct Sends<'a> {
 
 impl<'a> Sends<'a> {
     fn new(
-        messages: &'a [(QueueName, Outgoing)],
-        ids: &'a [MessageId],
+        messages: impl IntoIterator<Item = (&'a (QueueName, Outgoing), &'a MessageId)>,
         queue_id: &dyn Fn(&QueueName) -> Result<i64>,
         now: Timestamp,
     ) -> Result<Sends<'a>> {
         let mut sends = Sends {
-            queue_ids: Vec::with_capacity(messages.len()),
-            ids: Vec::with_capacity(messages.len()),
-            keyed: Vec::with_capacity(messages.len()),
-            bodies: Vec::with_capacity(messages.len()),
-            ordering_keys: Vec::with_capacity(messages.len()),
-            visible: Vec::with_capacity(messages.len()),
+            queue_ids: Vec::new(),
+            ids: Vec::new(),
+            keyed: Vec::new(),
+            bodies: Vec::new(),
+            ordering_keys: Vec::new(),
+            visible: Vec::new(),
         };
-        for (index, ((queue, message), id)) in messages.iter().zip(ids).enumerate() {
-            let repeated = message.id.is_some()
-                && messages[..index].iter().zip(ids).any(|((q, m), earlier)| m.id.is_some() && q == queue && earlier == id);
-            if repeated {
-                continue;
+        let mut keyed_seen: Vec<(&QueueName, &MessageId)> = Vec::new();
+        for ((queue, message), id) in messages {
+            if message.id.is_some() {
+                if keyed_seen.contains(&(queue, id)) {
+                    continue;
+                }
+                keyed_seen.push((queue, id));
             }
             sends.queue_ids.push(queue_id(queue)?);
             sends.ids.push(id.as_str());
@@ -86,7 +87,7 @@ pub(crate) async fn create_task(
     let queue_id = |queue: &QueueName| -> Result<i64> {
         queue_ids.get(queue).copied().ok_or_else(|| Error::Backend(format!("queue {queue} has no known id")).into())
     };
-    let sends = Sends::new(&new.messages, send_ids, &queue_id, now)?;
+    let sends = Sends::new(new.messages.iter().zip(send_ids), &queue_id, now)?;
     let (task, steps, events) = (&new.task, &new.steps, &new.events);
     let row: (bool, Vec<i64>) = sqlx::query_as(n.sql(
         "WITH
@@ -178,26 +179,41 @@ pub(crate) async fn create_task(
     Ok((row.0, queues_named(queue_ids, &row.1)))
 }
 
-/// Applies `changes` in one statement. `queue_ids` holds the id of every
-/// queue named in `changes` (sends and completions); `send_ids` the id of
-/// each message to send. Returns the queues that got new messages.
+/// What a commit statement did.
+pub(crate) enum Committed {
+    /// Everything was written; these queues got new messages.
+    Written(Vec<QueueName>),
+    /// A fenced write or a completion missed, so nothing was written:
+    /// [`diagnose`] says which.
+    Refused,
+}
+
+/// One caller's changes within a commit statement: the changes, and the id
+/// of each message they send.
+pub(crate) type Part<'a> = (&'a Changes, &'a [MessageId]);
+
+/// Applies every part's changes in one statement, all or nothing.
+/// `queue_ids` holds the id of every queue they name (sends and
+/// completions).
 pub(crate) async fn commit(
     conn: &mut PgConnection,
     n: &Names,
-    changes: &Changes,
+    parts: &[Part<'_>],
     queue_ids: &HashMap<QueueName, i64>,
-    send_ids: &[MessageId],
     now: Timestamp,
-) -> Result<Vec<QueueName>> {
+) -> Result<Committed> {
     let queue_id = |queue: &QueueName| -> Result<i64> {
         queue_ids.get(queue).copied().ok_or_else(|| Error::Backend(format!("queue {queue} has no known id")).into())
     };
-    let tasks: Vec<_> = changes.tasks.iter().map(|w| &w.task).collect();
-    let steps: Vec<_> = changes.steps.iter().map(|w| &w.step).collect();
-    let events = &changes.events;
+    let task_writes: Vec<_> = parts.iter().flat_map(|(changes, _)| &changes.tasks).collect();
+    let tasks: Vec<_> = task_writes.iter().map(|w| &w.task).collect();
+    let step_writes: Vec<_> = parts.iter().flat_map(|(changes, _)| &changes.steps).collect();
+    let steps: Vec<_> = step_writes.iter().map(|w| &w.step).collect();
+    let events: Vec<_> = parts.iter().flat_map(|(changes, _)| &changes.events).collect();
+    let complete: Vec<_> = parts.iter().flat_map(|(changes, _)| &changes.complete).collect();
 
-    let sends = Sends::new(&changes.send, send_ids, &queue_id, now)?;
-    let complete_queue_ids = changes.complete.iter().map(|(queue, _)| queue_id(queue)).collect::<Result<Vec<_>>>()?;
+    let sends = Sends::new(parts.iter().flat_map(|(changes, ids)| changes.send.iter().zip(ids.iter())), &queue_id, now)?;
+    let complete_queue_ids = complete.iter().map(|(queue, _)| queue_id(queue)).collect::<Result<Vec<_>>>()?;
 
     let outcome = sqlx::query_scalar::<_, Vec<i64>>(n.sql(
         "WITH
@@ -280,8 +296,8 @@ pub(crate) async fn commit(
     .bind(tasks.iter().map(|t| t.error.as_deref()).collect::<Vec<_>>())
     .bind(tasks.iter().map(|t| t.created_at.as_millis()).collect::<Vec<_>>())
     .bind(tasks.iter().map(|t| t.updated_at.as_millis()).collect::<Vec<_>>())
-    .bind(changes.tasks.iter().map(|w| w.expected_state.as_str()).collect::<Vec<_>>())
-    .bind(changes.tasks.iter().map(|w| w.expected_epoch as i64).collect::<Vec<_>>())
+    .bind(task_writes.iter().map(|w| w.expected_state.as_str()).collect::<Vec<_>>())
+    .bind(task_writes.iter().map(|w| w.expected_epoch as i64).collect::<Vec<_>>())
     // Steps, $18..$30.
     .bind(steps.iter().map(|s| s.task_id.as_str()).collect::<Vec<_>>())
     .bind(steps.iter().map(|s| s.name.as_str()).collect::<Vec<_>>())
@@ -294,11 +310,11 @@ pub(crate) async fn commit(
     .bind(steps.iter().map(|s| s.output.as_ref().map(json_text)).collect::<Vec<_>>())
     .bind(steps.iter().map(|s| s.last_error.as_deref()).collect::<Vec<_>>())
     .bind(steps.iter().map(|s| s.updated_at.as_millis()).collect::<Vec<_>>())
-    .bind(changes.steps.iter().map(|w| w.expected_state.as_str()).collect::<Vec<_>>())
-    .bind(changes.steps.iter().map(|w| i64::from(w.expected_attempt)).collect::<Vec<_>>())
+    .bind(step_writes.iter().map(|w| w.expected_state.as_str()).collect::<Vec<_>>())
+    .bind(step_writes.iter().map(|w| i64::from(w.expected_attempt)).collect::<Vec<_>>())
     // Completions, $31..$33, and now, $34.
-    .bind(changes.complete.iter().map(|(_, token)| token.message).collect::<Vec<_>>())
-    .bind(changes.complete.iter().map(|(_, token)| token.epoch).collect::<Vec<_>>())
+    .bind(complete.iter().map(|(_, token)| token.message).collect::<Vec<_>>())
+    .bind(complete.iter().map(|(_, token)| token.epoch).collect::<Vec<_>>())
     .bind(&complete_queue_ids)
     .bind(now.as_millis())
     // Events, $35..$40, and the event-writer lock base, $41.
@@ -319,15 +335,15 @@ pub(crate) async fn commit(
     .fetch_one(&mut *conn)
     .await;
     match outcome {
-        Ok(sent_to) => Ok(queues_named(queue_ids, &sent_to)),
-        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some(REFUSED) => Err(diagnose(conn, n, changes, now).await),
+        Ok(sent_to) => Ok(Committed::Written(queues_named(queue_ids, &sent_to))),
+        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some(REFUSED) => Ok(Committed::Refused),
         Err(err) => Err(err.into()),
     }
 }
 
 /// Says why a refused commit was refused: the first task write, then step
 /// write, then lease that does not match the store now.
-async fn diagnose(conn: &mut PgConnection, n: &Names, changes: &Changes, now: Timestamp) -> Fail {
+pub(crate) async fn diagnose(conn: &mut PgConnection, n: &Names, changes: &Changes, now: Timestamp) -> Fail {
     let diagnosis: Result<Fail> = async {
         for write in &changes.tasks {
             let found: Option<(String, i64)> = sqlx::query_as(n.sql("SELECT state, lease_epoch FROM rota.tasks WHERE id = $1"))

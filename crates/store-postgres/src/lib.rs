@@ -27,6 +27,8 @@
 //! Deliberately left out: SQL outside this crate, and `now()` in SQL.
 
 mod commit_sql;
+mod group_commit;
+pub use group_commit::CommitCounts;
 mod queue_sql;
 mod schema;
 mod sql;
@@ -46,7 +48,7 @@ use rota_store::{
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{PgConnection, PgPool};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::sql::Names;
@@ -78,6 +80,12 @@ pub struct Config {
     pub sweep_interval: Duration,
     /// The name the connections show in `pg_stat_activity`.
     pub application_name: String,
+    /// The most commits applied together in one statement (group commit).
+    pub commit_batch_max: usize,
+    /// The most commit statements running at once (never more than
+    /// `connections_max`): commits that arrive while all are running wait
+    /// and go out together in the next.
+    pub commits_in_flight: usize,
 }
 
 impl Config {
@@ -92,6 +100,8 @@ impl Config {
             body_bytes_max: rota_store::BODY_BYTES_MAX,
             sweep_interval: Duration::from_secs(10),
             application_name: "rota".into(),
+            commit_batch_max: 64,
+            commits_in_flight: 4,
         }
     }
 
@@ -108,6 +118,12 @@ impl Config {
         }
         if self.body_bytes_max == 0 {
             return bad("body_bytes_max must be at least 1".into());
+        }
+        if self.commit_batch_max == 0 || self.commit_batch_max > COMMIT_BATCH_LIMIT {
+            return bad(format!("commit_batch_max must be between 1 and {COMMIT_BATCH_LIMIT}, got {}", self.commit_batch_max));
+        }
+        if self.commits_in_flight == 0 || self.commits_in_flight > 1_000 {
+            return bad(format!("commits_in_flight must be between 1 and 1000, got {}", self.commits_in_flight));
         }
         if self.sweep_interval < Duration::from_millis(10) {
             return bad("sweep_interval must be at least 10 ms".into());
@@ -137,6 +153,10 @@ impl Config {
         Ok(options.application_name(&self.application_name).options(PLANNER_SETTINGS))
     }
 }
+
+/// The largest `commit_batch_max`: a statement's arrays stay far below
+/// PostgreSQL's limits on parameters and memory.
+pub const COMMIT_BATCH_LIMIT: usize = 1_000;
 
 /// The planner settings of every pooled connection.
 ///
@@ -312,6 +332,9 @@ pub struct PgStore {
     queue_ids: Mutex<HashMap<QueueName, i64>>,
     /// Queues to announce to other processes, after the commit that sent to them.
     announcements: mpsc::UnboundedSender<QueueName>,
+    /// Commits waiting for their batch (see `group_commit`).
+    commits: mpsc::UnboundedSender<group_commit::Pending>,
+    commit_stats: Arc<group_commit::CommitStats>,
     _background: Background,
 }
 
@@ -377,6 +400,16 @@ impl PgStore {
             PgPoolOptions::new().max_connections(1).acquire_timeout(config.acquire_timeout).connect_lazy_with(config.connect_options()?);
         let listener = tokio::spawn(listen(listening, channel.clone(), origin.clone(), wakers.clone()));
         let announcer = tokio::spawn(announce(pool.clone(), channel.clone(), origin, pending));
+        let (commits, queued) = mpsc::unbounded_channel();
+        let commit_stats = Arc::new(group_commit::CommitStats::default());
+        let committer =
+            group_commit::Committer { pool: pool.clone(), names: names.clone(), clock: clock.clone(), stats: commit_stats.clone() };
+        let group_committer = tokio::spawn(group_commit::run(
+            committer,
+            config.commit_batch_max,
+            config.commits_in_flight.min(config.connections_max as usize),
+            queued,
+        ));
         Ok(PgStore {
             pool,
             names,
@@ -386,8 +419,15 @@ impl PgStore {
             wakers,
             queue_ids: Mutex::new(HashMap::new()),
             announcements,
-            _background: Background(vec![listener, sweeper, announcer]),
+            commits,
+            commit_stats,
+            _background: Background(vec![listener, sweeper, announcer, group_committer]),
         })
+    }
+
+    /// How many commits this store ran, and in how many statements.
+    pub fn commit_counts(&self) -> CommitCounts {
+        self.commit_stats.snapshot()
     }
 
     /// Runs the migrations that have not run yet on the database at
@@ -909,41 +949,30 @@ impl Tasks for PgStore {
         for (_, message) in &changes.send {
             self.check_body(message)?;
         }
-        let now = self.clock.now();
         self.ensure_queues(&changes.send.iter().map(|(queue, _)| queue).collect::<Vec<_>>()).await?;
         let send_ids: Vec<MessageId> = changes.send.iter().map(|(_, message)| Self::message_id(message)).collect();
-        let mut tries = 1_u32;
-        let sent_to = loop {
-            let attempt: Result<Vec<QueueName>> = async {
-                let mut conn = self.pool.acquire().await?;
-                let mut queue_ids = HashMap::new();
-                for (queue, token) in changes
-                    .complete
-                    .iter()
-                    .map(|(queue, token)| (queue, Some(token)))
-                    .chain(changes.send.iter().map(|(queue, _)| (queue, None)))
-                {
-                    if queue_ids.contains_key(queue) {
-                        continue;
-                    }
-                    match self.existing_queue_id(&mut conn, queue).await? {
-                        Some(id) => {
-                            queue_ids.insert(queue.clone(), id);
-                        }
-                        None => match token {
-                            Some(token) => return Err(queue_sql::lease_lost(queue, *token).into()),
-                            None => return Err(Error::Backend(format!("queue {queue} vanished after its creation")).into()),
-                        },
-                    }
+        let mut queue_ids = HashMap::new();
+        let named =
+            changes.complete.iter().map(|(queue, token)| (queue, Some(token))).chain(changes.send.iter().map(|(queue, _)| (queue, None)));
+        for (queue, token) in named {
+            if queue_ids.contains_key(queue) {
+                continue;
+            }
+            let id = match self.cached_queue_id(queue) {
+                Some(id) => Some(id),
+                None => with_connection!(self, conn => { self.existing_queue_id(&mut conn, queue).await? })?,
+            };
+            match (id, token) {
+                (Some(id), _) => {
+                    queue_ids.insert(queue.clone(), id);
                 }
-                commit_sql::commit(&mut conn, &self.names, &changes, &queue_ids, &send_ids, now).await
+                (None, Some(token)) => return Err(queue_sql::lease_lost(queue, *token)),
+                (None, None) => return Err(Error::Backend(format!("queue {queue} vanished after its creation"))),
             }
-            .await;
-            match attempt {
-                Err(fail) if fail.is_transient() && tries < TRANSACTION_TRIES_MAX => tries += 1,
-                other => break other.map_err(Fail::into_store)?,
-            }
-        };
+        }
+        let (done, outcome) = oneshot::channel();
+        self.commits.send(group_commit::Pending { changes, send_ids, queue_ids, done }).map_err(|_| Error::Closed)?;
+        let sent_to = outcome.await.map_err(|_| Error::Closed)??;
         self.announce(sent_to);
         Ok(())
     }

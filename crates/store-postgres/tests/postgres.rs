@@ -283,3 +283,68 @@ async fn settled_scans(admin: &mut PgConnection, scans: &str, at_least: i64) -> 
 async fn scan_counts(admin: &mut PgConnection, scans: &str) -> (i64, i64) {
     sqlx::query_as(sqlx::AssertSqlSafe(scans.to_owned())).fetch_one(admin).await.unwrap()
 }
+
+/// Commits made at the same moment share statements (group commit), and a
+/// lost race among them fails only its own commit: the others are written,
+/// the stale one writes nothing and is told what conflicted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_commits_share_statements_and_a_lost_race_fails_only_its_own() {
+    let Some(schema) = TestSchema::new("group commit on PostgreSQL") else { return };
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::default());
+    let mut one_at_a_time = config(&schema);
+    one_at_a_time.commits_in_flight = 1;
+    let store = Arc::new(open(one_at_a_time, clock.clone()).await);
+    let doorbells = QueueName::new("doorbells").unwrap();
+    let me = rota_model::InstanceId::new("scheduler-1").unwrap();
+    for n in 0..40 {
+        store.create_task(new_task(&format!("order-{n}"), clock.as_ref(), &doorbells)).await.unwrap();
+    }
+    let mut claimed = store.claim_tasks(&me, Duration::from_secs(60), 40).await.unwrap();
+    claimed.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
+    assert_eq!(claimed.len(), 40);
+    let touch = |task: &Task, note: &str| rota_store::Changes {
+        tasks: vec![rota_store::TaskWrite::replacing(task, task.clone())],
+        events: vec![Event::task(&task.id, clock.now(), EventKind::Released, json!({ "note": note }))],
+        ..rota_store::Changes::default()
+    };
+    let commit_all = |batch: Vec<rota_store::Changes>| {
+        let store = store.clone();
+        async move {
+            let commits = batch.into_iter().map(|changes| {
+                let store = store.clone();
+                tokio::spawn(async move { store.commit(changes).await })
+            });
+            let mut outcomes = Vec::new();
+            for commit in commits.collect::<Vec<_>>() {
+                outcomes.push(commit.await.unwrap());
+            }
+            outcomes
+        }
+    };
+
+    let before = store.commit_counts();
+    let outcomes = commit_all(claimed[..20].iter().map(|task| touch(task, "together")).collect()).await;
+    assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+    let after = store.commit_counts();
+    assert_eq!(after.commits - before.commits, 20);
+    assert!(after.statements - before.statements < 20, "20 commits at once shared statements: {before:?} then {after:?}");
+
+    // Twenty more, one of them fenced with an epoch its task no longer has.
+    let mut stale = touch(&claimed[20], "stale");
+    stale.tasks[0].expected_epoch += 1;
+    let mut batch: Vec<_> = claimed[21..].iter().map(|task| touch(task, "together")).collect();
+    batch.insert(7, stale);
+    let outcomes = commit_all(batch).await;
+    for (index, outcome) in outcomes.iter().enumerate() {
+        if index == 7 {
+            assert!(matches!(outcome, Err(rota_store::Error::Conflict(_))), "the stale commit conflicts: {outcome:?}");
+        } else {
+            assert!(outcome.is_ok(), "commit {index} is written despite the stale one: {outcome:?}");
+        }
+    }
+    for task in &claimed[20..] {
+        let notes: Vec<_> = store.history(&task.id).await.unwrap().into_iter().filter(|e| e.kind == EventKind::Released).collect();
+        let expected = if task.id == claimed[20].id { 0 } else { 1 };
+        assert_eq!(notes.len(), expected, "events of {}: {notes:?}", task.id);
+    }
+}
