@@ -28,6 +28,7 @@
 
 mod commit_sql;
 mod group_commit;
+mod handoff;
 pub use group_commit::CommitCounts;
 mod queue_sql;
 mod schema;
@@ -335,6 +336,9 @@ pub struct PgStore {
     /// Commits waiting for their batch (see `group_commit`).
     commits: mpsc::UnboundedSender<group_commit::Pending>,
     commit_stats: Arc<group_commit::CommitStats>,
+    /// Receivers waiting in this process, for sends to hand messages to.
+    waiting: Arc<handoff::Waiting>,
+    give_back: handoff::GiveBack,
     _background: Background,
 }
 
@@ -402,6 +406,7 @@ impl PgStore {
         let announcer = tokio::spawn(announce(pool.clone(), channel.clone(), origin, pending));
         let (commits, queued) = mpsc::unbounded_channel();
         let commit_stats = Arc::new(group_commit::CommitStats::default());
+        let give_back = handoff::GiveBack { pool: pool.clone(), names: names.clone(), clock: clock.clone() };
         let committer =
             group_commit::Committer { pool: pool.clone(), names: names.clone(), clock: clock.clone(), stats: commit_stats.clone() };
         let group_committer = tokio::spawn(group_commit::run(
@@ -421,6 +426,8 @@ impl PgStore {
             announcements,
             commits,
             commit_stats,
+            waiting: Arc::new(handoff::Waiting::default()),
+            give_back,
             _background: Background(vec![listener, sweeper, announcer, group_committer]),
         })
     }
@@ -584,24 +591,29 @@ impl PgStore {
         &self,
         conn: &mut PgConnection,
         messages: &[(QueueName, Outgoing)],
+        ids: &[MessageId],
+        leases: &[Option<handoff::Lease>],
         now: Timestamp,
-    ) -> Result<(Vec<Sent>, Vec<QueueName>)> {
+    ) -> Result<(Vec<Sent>, Vec<QueueName>, Vec<handoff::Leased>)> {
         let mut sent = Vec::with_capacity(messages.len());
         let mut sent_to = Vec::new();
+        let mut leased = Vec::new();
         let mut start = 0;
         while start < messages.len() {
             let queue = &messages[start].0;
             let end = messages[start..].iter().position(|(q, _)| q != queue).map_or(messages.len(), |offset| start + offset);
             let queue_id = self.queue_id(conn, queue).await?;
-            let batch: Vec<(&Outgoing, MessageId)> = messages[start..end].iter().map(|(_, m)| (m, Self::message_id(m))).collect();
-            let outcome = queue_sql::send(conn, &self.names, queue_id, &batch, now).await?;
+            let batch: Vec<(&Outgoing, MessageId)> =
+                messages[start..end].iter().zip(&ids[start..end]).map(|((_, m), id)| (m, id.clone())).collect();
+            let (outcome, handed) = queue_sql::send(conn, &self.names, queue_id, &batch, &leases[start..end], now).await?;
             if outcome.iter().any(|s| !s.duplicate) && !sent_to.contains(queue) {
                 sent_to.push(queue.clone());
             }
             sent.extend(outcome);
+            leased.extend(handed);
             start = end;
         }
-        Ok((sent, sent_to))
+        Ok((sent, sent_to, leased))
     }
 
     /// Wakes this process's receivers of `queues` at once and has the others
@@ -783,13 +795,19 @@ impl Queues for PgStore {
         let messages: Vec<(QueueName, Outgoing)> = messages.into_iter().map(|m| (queue.clone(), m)).collect();
         let now = self.clock.now();
         self.ensure_queues(&[queue]).await?;
-        if messages.len() == 1 {
+        let ids: Vec<MessageId> = messages.iter().map(|(_, message)| Self::message_id(message)).collect();
+        let handoffs = self.waiting.plan(messages.iter().zip(&ids).map(|((queue, message), id)| (queue, message, id)));
+        let leases = &handoffs.leases;
+        let (sent, sent_to, leased) = if messages.len() == 1 {
             // One statement commits on its own: no BEGIN and COMMIT round trips.
-            let (sent, sent_to) = with_connection!(self, conn => { self.send_all(&mut conn, &messages, now).await? })?;
-            self.announce(sent_to);
-            return Ok(sent);
+            with_connection!(self, conn => { self.send_all(&mut conn, &messages, &ids, leases, now).await? })?
+        } else {
+            in_transaction!(self, tx => { self.send_all(&mut tx, &messages, &ids, leases, now).await? })?
+        };
+        if !handoffs.is_empty() {
+            let queue_ids: HashMap<QueueName, i64> = self.cached_queue_id(queue).map(|id| (queue.clone(), id)).into_iter().collect();
+            handoffs.deliver(&leased, &queue_ids, now, &self.give_back);
         }
-        let (sent, sent_to) = in_transaction!(self, tx => { self.send_all(&mut tx, &messages, now).await? })?;
         self.announce(sent_to);
         Ok(sent)
     }
@@ -809,8 +827,26 @@ impl Queues for PgStore {
             if !got.is_empty() || now >= deadline {
                 return Ok(got);
             }
+            // Wait parked, so that a send from this process hands its
+            // messages over directly (see `handoff`).
+            let mut ticket = self.waiting.park(queue, &request);
             let wait = (deadline - now).min(self.config.poll_interval);
-            let _ = tokio::time::timeout(wait, notified).await;
+            tokio::select! {
+                handed = &mut ticket.delivered => match handed {
+                    Ok(deliveries) if !deliveries.is_empty() => return Ok(deliveries),
+                    _ => continue,
+                },
+                _ = tokio::time::timeout(wait, notified) => {}
+            }
+            if !self.waiting.unpark(queue, ticket.id) {
+                // A sender took this receiver: its statement is running, and
+                // its outcome comes on the ticket.
+                if let Ok(deliveries) = ticket.delivered.await
+                    && !deliveries.is_empty()
+                {
+                    return Ok(deliveries);
+                }
+            }
         }
     }
 

@@ -9,6 +9,7 @@ use rota_store::{Body, DeadLetter, Delivery, Error, Outgoing, QueueConfig, Queue
 use serde_json::value::RawValue;
 use sqlx::{PgConnection, Row};
 
+use crate::handoff::{Lease, Leased};
 use crate::sql::Names;
 use crate::{Fail, Result};
 
@@ -108,18 +109,24 @@ pub(crate) async fn set_paused(conn: &mut PgConnection, n: &Names, queue: &Queue
 /// Inserts messages into the queue with id `queue_id` in one statement,
 /// dropping those whose id was seen within the queue's window (and repeats
 /// of an id within `messages`). Returns one outcome per message, in order.
+/// Sends `messages` to one queue; those with a lease in `leases` (lined up
+/// with `messages`) are inserted leased to a waiting receiver (see
+/// `handoff`), unless the queue is paused. Returns each message's outcome and
+/// the messages inserted leased.
 pub(crate) async fn send(
     conn: &mut PgConnection,
     n: &Names,
     queue_id: i64,
     messages: &[(&Outgoing, MessageId)],
+    leases: &[Option<Lease>],
     now: Timestamp,
-) -> Result<Vec<Sent>> {
+) -> Result<(Vec<Sent>, Vec<Leased>)> {
     let mut ids = Vec::with_capacity(messages.len());
     let mut keyed = Vec::with_capacity(messages.len());
     let mut bodies = Vec::with_capacity(messages.len());
     let mut keys = Vec::with_capacity(messages.len());
     let mut visible = Vec::with_capacity(messages.len());
+    let mut handoffs = HandoffColumns::default();
     let mut repeated = vec![false; messages.len()];
     for (index, (message, id)) in messages.iter().enumerate() {
         // A second message with the same id in one batch is its duplicate.
@@ -132,11 +139,12 @@ pub(crate) async fn send(
         bodies.push(message.body.get());
         keys.push(message.ordering_key.as_deref());
         visible.push(now.add(message.delay).as_millis());
+        handoffs.push(leases.get(index).and_then(Option::as_ref));
     }
     // One statement decides for every id: a fresh one is remembered, an
     // expired one is refreshed, a remembered one inserts nothing. WITH
     // ORDINALITY keeps the send order in the sequence numbers.
-    let inserted: Vec<String> = sqlx::query_scalar(n.sql(
+    let inserted: Vec<(String, i64, Option<i64>)> = sqlx::query_as(n.sql(
         "WITH fresh AS (
              INSERT INTO rota.message_ids (queue_id, id, expires_at)
              SELECT q.id, m.id, $2 + q.dedupe_window_ms
@@ -144,13 +152,18 @@ pub(crate) async fn send(
               WHERE q.id = $1 AND m.keyed
              ON CONFLICT (queue_id, id) DO UPDATE SET expires_at = excluded.expires_at WHERE rota.message_ids.expires_at <= $2
              RETURNING id)
-         INSERT INTO rota.messages (queue_id, id, body, ordering_key, enqueued_at, visible_at)
-         SELECT $1, m.id, m.body, m.ordering_key, $2, m.visible_at
-           FROM unnest($3::text[], $4::bool[], $5::text[], $6::text[], $7::bigint[]) WITH ORDINALITY
-                AS m(id, keyed, body, ordering_key, visible_at, position)
+         INSERT INTO rota.messages (queue_id, id, body, ordering_key, enqueued_at, visible_at, delivery_count, lease_epoch,
+                                    lease_owner, lease_until)
+         SELECT $1, m.id, m.body, m.ordering_key, $2, COALESCE(h.until, m.visible_at), CASE WHEN h.until IS NULL THEN 0 ELSE 1 END,
+                CASE WHEN h.until IS NULL THEN 0 ELSE m.epoch END, CASE WHEN h.until IS NULL THEN NULL ELSE m.owner END, h.until
+           FROM unnest($3::text[], $4::bool[], $5::text[], $6::text[], $7::bigint[], $8::bool[], $9::text[], $10::bigint[],
+                       $11::bigint[]) WITH ORDINALITY
+                AS m(id, keyed, body, ordering_key, visible_at, handoff, owner, lease_ms, epoch, position)
+          CROSS JOIN LATERAL (SELECT CASE WHEN m.handoff AND NOT q.paused THEN $2 + COALESCE(m.lease_ms, q.lease_ms) END AS until
+                                FROM rota.queues AS q WHERE q.id = $1) AS h
           WHERE NOT m.keyed OR m.id IN (SELECT id FROM fresh)
           ORDER BY m.position
-      RETURNING id",
+      RETURNING id, seq, lease_until",
     ))
     .bind(queue_id)
     .bind(now.as_millis())
@@ -159,16 +172,40 @@ pub(crate) async fn send(
     .bind(&bodies)
     .bind(&keys)
     .bind(&visible)
+    .bind(&handoffs.handoff)
+    .bind(&handoffs.owner)
+    .bind(&handoffs.lease_ms)
+    .bind(&handoffs.epoch)
     .fetch_all(&mut *conn)
     .await?;
-    Ok(messages
+    let sent = messages
         .iter()
         .zip(repeated)
         .map(|((message, id), repeated)| {
-            let duplicate = repeated || (message.id.is_some() && !inserted.iter().any(|i| i == id.as_str()));
+            let duplicate = repeated || (message.id.is_some() && !inserted.iter().any(|(i, _, _)| i == id.as_str()));
             Sent { id: id.clone(), duplicate }
         })
-        .collect())
+        .collect();
+    let leased = inserted.into_iter().filter_map(|(id, seq, until)| Some(Leased { queue_id, id, seq, lease_until: until? })).collect();
+    Ok((sent, leased))
+}
+
+/// The handoff columns of a send statement, one entry per message.
+#[derive(Default)]
+pub(crate) struct HandoffColumns<'a> {
+    pub(crate) handoff: Vec<bool>,
+    pub(crate) owner: Vec<Option<&'a str>>,
+    pub(crate) lease_ms: Vec<Option<i64>>,
+    pub(crate) epoch: Vec<i64>,
+}
+
+impl<'a> HandoffColumns<'a> {
+    pub(crate) fn push(&mut self, lease: Option<&'a Lease>) {
+        self.handoff.push(lease.is_some());
+        self.owner.push(lease.and_then(|l| l.owner.as_ref()).map(InstanceId::as_str));
+        self.lease_ms.push(lease.and_then(|l| l.lease_ms));
+        self.epoch.push(lease.map_or(0, |l| l.epoch));
+    }
 }
 
 /// Tells listening receivers (in every process) that these queues have new
@@ -181,8 +218,26 @@ pub(crate) async fn notify(conn: &mut PgConnection, channel: &str, queues: &[&st
 /// How far a receive moves a lease epoch on: 1 to 2^40, at random (see
 /// [`claim`]). Drawn from the operating system's generator, not a seeded
 /// one: its whole point is that no other process can draw the same value.
-fn lease_epoch_step() -> i64 {
+pub(crate) fn lease_epoch_step() -> i64 {
     1 + (rand::random::<u64>() >> 24) as i64
+}
+
+/// Gives back leases granted to receivers that went away: the messages are
+/// visible again at once, and the deliveries that never happened are not
+/// counted.
+pub(crate) async fn give_back(conn: &mut PgConnection, n: &Names, tokens: &[LeaseToken], now: Timestamp) -> Result<()> {
+    sqlx::query(n.sql(
+        "UPDATE rota.messages AS m
+            SET lease_owner = NULL, lease_until = NULL, visible_at = $1, delivery_count = m.delivery_count - 1
+           FROM unnest($2::bigint[], $3::bigint[]) AS t(seq, epoch)
+          WHERE m.seq = t.seq AND m.lease_epoch = t.epoch",
+    ))
+    .bind(now.as_millis())
+    .bind(tokens.iter().map(|t| t.message).collect::<Vec<_>>())
+    .bind(tokens.iter().map(|t| t.epoch).collect::<Vec<_>>())
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
 }
 
 /// What one claim statement leased.

@@ -348,3 +348,74 @@ async fn concurrent_commits_share_statements_and_a_lost_race_fails_only_its_own(
         assert_eq!(notes.len(), expected, "events of {}: {notes:?}", task.id);
     }
 }
+
+/// A receiver waiting in this process gets a message sent from this
+/// process straight from the send (one lease, delivery count 1, settled like
+/// any other), but only a message a receive could take at once: not a
+/// delayed one, not one behind the head of its ordering key, not on a
+/// paused queue. A receiver that went away takes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_receiver_in_this_process_gets_only_what_a_receive_could_take() {
+    let Some(schema) = TestSchema::new("handoff to waiting receivers on PostgreSQL") else { return };
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let mut settings = config(&schema);
+    settings.poll_interval = Duration::from_secs(600);
+    let store = Arc::new(open(settings, clock).await);
+    let work = QueueName::new("work").unwrap();
+    let waiting = |wait_ms: u64| {
+        let (store, work) = (store.clone(), work.clone());
+        tokio::spawn(async move { store.receive(&work, Receive::up_to(10).waiting(Duration::from_millis(wait_ms))).await.unwrap() })
+    };
+    let parked = || tokio::time::sleep(Duration::from_millis(200));
+
+    // Handed over: the waiting receiver has it, leased once.
+    let receiver = waiting(60_000);
+    parked().await;
+    let sent = store.send(&work, Outgoing::json(&json!("plain")).unwrap()).await.unwrap();
+    let got = receiver.await.unwrap();
+    assert_eq!(got.iter().map(|d| (d.id.clone(), d.delivery_count)).collect::<Vec<_>>(), [(sent.id, 1)]);
+    store.complete(&work, got[0].lease_token).await.expect("the handed-over lease settles like any other");
+
+    // Delayed: not handed over; the receiver waits out its time empty.
+    let receiver = waiting(300);
+    parked().await;
+    store.send(&work, Outgoing::json(&json!("later")).unwrap().with_delay(Duration::from_millis(600))).await.unwrap();
+    assert!(receiver.await.unwrap().is_empty(), "a delayed message is not handed over");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let later = store.receive(&work, Receive::up_to(10)).await.unwrap();
+    assert_eq!(later.len(), 1, "it is delivered once its delay is over");
+    store.complete(&work, later[0].lease_token).await.unwrap();
+
+    // Keyed behind a leased head: not handed over.
+    store.send(&work, Outgoing::json(&json!("head")).unwrap().with_ordering_key("order-1")).await.unwrap();
+    let head = store.receive(&work, Receive::up_to(10)).await.unwrap();
+    assert_eq!(head.len(), 1);
+    let receiver = waiting(300);
+    parked().await;
+    store.send(&work, Outgoing::json(&json!("second")).unwrap().with_ordering_key("order-1")).await.unwrap();
+    assert!(receiver.await.unwrap().is_empty(), "a message behind its key's head is not handed over");
+    store.complete(&work, head[0].lease_token).await.unwrap();
+    let second = store.receive(&work, Receive::up_to(10)).await.unwrap();
+    assert_eq!(second.len(), 1);
+    store.complete(&work, second[0].lease_token).await.unwrap();
+
+    // Paused: not handed over.
+    store.pause(&work).await.unwrap();
+    let receiver = waiting(300);
+    parked().await;
+    store.send(&work, Outgoing::json(&json!("paused")).unwrap()).await.unwrap();
+    assert!(receiver.await.unwrap().is_empty(), "a paused queue hands nothing over");
+    store.resume(&work).await.unwrap();
+    let resumed = store.receive(&work, Receive::up_to(10)).await.unwrap();
+    assert_eq!(resumed.iter().map(|d| d.delivery_count).collect::<Vec<_>>(), [1], "delivered after the resume, once");
+    store.complete(&work, resumed[0].lease_token).await.unwrap();
+
+    // A receiver that went away takes nothing: the message stays visible.
+    let receiver = waiting(60_000);
+    parked().await;
+    receiver.abort();
+    let _ = receiver.await;
+    let sent = store.send(&work, Outgoing::json(&json!("orphan")).unwrap()).await.unwrap();
+    let orphan = store.receive(&work, Receive::up_to(10)).await.unwrap();
+    assert_eq!(orphan.iter().map(|d| (d.id.clone(), d.delivery_count)).collect::<Vec<_>>(), [(sent.id, 1)]);
+}
