@@ -91,6 +91,15 @@ impl Target {
         }
     }
 
+    /// PostgreSQL's commit statements: `Tasks::commit` calls and the
+    /// statements that ran them (group commit).
+    pub(crate) fn postgres_commit_counts(&self) -> Option<rota_store_postgres::CommitCounts> {
+        match &self.backend {
+            Backend::Sqlite { .. } => None,
+            Backend::Postgres { store, .. } => Some(store.commit_counts()),
+        }
+    }
+
     /// The durability settings read back from the store, with `meets_rule`.
     pub(crate) async fn durability(&self) -> anyhow::Result<Value> {
         Ok(match &self.backend {

@@ -180,8 +180,10 @@ pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32) -> anyhow:
 
     closed_loop(&client, &waiters, "warmup", 0, warmup, k).await.context("warm-up")?;
     let commits_before = target.commit_counts();
+    let pg_commits_before = target.postgres_commit_counts();
     let timed = closed_loop(&client, &waiters, "w", 0, m, k).await?;
     let commits_after = target.commit_counts();
+    let pg_commits_after = target.postgres_commit_counts();
     shutdown.trigger();
     agent_shutdown.trigger();
     router.abort();
@@ -200,7 +202,18 @@ pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32) -> anyhow:
             let (commits, jobs) = (after.commits - before.commits, after.jobs - before.jobs);
             json!({ "commits": commits, "jobs": jobs, "jobs_per_commit": round((commits > 0).then(|| jobs as f64 / commits as f64), 2) })
         }
-        _ => json!("not counted: PostgreSQL groups commits itself"),
+        _ => match (pg_commits_before, pg_commits_after) {
+            (Some(before), Some(after)) => {
+                let (commits, statements) = (after.commits - before.commits, after.statements - before.statements);
+                json!({
+                    "decision_commits": commits,
+                    "commit_statements": statements,
+                    "commits_per_statement": round((statements > 0).then(|| commits as f64 / statements as f64), 2),
+                    "note": "Tasks::commit calls (agent replies, Scheduler decisions) and the statements that ran them; sends, receives and submits are not counted",
+                })
+            }
+            _ => json!("not counted"),
+        },
     };
     let record = json!({
         "peer": env_string("PEERS_PEER").unwrap_or_else(|| target.peer_default().into()),
