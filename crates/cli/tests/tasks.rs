@@ -169,7 +169,18 @@ fn wait_for_all_terminal(rota: &Rota, count: usize, timeout: Duration) -> Vec<Va
             *counts.entry(task["state"].as_str().unwrap().to_owned()).or_default() += 1;
             counts
         });
-        assert!(Instant::now() < deadline, "not every task ended within {timeout:?}: {states:?}");
+        if Instant::now() >= deadline {
+            // Say where each unfinished task stands, with its history.
+            let stuck: Vec<String> = tasks
+                .iter()
+                .filter(|task| !terminal.contains(&task["state"].as_str().unwrap()))
+                .map(|task| {
+                    let id = task["id"].as_str().unwrap();
+                    format!("{task}\nstatus: {}", rota.json(&["status", id, "--json"]))
+                })
+                .collect();
+            panic!("not every task ended within {timeout:?}: {states:?}\n{}", stuck.join("\n"));
+        }
         thread::sleep(Duration::from_millis(200));
     }
 }
