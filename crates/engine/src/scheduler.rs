@@ -95,6 +95,72 @@ const START_TRIES_MAX: u32 = 5;
 /// The most tasks given back at shutdown (the rest wait for the Supervisor).
 const RELEASE_MAX: u32 = 10_000;
 
+/// The most task records a Scheduler keeps from its own commits (see
+/// [`Records`]); past it, new ones are not kept.
+const RECORDS_KEPT_MAX: usize = 10_000;
+
+/// The records of the tasks this Scheduler holds, as its last commit left
+/// them, so that a reply is decided without reading the task again.
+///
+/// A kept record can only be stale if someone else moved the task since,
+/// and every such move (the Supervisor's expiry, an operator's cancel, a
+/// claim by another Scheduler) bumps the task's lease epoch, on which every
+/// decision's commit is fenced: a decision taken on a stale record fails
+/// as a lost race, writing nothing; the record is dropped and the message
+/// decided again at once on a fresh read. A decision to ignore a message is
+/// never taken on a kept
+/// record: it is checked on a fresh read first, because ignoring commits
+/// nothing that could fail.
+#[derive(Default)]
+struct Records {
+    by_task: Mutex<HashMap<TaskId, TaskRecord>>,
+}
+
+impl Records {
+    fn get(&self, id: &TaskId) -> Option<TaskRecord> {
+        self.lock().get(id).cloned()
+    }
+
+    fn forget(&self, id: &TaskId) {
+        self.lock().remove(id);
+    }
+
+    /// Keeps `after` as the record of task `id`; `None` forgets it.
+    fn keep(&self, id: &TaskId, after: Option<TaskRecord>) {
+        let mut by_task = self.lock();
+        match after {
+            Some(record) if by_task.len() < RECORDS_KEPT_MAX || by_task.contains_key(id) => {
+                by_task.insert(id.clone(), record);
+            }
+            Some(_) => {}
+            None => {
+                by_task.remove(id);
+            }
+        }
+    }
+
+    /// The record `changes` leave of `before`, if worth keeping: the task
+    /// neither ended nor left this Scheduler.
+    fn after(before: &TaskRecord, changes: &Changes, me: &rota_model::InstanceId) -> Option<TaskRecord> {
+        let write = changes.tasks.iter().find(|w| w.task.id == before.task.id)?;
+        if write.task.state.is_terminal() || write.task.locked_by.as_ref() != Some(me) {
+            return None;
+        }
+        let mut steps = before.steps.clone();
+        for step_write in changes.steps.iter().filter(|w| w.step.task_id == before.task.id) {
+            match steps.iter_mut().find(|s| s.name == step_write.step.name) {
+                Some(step) => *step = step_write.step.clone(),
+                None => steps.push(step_write.step.clone()),
+            }
+        }
+        Some(TaskRecord { task: write.task.clone(), steps })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<TaskId, TaskRecord>> {
+        self.by_task.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
 /// What handling one input did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Handled {
@@ -118,6 +184,7 @@ struct Inner {
     inbox: QueueName,
     config: Config,
     rng: Mutex<StdRng>,
+    records: Records,
 }
 
 impl Scheduler {
@@ -126,7 +193,7 @@ impl Scheduler {
         config.validate()?;
         let inbox = protocol::inbox(&config.instance);
         let rng = Mutex::new(StdRng::seed_from_u64(config.seed));
-        Ok(Scheduler { inner: Arc::new(Inner { store, clock, workflows, completions, inbox, config, rng }) })
+        Ok(Scheduler { inner: Arc::new(Inner { store, clock, workflows, completions, inbox, config, rng, records: Records::default() }) })
     }
 
     /// This Scheduler's inbox.
@@ -299,13 +366,24 @@ impl Scheduler {
     /// Handles one inbox message; `settle` is the message's lease, completed
     /// in the same commit as the decision.
     pub async fn handle(&self, message: &InboxMessage, settle: Option<rota_model::LeaseToken>) -> Result<Handled> {
-        let Some(record) = self.inner.store.task(message.task_id()).await? else {
-            return Ok(Handled::Ignored(format!("task {} does not exist", message.task_id())));
-        };
         let input = match message {
             InboxMessage::Reply(reply) => Input::Reply(reply),
             InboxMessage::Retry { step, .. } => Input::Retry(step),
             InboxMessage::StepExpired { step, attempt, .. } => Input::StepExpired(step, *attempt),
+        };
+        let id = message.task_id();
+        if let Some(kept) = self.inner.records.get(id) {
+            match self.apply(&kept, input, settle).await {
+                // Only ignored on a fresh read (see `Records`).
+                Ok(Handled::Ignored(_)) => self.inner.records.forget(id),
+                // The record was stale and the commit wrote nothing: decide
+                // again on a fresh read, as if it had not been kept.
+                Err(Error::Store(err)) if err.is_lost_race() => {}
+                other => return other,
+            }
+        }
+        let Some(record) = self.inner.store.task(id).await? else {
+            return Ok(Handled::Ignored(format!("task {id} does not exist")));
         };
         self.apply(&record, input, settle).await
     }
@@ -337,7 +415,12 @@ impl Scheduler {
                 let ended: Option<(rota_model::TaskId, TaskState)> =
                     changes.tasks.iter().map(|w| &w.task).find(|t| t.state.is_terminal()).map(|t| (t.id.clone(), t.state));
                 let retried: Vec<StepName> = retried_steps(&changes);
-                inner.store.commit(*changes).await?;
+                let after = Records::after(record, &changes, &inner.config.instance);
+                if let Err(err) = inner.store.commit(*changes).await {
+                    inner.records.forget(&record.task.id);
+                    return Err(err.into());
+                }
+                inner.records.keep(&record.task.id, after);
                 record_decision(record, &workflow, input, now, &retried, ended.as_ref().map(|(_, state)| *state));
                 if let Some((id, state)) = ended {
                     inner.completions.publish(id, state);
