@@ -285,9 +285,19 @@ impl Scheduler {
         let inner = &self.inner;
         let claimed = inner.store.claim_tasks(&inner.config.instance, inner.config.claim_lease, inner.config.claim_batch).await?;
         let count = claimed.len();
+        // Read together: each start would otherwise read its task alone.
+        let ids: Vec<TaskId> = claimed.iter().map(|task| task.id.clone()).collect();
+        let mut records: HashMap<TaskId, TaskRecord> = match inner.store.tasks(&ids).await {
+            Ok(records) => records.into_iter().map(|record| (record.task.id.clone(), record)).collect(),
+            Err(err) => {
+                tracing::debug!("reading the claimed tasks together: {err}; each start reads its own");
+                HashMap::new()
+            }
+        };
         let mut starts = JoinSet::new();
         for task in claimed {
             let scheduler = self.clone();
+            let record = records.remove(&task.id);
             let traceparent = traces.get(&task.id).cloned();
             starts.spawn(async move {
                 let id = task.id.clone();
@@ -298,7 +308,7 @@ impl Scheduler {
                     None => None,
                 };
                 telemetry::set_parent(&span, traceparent.as_deref());
-                if let Err(err) = scheduler.start(&id).instrument(span).await {
+                if let Err(err) = scheduler.start(&id, record).instrument(span).await {
                     tracing::warn!("starting task {id}: {err}");
                 }
             });
@@ -347,11 +357,16 @@ impl Scheduler {
     /// race (the Supervisor settling one of its steps at the same moment) is
     /// decided again on a fresh read: a claimed task whose start was never
     /// committed would otherwise sit idle until its claim lease ran out.
-    async fn start(&self, task: &rota_model::TaskId) -> Result<Handled> {
+    async fn start(&self, task: &rota_model::TaskId, mut read: Option<TaskRecord>) -> Result<Handled> {
         let mut tries = 0;
         loop {
-            let Some(record) = self.inner.store.task(task).await? else {
-                return Ok(Handled::Ignored(format!("task {task} vanished")));
+            // The claim's own read first, then a fresh one after a lost race.
+            let record = match read.take() {
+                Some(record) => record,
+                None => match self.inner.store.task(task).await? {
+                    Some(record) => record,
+                    None => return Ok(Handled::Ignored(format!("task {task} vanished"))),
+                },
             };
             match self.apply(&record, Input::Claimed, None).await {
                 Err(Error::Store(err)) if err.is_lost_race() && tries < START_TRIES_MAX => {

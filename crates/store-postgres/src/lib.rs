@@ -965,6 +965,13 @@ impl Tasks for PgStore {
         with_connection!(self, conn => { task_sql::get_task(&mut conn, &self.names, id).await? })
     }
 
+    async fn tasks(&self, ids: &[TaskId]) -> Result<Vec<TaskRecord>, Error> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        with_connection!(self, conn => { task_sql::get_tasks(&mut conn, &self.names, ids).await? })
+    }
+
     async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<Task>, Error> {
         with_connection!(self, conn => { task_sql::list_tasks(&mut conn, &self.names, filter).await? })
     }

@@ -92,6 +92,39 @@ pub(crate) async fn get_task(conn: &mut PgConnection, n: &Names, id: &TaskId) ->
     Ok(Some(TaskRecord { task, steps }))
 }
 
+/// Several tasks and their steps, in the order of `ids`, in one statement.
+pub(crate) async fn get_tasks(conn: &mut PgConnection, n: &Names, ids: &[TaskId]) -> Result<Vec<TaskRecord>> {
+    let rows = sqlx::query(n.sql(
+        "SELECT t.*, s.task_id AS s_task_id, s.name AS s_name, s.position AS s_position, s.state AS s_state, s.attempt AS s_attempt,
+                s.complete_by AS s_complete_by, s.not_before AS s_not_before, s.input AS s_input, s.output AS s_output,
+                s.last_error AS s_last_error, s.updated_at AS s_updated_at
+           FROM rota.tasks AS t LEFT JOIN rota.steps AS s ON s.task_id = t.id
+          WHERE t.id = ANY($1::text[])
+          ORDER BY t.id, s.position, s.name",
+    ))
+    .bind(ids.iter().map(TaskId::as_str).collect::<Vec<_>>())
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut records: Vec<TaskRecord> = Vec::new();
+    for row in &rows {
+        let id: String = row.try_get("id")?;
+        if records.last().is_none_or(|r| r.task.id.as_str() != id) {
+            records.push(TaskRecord { task: task_from(row)?, steps: Vec::new() });
+        }
+        if row.try_get::<Option<String>, _>("s_name")?.is_some() {
+            let step = step_from(row, "s_")?;
+            records.last_mut().expect("pushed above").steps.push(step);
+        }
+    }
+    let mut ordered = Vec::with_capacity(records.len());
+    for id in ids {
+        if let Some(at) = records.iter().position(|r| &r.task.id == id) {
+            ordered.push(records.swap_remove(at));
+        }
+    }
+    Ok(ordered)
+}
+
 pub(crate) async fn list_tasks(conn: &mut PgConnection, n: &Names, filter: &TaskFilter) -> Result<Vec<Task>> {
     let rows = sqlx::query(n.sql(
         "SELECT * FROM rota.tasks

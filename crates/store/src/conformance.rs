@@ -84,6 +84,7 @@ macro_rules! conformance_suite {
             create_task_writes_everything_once,
             list_tasks_filters_newest_first,
             count_tasks_counts_every_state,
+            tasks_reads_several_with_their_steps,
             claim_tasks_leases_due_pending_and_unleased_compensating,
             concurrent_claims_never_share_a_task,
             commit_applies_fenced_writes_and_messages_together,
@@ -1147,6 +1148,24 @@ pub async fn count_tasks_counts_every_state(harness: &dyn Harness) {
         })
         .collect();
     assert_eq!(ok(store.count_tasks().await, "count_tasks"), expected, "two pending, one claimed");
+}
+
+/// `tasks` reads several tasks with their steps in the order asked, each
+/// as `task` reads it alone, leaving out ids that name no task.
+pub async fn tasks_reads_several_with_their_steps(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    create(&store, new_task("many-1", "order", &["reserve", "charge", "ship"], clock.now())).await;
+    create(&store, new_task("many-2", "order", &[], clock.now())).await;
+    create(&store, new_task("many-3", "order", &["charge"], clock.now())).await;
+    let ids = [task_id("many-3"), task_id("missing"), task_id("many-1"), task_id("many-2")];
+    let got = ok(store.tasks(&ids).await, "tasks");
+    let mut alone = Vec::new();
+    for id in ["many-3", "many-1", "many-2"] {
+        alone.push(stored(&store, &task_id(id)).await);
+    }
+    assert_eq!(got, alone, "the tasks in the order asked, each as read alone, the missing one left out");
+    assert!(ok(store.tasks(&[]).await, "tasks of none").is_empty());
 }
 
 /// `claim_tasks` leases due Pending tasks (oldest `not_before` first, at most

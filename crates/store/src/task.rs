@@ -306,6 +306,19 @@ pub trait Tasks: Send + Sync {
     /// A task and its steps, or `None`.
     async fn task(&self, id: &TaskId) -> Result<Option<TaskRecord>>;
 
+    /// Several tasks with their steps, in the order of `ids`; ids that name
+    /// no task are left out. A backend reads them at once where it can (a
+    /// Scheduler reads every task a claim gave it).
+    async fn tasks(&self, ids: &[TaskId]) -> Result<Vec<TaskRecord>> {
+        let mut records = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some(record) = self.task(id).await? {
+                records.push(record);
+            }
+        }
+        Ok(records)
+    }
+
     /// Tasks matching `filter`, newest first.
     async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<Task>>;
 
