@@ -39,7 +39,11 @@ pub struct Config {
     pub instance: InstanceId,
     /// The most tasks one claim takes.
     pub claim_batch: u32,
-    /// The lease a claim takes before the workflow's deadline replaces it.
+    /// The lease a claim takes before the workflow's deadline replaces it
+    /// (the start's commit, right after the claim's). It only has to cover
+    /// that gap, and it is how long a task waits for the Supervisor when its
+    /// Scheduler dies inside it: the claim is committed, the start is not,
+    /// nothing is in flight. So it is kept short (the default is 10 s).
     pub claim_lease: Duration,
     /// How long the claim loop waits for a doorbell before claiming anyway
     /// (the fallback that finds tasks whose doorbell was lost).
@@ -60,7 +64,7 @@ impl Config {
         Config {
             instance,
             claim_batch: 64,
-            claim_lease: Duration::from_secs(60),
+            claim_lease: Duration::from_secs(10),
             claim_wait: Duration::from_secs(1),
             inbox_concurrency: 32,
             recovery: default_recovery(),

@@ -29,6 +29,7 @@ mod sim;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use rota_engine::scheduler;
 use rota_model::{Clock, StepName, StepState, TaskId, TaskState};
 use rota_store::{Changes, Event, EventKind, TaskRecord};
 use serde_json::{Value, json};
@@ -709,6 +710,49 @@ async fn a_crash_of_the_only_scheduler_is_recovered_by_another_after_the_deadlin
     let history = world.store.history(&task).await.unwrap();
     assert!(history.iter().any(|e| e.kind == EventKind::Expired), "the Supervisor recorded the expiry");
     assert_eq!(history.iter().filter(|e| e.kind == EventKind::StepCompleted).count(), 3, "each step completed once");
+}
+
+/// A Scheduler dies between its claim's commit and its start's (as `rota
+/// serve` SIGKILLed right after a submit does): the task is held by the dead
+/// instance with nothing in flight, and only the Supervisor can free it, once
+/// the claim lease has run out. With the default lease that takes seconds;
+/// it took a minute (twenty times this short workflow's deadline) when the
+/// default lease was 60 s.
+#[tokio::test(flavor = "current_thread")]
+async fn a_scheduler_dead_between_its_claim_and_its_start_holds_the_task_for_seconds() {
+    let mut world = scenario_world().await;
+    let task = id("t0-seq");
+    let reserve = step_name("reserve");
+    assert!(world.submit_next().await.unwrap());
+    let dead = world.crash_scheduler(0);
+    // Its claim, as `Scheduler::claim_once` takes it, with the default lease.
+    let lease = scheduler::Config::new(dead.clone()).claim_lease;
+    let claimed = world.store.claim_tasks(&dead, lease, 1).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    let live = world.add_scheduler(None);
+
+    // Ten seconds on, the Supervisor has reset the task.
+    world.advance(Duration::from_secs(10));
+    world.supervise_once().await.unwrap();
+    let record = world.store.task(&task).await.unwrap().unwrap();
+    assert_eq!(
+        (record.task.state, record.task.locked_by.as_ref(), world.counts.tasks_reset),
+        (TaskState::Pending, None, 1),
+        "10 s after a claim whose start never came, the task is still held by {dead} (claim lease {lease:?})"
+    );
+
+    // Another Scheduler takes it and runs it from its first step.
+    world.advance(Duration::from_secs(2)); // past the recovery backoff
+    assert_eq!(world.claim_with(0).await.unwrap(), 1);
+    let record = world.store.task(&task).await.unwrap().unwrap();
+    assert_eq!(record.task.locked_by.as_ref(), Some(&live));
+    let step = record.steps.iter().find(|s| s.name == reserve).unwrap();
+    assert_eq!((step.state, step.attempt), (StepState::Running, 1));
+    assert!(world.quiet_phase(100).await.unwrap());
+    assert_eq!(world.state(&task).await, TaskState::Processed);
+    let mut problems = Vec::new();
+    check(&mut world, &mut problems).await;
+    assert!(problems.is_empty(), "{problems:#?}");
 }
 
 /// A step fails (here: times out) just before the task's deadline and backs
