@@ -249,6 +249,28 @@ pub(crate) struct Claimed {
     pub exhausted: Vec<(LeaseToken, u32, String)>,
 }
 
+/// The receive: `$1` queue id, `$2` now, `$3` the most messages, `$4` the
+/// consumer, `$5` the lease (the queue's when NULL), `$6` the epoch step.
+pub(crate) const CLAIM_SQL: &str =
+    "WITH q AS (SELECT id, lease_ms, deliveries_max FROM rota.queues, (SELECT set_config('synchronous_commit', 'off', true)) AS async
+                    WHERE id = $1 AND NOT paused),
+              picked AS (
+                 SELECT m.seq, m.visible_at FROM rota.messages AS m
+                  WHERE m.queue_id = (SELECT id FROM q) AND m.visible_at <= $2
+                    AND (m.ordering_key IS NULL
+                         OR m.seq = (SELECT MIN(k.seq) FROM rota.messages AS k
+                                      WHERE k.queue_id = m.queue_id AND k.ordering_key = m.ordering_key))
+                  ORDER BY m.visible_at, m.seq
+                  LIMIT $3
+                  FOR UPDATE SKIP LOCKED)
+         UPDATE rota.messages AS m
+            SET delivery_count = m.delivery_count + 1, lease_epoch = m.lease_epoch + $6,
+                lease_owner = $4, lease_until = $2 + COALESCE($5, q.lease_ms), visible_at = $2 + COALESCE($5, q.lease_ms)
+           FROM picked, q
+          WHERE m.seq = picked.seq
+      RETURNING m.seq, m.id, m.body, m.ordering_key, m.enqueued_at, m.delivery_count, m.lease_epoch, m.last_error,
+                picked.visible_at, m.lease_until, q.deliveries_max";
+
 /// Leases up to `max` visible messages of a queue that is not paused,
 /// oldest first, in one statement that skips rows other receivers are
 /// leasing right now. A message whose delivery count passes the queue's
@@ -280,34 +302,15 @@ pub(crate) async fn claim(
     // message of its key, so each key has at most one lease at a time and is
     // delivered in send order: while a receiver holds the head's row lock,
     // the others skip it and see that their candidate is no head.
-    let rows = sqlx::query(n.sql(
-        "WITH q AS (SELECT id, lease_ms, deliveries_max FROM rota.queues, (SELECT set_config('synchronous_commit', 'off', true)) AS async
-                    WHERE id = $1 AND NOT paused),
-              picked AS (
-                 SELECT m.seq, m.visible_at FROM rota.messages AS m
-                  WHERE m.queue_id = (SELECT id FROM q) AND m.visible_at <= $2
-                    AND (m.ordering_key IS NULL
-                         OR m.seq = (SELECT MIN(k.seq) FROM rota.messages AS k
-                                      WHERE k.queue_id = m.queue_id AND k.ordering_key = m.ordering_key))
-                  ORDER BY m.visible_at, m.seq
-                  LIMIT $3
-                  FOR UPDATE SKIP LOCKED)
-         UPDATE rota.messages AS m
-            SET delivery_count = m.delivery_count + 1, lease_epoch = m.lease_epoch + $6,
-                lease_owner = $4, lease_until = $2 + COALESCE($5, q.lease_ms), visible_at = $2 + COALESCE($5, q.lease_ms)
-           FROM picked, q
-          WHERE m.seq = picked.seq
-      RETURNING m.seq, m.id, m.body, m.ordering_key, m.enqueued_at, m.delivery_count, m.lease_epoch, m.last_error,
-                picked.visible_at, m.lease_until, q.deliveries_max",
-    ))
-    .bind(queue_id)
-    .bind(now.as_millis())
-    .bind(i64::from(max))
-    .bind(request.consumer.as_ref().map(InstanceId::as_str))
-    .bind(request.lease.map(millis))
-    .bind(lease_epoch_step())
-    .fetch_all(&mut *conn)
-    .await?;
+    let rows = sqlx::query(n.sql(CLAIM_SQL))
+        .bind(queue_id)
+        .bind(now.as_millis())
+        .bind(i64::from(max))
+        .bind(request.consumer.as_ref().map(InstanceId::as_str))
+        .bind(request.lease.map(millis))
+        .bind(lease_epoch_step())
+        .fetch_all(&mut *conn)
+        .await?;
     let mut claimed = rows
         .iter()
         .map(|row| {
@@ -667,4 +670,52 @@ pub(crate) async fn stats(conn: &mut PgConnection, n: &Names, now: Timestamp) ->
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use rota_model::{QueueName, SystemClock};
+    use rota_store::{Outgoing, Queues};
+    use sqlx::Connection;
+
+    use super::*;
+
+    /// The receive walks `messages_visible` in order and stops at its limit,
+    /// whatever the statistics were when a connection planned it: a plan
+    /// that reads every visible message and sorts them (a bitmap scan, a
+    /// sequential scan) makes each receive cost the whole backlog.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_receive_walks_its_index_in_order_whatever_the_statistics() {
+        let Some(schema) = rota_testkit::postgres::TestSchema::new("the receive's plan on PostgreSQL") else { return };
+        let mut config = crate::Config::new(schema.url.clone());
+        config.schema = schema.name.clone();
+        let store = crate::PgStore::open(config.clone(), Arc::new(SystemClock)).await.unwrap();
+        let queue = QueueName::new("work").unwrap();
+        store.send(&queue, Outgoing::json(&serde_json::json!("first")).unwrap()).await.unwrap();
+        let mut conn = PgConnection::connect_with(&config.connect_options().unwrap()).await.unwrap();
+        let s = &schema.name;
+        let fill = format!(
+            "INSERT INTO \"{s}\".messages (queue_id, id, body, enqueued_at, visible_at)
+             SELECT (SELECT id FROM \"{s}\".queues WHERE name = 'work'), 'm-' || g, '{{}}', g, g FROM generate_series(1, 20000) AS g"
+        );
+        sqlx::raw_sql(sqlx::AssertSqlSafe(fill)).execute(&mut conn).await.unwrap();
+        let names = Names::new(s);
+        for analyzed in [false, true] {
+            if analyzed {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!("ANALYZE \"{s}\".messages"))).execute(&mut conn).await.unwrap();
+            }
+            let prepare = format!("PREPARE receive_plan AS {}", names.qualify(CLAIM_SQL));
+            sqlx::raw_sql(sqlx::AssertSqlSafe(prepare)).execute(&mut conn).await.unwrap();
+            let plan: Vec<String> =
+                sqlx::query_scalar("EXPLAIN EXECUTE receive_plan(1, 1000000, 18, 'c', NULL, 1)").fetch_all(&mut conn).await.unwrap();
+            sqlx::raw_sql("DEALLOCATE receive_plan").execute(&mut conn).await.unwrap();
+            let plan = plan.join("\n");
+            assert!(plan.contains("Index Scan using messages_visible"), "analyzed: {analyzed}\n{plan}");
+            for walk in ["Bitmap", "Sort", "Seq Scan on messages"] {
+                assert!(!plan.contains(walk), "the receive's plan has a {walk} (analyzed: {analyzed}):\n{plan}");
+            }
+        }
+    }
 }
