@@ -144,14 +144,11 @@ pub(crate) async fn list_tasks(conn: &mut PgConnection, n: &Names, filter: &Task
 pub(crate) async fn count_tasks(conn: &mut PgConnection, n: &Names) -> Result<Vec<(TaskState, u64)>> {
     let rows: Vec<(String, i64)> =
         sqlx::query_as(n.sql("SELECT state, COUNT(*) FROM rota.tasks GROUP BY state")).fetch_all(&mut *conn).await?;
-    let mut counts: Vec<(TaskState, u64)> = TaskState::ALL.iter().map(|state| (*state, 0)).collect();
-    for (state, count) in rows {
-        let state = state.parse::<TaskState>().map_err(|e| corrupt("task state", e))?;
-        if let Some(entry) = counts.iter_mut().find(|(s, _)| *s == state) {
-            entry.1 = u64::try_from(count).unwrap_or(0);
-        }
-    }
-    Ok(counts)
+    let counted = rows
+        .into_iter()
+        .map(|(state, count)| Ok((state.parse::<TaskState>().map_err(|e| corrupt("task state", e))?, u64::try_from(count).unwrap_or(0))))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(rota_store::counts_of_every_state(counted))
 }
 
 /// Claims up to `max` claimable tasks in one statement that skips tasks

@@ -338,14 +338,11 @@ pub(crate) fn count_tasks(conn: &Connection) -> Result<Vec<(TaskState, u64)>> {
             stmt.query_map([], |row| Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?)))?.collect::<rusqlite::Result<Vec<_>>>()
         })
         .map_err(sql_error)?;
-    let mut counts: Vec<(TaskState, u64)> = TaskState::ALL.iter().map(|state| (*state, 0)).collect();
-    for (state, count) in rows {
-        let state = state.parse::<TaskState>().map_err(|e| corrupt("task state", e))?;
-        if let Some(entry) = counts.iter_mut().find(|(s, _)| *s == state) {
-            entry.1 = u64::try_from(count).unwrap_or(0);
-        }
-    }
-    Ok(counts)
+    let counted = rows
+        .into_iter()
+        .map(|(state, count)| Ok((state.parse::<TaskState>().map_err(|e| corrupt("task state", e))?, u64::try_from(count).unwrap_or(0))))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(rota_store::counts_of_every_state(counted))
 }
 
 /// Claims up to `max` claimable tasks in one statement, and records a

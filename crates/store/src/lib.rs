@@ -30,7 +30,7 @@ pub use queue::{
 };
 pub use task::{
     Changes, ComponentStatus, Created, Event, EventKind, Expired, LeaderLease, NewTask, StepWrite, TaskFilter, TaskRecord, TaskWrite,
-    Tasks, WorkflowEntry,
+    Tasks, WorkflowEntry, counts_of_every_state,
 };
 
 /// A complete store: durable queues and the task state store, sharing one

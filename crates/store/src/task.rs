@@ -111,6 +111,18 @@ impl StepWrite {
     }
 }
 
+/// The answer of [`Tasks::count_tasks`] from a backend's grouped counts:
+/// every state in [`TaskState::ALL`] order, zero where none was counted.
+pub fn counts_of_every_state(counted: impl IntoIterator<Item = (TaskState, u64)>) -> Vec<(TaskState, u64)> {
+    let mut counts: Vec<(TaskState, u64)> = TaskState::ALL.iter().map(|state| (*state, 0)).collect();
+    for (state, count) in counted {
+        if let Some(entry) = counts.iter_mut().find(|(s, _)| *s == state) {
+            entry.1 += count;
+        }
+    }
+    counts
+}
+
 /// A set of changes applied atomically by [`Tasks::commit`]: if any fenced
 /// write finds its record changed, or any lease token is lost, nothing is
 /// written and the error names what conflicted.
