@@ -227,7 +227,9 @@ impl ApiState {
     pub fn new(store: SharedStore, client: Client, clock: Arc<dyn Clock>, config: Config) -> Result<Self, Error> {
         config.limits.validate()?;
         config.workers.validate()?;
-        let workflows = Workflows::new(store.clone());
+        // The client's own, so that a registration here is the latest its
+        // submissions see at once.
+        let workflows = client.workflows().clone();
         let catalog = config.catalog();
         let metrics = metrics::Metrics::new(&config.metrics);
         let inner = Inner { store, client, clock, config, catalog, workflows, metrics, closing: watch::Sender::new(false) };

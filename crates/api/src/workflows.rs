@@ -188,7 +188,10 @@ pub async fn register(State(state): State<ApiState>, ApiText(text): ApiText) -> 
         None => {
             let result = state.store().register_workflow(workflow.name(), workflow.version(), &definition).await;
             match result {
-                Ok(()) => StatusCode::CREATED,
+                Ok(()) => {
+                    state.workflows().registered(std::sync::Arc::new(workflow.clone()));
+                    StatusCode::CREATED
+                }
                 Err(rota_store::Error::Conflict(_)) => return Err(version_taken(&workflow)),
                 Err(err) => return Err(ApiError::store("register workflow", err)),
             }

@@ -24,7 +24,9 @@ const OPERATOR_TRIES_MAX: u32 = 5;
 pub struct Submission {
     /// The workflow.
     pub workflow: WorkflowName,
-    /// Its version; the latest registered when `None`.
+    /// Its version; the latest registered when `None`, as the client's
+    /// [`Workflows`] knows it (read from the registry at most its
+    /// `latest_refresh` ago, or registered through it since).
     pub version: Option<u32>,
     /// The task's input.
     pub input: Value,
@@ -77,6 +79,11 @@ impl Client {
     /// The store behind this client.
     pub fn store(&self) -> &SharedStore {
         &self.store
+    }
+
+    /// The workflow definitions this client submits.
+    pub fn workflows(&self) -> &Workflows {
+        &self.workflows
     }
 
     /// Creates a task with its steps, its `received` event and the doorbell

@@ -52,6 +52,10 @@ pub struct Config {
     /// How long work in progress (agent calls, replies being handled) may
     /// take to finish when the engine stops; then it is given back.
     pub shutdown_grace: Duration,
+    /// How long a submission without a version takes the latest version
+    /// read from the registry as the latest (see [`Workflows`]); versions
+    /// registered through this engine are the latest at once.
+    pub workflow_latest_refresh: Duration,
 }
 
 impl Config {
@@ -65,6 +69,7 @@ impl Config {
             agent_concurrency: 16,
             seed: 0,
             shutdown_grace: crate::consumer::Config::SHUTDOWN_GRACE_DEFAULT,
+            workflow_latest_refresh: crate::workflows::LATEST_REFRESH_DEFAULT,
         }
     }
 }
@@ -83,7 +88,7 @@ pub struct Engine {
 impl Engine {
     /// An engine over `store` with `config`, no agents and no workflows yet.
     pub fn new(store: SharedStore, clock: Arc<dyn Clock>, config: Config) -> Self {
-        let workflows = Workflows::new(store.clone());
+        let workflows = Workflows::new(store.clone()).clock(clock.clone()).latest_refresh(config.workflow_latest_refresh);
         Engine { store, clock, config, agents: Vec::new(), workflows, definitions: Vec::new(), completions: Completions::default() }
     }
 
