@@ -80,6 +80,7 @@ fn builder() -> PrometheusBuilder {
         .set_buckets_for_metric(Matcher::Full("rota_http_request_duration_seconds".into()), HTTP_DURATION_BUCKETS)
         .and_then(|b| b.set_buckets_for_metric(Matcher::Full("rota_sqlite_commit_jobs".into()), BATCH_BUCKETS))
         .and_then(|b| b.set_buckets_for_metric(Matcher::Full("rota_postgres_commit_batch".into()), BATCH_BUCKETS))
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Full("rota_postgres_create_batch".into()), BATCH_BUCKETS))
         .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("_seconds".into()), DURATION_BUCKETS))
         .expect("the buckets are not empty")
 }

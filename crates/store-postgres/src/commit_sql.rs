@@ -27,6 +27,8 @@ fn json_text(value: &serde_json::Value) -> String {
 /// The messages of one statement as parallel arrays. An id repeated within
 /// the statement is a duplicate of its first use and left out.
 struct Sends<'a> {
+    /// The task whose creation sends each (creates only).
+    owners: Vec<&'a str>,
     queue_ids: Vec<i64>,
     ids: Vec<&'a str>,
     keyed: Vec<bool>,
@@ -37,11 +39,12 @@ struct Sends<'a> {
 
 impl<'a> Sends<'a> {
     fn new(
-        messages: impl IntoIterator<Item = (&'a (QueueName, Outgoing), &'a MessageId)>,
+        messages: impl IntoIterator<Item = (&'a str, &'a (QueueName, Outgoing), &'a MessageId)>,
         queue_id: &dyn Fn(&QueueName) -> Result<i64>,
         now: Timestamp,
     ) -> Result<Sends<'a>> {
         let mut sends = Sends {
+            owners: Vec::new(),
             queue_ids: Vec::new(),
             ids: Vec::new(),
             keyed: Vec::new(),
@@ -50,13 +53,14 @@ impl<'a> Sends<'a> {
             visible: Vec::new(),
         };
         let mut keyed_seen: Vec<(&QueueName, &MessageId)> = Vec::new();
-        for ((queue, message), id) in messages {
+        for (owner, (queue, message), id) in messages {
             if message.id.is_some() {
                 if keyed_seen.contains(&(queue, id)) {
                     continue;
                 }
                 keyed_seen.push((queue, id));
             }
+            sends.owners.push(owner);
             sends.queue_ids.push(queue_id(queue)?);
             sends.ids.push(id.as_str());
             sends.keyed.push(message.id.is_some());
@@ -73,79 +77,96 @@ fn queues_named(queue_ids: &HashMap<QueueName, i64>, sent_to: &[i64]) -> Vec<Que
     queue_ids.iter().filter(|(_, id)| sent_to.contains(id)).map(|(queue, _)| queue.clone()).collect()
 }
 
-/// Creates a task, its steps, its events and its messages in one statement,
-/// unless a task with its id exists (then nothing is written). Returns
-/// whether it was created and the queues that got new messages.
-pub(crate) async fn create_task(
+/// One task to create, with the id of each message it sends.
+pub(crate) type NewPart<'a> = (&'a NewTask, &'a [MessageId]);
+
+/// Creates tasks, each with its steps, its events and its messages, in one
+/// statement, except those whose id exists already (nothing of theirs is
+/// written). The ids of `parts` must differ, and a keyed message may be
+/// sent by one part only. Returns the ids created and the queues that got
+/// new messages.
+pub(crate) async fn create_tasks(
     conn: &mut PgConnection,
     n: &Names,
-    new: &NewTask,
+    parts: &[NewPart<'_>],
     queue_ids: &HashMap<QueueName, i64>,
-    send_ids: &[MessageId],
     now: Timestamp,
-) -> Result<(bool, Vec<QueueName>)> {
+) -> Result<(Vec<String>, Vec<QueueName>)> {
     let queue_id = |queue: &QueueName| -> Result<i64> {
         queue_ids.get(queue).copied().ok_or_else(|| Error::Backend(format!("queue {queue} has no known id")).into())
     };
-    let sends = Sends::new(new.messages.iter().zip(send_ids), &queue_id, now)?;
-    let (task, steps, events) = (&new.task, &new.steps, &new.events);
-    let row: (bool, Vec<i64>) = sqlx::query_as(n.sql(
+    let tasks: Vec<_> = parts.iter().map(|(new, _)| &new.task).collect();
+    let steps: Vec<_> = parts.iter().flat_map(|(new, _)| &new.steps).collect();
+    // Each event and message goes with the task whose creation writes it.
+    let events: Vec<_> = parts.iter().flat_map(|(new, _)| new.events.iter().map(|event| (&new.task.id, event))).collect();
+    let messages = parts.iter().flat_map(|(new, ids)| new.messages.iter().zip(ids.iter()).map(|(m, id)| (new.task.id.as_str(), m, id)));
+    let sends = Sends::new(messages, &queue_id, now)?;
+    let row: (Vec<String>, Vec<i64>) = sqlx::query_as(n.sql(
         "WITH
          inserted AS (
              INSERT INTO rota.tasks (id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
                                      failure_count, reply_to, output, error, created_at, updated_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+             SELECT t.id, t.workflow, t.workflow_version, t.input, t.state, t.locked_by, t.lease_epoch, t.complete_by, t.not_before,
+                    t.failure_count, t.reply_to, t.output, t.error, t.created_at, t.updated_at
+               FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::bigint[], $8::bigint[],
+                           $9::bigint[], $10::bigint[], $11::text[], $12::text[], $13::text[], $14::bigint[], $15::bigint[])
+                    WITH ORDINALITY
+                    AS t(id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
+                         failure_count, reply_to, output, error, created_at, updated_at, position)
+              ORDER BY t.position
              ON CONFLICT (id) DO NOTHING
           RETURNING id),
          step_rows AS (
              INSERT INTO rota.steps (task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error,
                                      updated_at)
              SELECT w.* FROM unnest($16::text[], $17::text[], $18::bigint[], $19::text[], $20::bigint[], $21::bigint[],
-                                    $22::bigint[], $23::text[], $24::text[], $25::text[], $26::bigint[]) AS w
-              WHERE EXISTS (SELECT 1 FROM inserted)),
+                                    $22::bigint[], $23::text[], $24::text[], $25::text[], $26::bigint[])
+                    AS w(task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error, updated_at)
+              WHERE w.task_id IN (SELECT id FROM inserted)),
          writer AS (
              SELECT pg_advisory_xact_lock_shared($33 + (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM rota.event_seq))
               WHERE cardinality($27::text[]) > 0 AND EXISTS (SELECT 1 FROM inserted)),
          appended AS (
              INSERT INTO rota.events (task_id, at, kind, step, attempt, detail)
              SELECT e.task_id, e.at, e.kind, e.step, e.attempt, e.detail
-               FROM writer, unnest($27::text[], $28::bigint[], $29::text[], $30::text[], $31::bigint[], $32::text[]) WITH ORDINALITY
-                    AS e(task_id, at, kind, step, attempt, detail, position)
+               FROM writer, unnest($27::text[], $28::bigint[], $29::text[], $30::text[], $31::bigint[], $32::text[], $41::text[])
+                    WITH ORDINALITY AS e(task_id, at, kind, step, attempt, detail, owner, position)
+              WHERE e.owner IN (SELECT id FROM inserted)
               ORDER BY e.position),
          fresh AS (
              INSERT INTO rota.message_ids (queue_id, id, expires_at)
              SELECT q.id, m.id, $34 + q.dedupe_window_ms
-               FROM unnest($35::bigint[], $36::text[], $37::bool[]) AS m(queue_id, id, keyed)
+               FROM unnest($35::bigint[], $36::text[], $37::bool[], $42::text[]) AS m(queue_id, id, keyed, owner)
                JOIN rota.queues AS q ON q.id = m.queue_id
-              WHERE m.keyed AND EXISTS (SELECT 1 FROM inserted)
+              WHERE m.keyed AND m.owner IN (SELECT id FROM inserted)
              ON CONFLICT (queue_id, id) DO UPDATE SET expires_at = excluded.expires_at WHERE rota.message_ids.expires_at <= $34
              RETURNING queue_id, id),
          sent AS (
              INSERT INTO rota.messages (queue_id, id, body, ordering_key, enqueued_at, visible_at)
              SELECT m.queue_id, m.id, m.body, m.ordering_key, $34, m.visible_at
-               FROM unnest($35::bigint[], $36::text[], $37::bool[], $38::text[], $39::text[], $40::bigint[]) WITH ORDINALITY
-                    AS m(queue_id, id, keyed, body, ordering_key, visible_at, position)
-              WHERE EXISTS (SELECT 1 FROM inserted) AND (NOT m.keyed OR (m.queue_id, m.id) IN (SELECT queue_id, id FROM fresh))
+               FROM unnest($35::bigint[], $36::text[], $37::bool[], $38::text[], $39::text[], $40::bigint[], $42::text[])
+                    WITH ORDINALITY AS m(queue_id, id, keyed, body, ordering_key, visible_at, owner, position)
+              WHERE m.owner IN (SELECT id FROM inserted) AND (NOT m.keyed OR (m.queue_id, m.id) IN (SELECT queue_id, id FROM fresh))
               ORDER BY m.position
           RETURNING queue_id)
-         SELECT EXISTS (SELECT 1 FROM inserted), ARRAY(SELECT DISTINCT queue_id FROM sent)",
+         SELECT ARRAY(SELECT id FROM inserted), ARRAY(SELECT DISTINCT queue_id FROM sent)",
     ))
-    // The task, $1..$15.
-    .bind(task.id.as_str())
-    .bind(task.workflow.as_str())
-    .bind(i64::from(task.workflow_version))
-    .bind(json_text(&task.input))
-    .bind(task.state.as_str())
-    .bind(task.locked_by.as_ref().map(InstanceId::as_str))
-    .bind(task.lease_epoch as i64)
-    .bind(task.complete_by.map(Timestamp::as_millis))
-    .bind(task.not_before.as_millis())
-    .bind(i64::from(task.failure_count))
-    .bind(task.reply_to.as_deref())
-    .bind(task.output.as_ref().map(json_text))
-    .bind(task.error.as_deref())
-    .bind(task.created_at.as_millis())
-    .bind(task.updated_at.as_millis())
+    // Tasks, $1..$15.
+    .bind(tasks.iter().map(|t| t.id.as_str()).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| t.workflow.as_str()).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| i64::from(t.workflow_version)).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| json_text(&t.input)).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| t.state.as_str()).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| t.locked_by.as_ref().map(InstanceId::as_str)).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| t.lease_epoch as i64).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| t.complete_by.map(Timestamp::as_millis)).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| t.not_before.as_millis()).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| i64::from(t.failure_count)).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| t.reply_to.as_deref()).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| t.output.as_ref().map(json_text)).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| t.error.as_deref()).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| t.created_at.as_millis()).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| t.updated_at.as_millis()).collect::<Vec<_>>())
     // Steps, $16..$26.
     .bind(steps.iter().map(|s| s.task_id.as_str()).collect::<Vec<_>>())
     .bind(steps.iter().map(|s| s.name.as_str()).collect::<Vec<_>>())
@@ -159,12 +180,12 @@ pub(crate) async fn create_task(
     .bind(steps.iter().map(|s| s.last_error.as_deref()).collect::<Vec<_>>())
     .bind(steps.iter().map(|s| s.updated_at.as_millis()).collect::<Vec<_>>())
     // Events, $27..$32, the event-writer lock base, $33, and now, $34.
-    .bind(events.iter().map(|e| e.task_id.as_str()).collect::<Vec<_>>())
-    .bind(events.iter().map(|e| e.at.as_millis()).collect::<Vec<_>>())
-    .bind(events.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>())
-    .bind(events.iter().map(|e| e.step.as_ref().map(StepName::as_str)).collect::<Vec<_>>())
-    .bind(events.iter().map(|e| e.attempt.map(i64::from)).collect::<Vec<_>>())
-    .bind(events.iter().map(|e| json_text(&e.detail)).collect::<Vec<_>>())
+    .bind(events.iter().map(|(_, e)| e.task_id.as_str()).collect::<Vec<_>>())
+    .bind(events.iter().map(|(_, e)| e.at.as_millis()).collect::<Vec<_>>())
+    .bind(events.iter().map(|(_, e)| e.kind.as_str()).collect::<Vec<_>>())
+    .bind(events.iter().map(|(_, e)| e.step.as_ref().map(StepName::as_str)).collect::<Vec<_>>())
+    .bind(events.iter().map(|(_, e)| e.attempt.map(i64::from)).collect::<Vec<_>>())
+    .bind(events.iter().map(|(_, e)| json_text(&e.detail)).collect::<Vec<_>>())
     .bind(n.event_lock_base())
     .bind(now.as_millis())
     // Sends, $35..$40.
@@ -174,6 +195,9 @@ pub(crate) async fn create_task(
     .bind(&sends.bodies)
     .bind(&sends.ordering_keys)
     .bind(&sends.visible)
+    // The task each event and message goes with, $41 and $42.
+    .bind(events.iter().map(|(owner, _)| owner.as_str()).collect::<Vec<_>>())
+    .bind(&sends.owners)
     .fetch_one(&mut *conn)
     .await?;
     Ok((row.0, queues_named(queue_ids, &row.1)))
@@ -212,7 +236,8 @@ pub(crate) async fn commit(
     let events: Vec<_> = parts.iter().flat_map(|(changes, _)| &changes.events).collect();
     let complete: Vec<_> = parts.iter().flat_map(|(changes, _)| &changes.complete).collect();
 
-    let sends = Sends::new(parts.iter().flat_map(|(changes, ids)| changes.send.iter().zip(ids.iter())), &queue_id, now)?;
+    let messages = parts.iter().flat_map(|(changes, ids)| changes.send.iter().zip(ids.iter()).map(|(m, id)| ("", m, id)));
+    let sends = Sends::new(messages, &queue_id, now)?;
     let complete_queue_ids = complete.iter().map(|(queue, _)| queue_id(queue)).collect::<Result<Vec<_>>>()?;
 
     let outcome = sqlx::query_scalar::<_, Vec<i64>>(n.sql(

@@ -23,17 +23,18 @@
 //! caller gets that error: like any commit whose reply is lost, its outcome
 //! is unknown, and running the parts again could apply them twice.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use rota_model::{Clock, MessageId, QueueName};
-use rota_store::{Changes, Error};
-use sqlx::PgPool;
+use rota_model::{Clock, MessageId, QueueName, TaskId};
+use rota_store::{Changes, Created, Error, NewTask};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
-use crate::commit_sql::{self, Committed, Part};
+use crate::commit_sql::{self, Committed, NewPart, Part};
+use crate::connections::Connections;
 use crate::sql::Names;
+use crate::task_sql;
 use crate::{Fail, Result, TRANSACTION_TRIES_MAX};
 
 /// Commit statements run (batches and commits alone).
@@ -42,6 +43,10 @@ pub(crate) const STATEMENTS_METRIC: &str = "rota_postgres_commit_statements_tota
 pub(crate) const BATCH_METRIC: &str = "rota_postgres_commit_batch";
 /// Batches refused as a whole and run again commit by commit.
 pub(crate) const BATCHES_REFUSED_METRIC: &str = "rota_postgres_commit_batches_refused_total";
+/// Statements that created tasks (batches and creations alone).
+pub(crate) const CREATE_STATEMENTS_METRIC: &str = "rota_postgres_create_statements_total";
+/// Histogram: the task creations that shared one statement.
+pub(crate) const CREATE_BATCH_METRIC: &str = "rota_postgres_create_batch";
 
 /// One caller's commit, waiting for its batch.
 pub(crate) struct Pending {
@@ -54,7 +59,19 @@ pub(crate) struct Pending {
     pub(crate) done: oneshot::Sender<Result<Vec<QueueName>, Error>>,
 }
 
-/// How many commits and commit statements a store has run.
+/// One caller's task creation (`Tasks::create_task`), waiting for its batch.
+pub(crate) struct PendingCreate {
+    pub(crate) new: NewTask,
+    /// The id of each message the task sends.
+    pub(crate) send_ids: Vec<MessageId>,
+    /// The id of every queue it sends to.
+    pub(crate) queue_ids: HashMap<QueueName, i64>,
+    /// Where the outcome goes, with the queues that got new messages.
+    pub(crate) done: oneshot::Sender<Result<(Created, Vec<QueueName>), Error>>,
+}
+
+/// How many commits and task creations a store has run, and in how many
+/// statements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CommitCounts {
     /// Commits asked for (`Tasks::commit` calls with something to write).
@@ -62,45 +79,81 @@ pub struct CommitCounts {
     /// Statements that ran them: one per batch, plus one per commit run
     /// again alone after its batch was refused.
     pub statements: u64,
+    /// Task creations asked for (`Tasks::create_task` calls).
+    pub creates: u64,
+    /// Statements that ran them.
+    pub create_statements: u64,
 }
 
 #[derive(Default)]
 pub(crate) struct CommitStats {
     commits: AtomicU64,
     statements: AtomicU64,
+    creates: AtomicU64,
+    create_statements: AtomicU64,
 }
 
 impl CommitStats {
     pub(crate) fn snapshot(&self) -> CommitCounts {
-        CommitCounts { commits: self.commits.load(Ordering::Relaxed), statements: self.statements.load(Ordering::Relaxed) }
+        CommitCounts {
+            commits: self.commits.load(Ordering::Relaxed),
+            statements: self.statements.load(Ordering::Relaxed),
+            creates: self.creates.load(Ordering::Relaxed),
+            create_statements: self.create_statements.load(Ordering::Relaxed),
+        }
     }
 }
 
 /// What the batches need of the store.
 #[derive(Clone)]
 pub(crate) struct Committer {
-    pub(crate) pool: PgPool,
+    pub(crate) connections: Arc<Connections>,
     pub(crate) names: Arc<Names>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) stats: Arc<CommitStats>,
 }
 
-/// Takes queued commits in batches of up to `batch_max`, with at most
-/// `in_flight` batches running, until the store is dropped.
-pub(crate) async fn run(committer: Committer, batch_max: usize, in_flight: usize, mut queued: mpsc::UnboundedReceiver<Pending>) {
+/// A write waiting for its batch.
+pub(crate) enum Job {
+    Commit(Pending),
+    Create(PendingCreate),
+}
+
+/// Takes queued writes in batches of up to `batch_max`, with at most
+/// `in_flight` batches running, until the store is dropped. A batch holds
+/// writes of one kind: commits, or task creations.
+pub(crate) async fn run(committer: Committer, batch_max: usize, in_flight: usize, mut queued: mpsc::UnboundedReceiver<Job>) {
     let slots = Arc::new(Semaphore::new(in_flight));
-    while let Some(first) = queued.recv().await {
+    let mut backlog: VecDeque<Job> = VecDeque::new();
+    loop {
+        if backlog.is_empty() {
+            match queued.recv().await {
+                Some(first) => backlog.push_back(first),
+                None => return,
+            }
+        }
         // Waiting for a slot is what lets a batch grow: whatever queues
         // meanwhile joins it.
         let Ok(slot) = slots.clone().acquire_owned().await else { return };
-        let mut batch = vec![first];
-        while batch.len() < batch_max {
-            match queued.try_recv() {
-                Ok(next) => batch.push(next),
-                Err(_) => break,
+        while let Ok(next) = queued.try_recv() {
+            backlog.push_back(next);
+        }
+        let (mut commits, mut creates) = (Vec::new(), Vec::new());
+        let creating = matches!(backlog.front(), Some(Job::Create(_)));
+        let mut others = VecDeque::new();
+        while let Some(job) = backlog.pop_front() {
+            match job {
+                Job::Commit(commit) if !creating && commits.len() < batch_max => commits.push(commit),
+                Job::Create(create) if creating && creates.len() < batch_max => creates.push(create),
+                other => others.push_back(other),
             }
         }
-        tokio::spawn(committer.clone().commit_batch(batch, slot));
+        backlog = others;
+        if creating {
+            tokio::spawn(committer.clone().create_batch(creates, slot));
+        } else {
+            tokio::spawn(committer.clone().commit_batch(commits, slot));
+        }
     }
 }
 
@@ -151,13 +204,99 @@ impl Committer {
             Ok(Committed::Written(sent_to)) => Ok(sent_to),
             Ok(Committed::Refused) => {
                 let diagnosis: Result<Fail> = async {
-                    let mut conn = self.pool.acquire().await?;
-                    Ok(commit_sql::diagnose(&mut conn, &self.names, &pending.changes, self.clock.now()).await)
+                    let mut conn = self.connections.acquire().await?;
+                    let diagnosis = commit_sql::diagnose(&mut conn, &self.names, &pending.changes, self.clock.now()).await;
+                    conn.finished(&Ok(()));
+                    Ok(diagnosis)
                 }
                 .await;
                 Err(diagnosis.unwrap_or_else(|fail| fail).into_store())
             }
             Err(fail) => Err(fail.into_store()),
+        }
+    }
+
+    /// Creates the tasks of `batch`, in as few statements as their ids and
+    /// keyed messages allow (see [`statement_groups`]). A statement the
+    /// server refused for what it wrote (a constraint, a value out of range)
+    /// is run again creation by creation, so that only the creation at
+    /// fault fails; a
+    /// creation is idempotent (an existing id writes nothing), so running
+    /// one again is safe.
+    async fn create_batch(self, batch: Vec<PendingCreate>, _slot: OwnedSemaphorePermit) {
+        self.stats.creates.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        for group in statement_groups(batch) {
+            metrics::histogram!(CREATE_BATCH_METRIC).record(group.len() as f64);
+            let outcome = self.create_statement(&group).await;
+            match outcome {
+                Ok(outcomes) => {
+                    for (pending, outcome) in group.into_iter().zip(outcomes) {
+                        let _ = pending.done.send(Ok(outcome));
+                    }
+                }
+                Err(fail) if group.len() > 1 && fail.is_refused_by_server() => {
+                    for pending in group {
+                        let outcome = self.create_statement(std::slice::from_ref(&pending)).await;
+                        let outcome = outcome.map(|mut outcomes| outcomes.remove(0)).map_err(Fail::into_store);
+                        let _ = pending.done.send(outcome);
+                    }
+                }
+                Err(fail) => {
+                    let err = fail.into_store();
+                    for pending in group {
+                        let _ = pending.done.send(Err(duplicate(&err)));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs one create statement (again when PostgreSQL aborted it to break
+    /// a deadlock) and reads the tasks that existed already. Returns each
+    /// creation's outcome, in order; the queues that got new messages go
+    /// with the first.
+    async fn create_statement(&self, group: &[PendingCreate]) -> Result<Vec<(Created, Vec<QueueName>)>> {
+        metrics::counter!(CREATE_STATEMENTS_METRIC).increment(1);
+        self.stats.create_statements.fetch_add(1, Ordering::Relaxed);
+        let mut queue_ids = HashMap::new();
+        for pending in group {
+            queue_ids.extend(pending.queue_ids.iter().map(|(queue, id)| (queue.clone(), *id)));
+        }
+        let parts: Vec<NewPart<'_>> = group.iter().map(|p| (&p.new, p.send_ids.as_slice())).collect();
+        let mut tries = 1_u32;
+        loop {
+            let mut conn = match self.connections.acquire().await {
+                Ok(conn) => conn,
+                Err(fail) => return Err(fail),
+            };
+            let attempt: Result<_> = async {
+                let (inserted, sent_to) = commit_sql::create_tasks(&mut conn, &self.names, &parts, &queue_ids, self.clock.now()).await?;
+                let existing: Vec<TaskId> =
+                    group.iter().map(|p| &p.new.task.id).filter(|id| !inserted.iter().any(|i| i == id.as_str())).cloned().collect();
+                let mut found =
+                    if existing.is_empty() { Vec::new() } else { task_sql::get_tasks(&mut conn, &self.names, &existing).await? };
+                let mut outcomes = Vec::with_capacity(group.len());
+                let mut sent_to = Some(sent_to);
+                for pending in group {
+                    let id = &pending.new.task.id;
+                    let created = if inserted.iter().any(|i| i == id.as_str()) {
+                        Created::New
+                    } else {
+                        let at = found.iter().position(|record| &record.task.id == id);
+                        let record = at.map(|at| found.swap_remove(at));
+                        let record = record.ok_or_else(|| Error::Backend(format!("task {id} vanished after a conflicting insert")))?;
+                        Created::Existing(Box::new(record))
+                    };
+                    outcomes.push((created, sent_to.take().unwrap_or_default()));
+                }
+                Ok(outcomes)
+            }
+            .await;
+            conn.finished(&attempt);
+            match attempt {
+                Err(fail) if fail.is_transient() && tries < TRANSACTION_TRIES_MAX => tries += 1,
+                other => return other,
+            }
         }
     }
 
@@ -169,8 +308,10 @@ impl Committer {
         let mut tries = 1_u32;
         loop {
             let attempt: Result<Committed> = async {
-                let mut conn = self.pool.acquire().await?;
-                commit_sql::commit(&mut conn, &self.names, parts, queue_ids, self.clock.now()).await
+                let mut conn = self.connections.acquire().await?;
+                let outcome = commit_sql::commit(&mut conn, &self.names, parts, queue_ids, self.clock.now()).await;
+                conn.finished(&outcome);
+                outcome
             }
             .await;
             match attempt {
@@ -179,6 +320,34 @@ impl Committer {
             }
         }
     }
+}
+
+/// Splits creations into statements: one statement writes a task id once
+/// (a second creation of the same id goes to a later statement, where it
+/// finds the task the first created), and a creation that sends a keyed
+/// message goes alone (a statement writes a message id once, and whether
+/// it is a duplicate depends on whether its own task is created).
+fn statement_groups(batch: Vec<PendingCreate>) -> Vec<Vec<PendingCreate>> {
+    let mut groups: Vec<Vec<PendingCreate>> = Vec::new();
+    let mut open: Vec<PendingCreate> = Vec::new();
+    let mut later: Vec<PendingCreate> = Vec::new();
+    let mut rest = batch;
+    while !rest.is_empty() {
+        for pending in rest.drain(..) {
+            if pending.new.messages.iter().any(|(_, message)| message.id.is_some()) {
+                groups.push(vec![pending]);
+            } else if open.iter().any(|p| p.new.task.id == pending.new.task.id) {
+                later.push(pending);
+            } else {
+                open.push(pending);
+            }
+        }
+        if !open.is_empty() {
+            groups.push(std::mem::take(&mut open));
+        }
+        rest = std::mem::take(&mut later);
+    }
+    groups
 }
 
 /// The same error again, for each caller of a failed batch.

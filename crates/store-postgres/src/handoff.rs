@@ -35,7 +35,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use rota_model::{InstanceId, LeaseToken, MessageId, QueueName, Timestamp};
 use rota_store::{Delivery, Outgoing, Receive};
-use sqlx::PgPool;
 use tokio::sync::oneshot;
 
 use crate::queue_sql::{self, millis};
@@ -216,7 +215,7 @@ impl Plan {
 /// Gives back leases granted to receivers that went away.
 #[derive(Clone)]
 pub(crate) struct GiveBack {
-    pub(crate) pool: PgPool,
+    pub(crate) connections: std::sync::Arc<crate::connections::Connections>,
     pub(crate) names: std::sync::Arc<Names>,
     pub(crate) clock: std::sync::Arc<dyn rota_model::Clock>,
 }
@@ -226,8 +225,10 @@ impl GiveBack {
         let this = self.clone();
         tokio::spawn(async move {
             let given_back: crate::Result<()> = async {
-                let mut conn = this.pool.acquire().await?;
-                queue_sql::give_back(&mut conn, &this.names, &tokens, this.clock.now()).await
+                let mut conn = this.connections.acquire().await?;
+                let outcome = queue_sql::give_back(&mut conn, &this.names, &tokens, this.clock.now()).await;
+                conn.finished(&outcome);
+                outcome
             }
             .await;
             if let Err(fail) = given_back {

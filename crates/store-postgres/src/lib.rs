@@ -8,12 +8,13 @@
 //! the writer read). PostgreSQL's own group commit shares fsyncs between
 //! concurrent transactions, so there is no writer thread as on SQLite.
 //!
-//! Waiting receivers are woken by `LISTEN`/`NOTIFY`: every transaction that
-//! sends to a queue notifies the store's channel with the queue's name, and
-//! one listening connection per process wakes that queue's receivers. They
-//! also re-check every `poll_interval` for what no notification announces
-//! (delays running out, expired leases) and after the listening connection
-//! was lost.
+//! Waiting receivers are woken at once by a send in their own process, and
+//! by `LISTEN`/`NOTIFY` across processes: after a send commits, the store
+//! announces the queue on its channel, if another process listens there
+//! (see `announce`), and one listening connection per process wakes that
+//! queue's receivers. They also re-check every `poll_interval` for what no
+//! notification announces (delays running out, expired leases) and after the
+//! listening connection was lost.
 //!
 //! Times come from the injected clock and are bound as parameters; SQL never
 //! calls `now()`, so both backends behave alike under a manual clock.
@@ -26,7 +27,9 @@
 //!
 //! Deliberately left out: SQL outside this crate, and `now()` in SQL.
 
+mod announce;
 mod commit_sql;
+mod connections;
 mod group_commit;
 mod handoff;
 pub use group_commit::CommitCounts;
@@ -47,9 +50,9 @@ use rota_store::{
     QueueStats, Queues, Receive, Redrive, Sent, Store, TaskFilter, TaskRecord, Tasks, WorkflowEntry,
 };
 use serde_json::Value;
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgConnection, PgPool};
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::sql::Names;
@@ -179,14 +182,20 @@ pub const COMMIT_BATCH_LIMIT: usize = 1_000;
 /// few (8.7 ms with 10,000 waiting, against 1.0 ms walking the index in
 /// order), and whether a connection got that plan depended on the statistics
 /// when it first ran the receive. JIT compilation is off: it never pays for
-/// statements this short, and the priced-out scans would trigger it.
-const PLANNER_SETTINGS: [(&str, &str); 6] = [
+/// statements this short, and the priced-out scans would trigger it. So are
+/// parallel plans: the price of a scan that was priced out makes splitting
+/// it across workers look worth it, and a generic plan with a Gather node
+/// forks worker processes at every execution (seen on workload W: depending
+/// on the statistics when the plans were made, some runs spent more than
+/// twice the CPU per workflow, most of it in `fork`).
+const PLANNER_SETTINGS: [(&str, &str); 7] = [
     ("plan_cache_mode", "force_generic_plan"),
     ("enable_seqscan", "off"),
     ("enable_bitmapscan", "off"),
     ("enable_hashjoin", "off"),
     ("enable_mergejoin", "off"),
     ("jit", "off"),
+    ("max_parallel_workers_per_gather", "0"),
 ];
 
 /// What a store function can fail with: a domain error it decided, or a
@@ -219,6 +228,13 @@ impl Fail {
             Fail::Sql(sqlx::Error::Database(db)) => matches!(db.code().as_deref(), Some("40P01" | "40001")),
             _ => false,
         }
+    }
+
+    /// Whether the server refused the statement for what it did (an error
+    /// it raised, not a lost connection or a pool timeout): the outcome is
+    /// known, nothing was written.
+    fn is_refused_by_server(&self) -> bool {
+        matches!(self, Fail::Sql(sqlx::Error::Database(_)))
     }
 
     fn into_store(self) -> Error {
@@ -260,10 +276,16 @@ macro_rules! in_transaction {
         let mut tries = 1_u32;
         loop {
             let attempt: Result<_> = async {
-                let mut $tx = $store.pool.begin().await?;
-                let value = $body;
-                $tx.commit().await?;
-                Ok(value)
+                let mut conn = $store.connections.acquire().await?;
+                let outcome: Result<_> = async {
+                    let mut $tx = sqlx::Connection::begin(&mut *conn).await?;
+                    let value = $body;
+                    $tx.commit().await?;
+                    Ok(value)
+                }
+                .await;
+                conn.finished(&outcome);
+                outcome
             }
             .await;
             match attempt {
@@ -279,39 +301,14 @@ macro_rules! in_transaction {
 macro_rules! with_connection {
     ($store:expr, $conn:ident => $body:block) => {{
         let attempt: Result<_> = async {
-            let mut $conn = $store.pool.acquire().await?;
-            Ok($body)
+            let mut $conn = $store.connections.acquire().await?;
+            let outcome: Result<_> = async { Ok($body) }.await;
+            $conn.finished(&outcome);
+            outcome
         }
         .await;
         attempt.map_err(Fail::into_store)
     }};
-}
-
-/// Waiting receivers by queue, woken by the listener.
-#[derive(Default)]
-struct Wakers {
-    by_queue: Mutex<HashMap<String, Arc<Notify>>>,
-}
-
-impl Wakers {
-    fn of(&self, queue: &str) -> Arc<Notify> {
-        let mut by_queue = self.by_queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        by_queue.entry(queue.to_owned()).or_default().clone()
-    }
-
-    fn wake(&self, queue: &str) {
-        let by_queue = self.by_queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(notify) = by_queue.get(queue) {
-            notify.notify_waiters();
-        }
-    }
-
-    fn wake_all(&self) {
-        let by_queue = self.by_queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        for notify in by_queue.values() {
-            notify.notify_waiters();
-        }
-    }
 }
 
 /// The background futures of one store, stopped when it is dropped.
@@ -327,19 +324,22 @@ impl Drop for Background {
 
 /// rota's Store on PostgreSQL.
 pub struct PgStore {
-    pool: PgPool,
+    /// The applications' pool ([`PgStore::pool`]), apart from the store's.
+    app_pool: PgPool,
+    /// The pool's connections kept between operations (see `connections`).
+    connections: Arc<connections::Connections>,
     names: Arc<Names>,
     channel: String,
     clock: Arc<dyn Clock>,
     config: Config,
-    wakers: Arc<Wakers>,
+    /// Wakes receivers after a send: this process's, and others' through
+    /// NOTIFY (see `announce`).
+    announcer: announce::Announcer,
     /// Queue ids by name. A queue is never deleted and its id never
     /// changes, so an entry never goes stale.
     queue_ids: Mutex<HashMap<QueueName, i64>>,
-    /// Queues to announce to other processes, after the commit that sent to them.
-    announcements: mpsc::UnboundedSender<QueueName>,
-    /// Commits waiting for their batch (see `group_commit`).
-    commits: mpsc::UnboundedSender<group_commit::Pending>,
+    /// Commits and task creations waiting for their batch (see `group_commit`).
+    commits: mpsc::UnboundedSender<group_commit::Job>,
     commit_stats: Arc<group_commit::CommitStats>,
     /// Receivers waiting in this process, for sends to hand messages to.
     waiting: Arc<handoff::Waiting>,
@@ -396,9 +396,8 @@ impl PgStore {
             Self::migrate_on(&mut conn, &names, &config).await?;
         }
         let channel = format!("rota_{}", config.schema);
-        let wakers = Arc::new(Wakers::default());
-        let sweeper = tokio::spawn(sweep(pool.clone(), names.clone(), clock.clone(), config.sweep_interval));
-        let (announcements, pending) = mpsc::unbounded_channel();
+        let connections = connections::Connections::new(pool.clone(), config.acquire_timeout);
+        let sweeper = tokio::spawn(sweep(connections.clone(), names.clone(), clock.clone(), config.sweep_interval));
         // Notifications carry their origin, so that the listener skips this
         // store's own: its receivers were woken at the commit already.
         let origin = uuid::Uuid::new_v4().simple().to_string();
@@ -407,33 +406,41 @@ impl PgStore {
         // for the work (none at all with one connection).
         let listening =
             PgPoolOptions::new().max_connections(1).acquire_timeout(config.acquire_timeout).connect_lazy_with(config.connect_options()?);
-        let listener = tokio::spawn(listen(listening, channel.clone(), origin.clone(), wakers.clone()));
-        let announcer = tokio::spawn(announce(pool.clone(), channel.clone(), origin, pending));
+        let (announcer, announcing, listener) =
+            announce::start(connections.clone(), listening, announce::Channel { name: channel.clone(), origin });
         let (commits, queued) = mpsc::unbounded_channel();
         let commit_stats = Arc::new(group_commit::CommitStats::default());
-        let give_back = handoff::GiveBack { pool: pool.clone(), names: names.clone(), clock: clock.clone() };
-        let committer =
-            group_commit::Committer { pool: pool.clone(), names: names.clone(), clock: clock.clone(), stats: commit_stats.clone() };
+        let give_back = handoff::GiveBack { connections: connections.clone(), names: names.clone(), clock: clock.clone() };
+        let committer = group_commit::Committer {
+            connections: connections.clone(),
+            names: names.clone(),
+            clock: clock.clone(),
+            stats: commit_stats.clone(),
+        };
         let group_committer = tokio::spawn(group_commit::run(
             committer,
             config.commit_batch_max,
             config.commits_in_flight.min(config.connections_max as usize),
             queued,
         ));
+        let app_pool = PgPoolOptions::new()
+            .max_connections(config.connections_max)
+            .acquire_timeout(config.acquire_timeout)
+            .connect_lazy_with(config.connect_options()?);
         Ok(PgStore {
-            pool,
+            app_pool,
+            connections,
             names,
             channel,
             clock,
             config,
-            wakers,
+            announcer,
             queue_ids: Mutex::new(HashMap::new()),
-            announcements,
             commits,
             commit_stats,
             waiting: Arc::new(handoff::Waiting::default()),
             give_back,
-            _background: Background(vec![listener, sweeper, announcer, group_committer]),
+            _background: Background(vec![listener, sweeper, announcing, group_committer]),
         })
     }
 
@@ -492,14 +499,22 @@ impl PgStore {
         with_connection!(self, conn => {
             sqlx::query(self.names.raw(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.names.quoted()))).execute(&mut *conn).await?;
         })?;
-        self.pool.close().await;
+        self.close_pools().await;
         Ok(())
     }
 
-    /// The connection pool, for applications that run their own statements
-    /// beside rota's (see [`PgStore::create_task_in`]).
+    async fn close_pools(&self) {
+        self.connections.release_all();
+        self.connections.pool().close().await;
+        self.app_pool.close().await;
+    }
+
+    /// A connection pool for applications that run their own statements
+    /// beside rota's (see [`PgStore::create_task_in`]): up to
+    /// `connections_max` connections of their own, opened when first used,
+    /// apart from the store's (which it keeps between its operations).
     pub fn pool(&self) -> &PgPool {
-        &self.pool
+        &self.app_pool
     }
 
     /// Creates a task inside the caller's own transaction (or on the
@@ -621,14 +636,11 @@ impl PgStore {
         Ok((sent, sent_to, leased))
     }
 
-    /// Wakes this process's receivers of `queues` at once and has the others
-    /// told: called after the commit that sent to them.
+    /// Wakes this process's receivers of `queues` at once and has the other
+    /// processes told, if any listens: called after the commit that sent to
+    /// them.
     fn announce(&self, queues: Vec<QueueName>) {
-        for queue in queues {
-            self.wakers.wake(queue.as_str());
-            // Only fails when the store is closing.
-            let _ = self.announcements.send(queue);
-        }
+        self.announcer.sent(queues);
     }
 
     async fn create_task_on(&self, conn: &mut PgConnection, new: &NewTask) -> Result<(Created, Vec<QueueName>)> {
@@ -640,8 +652,8 @@ impl PgStore {
             }
         }
         let send_ids: Vec<MessageId> = new.messages.iter().map(|(_, message)| Self::message_id(message)).collect();
-        let (created, sent_to) = commit_sql::create_task(conn, &self.names, new, &queue_ids, &send_ids, now).await?;
-        if created {
+        let (created, sent_to) = commit_sql::create_tasks(conn, &self.names, &[(new, &send_ids)], &queue_ids, now).await?;
+        if !created.is_empty() {
             return Ok((Created::New, sent_to));
         }
         let existing = task_sql::get_task(conn, &self.names, &new.task.id).await?;
@@ -677,94 +689,15 @@ impl PgStore {
     }
 }
 
-/// Announces sends to every process listening on `channel`, coalescing the
-/// queues that pile up while one announcement is in flight. Each is a NOTIFY
-/// in a transaction of its own with `synchronous_commit` off: PostgreSQL
-/// serializes the commits of notifying transactions, so a NOTIFY inside each
-/// sending transaction would make every send wait for the fsync of the one
-/// before; this one has no data to make durable. A process that dies before
-/// announcing leaves the others to find its messages on their next poll.
-async fn announce(pool: PgPool, channel: String, origin: String, mut pending: mpsc::UnboundedReceiver<QueueName>) {
-    let mut queues: Vec<QueueName> = Vec::new();
-    while let Some(first) = pending.recv().await {
-        queues.clear();
-        queues.push(first);
-        while let Ok(next) = pending.try_recv() {
-            if !queues.contains(&next) {
-                queues.push(next);
-            }
-        }
-        let names: Vec<String> = queues.iter().map(|queue| format!("{origin} {queue}")).collect();
-        let announced = sqlx::query("SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, q) FROM unnest($2::text[]) AS q")
-            .bind(&channel)
-            .bind(&names)
-            .execute(&pool)
-            .await;
-        if let Err(err) = announced {
-            if pool.is_closed() {
-                return;
-            }
-            tracing::debug!("postgres store: announcing sends to {names:?} failed (receivers will poll): {err}");
-        }
-    }
-}
-
-/// Listens on the store's channel and wakes the receivers of each queue
-/// named in a notification (`<origin> <queue>`, or a bare queue name from a
-/// transaction of the application's own), except this store's own. When
-/// the connection drops, wakes everyone (what was sent meanwhile was not
-/// announced) and listens again.
-async fn listen(pool: PgPool, channel: String, origin: String, wakers: Arc<Wakers>) {
-    let mut backoff = Duration::from_millis(50);
-    loop {
-        if pool.is_closed() {
-            return;
-        }
-        let mut listener = match PgListener::connect_with(&pool).await {
-            Ok(listener) => listener,
-            Err(err) => {
-                tracing::warn!("postgres store: cannot open the listening connection: {err}; retrying in {backoff:?}");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
-                continue;
-            }
-        };
-        if let Err(err) = listener.listen(&channel).await {
-            tracing::warn!("postgres store: LISTEN {channel} failed: {err}; retrying in {backoff:?}");
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(2));
-            continue;
-        }
-        backoff = Duration::from_millis(50);
-        wakers.wake_all();
-        loop {
-            match listener.try_recv().await {
-                Ok(Some(notification)) => match notification.payload().split_once(' ') {
-                    Some((from, _)) if from == origin => {}
-                    Some((_, queue)) => wakers.wake(queue),
-                    None => wakers.wake(notification.payload()),
-                },
-                // The connection dropped; the next call reconnects and listens again.
-                Ok(None) => wakers.wake_all(),
-                Err(_) if pool.is_closed() => return,
-                Err(err) => {
-                    tracing::warn!("postgres store: listening connection failed: {err}");
-                    wakers.wake_all();
-                    tokio::time::sleep(backoff).await;
-                    break;
-                }
-            }
-        }
-    }
-}
-
 /// Forgets expired duplicate-detection ids every `interval`.
-async fn sweep(pool: PgPool, names: Arc<Names>, clock: Arc<dyn Clock>, interval: Duration) {
+async fn sweep(connections: Arc<connections::Connections>, names: Arc<Names>, clock: Arc<dyn Clock>, interval: Duration) {
     loop {
         tokio::time::sleep(interval).await;
         let swept = async {
-            let mut conn = pool.acquire().await?;
-            queue_sql::forget_expired_ids(&mut conn, &names, clock.now(), ID_SWEEP_MAX).await
+            let mut conn = connections.acquire().await?;
+            let outcome = queue_sql::forget_expired_ids(&mut conn, &names, clock.now(), ID_SWEEP_MAX).await;
+            conn.finished(&outcome);
+            outcome
         }
         .await;
         if let Err(err) = swept {
@@ -820,7 +753,7 @@ impl Queues for PgStore {
     async fn receive(&self, queue: &QueueName, request: Receive) -> Result<Vec<Delivery>, Error> {
         request.validate()?;
         let deadline = tokio::time::Instant::now() + request.wait;
-        let waker = self.wakers.of(queue.as_str());
+        let waker = self.announcer.wakers().of(queue.as_str());
         loop {
             // Register for a wake-up before looking, so that a send
             // committed between the look and the wait is not missed.
@@ -960,8 +893,17 @@ impl Tasks for PgStore {
     async fn create_task(&self, new: NewTask) -> Result<Created, Error> {
         self.check_new_task(&new)?;
         self.ensure_queues(&new.messages.iter().map(|(queue, _)| queue).collect::<Vec<_>>()).await?;
-        // One statement: no BEGIN and COMMIT round trips.
-        let (created, sent_to) = with_connection!(self, conn => { self.create_task_on(&mut conn, &new).await? })?;
+        let mut queue_ids = HashMap::new();
+        for (queue, _) in &new.messages {
+            let id = self.cached_queue_id(queue).ok_or_else(|| Error::Backend(format!("queue {queue} has no known id")))?;
+            queue_ids.insert(queue.clone(), id);
+        }
+        let send_ids: Vec<MessageId> = new.messages.iter().map(|(_, message)| Self::message_id(message)).collect();
+        // One statement with the creations submitted at the same moment.
+        let (done, outcome) = oneshot::channel();
+        let pending = group_commit::PendingCreate { new, send_ids, queue_ids, done };
+        self.commits.send(group_commit::Job::Create(pending)).map_err(|_| Error::Closed)?;
+        let (created, sent_to) = outcome.await.map_err(|_| Error::Closed)??;
         self.announce(sent_to);
         Ok(created)
     }
@@ -1019,7 +961,9 @@ impl Tasks for PgStore {
             }
         }
         let (done, outcome) = oneshot::channel();
-        self.commits.send(group_commit::Pending { changes, send_ids, queue_ids, done }).map_err(|_| Error::Closed)?;
+        self.commits
+            .send(group_commit::Job::Commit(group_commit::Pending { changes, send_ids, queue_ids, done }))
+            .map_err(|_| Error::Closed)?;
         let sent_to = outcome.await.map_err(|_| Error::Closed)??;
         self.announce(sent_to);
         Ok(())

@@ -419,3 +419,171 @@ async fn a_waiting_receiver_in_this_process_gets_only_what_a_receive_could_take(
     let orphan = store.receive(&work, Receive::up_to(10)).await.unwrap();
     assert_eq!(orphan.iter().map(|d| (d.id.clone(), d.delivery_count)).collect::<Vec<_>>(), [(sent.id, 1)]);
 }
+
+/// Tasks created at the same moment share statements, and each caller
+/// still gets its own outcome: an id submitted twice is created once (the
+/// other submission finds that task), and a creation the server refuses
+/// (here two steps with one name) fails alone, writing nothing of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_creations_share_statements_and_each_gets_its_own_outcome() {
+    let Some(schema) = TestSchema::new("group creation on PostgreSQL") else { return };
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::default());
+    let mut one_at_a_time = config(&schema);
+    one_at_a_time.commits_in_flight = 1;
+    let store = Arc::new(open(one_at_a_time, clock.clone()).await);
+    let doorbells = QueueName::new("doorbells").unwrap();
+    let with_steps = |id: &str, names: &[&str]| {
+        let mut new = new_task(id, clock.as_ref(), &doorbells);
+        new.steps = names
+            .iter()
+            .enumerate()
+            .map(|(n, name)| rota_model::Step::new(new.task.id.clone(), rota_model::StepName::new(*name).unwrap(), n as u32, clock.now()))
+            .collect();
+        new
+    };
+    let create_all = |batch: Vec<NewTask>| {
+        let store = store.clone();
+        async move {
+            let creations: Vec<_> = batch
+                .into_iter()
+                .map(|new| {
+                    let store = store.clone();
+                    tokio::spawn(async move { store.create_task(new).await })
+                })
+                .collect();
+            let mut outcomes = Vec::new();
+            for creation in creations {
+                outcomes.push(creation.await.unwrap());
+            }
+            outcomes
+        }
+    };
+
+    let before = store.commit_counts();
+    let outcomes = create_all((0..20).map(|n| with_steps(&format!("order-{n}"), &["charge", "ship"])).collect()).await;
+    assert!(outcomes.iter().all(|o| matches!(o, Ok(Created::New))), "{outcomes:?}");
+    let after = store.commit_counts();
+    assert_eq!(after.creates - before.creates, 20);
+    assert!(after.create_statements - before.create_statements < 20, "20 creations at once shared statements: {before:?} then {after:?}");
+
+    // Twenty more, among them one id twice and one task with a repeated step name.
+    let mut batch: Vec<_> = (20..38).map(|n| with_steps(&format!("order-{n}"), &["charge", "ship"])).collect();
+    batch.insert(3, with_steps("order-25", &["charge", "ship"]));
+    batch.insert(9, with_steps("order-bad", &["charge", "charge"]));
+    let outcomes = create_all(batch).await;
+    let twice: Vec<_> = [3, 6].iter().map(|&at| &outcomes[at]).collect();
+    assert!(
+        matches!(twice[..], [Ok(Created::New), Ok(Created::Existing(_))] | [Ok(Created::Existing(_)), Ok(Created::New)]),
+        "order-25 submitted twice is created once: {twice:?}"
+    );
+    assert!(outcomes[9].is_err(), "the creation with a repeated step name fails: {:?}", outcomes[9]);
+    for (index, outcome) in outcomes.iter().enumerate() {
+        if ![3, 6, 9].contains(&index) {
+            assert!(matches!(outcome, Ok(Created::New)), "creation {index} is written despite the bad one: {outcome:?}");
+        }
+    }
+    assert!(store.task(&TaskId::new("order-bad").unwrap()).await.unwrap().is_none(), "nothing of the refused creation is kept");
+    for n in 0..38 {
+        let id = TaskId::new(format!("order-{n}")).unwrap();
+        let record = store.task(&id).await.unwrap().unwrap_or_else(|| panic!("{id} exists"));
+        assert_eq!(record.steps.len(), 2, "{id} has its steps");
+        let received = store.history(&id).await.unwrap().into_iter().filter(|e| e.kind == EventKind::Received).count();
+        assert_eq!(received, 1, "{id} has one received event");
+    }
+    let doorbells_sent = store.receive(&doorbells, Receive::up_to(100)).await.unwrap();
+    assert_eq!(doorbells_sent.len(), 38, "one doorbell per task created, none for the refused one or the repeat");
+}
+
+/// A process alone on the store's channel makes no announcements (a
+/// statement per send for nobody), and one that joins is heard at once:
+/// from then on, the first process's sends wake the newcomer's waiting
+/// receivers through NOTIFY, not through its poll (which here is longer
+/// than the test).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_alone_announces_nothing_and_hears_one_that_joins() {
+    let Some(schema) = TestSchema::new("announcements only to others on PostgreSQL") else { return };
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let first = open(config(&schema), clock.clone()).await;
+    // An observer that listens without saying hello: invisible to the stores.
+    let mut observer = sqlx::postgres::PgListener::connect(&schema.url).await.expect("observer connects");
+    observer.listen(&format!("rota_{}", schema.name)).await.expect("observer listens");
+    // Past the time a new process announces anyway while answers come in.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let work = QueueName::new("work").unwrap();
+    first.send(&work, Outgoing::json(&json!("unheard")).unwrap()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let mut slow_polling = config(&schema);
+    slow_polling.poll_interval = Duration::from_secs(600);
+    let second = Arc::new(open(slow_polling, clock).await);
+    // Everything said on the channel until the first process answers the
+    // newcomer's hello.
+    let mut heard = Vec::new();
+    let answered = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let notification = observer.recv().await.expect("observer hears");
+            heard.push(notification.payload().to_owned());
+            if notification.payload().ends_with(" !here") {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(answered.is_ok(), "the first process answered the newcomer's hello: heard {heard:?}");
+    assert!(heard.iter().all(|payload| !payload.ends_with(" work")), "the send made alone was not announced: {heard:?}");
+
+    let later = QueueName::new("later").unwrap();
+    second.create_queue(&later, Default::default()).await.unwrap();
+    let waiting = {
+        let second = second.clone();
+        let later = later.clone();
+        tokio::spawn(async move { second.receive(&later, Receive::up_to(1).waiting(Duration::from_secs(60))).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let sent = first.send(&later, Outgoing::json(&json!("heard")).unwrap()).await.unwrap();
+    let got = waiting.await.unwrap().unwrap();
+    assert_eq!(got.iter().map(|d| d.id.clone()).collect::<Vec<_>>(), [sent.id], "the newcomer's waiting receiver was woken");
+}
+
+/// The store keeps its connections between operations instead of handing
+/// them back to the pool, so operations that find every connection busy
+/// must be served by the next one that finishes: two connections serve
+/// two hundred concurrent operations, none timing out. And applications
+/// have a pool of their own: it has connections to give while the store
+/// holds all of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn few_connections_serve_many_operations_and_the_application_pool_is_apart() {
+    let Some(schema) = TestSchema::new("kept connections on PostgreSQL") else { return };
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let mut two = config(&schema);
+    two.connections_max = 2;
+    two.acquire_timeout = Duration::from_secs(5);
+    let store = Arc::new(open(two, clock).await);
+    let work = QueueName::new("work").unwrap();
+    store.create_queue(&work, Default::default()).await.unwrap();
+
+    let operations: Vec<_> = (0..200)
+        .map(|n| {
+            let (store, work) = (store.clone(), work.clone());
+            tokio::spawn(async move {
+                store.send(&work, Outgoing::json(&json!({ "n": n })).unwrap()).await?;
+                let got = store.receive(&work, Receive::up_to(1)).await?;
+                if let Some(delivery) = got.first() {
+                    store.complete(&work, delivery.lease_token).await?;
+                }
+                Ok::<_, rota_store::Error>(got.len())
+            })
+        })
+        .collect();
+    let mut received = 0;
+    for operation in operations {
+        received += operation.await.unwrap().expect("no operation waits past the acquire timeout");
+    }
+    let left = store.receive(&work, Receive::up_to(200)).await.unwrap();
+    assert_eq!(received + left.len(), 200, "every message sent was received once");
+
+    // The store's two connections are out of its pool now; the
+    // application's pool still connects.
+    let app = tokio::time::timeout(Duration::from_secs(10), store.pool().acquire()).await;
+    assert!(matches!(app, Ok(Ok(_))), "the application's pool gave a connection: {app:?}");
+}

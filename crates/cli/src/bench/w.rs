@@ -205,11 +205,15 @@ pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32) -> anyhow:
         _ => match (pg_commits_before, pg_commits_after) {
             (Some(before), Some(after)) => {
                 let (commits, statements) = (after.commits - before.commits, after.statements - before.statements);
+                let (creates, create_statements) = (after.creates - before.creates, after.create_statements - before.create_statements);
                 json!({
                     "decision_commits": commits,
                     "commit_statements": statements,
                     "commits_per_statement": round((statements > 0).then(|| commits as f64 / statements as f64), 2),
-                    "note": "Tasks::commit calls (agent replies, Scheduler decisions) and the statements that ran them; sends, receives and submits are not counted",
+                    "task_creations": creates,
+                    "create_statements": create_statements,
+                    "creations_per_statement": round((create_statements > 0).then(|| creates as f64 / create_statements as f64), 2),
+                    "note": "Tasks::commit calls (agent replies, Scheduler decisions), Tasks::create_task calls (submits), and the statements that ran them; sends and receives are not counted",
                 })
             }
             _ => json!("not counted"),
