@@ -38,7 +38,7 @@ pub(crate) const HEARTBEAT: Duration = Duration::from_secs(2);
 pub(crate) const PEER_EXPIRY: Duration = Duration::from_secs(6);
 /// How long a process that started listening announces anyway, while the
 /// others' answers to its hello come in.
-pub(crate) const HELLO_REPLY_WAIT: Duration = Duration::from_millis(500);
+pub(crate) const HELLO_REPLY_WAIT: Duration = Duration::from_millis(250);
 
 /// Payload suffix of a process saying it started listening (answer wanted).
 const HELLO: &str = "!hello";
