@@ -10,8 +10,10 @@
 use std::collections::HashMap;
 
 use rota_model::{InstanceId, MessageId, QueueName, StepName, Timestamp};
-use rota_store::{Changes, Error, NewTask, Outgoing};
-use sqlx::PgConnection;
+use rota_model::{Step, Task};
+use rota_store::{Changes, Error, Event, NewTask, Outgoing};
+use sqlx::postgres::PgArguments;
+use sqlx::{Arguments, PgConnection, Postgres};
 
 use crate::queue_sql::lease_lost;
 use crate::sql::Names;
@@ -72,6 +74,68 @@ impl<'a> Sends<'a> {
     }
 }
 
+/// Adds one parameter, an array or a scalar.
+fn add<'q, T: sqlx::Encode<'q, Postgres> + sqlx::Type<Postgres>>(args: &mut PgArguments, value: T) -> Result<()> {
+    args.add(value).map_err(|e| Error::Backend(format!("encoding a statement parameter: {e}")).into())
+}
+
+/// Adds the columns of `tasks` as 15 arrays, in the table's order (both
+/// the creation and the commit statement take them so).
+fn add_task_columns(args: &mut PgArguments, tasks: &[&Task]) -> Result<()> {
+    add(args, tasks.iter().map(|t| t.id.as_str()).collect::<Vec<_>>())?;
+    add(args, tasks.iter().map(|t| t.workflow.as_str()).collect::<Vec<_>>())?;
+    add(args, tasks.iter().map(|t| i64::from(t.workflow_version)).collect::<Vec<_>>())?;
+    add(args, tasks.iter().map(|t| json_text(&t.input)).collect::<Vec<_>>())?;
+    add(args, tasks.iter().map(|t| t.state.as_str()).collect::<Vec<_>>())?;
+    add(args, tasks.iter().map(|t| t.locked_by.as_ref().map(InstanceId::as_str)).collect::<Vec<_>>())?;
+    add(args, tasks.iter().map(|t| t.lease_epoch as i64).collect::<Vec<_>>())?;
+    add(args, tasks.iter().map(|t| t.complete_by.map(Timestamp::as_millis)).collect::<Vec<_>>())?;
+    add(args, tasks.iter().map(|t| t.not_before.as_millis()).collect::<Vec<_>>())?;
+    add(args, tasks.iter().map(|t| i64::from(t.failure_count)).collect::<Vec<_>>())?;
+    add(args, tasks.iter().map(|t| t.reply_to.as_deref()).collect::<Vec<_>>())?;
+    add(args, tasks.iter().map(|t| t.output.as_ref().map(json_text)).collect::<Vec<_>>())?;
+    add(args, tasks.iter().map(|t| t.error.as_deref()).collect::<Vec<_>>())?;
+    add(args, tasks.iter().map(|t| t.created_at.as_millis()).collect::<Vec<_>>())?;
+    add(args, tasks.iter().map(|t| t.updated_at.as_millis()).collect::<Vec<_>>())
+}
+
+/// Adds the columns of `steps` as 11 arrays, in the table's order.
+fn add_step_columns(args: &mut PgArguments, steps: &[&Step]) -> Result<()> {
+    add(args, steps.iter().map(|s| s.task_id.as_str()).collect::<Vec<_>>())?;
+    add(args, steps.iter().map(|s| s.name.as_str()).collect::<Vec<_>>())?;
+    add(args, steps.iter().map(|s| i64::from(s.position)).collect::<Vec<_>>())?;
+    add(args, steps.iter().map(|s| s.state.as_str()).collect::<Vec<_>>())?;
+    add(args, steps.iter().map(|s| i64::from(s.attempt)).collect::<Vec<_>>())?;
+    add(args, steps.iter().map(|s| s.complete_by.map(Timestamp::as_millis)).collect::<Vec<_>>())?;
+    add(args, steps.iter().map(|s| s.not_before.as_millis()).collect::<Vec<_>>())?;
+    add(args, steps.iter().map(|s| s.input.as_ref().map(json_text)).collect::<Vec<_>>())?;
+    add(args, steps.iter().map(|s| s.output.as_ref().map(json_text)).collect::<Vec<_>>())?;
+    add(args, steps.iter().map(|s| s.last_error.as_deref()).collect::<Vec<_>>())?;
+    add(args, steps.iter().map(|s| s.updated_at.as_millis()).collect::<Vec<_>>())
+}
+
+/// Adds the columns of `events` as 6 arrays (task, at, kind, step,
+/// attempt, detail).
+fn add_event_columns(args: &mut PgArguments, events: &[&Event]) -> Result<()> {
+    add(args, events.iter().map(|e| e.task_id.as_str()).collect::<Vec<_>>())?;
+    add(args, events.iter().map(|e| e.at.as_millis()).collect::<Vec<_>>())?;
+    add(args, events.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>())?;
+    add(args, events.iter().map(|e| e.step.as_ref().map(StepName::as_str)).collect::<Vec<_>>())?;
+    add(args, events.iter().map(|e| e.attempt.map(i64::from)).collect::<Vec<_>>())?;
+    add(args, events.iter().map(|e| json_text(&e.detail)).collect::<Vec<_>>())
+}
+
+/// Adds the messages of `sends` as 6 arrays (queue, id, keyed, body,
+/// ordering key, visible at).
+fn add_send_columns(args: &mut PgArguments, sends: &Sends<'_>) -> Result<()> {
+    add(args, &sends.queue_ids)?;
+    add(args, &sends.ids)?;
+    add(args, &sends.keyed)?;
+    add(args, &sends.bodies)?;
+    add(args, &sends.ordering_keys)?;
+    add(args, &sends.visible)
+}
+
 /// The queues among `queue_ids` whose id is in `sent_to`.
 fn queues_named(queue_ids: &HashMap<QueueName, i64>, sent_to: &[i64]) -> Vec<QueueName> {
     queue_ids.iter().filter(|(_, id)| sent_to.contains(id)).map(|(queue, _)| queue.clone()).collect()
@@ -101,8 +165,22 @@ pub(crate) async fn create_tasks(
     let events: Vec<_> = parts.iter().flat_map(|(new, _)| new.events.iter().map(|event| (&new.task.id, event))).collect();
     let messages = parts.iter().flat_map(|(new, ids)| new.messages.iter().zip(ids.iter()).map(|(m, id)| (new.task.id.as_str(), m, id)));
     let sends = Sends::new(messages, &queue_id, now)?;
-    let row: (Vec<String>, Vec<i64>) = sqlx::query_as(n.sql(
-        "WITH
+    let mut args = PgArguments::default();
+    // Tasks, $1..$15; steps, $16..$26; events, $27..$32.
+    add_task_columns(&mut args, &tasks)?;
+    add_step_columns(&mut args, &steps)?;
+    add_event_columns(&mut args, &events.iter().map(|(_, event)| *event).collect::<Vec<_>>())?;
+    // The event-writer lock base, $33, and now, $34.
+    add(&mut args, n.event_lock_base())?;
+    add(&mut args, now.as_millis())?;
+    // Sends, $35..$40.
+    add_send_columns(&mut args, &sends)?;
+    // The task each event and message goes with, $41 and $42.
+    add(&mut args, events.iter().map(|(owner, _)| owner.as_str()).collect::<Vec<_>>())?;
+    add(&mut args, &sends.owners)?;
+    let row: (Vec<String>, Vec<i64>) = sqlx::query_as_with(
+        n.sql(
+            "WITH
          inserted AS (
              INSERT INTO rota.tasks (id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
                                      failure_count, reply_to, output, error, created_at, updated_at)
@@ -150,54 +228,9 @@ pub(crate) async fn create_tasks(
               ORDER BY m.position
           RETURNING queue_id)
          SELECT ARRAY(SELECT id FROM inserted), ARRAY(SELECT DISTINCT queue_id FROM sent)",
-    ))
-    // Tasks, $1..$15.
-    .bind(tasks.iter().map(|t| t.id.as_str()).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| t.workflow.as_str()).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| i64::from(t.workflow_version)).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| json_text(&t.input)).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| t.state.as_str()).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| t.locked_by.as_ref().map(InstanceId::as_str)).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| t.lease_epoch as i64).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| t.complete_by.map(Timestamp::as_millis)).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| t.not_before.as_millis()).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| i64::from(t.failure_count)).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| t.reply_to.as_deref()).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| t.output.as_ref().map(json_text)).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| t.error.as_deref()).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| t.created_at.as_millis()).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| t.updated_at.as_millis()).collect::<Vec<_>>())
-    // Steps, $16..$26.
-    .bind(steps.iter().map(|s| s.task_id.as_str()).collect::<Vec<_>>())
-    .bind(steps.iter().map(|s| s.name.as_str()).collect::<Vec<_>>())
-    .bind(steps.iter().map(|s| i64::from(s.position)).collect::<Vec<_>>())
-    .bind(steps.iter().map(|s| s.state.as_str()).collect::<Vec<_>>())
-    .bind(steps.iter().map(|s| i64::from(s.attempt)).collect::<Vec<_>>())
-    .bind(steps.iter().map(|s| s.complete_by.map(Timestamp::as_millis)).collect::<Vec<_>>())
-    .bind(steps.iter().map(|s| s.not_before.as_millis()).collect::<Vec<_>>())
-    .bind(steps.iter().map(|s| s.input.as_ref().map(json_text)).collect::<Vec<_>>())
-    .bind(steps.iter().map(|s| s.output.as_ref().map(json_text)).collect::<Vec<_>>())
-    .bind(steps.iter().map(|s| s.last_error.as_deref()).collect::<Vec<_>>())
-    .bind(steps.iter().map(|s| s.updated_at.as_millis()).collect::<Vec<_>>())
-    // Events, $27..$32, the event-writer lock base, $33, and now, $34.
-    .bind(events.iter().map(|(_, e)| e.task_id.as_str()).collect::<Vec<_>>())
-    .bind(events.iter().map(|(_, e)| e.at.as_millis()).collect::<Vec<_>>())
-    .bind(events.iter().map(|(_, e)| e.kind.as_str()).collect::<Vec<_>>())
-    .bind(events.iter().map(|(_, e)| e.step.as_ref().map(StepName::as_str)).collect::<Vec<_>>())
-    .bind(events.iter().map(|(_, e)| e.attempt.map(i64::from)).collect::<Vec<_>>())
-    .bind(events.iter().map(|(_, e)| json_text(&e.detail)).collect::<Vec<_>>())
-    .bind(n.event_lock_base())
-    .bind(now.as_millis())
-    // Sends, $35..$40.
-    .bind(&sends.queue_ids)
-    .bind(&sends.ids)
-    .bind(&sends.keyed)
-    .bind(&sends.bodies)
-    .bind(&sends.ordering_keys)
-    .bind(&sends.visible)
-    // The task each event and message goes with, $41 and $42.
-    .bind(events.iter().map(|(owner, _)| owner.as_str()).collect::<Vec<_>>())
-    .bind(&sends.owners)
+        ),
+        args,
+    )
     .fetch_one(&mut *conn)
     .await?;
     Ok((row.0, queues_named(queue_ids, &row.1)))
@@ -240,8 +273,28 @@ pub(crate) async fn commit(
     let sends = Sends::new(messages, &queue_id, now)?;
     let complete_queue_ids = complete.iter().map(|(queue, _)| queue_id(queue)).collect::<Result<Vec<_>>>()?;
 
-    let outcome = sqlx::query_scalar::<_, Vec<i64>>(n.sql(
-        "WITH
+    let mut args = PgArguments::default();
+    // Tasks, $1..$15, and what each write expects, $16 and $17.
+    add_task_columns(&mut args, &tasks)?;
+    add(&mut args, task_writes.iter().map(|w| w.expected_state.as_str()).collect::<Vec<_>>())?;
+    add(&mut args, task_writes.iter().map(|w| w.expected_epoch as i64).collect::<Vec<_>>())?;
+    // Steps, $18..$28, and what each write expects, $29 and $30.
+    add_step_columns(&mut args, &steps)?;
+    add(&mut args, step_writes.iter().map(|w| w.expected_state.as_str()).collect::<Vec<_>>())?;
+    add(&mut args, step_writes.iter().map(|w| i64::from(w.expected_attempt)).collect::<Vec<_>>())?;
+    // Completions, $31..$33, and now, $34.
+    add(&mut args, complete.iter().map(|(_, token)| token.message).collect::<Vec<_>>())?;
+    add(&mut args, complete.iter().map(|(_, token)| token.epoch).collect::<Vec<_>>())?;
+    add(&mut args, &complete_queue_ids)?;
+    add(&mut args, now.as_millis())?;
+    // Events, $35..$40, and the event-writer lock base, $41.
+    add_event_columns(&mut args, &events)?;
+    add(&mut args, n.event_lock_base())?;
+    // Sends, $42..$47.
+    add_send_columns(&mut args, &sends)?;
+    let outcome = sqlx::query_scalar_with::<_, Vec<i64>, _>(
+        n.sql(
+            "WITH
          task_writes AS (
              UPDATE rota.tasks AS t
                 SET workflow = w.workflow, workflow_version = w.workflow_version, input = w.input, state = w.state,
@@ -304,59 +357,9 @@ pub(crate) async fn commit(
                 AND (SELECT count(*) FROM completed) = cardinality($31::bigint[])
                 AND (SELECT count(*) FROM appended) = cardinality($35::text[]),
                     'a fenced write or a lease missed')",
-    ))
-    // Tasks, $1..$17.
-    .bind(tasks.iter().map(|t| t.id.as_str()).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| t.workflow.as_str()).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| i64::from(t.workflow_version)).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| json_text(&t.input)).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| t.state.as_str()).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| t.locked_by.as_ref().map(InstanceId::as_str)).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| t.lease_epoch as i64).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| t.complete_by.map(Timestamp::as_millis)).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| t.not_before.as_millis()).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| i64::from(t.failure_count)).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| t.reply_to.as_deref()).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| t.output.as_ref().map(json_text)).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| t.error.as_deref()).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| t.created_at.as_millis()).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| t.updated_at.as_millis()).collect::<Vec<_>>())
-    .bind(task_writes.iter().map(|w| w.expected_state.as_str()).collect::<Vec<_>>())
-    .bind(task_writes.iter().map(|w| w.expected_epoch as i64).collect::<Vec<_>>())
-    // Steps, $18..$30.
-    .bind(steps.iter().map(|s| s.task_id.as_str()).collect::<Vec<_>>())
-    .bind(steps.iter().map(|s| s.name.as_str()).collect::<Vec<_>>())
-    .bind(steps.iter().map(|s| i64::from(s.position)).collect::<Vec<_>>())
-    .bind(steps.iter().map(|s| s.state.as_str()).collect::<Vec<_>>())
-    .bind(steps.iter().map(|s| i64::from(s.attempt)).collect::<Vec<_>>())
-    .bind(steps.iter().map(|s| s.complete_by.map(Timestamp::as_millis)).collect::<Vec<_>>())
-    .bind(steps.iter().map(|s| s.not_before.as_millis()).collect::<Vec<_>>())
-    .bind(steps.iter().map(|s| s.input.as_ref().map(json_text)).collect::<Vec<_>>())
-    .bind(steps.iter().map(|s| s.output.as_ref().map(json_text)).collect::<Vec<_>>())
-    .bind(steps.iter().map(|s| s.last_error.as_deref()).collect::<Vec<_>>())
-    .bind(steps.iter().map(|s| s.updated_at.as_millis()).collect::<Vec<_>>())
-    .bind(step_writes.iter().map(|w| w.expected_state.as_str()).collect::<Vec<_>>())
-    .bind(step_writes.iter().map(|w| i64::from(w.expected_attempt)).collect::<Vec<_>>())
-    // Completions, $31..$33, and now, $34.
-    .bind(complete.iter().map(|(_, token)| token.message).collect::<Vec<_>>())
-    .bind(complete.iter().map(|(_, token)| token.epoch).collect::<Vec<_>>())
-    .bind(&complete_queue_ids)
-    .bind(now.as_millis())
-    // Events, $35..$40, and the event-writer lock base, $41.
-    .bind(events.iter().map(|e| e.task_id.as_str()).collect::<Vec<_>>())
-    .bind(events.iter().map(|e| e.at.as_millis()).collect::<Vec<_>>())
-    .bind(events.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>())
-    .bind(events.iter().map(|e| e.step.as_ref().map(StepName::as_str)).collect::<Vec<_>>())
-    .bind(events.iter().map(|e| e.attempt.map(i64::from)).collect::<Vec<_>>())
-    .bind(events.iter().map(|e| json_text(&e.detail)).collect::<Vec<_>>())
-    .bind(n.event_lock_base())
-    // Sends, $42..$47.
-    .bind(&sends.queue_ids)
-    .bind(&sends.ids)
-    .bind(&sends.keyed)
-    .bind(&sends.bodies)
-    .bind(&sends.ordering_keys)
-    .bind(&sends.visible)
+        ),
+        args,
+    )
     .fetch_one(&mut *conn)
     .await;
     match outcome {
