@@ -56,25 +56,46 @@ pub(crate) struct Waiting {
     by_queue: Mutex<HashMap<QueueName, Vec<Parked>>>,
 }
 
-/// A parked receiver's ticket: its id, and where its deliveries arrive.
-pub(crate) struct Ticket {
-    pub(crate) id: u64,
+/// A parked receiver's ticket: where its deliveries arrive. Dropped while
+/// still parked (the receive was cancelled: a shutdown, an HTTP long poll
+/// whose client went away), it takes the receiver back, so that nothing
+/// stays parked for a queue no send in this process will visit again.
+pub(crate) struct Ticket<'a> {
+    id: u64,
+    queue: QueueName,
+    waiting: &'a Waiting,
+    parked: bool,
     pub(crate) delivered: oneshot::Receiver<Vec<Delivery>>,
+}
+
+impl Ticket<'_> {
+    /// Takes the receiver back unless a sender took it: `false` means its
+    /// deliveries are on their way (or its sender failed) on `delivered`.
+    pub(crate) fn unpark(&mut self) -> bool {
+        self.parked = false;
+        self.waiting.unpark(&self.queue, self.id)
+    }
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        if self.parked {
+            self.waiting.unpark(&self.queue, self.id);
+        }
+    }
 }
 
 impl Waiting {
     /// Parks a receiver of `queue` asking for `request`.
-    pub(crate) fn park(&self, queue: &QueueName, request: &Receive) -> Ticket {
+    pub(crate) fn park(&self, queue: &QueueName, request: &Receive) -> Ticket<'_> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (deliver, delivered) = oneshot::channel();
         let parked = Parked { id, room: request.max, lease_ms: request.lease.map(millis), owner: request.consumer.clone(), deliver };
         self.lock().entry(queue.clone()).or_default().push(parked);
-        Ticket { id, delivered }
+        Ticket { id, queue: queue.clone(), waiting: self, parked: true, delivered }
     }
 
-    /// Takes the receiver back unless a sender took it: `false` means its
-    /// deliveries are on their way (or its sender failed) on its ticket.
-    pub(crate) fn unpark(&self, queue: &QueueName, id: u64) -> bool {
+    fn unpark(&self, queue: &QueueName, id: u64) -> bool {
         let mut by_queue = self.lock();
         let Some(parked) = by_queue.get_mut(queue) else { return false };
         let Some(position) = parked.iter().position(|p| p.id == id) else { return false };
@@ -235,5 +256,42 @@ impl GiveBack {
                 tracing::warn!("giving back {} message(s) whose receiver went away: {}", tokens.len(), fail.into_store());
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parked(waiting: &Waiting, queue: &QueueName) -> usize {
+        waiting.lock().get(queue).map_or(0, Vec::len)
+    }
+
+    /// A cancelled receive (its ticket dropped while parked) leaves nothing
+    /// parked; one taken back or handed messages is not parked twice.
+    #[test]
+    fn a_dropped_ticket_takes_its_receiver_back() {
+        let waiting = Waiting::default();
+        let queue = QueueName::new("work").unwrap();
+        let first = waiting.park(&queue, &Receive::up_to(4));
+        let mut second = waiting.park(&queue, &Receive::up_to(4));
+        assert_eq!(parked(&waiting, &queue), 2);
+        drop(first);
+        assert_eq!(parked(&waiting, &queue), 1, "the cancelled receive is no longer parked");
+        assert!(second.unpark(), "taken back before any send took it");
+        assert_eq!(parked(&waiting, &queue), 0);
+        drop(second);
+        assert_eq!(parked(&waiting, &queue), 0);
+
+        // A receiver a send took is not parked any more; dropping its
+        // ticket changes nothing.
+        let third = waiting.park(&queue, &Receive::up_to(4));
+        let message = Outgoing::json(&serde_json::json!("hello")).unwrap();
+        let id = MessageId::new("m-1").unwrap();
+        let plan = waiting.plan([(&queue, &message, &id)]);
+        assert!(!plan.is_empty(), "the send found the parked receiver");
+        assert_eq!(parked(&waiting, &queue), 0);
+        drop(third);
+        assert_eq!(parked(&waiting, &queue), 0);
     }
 }

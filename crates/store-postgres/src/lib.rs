@@ -779,10 +779,10 @@ impl Queues for PgStore {
                 },
                 _ = tokio::time::timeout(wait, notified) => {}
             }
-            if !self.waiting.unpark(queue, ticket.id) {
+            if !ticket.unpark() {
                 // A sender took this receiver: its statement is running, and
                 // its outcome comes on the ticket.
-                if let Ok(deliveries) = ticket.delivered.await
+                if let Ok(deliveries) = (&mut ticket.delivered).await
                     && !deliveries.is_empty()
                 {
                     return Ok(deliveries);
