@@ -140,11 +140,26 @@ impl StoreArgs {
     }
 
     /// Where an operator command acts: the remote server when `--server`
-    /// names one, else the store (opened here).
+    /// names one, else the store (opened here). A SQLite store must exist
+    /// already: an operator command that looks at a mistyped path should say
+    /// so, not create an empty store there and report nothing in it.
     pub async fn backend(&self) -> anyhow::Result<backend::Backend> {
         match &self.server {
             Some(server) => Ok(backend::Backend::Remote(remote::Server::new(server)?)),
-            None => Ok(backend::Backend::Local(self.open().await?)),
+            None => {
+                // (A missing directory is reported by `open`, naming it.)
+                if let store_url::StoreUrl::Sqlite(path) = store_url::StoreUrl::parse(&self.url)?
+                    && !path.exists()
+                    && path.parent().is_none_or(|parent| parent.as_os_str().is_empty() || parent.is_dir())
+                {
+                    anyhow::bail!(
+                        "cannot open store {}: {} does not exist (`rota serve` or `rota migrate` creates a store; check --store or ROTA_STORE)",
+                        self.url,
+                        path.display()
+                    );
+                }
+                Ok(backend::Backend::Local(self.open().await?))
+            }
         }
     }
 

@@ -206,6 +206,17 @@ fn errors_are_one_line_naming_the_problem() {
     assert_eq!(output.status.code(), Some(1));
     assert_one_error_line(&String::from_utf8_lossy(&output.stderr), &["cannot open store", "does not exist"]);
 
+    // An operator command on a store file that does not exist says so, and
+    // creates nothing there (a mistyped path must not look like an empty store).
+    let absent = missing.path().join("absent.db");
+    let url = format!("sqlite://{}", absent.display());
+    for args in [vec!["queue", "stats"], vec!["tasks"], vec!["dlq", "list", "q"]] {
+        let output = rota.command(&args).args(["--store", &url]).output().unwrap();
+        assert_eq!(output.status.code(), Some(1), "{args:?}");
+        assert_one_error_line(&String::from_utf8_lossy(&output.stderr), &["cannot open store", "absent.db does not exist", "rota migrate"]);
+        assert!(!absent.exists(), "{args:?} created {}", absent.display());
+    }
+
     // Port 1 on loopback refuses at once; the password is never shown.
     let output = rota.command(&["queue", "stats"]).args(["--store", "postgres://rota:secret@127.0.0.1:1/rota"]).output().unwrap();
     assert_eq!(output.status.code(), Some(1));

@@ -255,6 +255,7 @@ fn serve_refuses_to_start_with_an_invalid_workflow() {
     files.workflow("ok.yaml", "name: ok\nversion: 1\nsteps:\n  - name: a\n    agent: delay\n");
     let bad = files.workflow("zz.yaml", "name: zz\nversion: 1\nsteps:\n  - name: a\n    agent: nope\n");
     let dir = files.workflows().display().to_string();
+    rota.ok(&["migrate"]);
     let output = rota.command(&["serve", "--workflows", &dir]).output().unwrap();
     assert_eq!(output.status.code(), Some(1));
     let stderr = stderr_of(&output);
@@ -354,6 +355,7 @@ fn serve_runs_a_submitted_task_to_processed() {
 #[test]
 fn operator_errors_are_one_clear_line() {
     let rota = Rota::new();
+    rota.ok(&["migrate"]);
     let (code, stderr) = rota.fails(&["status", "nope"]);
     assert_eq!(code, 1);
     assert_one_error_line(&stderr, &["task nope not found"]);
