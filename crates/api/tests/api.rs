@@ -355,6 +355,23 @@ async fn health_and_readiness_need_no_token() {
     server.get("/v1/tasks").await.assert_error(401, "unauthorized");
 }
 
+/// Readiness is the store answering: a store that cannot (here its
+/// workflow registry is gone) makes `/readyz` answer 503 `unavailable`,
+/// while `/healthz`, which only says the process answers, stays 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_fails_while_the_store_cannot_answer() {
+    let server = start(Options { engine: false, ..Options::default() }).await;
+    assert_eq!(server.get("/readyz").await.status, StatusCode::OK);
+    let db = rusqlite::Connection::open(server.db_path()).unwrap();
+    db.execute_batch("DROP TABLE workflows").unwrap();
+    let ready = server.get("/readyz").await;
+    assert_eq!(
+        (ready.status, &ready.body["status"], &ready.body["store"]),
+        (StatusCode::SERVICE_UNAVAILABLE, &json!("unavailable"), &json!("sqlite"))
+    );
+    assert_eq!(server.get("/healthz").await.status, StatusCode::OK);
+}
+
 fn common_auth() -> rota_api::AuthConfig {
     let token = rota_api::Token::new("admin-token-0123456789", vec![rota_api::Scope::Admin]).unwrap();
     rota_api::AuthConfig::tokens(vec![token]).unwrap()

@@ -66,6 +66,13 @@ pub struct Server {
     _dir: tempfile::TempDir,
 }
 
+impl Server {
+    /// The SQLite file behind the server's store.
+    pub fn db_path(&self) -> std::path::PathBuf {
+        self._dir.path().join("api.db")
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         self.engine_shutdown.trigger();
