@@ -156,10 +156,16 @@ pub(crate) struct Connection {
 impl Connection {
     /// The operation ended with `outcome`: keep the connection for the next
     /// one, unless the outcome says the connection may be broken.
-    pub(crate) fn finished<T>(mut self, outcome: &Result<T>) {
+    pub(crate) fn finished<T>(self, outcome: &Result<T>) {
+        self.finished_with(outcome.as_ref().err());
+    }
+
+    /// [`Connection::finished`], for an operation whose failure, if any, is
+    /// `failure`.
+    pub(crate) fn finished_with(mut self, failure: Option<&Fail>) {
         let Some(conn) = self.conn.take() else { return };
-        match outcome {
-            Err(fail) if !fail.leaves_connection_usable() => {
+        match failure {
+            Some(fail) if !fail.leaves_connection_usable() => {
                 drop(conn);
                 self.home.release_all();
             }

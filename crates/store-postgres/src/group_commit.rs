@@ -206,7 +206,7 @@ impl Committer {
                 let diagnosis: Result<Fail> = async {
                     let mut conn = self.connections.acquire().await?;
                     let diagnosis = commit_sql::diagnose(&mut conn, &self.names, &pending.changes, self.clock.now()).await;
-                    conn.finished(&Ok(()));
+                    conn.finished_with(Some(&diagnosis));
                     Ok(diagnosis)
                 }
                 .await;
@@ -220,9 +220,8 @@ impl Committer {
     /// keyed messages allow (see [`statement_groups`]). A statement the
     /// server refused for what it wrote (a constraint, a value out of range)
     /// is run again creation by creation, so that only the creation at
-    /// fault fails; a
-    /// creation is idempotent (an existing id writes nothing), so running
-    /// one again is safe.
+    /// fault fails; a creation is idempotent (an existing id writes
+    /// nothing), so running one again is safe.
     async fn create_batch(self, batch: Vec<PendingCreate>, _slot: OwnedSemaphorePermit) {
         self.stats.creates.fetch_add(batch.len() as u64, Ordering::Relaxed);
         for group in statement_groups(batch) {
@@ -265,10 +264,7 @@ impl Committer {
         let parts: Vec<NewPart<'_>> = group.iter().map(|p| (&p.new, p.send_ids.as_slice())).collect();
         let mut tries = 1_u32;
         loop {
-            let mut conn = match self.connections.acquire().await {
-                Ok(conn) => conn,
-                Err(fail) => return Err(fail),
-            };
+            let mut conn = self.connections.acquire().await?;
             let attempt: Result<_> = async {
                 let (inserted, sent_to) = commit_sql::create_tasks(&mut conn, &self.names, &parts, &queue_ids, self.clock.now()).await?;
                 let existing: Vec<TaskId> =

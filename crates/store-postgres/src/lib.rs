@@ -186,11 +186,10 @@ pub const COMMIT_BATCH_LIMIT: usize = 1_000;
 /// order), and whether a connection got that plan depended on the statistics
 /// when it first ran the receive. JIT compilation is off: it never pays for
 /// statements this short, and the priced-out scans would trigger it. So are
-/// parallel plans: the price of a scan that was priced out makes splitting
-/// it across workers look worth it, and a generic plan with a Gather node
-/// forks worker processes at every execution (seen on workload W: depending
-/// on the statistics when the plans were made, some runs spent more than
-/// twice the CPU per workflow, most of it in `fork`).
+/// parallel plans: the price of a scan that was priced out can make
+/// splitting it across workers look worth it, and a generic plan with a
+/// Gather node would start worker processes at every execution of a
+/// statement that reads a few rows.
 const PLANNER_SETTINGS: [(&str, &str); 7] = [
     ("plan_cache_mode", "force_generic_plan"),
     ("enable_seqscan", "off"),

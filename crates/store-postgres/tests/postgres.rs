@@ -36,6 +36,18 @@ fn new_task(id: &str, clock: &dyn Clock, doorbell: &QueueName) -> NewTask {
     }
 }
 
+/// A receive of one message from `queue` on `store`, waiting up to a
+/// minute, spawned and given time to park before this returns.
+async fn parked_receive(store: Arc<PgStore>, queue: &QueueName) -> tokio::task::JoinHandle<Vec<rota_model::MessageId>> {
+    let queue = queue.clone();
+    let waiting = tokio::spawn(async move {
+        let got = store.receive(&queue, Receive::up_to(1).waiting(Duration::from_secs(60))).await.expect("the receive succeeds");
+        got.into_iter().map(|delivery| delivery.id).collect()
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    waiting
+}
+
 async fn app_connection(schema: &TestSchema) -> PgConnection {
     PgConnection::connect(&schema.url).await.expect("connect as the application")
 }
@@ -116,16 +128,14 @@ async fn a_send_from_another_process_wakes_a_waiting_receiver() {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let mut slow_polling = config(&schema);
     slow_polling.poll_interval = Duration::from_secs(600);
-    let receiver = open(slow_polling, clock.clone()).await;
+    let receiver = Arc::new(open(slow_polling, clock.clone()).await);
     let sender = open(config(&schema), clock).await;
     let work = QueueName::new("work").unwrap();
     receiver.create_queue(&work, Default::default()).await.unwrap();
 
-    let waiting = tokio::spawn(async move { receiver.receive(&work, Receive::up_to(1).waiting(Duration::from_secs(60))).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let sent = sender.send(&QueueName::new("work").unwrap(), Outgoing::json(&json!("hello")).unwrap()).await.unwrap();
-    let got = waiting.await.unwrap().unwrap();
-    assert_eq!(got.iter().map(|d| d.id.clone()).collect::<Vec<_>>(), [sent.id], "the waiting receiver got the message");
+    let waiting = parked_receive(receiver, &work).await;
+    let sent = sender.send(&work, Outgoing::json(&json!("hello")).unwrap()).await.unwrap();
+    assert_eq!(waiting.await.unwrap(), [sent.id], "the waiting receiver got the message");
 }
 
 /// When the server drops every connection of a store (a restart, a network
@@ -169,15 +179,9 @@ async fn killed_connections_are_replaced_and_nothing_acknowledged_is_lost() {
     }
     assert_eq!(received.iter().map(|d| d.id.clone()).collect::<Vec<_>>(), [before.id], "the message sent before the cut survived");
 
-    let waiting = {
-        let store = store.clone();
-        let work = work.clone();
-        tokio::spawn(async move { store.receive(&work, Receive::up_to(1).waiting(Duration::from_secs(60))).await })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let waiting = parked_receive(store.clone(), &work).await;
     let after = sender.send(&work, Outgoing::json(&json!("after")).unwrap()).await.unwrap();
-    let got = waiting.await.unwrap().unwrap();
-    assert_eq!(got.iter().map(|d| d.id.clone()).collect::<Vec<_>>(), [after.id], "the listener is back: the waiting receiver was woken");
+    assert_eq!(waiting.await.unwrap(), [after.id], "the listener is back: the waiting receiver was woken");
 }
 
 /// The statements the engine runs all the time reach their rows through
@@ -534,15 +538,9 @@ async fn a_process_alone_announces_nothing_and_hears_one_that_joins() {
 
     let later = QueueName::new("later").unwrap();
     second.create_queue(&later, Default::default()).await.unwrap();
-    let waiting = {
-        let second = second.clone();
-        let later = later.clone();
-        tokio::spawn(async move { second.receive(&later, Receive::up_to(1).waiting(Duration::from_secs(60))).await })
-    };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let waiting = parked_receive(second, &later).await;
     let sent = first.send(&later, Outgoing::json(&json!("heard")).unwrap()).await.unwrap();
-    let got = waiting.await.unwrap().unwrap();
-    assert_eq!(got.iter().map(|d| d.id.clone()).collect::<Vec<_>>(), [sent.id], "the newcomer's waiting receiver was woken");
+    assert_eq!(waiting.await.unwrap(), [sent.id], "the newcomer's waiting receiver was woken");
 }
 
 /// The store keeps its connections between operations instead of handing
