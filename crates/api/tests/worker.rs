@@ -107,10 +107,12 @@ fn step<'a>(task: &'a Value, name: &str) -> &'a Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_worker_runs_a_workflow_to_processed() {
-    // A 1 s lease and a 2.5 s step: the worker must renew to keep it.
-    let server = server(Duration::from_secs(1)).await;
+    // A 2 s lease and a 5 s step: the worker must renew to keep it. (With a
+    // 1 s lease, a renewal due every third of a second missed its window
+    // once under a loaded CI machine.)
+    let server = server(Duration::from_secs(2)).await;
     let Some(_worker) = python_worker(&server) else { return };
-    submit(&server, "pay", "p-1", json!({ "amount": 42, "card": "ok", "flaky": true, "slow_ms": 2500 })).await;
+    submit(&server, "pay", "p-1", json!({ "amount": 42, "card": "ok", "flaky": true, "slow_ms": 5000 })).await;
 
     let done = server.wait_terminal("p-1").await;
     assert_eq!(done["state"], "processed", "{done}");

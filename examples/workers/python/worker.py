@@ -126,8 +126,12 @@ def log(message):
 
 
 class Renewer(threading.Thread):
-    """Renews one lease every third of its length until stopped; stops by
-    itself when rota says the lease is lost or the deadline has passed."""
+    """Renews one lease whenever two thirds of what was left of it have
+    passed, until stopped; stops by itself when rota says the lease is lost
+    or the deadline has passed. Each renewal asks for the server's own lease
+    length (no ``lease_ms``), and the next wait is measured from the
+    ``lease_until`` it returns: a lease that was already partly spent when
+    the request arrived must not make every later renewal shorter."""
 
     def __init__(self, client, request, lease_s):
         super().__init__(daemon=True)
@@ -138,12 +142,14 @@ class Renewer(threading.Thread):
         self.lost = None
 
     def run(self):
-        while not self.stopped.wait(self.lease_s / 3.0):
-            status, body = self.client.call("renew", {"lease_token": self.request["lease_token"], "lease_ms": int(self.lease_s * 1000)})
+        left = self.lease_s
+        while not self.stopped.wait(max(left / 3.0, 0.05)):
+            status, body = self.client.call("renew", {"lease_token": self.request["lease_token"]})
             if status != 200:
                 self.lost = body.get("error", {}).get("code", str(status))
                 log("renew of %s/%s: %s" % (self.request["task_id"], self.request["step"], self.lost))
                 return
+            left = max(0.0, body["lease_until"] / 1000.0 - time.time())
 
     def stop(self):
         self.stopped.set()
