@@ -1,4 +1,4 @@
-//! Bearer tokens and scopes (R12).
+//! Bearer tokens and scopes.
 //!
 //! The configuration is a list of tokens, each with its scopes; the binary
 //! reads it (from a file or the environment) and builds an [`AuthConfig`].

@@ -1,4 +1,4 @@
-//! Live status (R7): server-sent event streams of task events.
+//! Live status: server-sent event streams of task events.
 //!
 //! - `GET /v1/tasks/{id}/events`: that task's history, then its events as
 //!   they happen; after the task reaches a terminal state the stream sends
@@ -17,7 +17,7 @@
 //! sends a keep-alive comment every `events_keep_alive`. Streams end when
 //! the server shuts down.
 //!
-//! Deliberately left out: webhooks (the other half of R7), and a push
+//! Deliberately left out: webhooks (the other way to follow a task, in `webhooks`), and a push
 //! notification from the store that would replace the polling.
 
 use std::collections::{HashMap, VecDeque};

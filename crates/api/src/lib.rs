@@ -1,4 +1,4 @@
-//! rota's HTTP API (R7, R10, R11, R12): everything the operator commands of
+//! rota's HTTP API: everything the operator commands of
 //! the CLI do, over HTTP with JSON, for applications, operators and
 //! dashboards written in any language.
 //!

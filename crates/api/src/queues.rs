@@ -1,4 +1,4 @@
-//! The queue endpoints (R6): counts per queue, pause and resume, the dead
+//! The queue endpoints: counts per queue, pause and resume, the dead
 //! letters (list, redrive one or all, purge) and the circuit breakers that
 //! `rota serve` processes report.
 //!

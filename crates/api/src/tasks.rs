@@ -1,4 +1,4 @@
-//! The task endpoints (R6, R7): submit (the task id is the idempotency
+//! The task endpoints: submit (the task id is the idempotency
 //! key), status with steps, listing with filters, history, alerts, cancel
 //! and resubmit. Changes go through [`rota_engine::Client`], so they are the
 //! same fenced commits the CLI makes.

@@ -1,4 +1,4 @@
-//! Webhooks (R7, issue 5 item 2): a task submitted with a `callback_url`
+//! Webhooks: a task submitted with a `callback_url`
 //! has its status events POSTed there, signed, retried with backoff, and
 //! dead-lettered when they keep failing.
 //!

@@ -1,4 +1,4 @@
-//! The worker protocol (issue 5, item 3): agents written in any language
+//! The worker protocol: agents written in any language
 //! receive step requests over HTTP and answer them, with the deadline and
 //! fencing rules of the built-in agents.
 //!

@@ -146,7 +146,7 @@ fn workdir(keep: Option<PathBuf>) -> anyhow::Result<Workdir> {
     }
 }
 
-/// The order workflow of issue 3, calling the service at `base`.
+/// The order workflow of the demo, calling the service at `base`.
 pub fn order_workflow(base: &str) -> anyhow::Result<Workflow> {
     let retry = RetryPolicy::new(3, Duration::from_millis(50), Duration::from_millis(500))?;
     let call = |path: &str, body: Value| json!({ "method": "POST", "url": format!("{base}/{path}"), "body": body });

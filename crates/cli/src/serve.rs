@@ -1,4 +1,4 @@
-//! `rota serve`: every role of the pattern in one process (R8), or the roles
+//! `rota serve`: every role of the pattern in one process, or the roles
 //! `--roles` names, until SIGINT or SIGTERM.
 //!
 //! Startup, in order, so that a bad argument or a bad definition is reported

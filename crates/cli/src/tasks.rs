@@ -1,4 +1,4 @@
-//! The task commands (R6, R7): `submit`, `status`, `tasks`, `alerts`,
+//! The task commands: `submit`, `status`, `tasks`, `alerts`,
 //! `resubmit`, `cancel` and `workflows`. Each checks its arguments, opens
 //! its [`Backend`] (the store, with no engine in this process: a `rota
 //! serve` somewhere does the work; or a server's API with `--server`),

@@ -1,4 +1,4 @@
-//! `rota validate FILE…`: checks workflow definitions without a store (R11).
+//! `rota validate FILE…`: checks workflow definitions without a store.
 //!
 //! Every problem of every file is printed on stderr as `FILE:LINE:COL:
 //! message`, the form editors and CI logs turn into links; each valid file

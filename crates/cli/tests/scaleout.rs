@@ -1,4 +1,4 @@
-//! Scale-out on PostgreSQL with real processes (issue 4): two `rota
+//! Scale-out on PostgreSQL with real processes: two `rota
 //! scheduler`, three `rota agent` and two `rota supervisor` processes share
 //! one database while a thousand tasks of a three-step workflow run. A
 //! seeded chaos loop SIGKILLs a random process every couple of seconds and

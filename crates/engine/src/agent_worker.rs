@@ -1,4 +1,4 @@
-//! Agents at work (R3): a competing consumer of one agent's queue that runs
+//! Agents at work: a competing consumer of one agent's queue that runs
 //! each step request through [`rota_agent::run_until_deadline`] and replies
 //! to the requesting Scheduler.
 //!

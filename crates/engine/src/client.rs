@@ -1,4 +1,4 @@
-//! What applications and operators do to tasks (R6, R7): submit, cancel,
+//! What applications and operators do to tasks: submit, cancel,
 //! resubmit, look up, and wait. Each is one fenced commit with its history
 //! events, plus a doorbell when a Scheduler has work to claim.
 

@@ -1,5 +1,5 @@
 //! The embedded engine: every role of the pattern in one process over one
-//! store (R8), or any subset of them (for processes that scale out).
+//! store, or any subset of them (for processes that scale out).
 
 use std::sync::Arc;
 use std::time::Duration;

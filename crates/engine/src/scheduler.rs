@@ -1,4 +1,4 @@
-//! The Scheduler (R1, R2): claims Pending tasks, sends each ready step's
+//! The Scheduler: claims Pending tasks, sends each ready step's
 //! request to its agent's queue with its complete-by, consumes the replies
 //! from its inbox, and moves each task along its workflow.
 //!

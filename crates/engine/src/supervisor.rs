@@ -1,4 +1,4 @@
-//! The Supervisor (R4, R5): every interval, finds tasks and steps whose
+//! The Supervisor: every interval, finds tasks and steps whose
 //! complete-by has passed and arranges their recovery. It only requests;
 //! the Scheduler and the Agents act:
 //!

@@ -1,4 +1,4 @@
-//! Transactional submit (issue 4): an application creates a task inside its
+//! Transactional submit: an application creates a task inside its
 //! own transaction, together with its own rows, with `Client::prepare` and
 //! the backend's transactional create (`SqliteStore::create_task_with`,
 //! `PgStore::create_task_in`). A failed or rolled-back transaction leaves

@@ -1,5 +1,5 @@
 //! rota's Store on PostgreSQL: many processes on many machines sharing one
-//! database (R9).
+//! database.
 //!
 //! Every operation is one short transaction on a pooled connection. Claims
 //! of messages and tasks are single statements with `FOR UPDATE SKIP
