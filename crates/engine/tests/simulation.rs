@@ -1,5 +1,6 @@
-//! The seeded deterministic simulation of the whole engine: Schedulers, Supervisors, a fake agent and a fake remote service
-//! over a real SQLite store and a `ManualClock`, driven tick by tick by one
+//! The seeded deterministic simulation of the whole engine: Schedulers,
+//! Supervisors, a fake agent and a fake remote service over a real SQLite
+//! store and a `ManualClock`, driven tick by tick by one
 //! seeded RNG that injects the faults: agents that crash holding a request,
 //! lose requests or replies, reply late, twice, or after their lease ran
 //! out; transient and permanent failures; Schedulers that crash (their inbox
