@@ -1,0 +1,38 @@
+"""A client for rota's HTTP API, and a helper to write workers in Python.
+
+    from rota import Client
+    client = Client("http://127.0.0.1:7878", token="…")
+    task = client.submit("greet", {"name": "ada"})
+    print(client.wait(task["id"], timeout=60)["output"])
+
+Standard library only. ``Client`` submits, reads, waits for, follows,
+cancels and resubmits tasks; ``Worker`` runs the steps of remote agents
+(``@worker.step("agent")``); ``verify_webhook`` checks a webhook delivery.
+Every error the API answers is an ``ApiError`` with its ``code`` and
+``reason``.
+"""
+
+from .client import Client
+from .errors import ApiError
+from .types import TERMINAL_STATES, Event, Json, StepView, Task, TaskState, TaskSummary, WorkRequest
+from .webhooks import InvalidSignature, verify_webhook
+from .worker import Permanent, Retryable, Step, Worker
+
+__all__ = [
+    "TERMINAL_STATES",
+    "ApiError",
+    "Client",
+    "Event",
+    "InvalidSignature",
+    "Json",
+    "Permanent",
+    "Retryable",
+    "Step",
+    "StepView",
+    "Task",
+    "TaskState",
+    "TaskSummary",
+    "WorkRequest",
+    "Worker",
+    "verify_webhook",
+]

@@ -1,0 +1,160 @@
+"""The client: submit tasks, read them, wait for them, follow their events,
+cancel and resubmit them."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import time
+from collections.abc import Iterator
+from typing import cast
+
+from . import sse
+from ._http import Transport, quote
+from .types import Event, Json, Task, TaskState, TaskSummary
+
+#: The server when neither the ``url`` argument nor ``ROTA_URL`` names one.
+DEFAULT_URL = "http://127.0.0.1:7878"
+
+#: How long an event stream may stay silent before it is opened again: the
+#: server sends a keep-alive comment every 15 s.
+STREAM_IDLE_S = 60.0
+
+
+class Client:
+    """rota's HTTP API for programs that submit and follow tasks.
+
+    ``url`` defaults to ``ROTA_URL`` (else ``http://127.0.0.1:7878``) and
+    ``token`` to ``ROTA_TOKEN``; ``timeout`` bounds each request, in seconds.
+    Errors the API answers raise ``ApiError``; an unreachable server raises
+    ``OSError``. A client may be shared between threads.
+    """
+
+    def __init__(self, url: str | None = None, token: str | None = None, *, timeout: float = 30.0) -> None:
+        url = url or os.environ.get("ROTA_URL") or DEFAULT_URL
+        token = token if token is not None else os.environ.get("ROTA_TOKEN")
+        self._http = Transport(url, token or None, timeout)
+
+    @property
+    def url(self) -> str:
+        """The server's base URL."""
+        return self._http.url
+
+    def submit(
+        self,
+        workflow: str,
+        input: Json = None,
+        *,
+        id: str | None = None,
+        version: int | None = None,
+        callback_url: str | None = None,
+    ) -> Task:
+        """Submits a task of ``workflow`` (its latest version unless
+        ``version`` says) and returns it. ``id`` is the idempotency key:
+        submitting an id that exists creates nothing and returns that task,
+        so a submit whose answer was lost can simply be sent again."""
+        body: dict[str, Json] = {"workflow": workflow}
+        if input is not None:
+            body["input"] = input
+        if id is not None:
+            body["id"] = id
+        if version is not None:
+            body["version"] = version
+        if callback_url is not None:
+            body["callback_url"] = callback_url
+        return cast(Task, self._http.call("POST", "/v1/tasks", body))
+
+    def status(self, task_id: str) -> Task:
+        """The task with its input, output and steps."""
+        return cast(Task, self._http.call("GET", "/v1/tasks/" + quote(task_id)))
+
+    def history(self, task_id: str) -> list[Event]:
+        """The task's events so far, oldest first."""
+        return cast("list[Event]", self._http.call("GET", f"/v1/tasks/{quote(task_id)}/history"))
+
+    def tasks(
+        self,
+        *,
+        state: TaskState | None = None,
+        workflow: str | None = None,
+        locked_by: str | None = None,
+        limit: int | None = None,
+    ) -> list[TaskSummary]:
+        """Tasks, newest first, filtered by state, workflow and holder
+        (``limit``: at most 1000 by default on the server, 100 if not given)."""
+        query = {"state": state, "workflow": workflow, "locked_by": locked_by, "limit": None if limit is None else str(limit)}
+        chosen = {key: value for key, value in query.items() if value is not None}
+        return cast("list[TaskSummary]", self._http.call("GET", "/v1/tasks", query=chosen))
+
+    def wait(self, task_id: str, timeout: float | None = None) -> Task:
+        """Waits until the task is terminal (``processed``, ``error``,
+        ``compensated`` or ``cancelled``) and returns it. Follows its event
+        stream, so it returns as soon as the task ends. ``TimeoutError``
+        after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for _ in self._follow(task_id, None, deadline):
+            pass
+        return self.status(task_id)
+
+    def events(self, task_id: str, *, after: int | None = None) -> Iterator[Event]:
+        """The task's events: its history (after the event ``after``, if
+        given), then each one as it happens, until the task is terminal.
+        A dropped stream is opened again from the last event seen."""
+        return self._follow(task_id, after, None)
+
+    def cancel(self, task_id: str) -> TaskState:
+        """Cancels a task that has not finished; returns the state it moved
+        to (``cancelled``, or ``compensating`` when completed steps are
+        undone). ``ApiError`` ``refused`` for a finished task."""
+        answer = self._http.call("POST", f"/v1/tasks/{quote(task_id)}/cancel")
+        return cast(TaskState, answer["state"])
+
+    def resubmit(self, task_id: str, step: str | None = None) -> TaskState:
+        """Runs a task that ended in ``error`` again (its failed steps, or
+        just ``step``); returns its new state. ``ApiError`` ``refused`` for a
+        task that did not fail."""
+        path = f"/v1/tasks/{quote(task_id)}" + (f"/steps/{quote(step)}" if step is not None else "") + "/resubmit"
+        answer = self._http.call("POST", path)
+        return cast(TaskState, answer["state"])
+
+    def _follow(self, task_id: str, after: int | None, deadline: float | None) -> Iterator[Event]:
+        path = f"/v1/tasks/{quote(task_id)}/events"
+        while True:
+            query = None if after is None else {"after": str(after)}
+            connection, response = self._http.open("GET", path, query=query, headers={"Accept": "text/event-stream"}, timeout=STREAM_IDLE_S)
+            try:
+                for message in sse.messages(_Bounded(response, connection, deadline)):
+                    if message.event == "end":
+                        return
+                    if message.event == "message":
+                        event = cast(Event, json.loads(message.data))
+                        after = event["seq"]
+                        yield event
+            except (OSError, http.client.HTTPException):
+                pass  # a dropped or silent stream: opened again below
+            finally:
+                connection.close()
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"task {task_id} did not end in time")
+            # The server closes streams when it stops; do not spin while it restarts.
+            time.sleep(0.2)
+
+
+class _Bounded:
+    """A response whose every line must arrive before a deadline (keep-alive
+    comments arrive every 15 s, so a timeout on each read alone would never
+    end a wait)."""
+
+    def __init__(self, response: http.client.HTTPResponse, connection: http.client.HTTPConnection, deadline: float | None) -> None:
+        self._response = response
+        self._connection = connection
+        self._deadline = deadline
+
+    def readline(self, limit: int = -1, /) -> bytes:
+        if self._deadline is not None and self._connection.sock is not None:
+            left = self._deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("deadline passed")
+            self._connection.sock.settimeout(min(STREAM_IDLE_S, left))
+        return self._response.readline(limit)

@@ -1,0 +1,100 @@
+"""The API's JSON objects, as typed dictionaries.
+
+They are the server's answers as they come (``/openapi.json`` describes
+them); a field the server adds later is simply there too. Times are integers:
+milliseconds since the Unix epoch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypedDict
+
+#: Any JSON value: the inputs and outputs of tasks and steps.
+Json = Any
+
+TaskState = Literal["pending", "processing", "processed", "error", "compensating", "compensated", "cancelled"]
+StepState = Literal["not_started", "running", "completed", "failed", "compensating", "compensated"]
+
+#: The states a task does not leave by itself (``error`` may be resubmitted).
+TERMINAL_STATES: frozenset[str] = frozenset({"processed", "error", "compensated", "cancelled"})
+
+
+class StepView(TypedDict):
+    """One step of a task."""
+
+    name: str
+    position: int
+    agent: str | None
+    state: StepState
+    attempt: int
+    owner: str | None
+    complete_by: int | None
+    not_before: int
+    input: Json
+    output: Json
+    last_error: str | None
+    updated_at: int
+
+
+class TaskSummary(TypedDict):
+    """A task as listings show it: without input, output and steps."""
+
+    id: str
+    workflow: str
+    version: int
+    state: TaskState
+    locked_by: str | None
+    complete_by: int | None
+    failure_count: int
+    error: str | None
+    created_at: int
+    updated_at: int
+
+
+class Task(TaskSummary):
+    """A task with its input, output and steps."""
+
+    lease_epoch: int
+    not_before: int
+    max_failures: int | None
+    input: Json
+    output: Json
+    callback_url: str | None
+    steps: list[StepView]
+
+
+class Event(TypedDict):
+    """One entry of a task's history: a server-sent event's data, a webhook's body."""
+
+    seq: int
+    task_id: str
+    at: int
+    kind: str
+    step: str | None
+    attempt: int | None
+    detail: Json
+
+
+class RetryPolicy(TypedDict):
+    """How a worker retries transient faults within one attempt."""
+
+    attempts_max: int
+    backoff_initial_ms: int
+    backoff_max_ms: int
+
+
+class WorkRequest(TypedDict):
+    """One attempt of one step, as a worker receives it."""
+
+    lease_token: str
+    lease_until: int
+    task_id: str
+    workflow: str
+    step: str
+    attempt: int
+    compensate: bool
+    input: Json
+    idempotency_key: str
+    complete_by: int
+    delivery_count: int
+    retry: RetryPolicy

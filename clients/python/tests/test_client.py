@@ -1,0 +1,175 @@
+"""The client against a real server: submit, wait, status, list, history,
+events, cancel, resubmit, and how errors arrive."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+import unittest
+import uuid
+from collections.abc import Callable
+
+from rota import ApiError, Client, Permanent, Step, Worker
+from rota.errors import ApiError as ErrorsApiError
+
+import support
+
+server: support.Server
+
+
+def setUpModule() -> None:
+    global server
+    server = support.Server()
+
+
+def tearDownModule() -> None:
+    server.stop()
+
+
+def fresh(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+class SubmitAndWait(unittest.TestCase):
+    def test_the_submit_example_prints_the_tasks_result(self) -> None:
+        # The program README shows, run as it is, with a submit-only token.
+        program = support.EXAMPLES_DIR / "submit.py"
+        done = subprocess.run(
+            [sys.executable, str(program)], env=support.client_env(server, support.SUBMIT_TOKEN),
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertTrue(done.stdout.startswith("processed "), done.stdout)
+        self.assertIn("'echo': {'hello': 'ada'}", done.stdout)
+
+    def test_submit_is_idempotent_by_id_and_wait_returns_the_terminal_task(self) -> None:
+        client = Client(server.url, token=support.ADMIN_TOKEN)
+        task_id = fresh("g")
+        task = client.submit("greet", {"name": "bob"}, id=task_id)
+        self.assertEqual((task["id"], task["workflow"], task["version"]), (task_id, "greet", 1))
+        again = client.submit("greet", {"name": "someone else"}, id=task_id)
+        self.assertEqual(again["input"], {"name": "bob"}, "the id is the idempotency key")
+
+        done = client.wait(task_id, timeout=30)
+        self.assertEqual(done["state"], "processed")
+        self.assertEqual(done["output"]["echo"], {"hello": "bob"})
+        self.assertEqual([step["state"] for step in done["steps"]], ["completed", "completed"])
+        self.assertEqual(client.status(task_id), done)
+
+    def test_tasks_lists_and_filters(self) -> None:
+        client = Client(server.url, token=support.ADMIN_TOKEN)
+        finished, sleeping = fresh("list-done"), fresh("list-nap")
+        client.submit("greet", {"name": "c"}, id=finished)
+        client.submit("nap", id=sleeping)
+        client.wait(finished, timeout=30)
+
+        processed = [task["id"] for task in client.tasks(state="processed", workflow="greet", limit=1000)]
+        self.assertIn(finished, processed)
+        self.assertNotIn(sleeping, processed)
+        naps = [task["id"] for task in client.tasks(workflow="nap")]
+        self.assertIn(sleeping, naps)
+        self.assertNotIn(finished, naps)
+        self.assertEqual(len(client.tasks(limit=1)), 1)
+        client.cancel(sleeping)
+
+    def test_events_follow_a_task_until_it_ends_and_resume_after_a_seq(self) -> None:
+        client = Client(server.url, token=support.ADMIN_TOKEN)
+        task_id = fresh("ev")
+        client.submit("greet", {"name": "dee"}, id=task_id)
+        events = list(client.events(task_id))
+        kinds = [event["kind"] for event in events]
+        self.assertEqual(kinds[0], "received")
+        self.assertEqual(kinds[-1], "processed")
+        self.assertIn("step_completed", kinds)
+        self.assertTrue(all(event["task_id"] == task_id for event in events))
+        self.assertEqual(events, client.history(task_id))
+
+        resumed = list(client.events(task_id, after=events[1]["seq"]))
+        self.assertEqual(resumed, events[2:])
+
+    def test_wait_gives_up_after_its_timeout(self) -> None:
+        client = Client(server.url, token=support.ADMIN_TOKEN)
+        task_id = fresh("nap")
+        client.submit("nap", id=task_id)
+        started = time.monotonic()
+        with self.assertRaises(TimeoutError):
+            client.wait(task_id, timeout=1.0)
+        self.assertLess(time.monotonic() - started, 10.0)
+        self.assertEqual(client.cancel(task_id), "cancelled")
+        self.assertEqual(client.wait(task_id, timeout=30)["state"], "cancelled")
+
+    def test_a_task_in_error_runs_again_when_resubmitted(self) -> None:
+        client = Client(server.url, token=support.ADMIN_TOKEN)
+        worker = Worker(server.url, token=support.WORKER_TOKEN, wait_ms=500)
+        declined = threading.Event()
+        declined.set()
+
+        @worker.step("payments")
+        def charge(step: Step) -> dict[str, str]:
+            if declined.is_set():
+                raise Permanent("card declined")
+            return {"charged": step.input["card"]}
+
+        thread = threading.Thread(target=worker.run, kwargs={"handle_signals": False})
+        thread.start()
+        try:
+            task_id = fresh("resubmit")
+            client.submit("pay", {"card": "ok", "flaky": False}, id=task_id)
+            failed = client.wait(task_id, timeout=30)
+            self.assertEqual(failed["state"], "error")
+            self.assertIn("card declined", failed["steps"][0]["last_error"] or "")
+            with self.assertRaises(ApiError) as refused:
+                client.cancel(task_id)
+            self.assertEqual((refused.exception.status, refused.exception.code), (409, "refused"))
+
+            declined.clear()
+            self.assertIn(client.resubmit(task_id), ("pending", "processing"))
+            done = client.wait(task_id, timeout=30)
+            self.assertEqual((done["state"], done["output"]), ("processed", {"charge": {"charged": "ok"}}))
+            with self.assertRaises(ApiError) as refused:
+                client.resubmit(task_id, step="charge")
+            self.assertEqual(refused.exception.code, "refused")
+        finally:
+            worker.stop()
+            thread.join(30)
+
+
+class Errors(unittest.TestCase):
+    def test_every_error_is_an_api_error_with_the_servers_code_and_reason(self) -> None:
+        client = Client(server.url, token=support.ADMIN_TOKEN)
+        cases: list[tuple[Callable[[], object], int, str, str]] = [
+            (lambda: client.status("no-such-task"), 404, "not_found", "no-such-task"),
+            (lambda: client.submit("no-such-workflow"), 404, "unknown_workflow", "no-such-workflow"),
+            (lambda: client.tasks(state="bogus"), 400, "invalid_query", "state"),  # type: ignore[arg-type]
+            (lambda: client.tasks(limit=0), 400, "invalid_query", "limit"),
+            (lambda: client.resubmit(fresh("none"), step="x"), 404, "not_found", "none"),
+            (lambda: Client(server.url, token="not-a-token-of-this-server").tasks(), 401, "unauthorized", ""),
+            (lambda: Client(server.url, token=support.SUBMIT_TOKEN).tasks(), 403, "forbidden", ""),
+        ]
+        for call, status, code, named in cases:
+            with self.subTest(code=code, named=named):
+                with self.assertRaises(ApiError) as raised:
+                    call()
+                error = raised.exception
+                self.assertEqual((error.status, error.code), (status, code), error)
+                self.assertIn(named, error.reason)
+                self.assertIn(code, str(error))
+        self.assertIs(ApiError, ErrorsApiError)
+
+    def test_an_answer_that_is_not_the_apis_error_shape_keeps_its_status(self) -> None:
+        error = ApiError.from_answer(502, b"<html>Bad Gateway</html>")
+        self.assertEqual((error.status, error.code, error.reason), (502, "http_502", "<html>Bad Gateway</html>"))
+
+    def test_an_unreachable_server_is_an_os_error(self) -> None:
+        with self.assertRaises(OSError):
+            Client("http://127.0.0.1:9", timeout=5).status("x")
+
+    def test_a_url_that_is_not_http_is_refused_at_once(self) -> None:
+        with self.assertRaises(ValueError):
+            Client("ftp://example")
+
+
+if __name__ == "__main__":
+    unittest.main()
