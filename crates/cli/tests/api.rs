@@ -476,11 +476,14 @@ fn serve_with_a_remote_agent_lets_the_python_worker_run_its_steps() {
     let key = "a-worker-lease-key-of-at-least-32-bytes";
     let extra = ["--auth", auth.to_str().unwrap(), "--remote-agent", "py-payments"];
     let server = Server::serve(&rota, &files, &extra, &[("ROTA_WORKER_KEY", key)]);
-    let worker_script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/workers/python/worker.py");
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let worker_script = repo.join("examples/workers/python/worker.py");
     let mut worker = std::process::Command::new("python3")
         .arg(&worker_script)
         .args(["--url", &server.url, "--agent", "py-payments", "--token", worker_token, "--wait-ms", "500"])
         .env_remove("ROTA_TOKEN")
+        // The worker runs on the Python client, taken from the checkout's source.
+        .env("PYTHONPATH", repo.join("clients/python/src"))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
