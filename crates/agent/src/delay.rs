@@ -12,6 +12,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use rota_model::json;
 use serde_json::{Value, json};
 
 use crate::input;
@@ -51,13 +52,13 @@ fn parse_input(value: &Value) -> Result<Duration, StepError> {
             input::parse_duration(text).map_err(|why| StepError::permanent(format!("input.for: {why}")))
         }
         (Some(other), None) => {
-            Err(StepError::permanent(format!("input.for: expected a duration such as \"2s\", got {}", input::kind(other))))
+            Err(StepError::permanent(format!("input.for: expected a duration such as \"2s\", got {}", json::kind(other))))
         }
         (None, Some(Value::Number(n))) => n
             .as_u64()
             .map(Duration::from_millis)
             .ok_or_else(|| StepError::permanent(format!("input.ms: expected whole milliseconds, got {n}"))),
-        (None, Some(other)) => Err(StepError::permanent(format!("input.ms: expected a number, got {}", input::kind(other)))),
+        (None, Some(other)) => Err(StepError::permanent(format!("input.ms: expected a number, got {}", json::kind(other)))),
         (None, None) => Err(StepError::permanent("input.for: missing (or give `ms`)")),
     }
 }

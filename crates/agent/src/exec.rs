@@ -38,7 +38,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rota_model::Clock;
+use rota_model::{Clock, json};
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
@@ -331,14 +331,14 @@ fn parse_input(value: &Value) -> Result<ExecInput, StepError> {
             .enumerate()
             .map(|(i, item)| match item {
                 Value::String(s) if !s.contains('\0') => Ok(s.clone()),
-                other => Err(StepError::permanent(format!("input.command[{i}]: expected a string, got {}", input::kind(other)))),
+                other => Err(StepError::permanent(format!("input.command[{i}]: expected a string, got {}", json::kind(other)))),
             })
             .collect::<Result<_, _>>()?,
         Some(Value::String(_) | Value::Array(_)) => return Err(StepError::permanent("input.command: must not be empty")),
         Some(other) => {
             return Err(StepError::permanent(format!(
                 "input.command: expected an array of strings or a shell line, got {}",
-                input::kind(other)
+                json::kind(other)
             )));
         }
         None => return Err(StepError::permanent("input.command: missing")),

@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use rota_model::json::kind;
 use serde_json::{Map, Value};
 
 use crate::StepError;
@@ -60,18 +61,6 @@ pub(crate) fn parse_duration(value: &Value) -> Result<Duration, String> {
         Value::String(text) => humantime::parse_duration(text).map_err(|e| format!("invalid duration {text:?}: {e}")),
         Value::Number(n) => n.as_u64().map(Duration::from_millis).ok_or_else(|| format!("expected whole milliseconds, got {n}")),
         other => Err(format!("expected a duration such as \"5s\" or a number of milliseconds, got {}", kind(other))),
-    }
-}
-
-/// The JSON kind of `value`, for error messages.
-pub(crate) fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 

@@ -13,6 +13,7 @@
 
 pub mod clock;
 pub mod ids;
+pub mod json;
 pub mod retry;
 pub mod step;
 pub mod task;

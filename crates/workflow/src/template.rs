@@ -28,6 +28,7 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 
+use rota_model::json::kind;
 use rota_model::{StepName, TaskId, WorkflowName};
 use serde_json::Value;
 
@@ -319,17 +320,6 @@ fn walk<'v>(root: &'v Value, root_name: &str, path: &[String], expr: &str) -> Re
         reached.push_str(segment);
     }
     Ok(current)
-}
-
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 #[cfg(test)]
