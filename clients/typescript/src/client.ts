@@ -1,0 +1,178 @@
+/** The client: submit tasks, read them, wait for them, follow their events, cancel and resubmit them. */
+
+import createClient, { type Client as FetchClient } from "openapi-fetch";
+import { setTimeout as sleep } from "node:timers/promises";
+
+import { ApiError } from "./errors.js";
+import type { components, paths } from "./schema.js";
+import { messages } from "./sse.js";
+
+/** A task with its input, output and steps. */
+export type Task = components["schemas"]["TaskView"];
+/** A task as listings show it. */
+export type TaskSummary = components["schemas"]["TaskSummary"];
+/** `pending`, `processing`, `processed`, `error`, `compensating`, `compensated`, `cancelled`. */
+export type TaskState = components["schemas"]["TaskStateView"];
+/** One entry of a task's history: a server-sent event's data, a webhook's body. */
+export type Event = components["schemas"]["EventView"];
+/** One attempt of one step, as a worker receives it. */
+export type WorkRequest = components["schemas"]["WorkRequest"];
+
+/** The server when neither the `url` option nor `ROTA_URL` names one. */
+export const DEFAULT_URL = "http://127.0.0.1:7878";
+
+/** The states a task does not leave by itself (`error` may be resubmitted). */
+export const TERMINAL_STATES: readonly TaskState[] = ["processed", "error", "compensated", "cancelled"];
+
+export interface ClientOptions {
+  /** The server's base URL; default `ROTA_URL`, else `http://127.0.0.1:7878`. */
+  url?: string;
+  /** The bearer token; default `ROTA_TOKEN`. */
+  token?: string;
+  /** How long one request may take, in ms (default 30 s). */
+  timeoutMs?: number;
+}
+
+/** The typed openapi-fetch client of every route, and how to reach the server. */
+export class Api {
+  readonly url: string;
+  /** Every route of `/openapi.json`, typed (openapi-fetch). */
+  readonly fetch: FetchClient<paths>;
+  readonly timeoutMs: number;
+
+  constructor(options: ClientOptions = {}) {
+    this.url = (options.url || process.env.ROTA_URL || DEFAULT_URL).replace(/\/+$/, "");
+    const token = options.token ?? process.env.ROTA_TOKEN;
+    this.timeoutMs = options.timeoutMs ?? 30_000;
+    this.fetch = createClient<paths>({
+      baseUrl: this.url,
+      headers: token ? { Authorization: `Bearer ${token}` } : {},
+    });
+  }
+
+  /** A signal that aborts a request after `ms` (default: the client's timeout). */
+  deadline(ms = this.timeoutMs): AbortSignal {
+    return AbortSignal.timeout(ms);
+  }
+}
+
+/** The data of an openapi-fetch answer, or its error as an `ApiError`. */
+export function unwrap<T>(answer: { data?: T; error?: unknown; response: Response }): T {
+  if (!answer.response.ok || answer.error !== undefined) {
+    throw ApiError.fromAnswer(answer.response.status, answer.error);
+  }
+  return answer.data as T;
+}
+
+/**
+ * rota's HTTP API for programs that submit and follow tasks. Errors the API
+ * answers throw `ApiError`; an unreachable server throws fetch's `TypeError`.
+ */
+export class Client {
+  readonly api: Api;
+
+  constructor(options: ClientOptions = {}) {
+    this.api = new Api(options);
+  }
+
+  /**
+   * Submits a task of `workflow` (its latest version unless `version` says).
+   * `id` is the idempotency key: submitting an id that exists creates nothing
+   * and returns that task, so a submit whose answer was lost can be sent again.
+   */
+  async submit(
+    workflow: string,
+    input?: unknown,
+    options: { id?: string; version?: number; callbackUrl?: string } = {},
+  ): Promise<Task> {
+    const body = { workflow, input, id: options.id, version: options.version, callback_url: options.callbackUrl };
+    return unwrap(await this.api.fetch.POST("/v1/tasks", { body, signal: this.api.deadline() }));
+  }
+
+  /** The task with its input, output and steps. */
+  async status(id: string): Promise<Task> {
+    return unwrap(await this.api.fetch.GET("/v1/tasks/{id}", { params: { path: { id } }, signal: this.api.deadline() }));
+  }
+
+  /** The task's events so far, oldest first. */
+  async history(id: string): Promise<Event[]> {
+    return unwrap(await this.api.fetch.GET("/v1/tasks/{id}/history", { params: { path: { id } }, signal: this.api.deadline() }));
+  }
+
+  /** Tasks, newest first, filtered by state, workflow and holder. */
+  async tasks(filter: { state?: TaskState; workflow?: string; lockedBy?: string; limit?: number } = {}): Promise<TaskSummary[]> {
+    const query = { state: filter.state, workflow: filter.workflow, locked_by: filter.lockedBy, limit: filter.limit };
+    return unwrap(await this.api.fetch.GET("/v1/tasks", { params: { query }, signal: this.api.deadline() }));
+  }
+
+  /**
+   * Waits until the task is terminal and returns it. Follows its event
+   * stream, so it returns as soon as the task ends; throws an `Error` named
+   * `TimeoutError` after `timeoutMs`.
+   */
+  async wait(id: string, options: { timeoutMs?: number } = {}): Promise<Task> {
+    const signal = options.timeoutMs === undefined ? undefined : AbortSignal.timeout(options.timeoutMs);
+    try {
+      for await (const _ of this.events(id, { signal })) {
+        // Only the end of the stream matters.
+      }
+    } catch (error) {
+      if (signal?.aborted) {
+        throw Object.assign(new Error(`task ${id} did not end within ${options.timeoutMs} ms`), { name: "TimeoutError" });
+      }
+      throw error;
+    }
+    return this.status(id);
+  }
+
+  /**
+   * The task's events: its history (after the event `after`, if given), then
+   * each one as it happens, until the task is terminal. A dropped stream is
+   * opened again from the last event seen; `signal` stops it.
+   */
+  async *events(id: string, options: { after?: number; signal?: AbortSignal } = {}): AsyncGenerator<Event> {
+    let after = options.after;
+    for (;;) {
+      const answer = await this.api.fetch.GET("/v1/tasks/{id}/events", {
+        params: { path: { id }, query: after === undefined ? {} : { after } },
+        headers: { Accept: "text/event-stream" },
+        parseAs: "stream",
+        signal: options.signal,
+      });
+      const body = unwrap(answer) as unknown as ReadableStream<Uint8Array> | null;
+      try {
+        if (body) {
+          for await (const message of messages(body)) {
+            if (message.event === "end") return;
+            if (message.event === "message") {
+              const event = JSON.parse(message.data) as Event;
+              after = event.seq;
+              yield event;
+            }
+          }
+        }
+      } catch (error) {
+        // A dropped stream is opened again below; an abort is the caller's.
+        if (options.signal?.aborted) throw error;
+      }
+      // The server closes streams when it stops; do not spin while it restarts.
+      await sleep(200, undefined, { signal: options.signal });
+    }
+  }
+
+  /** Cancels a task that has not finished; returns the state it moved to. */
+  async cancel(id: string): Promise<TaskState> {
+    const answer = unwrap(await this.api.fetch.POST("/v1/tasks/{id}/cancel", { params: { path: { id } }, signal: this.api.deadline() }));
+    return answer.state;
+  }
+
+  /** Runs a task that ended in `error` again (its failed steps, or just `step`); returns its new state. */
+  async resubmit(id: string, step?: string): Promise<TaskState> {
+    const signal = this.api.deadline();
+    const answer =
+      step === undefined
+        ? await this.api.fetch.POST("/v1/tasks/{id}/resubmit", { params: { path: { id } }, signal })
+        : await this.api.fetch.POST("/v1/tasks/{id}/steps/{step}/resubmit", { params: { path: { id, step } }, signal });
+    return unwrap(answer).state;
+  }
+}

@@ -1,0 +1,147 @@
+// The client against a real server: submit, wait, status, list, history,
+// events, cancel, resubmit, and how errors arrive.
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+
+import { ApiError, Client, Permanent, Worker } from "rota-client";
+
+import { ADMIN_TOKEN, Child, SUBMIT_TOKEN, Server, WORKER_TOKEN, fresh } from "./support.js";
+
+let server: Server;
+before(async () => {
+  server = await Server.start();
+});
+after(async () => {
+  await server.stop();
+});
+
+const admin = () => new Client({ url: server.url, token: ADMIN_TOKEN });
+
+describe("submit and wait", () => {
+  test("the submit example prints the task's result", async () => {
+    // The program README shows, run as it is, with a submit-only token.
+    const program = new Child("examples/submit.js", server, SUBMIT_TOKEN);
+    assert.equal(await program.exited(60_000), 0, program.stderr);
+    assert.equal(program.stdout.trim(), 'processed {"echo":{"hello":"ada"},"wait":{"slept_ms":100}}');
+  });
+
+  test("submit is idempotent by id and wait returns the terminal task", async () => {
+    const client = admin();
+    const id = fresh("g");
+    const task = await client.submit("greet", { name: "bob" }, { id });
+    assert.deepEqual([task.id, task.workflow, task.version], [id, "greet", 1]);
+    const again = await client.submit("greet", { name: "someone else" }, { id });
+    assert.deepEqual(again.input, { name: "bob" }, "the id is the idempotency key");
+
+    const done = await client.wait(id, { timeoutMs: 30_000 });
+    assert.equal(done.state, "processed");
+    assert.deepEqual((done.output as Record<string, unknown>).echo, { hello: "bob" });
+    assert.deepEqual(done.steps.map((step) => step.state), ["completed", "completed"]);
+    assert.deepEqual(await client.status(id), done);
+  });
+
+  test("tasks lists and filters", async () => {
+    const client = admin();
+    const finished = fresh("list-done");
+    const sleeping = fresh("list-nap");
+    await client.submit("greet", { name: "c" }, { id: finished });
+    await client.submit("nap", undefined, { id: sleeping });
+    await client.wait(finished, { timeoutMs: 30_000 });
+
+    const processed = (await client.tasks({ state: "processed", workflow: "greet", limit: 1000 })).map((task) => task.id);
+    assert.ok(processed.includes(finished));
+    assert.ok(!processed.includes(sleeping));
+    const naps = (await client.tasks({ workflow: "nap" })).map((task) => task.id);
+    assert.ok(naps.includes(sleeping) && !naps.includes(finished));
+    assert.equal((await client.tasks({ limit: 1 })).length, 1);
+    await client.cancel(sleeping);
+  });
+
+  test("events follow a task until it ends and resume after a seq", async () => {
+    const client = admin();
+    const id = fresh("ev");
+    await client.submit("greet", { name: "dee" }, { id });
+    const events = [];
+    for await (const event of client.events(id)) events.push(event);
+    const kinds = events.map((event) => event.kind);
+    assert.equal(kinds[0], "received");
+    assert.equal(kinds.at(-1), "processed");
+    assert.ok(kinds.includes("step_completed"));
+    assert.deepEqual(events, await client.history(id));
+
+    const resumed = [];
+    for await (const event of client.events(id, { after: events[1]!.seq })) resumed.push(event);
+    assert.deepEqual(resumed, events.slice(2));
+  });
+
+  test("wait gives up after its timeout; a cancelled task ends", async () => {
+    const client = admin();
+    const id = fresh("nap");
+    await client.submit("nap", undefined, { id });
+    const started = Date.now();
+    await assert.rejects(client.wait(id, { timeoutMs: 1_000 }), { name: "TimeoutError" });
+    assert.ok(Date.now() - started < 10_000);
+    assert.equal(await client.cancel(id), "cancelled");
+    assert.equal((await client.wait(id, { timeoutMs: 30_000 })).state, "cancelled");
+  });
+
+  test("a task in error runs again when resubmitted", async () => {
+    const client = admin();
+    let declined = true;
+    const worker = new Worker({ url: server.url, token: WORKER_TOKEN, waitMs: 500, log: () => {} });
+    worker.step<{ card: string }>("payments", (step) => {
+      if (declined) throw new Permanent("card declined");
+      return { charged: step.input.card };
+    });
+    const running = worker.run({ handleSignals: false });
+    try {
+      const id = fresh("resubmit");
+      await client.submit("pay", { card: "ok", flaky: false }, { id });
+      const failed = await client.wait(id, { timeoutMs: 30_000 });
+      assert.equal(failed.state, "error");
+      assert.match(failed.steps[0]!.last_error ?? "", /card declined/);
+      await assert.rejects(client.cancel(id), { status: 409, code: "refused" });
+
+      declined = false;
+      assert.ok(["pending", "processing"].includes(await client.resubmit(id)));
+      const done = await client.wait(id, { timeoutMs: 30_000 });
+      assert.deepEqual([done.state, done.output], ["processed", { charge: { charged: "ok" } }]);
+      await assert.rejects(client.resubmit(id, "charge"), { code: "refused" });
+    } finally {
+      worker.stop();
+      await running;
+    }
+  });
+});
+
+describe("errors", () => {
+  test("every error is an ApiError with the server's code and reason", async () => {
+    const client = admin();
+    const cases: [() => Promise<unknown>, number, string, string][] = [
+      [() => client.status("no-such-task"), 404, "not_found", "no-such-task"],
+      [() => client.submit("no-such-workflow"), 404, "unknown_workflow", "no-such-workflow"],
+      [() => client.tasks({ state: "bogus" as never }), 400, "invalid_query", "state"],
+      [() => client.tasks({ limit: 0 }), 400, "invalid_query", "limit"],
+      [() => new Client({ url: server.url, token: "not-a-token-of-this-server" }).tasks(), 401, "unauthorized", ""],
+      [() => new Client({ url: server.url, token: SUBMIT_TOKEN }).tasks(), 403, "forbidden", ""],
+    ];
+    for (const [call, status, code, named] of cases) {
+      const error = await call().then(
+        () => assert.fail(`${code}: no error`),
+        (error: unknown) => error,
+      );
+      assert.ok(error instanceof ApiError, String(error));
+      assert.deepEqual([error.status, error.code], [status, code], error.message);
+      assert.ok(error.reason.includes(named), error.reason);
+    }
+  });
+
+  test("an answer that is not the API's error shape keeps its status", () => {
+    const error = ApiError.fromAnswer(502, "<html>Bad Gateway</html>");
+    assert.deepEqual([error.status, error.code, error.reason], [502, "http_502", "<html>Bad Gateway</html>"]);
+  });
+
+  test("an unreachable server is fetch's TypeError", async () => {
+    await assert.rejects(new Client({ url: "http://127.0.0.1:9", timeoutMs: 5_000 }).status("x"), TypeError);
+  });
+});
