@@ -44,6 +44,12 @@ class SubmitAndWait(unittest.TestCase):
         self.assertTrue(done.stdout.startswith("processed "), done.stdout)
         self.assertIn("'echo': {'hello': 'ada'}", done.stdout)
 
+    def test_readme_shows_the_examples_as_they_are(self) -> None:
+        readme = (support.REPO_DIR / "README.md").read_text()
+        for program in ("submit.py", "worker.py"):
+            with self.subTest(program):
+                self.assertIn((support.EXAMPLES_DIR / program).read_text(), readme)
+
     def test_submit_is_idempotent_by_id_and_wait_returns_the_terminal_task(self) -> None:
         client = Client(server.url, token=support.ADMIN_TOKEN)
         task_id = fresh("g")

@@ -1,11 +1,13 @@
 // The client against a real server: submit, wait, status, list, history,
 // events, cancel, resubmit, and how errors arrive.
 import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 
 import { ApiError, Client, Permanent, Worker } from "rota-client";
 
-import { ADMIN_TOKEN, Child, SUBMIT_TOKEN, Server, WORKER_TOKEN, fresh } from "./support.js";
+import { ADMIN_TOKEN, Child, DIST_DIR, SUBMIT_TOKEN, Server, WORKER_TOKEN, fresh } from "./support.js";
 
 let server: Server;
 before(async () => {
@@ -23,6 +25,13 @@ describe("submit and wait", () => {
     const program = new Child("examples/submit.js", server, SUBMIT_TOKEN);
     assert.equal(await program.exited(60_000), 0, program.stderr);
     assert.equal(program.stdout.trim(), 'processed {"echo":{"hello":"ada"},"wait":{"slept_ms":100}}');
+  });
+
+  test("README shows the examples as they are", () => {
+    const readme = readFileSync(join(DIST_DIR, "../../../README.md"), "utf8");
+    for (const program of ["submit.ts", "worker.ts"]) {
+      assert.ok(readme.includes(readFileSync(join(DIST_DIR, "../examples", program), "utf8")), program);
+    }
   });
 
   test("submit is idempotent by id and wait returns the terminal task", async () => {
