@@ -118,6 +118,28 @@ class Faults(unittest.TestCase):
 
 
 class Leases(unittest.TestCase):
+    def test_sigterm_twice_exits_at_once(self) -> None:
+        env = support.client_env(server, support.WORKER_TOKEN, LEASE_MS="1500")
+        worker = support.Child(support.TESTS_DIR / "slow_worker.py", env)
+        task_id = fresh("twice")
+        try:
+            admin().submit("slow", {"sleep_s": 30}, id=task_id)
+            worker.wait_for(f"{task_id}/work attempt 1: started")
+            time.sleep(0.5)  # past the first renewal, which set the 1.5 s lease
+            worker.process.send_signal(signal.SIGTERM)
+            worker.wait_for("SIGTERM: finishing the steps in hand")
+            worker.process.send_signal(signal.SIGTERM)
+            self.assertEqual(worker.process.wait(5), -signal.SIGTERM, worker.drain())
+        finally:
+            worker.close()
+        # Its step goes to the next worker after the lease.
+        again = support.Child(support.TESTS_DIR / "slow_worker.py", env)
+        try:
+            done = admin().wait(task_id, timeout=60)
+            self.assertEqual(done["output"]["work"]["delivery_count"], 2, again.drain())
+        finally:
+            again.close()
+
     def test_the_lease_is_renewed_while_a_step_outlives_it(self) -> None:
         worker = Worker(server.url, token=support.WORKER_TOKEN, wait_ms=500, lease_ms=600)
 

@@ -201,12 +201,14 @@ export class Worker {
     if (this.agents.size === 0) throw new Error("no agent: register a function with worker.step(AGENT, fn) first");
     const graceful = (signal: NodeJS.Signals) => {
       this.log(`${signal}: finishing the steps in hand, then stopping`);
-      // `once`: a second signal finds no handler and ends the process at once.
+      // A second signal finds no handler and ends the process at once.
+      process.removeListener("SIGTERM", graceful);
+      process.removeListener("SIGINT", graceful);
       this.stop();
     };
     if (options.handleSignals ?? true) {
-      process.once("SIGTERM", graceful);
-      process.once("SIGINT", graceful);
+      process.on("SIGTERM", graceful);
+      process.on("SIGINT", graceful);
     }
     this.log(`serving ${[...this.agents.keys()].join(", ")} at ${this.api.url} as ${this.name}`);
     try {

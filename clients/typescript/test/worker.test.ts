@@ -179,4 +179,29 @@ describe("leases", () => {
     assert.ok(!log.includes(later), "a stopping worker takes no new step");
     await admin().cancel(later);
   });
+
+  test("SIGTERM twice exits at once", async () => {
+    const worker = new Child("test/slow_worker.js", server, WORKER_TOKEN, { LEASE_MS: "1500" });
+    const id = fresh("twice");
+    try {
+      await admin().submit("slow", { sleep_ms: 30_000 }, { id });
+      await worker.waitFor(new RegExp(`${id}/work attempt 1: started`));
+      await sleep(500); // past the first renewal, which set the 1.5 s lease
+      worker.process.kill("SIGTERM");
+      await worker.waitFor(/SIGTERM: finishing the steps in hand/);
+      worker.process.kill("SIGTERM");
+      await worker.exited(5_000);
+      assert.equal(worker.process.signalCode, "SIGTERM", worker.stderr);
+    } finally {
+      await worker.close();
+    }
+    // Its step goes to the next worker after the lease.
+    const again = new Child("test/slow_worker.js", server, WORKER_TOKEN, { LEASE_MS: "1500" });
+    try {
+      const done = await admin().wait(id, { timeoutMs: 60_000 });
+      assert.equal((done.output as Record<string, { delivery_count: number }>).work!.delivery_count, 2, again.stderr);
+    } finally {
+      await again.close();
+    }
+  });
 });
