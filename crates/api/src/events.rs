@@ -88,10 +88,7 @@ async fn pause(state: &ApiState, closing: &mut watch::Receiver<bool>) -> bool {
     responses(
         (status = 200, description = "An event stream: one `message` per event (id = seq, data = an EventView), then an `end` event once the task is terminal", content_type = "text/event-stream", body = String),
         (status = 400, description = "Invalid id, Last-Event-ID or after", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
-        (status = 403, description = "Out of scope", body = ErrorBody),
         (status = 404, description = "No such task", body = ErrorBody),
-        (status = 503, description = "Store unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -175,8 +172,6 @@ impl TaskStream {
     responses(
         (status = 200, description = "An event stream: one `message` per event (id = seq, data = an EventView); it stays open", content_type = "text/event-stream", body = String),
         (status = 400, description = "Invalid filter, Last-Event-ID or after", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
-        (status = 403, description = "Out of scope", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]

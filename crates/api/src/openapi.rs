@@ -1,7 +1,13 @@
 //! The `/v1` routes, registered together with their OpenAPI operations, so
 //! that the document at `/openapi.json` lists exactly the routes served.
+//!
+//! The answers that every route can give are stated here once rather than
+//! on each handler: 401 and 403 (every `/v1` route is behind the token
+//! check), and 503 on the routes that read the store before answering.
 
+use utoipa::openapi::path::{Operation, PathItem};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::openapi::{Content, OpenApi as Document, Ref, RefOr, Response, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -43,7 +49,7 @@ impl Modify for BearerAuth {
 
 /// Every `/v1` route with its documentation.
 pub(crate) fn routes() -> OpenApiRouter<ApiState> {
-    OpenApiRouter::with_openapi(ApiDoc::openapi())
+    let mut from_the_store = OpenApiRouter::new()
         .routes(routes!(tasks::submit))
         .routes(routes!(tasks::list))
         .routes(routes!(tasks::get))
@@ -53,10 +59,8 @@ pub(crate) fn routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(tasks::resubmit_step))
         .routes(routes!(tasks::alerts))
         .routes(routes!(events::task_events))
-        .routes(routes!(events::all_events))
         .routes(routes!(workflows::list))
         .routes(routes!(workflows::register))
-        .routes(routes!(workflows::validate))
         .routes(routes!(workflows::latest))
         .routes(routes!(workflows::version))
         .routes(routes!(queues::list))
@@ -71,5 +75,34 @@ pub(crate) fn routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(workers::receive))
         .routes(routes!(workers::renew))
         .routes(routes!(workers::complete))
-        .routes(routes!(workers::fail))
+        .routes(routes!(workers::fail));
+    add_response(from_the_store.get_openapi_mut(), "503", "Store unavailable");
+    // A definition is validated in memory, and the event stream answers
+    // before its first read of the store.
+    let without_the_store = OpenApiRouter::new().routes(routes!(workflows::validate)).routes(routes!(events::all_events));
+    let mut all = OpenApiRouter::with_openapi(ApiDoc::openapi()).merge(from_the_store).merge(without_the_store);
+    add_response(all.get_openapi_mut(), "401", "No valid token");
+    // Unless the route says more precisely what its scope must name.
+    add_response(all.get_openapi_mut(), "403", "Out of scope");
+    all
+}
+
+/// Documents the error answer `status` on every operation of `document`
+/// that does not document that status itself.
+fn add_response(document: &mut Document, status: &str, description: &str) {
+    let error: RefOr<Response> = ResponseBuilder::new()
+        .description(description)
+        .content("application/json", Content::new(Some(Ref::from_schema_name("ErrorBody"))))
+        .into();
+    for item in document.paths.paths.values_mut() {
+        for operation in operations(item) {
+            operation.responses.responses.entry(status.to_owned()).or_insert_with(|| error.clone());
+        }
+    }
+}
+
+fn operations(item: &mut PathItem) -> impl Iterator<Item = &mut Operation> {
+    [&mut item.get, &mut item.put, &mut item.post, &mut item.delete, &mut item.options, &mut item.head, &mut item.patch, &mut item.trace]
+        .into_iter()
+        .filter_map(Option::as_mut)
 }

@@ -33,9 +33,6 @@ async fn queue_stats(state: &ApiState, request: &str, queue: &QueueName) -> ApiR
     get, path = "/v1/queues", tag = "queues",
     responses(
         (status = 200, description = "Every queue", body = [QueueView]),
-        (status = 401, description = "No valid token", body = ErrorBody),
-        (status = 403, description = "Out of scope", body = ErrorBody),
-        (status = 503, description = "Store unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -51,10 +48,7 @@ pub async fn list(State(state): State<ApiState>) -> ApiResult<Json<Vec<QueueView
     responses(
         (status = 200, description = "The queue", body = QueueView),
         (status = 400, description = "Invalid queue name", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
-        (status = 403, description = "Out of scope", body = ErrorBody),
         (status = 404, description = "No such queue", body = ErrorBody),
-        (status = 503, description = "Store unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -70,10 +64,7 @@ pub async fn get(State(state): State<ApiState>, ApiPath(QueuePath { queue }): Ap
     responses(
         (status = 200, description = "The queue, paused", body = QueueView),
         (status = 400, description = "Invalid queue name", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
-        (status = 403, description = "Out of scope", body = ErrorBody),
         (status = 404, description = "No such queue", body = ErrorBody),
-        (status = 503, description = "Store unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -91,10 +82,7 @@ pub async fn pause(State(state): State<ApiState>, ApiPath(QueuePath { queue }): 
     responses(
         (status = 200, description = "The queue, resumed", body = QueueView),
         (status = 400, description = "Invalid queue name", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
-        (status = 403, description = "Out of scope", body = ErrorBody),
         (status = 404, description = "No such queue", body = ErrorBody),
-        (status = 503, description = "Store unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -119,10 +107,7 @@ async fn existing(state: &ApiState, request: &str, queue: &QueueName) -> ApiResu
     responses(
         (status = 200, description = "Dead letters, oldest first", body = [DeadLetterView]),
         (status = 400, description = "Invalid queue name or limit", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
-        (status = 403, description = "Out of scope", body = ErrorBody),
         (status = 404, description = "No such queue", body = ErrorBody),
-        (status = 503, description = "Store unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -144,10 +129,7 @@ pub async fn dead_letters(
     responses(
         (status = 200, description = "How many were sent back", body = Count),
         (status = 400, description = "Invalid queue name", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
-        (status = 403, description = "Out of scope", body = ErrorBody),
         (status = 404, description = "No such queue", body = ErrorBody),
-        (status = 503, description = "Store unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -164,10 +146,7 @@ pub async fn redrive_all(State(state): State<ApiState>, ApiPath(QueuePath { queu
     responses(
         (status = 200, description = "How many were sent back (1)", body = Count),
         (status = 400, description = "Invalid queue name or message id", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
-        (status = 403, description = "Out of scope", body = ErrorBody),
         (status = 404, description = "No such queue or dead letter", body = ErrorBody),
-        (status = 503, description = "Store unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -188,10 +167,7 @@ pub async fn redrive_one(
     responses(
         (status = 200, description = "How many were deleted", body = Count),
         (status = 400, description = "Invalid queue name", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
-        (status = 403, description = "Out of scope", body = ErrorBody),
         (status = 404, description = "No such queue", body = ErrorBody),
-        (status = 503, description = "Store unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -207,9 +183,6 @@ pub async fn purge(State(state): State<ApiState>, ApiPath(QueuePath { queue }): 
     get, path = "/v1/breakers", tag = "queues",
     responses(
         (status = 200, description = "Every reported breaker, sorted by endpoint", body = [BreakerView]),
-        (status = 401, description = "No valid token", body = ErrorBody),
-        (status = 403, description = "Out of scope", body = ErrorBody),
-        (status = 503, description = "Store unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]

@@ -47,13 +47,10 @@ async fn required(state: &ApiState, request: &str, id: &TaskId) -> ApiResult<Tas
         (status = 201, description = "Created", body = TaskView),
         (status = 200, description = "A task with this id already existed; nothing was created", body = TaskView),
         (status = 400, description = "Malformed JSON", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
-        (status = 403, description = "Out of scope", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
         (status = 415, description = "Not JSON", body = ErrorBody),
         (status = 404, description = "The workflow (or that version of it) is not registered", body = ErrorBody),
         (status = 422, description = "Invalid field", body = ErrorBody),
-        (status = 503, description = "Store unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -101,10 +98,7 @@ async fn submit_traced(state: ApiState, request: SubmitRequest) -> ApiResult<(St
     responses(
         (status = 200, description = "The task", body = TaskView),
         (status = 400, description = "Invalid id", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
-        (status = 403, description = "Out of scope", body = ErrorBody),
         (status = 404, description = "No such task", body = ErrorBody),
-        (status = 503, description = "Store unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -120,9 +114,6 @@ pub async fn get(State(state): State<ApiState>, ApiPath(TaskPath { id }): ApiPat
     responses(
         (status = 200, description = "Tasks, newest first", body = [TaskSummary]),
         (status = 400, description = "Invalid filter or limit", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
-        (status = 403, description = "Out of scope", body = ErrorBody),
-        (status = 503, description = "Store unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -144,10 +135,7 @@ pub async fn list(State(state): State<ApiState>, ApiQuery(query): ApiQuery<TaskL
     responses(
         (status = 200, description = "Its events, oldest first", body = [EventView]),
         (status = 400, description = "Invalid id", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
-        (status = 403, description = "Out of scope", body = ErrorBody),
         (status = 404, description = "No such task", body = ErrorBody),
-        (status = 503, description = "Store unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -164,9 +152,6 @@ pub async fn history(State(state): State<ApiState>, ApiPath(TaskPath { id }): Ap
     responses(
         (status = 200, description = "Alerts, newest first", body = [AlertView]),
         (status = 400, description = "Invalid limit", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
-        (status = 403, description = "Out of scope", body = ErrorBody),
-        (status = 503, description = "Store unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -186,11 +171,8 @@ pub async fn alerts(State(state): State<ApiState>, ApiQuery(query): ApiQuery<Lim
     responses(
         (status = 200, description = "The state it moved to", body = TaskStateChange),
         (status = 400, description = "Invalid id", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
-        (status = 403, description = "Out of scope", body = ErrorBody),
         (status = 404, description = "No such task", body = ErrorBody),
         (status = 409, description = "The task has finished, or changed concurrently", body = ErrorBody),
-        (status = 503, description = "Store unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -209,11 +191,8 @@ pub async fn cancel(State(state): State<ApiState>, ApiPath(TaskPath { id }): Api
     responses(
         (status = 200, description = "The task after the resubmit", body = TaskView),
         (status = 400, description = "Invalid id", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
-        (status = 403, description = "Out of scope", body = ErrorBody),
         (status = 404, description = "No such task", body = ErrorBody),
         (status = 409, description = "The task is not in error, or changed concurrently", body = ErrorBody),
-        (status = 503, description = "Store unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -229,11 +208,8 @@ pub async fn resubmit(State(state): State<ApiState>, ApiPath(TaskPath { id }): A
     responses(
         (status = 200, description = "The task after the resubmit", body = TaskView),
         (status = 400, description = "Invalid id or step name", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
-        (status = 403, description = "Out of scope", body = ErrorBody),
         (status = 404, description = "No such task or step", body = ErrorBody),
         (status = 409, description = "The task or step cannot be resubmitted, or changed concurrently", body = ErrorBody),
-        (status = 503, description = "Store unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]

@@ -294,13 +294,11 @@ async fn drop_request(state: &ApiState, queue: &QueueName, lease: LeaseToken) ->
     responses(
         (status = 200, description = "The requests leased (none when the wait ended first)", body = ReceiveResponse),
         (status = 400, description = "Invalid agent name or malformed JSON", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
         (status = 403, description = "The token's scope does not name this agent's queue", body = ErrorBody),
         (status = 404, description = "Not a remote agent of this server", body = ErrorBody),
         (status = 415, description = "Not JSON", body = ErrorBody),
         (status = 409, description = "The queue is paused", body = ErrorBody),
         (status = 422, description = "max or wait_ms out of bounds", body = ErrorBody),
-        (status = 503, description = "Store unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -420,14 +418,12 @@ fn work_request(state: &ApiState, delivery: &Delivery, request: StepRequest) -> 
     responses(
         (status = 200, description = "Renewed", body = RenewResponse),
         (status = 400, description = "Invalid agent name or malformed JSON", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
         (status = 403, description = "The token's scope does not name this agent's queue", body = ErrorBody),
         (status = 404, description = "Not a remote agent of this server", body = ErrorBody),
         (status = 415, description = "Not JSON", body = ErrorBody),
         (status = 409, description = "`lease_lost`: the lease ran out or was taken over; drop the work", body = ErrorBody),
         (status = 410, description = "`deadline_passed`: the request was dropped; stop and send nothing", body = ErrorBody),
         (status = 422, description = "`invalid_lease_token`, or lease_ms out of bounds", body = ErrorBody),
-        (status = 503, description = "Store unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -470,7 +466,6 @@ pub async fn renew(
     responses(
         (status = 200, description = "The reply was committed", body = ReplyView),
         (status = 400, description = "Invalid agent name or malformed JSON", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
         (status = 403, description = "The token's scope does not name this agent's queue", body = ErrorBody),
         (status = 404, description = "Not a remote agent of this server", body = ErrorBody),
         (status = 415, description = "Not JSON", body = ErrorBody),
@@ -478,7 +473,6 @@ pub async fn renew(
         (status = 410, description = "`deadline_passed`: the reply was dropped", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
         (status = 422, description = "`invalid_lease_token`, or an output the store refuses", body = ErrorBody),
-        (status = 503, description = "Store unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -500,14 +494,12 @@ pub async fn complete(
     responses(
         (status = 200, description = "The reply was committed", body = ReplyView),
         (status = 400, description = "Invalid agent name or malformed JSON", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
         (status = 403, description = "The token's scope does not name this agent's queue", body = ErrorBody),
         (status = 404, description = "Not a remote agent of this server", body = ErrorBody),
         (status = 415, description = "Not JSON", body = ErrorBody),
         (status = 409, description = "`lease_lost`: the lease ran out or was taken over; the reply was not sent", body = ErrorBody),
         (status = 410, description = "`deadline_passed`: the reply was dropped", body = ErrorBody),
         (status = 422, description = "`invalid_lease_token`, or an empty message", body = ErrorBody),
-        (status = 503, description = "Store unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]

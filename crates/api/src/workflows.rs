@@ -42,9 +42,6 @@ fn view(request: &str, entry: &rota_store::WorkflowEntry) -> ApiResult<WorkflowV
     get, path = "/v1/workflows", tag = "workflows",
     responses(
         (status = 200, description = "Registered workflows", body = [WorkflowView]),
-        (status = 401, description = "No valid token", body = ErrorBody),
-        (status = 403, description = "Out of scope", body = ErrorBody),
-        (status = 503, description = "Store unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -60,10 +57,7 @@ pub async fn list(State(state): State<ApiState>) -> ApiResult<Json<Vec<WorkflowV
     responses(
         (status = 200, description = "The latest version", body = WorkflowView),
         (status = 400, description = "Invalid name", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
-        (status = 403, description = "Out of scope", body = ErrorBody),
         (status = 404, description = "Not registered", body = ErrorBody),
-        (status = 503, description = "Store unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -79,10 +73,7 @@ pub async fn latest(State(state): State<ApiState>, ApiPath(WorkflowPath { name }
     responses(
         (status = 200, description = "That version", body = WorkflowView),
         (status = 400, description = "Invalid name or version", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
-        (status = 403, description = "Out of scope", body = ErrorBody),
         (status = 404, description = "Not registered", body = ErrorBody),
-        (status = 503, description = "Store unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -118,8 +109,6 @@ async fn show(state: &ApiState, name: &WorkflowName, version: Option<u32>) -> Ap
     responses(
         (status = 200, description = "The outcome", body = ValidationView),
         (status = 400, description = "The body is empty or not UTF-8 text", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
-        (status = 403, description = "Out of scope", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
     ),
     security(("bearer" = []))
@@ -155,12 +144,9 @@ fn required_body(text: &str) -> ApiResult<()> {
         (status = 201, description = "Registered", body = WorkflowView),
         (status = 200, description = "This definition was registered under this version already", body = WorkflowView),
         (status = 400, description = "The body is empty or not UTF-8 text", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
-        (status = 403, description = "Out of scope", body = ErrorBody),
         (status = 409, description = "A different definition has this version", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
         (status = 422, description = "Invalid definition: every problem", body = InvalidWorkflowBody),
-        (status = 503, description = "Store unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
