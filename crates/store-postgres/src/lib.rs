@@ -525,7 +525,7 @@ impl PgStore {
     /// state together". If a task with that id exists, writes nothing and
     /// returns it. The task's messages are announced when `conn` commits.
     pub async fn create_task_in(&self, conn: &mut PgConnection, new: NewTask) -> Result<Created, Error> {
-        self.check_new_task(&new)?;
+        new.check(self.config.body_bytes_max)?;
         self.ensure_queues(&new.messages.iter().map(|(queue, _)| queue).collect::<Vec<_>>()).await?;
         let attempt: Result<Created> = async {
             let (created, sent_to) = self.create_task_on(conn, &new).await?;
@@ -539,29 +539,6 @@ impl PgStore {
         }
         .await;
         attempt.map_err(Fail::into_store)
-    }
-
-    fn check_body(&self, message: &Outgoing) -> Result<(), Error> {
-        let size = message.body.get().len();
-        if size > self.config.body_bytes_max {
-            return Err(Error::Invalid(format!("message body is {size} bytes, over the limit of {} bytes", self.config.body_bytes_max)));
-        }
-        if message.ordering_key.as_ref().is_some_and(|k| k.is_empty() || k.len() > 200) {
-            return Err(Error::Invalid("ordering key must be 1 to 200 bytes".into()));
-        }
-        Ok(())
-    }
-
-    fn check_new_task(&self, new: &NewTask) -> Result<(), Error> {
-        for (_, message) in &new.messages {
-            self.check_body(message)?;
-        }
-        for step in &new.steps {
-            if step.task_id != new.task.id {
-                return Err(Error::Invalid(format!("step {} belongs to task {}, not {}", step.name, step.task_id, new.task.id)));
-            }
-        }
-        Ok(())
     }
 
     /// Ids for messages that have none: time-ordered UUIDs.
@@ -727,7 +704,7 @@ impl Queues for PgStore {
 
     async fn send_batch(&self, queue: &QueueName, messages: Vec<Outgoing>) -> Result<Vec<Sent>, Error> {
         for message in &messages {
-            self.check_body(message)?;
+            message.check(self.config.body_bytes_max)?;
         }
         if messages.is_empty() {
             return Ok(Vec::new());
@@ -893,7 +870,7 @@ impl Queues for PgStore {
 #[async_trait]
 impl Tasks for PgStore {
     async fn create_task(&self, new: NewTask) -> Result<Created, Error> {
-        self.check_new_task(&new)?;
+        new.check(self.config.body_bytes_max)?;
         self.ensure_queues(&new.messages.iter().map(|(queue, _)| queue).collect::<Vec<_>>()).await?;
         let mut queue_ids = HashMap::new();
         for (queue, _) in &new.messages {
@@ -939,7 +916,7 @@ impl Tasks for PgStore {
             return Ok(());
         }
         for (_, message) in &changes.send {
-            self.check_body(message)?;
+            message.check(self.config.body_bytes_max)?;
         }
         self.ensure_queues(&changes.send.iter().map(|(queue, _)| queue).collect::<Vec<_>>()).await?;
         let send_ids: Vec<MessageId> = changes.send.iter().map(|(_, message)| Self::message_id(message)).collect();

@@ -5,8 +5,7 @@
 use std::time::Duration;
 
 use rota_model::{InstanceId, LeaseToken, MessageId, QueueName, Timestamp};
-use rota_store::{Body, DeadLetter, Delivery, Error, Outgoing, QueueConfig, QueueStats, Receive, Redrive, Sent};
-use serde_json::value::RawValue;
+use rota_store::{DeadLetter, Delivery, Error, Outgoing, QueueConfig, QueueStats, Receive, Redrive, Sent, stored};
 use sqlx::{PgConnection, Row};
 
 use crate::handoff::{Lease, Leased};
@@ -315,33 +314,36 @@ pub(crate) async fn claim(
         .iter()
         .map(|row| {
             Ok(ClaimedRow {
-                seq: row.try_get(0)?,
-                id: row.try_get(1)?,
-                body: row.try_get(2)?,
-                ordering_key: row.try_get(3)?,
-                enqueued_at: row.try_get(4)?,
-                delivery_count: count(row.try_get(5)?),
-                lease_epoch: row.try_get(6)?,
+                leased: stored::Leased {
+                    seq: row.try_get(0)?,
+                    id: row.try_get(1)?,
+                    body: row.try_get(2)?,
+                    ordering_key: row.try_get(3)?,
+                    enqueued_at: row.try_get(4)?,
+                    delivery_count: count(row.try_get(5)?),
+                    lease_epoch: row.try_get(6)?,
+                    lease_until: row.try_get(9)?,
+                },
                 last_error: row.try_get(7)?,
                 was_visible_at: row.try_get(8)?,
-                lease_until: row.try_get(9)?,
                 deliveries_max: count(row.try_get(10)?),
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    claimed.sort_by_key(|row| (row.was_visible_at, row.seq));
+    claimed.sort_by_key(|row| (row.was_visible_at, row.leased.seq));
     let mut outcome = Claimed { deliveries: Vec::with_capacity(claimed.len()), exhausted: Vec::new() };
     for row in claimed {
-        if row.delivery_count > row.deliveries_max {
+        let leased = row.leased;
+        if leased.delivery_count > row.deliveries_max {
             // This receive would be one delivery too many: the message goes
             // to the dead letters with the deliveries it really had.
-            let delivered = row.delivery_count - 1;
+            let delivered = leased.delivery_count - 1;
             let last = row.last_error.as_deref().unwrap_or("lease expired without completion");
             let reason = format!("delivered {delivered} times, the queue's limit is {}; last failure: {last}", row.deliveries_max);
-            outcome.exhausted.push((LeaseToken { message: row.seq, epoch: row.lease_epoch }, delivered, reason));
+            outcome.exhausted.push((LeaseToken { message: leased.seq, epoch: leased.lease_epoch }, delivered, reason));
             continue;
         }
-        outcome.deliveries.push(row.into_delivery(queue)?);
+        outcome.deliveries.push(leased.into_delivery(queue.clone())?);
     }
     Ok(outcome)
 }
@@ -371,42 +373,13 @@ pub(crate) async fn dead_letter_exhausted(
     Ok(())
 }
 
+/// A leased row with what the receive needs to decide whether it is one
+/// delivery too many.
 struct ClaimedRow {
-    seq: i64,
-    id: String,
-    body: String,
-    ordering_key: Option<String>,
-    enqueued_at: i64,
-    delivery_count: u32,
-    lease_epoch: i64,
+    leased: stored::Leased,
     last_error: Option<String>,
     was_visible_at: i64,
-    lease_until: i64,
     deliveries_max: u32,
-}
-
-impl ClaimedRow {
-    fn into_delivery(self, queue: &QueueName) -> Result<Delivery> {
-        let until = Timestamp::from_millis(self.lease_until);
-        Ok(Delivery {
-            queue: queue.clone(),
-            id: stored_id(self.id)?,
-            body: stored_body(self.body)?,
-            lease_token: LeaseToken { message: self.seq, epoch: self.lease_epoch },
-            delivery_count: self.delivery_count,
-            enqueued_at: Timestamp::from_millis(self.enqueued_at),
-            lease_until: until,
-            ordering_key: self.ordering_key,
-        })
-    }
-}
-
-fn stored_id(id: String) -> Result<MessageId> {
-    MessageId::new(id).map_err(|e| Error::Backend(format!("stored message id is invalid: {e}")).into())
-}
-
-fn stored_body(body: String) -> Result<Body> {
-    RawValue::from_string(body).map_err(|e| Error::Backend(format!("stored message body is not JSON: {e}")).into())
 }
 
 /// Deletes a leased message. `LeaseLost` unless `token` is its current, unexpired lease.
@@ -583,8 +556,8 @@ pub(crate) async fn dead_letters(conn: &mut PgConnection, n: &Names, queue: &Que
         .map(|row| {
             Ok(DeadLetter {
                 queue: queue.name.clone(),
-                id: stored_id(row.try_get(0)?)?,
-                body: stored_body(row.try_get(1)?)?,
+                id: stored::id(row.try_get(0)?)?,
+                body: stored::body(row.try_get(1)?)?,
                 ordering_key: row.try_get(2)?,
                 delivery_count: count(row.try_get(3)?),
                 enqueued_at: Timestamp::from_millis(row.try_get(4)?),

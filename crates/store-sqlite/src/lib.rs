@@ -281,7 +281,7 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&Connection, &Created) -> rusqlite::Result<T> + Send + 'static,
     {
-        self.check_new_task(&new)?;
+        new.check(self.config.body_bytes_max)?;
         let ids: Vec<MessageId> = new.messages.iter().map(|(_, m)| Self::message_id(m)).collect();
         self.write(move |conn, now| {
             let created = Self::create_task_on(conn, &new, ids, now)?;
@@ -289,18 +289,6 @@ impl SqliteStore {
             Ok((created, value))
         })
         .await
-    }
-
-    fn check_new_task(&self, new: &NewTask) -> Result<()> {
-        for (_, message) in &new.messages {
-            self.check_body(message)?;
-        }
-        for step in &new.steps {
-            if step.task_id != new.task.id {
-                return Err(Error::Invalid(format!("step {} belongs to task {}, not {}", step.name, step.task_id, new.task.id)));
-            }
-        }
-        Ok(())
     }
 
     fn create_task_on(conn: &Connection, new: &NewTask, ids: Vec<MessageId>, now: Timestamp) -> Result<Created> {
@@ -361,17 +349,6 @@ impl SqliteStore {
         .map_err(|e| Error::Backend(format!("read failed: {e}")))?
     }
 
-    fn check_body(&self, message: &Outgoing) -> Result<()> {
-        let size = message.body.get().len();
-        if size > self.config.body_bytes_max {
-            return Err(Error::Invalid(format!("message body is {size} bytes, over the limit of {} bytes", self.config.body_bytes_max)));
-        }
-        if message.ordering_key.as_ref().is_some_and(|k| k.is_empty() || k.len() > 200) {
-            return Err(Error::Invalid("ordering key must be 1 to 200 bytes".into()));
-        }
-        Ok(())
-    }
-
     /// Ids for messages that have none: time-ordered UUIDs.
     fn message_id(message: &Outgoing) -> MessageId {
         message.id.clone().unwrap_or_else(|| MessageId::new(uuid::Uuid::now_v7().to_string()).expect("a UUID is a valid message id"))
@@ -422,7 +399,7 @@ impl Queues for SqliteStore {
     }
 
     async fn send(&self, queue: &QueueName, message: Outgoing) -> Result<Sent> {
-        self.check_body(&message)?;
+        message.check(self.config.body_bytes_max)?;
         let queue = queue.clone();
         let id = Self::message_id(&message);
         self.write(move |conn, now| {
@@ -434,7 +411,7 @@ impl Queues for SqliteStore {
 
     async fn send_batch(&self, queue: &QueueName, messages: Vec<Outgoing>) -> Result<Vec<Sent>> {
         for message in &messages {
-            self.check_body(message)?;
+            message.check(self.config.body_bytes_max)?;
         }
         let queue = queue.clone();
         let ids: Vec<MessageId> = messages.iter().map(Self::message_id).collect();
@@ -570,7 +547,7 @@ impl Queues for SqliteStore {
 #[async_trait]
 impl Tasks for SqliteStore {
     async fn create_task(&self, new: NewTask) -> Result<Created> {
-        self.check_new_task(&new)?;
+        new.check(self.config.body_bytes_max)?;
         let ids: Vec<MessageId> = new.messages.iter().map(|(_, m)| Self::message_id(m)).collect();
         self.write(move |conn, now| Self::create_task_on(conn, &new, ids, now)).await
     }
@@ -599,7 +576,7 @@ impl Tasks for SqliteStore {
             return Ok(());
         }
         for (_, message) in &changes.send {
-            self.check_body(message)?;
+            message.check(self.config.body_bytes_max)?;
         }
         let ids: Vec<MessageId> = changes.send.iter().map(|(_, m)| Self::message_id(m)).collect();
         self.write(move |conn, now| {

@@ -5,9 +5,8 @@
 use std::time::Duration;
 
 use rota_model::{InstanceId, LeaseToken, MessageId, QueueName, Timestamp};
-use rota_store::{Body, DeadLetter, Delivery, Error, Outgoing, QueueConfig, QueueStats, Redrive, Result, Sent};
+use rota_store::{DeadLetter, Delivery, Error, Outgoing, QueueConfig, QueueStats, Redrive, Result, Sent, stored};
 use rusqlite::{Connection, OptionalExtension, params};
-use serde_json::value::RawValue;
 
 use crate::sql_error;
 
@@ -168,7 +167,7 @@ pub(crate) fn claim(
                 )
                 .and_then(|mut stmt| {
                     stmt.query_row(params![seq, owner.map(InstanceId::as_str), until.as_millis()], |row| {
-                        Ok(ClaimedRow {
+                        let leased = stored::Leased {
                             seq: row.get(0)?,
                             id: row.get(1)?,
                             body: row.get(2)?,
@@ -176,63 +175,31 @@ pub(crate) fn claim(
                             enqueued_at: row.get(4)?,
                             delivery_count: row.get(5)?,
                             lease_epoch: row.get(6)?,
-                            last_error: row.get(7)?,
-                        })
+                            lease_until: until.as_millis(),
+                        };
+                        Ok((leased, row.get::<_, Option<String>>(7)?))
                     })
                 })
                 .map_err(sql_error)?;
-            if row.delivery_count > queue.config.deliveries_max {
+            let (leased, last_error) = row;
+            if leased.delivery_count > queue.config.deliveries_max {
                 // This receive would be one delivery too many: the message
                 // goes to the dead letters with the deliveries it really had.
-                let delivered = row.delivery_count - 1;
-                let last = row.last_error.as_deref().unwrap_or("lease expired without completion");
+                let delivered = leased.delivery_count - 1;
+                let last = last_error.as_deref().unwrap_or("lease expired without completion");
                 let reason =
                     format!("delivered {delivered} times, the queue's limit is {}; last failure: {last}", queue.config.deliveries_max);
-                move_to_dead_letters(conn, row.seq, delivered, now, &reason)?;
+                move_to_dead_letters(conn, leased.seq, delivered, now, &reason)?;
                 exhausted = true;
                 continue;
             }
-            deliveries.push(row.into_delivery(queue, until)?);
+            deliveries.push(leased.into_delivery(queue.name.clone())?);
         }
         if !exhausted || deliveries.len() >= max as usize {
             break;
         }
     }
     Ok(deliveries)
-}
-
-struct ClaimedRow {
-    seq: i64,
-    id: String,
-    body: String,
-    ordering_key: Option<String>,
-    enqueued_at: i64,
-    delivery_count: u32,
-    lease_epoch: i64,
-    last_error: Option<String>,
-}
-
-impl ClaimedRow {
-    fn into_delivery(self, queue: &QueueRow, until: Timestamp) -> Result<Delivery> {
-        Ok(Delivery {
-            queue: queue.name.clone(),
-            id: stored_id(self.id)?,
-            body: stored_body(self.body)?,
-            lease_token: LeaseToken { message: self.seq, epoch: self.lease_epoch },
-            delivery_count: self.delivery_count,
-            enqueued_at: Timestamp::from_millis(self.enqueued_at),
-            lease_until: until,
-            ordering_key: self.ordering_key,
-        })
-    }
-}
-
-fn stored_id(id: String) -> Result<MessageId> {
-    MessageId::new(id).map_err(|e| Error::Backend(format!("stored message id is invalid: {e}")))
-}
-
-fn stored_body(body: String) -> Result<Body> {
-    RawValue::from_string(body).map_err(|e| Error::Backend(format!("stored message body is not JSON: {e}")))
 }
 
 /// Deletes a leased message. `LeaseLost` unless `token` is its current, unexpired lease.
@@ -346,8 +313,8 @@ pub(crate) fn dead_letters(conn: &Connection, queue: &QueueRow, limit: u32) -> R
         .map(|(id, body, ordering_key, delivery_count, enqueued_at, dead_lettered_at, reason)| {
             Ok(DeadLetter {
                 queue: queue.name.clone(),
-                id: stored_id(id)?,
-                body: stored_body(body)?,
+                id: stored::id(id)?,
+                body: stored::body(body)?,
                 ordering_key,
                 delivery_count,
                 enqueued_at: Timestamp::from_millis(enqueued_at),

@@ -48,16 +48,25 @@ pub trait Harness: Send + Sync {
 
 /// Generates one test per conformance case. `$make` is an expression that
 /// builds a fresh harness (a new, empty database) each time it is evaluated.
+///
+/// The list of cases below is the only one: a case written in this file but
+/// not listed would run on no backend, so `every_case_is_listed` (a test of
+/// this crate) fails naming any `pub async fn` of this file missing from it.
 #[macro_export]
 macro_rules! conformance_suite {
     // For backends that need a server: `$make` evaluates to
     // `Option<harness>`, and each case returns at once on `None` (the
     // harness says why, so that a skip is never silent).
     (optional $make:expr) => {
-        $crate::conformance_suite!(@list $make);
+        $crate::conformance_suite! { @list (@cases $make) }
     };
-    (@list $make:expr) => {
-        $crate::conformance_suite!(@cases $make;
+    ($make:expr) => {
+        $crate::conformance_suite! { @list (@cases Some($make)) }
+    };
+    // Hands the list of cases to another arm: `@cases` makes the tests,
+    // `@names` the names, for the test that nothing is left out.
+    (@list ($($then:tt)*)) => {
+        $crate::conformance_suite! { $($then)*;
             // Queues.
             send_then_receive_oldest_visible_first,
             a_leased_message_is_hidden_until_its_lease_expires,
@@ -97,7 +106,7 @@ macro_rules! conformance_suite {
             workflow_versions_are_immutable_and_latest_wins,
             alerts_list_newest_first,
             component_statuses_are_replaced_and_listed_by_prefix,
-        );
+        }
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
         $(
@@ -108,8 +117,8 @@ macro_rules! conformance_suite {
             }
         )*
     };
-    ($make:expr) => {
-        $crate::conformance_suite!(@list Some($make));
+    (@names; $($case:ident),* $(,)?) => {
+        [$(stringify!($case)),*]
     };
 }
 
@@ -1692,4 +1701,25 @@ pub async fn component_statuses_are_replaced_and_listed_by_prefix(harness: &dyn 
     assert_eq!(breakers[0].value, json!({"state": "open"}), "the last report wins");
     assert_eq!(breakers[0].reported_at, clock.now());
     assert_eq!(ok(store.statuses("").await, "all").len(), 3);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    /// A case runs only if `conformance_suite!` lists it, and forgetting to
+    /// list one compiles and passes everywhere: so this test reads this file
+    /// and names every case written but not listed.
+    #[test]
+    fn every_case_is_listed() {
+        let listed: BTreeSet<&str> = crate::conformance_suite! { @list (@names) }.into_iter().collect();
+        let written: BTreeSet<&str> = include_str!("conformance.rs")
+            .lines()
+            .filter_map(|line| line.strip_prefix("pub async fn "))
+            .map(|rest| rest.split(['(', '<']).next().unwrap_or(rest).trim())
+            .collect();
+        let missing: Vec<&str> = written.difference(&listed).copied().collect();
+        assert!(missing.is_empty(), "conformance cases that no backend runs: add {missing:?} to the list in `conformance_suite!`");
+        assert!(!written.is_empty(), "no case found: the test no longer recognises how cases are written");
+    }
 }

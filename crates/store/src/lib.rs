@@ -19,14 +19,15 @@
 pub mod conformance;
 mod error;
 mod queue;
+pub mod stored;
 mod task;
 
 use std::sync::Arc;
 
 pub use error::{Error, Result};
 pub use queue::{
-    BODY_BYTES_MAX, Body, DEDUPE_WINDOW_DEFAULT, DeadLetter, Delivery, Outgoing, QueueConfig, QueueStats, Queues, RECEIVE_MAX, Receive,
-    Redrive, Sent,
+    BODY_BYTES_MAX, Body, DEDUPE_WINDOW_DEFAULT, DeadLetter, Delivery, ORDERING_KEY_BYTES_MAX, Outgoing, QueueConfig, QueueStats, Queues,
+    RECEIVE_MAX, Receive, Redrive, Sent,
 };
 pub use task::{
     Changes, ComponentStatus, Created, Event, EventKind, Expired, LeaderLease, NewTask, StepWrite, TaskFilter, TaskRecord, TaskWrite,

@@ -21,6 +21,9 @@ pub type Body = Box<RawValue>;
 /// they enforce from their configuration).
 pub const BODY_BYTES_MAX: usize = 256 * 1024;
 
+/// The longest ordering key, in bytes.
+pub const ORDERING_KEY_BYTES_MAX: usize = 200;
+
 /// The most messages one receive may ask for.
 pub const RECEIVE_MAX: u32 = 1_000;
 
@@ -128,6 +131,20 @@ impl Outgoing {
     pub fn with_ordering_key(mut self, key: impl Into<String>) -> Self {
         self.ordering_key = Some(key.into());
         self
+    }
+
+    /// Refuses, as every backend does before storing anything, a body over
+    /// `body_bytes_max` (the bound the backend was configured with) and an
+    /// ordering key that is empty or over [`ORDERING_KEY_BYTES_MAX`].
+    pub fn check(&self, body_bytes_max: usize) -> Result<()> {
+        let size = self.body.get().len();
+        if size > body_bytes_max {
+            return Err(crate::Error::Invalid(format!("message body is {size} bytes, over the limit of {body_bytes_max} bytes")));
+        }
+        if self.ordering_key.as_ref().is_some_and(|k| k.is_empty() || k.len() > ORDERING_KEY_BYTES_MAX) {
+            return Err(crate::Error::Invalid(format!("ordering key must be 1 to {ORDERING_KEY_BYTES_MAX} bytes")));
+        }
+        Ok(())
     }
 }
 

@@ -42,6 +42,22 @@ pub struct NewTask {
     pub events: Vec<Event>,
 }
 
+impl NewTask {
+    /// Refuses, as every backend does before writing anything, a message
+    /// that [`Outgoing::check`] refuses and a step of another task.
+    pub fn check(&self, body_bytes_max: usize) -> Result<()> {
+        for (_, message) in &self.messages {
+            message.check(body_bytes_max)?;
+        }
+        for step in &self.steps {
+            if step.task_id != self.task.id {
+                return Err(crate::Error::Invalid(format!("step {} belongs to task {}, not {}", step.name, step.task_id, self.task.id)));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The outcome of [`Tasks::create_task`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum Created {
