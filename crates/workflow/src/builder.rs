@@ -1,11 +1,6 @@
-//! The Rust builder, and the unvalidated "spec" it shares with the file
-//! decoder.
-//!
-//! Both ways of writing a definition produce a [`Spec`], and one function,
-//! `validate::validate`, turns a spec into a [`Workflow`]. That is what makes
-//! a built workflow equal to the same workflow written in YAML. Names are
-//! kept as plain strings until validation so that a bad name is reported as
-//! a diagnostic, like every other problem, rather than as a panic.
+//! The Rust builder: a [`Spec`] filled in by method calls, validated by the
+//! same function as a file, so that a built workflow equals the same
+//! workflow written in YAML.
 
 use std::time::Duration;
 
@@ -15,38 +10,7 @@ use serde_json::Value;
 use crate::agent::AgentCatalog;
 use crate::definition::{CompensateDef, StepDef, Workflow};
 use crate::diagnostic::{Diagnostics, TextlessLocator};
-
-/// A definition before validation. `None` means "not given": a default
-/// applies, or (for a required field) the decoder has already reported it.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Spec {
-    pub name: Option<String>,
-    pub version: Option<u32>,
-    pub deadline: Option<Duration>,
-    pub on_exhausted: Option<ExhaustedPolicy>,
-    pub max_failures: Option<u32>,
-    pub steps: Option<Vec<StepSpec>>,
-}
-
-#[derive(Debug, Clone, Default)]
-pub(crate) struct StepSpec {
-    pub name: Option<String>,
-    pub agent: Option<String>,
-    pub with: Value,
-    pub timeout: Option<Duration>,
-    pub retry: Option<RetryPolicy>,
-    pub compensate: Option<CompensateSpec>,
-    /// `None`: depends on the previous step. `Some(vec![])`: a root.
-    pub depends_on: Option<Vec<String>>,
-}
-
-#[derive(Debug, Clone, Default)]
-pub(crate) struct CompensateSpec {
-    pub agent: Option<String>,
-    pub with: Value,
-    pub timeout: Option<Duration>,
-    pub retry: Option<RetryPolicy>,
-}
+use crate::spec::{CompensateSpec, Spec, StepSpec};
 
 /// Builds a [`Workflow`] in Rust; see [`Workflow::builder`].
 #[derive(Debug, Clone)]

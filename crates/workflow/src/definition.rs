@@ -1,19 +1,18 @@
-//! The resolved definition and its canonical JSON form.
+//! The resolved definition: what a validated workflow is made of.
 //!
 //! A [`Workflow`] only exists validated: its fields are private, and every
 //! way to get one (parsing, the builder, deserializing stored JSON) runs the
-//! same checks. So the DAG helpers can rely on the graph being acyclic and
-//! every `depends_on` naming a step.
+//! same checks in `validate`, the one module that builds one. So the DAG
+//! helpers can rely on the graph being acyclic and every `depends_on`
+//! naming a step. Deliberately left out: how a definition is written
+//! (`spec`, `parse`, `builder`) and stored (`stored`).
 
 use std::time::Duration;
 
 use rota_model::{ExhaustedPolicy, RetryPolicy, StepName, WorkflowName};
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::agent::AgentName;
-use crate::builder::{CompensateSpec, Spec, StepSpec};
-use crate::diagnostic::{Diagnostics, TextlessLocator};
 
 /// The task-level complete-by when a definition gives no `deadline`.
 pub const DEADLINE_DEFAULT: Duration = Duration::from_secs(5 * 60);
@@ -33,8 +32,9 @@ pub const STEPS_MAX: usize = 1_000;
 /// `depends_on` is explicit (a step written without one depends on the step
 /// before it). Two definitions that mean the same are equal, whichever way
 /// they were written.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(into = "WorkflowRepr", try_from = "WorkflowRepr")]
+///
+/// It serializes to its canonical JSON form ([`Workflow::to_json`]).
+#[derive(Debug, Clone, PartialEq)]
 pub struct Workflow {
     pub(crate) name: WorkflowName,
     pub(crate) version: u32,
@@ -101,20 +101,6 @@ impl Workflow {
     pub fn steps(&self) -> &[StepDef] {
         &self.steps
     }
-
-    /// The canonical JSON form: the resolved definition with durations in
-    /// whole milliseconds and object keys sorted. [`Workflow::from_json`]
-    /// reads it back into an equal workflow.
-    pub fn to_json(&self) -> String {
-        serde_json::to_string(self).expect("a workflow always serializes: its maps have string keys")
-    }
-
-    /// Reads the canonical JSON form back, validating it again (but not the
-    /// agent names: the set of registered agents may have changed since the
-    /// version was stored, and a running task must still load).
-    pub fn from_json(json: &str) -> Result<Workflow, serde_json::Error> {
-        serde_json::from_str(json)
-    }
 }
 
 impl StepDef {
@@ -177,157 +163,5 @@ impl CompensateDef {
     /// The compensation's retry policy. Defaults to the step's own policy.
     pub fn retry(&self) -> &RetryPolicy {
         &self.retry
-    }
-}
-
-/// The stored shape of a [`Workflow`]. Durations are whole milliseconds, the
-/// unit of every stored time in rota; validation guarantees nothing finer
-/// is lost.
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct WorkflowRepr {
-    name: WorkflowName,
-    version: u32,
-    deadline_ms: u64,
-    on_exhausted: ExhaustedPolicy,
-    max_failures: u32,
-    steps: Vec<StepRepr>,
-}
-
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StepRepr {
-    name: StepName,
-    agent: AgentName,
-    with: Value,
-    timeout_ms: u64,
-    retry: RetryPolicy,
-    compensate: Option<CompensateRepr>,
-    depends_on: Vec<StepName>,
-}
-
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CompensateRepr {
-    agent: AgentName,
-    with: Value,
-    timeout_ms: u64,
-    retry: RetryPolicy,
-}
-
-fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
-}
-
-impl From<Workflow> for WorkflowRepr {
-    fn from(w: Workflow) -> Self {
-        WorkflowRepr {
-            name: w.name,
-            version: w.version,
-            deadline_ms: millis(w.deadline),
-            on_exhausted: w.on_exhausted,
-            max_failures: w.max_failures,
-            steps: w
-                .steps
-                .into_iter()
-                .map(|s| StepRepr {
-                    name: s.name,
-                    agent: s.agent,
-                    with: s.with,
-                    timeout_ms: millis(s.timeout),
-                    retry: s.retry,
-                    compensate: s.compensate.map(|c| CompensateRepr {
-                        agent: c.agent,
-                        with: c.with,
-                        timeout_ms: millis(c.timeout),
-                        retry: c.retry,
-                    }),
-                    depends_on: s.depends_on,
-                })
-                .collect(),
-        }
-    }
-}
-
-impl TryFrom<WorkflowRepr> for Workflow {
-    type Error = Diagnostics;
-
-    /// Runs the stored form through the same validation as a file, so a
-    /// hand-edited or corrupted row cannot produce a cyclic graph.
-    fn try_from(r: WorkflowRepr) -> Result<Self, Diagnostics> {
-        let spec = Spec {
-            name: Some(r.name.into()),
-            version: Some(r.version),
-            deadline: Some(Duration::from_millis(r.deadline_ms)),
-            on_exhausted: Some(r.on_exhausted),
-            max_failures: Some(r.max_failures),
-            steps: Some(
-                r.steps
-                    .into_iter()
-                    .map(|s| StepSpec {
-                        name: Some(s.name.into()),
-                        agent: Some(s.agent.into()),
-                        with: s.with,
-                        timeout: Some(Duration::from_millis(s.timeout_ms)),
-                        retry: Some(s.retry),
-                        compensate: s.compensate.map(|c| CompensateSpec {
-                            agent: Some(c.agent.into()),
-                            with: c.with,
-                            timeout: Some(Duration::from_millis(c.timeout_ms)),
-                            retry: Some(c.retry),
-                        }),
-                        depends_on: Some(s.depends_on.into_iter().map(String::from).collect()),
-                    })
-                    .collect(),
-            ),
-        };
-        crate::validate::validate(spec, &TextlessLocator { file: "<stored>" }, None)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::agent::AgentCatalog;
-    use serde_json::json;
-
-    fn order() -> Workflow {
-        let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/workflows/order.yaml")).unwrap();
-        crate::parse("order.yaml", &text, &AgentCatalog::builtin()).unwrap()
-    }
-
-    #[test]
-    fn canonical_json_round_trips_exactly() {
-        let workflow = order();
-        let json = workflow.to_json();
-        let back = Workflow::from_json(&json).unwrap();
-        assert_eq!(back, workflow);
-        assert_eq!(back.to_json(), json, "the form is canonical: a second trip gives the same text");
-    }
-
-    #[test]
-    fn canonical_json_has_the_documented_shape() {
-        let workflow = Workflow::builder("w", 2)
-            .step(crate::StepDef::new("a", "http").with_input(json!({ "b": 1, "a": "{{ input.x }}" })))
-            .build(&AgentCatalog::builtin())
-            .unwrap();
-        assert_eq!(
-            workflow.to_json(),
-            r#"{"name":"w","version":2,"deadline_ms":300000,"on_exhausted":"error","max_failures":3,"steps":[{"name":"a","agent":"http","with":{"a":"{{ input.x }}","b":1},"timeout_ms":30000,"retry":{"attempts_max":5,"backoff_initial_ms":100,"backoff_max_ms":10000,"multiplier":2.0,"jitter":0.5},"compensate":null,"depends_on":[]}]}"#
-        );
-    }
-
-    #[test]
-    fn stored_json_is_validated_again_but_not_against_the_agent_catalog() {
-        let json = order().to_json();
-        // An agent unknown today still loads: a running task must finish.
-        let renamed = json.replace(r#""agent":"http""#, r#""agent":"retired""#);
-        assert!(Workflow::from_json(&renamed).is_ok());
-        // A cycle does not: every workflow in memory is a DAG.
-        let cyclic = json.replacen(r#""depends_on":[]"#, r#""depends_on":["notify"]"#, 1);
-        let err = Workflow::from_json(&cyclic).unwrap_err().to_string();
-        assert!(err.starts_with("<stored>:1:0: dependency cycle: `reserve` depends on `notify`"), "{err}");
-        let unknown = json.replacen(r#""version":3"#, r#""version":3,"extra":1"#, 1);
-        assert!(Workflow::from_json(&unknown).unwrap_err().to_string().contains("unknown field `extra`"));
     }
 }

@@ -44,6 +44,12 @@
 //! assert_eq!(parsed, built);
 //! ```
 //!
+//! Inside, the modules form a line, each using only those before it (and
+//! the leaves `agent`, `diagnostic` and `template`): `spec` (a definition as written, unvalidated) → `definition` (the
+//! resolved types) → `dag` → `validate` (the one place a [`Workflow`] is
+//! made) → `builder`, `stored` (the canonical JSON form) and `parse` →
+//! `load`.
+//!
 //! Errors: parsing and building fail with [`Diagnostics`], a list meant for a
 //! person to read and fix; rendering a template fails with one
 //! [`TemplateError`], which the engine treats as a permanent step failure.
@@ -56,6 +62,8 @@ mod definition;
 mod diagnostic;
 mod load;
 mod parse;
+mod spec;
+mod stored;
 mod template;
 mod validate;
 

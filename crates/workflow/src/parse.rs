@@ -16,9 +16,9 @@ use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Number, Value};
 
 use crate::agent::AgentCatalog;
-use crate::builder::{CompensateSpec, Spec, StepSpec};
 use crate::definition::Workflow;
 use crate::diagnostic::{Diagnostic, Diagnostics, FileLocator, Pos, Positions, child};
+use crate::spec::{CompensateSpec, Spec, StepSpec};
 use crate::validate::validate_into;
 
 /// The largest definition text accepted, in bytes. A definition is a

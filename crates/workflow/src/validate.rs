@@ -7,14 +7,14 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use rota_model::{RetryPolicy, StepName, WorkflowName};
+use rota_model::{ExhaustedPolicy, RetryPolicy, StepName, WorkflowName};
 use serde_json::Value;
 
 use crate::agent::{AgentCatalog, AgentName};
-use crate::builder::{CompensateSpec, Spec};
 use crate::dag;
 use crate::definition::{CompensateDef, DEADLINE_DEFAULT, MAX_FAILURES_DEFAULT, STEPS_MAX, StepDef, TIMEOUT_DEFAULT, Workflow};
 use crate::diagnostic::{Diagnostic, Diagnostics, Locate};
+use crate::spec::{CompensateSpec, Spec, StepSpec};
 use crate::template::{Target, references};
 
 /// Validates `spec`. `agents` is `None` when reading back a stored version,
@@ -29,183 +29,251 @@ pub(crate) fn validate(spec: Spec, loc: &dyn Locate, agents: Option<&AgentCatalo
 
 /// Validates `spec`, adding problems to `problems` (which may already hold
 /// the decoder's). Returns a workflow only if `problems` is still empty.
+///
+/// The sections run in a fixed order, each on whatever the earlier ones
+/// could read, and report in that order: diagnostics at the same position
+/// keep it.
 pub(crate) fn validate_into(
     spec: Spec,
     loc: &dyn Locate,
     agents: Option<&AgentCatalog>,
     problems: &mut Vec<Diagnostic>,
 ) -> Option<Workflow> {
-    let name = spec.name.as_deref().and_then(|name| match WorkflowName::new(name) {
-        Ok(name) => Some(name),
-        Err(err) => {
-            problems.push(loc.at_value("/name", err.to_string()));
-            None
-        }
-    });
-    if spec.version == Some(0) {
-        problems.push(loc.at_value("/version", "`version` must be at least 1".into()));
+    let mut check = Check { loc, agents, problems };
+    let top = check.workflow_fields(&spec);
+    let steps = check.step_list(spec.steps);
+    let labels: Vec<String> = steps.iter().enumerate().map(|(i, step)| step_label(&step.name, i)).collect();
+    let fields: Vec<StepFields> = steps.iter().enumerate().map(|(i, step)| check.step_fields(i, &labels[i], step)).collect();
+    let index = check.unique_names(&steps);
+    let graph = check.dependencies(&steps, &index, &labels);
+    let order = check.acyclic(&steps, &graph);
+    check.templates(&steps, &index, &labels, &graph.deps);
+    if !check.problems.is_empty() {
+        return None;
     }
-    let deadline = spec.deadline.unwrap_or(DEADLINE_DEFAULT);
-    check_duration(loc, problems, "/deadline", "`deadline`", deadline);
-    let max_failures = spec.max_failures.unwrap_or(MAX_FAILURES_DEFAULT);
-    if max_failures == 0 {
-        problems.push(loc.at_value("/max_failures", "`max_failures` must be at least 1".into()));
+    Some(assemble(top, steps, fields, &graph.deps, order.expect("validated DAG")))
+}
+
+/// The workflow's own fields, checked; `None` where a problem was reported
+/// (or, for the version, where the decoder reported it missing).
+struct WorkflowFields {
+    name: Option<WorkflowName>,
+    version: Option<u32>,
+    deadline: Duration,
+    on_exhausted: ExhaustedPolicy,
+    max_failures: u32,
+}
+
+/// One step's own fields, checked; `None` where a problem was reported.
+struct StepFields {
+    name: Option<StepName>,
+    agent: Option<AgentName>,
+    timeout: Duration,
+    retry: RetryPolicy,
+    compensate: Option<Option<CompensateDef>>,
+}
+
+/// The resolved dependencies: `deps[i]` lists the steps step `i` depends
+/// on, and `pointers[i][k]` is where its `k`th one is written, for a
+/// cycle's diagnostic.
+struct Graph {
+    deps: Vec<Vec<usize>>,
+    pointers: Vec<Vec<String>>,
+}
+
+/// The checks of one definition, reporting where it was written.
+struct Check<'a> {
+    loc: &'a dyn Locate,
+    agents: Option<&'a AgentCatalog>,
+    problems: &'a mut Vec<Diagnostic>,
+}
+
+impl Check<'_> {
+    fn report(&mut self, pointer: &str, message: String) {
+        self.problems.push(self.loc.at_value(pointer, message));
     }
 
-    // `None` means the decoder found no usable list and has said so.
-    if spec.steps.as_ref().is_some_and(Vec::is_empty) {
-        problems.push(loc.at_value("/steps", "`steps` must list at least one step".into()));
-    }
-    let steps = spec.steps.unwrap_or_default();
-    if steps.len() > STEPS_MAX {
-        problems.push(loc.at_value("/steps", format!("a workflow may have at most {STEPS_MAX} steps, this one has {}", steps.len())));
-    }
-
-    // Per-step fields.
-    let labels: Vec<String> = steps
-        .iter()
-        .enumerate()
-        .map(|(i, step)| match &step.name {
-            Some(name) => format!("step `{name}`"),
-            None => format!("step {}", i + 1),
-        })
-        .collect();
-    let mut checked = Vec::with_capacity(steps.len());
-    for (i, step) in steps.iter().enumerate() {
-        let at = format!("/steps/{i}");
-        let label = &labels[i];
-        let name = step.name.as_deref().and_then(|name| match StepName::new(name) {
+    /// The name, the version, the deadline and the failure threshold.
+    fn workflow_fields(&mut self, spec: &Spec) -> WorkflowFields {
+        let name = spec.name.as_deref().and_then(|name| match WorkflowName::new(name) {
             Ok(name) => Some(name),
             Err(err) => {
-                problems.push(loc.at_value(&format!("{at}/name"), err.to_string()));
+                self.report("/name", err.to_string());
                 None
             }
         });
-        let agent = check_agent(loc, problems, agents, &format!("{at}/agent"), label, step.agent.as_deref());
-        let timeout = step.timeout.unwrap_or(TIMEOUT_DEFAULT);
-        check_duration(loc, problems, &format!("{at}/timeout"), &format!("{label}: `timeout`"), timeout);
-        let retry = step.retry.clone().unwrap_or_default();
-        check_retry(loc, problems, &format!("{at}/retry"), label, &retry);
-        let compensate = step
-            .compensate
-            .as_ref()
-            .map(|c| check_compensate(loc, problems, agents, &format!("{at}/compensate"), label, c, timeout, &retry));
-        checked.push((name, agent, timeout, retry, compensate));
-    }
-
-    // Names are unique.
-    let mut index: HashMap<&str, usize> = HashMap::new();
-    for (i, step) in steps.iter().enumerate() {
-        let Some(name) = step.name.as_deref() else { continue };
-        if let Some(first) = index.get(name) {
-            problems
-                .push(loc.at_value(&format!("/steps/{i}/name"), format!("duplicate step name `{name}` (step {} has it too)", first + 1)));
-        } else {
-            index.insert(name, i);
+        if spec.version == Some(0) {
+            self.report("/version", "`version` must be at least 1".into());
         }
+        let deadline = spec.deadline.unwrap_or(DEADLINE_DEFAULT);
+        self.duration("/deadline", "`deadline`", deadline);
+        let max_failures = spec.max_failures.unwrap_or(MAX_FAILURES_DEFAULT);
+        if max_failures == 0 {
+            self.report("/max_failures", "`max_failures` must be at least 1".into());
+        }
+        WorkflowFields { name, version: spec.version, deadline, on_exhausted: spec.on_exhausted.unwrap_or_default(), max_failures }
     }
 
-    // Dependencies, resolved: without `depends_on`, the previous step.
-    let mut deps: Vec<Vec<usize>> = Vec::with_capacity(steps.len());
-    let mut dep_pointers: Vec<Vec<String>> = Vec::with_capacity(steps.len());
-    for (i, step) in steps.iter().enumerate() {
-        let mut mine = Vec::new();
-        let mut pointers = Vec::new();
-        match &step.depends_on {
-            None if i > 0 => {
-                mine.push(i - 1);
-                pointers.push(format!("/steps/{i}/name"));
+    /// The steps, which must be at least one and at most [`STEPS_MAX`].
+    fn step_list(&mut self, steps: Option<Vec<StepSpec>>) -> Vec<StepSpec> {
+        // `None` means the decoder found no usable list and has said so.
+        if steps.as_ref().is_some_and(Vec::is_empty) {
+            self.report("/steps", "`steps` must list at least one step".into());
+        }
+        let steps = steps.unwrap_or_default();
+        if steps.len() > STEPS_MAX {
+            self.report("/steps", format!("a workflow may have at most {STEPS_MAX} steps, this one has {}", steps.len()));
+        }
+        steps
+    }
+
+    /// Step `i`'s own fields: its name, agent, timeout, retry policy and
+    /// compensation.
+    fn step_fields(&mut self, i: usize, label: &str, step: &StepSpec) -> StepFields {
+        let at = format!("/steps/{i}");
+        let name = step.name.as_deref().and_then(|name| match StepName::new(name) {
+            Ok(name) => Some(name),
+            Err(err) => {
+                self.report(&format!("{at}/name"), err.to_string());
+                None
             }
-            None => {}
-            Some(list) => {
-                for (k, dep) in list.iter().enumerate() {
-                    let pointer = format!("/steps/{i}/depends_on/{k}");
-                    match index.get(dep.as_str()) {
-                        Some(&j) if mine.contains(&j) => {
-                            problems.push(loc.at_value(&pointer, format!("{}: `depends_on` lists `{dep}` twice", labels[i])))
+        });
+        let agent = self.agent(&format!("{at}/agent"), label, step.agent.as_deref());
+        let timeout = step.timeout.unwrap_or(TIMEOUT_DEFAULT);
+        self.duration(&format!("{at}/timeout"), &format!("{label}: `timeout`"), timeout);
+        let retry = step.retry.clone().unwrap_or_default();
+        self.retry(&format!("{at}/retry"), label, &retry);
+        let compensate = step.compensate.as_ref().map(|c| self.compensate(&format!("{at}/compensate"), label, c, timeout, &retry));
+        StepFields { name, agent, timeout, retry, compensate }
+    }
+
+    /// Step names are unique. Returns where each name is first used.
+    fn unique_names<'s>(&mut self, steps: &'s [StepSpec]) -> HashMap<&'s str, usize> {
+        let mut index: HashMap<&str, usize> = HashMap::new();
+        for (i, step) in steps.iter().enumerate() {
+            let Some(name) = step.name.as_deref() else { continue };
+            if let Some(first) = index.get(name) {
+                self.report(&format!("/steps/{i}/name"), format!("duplicate step name `{name}` (step {} has it too)", first + 1));
+            } else {
+                index.insert(name, i);
+            }
+        }
+        index
+    }
+
+    /// Dependencies, resolved: a step without `depends_on` depends on the
+    /// step before it. Each named dependency exists and is named once.
+    fn dependencies(&mut self, steps: &[StepSpec], index: &HashMap<&str, usize>, labels: &[String]) -> Graph {
+        let mut graph = Graph { deps: Vec::with_capacity(steps.len()), pointers: Vec::with_capacity(steps.len()) };
+        for (i, step) in steps.iter().enumerate() {
+            let mut mine = Vec::new();
+            let mut pointers = Vec::new();
+            match &step.depends_on {
+                None if i > 0 => {
+                    mine.push(i - 1);
+                    pointers.push(format!("/steps/{i}/name"));
+                }
+                None => {}
+                Some(list) => {
+                    for (k, dep) in list.iter().enumerate() {
+                        let pointer = format!("/steps/{i}/depends_on/{k}");
+                        match index.get(dep.as_str()) {
+                            Some(&j) if mine.contains(&j) => {
+                                self.report(&pointer, format!("{}: `depends_on` lists `{dep}` twice", labels[i]))
+                            }
+                            Some(&j) => {
+                                mine.push(j);
+                                pointers.push(pointer);
+                            }
+                            None => self.report(&pointer, format!("{}: depends on unknown step `{dep}`", labels[i])),
                         }
-                        Some(&j) => {
-                            mine.push(j);
-                            pointers.push(pointer);
-                        }
-                        None => problems.push(loc.at_value(&pointer, format!("{}: depends on unknown step `{dep}`", labels[i]))),
                     }
                 }
             }
+            graph.deps.push(mine);
+            graph.pointers.push(pointers);
         }
-        deps.push(mine);
-        dep_pointers.push(pointers);
+        graph
     }
-    let order = match dag::topological(&deps) {
-        Ok(order) => Some(order),
-        Err(unplaced) => {
-            for cycle in dag::cycles(&deps, &unplaced) {
-                let names: Vec<String> = cycle.iter().map(|&i| step_name(&steps[i].name, i)).collect();
-                let mut message = format!("dependency cycle: {}", names[0]);
-                for (k, next) in names.iter().skip(1).chain([&names[0]]).enumerate() {
-                    message.push_str(if k == 0 { " depends on " } else { ", which depends on " });
-                    message.push_str(next);
-                }
-                let first = cycle[0];
-                let second = *cycle.get(1).unwrap_or(&first);
-                let edge = deps[first].iter().position(|&d| d == second).expect("a cycle follows dependency edges");
-                problems.push(loc.at_value(&dep_pointers[first][edge], message));
+
+    /// The dependencies form no cycle. Returns the topological order, or
+    /// reports one cycle through each group of steps that cannot be placed,
+    /// at the first edge of the cycle.
+    fn acyclic(&mut self, steps: &[StepSpec], graph: &Graph) -> Option<Vec<usize>> {
+        let unplaced = match dag::topological(&graph.deps) {
+            Ok(order) => return Some(order),
+            Err(unplaced) => unplaced,
+        };
+        for cycle in dag::cycles(&graph.deps, &unplaced) {
+            let names: Vec<String> = cycle.iter().map(|&i| step_name(&steps[i].name, i)).collect();
+            let mut message = format!("dependency cycle: {}", names[0]);
+            for (k, next) in names.iter().skip(1).chain([&names[0]]).enumerate() {
+                message.push_str(if k == 0 { " depends on " } else { ", which depends on " });
+                message.push_str(next);
             }
-            None
+            let first = cycle[0];
+            let second = *cycle.get(1).unwrap_or(&first);
+            let edge = graph.deps[first].iter().position(|&d| d == second).expect("a cycle follows dependency edges");
+            self.report(&graph.pointers[first][edge], message);
         }
-    };
-
-    // Templates refer only to upstream steps (a compensation also to the
-    // step it undoes, which has completed by then).
-    for (i, step) in steps.iter().enumerate() {
-        let upstream = dag::upstream_indices(&deps, i);
-        check_templates(loc, problems, &format!("/steps/{i}/with"), &labels[i], &step.with, &index, |j| upstream[j], "");
-        if let Some(compensate) = &step.compensate {
-            check_templates(
-                loc,
-                problems,
-                &format!("/steps/{i}/compensate/with"),
-                &labels[i],
-                &compensate.with,
-                &index,
-                |j| j == i || upstream[j],
-                "compensation ",
-            );
-        }
+        None
     }
 
-    if !problems.is_empty() {
-        return None;
+    /// Templates refer only to upstream steps (a compensation also to the
+    /// step it undoes, which has completed by then).
+    fn templates(&mut self, steps: &[StepSpec], index: &HashMap<&str, usize>, labels: &[String], deps: &[Vec<usize>]) {
+        for (i, step) in steps.iter().enumerate() {
+            let upstream = dag::upstream_indices(deps, i);
+            let step_refs = Refs { label: &labels[i], index, what: "" };
+            self.template_refs(&format!("/steps/{i}/with"), &step.with, &step_refs, |j| upstream[j]);
+            if let Some(compensate) = &step.compensate {
+                let compensation_refs = Refs { label: &labels[i], index, what: "compensation " };
+                self.template_refs(&format!("/steps/{i}/compensate/with"), &compensate.with, &compensation_refs, |j| j == i || upstream[j]);
+            }
+        }
     }
-    // Nothing was wrong, so every required part is present.
-    let names: Vec<StepName> = checked.iter().map(|c| c.0.clone().expect("validated step name")).collect();
+}
+
+/// Builds the workflow from sections that all passed: every required part
+/// is present.
+fn assemble(top: WorkflowFields, steps: Vec<StepSpec>, fields: Vec<StepFields>, deps: &[Vec<usize>], order: Vec<usize>) -> Workflow {
+    let names: Vec<StepName> = fields.iter().map(|f| f.name.clone().expect("validated step name")).collect();
     let steps = steps
         .into_iter()
-        .zip(checked)
-        .zip(&deps)
-        .map(|((spec, (name, agent, timeout, retry, compensate)), its_deps)| StepDef {
-            name: name.expect("validated step name"),
-            agent: agent.expect("validated agent"),
+        .zip(fields)
+        .zip(deps)
+        .map(|((spec, fields), its_deps)| StepDef {
+            name: fields.name.expect("validated step name"),
+            agent: fields.agent.expect("validated agent"),
             with: spec.with,
-            timeout,
-            retry,
-            compensate: compensate.map(|c| c.expect("validated compensation")),
+            timeout: fields.timeout,
+            retry: fields.retry,
+            compensate: fields.compensate.map(|c| c.expect("validated compensation")),
             depends_on: its_deps.iter().map(|&j| names[j].clone()).collect(),
         })
         .collect();
     let workflow = Workflow {
-        name: name.expect("validated workflow name"),
-        version: spec.version.expect("validated version"),
-        deadline,
-        on_exhausted: spec.on_exhausted.unwrap_or_default(),
-        max_failures,
+        name: top.name.expect("validated workflow name"),
+        version: top.version.expect("validated version"),
+        deadline: top.deadline,
+        on_exhausted: top.on_exhausted,
+        max_failures: top.max_failures,
         steps,
-        order: order.expect("validated DAG"),
+        order,
     };
     assert_eq!(workflow.order.len(), workflow.steps.len(), "the topological order places every step once");
-    Some(workflow)
+    workflow
 }
 
+/// How a step is named in a diagnostic about one of its fields.
+fn step_label(name: &Option<String>, index: usize) -> String {
+    match name {
+        Some(name) => format!("step `{name}`"),
+        None => format!("step {}", index + 1),
+    }
+}
+
+/// How a step is named in a dependency cycle's diagnostic.
 fn step_name(name: &Option<String>, index: usize) -> String {
     match name {
         Some(name) => format!("`{name}`"),
@@ -213,106 +281,99 @@ fn step_name(name: &Option<String>, index: usize) -> String {
     }
 }
 
-fn check_duration(loc: &dyn Locate, problems: &mut Vec<Diagnostic>, pointer: &str, what: &str, duration: Duration) {
-    if duration.is_zero() {
-        problems.push(loc.at_value(pointer, format!("{what} must be longer than 0")));
-    } else if !duration.subsec_nanos().is_multiple_of(1_000_000) {
-        // Every stored time in rota is in milliseconds; a finer duration
-        // would not survive the round trip through the store.
-        problems.push(
-            loc.at_value(pointer, format!("{what} must be a whole number of milliseconds, got {}", humantime::format_duration(duration))),
-        );
-    }
+/// What a template's references are checked against, and how a problem
+/// names the template.
+struct Refs<'a> {
+    label: &'a str,
+    index: &'a HashMap<&'a str, usize>,
+    /// "" for a step's input, "compensation " for its compensation's.
+    what: &'a str,
 }
 
-fn check_retry(loc: &dyn Locate, problems: &mut Vec<Diagnostic>, pointer: &str, label: &str, retry: &RetryPolicy) {
-    for (field, duration) in [("backoff", retry.backoff_initial()), ("max_backoff", retry.backoff_max())] {
-        if !duration.subsec_nanos().is_multiple_of(1_000_000) {
-            problems.push(loc.at_value(
-                &format!("{pointer}/{field}"),
-                format!("{label}: `retry.{field}` must be a whole number of milliseconds, got {}", humantime::format_duration(duration)),
-            ));
+impl Check<'_> {
+    fn duration(&mut self, pointer: &str, what: &str, duration: Duration) {
+        if duration.is_zero() {
+            self.report(pointer, format!("{what} must be longer than 0"));
+        } else if !duration.subsec_nanos().is_multiple_of(1_000_000) {
+            // Every stored time in rota is in milliseconds; a finer duration
+            // would not survive the round trip through the store.
+            self.report(pointer, format!("{what} must be a whole number of milliseconds, got {}", humantime::format_duration(duration)));
         }
     }
-}
 
-fn check_agent(
-    loc: &dyn Locate,
-    problems: &mut Vec<Diagnostic>,
-    agents: Option<&AgentCatalog>,
-    pointer: &str,
-    label: &str,
-    agent: Option<&str>,
-) -> Option<AgentName> {
-    let agent = match AgentName::new(agent?) {
-        Ok(agent) => agent,
-        Err(err) => {
-            problems.push(loc.at_value(pointer, format!("{label}: {err}")));
+    fn retry(&mut self, pointer: &str, label: &str, retry: &RetryPolicy) {
+        for (field, duration) in [("backoff", retry.backoff_initial()), ("max_backoff", retry.backoff_max())] {
+            if !duration.subsec_nanos().is_multiple_of(1_000_000) {
+                self.report(
+                    &format!("{pointer}/{field}"),
+                    format!(
+                        "{label}: `retry.{field}` must be a whole number of milliseconds, got {}",
+                        humantime::format_duration(duration)
+                    ),
+                );
+            }
+        }
+    }
+
+    fn agent(&mut self, pointer: &str, label: &str, agent: Option<&str>) -> Option<AgentName> {
+        let agent = match AgentName::new(agent?) {
+            Ok(agent) => agent,
+            Err(err) => {
+                self.report(pointer, format!("{label}: {err}"));
+                return None;
+            }
+        };
+        if let Some(catalog) = self.agents
+            && !catalog.contains(&agent)
+        {
+            let known: Vec<&str> = catalog.names().map(AgentName::as_str).collect();
+            self.report(pointer, format!("{label}: unknown agent `{agent}` (known agents: {})", known.join(", ")));
             return None;
         }
-    };
-    if let Some(catalog) = agents
-        && !catalog.contains(&agent)
-    {
-        let known: Vec<&str> = catalog.names().map(AgentName::as_str).collect();
-        problems.push(loc.at_value(pointer, format!("{label}: unknown agent `{agent}` (known agents: {})", known.join(", "))));
-        return None;
+        Some(agent)
     }
-    Some(agent)
-}
 
-#[allow(clippy::too_many_arguments)] // One call site; a struct would only rename the parameters.
-fn check_compensate(
-    loc: &dyn Locate,
-    problems: &mut Vec<Diagnostic>,
-    agents: Option<&AgentCatalog>,
-    pointer: &str,
-    label: &str,
-    spec: &CompensateSpec,
-    step_timeout: Duration,
-    step_retry: &RetryPolicy,
-) -> Option<CompensateDef> {
-    let agent = check_agent(loc, problems, agents, &format!("{pointer}/agent"), label, spec.agent.as_deref());
-    // The compensation usually calls the same service as the step, so it
-    // inherits the step's timeout and retry policy unless it sets its own.
-    let timeout = spec.timeout.unwrap_or(step_timeout);
-    check_duration(loc, problems, &format!("{pointer}/timeout"), &format!("{label}: `compensate.timeout`"), timeout);
-    let retry = spec.retry.clone().unwrap_or_else(|| step_retry.clone());
-    check_retry(loc, problems, &format!("{pointer}/retry"), &format!("{label}: compensation"), &retry);
-    Some(CompensateDef { agent: agent?, with: spec.with.clone(), timeout, retry })
-}
+    fn compensate(
+        &mut self,
+        pointer: &str,
+        label: &str,
+        spec: &CompensateSpec,
+        step_timeout: Duration,
+        step_retry: &RetryPolicy,
+    ) -> Option<CompensateDef> {
+        let agent = self.agent(&format!("{pointer}/agent"), label, spec.agent.as_deref());
+        // The compensation usually calls the same service as the step, so it
+        // inherits the step's timeout and retry policy unless it sets its own.
+        let timeout = spec.timeout.unwrap_or(step_timeout);
+        self.duration(&format!("{pointer}/timeout"), &format!("{label}: `compensate.timeout`"), timeout);
+        let retry = spec.retry.clone().unwrap_or_else(|| step_retry.clone());
+        self.retry(&format!("{pointer}/retry"), &format!("{label}: compensation"), &retry);
+        Some(CompensateDef { agent: agent?, with: spec.with.clone(), timeout, retry })
+    }
 
-#[allow(clippy::too_many_arguments)] // Two call sites that differ in the last three.
-fn check_templates(
-    loc: &dyn Locate,
-    problems: &mut Vec<Diagnostic>,
-    pointer: &str,
-    label: &str,
-    template: &Value,
-    index: &HashMap<&str, usize>,
-    allowed: impl Fn(usize) -> bool,
-    what: &str,
-) {
-    for reference in references(template) {
-        let at = format!("{pointer}{}", reference.pointer);
-        let step = match reference.target {
-            Err(err) => {
-                problems.push(loc.at_value(&at, format!("{label}: {what}template: {err}")));
-                continue;
-            }
-            Ok(Target::StepOutput { step, .. }) => step,
-            Ok(_) => continue,
-        };
-        let expr = &reference.expr;
-        match index.get(step.as_str()) {
-            None => problems.push(loc.at_value(&at, format!("{label}: {what}template `{{{{ {expr} }}}}` refers to unknown step `{step}`"))),
-            Some(&j) if !allowed(j) => problems.push(loc.at_value(
-                &at,
-                format!(
-                    "{label}: {what}template `{{{{ {expr} }}}}` refers to step `{step}`, which is not upstream (add it to `depends_on`)"
+    fn template_refs(&mut self, pointer: &str, template: &Value, refs: &Refs<'_>, allowed: impl Fn(usize) -> bool) {
+        let Refs { label, index, what } = refs;
+        for reference in references(template) {
+            let at = format!("{pointer}{}", reference.pointer);
+            let step = match reference.target {
+                Err(err) => {
+                    self.report(&at, format!("{label}: {what}template: {err}"));
+                    continue;
+                }
+                Ok(Target::StepOutput { step, .. }) => step,
+                Ok(_) => continue,
+            };
+            let expr = &reference.expr;
+            match index.get(step.as_str()) {
+                None => self.report(&at, format!("{label}: {what}template `{{{{ {expr} }}}}` refers to unknown step `{step}`")),
+                Some(&j) if !allowed(j) => self.report(
+                    &at,
+                    format!(
+                        "{label}: {what}template `{{{{ {expr} }}}}` refers to step `{step}`, which is not upstream (add it to `depends_on`)"
+                    ),
                 ),
-            )),
-            Some(_) => {}
+                Some(_) => {}
+            }
         }
     }
 }

@@ -1,0 +1,48 @@
+//! The unvalidated "spec" of a definition, shared by every way of writing
+//! one: the file decoder (`parse`), the Rust builder (`builder`) and the
+//! stored JSON form (`stored`) each produce a [`Spec`], and one function,
+//! `validate::validate`, turns a spec into a [`Workflow`](crate::Workflow).
+//! That is what makes a built workflow equal to the same workflow written in
+//! YAML.
+//!
+//! Names are kept as plain strings until validation so that a bad name is
+//! reported as a diagnostic, like every other problem, rather than as a
+//! panic. Deliberately left out: any check; a spec holds whatever was
+//! written.
+
+use std::time::Duration;
+
+use rota_model::{ExhaustedPolicy, RetryPolicy};
+use serde_json::Value;
+
+/// A definition before validation. `None` means "not given": a default
+/// applies, or (for a required field) the decoder has already reported it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Spec {
+    pub name: Option<String>,
+    pub version: Option<u32>,
+    pub deadline: Option<Duration>,
+    pub on_exhausted: Option<ExhaustedPolicy>,
+    pub max_failures: Option<u32>,
+    pub steps: Option<Vec<StepSpec>>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StepSpec {
+    pub name: Option<String>,
+    pub agent: Option<String>,
+    pub with: Value,
+    pub timeout: Option<Duration>,
+    pub retry: Option<RetryPolicy>,
+    pub compensate: Option<CompensateSpec>,
+    /// `None`: depends on the previous step. `Some(vec![])`: a root.
+    pub depends_on: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub(crate) struct CompensateSpec {
+    pub agent: Option<String>,
+    pub with: Value,
+    pub timeout: Option<Duration>,
+    pub retry: Option<RetryPolicy>,
+}
