@@ -37,7 +37,6 @@ use rota_model::TaskState;
 use rota_store::QueueStats;
 
 use crate::ApiState;
-use crate::queues::BREAKER_PREFIX;
 
 /// The buckets of `rota_http_request_duration_seconds`, in seconds.
 const HTTP_DURATION_BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
@@ -195,8 +194,7 @@ async fn snapshot(state: &ApiState) -> rota_store::Result<Snapshot> {
     let store = state.store();
     let tasks = store.count_tasks().await?;
     let queues = store.stats().await?;
-    let breakers = store
-        .statuses(BREAKER_PREFIX)
+    let breakers = rota_engine::status::breakers(store)
         .await?
         .iter()
         .map(|status| {

@@ -15,9 +15,6 @@ use crate::ApiState;
 use crate::error::{ApiError, ApiPath, ApiQuery, ApiResult, ErrorBody};
 use crate::wire::{BreakerView, Count, DeadLetterPath, DeadLetterView, LimitQuery, QueuePath, QueueView};
 
-/// The key prefix under which circuit breakers report their state.
-pub const BREAKER_PREFIX: &str = "breaker/";
-
 fn queue_name(raw: String) -> ApiResult<QueueName> {
     QueueName::new(raw).map_err(|err| ApiError::invalid_path("queue", err))
 }
@@ -187,6 +184,6 @@ pub async fn purge(State(state): State<ApiState>, ApiPath(QueuePath { queue }): 
     security(("bearer" = []))
 )]
 pub async fn breakers(State(state): State<ApiState>) -> ApiResult<Json<Vec<BreakerView>>> {
-    let statuses = state.store().statuses(BREAKER_PREFIX).await.map_err(|err| ApiError::store("list breakers", err))?;
+    let statuses = rota_engine::status::breakers(state.store()).await.map_err(|err| ApiError::store("list breakers", err))?;
     Ok(Json(statuses.iter().map(BreakerView::from).collect()))
 }

@@ -6,7 +6,7 @@
 //!
 //! - **The follower** reads the store's global event order
 //!   (`events_after`) from a cursor kept in the store (status key
-//!   [`CURSOR_KEY`]), and for each event of the configured kinds of a task
+//!   [`WEBHOOK_CURSOR_KEY`]), and for each event of the configured kinds of a task
 //!   with a callback URL sends one delivery message to the queue
 //!   [`QUEUE`] (`rota.webhooks`). Messages carry the task id as their
 //!   ordering key, so one task's events are delivered in order, one at a
@@ -42,6 +42,7 @@ use std::time::Duration;
 use hmac::{Hmac, KeyInit, Mac};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use rota_engine::status::WEBHOOK_CURSOR_KEY;
 use rota_engine::{Consumer, Handler, Outcome, Shutdown, async_trait};
 use rota_model::{Clock, InstanceId, MessageId, QueueName, TaskId};
 use rota_store::{Delivery, EventKind, Outgoing, QueueConfig, SharedStore};
@@ -53,9 +54,6 @@ use crate::wire::EventView;
 
 /// The queue of webhook deliveries.
 pub const QUEUE: &str = "rota.webhooks";
-
-/// The store status key of the follower's cursor (`{"seq": N}`).
-pub const CURSOR_KEY: &str = "webhooks/cursor";
 
 /// The leader lease of the follower.
 const LEADER_LEASE: &str = "webhooks";
@@ -331,14 +329,14 @@ impl Dispatcher {
         }
         // Saved after the send: a crash in between enqueues the same events
         // again, and duplicate detection drops them.
-        self.store.report_status(CURSOR_KEY, &json!({ "seq": last })).await?;
+        self.store.report_status(WEBHOOK_CURSOR_KEY, &json!({ "seq": last })).await?;
         round.cursor = last;
         Ok(round)
     }
 
     async fn cursor(&self) -> rota_store::Result<i64> {
-        let statuses = self.store.statuses(CURSOR_KEY).await?;
-        let saved = statuses.iter().find(|status| status.key == CURSOR_KEY).and_then(|status| status.value["seq"].as_i64());
+        let statuses = self.store.statuses(WEBHOOK_CURSOR_KEY).await?;
+        let saved = statuses.iter().find(|status| status.key == WEBHOOK_CURSOR_KEY).and_then(|status| status.value["seq"].as_i64());
         Ok(saved.unwrap_or(0))
     }
 

@@ -462,7 +462,7 @@ impl From<&ComponentStatus> for BreakerView {
     fn from(status: &ComponentStatus) -> Self {
         let text = |field: &str| status.value[field].as_str().map(str::to_owned);
         BreakerView {
-            endpoint: text("endpoint").unwrap_or_else(|| status.key.trim_start_matches(crate::queues::BREAKER_PREFIX).to_owned()),
+            endpoint: text("endpoint").unwrap_or_else(|| rota_engine::status::breaker_endpoint(&status.key).to_owned()),
             agent: text("agent"),
             state: text("state").unwrap_or_else(|| "unknown".to_owned()),
             consecutive_failures: status.value["consecutive_failures"].as_u64(),

@@ -16,8 +16,9 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use common::{Options, Server, WAIT_MAX, start};
 use hmac::{Hmac, KeyInit, Mac};
-use rota_api::webhooks::{CURSOR_KEY, Dispatcher, Secret, WebhookConfig};
+use rota_api::webhooks::{Dispatcher, Secret, WebhookConfig};
 use rota_engine::Shutdown;
+use rota_engine::status::WEBHOOK_CURSOR_KEY;
 use rota_model::{InstanceId, SystemClock};
 use serde_json::{Value, json};
 use sha2::Sha256;
@@ -202,7 +203,7 @@ async fn status_events_are_posted_signed_in_order_retried_and_dead_lettered() {
     // The cursor is durable: another dispatcher goes on where this one stopped.
     stop.trigger();
     running.await.unwrap().unwrap();
-    let cursor = server.store.statuses(CURSOR_KEY).await.unwrap();
+    let cursor = server.store.statuses(WEBHOOK_CURSOR_KEY).await.unwrap();
     assert!(cursor[0].value["seq"].as_i64().unwrap() > 0, "{cursor:?}");
     let delivered_before = state.seen.lock().unwrap().len();
     let (stop, running) = dispatch(&server, "hooks-2");

@@ -156,7 +156,7 @@ impl Backend {
     pub async fn breakers(&self) -> anyhow::Result<Vec<BreakerView>> {
         match self {
             Backend::Local(store) => {
-                let statuses = store.statuses(rota_api::queues::BREAKER_PREFIX).await.context("cannot read the circuit breakers")?;
+                let statuses = rota_engine::status::breakers(store).await.context("cannot read the circuit breakers")?;
                 Ok(statuses.iter().map(BreakerView::from).collect())
             }
             Backend::Remote(server) => server.get(&["v1", "breakers"], &[]).await,

@@ -48,6 +48,7 @@ use std::time::Duration;
 use anyhow::{Context, anyhow, bail};
 use rota_agent::{AgentRegistry, BreakerSnapshot};
 use rota_engine::engine::Config;
+use rota_engine::status::{breaker_key, instance_key};
 use rota_engine::{Engine, Roles, Shutdown, Workflows};
 use rota_model::{Clock, InstanceId, SystemClock, Timestamp};
 use rota_store::SharedStore;
@@ -578,15 +579,6 @@ async fn warn_if_instance_is_live(store: &SharedStore, instance: &InstanceId, cl
             humantime::format_duration(Duration::from_millis(age.as_millis() as u64))
         );
     }
-}
-
-fn instance_key(instance: &InstanceId) -> String {
-    format!("instance/{instance}")
-}
-
-/// The component status key of an endpoint's circuit breaker.
-pub fn breaker_key(endpoint: &str) -> String {
-    format!("breaker/{endpoint}")
 }
 
 /// Writes the heartbeat and the agents' breakers to the store.

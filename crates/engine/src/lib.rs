@@ -31,6 +31,7 @@ pub mod plan;
 pub mod protocol;
 pub mod scheduler;
 mod shutdown;
+pub mod status;
 pub mod supervisor;
 pub mod telemetry;
 pub mod workflows;
