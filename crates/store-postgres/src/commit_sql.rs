@@ -12,9 +12,9 @@ use std::collections::HashMap;
 use rota_model::{InstanceId, MessageId, QueueName, StepName, Timestamp};
 use rota_model::{Step, Task};
 use rota_store::{Changes, Error, Event, NewTask, Outgoing};
-use sqlx::postgres::PgArguments;
-use sqlx::{Arguments, PgConnection, Postgres};
+use sqlx::PgConnection;
 
+use crate::params::{Array, Param, Params, Statement, list};
 use crate::queue_sql::lease_lost;
 use crate::sql::Names;
 use crate::{Fail, Result};
@@ -74,66 +74,106 @@ impl<'a> Sends<'a> {
     }
 }
 
-/// Adds one parameter, an array or a scalar.
-fn add<'q, T: sqlx::Encode<'q, Postgres> + sqlx::Type<Postgres>>(args: &mut PgArguments, value: T) -> Result<()> {
-    args.add(value).map_err(|e| Error::Backend(format!("encoding a statement parameter: {e}")).into())
+/// The columns of `rota.tasks`, in the table's order, as array parameters
+/// (both the creation and the commit statement take them so).
+struct TaskArrays([Array; 15]);
+
+impl TaskArrays {
+    fn push(params: &mut Params, tasks: &[&Task]) -> Result<TaskArrays> {
+        Ok(TaskArrays([
+            params.array(tasks.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(), "text[]")?,
+            params.array(tasks.iter().map(|t| t.workflow.as_str()).collect::<Vec<_>>(), "text[]")?,
+            params.array(tasks.iter().map(|t| i64::from(t.workflow_version)).collect::<Vec<_>>(), "bigint[]")?,
+            params.array(tasks.iter().map(|t| json_text(&t.input)).collect::<Vec<_>>(), "text[]")?,
+            params.array(tasks.iter().map(|t| t.state.as_str()).collect::<Vec<_>>(), "text[]")?,
+            params.array(tasks.iter().map(|t| t.locked_by.as_ref().map(InstanceId::as_str)).collect::<Vec<_>>(), "text[]")?,
+            params.array(tasks.iter().map(|t| t.lease_epoch as i64).collect::<Vec<_>>(), "bigint[]")?,
+            params.array(tasks.iter().map(|t| t.complete_by.map(Timestamp::as_millis)).collect::<Vec<_>>(), "bigint[]")?,
+            params.array(tasks.iter().map(|t| t.not_before.as_millis()).collect::<Vec<_>>(), "bigint[]")?,
+            params.array(tasks.iter().map(|t| i64::from(t.failure_count)).collect::<Vec<_>>(), "bigint[]")?,
+            params.array(tasks.iter().map(|t| t.reply_to.as_deref()).collect::<Vec<_>>(), "text[]")?,
+            params.array(tasks.iter().map(|t| t.output.as_ref().map(json_text)).collect::<Vec<_>>(), "text[]")?,
+            params.array(tasks.iter().map(|t| t.error.as_deref()).collect::<Vec<_>>(), "text[]")?,
+            params.array(tasks.iter().map(|t| t.created_at.as_millis()).collect::<Vec<_>>(), "bigint[]")?,
+            params.array(tasks.iter().map(|t| t.updated_at.as_millis()).collect::<Vec<_>>(), "bigint[]")?,
+        ]))
+    }
+
+    /// The ids, whose length is the number of tasks.
+    fn id(&self) -> Array {
+        self.0[0]
+    }
 }
 
-/// Adds the columns of `tasks` as 15 arrays, in the table's order (both
-/// the creation and the commit statement take them so).
-fn add_task_columns(args: &mut PgArguments, tasks: &[&Task]) -> Result<()> {
-    add(args, tasks.iter().map(|t| t.id.as_str()).collect::<Vec<_>>())?;
-    add(args, tasks.iter().map(|t| t.workflow.as_str()).collect::<Vec<_>>())?;
-    add(args, tasks.iter().map(|t| i64::from(t.workflow_version)).collect::<Vec<_>>())?;
-    add(args, tasks.iter().map(|t| json_text(&t.input)).collect::<Vec<_>>())?;
-    add(args, tasks.iter().map(|t| t.state.as_str()).collect::<Vec<_>>())?;
-    add(args, tasks.iter().map(|t| t.locked_by.as_ref().map(InstanceId::as_str)).collect::<Vec<_>>())?;
-    add(args, tasks.iter().map(|t| t.lease_epoch as i64).collect::<Vec<_>>())?;
-    add(args, tasks.iter().map(|t| t.complete_by.map(Timestamp::as_millis)).collect::<Vec<_>>())?;
-    add(args, tasks.iter().map(|t| t.not_before.as_millis()).collect::<Vec<_>>())?;
-    add(args, tasks.iter().map(|t| i64::from(t.failure_count)).collect::<Vec<_>>())?;
-    add(args, tasks.iter().map(|t| t.reply_to.as_deref()).collect::<Vec<_>>())?;
-    add(args, tasks.iter().map(|t| t.output.as_ref().map(json_text)).collect::<Vec<_>>())?;
-    add(args, tasks.iter().map(|t| t.error.as_deref()).collect::<Vec<_>>())?;
-    add(args, tasks.iter().map(|t| t.created_at.as_millis()).collect::<Vec<_>>())?;
-    add(args, tasks.iter().map(|t| t.updated_at.as_millis()).collect::<Vec<_>>())
+/// The columns of `rota.steps`, in the table's order, as array parameters.
+struct StepArrays([Array; 11]);
+
+impl StepArrays {
+    fn push(params: &mut Params, steps: &[&Step]) -> Result<StepArrays> {
+        Ok(StepArrays([
+            params.array(steps.iter().map(|s| s.task_id.as_str()).collect::<Vec<_>>(), "text[]")?,
+            params.array(steps.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), "text[]")?,
+            params.array(steps.iter().map(|s| i64::from(s.position)).collect::<Vec<_>>(), "bigint[]")?,
+            params.array(steps.iter().map(|s| s.state.as_str()).collect::<Vec<_>>(), "text[]")?,
+            params.array(steps.iter().map(|s| i64::from(s.attempt)).collect::<Vec<_>>(), "bigint[]")?,
+            params.array(steps.iter().map(|s| s.complete_by.map(Timestamp::as_millis)).collect::<Vec<_>>(), "bigint[]")?,
+            params.array(steps.iter().map(|s| s.not_before.as_millis()).collect::<Vec<_>>(), "bigint[]")?,
+            params.array(steps.iter().map(|s| s.input.as_ref().map(json_text)).collect::<Vec<_>>(), "text[]")?,
+            params.array(steps.iter().map(|s| s.output.as_ref().map(json_text)).collect::<Vec<_>>(), "text[]")?,
+            params.array(steps.iter().map(|s| s.last_error.as_deref()).collect::<Vec<_>>(), "text[]")?,
+            params.array(steps.iter().map(|s| s.updated_at.as_millis()).collect::<Vec<_>>(), "bigint[]")?,
+        ]))
+    }
+
+    /// The task ids, whose length is the number of steps.
+    fn task_id(&self) -> Array {
+        self.0[0]
+    }
 }
 
-/// Adds the columns of `steps` as 11 arrays, in the table's order.
-fn add_step_columns(args: &mut PgArguments, steps: &[&Step]) -> Result<()> {
-    add(args, steps.iter().map(|s| s.task_id.as_str()).collect::<Vec<_>>())?;
-    add(args, steps.iter().map(|s| s.name.as_str()).collect::<Vec<_>>())?;
-    add(args, steps.iter().map(|s| i64::from(s.position)).collect::<Vec<_>>())?;
-    add(args, steps.iter().map(|s| s.state.as_str()).collect::<Vec<_>>())?;
-    add(args, steps.iter().map(|s| i64::from(s.attempt)).collect::<Vec<_>>())?;
-    add(args, steps.iter().map(|s| s.complete_by.map(Timestamp::as_millis)).collect::<Vec<_>>())?;
-    add(args, steps.iter().map(|s| s.not_before.as_millis()).collect::<Vec<_>>())?;
-    add(args, steps.iter().map(|s| s.input.as_ref().map(json_text)).collect::<Vec<_>>())?;
-    add(args, steps.iter().map(|s| s.output.as_ref().map(json_text)).collect::<Vec<_>>())?;
-    add(args, steps.iter().map(|s| s.last_error.as_deref()).collect::<Vec<_>>())?;
-    add(args, steps.iter().map(|s| s.updated_at.as_millis()).collect::<Vec<_>>())
+/// The columns of `rota.events` a statement writes (task, at, kind, step,
+/// attempt, detail), as array parameters.
+struct EventArrays([Array; 6]);
+
+impl EventArrays {
+    fn push(params: &mut Params, events: &[&Event]) -> Result<EventArrays> {
+        Ok(EventArrays([
+            params.array(events.iter().map(|e| e.task_id.as_str()).collect::<Vec<_>>(), "text[]")?,
+            params.array(events.iter().map(|e| e.at.as_millis()).collect::<Vec<_>>(), "bigint[]")?,
+            params.array(events.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>(), "text[]")?,
+            params.array(events.iter().map(|e| e.step.as_ref().map(StepName::as_str)).collect::<Vec<_>>(), "text[]")?,
+            params.array(events.iter().map(|e| e.attempt.map(i64::from)).collect::<Vec<_>>(), "bigint[]")?,
+            params.array(events.iter().map(|e| json_text(&e.detail)).collect::<Vec<_>>(), "text[]")?,
+        ]))
+    }
+
+    /// The task ids, whose length is the number of events.
+    fn task_id(&self) -> Array {
+        self.0[0]
+    }
 }
 
-/// Adds the columns of `events` as 6 arrays (task, at, kind, step,
-/// attempt, detail).
-fn add_event_columns(args: &mut PgArguments, events: &[&Event]) -> Result<()> {
-    add(args, events.iter().map(|e| e.task_id.as_str()).collect::<Vec<_>>())?;
-    add(args, events.iter().map(|e| e.at.as_millis()).collect::<Vec<_>>())?;
-    add(args, events.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>())?;
-    add(args, events.iter().map(|e| e.step.as_ref().map(StepName::as_str)).collect::<Vec<_>>())?;
-    add(args, events.iter().map(|e| e.attempt.map(i64::from)).collect::<Vec<_>>())?;
-    add(args, events.iter().map(|e| json_text(&e.detail)).collect::<Vec<_>>())
+/// The messages of [`Sends`] as array parameters.
+struct SendArrays {
+    queue_id: Array,
+    id: Array,
+    keyed: Array,
+    body: Array,
+    ordering_key: Array,
+    visible_at: Array,
 }
 
-/// Adds the messages of `sends` as 6 arrays (queue, id, keyed, body,
-/// ordering key, visible at).
-fn add_send_columns(args: &mut PgArguments, sends: &Sends<'_>) -> Result<()> {
-    add(args, &sends.queue_ids)?;
-    add(args, &sends.ids)?;
-    add(args, &sends.keyed)?;
-    add(args, &sends.bodies)?;
-    add(args, &sends.ordering_keys)?;
-    add(args, &sends.visible)
+impl SendArrays {
+    fn push(params: &mut Params, sends: &Sends<'_>) -> Result<SendArrays> {
+        Ok(SendArrays {
+            queue_id: params.array(&sends.queue_ids, "bigint[]")?,
+            id: params.array(&sends.ids, "text[]")?,
+            keyed: params.array(&sends.keyed, "bool[]")?,
+            body: params.array(&sends.bodies, "text[]")?,
+            ordering_key: params.array(&sends.ordering_keys, "text[]")?,
+            visible_at: params.array(&sends.visible, "bigint[]")?,
+        })
+    }
 }
 
 /// The queues among `queue_ids` whose id is in `sent_to`.
@@ -165,29 +205,52 @@ pub(crate) async fn create_tasks(
     let events: Vec<_> = parts.iter().flat_map(|(new, _)| new.events.iter().map(|event| (&new.task.id, event))).collect();
     let messages = parts.iter().flat_map(|(new, ids)| new.messages.iter().zip(ids.iter()).map(|(m, id)| (new.task.id.as_str(), m, id)));
     let sends = Sends::new(messages, &queue_id, now)?;
-    let mut args = PgArguments::default();
-    // Tasks, $1..$15; steps, $16..$26; events, $27..$32.
-    add_task_columns(&mut args, &tasks)?;
-    add_step_columns(&mut args, &steps)?;
-    add_event_columns(&mut args, &events.iter().map(|(_, event)| *event).collect::<Vec<_>>())?;
-    // The event-writer lock base, $33, and now, $34.
-    add(&mut args, n.event_lock_base())?;
-    add(&mut args, now.as_millis())?;
-    // Sends, $35..$40.
-    add_send_columns(&mut args, &sends)?;
-    // The task each event and message goes with, $41 and $42.
-    add(&mut args, events.iter().map(|(owner, _)| owner.as_str()).collect::<Vec<_>>())?;
-    add(&mut args, &sends.owners)?;
-    let row: (Vec<String>, Vec<i64>) = sqlx::query_as_with(
-        n.sql(
-            "WITH
+    let mut params = Params::default();
+    let p = CreateParams {
+        tasks: TaskArrays::push(&mut params, &tasks)?,
+        steps: StepArrays::push(&mut params, &steps)?,
+        events: EventArrays::push(&mut params, &events.iter().map(|(_, event)| *event).collect::<Vec<_>>())?,
+        lock_base: params.push(n.event_lock_base())?,
+        now: params.push(now.as_millis())?,
+        sends: SendArrays::push(&mut params, &sends)?,
+        event_owner: params.array(events.iter().map(|(owner, _)| owner.as_str()).collect::<Vec<_>>(), "text[]")?,
+        send_owner: params.array(&sends.owners, "text[]")?,
+    };
+    static CREATE: Statement = Statement::new();
+    let sql = CREATE.text(|| create_sql(&p));
+    let row: (Vec<String>, Vec<i64>) = sqlx::query_as_with(n.sql(sql), params.into_arguments()).fetch_one(&mut *conn).await?;
+    Ok((row.0, queues_named(queue_ids, &row.1)))
+}
+
+/// The parameters of the creation statement.
+struct CreateParams {
+    tasks: TaskArrays,
+    steps: StepArrays,
+    events: EventArrays,
+    /// The event-writer lock base (see `Names::event_lock_base`).
+    lock_base: Param,
+    now: Param,
+    sends: SendArrays,
+    /// The task each event goes with.
+    event_owner: Array,
+    /// The task each message goes with.
+    send_owner: Array,
+}
+
+/// The creation statement: the tasks not created yet, then only their
+/// steps, events and messages.
+fn create_sql(p: &CreateParams) -> String {
+    let (tasks, steps, events) = (list(&p.tasks.0), list(&p.steps.0), list(&p.events.0));
+    let (lock_base, now, event_owner, send_owner) = (p.lock_base, p.now, p.event_owner, p.send_owner);
+    let SendArrays { queue_id, id, keyed, body, ordering_key, visible_at } = &p.sends;
+    format!(
+        "WITH
          inserted AS (
              INSERT INTO rota.tasks (id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
                                      failure_count, reply_to, output, error, created_at, updated_at)
              SELECT t.id, t.workflow, t.workflow_version, t.input, t.state, t.locked_by, t.lease_epoch, t.complete_by, t.not_before,
                     t.failure_count, t.reply_to, t.output, t.error, t.created_at, t.updated_at
-               FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::bigint[], $8::bigint[],
-                           $9::bigint[], $10::bigint[], $11::text[], $12::text[], $13::text[], $14::bigint[], $15::bigint[])
+               FROM unnest({tasks})
                     WITH ORDINALITY
                     AS t(id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
                          failure_count, reply_to, output, error, created_at, updated_at, position)
@@ -197,43 +260,38 @@ pub(crate) async fn create_tasks(
          step_rows AS (
              INSERT INTO rota.steps (task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error,
                                      updated_at)
-             SELECT w.* FROM unnest($16::text[], $17::text[], $18::bigint[], $19::text[], $20::bigint[], $21::bigint[],
-                                    $22::bigint[], $23::text[], $24::text[], $25::text[], $26::bigint[])
+             SELECT w.* FROM unnest({steps})
                     AS w(task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error, updated_at)
               WHERE w.task_id IN (SELECT id FROM inserted)),
          writer AS (
-             SELECT pg_advisory_xact_lock_shared($33 + (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM rota.event_seq))
-              WHERE cardinality($27::text[]) > 0 AND EXISTS (SELECT 1 FROM inserted)),
+             SELECT pg_advisory_xact_lock_shared({lock_base} + (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM rota.event_seq))
+              WHERE cardinality({event_task}) > 0 AND EXISTS (SELECT 1 FROM inserted)),
          appended AS (
              INSERT INTO rota.events (task_id, at, kind, step, attempt, detail)
              SELECT e.task_id, e.at, e.kind, e.step, e.attempt, e.detail
-               FROM writer, unnest($27::text[], $28::bigint[], $29::text[], $30::text[], $31::bigint[], $32::text[], $41::text[])
+               FROM writer, unnest({events}, {event_owner})
                     WITH ORDINALITY AS e(task_id, at, kind, step, attempt, detail, owner, position)
               WHERE e.owner IN (SELECT id FROM inserted)
               ORDER BY e.position),
          fresh AS (
              INSERT INTO rota.message_ids (queue_id, id, expires_at)
-             SELECT q.id, m.id, $34 + q.dedupe_window_ms
-               FROM unnest($35::bigint[], $36::text[], $37::bool[], $42::text[]) AS m(queue_id, id, keyed, owner)
+             SELECT q.id, m.id, {now} + q.dedupe_window_ms
+               FROM unnest({queue_id}, {id}, {keyed}, {send_owner}) AS m(queue_id, id, keyed, owner)
                JOIN rota.queues AS q ON q.id = m.queue_id
               WHERE m.keyed AND m.owner IN (SELECT id FROM inserted)
-             ON CONFLICT (queue_id, id) DO UPDATE SET expires_at = excluded.expires_at WHERE rota.message_ids.expires_at <= $34
+             ON CONFLICT (queue_id, id) DO UPDATE SET expires_at = excluded.expires_at WHERE rota.message_ids.expires_at <= {now}
              RETURNING queue_id, id),
          sent AS (
              INSERT INTO rota.messages (queue_id, id, body, ordering_key, enqueued_at, visible_at)
-             SELECT m.queue_id, m.id, m.body, m.ordering_key, $34, m.visible_at
-               FROM unnest($35::bigint[], $36::text[], $37::bool[], $38::text[], $39::text[], $40::bigint[], $42::text[])
+             SELECT m.queue_id, m.id, m.body, m.ordering_key, {now}, m.visible_at
+               FROM unnest({queue_id}, {id}, {keyed}, {body}, {ordering_key}, {visible_at}, {send_owner})
                     WITH ORDINALITY AS m(queue_id, id, keyed, body, ordering_key, visible_at, owner, position)
               WHERE m.owner IN (SELECT id FROM inserted) AND (NOT m.keyed OR (m.queue_id, m.id) IN (SELECT queue_id, id FROM fresh))
               ORDER BY m.position
           RETURNING queue_id)
          SELECT ARRAY(SELECT id FROM inserted), ARRAY(SELECT DISTINCT queue_id FROM sent)",
-        ),
-        args,
+        event_task = p.events.task_id(),
     )
-    .fetch_one(&mut *conn)
-    .await?;
-    Ok((row.0, queues_named(queue_ids, &row.1)))
 }
 
 /// What a commit statement did.
@@ -259,51 +317,88 @@ pub(crate) async fn commit(
     queue_ids: &HashMap<QueueName, i64>,
     now: Timestamp,
 ) -> Result<Committed> {
+    let (params, p) = commit_params(n, parts, queue_ids, now)?;
+    static COMMIT: Statement = Statement::new();
+    let sql = COMMIT.text(|| commit_sql(&p));
+    let outcome = sqlx::query_scalar_with::<_, Vec<i64>, _>(n.sql(sql), params.into_arguments()).fetch_one(&mut *conn).await;
+    match outcome {
+        Ok(sent_to) => Ok(Committed::Written(queues_named(queue_ids, &sent_to))),
+        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some(REFUSED) => Ok(Committed::Refused),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// The parameters of the commit statement.
+struct CommitParams {
+    tasks: TaskArrays,
+    /// The state and the lease epoch each task write expects.
+    task_expected: (Array, Array),
+    steps: StepArrays,
+    /// The state and the attempt each step write expects.
+    step_expected: (Array, Array),
+    /// Each completion's lease token (sequence, epoch) and queue.
+    complete: (Array, Array, Array),
+    now: Param,
+    events: EventArrays,
+    /// The event-writer lock base (see `Names::event_lock_base`).
+    lock_base: Param,
+    sends: SendArrays,
+}
+
+/// Binds every part's changes, in one fixed order.
+fn commit_params(n: &Names, parts: &[Part<'_>], queue_ids: &HashMap<QueueName, i64>, now: Timestamp) -> Result<(Params, CommitParams)> {
     let queue_id = |queue: &QueueName| -> Result<i64> {
         queue_ids.get(queue).copied().ok_or_else(|| Error::Backend(format!("queue {queue} has no known id")).into())
     };
     let task_writes: Vec<_> = parts.iter().flat_map(|(changes, _)| &changes.tasks).collect();
-    let tasks: Vec<_> = task_writes.iter().map(|w| &w.task).collect();
     let step_writes: Vec<_> = parts.iter().flat_map(|(changes, _)| &changes.steps).collect();
-    let steps: Vec<_> = step_writes.iter().map(|w| &w.step).collect();
     let events: Vec<_> = parts.iter().flat_map(|(changes, _)| &changes.events).collect();
     let complete: Vec<_> = parts.iter().flat_map(|(changes, _)| &changes.complete).collect();
-
     let messages = parts.iter().flat_map(|(changes, ids)| changes.send.iter().zip(ids.iter()).map(|(m, id)| ("", m, id)));
     let sends = Sends::new(messages, &queue_id, now)?;
     let complete_queue_ids = complete.iter().map(|(queue, _)| queue_id(queue)).collect::<Result<Vec<_>>>()?;
 
-    let mut args = PgArguments::default();
-    // Tasks, $1..$15, and what each write expects, $16 and $17.
-    add_task_columns(&mut args, &tasks)?;
-    add(&mut args, task_writes.iter().map(|w| w.expected_state.as_str()).collect::<Vec<_>>())?;
-    add(&mut args, task_writes.iter().map(|w| w.expected_epoch as i64).collect::<Vec<_>>())?;
-    // Steps, $18..$28, and what each write expects, $29 and $30.
-    add_step_columns(&mut args, &steps)?;
-    add(&mut args, step_writes.iter().map(|w| w.expected_state.as_str()).collect::<Vec<_>>())?;
-    add(&mut args, step_writes.iter().map(|w| i64::from(w.expected_attempt)).collect::<Vec<_>>())?;
-    // Completions, $31..$33, and now, $34.
-    add(&mut args, complete.iter().map(|(_, token)| token.message).collect::<Vec<_>>())?;
-    add(&mut args, complete.iter().map(|(_, token)| token.epoch).collect::<Vec<_>>())?;
-    add(&mut args, &complete_queue_ids)?;
-    add(&mut args, now.as_millis())?;
-    // Events, $35..$40, and the event-writer lock base, $41.
-    add_event_columns(&mut args, &events)?;
-    add(&mut args, n.event_lock_base())?;
-    // Sends, $42..$47.
-    add_send_columns(&mut args, &sends)?;
-    let outcome = sqlx::query_scalar_with::<_, Vec<i64>, _>(
-        n.sql(
-            "WITH
+    let mut params = Params::default();
+    let p = CommitParams {
+        tasks: TaskArrays::push(&mut params, &task_writes.iter().map(|w| &w.task).collect::<Vec<_>>())?,
+        task_expected: (
+            params.array(task_writes.iter().map(|w| w.expected_state.as_str()).collect::<Vec<_>>(), "text[]")?,
+            params.array(task_writes.iter().map(|w| w.expected_epoch as i64).collect::<Vec<_>>(), "bigint[]")?,
+        ),
+        steps: StepArrays::push(&mut params, &step_writes.iter().map(|w| &w.step).collect::<Vec<_>>())?,
+        step_expected: (
+            params.array(step_writes.iter().map(|w| w.expected_state.as_str()).collect::<Vec<_>>(), "text[]")?,
+            params.array(step_writes.iter().map(|w| i64::from(w.expected_attempt)).collect::<Vec<_>>(), "bigint[]")?,
+        ),
+        complete: (
+            params.array(complete.iter().map(|(_, token)| token.message).collect::<Vec<_>>(), "bigint[]")?,
+            params.array(complete.iter().map(|(_, token)| token.epoch).collect::<Vec<_>>(), "bigint[]")?,
+            params.array(&complete_queue_ids, "bigint[]")?,
+        ),
+        now: params.push(now.as_millis())?,
+        events: EventArrays::push(&mut params, &events)?,
+        lock_base: params.push(n.event_lock_base())?,
+        sends: SendArrays::push(&mut params, &sends)?,
+    };
+    Ok((params, p))
+}
+
+/// The commit statement: the fenced writes and the completions, then the
+/// events and the sends, and last the check that refuses it all when a
+/// fenced write or a completion missed.
+fn commit_sql(p: &CommitParams) -> String {
+    let (tasks, steps, now) = (list(&p.tasks.0), list(&p.steps.0), p.now);
+    let ((task_state, task_epoch), (step_state, step_attempt)) = (p.task_expected, p.step_expected);
+    let (seq, epoch, queue) = p.complete;
+    format!(
+        "WITH
          task_writes AS (
              UPDATE rota.tasks AS t
                 SET workflow = w.workflow, workflow_version = w.workflow_version, input = w.input, state = w.state,
                     locked_by = w.locked_by, lease_epoch = w.lease_epoch, complete_by = w.complete_by, not_before = w.not_before,
                     failure_count = w.failure_count, reply_to = w.reply_to, output = w.output, error = w.error,
                     created_at = w.created_at, updated_at = w.updated_at
-               FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::bigint[], $8::bigint[],
-                           $9::bigint[], $10::bigint[], $11::text[], $12::text[], $13::text[], $14::bigint[], $15::bigint[],
-                           $16::text[], $17::bigint[])
+               FROM unnest({tasks}, {task_state}, {task_epoch})
                     AS w(id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
                          failure_count, reply_to, output, error, created_at, updated_at, expected_state, expected_epoch)
               WHERE t.id = w.id AND t.state = w.expected_state AND t.lease_epoch = w.expected_epoch
@@ -313,60 +408,65 @@ pub(crate) async fn commit(
                 SET position = w.position, state = w.state, attempt = w.attempt, complete_by = w.complete_by,
                     not_before = w.not_before, input = w.input, output = w.output, last_error = w.last_error,
                     updated_at = w.updated_at
-               FROM unnest($18::text[], $19::text[], $20::bigint[], $21::text[], $22::bigint[], $23::bigint[], $24::bigint[],
-                           $25::text[], $26::text[], $27::text[], $28::bigint[], $29::text[], $30::bigint[])
+               FROM unnest({steps}, {step_state}, {step_attempt})
                     AS w(task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error,
                          updated_at, expected_state, expected_attempt)
               WHERE s.task_id = w.task_id AND s.name = w.name AND s.state = w.expected_state AND s.attempt = w.expected_attempt
           RETURNING s.task_id),
          completed AS (
              DELETE FROM rota.messages AS m
-              USING unnest($31::bigint[], $32::bigint[], $33::bigint[]) AS c(seq, epoch, queue_id)
-              WHERE m.seq = c.seq AND m.lease_epoch = c.epoch AND m.queue_id = c.queue_id AND m.lease_until > $34
+              USING unnest({seq}, {epoch}, {queue}) AS c(seq, epoch, queue_id)
+              WHERE m.seq = c.seq AND m.lease_epoch = c.epoch AND m.queue_id = c.queue_id AND m.lease_until > {now}
           RETURNING m.seq),
-         writer AS (
-             SELECT pg_advisory_xact_lock_shared($41 + (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM rota.event_seq))
-              WHERE cardinality($35::text[]) > 0),
+         {appends}
+         SELECT ARRAY(SELECT DISTINCT queue_id FROM sent)
+          WHERE rota.refuse_unless(
+                    (SELECT count(*) FROM task_writes) = cardinality({task_id})
+                AND (SELECT count(*) FROM step_writes) = cardinality({step_task_id})
+                AND (SELECT count(*) FROM completed) = cardinality({seq})
+                AND (SELECT count(*) FROM appended) = cardinality({event_task_id}),
+                    'a fenced write or a lease missed')",
+        appends = commit_appends_sql(p),
+        task_id = p.tasks.id(),
+        step_task_id = p.steps.task_id(),
+        event_task_id = p.events.task_id(),
+    )
+}
+
+/// The commit statement's events and sends (the CTEs `writer`, `appended`,
+/// `fresh` and `sent`).
+fn commit_appends_sql(p: &CommitParams) -> String {
+    let (events, lock_base, now) = (list(&p.events.0), p.lock_base, p.now);
+    let SendArrays { queue_id, id, keyed, body, ordering_key, visible_at } = &p.sends;
+    format!(
+        "writer AS (
+             SELECT pg_advisory_xact_lock_shared({lock_base} + (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM rota.event_seq))
+              WHERE cardinality({event_task_id}) > 0),
          appended AS (
              INSERT INTO rota.events (task_id, at, kind, step, attempt, detail)
              SELECT e.task_id, e.at, e.kind, e.step, e.attempt, e.detail
-               FROM writer, unnest($35::text[], $36::bigint[], $37::text[], $38::text[], $39::bigint[], $40::text[]) WITH ORDINALITY
+               FROM writer, unnest({events}) WITH ORDINALITY
                     AS e(task_id, at, kind, step, attempt, detail, position)
               ORDER BY e.position
           RETURNING 1),
          fresh AS (
              INSERT INTO rota.message_ids (queue_id, id, expires_at)
-             SELECT q.id, m.id, $34 + q.dedupe_window_ms
-               FROM unnest($42::bigint[], $43::text[], $44::bool[]) AS m(queue_id, id, keyed)
+             SELECT q.id, m.id, {now} + q.dedupe_window_ms
+               FROM unnest({queue_id}, {id}, {keyed}) AS m(queue_id, id, keyed)
                JOIN rota.queues AS q ON q.id = m.queue_id
               WHERE m.keyed
-             ON CONFLICT (queue_id, id) DO UPDATE SET expires_at = excluded.expires_at WHERE rota.message_ids.expires_at <= $34
+             ON CONFLICT (queue_id, id) DO UPDATE SET expires_at = excluded.expires_at WHERE rota.message_ids.expires_at <= {now}
              RETURNING queue_id, id),
          sent AS (
              INSERT INTO rota.messages (queue_id, id, body, ordering_key, enqueued_at, visible_at)
-             SELECT m.queue_id, m.id, m.body, m.ordering_key, $34, m.visible_at
-               FROM unnest($42::bigint[], $43::text[], $44::bool[], $45::text[], $46::text[], $47::bigint[]) WITH ORDINALITY
+             SELECT m.queue_id, m.id, m.body, m.ordering_key, {now}, m.visible_at
+               FROM unnest({queue_id}, {id}, {keyed}, {body}, {ordering_key}, {visible_at}) WITH ORDINALITY
                     AS m(queue_id, id, keyed, body, ordering_key, visible_at, position)
               WHERE NOT m.keyed OR (m.queue_id, m.id) IN (SELECT queue_id, id FROM fresh)
               ORDER BY m.position
-          RETURNING queue_id)
-         SELECT ARRAY(SELECT DISTINCT queue_id FROM sent)
-          WHERE rota.refuse_unless(
-                    (SELECT count(*) FROM task_writes) = cardinality($1::text[])
-                AND (SELECT count(*) FROM step_writes) = cardinality($18::text[])
-                AND (SELECT count(*) FROM completed) = cardinality($31::bigint[])
-                AND (SELECT count(*) FROM appended) = cardinality($35::text[]),
-                    'a fenced write or a lease missed')",
-        ),
-        args,
+          RETURNING queue_id)",
+        event_task_id = p.events.task_id(),
     )
-    .fetch_one(&mut *conn)
-    .await;
-    match outcome {
-        Ok(sent_to) => Ok(Committed::Written(queues_named(queue_ids, &sent_to))),
-        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some(REFUSED) => Ok(Committed::Refused),
-        Err(err) => Err(err.into()),
-    }
 }
 
 /// Says why a refused commit was refused: the first task write, then step

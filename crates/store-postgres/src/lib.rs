@@ -32,6 +32,7 @@ mod commit_sql;
 mod connections;
 mod group_commit;
 mod handoff;
+mod params;
 pub use group_commit::CommitCounts;
 mod queue_sql;
 mod schema;

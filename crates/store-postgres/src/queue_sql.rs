@@ -9,6 +9,7 @@ use rota_store::{DeadLetter, Delivery, Error, Outgoing, QueueConfig, QueueStats,
 use sqlx::{PgConnection, Row};
 
 use crate::handoff::{Lease, Leased};
+use crate::params::{Array, Param, Params, Statement};
 use crate::sql::Names;
 use crate::{Fail, Result};
 
@@ -120,66 +121,27 @@ pub(crate) async fn send(
     leases: &[Option<Lease>],
     now: Timestamp,
 ) -> Result<(Vec<Sent>, Vec<Leased>)> {
-    let mut ids = Vec::with_capacity(messages.len());
-    let mut keyed = Vec::with_capacity(messages.len());
-    let mut bodies = Vec::with_capacity(messages.len());
-    let mut keys = Vec::with_capacity(messages.len());
-    let mut visible = Vec::with_capacity(messages.len());
-    let mut handoffs = HandoffColumns::default();
-    let mut repeated = vec![false; messages.len()];
-    for (index, (message, id)) in messages.iter().enumerate() {
-        // A second message with the same id in one batch is its duplicate.
-        if message.id.is_some() && messages[..index].iter().any(|(m, earlier)| m.id.is_some() && earlier == id) {
-            repeated[index] = true;
-            continue;
-        }
-        ids.push(id.as_str());
-        keyed.push(message.id.is_some());
-        bodies.push(message.body.get());
-        keys.push(message.ordering_key.as_deref());
-        visible.push(now.add(message.delay).as_millis());
-        handoffs.push(leases.get(index).and_then(Option::as_ref));
-    }
-    // One statement decides for every id: a fresh one is remembered, an
-    // expired one is refreshed, a remembered one inserts nothing. WITH
-    // ORDINALITY keeps the send order in the sequence numbers.
-    let inserted: Vec<(String, i64, Option<i64>)> = sqlx::query_as(n.sql(
-        "WITH fresh AS (
-             INSERT INTO rota.message_ids (queue_id, id, expires_at)
-             SELECT q.id, m.id, $2 + q.dedupe_window_ms
-               FROM unnest($3::text[], $4::bool[]) AS m(id, keyed), rota.queues AS q
-              WHERE q.id = $1 AND m.keyed
-             ON CONFLICT (queue_id, id) DO UPDATE SET expires_at = excluded.expires_at WHERE rota.message_ids.expires_at <= $2
-             RETURNING id)
-         INSERT INTO rota.messages (queue_id, id, body, ordering_key, enqueued_at, visible_at, delivery_count, lease_epoch,
-                                    lease_owner, lease_until)
-         SELECT $1, m.id, m.body, m.ordering_key, $2, COALESCE(h.until, m.visible_at), CASE WHEN h.until IS NULL THEN 0 ELSE 1 END,
-                CASE WHEN h.until IS NULL THEN 0 ELSE m.epoch END, CASE WHEN h.until IS NULL THEN NULL ELSE m.owner END, h.until
-           FROM unnest($3::text[], $4::bool[], $5::text[], $6::text[], $7::bigint[], $8::bool[], $9::text[], $10::bigint[],
-                       $11::bigint[]) WITH ORDINALITY
-                AS m(id, keyed, body, ordering_key, visible_at, handoff, owner, lease_ms, epoch, position)
-          CROSS JOIN LATERAL (SELECT CASE WHEN m.handoff AND NOT q.paused THEN $2 + COALESCE(m.lease_ms, q.lease_ms) END AS until
-                                FROM rota.queues AS q WHERE q.id = $1) AS h
-          WHERE NOT m.keyed OR m.id IN (SELECT id FROM fresh)
-          ORDER BY m.position
-      RETURNING id, seq, lease_until",
-    ))
-    .bind(queue_id)
-    .bind(now.as_millis())
-    .bind(&ids)
-    .bind(&keyed)
-    .bind(&bodies)
-    .bind(&keys)
-    .bind(&visible)
-    .bind(&handoffs.handoff)
-    .bind(&handoffs.owner)
-    .bind(&handoffs.lease_ms)
-    .bind(&handoffs.epoch)
-    .fetch_all(&mut *conn)
-    .await?;
+    let columns = SendColumns::new(messages, leases, now);
+    let mut params = Params::default();
+    let p = SendParams {
+        queue_id: params.push(queue_id)?,
+        now: params.push(now.as_millis())?,
+        id: params.array(&columns.ids, "text[]")?,
+        keyed: params.array(&columns.keyed, "bool[]")?,
+        body: params.array(&columns.bodies, "text[]")?,
+        ordering_key: params.array(&columns.keys, "text[]")?,
+        visible_at: params.array(&columns.visible, "bigint[]")?,
+        handoff: params.array(&columns.handoffs.handoff, "bool[]")?,
+        owner: params.array(&columns.handoffs.owner, "text[]")?,
+        lease_ms: params.array(&columns.handoffs.lease_ms, "bigint[]")?,
+        epoch: params.array(&columns.handoffs.epoch, "bigint[]")?,
+    };
+    static SEND: Statement = Statement::new();
+    let sql = SEND.text(|| send_sql(&p));
+    let inserted: Vec<(String, i64, Option<i64>)> = sqlx::query_as_with(n.sql(sql), params.into_arguments()).fetch_all(&mut *conn).await?;
     let sent = messages
         .iter()
-        .zip(repeated)
+        .zip(columns.repeated)
         .map(|((message, id), repeated)| {
             let duplicate = repeated || (message.id.is_some() && !inserted.iter().any(|(i, _, _)| i == id.as_str()));
             Sent { id: id.clone(), duplicate }
@@ -187,6 +149,91 @@ pub(crate) async fn send(
         .collect();
     let leased = inserted.into_iter().filter_map(|(id, seq, until)| Some(Leased { queue_id, id, seq, lease_until: until? })).collect();
     Ok((sent, leased))
+}
+
+/// The messages of one send as columns, each message's repeat of an
+/// earlier id in the batch left out.
+struct SendColumns<'a> {
+    ids: Vec<&'a str>,
+    keyed: Vec<bool>,
+    bodies: Vec<&'a str>,
+    keys: Vec<Option<&'a str>>,
+    visible: Vec<i64>,
+    handoffs: HandoffColumns<'a>,
+    /// Lined up with the messages: whether each repeats an earlier id.
+    repeated: Vec<bool>,
+}
+
+impl<'a> SendColumns<'a> {
+    fn new(messages: &'a [(&'a Outgoing, MessageId)], leases: &'a [Option<Lease>], now: Timestamp) -> SendColumns<'a> {
+        let mut columns = SendColumns {
+            ids: Vec::with_capacity(messages.len()),
+            keyed: Vec::with_capacity(messages.len()),
+            bodies: Vec::with_capacity(messages.len()),
+            keys: Vec::with_capacity(messages.len()),
+            visible: Vec::with_capacity(messages.len()),
+            handoffs: HandoffColumns::default(),
+            repeated: vec![false; messages.len()],
+        };
+        for (index, (message, id)) in messages.iter().enumerate() {
+            // A second message with the same id in one batch is its duplicate.
+            if message.id.is_some() && messages[..index].iter().any(|(m, earlier)| m.id.is_some() && earlier == id) {
+                columns.repeated[index] = true;
+                continue;
+            }
+            columns.ids.push(id.as_str());
+            columns.keyed.push(message.id.is_some());
+            columns.bodies.push(message.body.get());
+            columns.keys.push(message.ordering_key.as_deref());
+            columns.visible.push(now.add(message.delay).as_millis());
+            columns.handoffs.push(leases.get(index).and_then(Option::as_ref));
+        }
+        columns
+    }
+}
+
+/// The parameters of the send statement.
+struct SendParams {
+    queue_id: Param,
+    now: Param,
+    id: Array,
+    keyed: Array,
+    body: Array,
+    ordering_key: Array,
+    visible_at: Array,
+    /// Whether each message goes to a waiting receiver, and that lease's
+    /// owner, length (the queue's when NULL) and epoch.
+    handoff: Array,
+    owner: Array,
+    lease_ms: Array,
+    epoch: Array,
+}
+
+/// The send statement. One statement decides for every id: a fresh one is
+/// remembered, an expired one is refreshed, a remembered one inserts
+/// nothing. WITH ORDINALITY keeps the send order in the sequence numbers.
+fn send_sql(p: &SendParams) -> String {
+    let SendParams { queue_id, now, id, keyed, body, ordering_key, visible_at, handoff, owner, lease_ms, epoch } = p;
+    format!(
+        "WITH fresh AS (
+             INSERT INTO rota.message_ids (queue_id, id, expires_at)
+             SELECT q.id, m.id, {now} + q.dedupe_window_ms
+               FROM unnest({id}, {keyed}) AS m(id, keyed), rota.queues AS q
+              WHERE q.id = {queue_id} AND m.keyed
+             ON CONFLICT (queue_id, id) DO UPDATE SET expires_at = excluded.expires_at WHERE rota.message_ids.expires_at <= {now}
+             RETURNING id)
+         INSERT INTO rota.messages (queue_id, id, body, ordering_key, enqueued_at, visible_at, delivery_count, lease_epoch,
+                                    lease_owner, lease_until)
+         SELECT {queue_id}, m.id, m.body, m.ordering_key, {now}, COALESCE(h.until, m.visible_at), CASE WHEN h.until IS NULL THEN 0 ELSE 1 END,
+                CASE WHEN h.until IS NULL THEN 0 ELSE m.epoch END, CASE WHEN h.until IS NULL THEN NULL ELSE m.owner END, h.until
+           FROM unnest({id}, {keyed}, {body}, {ordering_key}, {visible_at}, {handoff}, {owner}, {lease_ms}, {epoch}) WITH ORDINALITY
+                AS m(id, keyed, body, ordering_key, visible_at, handoff, owner, lease_ms, epoch, position)
+          CROSS JOIN LATERAL (SELECT CASE WHEN m.handoff AND NOT q.paused THEN {now} + COALESCE(m.lease_ms, q.lease_ms) END AS until
+                                FROM rota.queues AS q WHERE q.id = {queue_id}) AS h
+          WHERE NOT m.keyed OR m.id IN (SELECT id FROM fresh)
+          ORDER BY m.position
+      RETURNING id, seq, lease_until"
+    )
 }
 
 /// The handoff columns of a send statement, one entry per message.
