@@ -93,34 +93,38 @@ fn compensable(world: &World, workflow: &rota_model::WorkflowName, step: &StepNa
 /// Checks every invariant of one seed; appends what is broken to `problems`.
 /// Returns a fingerprint of the final state.
 ///
-/// * No task is lost: every submitted task exists.
-/// * Every task ends terminal. (Not "visibly in progress": after the quiet
-///   phase nothing injects faults any more, and every non-terminal state has
-///   an owner that moves it on or a complete-by that the Supervisor enforces,
-///   counting failures up to the threshold, so a task still running then is
-///   stuck, which is a bug.)
-/// * No step completes twice past its fence: at most one `StepCompleted`
-///   (and one `StepCompensated`) per step, each for the attempt that was
-///   started last, never an older one.
-/// * Attempt numbers never go back along a step's history, and the stored
-///   attempt is the last one started.
-/// * Every accepted success is a reply the agent really sent for that
-///   attempt, after the service applied the effect; a compensation is only
-///   ever requested for a step that completed or whose effect is in doubt.
-/// * Processed: every step Completed, and the task output holds each step's
-///   output, which is what the service returned. No compensation ran.
-/// * Compensation runs in reverse order of completion (a step settled in
-///   doubt counts as completed when it was settled): the `StepCompensated`
-///   events are a prefix of that reverse order, all of it for a Compensated
-///   task, which keeps no undoable step Completed and none in flight.
-/// * Each ending is recorded once (Error and its Alert once per resubmit
-///   more); a Cancelled task has one Cancelled event.
-/// * Outside the tasks: no queue dead-lettered a message; no stalls (a
-///   task held by a live Scheduler with nothing in flight); no effect of a
-///   Compensated or Cancelled task left undone. The last two are known bugs
-///   for now, see [`known`].
+/// Outside the tasks ([`check_outside_the_tasks`]): the fake service saw
+/// nothing wrong, no queue dead-lettered a message, and no task stalled
+/// (held by a live Scheduler with nothing in flight). Then, for each
+/// submitted task: it exists, every promise of [`check_task`] holds, and no
+/// effect of a Compensated or Cancelled task was left undone
+/// ([`count_leaks`]). Stalls, leaks and compensations out of order after a
+/// retried in-doubt compensation are once-known bug classes: failures like
+/// any other, also listed apart in the summary (see [`known`]).
 async fn check(world: &mut World, problems: &mut Vec<String>) -> String {
+    check_outside_the_tasks(world, problems).await;
     let mut fingerprint = String::new();
+    for planned in world.tasks.clone() {
+        let Some((record, history)) = read_task(world, &planned.id, problems).await else { continue };
+        let before = problems.len();
+        for line in check_task(world, &record, &history, problems) {
+            known(world, problems, line);
+        }
+        if problems.len() > before {
+            problems.push(history_for_a_reader(&record.task.id, &history));
+        }
+        *world.counts.outcomes.entry(record.task.state.to_string()).or_default() += 1;
+        count_leaks(world, &record, problems);
+        fingerprint.push_str(&format!("{:?}\n", record));
+        for event in &history {
+            fingerprint.push_str(&format!("{} {:?} {:?} {:?} {}\n", event.at, event.kind, event.step, event.attempt, event.detail));
+        }
+    }
+    fingerprint
+}
+
+/// What the fake service found wrong, stalls, and dead-lettered messages.
+async fn check_outside_the_tasks(world: &mut World, problems: &mut Vec<String>) {
     problems.extend(world.service.problems.iter().cloned());
     for stall in world.stalls.clone() {
         known(world, problems, format!("stall: {stall}"));
@@ -133,58 +137,227 @@ async fn check(world: &mut World, problems: &mut Vec<String>) -> String {
         }
         Err(e) => problems.push(format!("reading queue stats: {e}")),
     }
-    for planned in world.tasks.clone() {
-        let id = &planned.id;
-        let record = match world.store.task(id).await {
-            Ok(Some(record)) => record,
-            Ok(None) => {
-                problems.push(format!("task {id} was submitted and is lost"));
-                continue;
-            }
-            Err(e) => {
-                problems.push(format!("reading task {id}: {e}"));
-                continue;
-            }
-        };
-        let history = match world.store.history(id).await {
-            Ok(history) => history,
-            Err(e) => {
-                problems.push(format!("reading the history of {id}: {e}"));
-                continue;
-            }
-        };
-        let before = problems.len();
-        for line in check_task(world, &record, &history, problems) {
-            known(world, problems, line);
-        }
-        if problems.len() > before {
-            let events: Vec<String> = history
-                .iter()
-                .map(|e| {
-                    let step = e.step.as_ref().map_or(String::new(), |s| format!(" {s}#{}", e.attempt.unwrap_or(0)));
-                    format!("{:?}{step} {}", e.kind, e.detail)
-                })
-                .collect();
-            problems.push(format!("history of {id}:\n      {}", events.join("\n      ")));
-        }
-        *world.counts.outcomes.entry(record.task.state.to_string()).or_default() += 1;
-        count_leaks(world, &record, problems);
-        fingerprint.push_str(&format!("{:?}\n", record));
-        for event in &history {
-            fingerprint.push_str(&format!("{} {:?} {:?} {:?} {}\n", event.at, event.kind, event.step, event.attempt, event.detail));
-        }
-    }
-    fingerprint
 }
 
-/// Returns the findings of known bugs (see [`known`]) instead of failing on them.
-fn check_task(world: &World, record: &TaskRecord, history: &[rota_store::Event], problems: &mut Vec<String>) -> Vec<String> {
+/// The stored task and its history. No task is lost: a submitted task that
+/// cannot be read is a problem.
+async fn read_task(world: &World, id: &TaskId, problems: &mut Vec<String>) -> Option<(TaskRecord, Vec<Event>)> {
+    let record = match world.store.task(id).await {
+        Ok(Some(record)) => record,
+        Ok(None) => {
+            problems.push(format!("task {id} was submitted and is lost"));
+            return None;
+        }
+        Err(e) => {
+            problems.push(format!("reading task {id}: {e}"));
+            return None;
+        }
+    };
+    match world.store.history(id).await {
+        Ok(history) => Some((record, history)),
+        Err(e) => {
+            problems.push(format!("reading the history of {id}: {e}"));
+            None
+        }
+    }
+}
+
+/// A task's history, one event a line, to print under its problems.
+fn history_for_a_reader(id: &TaskId, history: &[Event]) -> String {
+    let events: Vec<String> = history
+        .iter()
+        .map(|e| {
+            let step = e.step.as_ref().map_or(String::new(), |s| format!(" {s}#{}", e.attempt.unwrap_or(0)));
+            format!("{:?}{step} {}", e.kind, e.detail)
+        })
+        .collect();
+    format!("history of {id}:\n      {}", events.join("\n      "))
+}
+
+/// Checks one task against every promise about it alone, one function
+/// each, and adds what is broken to `problems`. Returns the findings of a
+/// once-known bug class (see [`known`]), which the caller records as
+/// failures too.
+fn check_task(world: &World, record: &TaskRecord, history: &[Event], problems: &mut Vec<String>) -> Vec<String> {
+    let walk = Walk::new(history);
+    let mut report = Report { task: &record.task, problems, known: Vec::new(), doubt_retried: walk.doubt_retried.clone() };
+    every_task_ends(record, &mut report);
+    attempts_never_go_back(&walk, &mut report);
+    settles_are_fenced(world, &walk, &mut report);
+    nothing_completes_once_undoing_began(&walk, &mut report);
+    undone_only_if_done_or_in_doubt(world, &walk, &mut report);
+    at_most_once_per_step(&walk, &mut report);
+    stored_steps_agree_with_the_history(record, history, &walk, &mut report);
+    compensation_runs_in_reverse_order(world, &walk, &mut report);
+    each_ending_recorded_once(record, history, &mut report);
+    processed_means_every_step_applied_once(world, record, &walk, &mut report);
+    compensated_means_everything_undone(world, record, &walk, &mut report);
+    report.known
+}
+
+/// Where the checks of one task report.
+struct Report<'a> {
+    task: &'a rota_model::Task,
+    problems: &'a mut Vec<String>,
+    /// Findings of a once-known bug class, for the caller.
+    known: Vec<String>,
+    /// In-doubt steps whose compensation failed once and was retried: the
+    /// mark of the once-known class (see [`Report::fail_or_known`]).
+    doubt_retried: BTreeSet<StepName>,
+}
+
+impl Report<'_> {
+    /// A broken promise, named with the task.
+    fn fail(&mut self, what: String) {
+        self.problems.push(format!("task {} ({}): {what}", self.task.id, self.task.workflow));
+    }
+
+    /// A broken promise that belongs to the once-known class "compensation
+    /// out of order after an in-doubt compensation was retried" when this
+    /// task retried one, and is an ordinary failure otherwise.
+    fn fail_or_known(&mut self, what: String) {
+        if self.doubt_retried.is_empty() {
+            self.fail(what);
+        } else {
+            self.known.push(format!("in-doubt compensation retried ({:?}): task {}: {what}", self.doubt_retried, self.task.id));
+        }
+    }
+}
+
+/// One task's history, read once: the facts the checks compare, no verdict.
+#[derive(Default)]
+struct Walk {
+    /// Events whose attempt is below one seen earlier for the same step:
+    /// (step, kind, attempt, the highest attempt before it).
+    went_back: Vec<(StepName, EventKind, u32, u32)>,
+    /// Every StepCompleted and StepCompensated, in history order.
+    settles: Vec<Settle>,
+    /// Completions and in-doubt settles, in history order.
+    finished: Vec<Finished>,
+    /// In-doubt steps whose compensation failed once and had to be retried.
+    doubt_retried: BTreeSet<StepName>,
+    /// Whether the task ever began compensating.
+    compensation_started: bool,
+}
+
+/// A StepCompleted (`undo` false) or StepCompensated (`undo` true) event.
+struct Settle {
+    step: StepName,
+    attempt: u32,
+    undo: bool,
+    /// The attempt started last in the same direction before it, if any.
+    last_started: Option<u32>,
+}
+
+/// A step's forward part done: completed, or settled "in doubt" (a forward
+/// attempt that timed out while the task was being undone is settled as
+/// completed, without output, and compensated, since its effect may have
+/// landed).
+struct Finished {
+    step: StepName,
+    in_doubt: bool,
+    /// Whether a StepCompensated came before it.
+    after_undoing_began: bool,
+}
+
+impl Walk {
+    fn new(history: &[Event]) -> Walk {
+        let mut walk = Walk::default();
+        let mut max_attempt: BTreeMap<StepName, u32> = BTreeMap::new();
+        let mut last_started: BTreeMap<(StepName, bool), u32> = BTreeMap::new();
+        let mut compensations: BTreeSet<(StepName, u32)> = BTreeSet::new();
+        let mut compensating = false;
+        for event in history {
+            match event.kind {
+                EventKind::CompensationStarted => {
+                    compensating = true;
+                    walk.compensation_started = true;
+                }
+                EventKind::Resubmitted => compensating = false,
+                _ => {}
+            }
+            let (Some(step), Some(attempt)) = (&event.step, event.attempt) else { continue };
+            let seen = max_attempt.entry(step.clone()).or_insert(0);
+            if attempt < *seen {
+                walk.went_back.push((step.clone(), event.kind, attempt, *seen));
+            }
+            *seen = (*seen).max(attempt);
+            let after_undoing_began = walk.settles.iter().any(|s| s.undo);
+            match event.kind {
+                EventKind::StepStarted => {
+                    let undo = event.detail.get("compensate").and_then(Value::as_bool).unwrap_or(false);
+                    last_started.insert((step.clone(), undo), attempt);
+                    if undo {
+                        compensations.insert((step.clone(), attempt));
+                    }
+                }
+                EventKind::StepCompleted | EventKind::StepCompensated => {
+                    let undo = event.kind == EventKind::StepCompensated;
+                    let last_started = last_started.get(&(step.clone(), undo)).copied();
+                    walk.settles.push(Settle { step: step.clone(), attempt, undo, last_started });
+                    if !undo {
+                        walk.finished.push(Finished { step: step.clone(), in_doubt: false, after_undoing_began });
+                    }
+                }
+                // A failed compensation of a step in doubt is retried.
+                EventKind::StepFailed if compensations.contains(&(step.clone(), attempt)) && walk.in_doubt().any(|s| s == step) => {
+                    walk.doubt_retried.insert(step.clone());
+                }
+                EventKind::StepFailed if compensations.contains(&(step.clone(), attempt)) => {}
+                EventKind::StepFailed => {
+                    let forward = last_started.get(&(step.clone(), false)) == Some(&attempt);
+                    if settles_in_doubt(event, compensating, forward) {
+                        walk.finished.push(Finished { step: step.clone(), in_doubt: true, after_undoing_began });
+                    }
+                }
+                _ => {}
+            }
+        }
+        walk
+    }
+
+    /// The steps settled in doubt.
+    fn in_doubt(&self) -> impl Iterator<Item = &StepName> {
+        self.finished.iter().filter(|f| f.in_doubt).map(|f| &f.step)
+    }
+
+    /// The StepCompleted (`undo` false) or StepCompensated (`undo` true)
+    /// events, as (step, attempt).
+    fn settled(&self, undo: bool) -> impl Iterator<Item = (&StepName, u32)> {
+        self.settles.iter().filter(move |s| s.undo == undo).map(|s| (&s.step, s.attempt))
+    }
+
+    /// The steps compensated, in the order they were.
+    fn undone(&self) -> Vec<&StepName> {
+        self.settled(true).map(|(step, _)| step).collect()
+    }
+
+    /// The steps that have a compensation, in reverse order of completion:
+    /// the order compensation must follow.
+    fn reverse_completion<'w>(&'w self, world: &World, task: &rota_model::Task) -> Vec<&'w StepName> {
+        self.finished.iter().map(|f| &f.step).filter(|s| compensable(world, &task.workflow, s)).rev().collect()
+    }
+}
+
+/// Whether a StepFailed settles its step in doubt. The Scheduler marks its
+/// in-doubt settles; the Supervisor's (for a task nobody holds) look like
+/// any timeout, but in a task being undone (`compensating`) one of the
+/// attempt started last (`forward`) settles it in doubt.
+fn settles_in_doubt(event: &Event, compensating: bool, forward: bool) -> bool {
+    let marked = event.detail.get("in_doubt").and_then(Value::as_bool).unwrap_or(false);
+    let by_supervisor = event.detail.get("error").and_then(Value::as_str) == Some("timed out while its task had no Scheduler");
+    marked || (compensating && forward && by_supervisor)
+}
+
+/// Every task ends terminal. Not "visibly in progress": after the quiet
+/// phase nothing injects faults any more, and every non-terminal state has
+/// an owner that moves it on or a complete-by that the Supervisor enforces,
+/// counting failures up to the threshold, so a task still running then is
+/// stuck, which is a bug.
+fn every_task_ends(record: &TaskRecord, report: &mut Report<'_>) {
     let task = &record.task;
-    let id = &task.id;
-    let mut known_lines = Vec::new();
-    let mut fail = |what: String| problems.push(format!("task {id} ({}): {what}", task.workflow));
     if !task.state.is_terminal() {
-        fail(format!(
+        report.fail(format!(
             "still {} after the quiet phase (locked_by {:?}, complete_by {:?}, not_before {}, failures {}); steps: {}",
             task.state,
             task.locked_by,
@@ -194,113 +367,71 @@ fn check_task(world: &World, record: &TaskRecord, history: &[rota_store::Event],
             steps_summary(record)
         ));
     }
+}
 
-    // Walk the history once.
-    let mut max_attempt: BTreeMap<StepName, u32> = BTreeMap::new();
-    let mut last_started: BTreeMap<(StepName, bool), u32> = BTreeMap::new();
-    let mut completed: Vec<(StepName, u32)> = Vec::new();
-    let mut compensated: Vec<(StepName, u32)> = Vec::new();
-    // Steps settled "in doubt": a forward attempt that timed out while the
-    // task was being undone is settled as completed (without output) and
-    // compensated, since its effect may have landed.
-    let mut in_doubt: Vec<StepName> = Vec::new();
-    // Completions and in-doubt settles, in history order.
-    let mut finished: Vec<StepName> = Vec::new();
-    // In-doubt steps whose compensation failed once and had to be retried.
-    let mut doubt_retried: BTreeSet<StepName> = BTreeSet::new();
-    let mut compensations: BTreeSet<(StepName, u32)> = BTreeSet::new();
-    let mut compensating = false;
-    let mut kinds: BTreeSet<&'static str> = BTreeSet::new();
-    for event in history {
-        kinds.insert(event.kind.as_str());
-        match event.kind {
-            EventKind::CompensationStarted => compensating = true,
-            EventKind::Resubmitted => compensating = false,
-            _ => {}
+/// Attempt numbers never go back along a step's history.
+fn attempts_never_go_back(walk: &Walk, report: &mut Report<'_>) {
+    for (step, kind, attempt, seen) in &walk.went_back {
+        report.fail(format!("step {step}: a {kind:?} event for attempt {attempt} after attempt {seen}"));
+    }
+}
+
+/// A step completes or is compensated only for the attempt started last,
+/// and only on a success the agent really sent for that attempt.
+fn settles_are_fenced(world: &World, walk: &Walk, report: &mut Report<'_>) {
+    for settle in &walk.settles {
+        let Settle { step, attempt, undo, last_started } = settle;
+        let (did, started) = if *undo { ("compensated", "compensation") } else { ("completed", "attempt") };
+        if *last_started != Some(*attempt) {
+            report.fail(format!("step {step} {did} for attempt {attempt}, but the last {started} started was {last_started:?}"));
         }
-        let (Some(step), Some(attempt)) = (&event.step, event.attempt) else { continue };
-        let seen = max_attempt.entry(step.clone()).or_insert(0);
-        if attempt < *seen {
-            fail(format!("step {step}: a {:?} event for attempt {attempt} after attempt {seen}", event.kind));
-        }
-        *seen = (*seen).max(attempt);
-        match event.kind {
-            EventKind::StepStarted => {
-                let undo = event.detail.get("compensate").and_then(Value::as_bool).unwrap_or(false);
-                last_started.insert((step.clone(), undo), attempt);
-                if undo {
-                    compensations.insert((step.clone(), attempt));
-                }
-            }
-            EventKind::StepCompleted => {
-                if last_started.get(&(step.clone(), false)) != Some(&attempt) {
-                    fail(format!(
-                        "step {step} completed for attempt {attempt}, but the last attempt started was {:?}",
-                        last_started.get(&(step.clone(), false))
-                    ));
-                }
-                if !world.succeeded.contains(&(id.clone(), step.clone(), false, attempt)) {
-                    fail(format!("step {step} completed for attempt {attempt}, for which the agent sent no success"));
-                }
-                if !compensated.is_empty() {
-                    fail(format!("step {step} completed after compensation had begun undoing steps"));
-                }
-                completed.push((step.clone(), attempt));
-                finished.push(step.clone());
-            }
-            EventKind::StepCompensated => {
-                if last_started.get(&(step.clone(), true)) != Some(&attempt) {
-                    fail(format!(
-                        "step {step} compensated for attempt {attempt}, but the last compensation started was {:?}",
-                        last_started.get(&(step.clone(), true))
-                    ));
-                }
-                if !world.succeeded.contains(&(id.clone(), step.clone(), true, attempt)) {
-                    fail(format!("step {step} compensated for attempt {attempt}, for which the agent sent no success"));
-                }
-                compensated.push((step.clone(), attempt));
-            }
-            EventKind::StepFailed if compensations.contains(&(step.clone(), attempt)) && in_doubt.contains(step) => {
-                doubt_retried.insert(step.clone());
-            }
-            EventKind::StepFailed if compensations.contains(&(step.clone(), attempt)) => {}
-            EventKind::StepFailed => {
-                // The Scheduler marks its in-doubt settles; the Supervisor's (for
-                // a task nobody holds) look like any timeout, but in a task being
-                // undone it settles a forward attempt in doubt.
-                let marked = event.detail.get("in_doubt").and_then(Value::as_bool).unwrap_or(false);
-                let forward = last_started.get(&(step.clone(), false)) == Some(&attempt);
-                let by_supervisor = event.detail.get("error").and_then(Value::as_str) == Some("timed out while its task had no Scheduler");
-                if marked || (compensating && forward && by_supervisor) {
-                    if !compensated.is_empty() {
-                        fail(format!("step {step} was settled in doubt after compensation had begun undoing steps"));
-                    }
-                    in_doubt.push(step.clone());
-                    finished.push(step.clone());
-                }
-            }
-            _ => {}
+        if !world.succeeded.contains(&(report.task.id.clone(), step.clone(), *undo, *attempt)) {
+            report.fail(format!("step {step} {did} for attempt {attempt}, for which the agent sent no success"));
         }
     }
+}
 
-    // A compensation of an effect the service never applied is for a step in doubt only.
+/// Once compensation has undone a step, no step completes or is settled in
+/// doubt any more.
+fn nothing_completes_once_undoing_began(walk: &Walk, report: &mut Report<'_>) {
+    for finished in walk.finished.iter().filter(|f| f.after_undoing_began) {
+        let step = &finished.step;
+        match finished.in_doubt {
+            false => report.fail(format!("step {step} completed after compensation had begun undoing steps")),
+            true => report.fail(format!("step {step} was settled in doubt after compensation had begun undoing steps")),
+        }
+    }
+}
+
+/// A compensation is only requested for a step that completed or whose
+/// effect is in doubt: the service never undoes what it never applied,
+/// except for a step in doubt.
+fn undone_only_if_done_or_in_doubt(world: &World, walk: &Walk, report: &mut Report<'_>) {
     for (task, step, attempt) in &world.service.undone_without_effect {
-        if task == id && !in_doubt.contains(step) {
-            fail(format!("the compensation of {step} (attempt {attempt}) was requested, but the step neither completed nor was in doubt"));
+        if *task == report.task.id && !walk.in_doubt().any(|s| s == step) {
+            report.fail(format!(
+                "the compensation of {step} (attempt {attempt}) was requested, but the step neither completed nor was in doubt"
+            ));
         }
     }
+}
 
-    // At most once per step: the fence.
-    for (list, what) in [(&completed, "completed"), (&compensated, "compensated")] {
+/// The fence: at most one StepCompleted and one StepCompensated per step.
+fn at_most_once_per_step(walk: &Walk, report: &mut Report<'_>) {
+    for (undo, what) in [(false, "completed"), (true, "compensated")] {
         let mut seen = BTreeSet::new();
-        for (step, attempt) in list {
+        for (step, attempt) in walk.settled(undo) {
             if !seen.insert(step) {
-                fail(format!("step {step} {what} twice (again for attempt {attempt})"));
+                report.fail(format!("step {step} {what} twice (again for attempt {attempt})"));
             }
         }
     }
+}
 
-    // The stored steps agree with the history.
+/// The stored steps agree with the history: the stored attempt is the last
+/// one started, a step past Completed has a completion (or an in-doubt
+/// settle), and a Compensated one a StepCompensated event.
+fn stored_steps_agree_with_the_history(record: &TaskRecord, history: &[Event], walk: &Walk, report: &mut Report<'_>) {
     for step in &record.steps {
         let started = history
             .iter()
@@ -309,37 +440,35 @@ fn check_task(world: &World, record: &TaskRecord, history: &[rota_store::Event],
             .max()
             .unwrap_or(0);
         if step.attempt != started {
-            fail(format!("step {} is stored at attempt {}, but the last attempt started was {started}", step.name, step.attempt));
+            report.fail(format!("step {} is stored at attempt {}, but the last attempt started was {started}", step.name, step.attempt));
         }
-        let done = completed.iter().any(|(s, _)| s == &step.name) || in_doubt.contains(&step.name);
+        let done = walk.settled(false).any(|(s, _)| s == &step.name) || walk.in_doubt().any(|s| s == &step.name);
         if matches!(step.state, StepState::Completed | StepState::Compensating | StepState::Compensated) && !done {
-            fail(format!("step {} is {} without a StepCompleted event or an in-doubt settle", step.name, step.state));
+            report.fail(format!("step {} is {} without a StepCompleted event or an in-doubt settle", step.name, step.state));
         }
-        if step.state == StepState::Compensated && !compensated.iter().any(|(s, _)| s == &step.name) {
-            fail(format!("step {} is compensated without a StepCompensated event", step.name));
+        if step.state == StepState::Compensated && !walk.settled(true).any(|(s, _)| s == &step.name) {
+            report.fail(format!("step {} is compensated without a StepCompensated event", step.name));
         }
     }
+}
 
-    // Compensation runs in reverse order of completion, where a step settled
-    // in doubt counts as completed when it was settled.
-    let undoable = |s: &&StepName| compensable(world, &task.workflow, s);
-    let reverse: Vec<&StepName> = finished.iter().filter(undoable).rev().collect();
-    let undone: Vec<&StepName> = compensated.iter().map(|(s, _)| s).collect();
-    let expected = format!("the reverse completion order {reverse:?}");
-    let as_known = |what: String| match doubt_retried.is_empty() {
-        true => Err(what),
-        false => Ok(format!("in-doubt compensation retried ({doubt_retried:?}): task {id}: {what}")),
-    };
+/// Compensation runs in reverse order of completion, where a step settled
+/// in doubt counts as completed when it was settled: the steps compensated
+/// so far are a prefix of that order.
+fn compensation_runs_in_reverse_order(world: &World, walk: &Walk, report: &mut Report<'_>) {
+    let reverse = walk.reverse_completion(world, report.task);
+    let undone = walk.undone();
     if !reverse.starts_with(&undone) {
-        match as_known(format!("compensated in the order {undone:?}, which does not begin {expected}")) {
-            Ok(line) => known_lines.push(line),
-            Err(what) => fail(what),
-        }
+        report.fail_or_known(format!("compensated in the order {undone:?}, which does not begin the reverse completion order {reverse:?}"));
     }
+}
 
-    // Each ending is recorded once, and only the one the task reached.
+/// Each ending is recorded once, and only the one the task reached (Error
+/// and its Alert once more per resubmit, the only way out of a terminal
+/// state); a task is cancelled at most once.
+fn each_ending_recorded_once(record: &TaskRecord, history: &[Event], report: &mut Report<'_>) {
+    let task = &record.task;
     let times = |kind: EventKind| history.iter().filter(|e| e.kind == kind).count();
-    // An operator's resubmit takes a task out of Error, the only way out of a terminal state.
     let resubmits = times(EventKind::Resubmitted);
     for (kind, state, before) in [
         (EventKind::Processed, TaskState::Processed, 0),
@@ -349,73 +478,76 @@ fn check_task(world: &World, record: &TaskRecord, history: &[rota_store::Event],
     ] {
         let expected = before + usize::from(task.state == state);
         if times(kind) != expected {
-            fail(format!("{} {kind:?} events in a task that is {}", times(kind), task.state));
+            report.fail(format!("{} {kind:?} events in a task that is {}", times(kind), task.state));
         }
     }
     if times(EventKind::Cancelled) > 1 {
-        fail(format!("cancelled {} times", times(EventKind::Cancelled)));
+        report.fail(format!("cancelled {} times", times(EventKind::Cancelled)));
     }
-    let has = |kind: EventKind| kinds.contains(kind.as_str());
-    match task.state {
-        TaskState::Processed => {
-            if !has(EventKind::Processed) {
-                fail("processed without a Processed event".into());
-            }
-            if has(EventKind::CompensationStarted) || !compensated.is_empty() {
-                fail("processed, yet compensation ran".into());
-            }
-            let output = task.output.as_ref().and_then(Value::as_object);
-            for step in &record.steps {
-                if step.state != StepState::Completed {
-                    fail(format!("processed, but step {} is {}", step.name, step.state));
-                }
-                let applied = world.service.effects.get(&(id.clone(), step.name.clone(), false)).map(|e| &e.output);
-                let stored = output.and_then(|o| o.get(step.name.as_str()));
-                if stored.is_none() || stored != applied || step.output.as_ref() != applied {
-                    fail(format!("step {}: task output {stored:?}, step output {:?}, service applied {applied:?}", step.name, step.output));
-                }
-                if world.service.applied(id, &step.name, true) {
-                    fail(format!("processed, yet the service applied the compensation of {}", step.name));
-                }
-            }
+    let missing = match task.state {
+        TaskState::Processed if times(EventKind::Processed) == 0 => Some("processed without a Processed event"),
+        TaskState::Compensated if times(EventKind::Compensated) == 0 => Some("compensated without a Compensated event"),
+        TaskState::Error if times(EventKind::Alert) == 0 || times(EventKind::Error) == 0 => {
+            Some("in Error without an Error event and an Alert")
         }
-        TaskState::Compensated => {
-            if !has(EventKind::Compensated) {
-                fail("compensated without a Compensated event".into());
-            }
-            if undone != reverse {
-                match as_known(format!("compensated {undone:?}, but expected {expected}")) {
-                    Ok(line) => known_lines.push(line),
-                    Err(what) => fail(what),
-                }
-            }
-            for step in &record.steps {
-                let left = match step.state {
-                    StepState::Completed => compensable(world, &task.workflow, &step.name),
-                    StepState::Running | StepState::Compensating => true,
-                    _ => false,
-                };
-                if left {
-                    match as_known(format!("compensated, but step {} is still {}", step.name, step.state)) {
-                        Ok(line) => known_lines.push(line),
-                        Err(what) => fail(what),
-                    }
-                }
-            }
-        }
-        TaskState::Error => {
-            if !has(EventKind::Alert) || !has(EventKind::Error) {
-                fail("in Error without an Error event and an Alert".into());
-            }
-        }
-        TaskState::Cancelled => {
-            if !has(EventKind::Cancelled) {
-                fail("cancelled without a Cancelled event".into());
-            }
-        }
-        TaskState::Pending | TaskState::Processing | TaskState::Compensating => {}
+        TaskState::Cancelled if times(EventKind::Cancelled) == 0 => Some("cancelled without a Cancelled event"),
+        _ => None,
+    };
+    if let Some(missing) = missing {
+        report.fail(missing.into());
     }
-    known_lines
+}
+
+/// A Processed task ran no compensation, and every step Completed with the
+/// output the service returned, which the task's output holds too.
+fn processed_means_every_step_applied_once(world: &World, record: &TaskRecord, walk: &Walk, report: &mut Report<'_>) {
+    let task = &record.task;
+    if task.state != TaskState::Processed {
+        return;
+    }
+    let id = &task.id;
+    if walk.compensation_started || walk.settled(true).next().is_some() {
+        report.fail("processed, yet compensation ran".into());
+    }
+    let output = task.output.as_ref().and_then(Value::as_object);
+    for step in &record.steps {
+        if step.state != StepState::Completed {
+            report.fail(format!("processed, but step {} is {}", step.name, step.state));
+        }
+        let applied = world.service.effects.get(&(id.clone(), step.name.clone(), false)).map(|e| &e.output);
+        let stored = output.and_then(|o| o.get(step.name.as_str()));
+        if stored.is_none() || stored != applied || step.output.as_ref() != applied {
+            report.fail(format!("step {}: task output {stored:?}, step output {:?}, service applied {applied:?}", step.name, step.output));
+        }
+        if world.service.applied(id, &step.name, true) {
+            report.fail(format!("processed, yet the service applied the compensation of {}", step.name));
+        }
+    }
+}
+
+/// A Compensated task undid every step that has a compensation, all of
+/// them in reverse order of completion, and keeps none Completed or in
+/// flight.
+fn compensated_means_everything_undone(world: &World, record: &TaskRecord, walk: &Walk, report: &mut Report<'_>) {
+    let task = &record.task;
+    if task.state != TaskState::Compensated {
+        return;
+    }
+    let reverse = walk.reverse_completion(world, task);
+    let undone = walk.undone();
+    if undone != reverse {
+        report.fail_or_known(format!("compensated {undone:?}, but expected the reverse completion order {reverse:?}"));
+    }
+    for step in &record.steps {
+        let left = match step.state {
+            StepState::Completed => compensable(world, &task.workflow, &step.name),
+            StepState::Running | StepState::Compensating => true,
+            _ => false,
+        };
+        if left {
+            report.fail_or_known(format!("compensated, but step {} is still {}", step.name, step.state));
+        }
+    }
 }
 
 /// Finds effects the service applied for a Compensated or Cancelled task

@@ -323,7 +323,8 @@ pub struct Counts {
     pub simulated_ms: u64,
     pub leaked_effects: u64,
     pub leaked_after_ignored_reply: u64,
-    /// Known engine bugs this run ran into (see `known` in simulation.rs), one line each.
+    /// Findings of once-known bug classes (see `known` in simulation.rs),
+    /// one line each; each is also a failure of its seed.
     pub known: Vec<String>,
 }
 
