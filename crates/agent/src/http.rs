@@ -130,7 +130,7 @@ impl HttpAgent {
     /// it is out of bounds.
     pub fn with_config(config: HttpConfig, clock: Arc<dyn Clock>) -> Result<Self> {
         config.validate()?;
-        let client = reqwest::Client::builder()
+        let client = crate::http_client()
             .user_agent(concat!("rota/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| Error::Client(error_chain(&e)))?;

@@ -13,7 +13,9 @@
 //!   the complete-by time has passed;
 //! - per-endpoint [circuit breakers](breaker), driven by the injected clock;
 //! - the built-in agents [`HttpAgent`] (`http`), [`ExecAgent`] (`exec`) and
-//!   [`DelayAgent`] (`delay`), and the [`AgentRegistry`] that names them.
+//!   [`DelayAgent`] (`delay`), and the [`AgentRegistry`] that names them;
+//! - [`http_client`], the one way the workspace builds an HTTP client (with
+//!   the TLS crypto provider installed first).
 //!
 //! Time comes from an injected [`Clock`](rota_model::Clock) and randomness
 //! from an injected RNG, so the loop and the breakers are tested with a
@@ -32,6 +34,7 @@ mod http;
 mod input;
 mod request;
 mod run;
+mod tls;
 
 mod agent;
 
@@ -43,3 +46,4 @@ pub use exec::{EXIT_TEMPFAIL, ExecAgent, ExecConfig, STDOUT_BYTES_LIMIT};
 pub use http::{HttpAgent, HttpConfig, RESPONSE_BYTES_LIMIT};
 pub use request::Request;
 pub use run::{Outcome, run_until_deadline};
+pub use tls::{http_client, install_crypto_provider};

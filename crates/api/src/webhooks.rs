@@ -249,7 +249,7 @@ impl Dispatcher {
     /// A dispatcher over `store`; checks `config`.
     pub fn new(store: SharedStore, clock: Arc<dyn Clock>, config: WebhookConfig) -> Result<Self, crate::Error> {
         config.validate()?;
-        let http = reqwest::Client::builder()
+        let http = rota_agent::http_client()
             .timeout(config.request_timeout)
             .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("rota-webhooks/", env!("CARGO_PKG_VERSION")))
@@ -470,7 +470,7 @@ mod tests {
         let mut config = WebhookConfig::new(InstanceId::new("i-1").unwrap(), Secret::new("0123456789abcdef").unwrap());
         config.backoff_initial = Duration::from_millis(100);
         config.backoff_max = Duration::from_millis(1_000);
-        let sender = Sender::new(reqwest::Client::new(), Arc::new(rota_model::SystemClock), config);
+        let sender = Sender::new(rota_agent::http_client().build().unwrap(), Arc::new(rota_model::SystemClock), config);
         for (deliveries, base) in [(1, 100), (2, 200), (3, 400), (4, 800), (5, 1_000), (40, 1_000)] {
             for _ in 0..20 {
                 let wait = sender.backoff(deliveries);

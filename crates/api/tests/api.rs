@@ -385,7 +385,7 @@ async fn the_server_stops_when_its_shutdown_future_resolves() {
     drop(server);
     let started = std::time::Instant::now();
     loop {
-        if reqwest::get(format!("{base}/healthz")).await.is_err() {
+        if rota_agent::http_client().build().unwrap().get(format!("{base}/healthz")).send().await.is_err() {
             break;
         }
         assert!(started.elapsed() < common::WAIT_MAX, "the server still answers");

@@ -285,6 +285,9 @@ fn run_traced(command: impl Future<Output = anyhow::Result<()>>, default_level: 
 fn otlp_provider(endpoint: &str) -> anyhow::Result<opentelemetry_sdk::trace::SdkTracerProvider> {
     use opentelemetry_otlp::WithExportConfig;
     let url = format!("{}/v1/traces", endpoint.trim_end_matches('/'));
+    // The exporter builds its own reqwest client, which needs the TLS
+    // crypto provider installed (reqwest is built without one).
+    rota_agent::install_crypto_provider();
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .with_endpoint(url)

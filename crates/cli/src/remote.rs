@@ -77,7 +77,7 @@ impl Server {
         if let Ok(mut segments) = base.path_segments_mut() {
             segments.pop_if_empty();
         }
-        let http = reqwest::Client::builder()
+        let http = rota_agent::http_client()
             .timeout(REQUEST_TIMEOUT)
             .connect_timeout(CONNECT_TIMEOUT)
             .user_agent(concat!("rota-cli/", env!("CARGO_PKG_VERSION")))

@@ -189,7 +189,7 @@ impl Answer {
 impl Http {
     fn new(server: &Server) -> Http {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let client = reqwest::Client::builder().timeout(REQUEST_TIMEOUT).build().unwrap();
+        let client = rota_agent::http_client().timeout(REQUEST_TIMEOUT).build().unwrap();
         Http { runtime, client, base: server.url.clone() }
     }
 

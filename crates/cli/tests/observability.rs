@@ -106,7 +106,7 @@ struct Http {
 impl Http {
     fn new(server: &Server) -> Http {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        Http { runtime, client: reqwest::Client::builder().timeout(WAIT_MAX).build().unwrap(), base: server.url.clone() }
+        Http { runtime, client: rota_agent::http_client().timeout(WAIT_MAX).build().unwrap(), base: server.url.clone() }
     }
 
     fn send(&self, request: reqwest::RequestBuilder) -> (u16, String) {

@@ -585,3 +585,41 @@ async fn few_connections_serve_many_operations_and_the_application_pool_is_apart
     let app = tokio::time::timeout(Duration::from_secs(10), store.pool().acquire()).await;
     assert!(matches!(app, Ok(Ok(_))), "the application's pool gave a connection: {app:?}");
 }
+
+/// The store's connections negotiate TLS when the server offers it (the
+/// default `sslmode=prefer`), through rustls with the `ring` provider, the
+/// only one the workspace builds: the pooled connections, the listening one
+/// and the application's pool alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_use_tls_when_the_server_offers_it() {
+    let Some(schema) = TestSchema::new("TLS on PostgreSQL") else { return };
+    let mut admin = app_connection(&schema).await;
+    let (offered,): (String,) = sqlx::query_as("SHOW ssl").fetch_one(&mut admin).await.unwrap();
+    if offered != "on" {
+        println!("SKIP TLS on PostgreSQL: the test server has ssl = {offered}");
+        return;
+    }
+    let mut config = config(&schema);
+    config.application_name = schema.name.clone();
+    let store = Arc::new(open(config, Arc::new(SystemClock)).await);
+    let work = QueueName::new("work").unwrap();
+    store.create_queue(&work, Default::default()).await.unwrap();
+    let waiting = parked_receive(store.clone(), &work).await;
+    store.send(&work, Outgoing::json(&json!("hello")).unwrap()).await.unwrap();
+    assert_eq!(waiting.await.unwrap().len(), 1);
+    let mut app = store.pool().acquire().await.unwrap();
+    let (app_tls,): (bool,) =
+        sqlx::query_as("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetch_one(&mut *app).await.unwrap();
+    assert!(app_tls, "the application's pool connected without TLS");
+
+    let (total, encrypted): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE s.ssl) FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)
+          WHERE a.application_name = $1",
+    )
+    .bind(&schema.name)
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert!(total >= 2, "the store's connections show in pg_stat_activity: {total}");
+    assert_eq!(encrypted, total, "every connection of the store uses TLS");
+}

@@ -142,7 +142,15 @@ pub async fn start(options: Options) -> Server {
     tokio::spawn(rota_api::serve(listener, state, async move {
         let _ = rx.await;
     }));
-    Server { base, http: reqwest::Client::new(), store, token: None, engine_shutdown, api_shutdown: Some(tx), _dir: dir }
+    Server {
+        base,
+        http: rota_agent::http_client().build().unwrap(),
+        store,
+        token: None,
+        engine_shutdown,
+        api_shutdown: Some(tx),
+        _dir: dir,
+    }
 }
 
 /// A response's status and JSON body (`Value::Null` when the body is not JSON).
