@@ -623,3 +623,22 @@ async fn connections_use_tls_when_the_server_offers_it() {
     assert!(total >= 2, "the store's connections show in pg_stat_activity: {total}");
     assert_eq!(encrypted, total, "every connection of the store uses TLS");
 }
+
+/// A store with one connection serves its first operation on a
+/// single-threaded runtime. Opening it ran the migrations on a connection
+/// that sqlx gives back to its pool in a task of its own (pinging it first),
+/// which has not run yet when the operation looks for a connection: the
+/// store must count the connections it holds itself (none), not read the
+/// pool's figures (one connection out, none idle: all busy), and wait for
+/// the one on its way back.
+#[tokio::test]
+async fn a_one_connection_store_serves_its_first_operation_on_a_single_threaded_runtime() {
+    let Some(schema) = TestSchema::new("first operation on one connection on PostgreSQL") else { return };
+    let mut one_connection = config(&schema);
+    one_connection.connections_max = 1;
+    let store = open(one_connection, Arc::new(SystemClock)).await;
+    let work = QueueName::new("work").unwrap();
+    store.create_queue(&work, Default::default()).await.expect("the first operation gets the store's connection");
+    store.send(&work, Outgoing::json(&json!("hello")).unwrap()).await.unwrap();
+    assert_eq!(store.receive(&work, Receive::up_to(1)).await.unwrap().len(), 1);
+}
