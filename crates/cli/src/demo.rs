@@ -39,7 +39,7 @@ use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use rota_agent::{BreakerConfig, HttpAgent, HttpConfig};
 use rota_engine::engine::Config as EngineConfig;
-use rota_engine::{Engine, Roles, Shutdown, Submission};
+use rota_engine::{Client, Engine, Roles, Shutdown, Submission};
 use rota_model::{Clock, ExhaustedPolicy, InstanceId, RetryPolicy, SystemClock, TaskId, TaskState, WorkflowName};
 use rota_store::{SharedStore, TaskFilter};
 use rota_store_sqlite::{Config as StoreConfig, SqliteStore};
@@ -150,64 +150,45 @@ fn workdir(keep: Option<PathBuf>) -> anyhow::Result<Workdir> {
 pub fn order_workflow(base: &str) -> anyhow::Result<Workflow> {
     let retry = RetryPolicy::new(3, Duration::from_millis(50), Duration::from_millis(500))?;
     let call = |path: &str, body: Value| json!({ "method": "POST", "url": format!("{base}/{path}"), "body": body });
+    let step = |name: &str, body: Value| StepDef::new(name, "http").with_input(call(name, body)).timeout(STEP_TIMEOUT).retry(retry.clone());
+    // Compensations name the order, not the step's output: a step whose
+    // attempt timed out is compensated "in doubt", without an output, and
+    // the service undoes whatever it did apply.
+    let undo = |path: &str| CompensateDef::new("http").with_input(call(path, json!({ "order": "{{ input.order_id }}" })));
     Workflow::builder(WORKFLOW, 1)
         .deadline(TASK_DEADLINE)
         .on_exhausted(ExhaustedPolicy::Compensate)
         .max_failures(3)
+        .step(step("reserve", json!({ "order": "{{ input.order_id }}" })).compensate(undo("release")))
         .step(
-            StepDef::new("reserve", "http")
-                .with_input(call("reserve", json!({ "order": "{{ input.order_id }}" })))
-                .timeout(STEP_TIMEOUT)
-                .retry(retry.clone())
-                .compensate(
-                    // Compensations name the order, not the step's output: a step
-                    // whose attempt timed out is compensated "in doubt", without
-                    // an output, and the service undoes whatever it did apply.
-                    CompensateDef::new("http").with_input(call("release", json!({ "order": "{{ input.order_id }}" }))),
-                ),
+            step(
+                "charge",
+                json!({
+                    "order": "{{ input.order_id }}",
+                    "amount": "{{ input.amount }}",
+                    "card": "{{ input.card }}",
+                    "hold": "{{ steps.reserve.output.hold_id }}",
+                }),
+            )
+            .compensate(undo("refund")),
         )
-        .step(
-            StepDef::new("charge", "http")
-                .with_input(call(
-                    "charge",
-                    json!({
-                        "order": "{{ input.order_id }}",
-                        "amount": "{{ input.amount }}",
-                        "card": "{{ input.card }}",
-                        "hold": "{{ steps.reserve.output.hold_id }}",
-                    }),
-                ))
-                .timeout(STEP_TIMEOUT)
-                .retry(retry.clone())
-                .compensate(CompensateDef::new("http").with_input(call("refund", json!({ "order": "{{ input.order_id }}" })))),
-        )
-        .step(
-            StepDef::new("ship", "http")
-                .with_input(call(
-                    "ship",
-                    json!({
-                        "order": "{{ input.order_id }}",
-                        "hold": "{{ steps.reserve.output.hold_id }}",
-                        "address": "{{ input.address }}",
-                    }),
-                ))
-                .timeout(STEP_TIMEOUT)
-                .retry(retry.clone()),
-        )
-        .step(
-            StepDef::new("notify", "http")
-                .with_input(call(
-                    "notify",
-                    json!({
-                        "order": "{{ input.order_id }}",
-                        "email": "{{ input.email }}",
-                        "charge": "{{ steps.charge.output.charge_id }}",
-                        "tracking": "{{ steps.ship.output.tracking }}",
-                    }),
-                ))
-                .timeout(STEP_TIMEOUT)
-                .retry(retry),
-        )
+        .step(step(
+            "ship",
+            json!({
+                "order": "{{ input.order_id }}",
+                "hold": "{{ steps.reserve.output.hold_id }}",
+                "address": "{{ input.address }}",
+            }),
+        ))
+        .step(step(
+            "notify",
+            json!({
+                "order": "{{ input.order_id }}",
+                "email": "{{ input.email }}",
+                "charge": "{{ steps.charge.output.charge_id }}",
+                "tracking": "{{ steps.ship.output.tracking }}",
+            }),
+        ))
         .build(&AgentCatalog::builtin())
         .map_err(|problems| anyhow::anyhow!("the demo's workflow is invalid: {problems}"))
 }
@@ -370,133 +351,27 @@ async fn demo(args: Args) -> anyhow::Result<bool> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store: SharedStore =
         Arc::new(SqliteStore::open(StoreConfig::new(&db), clock.clone()).with_context(|| format!("cannot open {}", db.display()))?);
+    let service = start_service(&args, &db).await?;
+    let mut roles = start_roles(&store, &clock, args.seed, order_workflow(&service.base)?).await?;
+    let submitter = submit(roles.client.clone(), orders(args.seed, args.orders), args.rate);
 
-    let faults = Faults { unavailable: 0.08, late: 0.015, lost: 0.015, hang: Duration::from_millis(1_500) };
-    let service = Service::new(args.seed, faults.clone());
-    let (addr, server) = service.start().await.context("cannot start the simulated payment service")?;
-    let base = format!("http://{addr}");
-    let workflow = order_workflow(&base)?;
-
-    println!("rota demo: {} orders, seed {}, store {}", args.orders, args.seed, db.display());
-    println!(
-        "payment service on {base}: {:.0}% of requests answer 503, {:.1}% hang past the step timeout then apply late, \
-         {:.1}% apply then answer too late; cards ending {DECLINED_CARD_SUFFIX} are declined",
-        faults.unavailable * 100.0,
-        faults.late * 100.0,
-        faults.lost * 100.0
-    );
-
-    // Scheduler and Supervisor in one engine, no agents.
-    let mut config = EngineConfig::new(InstanceId::new("demo-scheduler")?);
-    config.roles = Roles { scheduler: true, supervisor: true, agents: false };
-    config.seed = args.seed;
-    config.supervisor.interval = Duration::from_millis(200);
-    config.supervisor.leader_ttl = Duration::from_secs(1);
-    let recovery = RetryPolicy::new(1_000, Duration::from_millis(200), Duration::from_secs(2))?;
-    config.supervisor.recovery = recovery.clone();
-    config.scheduler.recovery = recovery;
-    let engine = Engine::new(store.clone(), clock.clone(), config).workflow(workflow);
-    engine.register_workflows().await?;
-    let client = engine.client();
-    let engine_shutdown = Shutdown::new();
-    let mut engine_task = tokio::spawn(engine.run(engine_shutdown.clone()));
-
-    let mut agent = start_agent(&store, &clock, args.seed, 1)?;
-    println!("scheduler + supervisor started (demo-scheduler); agent worker {} started", agent.name);
-
-    // Submit at a steady pace, so that orders are still arriving when the agent dies.
-    let orders = orders(args.seed, args.orders);
-    let submitter = {
-        let client = client.clone();
-        let interval = Duration::from_secs_f64(1.0 / f64::from(args.rate));
-        tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(interval);
-            let workflow = WorkflowName::new(WORKFLOW).expect("a valid workflow name");
-            for (id, input) in orders {
-                ticks.tick().await;
-                client.submit(Submission::new(workflow.clone(), input).with_id(id)).await?;
-            }
-            anyhow::Ok(())
-        })
+    let mut watch = Watch {
+        args: &args,
+        store: &store,
+        clock: &clock,
+        workdir: &mut workdir,
+        progress: Progress::new(args.orders),
+        killed: false,
+        restart_at: None,
+        agents_started: 1,
+        submitter: Some(submitter),
     };
+    watch.until_every_order_ended(&mut roles).await?;
+    println!("all {} orders ended in {:.1} s", args.orders, started.elapsed().as_secs_f64());
+    roles.stop().await;
+    service.server.abort();
 
-    let total = args.orders;
-    let mut progress = Progress::new(total);
-    let deadline = Instant::now() + args.timeout;
-    let kill_at = total.div_ceil(3);
-    let mut killed = false;
-    let mut restart_at: Option<Instant> = None;
-    let mut agents_started = 1;
-    let mut submitter = Some(submitter);
-    let filter = TaskFilter { limit: total + 1, ..TaskFilter::default() };
-    loop {
-        let tally = Tally::of(&store.list_tasks(&filter).await?);
-        progress.update(&tally, total);
-        if let Some(running) = submitter.as_ref()
-            && running.is_finished()
-        {
-            submitter.take().expect("checked").await.context("the submitter panicked")?.context("submitting orders")?;
-        }
-        if !killed && tally.finished >= kill_at {
-            killed = true;
-            agent.task.abort();
-            let _ = (&mut agent.task).await;
-            progress.say(&format!(
-                "agent worker {} KILLED after {}/{total} orders ended: its task was aborted mid-request, no graceful shutdown; \
-                 the Supervisor recovers the steps it held once their complete-by passes",
-                agent.name, tally.finished
-            ));
-            restart_at = Some(Instant::now() + AGENT_DOWN_FOR);
-        }
-        if restart_at.is_some_and(|at| Instant::now() >= at) {
-            restart_at = None;
-            agents_started += 1;
-            agent = start_agent(&store, &clock, args.seed, agents_started)?;
-            progress.say(&format!(
-                "agent worker {} started (a new instance, after {} down)",
-                agent.name,
-                humantime::format_duration(AGENT_DOWN_FOR)
-            ));
-        }
-        if submitter.is_none() && tally.total == total && tally.finished == total && restart_at.is_none() {
-            break;
-        }
-        if engine_task.is_finished() {
-            progress.finish();
-            workdir.remove = false;
-            let ended = (&mut engine_task).await.context("the engine panicked")?;
-            bail!("the engine stopped before every order ended ({ended:?}); the store is in {}", db.display());
-        }
-        if Instant::now() >= deadline {
-            progress.finish();
-            workdir.remove = false;
-            bail!(
-                "only {}/{total} orders ended within {} ({}); the store is in {}",
-                tally.finished,
-                humantime::format_duration(args.timeout),
-                tally.line(),
-                db.display()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    progress.finish();
-    let elapsed = started.elapsed();
-    println!("all {total} orders ended in {:.1} s", elapsed.as_secs_f64());
-
-    // Stop the roles (gracefully this time), then the service.
-    agent.shutdown.trigger();
-    engine_shutdown.trigger();
-    let stopping = async {
-        let _ = agent.task.await;
-        let _ = engine_task.await;
-    };
-    if tokio::time::timeout(Duration::from_secs(15), stopping).await.is_err() {
-        tracing::warn!("the engine took more than 15 s to stop");
-    }
-    server.abort();
-
-    let report = report::gather(&store, &service.report(), &base).await?;
+    let report = report::gather(&store, &service.service.report(), &service.base).await?;
     print!("{}", report.table());
     let passed = report.passed();
     if args.keep.is_some() || !passed {
@@ -505,6 +380,187 @@ async fn demo(args: Args) -> anyhow::Result<bool> {
     }
     drop(workdir);
     Ok(passed)
+}
+
+/// The simulated payment service, running.
+struct RunningService {
+    service: Arc<Service>,
+    base: String,
+    server: JoinHandle<()>,
+}
+
+/// Starts the payment service with the demo's fault rates and says what
+/// the run will do.
+async fn start_service(args: &Args, db: &std::path::Path) -> anyhow::Result<RunningService> {
+    let faults = Faults { unavailable: 0.08, late: 0.015, lost: 0.015, hang: Duration::from_millis(1_500) };
+    let service = Service::new(args.seed, faults.clone());
+    let (addr, server) = service.start().await.context("cannot start the simulated payment service")?;
+    let base = format!("http://{addr}");
+    println!("rota demo: {} orders, seed {}, store {}", args.orders, args.seed, db.display());
+    println!(
+        "payment service on {base}: {:.0}% of requests answer 503, {:.1}% hang past the step timeout then apply late, \
+         {:.1}% apply then answer too late; cards ending {DECLINED_CARD_SUFFIX} are declined",
+        faults.unavailable * 100.0,
+        faults.late * 100.0,
+        faults.lost * 100.0
+    );
+    Ok(RunningService { service, base, server })
+}
+
+/// The demo's engines: a Scheduler and a Supervisor in one, the `http`
+/// agent in another.
+struct RunningRoles {
+    client: Client,
+    shutdown: Shutdown,
+    task: JoinHandle<rota_engine::Result<()>>,
+    agent: AgentWorker,
+}
+
+/// Starts a Scheduler and a Supervisor in one engine, without agents, and
+/// the first agent worker.
+async fn start_roles(store: &SharedStore, clock: &Arc<dyn Clock>, seed: u64, workflow: Workflow) -> anyhow::Result<RunningRoles> {
+    let mut config = EngineConfig::new(InstanceId::new("demo-scheduler")?);
+    config.roles = Roles { scheduler: true, supervisor: true, agents: false };
+    config.seed = seed;
+    config.supervisor.interval = Duration::from_millis(200);
+    config.supervisor.leader_ttl = Duration::from_secs(1);
+    let recovery = RetryPolicy::new(1_000, Duration::from_millis(200), Duration::from_secs(2))?;
+    config.supervisor.recovery = recovery.clone();
+    config.scheduler.recovery = recovery;
+    let engine = Engine::new(store.clone(), clock.clone(), config).workflow(workflow);
+    engine.register_workflows().await?;
+    let client = engine.client();
+    let shutdown = Shutdown::new();
+    let task = tokio::spawn(engine.run(shutdown.clone()));
+    let agent = start_agent(store, clock, seed, 1)?;
+    println!("scheduler + supervisor started (demo-scheduler); agent worker {} started", agent.name);
+    Ok(RunningRoles { client, shutdown, task, agent })
+}
+
+impl RunningRoles {
+    /// Stops the roles, gracefully this time.
+    async fn stop(self) {
+        self.agent.shutdown.trigger();
+        self.shutdown.trigger();
+        let stopping = async {
+            let _ = self.agent.task.await;
+            let _ = self.task.await;
+        };
+        if tokio::time::timeout(Duration::from_secs(15), stopping).await.is_err() {
+            tracing::warn!("the engine took more than 15 s to stop");
+        }
+    }
+}
+
+/// Submits the orders at a steady pace, so that orders are still arriving
+/// when the agent dies.
+fn submit(client: Client, orders: Vec<(TaskId, Value)>, rate: u32) -> JoinHandle<anyhow::Result<()>> {
+    let interval = Duration::from_secs_f64(1.0 / f64::from(rate));
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(interval);
+        let workflow = WorkflowName::new(WORKFLOW).expect("a valid workflow name");
+        for (id, input) in orders {
+            ticks.tick().await;
+            client.submit(Submission::new(workflow.clone(), input).with_id(id)).await?;
+        }
+        anyhow::Ok(())
+    })
+}
+
+/// Watches the orders end while the agent worker is killed once and a new
+/// one started.
+struct Watch<'a> {
+    args: &'a Args,
+    store: &'a SharedStore,
+    clock: &'a Arc<dyn Clock>,
+    /// Kept, not removed, when the watch fails.
+    workdir: &'a mut Workdir,
+    progress: Progress,
+    killed: bool,
+    restart_at: Option<Instant>,
+    agents_started: u32,
+    submitter: Option<JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Watch<'_> {
+    /// Returns once every order ended; fails, keeping the store, when the
+    /// engine stops first or the run's time is up.
+    async fn until_every_order_ended(&mut self, roles: &mut RunningRoles) -> anyhow::Result<()> {
+        let total = self.args.orders;
+        let deadline = Instant::now() + self.args.timeout;
+        let filter = TaskFilter { limit: total + 1, ..TaskFilter::default() };
+        loop {
+            let tally = Tally::of(&self.store.list_tasks(&filter).await?);
+            self.progress.update(&tally, total);
+            self.reap_submitter().await?;
+            if !self.killed && tally.finished >= total.div_ceil(3) {
+                self.kill(&mut roles.agent, &tally).await;
+            }
+            if self.restart_at.is_some_and(|at| Instant::now() >= at) {
+                roles.agent = self.restart()?;
+            }
+            if self.submitter.is_none() && tally.total == total && tally.finished == total && self.restart_at.is_none() {
+                self.progress.finish();
+                return Ok(());
+            }
+            if roles.task.is_finished() {
+                let db = self.keep_store();
+                let ended = (&mut roles.task).await.context("the engine panicked")?;
+                bail!("the engine stopped before every order ended ({ended:?}); the store is in {db}");
+            }
+            if Instant::now() >= deadline {
+                let db = self.keep_store();
+                let within = humantime::format_duration(self.args.timeout);
+                bail!("only {}/{total} orders ended within {within} ({}); the store is in {db}", tally.finished, tally.line());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Ends the progress display and keeps the store for a look at what was
+    /// left; returns where it is.
+    fn keep_store(&mut self) -> String {
+        self.progress.finish();
+        self.workdir.remove = false;
+        self.workdir.dir.join(DB_FILE).display().to_string()
+    }
+
+    /// Fails if the submitter has finished with a failure.
+    async fn reap_submitter(&mut self) -> anyhow::Result<()> {
+        if let Some(running) = self.submitter.as_ref()
+            && running.is_finished()
+        {
+            self.submitter.take().expect("checked").await.context("the submitter panicked")?.context("submitting orders")?;
+        }
+        Ok(())
+    }
+
+    /// Kills the agent worker: its task is aborted mid-request, with no
+    /// graceful shutdown and no reply for what it held.
+    async fn kill(&mut self, agent: &mut AgentWorker, tally: &Tally) {
+        self.killed = true;
+        agent.task.abort();
+        let _ = (&mut agent.task).await;
+        self.progress.say(&format!(
+            "agent worker {} KILLED after {}/{} orders ended: its task was aborted mid-request, no graceful shutdown; \
+             the Supervisor recovers the steps it held once their complete-by passes",
+            agent.name, tally.finished, self.args.orders
+        ));
+        self.restart_at = Some(Instant::now() + AGENT_DOWN_FOR);
+    }
+
+    /// Starts a new agent worker.
+    fn restart(&mut self) -> anyhow::Result<AgentWorker> {
+        self.restart_at = None;
+        self.agents_started += 1;
+        let agent = start_agent(self.store, self.clock, self.args.seed, self.agents_started)?;
+        self.progress.say(&format!(
+            "agent worker {} started (a new instance, after {} down)",
+            agent.name,
+            humantime::format_duration(AGENT_DOWN_FOR)
+        ));
+        Ok(agent)
+    }
 }
 
 #[cfg(test)]
