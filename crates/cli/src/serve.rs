@@ -7,12 +7,10 @@
 //! printed), open the store, register the definitions, then start the
 //! [`Engine`] with the built-in agents (`http`, `exec`, `delay`).
 //!
-//! While it runs, a reporter writes this instance's heartbeat
-//! (`instance/<id>`) and its agents' circuit breakers (`breaker/<endpoint>`)
-//! to the store's component statuses, so that `rota status` (and, later, the
-//! API's stats) can show them from another process. Breakers live in each
-//! process: with several processes the last report of an endpoint wins, and
-//! its value names the instance that made it.
+//! While it runs, the engine's status [`Reporter`] writes this instance's
+//! heartbeat and its agents' circuit breakers to the store's component
+//! statuses, so that `rota status` and the API can show them from another
+//! process.
 //!
 //! The first signal triggers the engine's [`Shutdown`] and waits for every
 //! role to let go of what it holds (running agent calls get the consumer's
@@ -39,21 +37,19 @@
 //! instead) and hot reloading of definitions.
 
 use crate::signals::Signals;
-use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
-use rota_agent::{AgentRegistry, BreakerSnapshot};
+use rota_agent::AgentRegistry;
 use rota_engine::engine::Config;
-use rota_engine::status::{breaker_key, instance_key};
+use rota_engine::status::{Heartbeat, Reporter};
 use rota_engine::{Engine, Roles, Shutdown, Workflows};
-use rota_model::{Clock, InstanceId, SystemClock, Timestamp};
+use rota_model::{Clock, InstanceId, SystemClock};
 use rota_store::SharedStore;
 use rota_workflow::{AgentCatalog, AgentName, Workflow};
-use serde_json::{Value, json};
 use tracing::{info, warn};
 
 use crate::StoreArgs;
@@ -64,13 +60,6 @@ use crate::store_url::redacted;
 const WEBHOOK_SECRET_ENV: &str = "ROTA_WEBHOOK_SECRET";
 /// The workflows directory used when `--workflows` is absent, if it exists.
 const WORKFLOWS_DIR_DEFAULT: &str = "workflows";
-/// How often the heartbeat and the changed breakers are reported.
-pub const STATUS_REPORT_INTERVAL: Duration = Duration::from_secs(2);
-/// How often an unchanged breaker is reported again (so that its
-/// `reported_at` shows it is still current).
-const BREAKER_REFRESH_INTERVAL: Duration = Duration::from_secs(30);
-/// The most breakers reported per round; the rest wait for the next rounds.
-const BREAKERS_REPORTED_MAX: usize = 256;
 /// The longest instance id: its Scheduler's inbox queue name keeps 80 bytes.
 const INSTANCE_ID_BYTES_MAX: usize = 80;
 /// The most characters of the host name kept in a default instance id.
@@ -355,18 +344,17 @@ pub async fn run(store_args: StoreArgs, args: RunArgs) -> anyhow::Result<()> {
         role_names.join(","),
         if agent_names.is_empty() { "none".to_owned() } else { agent_names.join(",") }
     );
-    let heartbeat = json!({
-        "instance": instance.as_str(),
-        "pid": std::process::id(),
-        "roles": role_names,
-        "agents": agent_names,
-        "workflows": definitions.iter().map(|w| json!({ "name": w.name().as_str(), "version": w.version() })).collect::<Vec<_>>(),
-        "started_at": clock.now(),
-    });
+    let heartbeat = Heartbeat {
+        instance: instance.clone(),
+        roles: role_names.iter().map(|role| (*role).to_owned()).collect(),
+        agents: agent_names.iter().map(|agent| (*agent).to_owned()).collect(),
+        workflows: definitions.iter().map(|w| (w.name().as_str().to_owned(), w.version())).collect(),
+        started_at: clock.now(),
+    };
 
     let shutdown = Shutdown::new();
     let mut engine_run = tokio::spawn(engine.run(shutdown.clone()));
-    let reporter = Reporter { store: store.clone(), clock: clock.clone(), agents, instance: instance.clone(), heartbeat };
+    let reporter = Reporter::new(store.clone(), clock.clone(), agents, heartbeat);
     let reporting = tokio::spawn(reporter.run(shutdown.clone()));
     // The API and the webhook dispatcher run until the shutdown, or fail
     // early together; one that is off waits for the shutdown, so that the
@@ -568,78 +556,12 @@ fn seed(instance: &InstanceId, clock: &dyn Clock) -> u64 {
 /// Two live processes with one instance id would share an inbox and each
 /// other's leases; the heartbeat makes that visible.
 async fn warn_if_instance_is_live(store: &SharedStore, instance: &InstanceId, clock: &dyn Clock) {
-    let key = instance_key(instance);
-    let Ok(statuses) = store.statuses(&key).await else { return };
-    let Some(last) = statuses.into_iter().find(|status| status.key == key) else { return };
-    let age = clock.now().since(last.reported_at);
-    if last.value["stopped"] != Value::Bool(true) && age < STATUS_REPORT_INTERVAL * 3 {
+    if let Some(age) = rota_engine::status::live_heartbeat_age(store, instance, clock.now()).await {
         warn!(
             "instance id {instance} reported a heartbeat {} ago and did not stop cleanly: \
              if another process runs with this id, stop one of them (two processes must not share an instance id)",
             humantime::format_duration(Duration::from_millis(age.as_millis() as u64))
         );
-    }
-}
-
-/// Writes the heartbeat and the agents' breakers to the store.
-struct Reporter {
-    store: SharedStore,
-    clock: Arc<dyn Clock>,
-    agents: AgentRegistry,
-    instance: InstanceId,
-    heartbeat: Value,
-}
-
-impl Reporter {
-    async fn run(self, shutdown: Shutdown) {
-        let mut reported: HashMap<String, (BreakerSnapshot, Timestamp)> = HashMap::new();
-        let mut ticks = tokio::time::interval(STATUS_REPORT_INTERVAL);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = ticks.tick() => {}
-                () = shutdown.triggered() => break,
-            }
-            self.report_once(&mut reported, false).await;
-        }
-        self.report_once(&mut reported, true).await;
-    }
-
-    /// Reports the heartbeat and every breaker that changed since this
-    /// process last reported it, or was last reported long ago.
-    async fn report_once(&self, reported: &mut HashMap<String, (BreakerSnapshot, Timestamp)>, stopped: bool) {
-        let now = self.clock.now();
-        let mut heartbeat = self.heartbeat.clone();
-        heartbeat["stopped"] = Value::Bool(stopped);
-        if let Err(err) = self.store.report_status(&instance_key(&self.instance), &heartbeat).await {
-            warn!("cannot report the heartbeat of instance {}: {err}", self.instance);
-        }
-        let due: Vec<(String, BreakerSnapshot)> = self
-            .agents
-            .breakers()
-            .into_iter()
-            .filter(|(_, snapshot)| match reported.get(&snapshot.endpoint) {
-                Some((last, at)) => last != snapshot || now.since(*at) >= BREAKER_REFRESH_INTERVAL,
-                None => true,
-            })
-            .take(BREAKERS_REPORTED_MAX)
-            .collect();
-        for (agent, snapshot) in due {
-            let value = json!({
-                "agent": agent,
-                "endpoint": snapshot.endpoint,
-                "state": snapshot.state.as_str(),
-                "consecutive_failures": snapshot.consecutive_failures,
-                "open_until": snapshot.open_until,
-                "instance": self.instance.as_str(),
-            });
-            match self.store.report_status(&breaker_key(&snapshot.endpoint), &value).await {
-                Ok(()) => {
-                    reported.insert(snapshot.endpoint.clone(), (snapshot, now));
-                }
-                Err(err) => warn!("cannot report the circuit breaker of {}: {err}", snapshot.endpoint),
-            }
-        }
     }
 }
 
