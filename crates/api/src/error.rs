@@ -118,8 +118,22 @@ impl ApiError {
         use rota_engine::Error as E;
         match err {
             E::Store(err) => ApiError::store(request, err),
-            E::Refused(why) => ApiError::new(StatusCode::CONFLICT, "refused", format!("{request}: {why}")),
             E::Workflow(detail) | E::Config(detail) => ApiError::internal(request, detail),
+        }
+    }
+
+    /// The error of an operator's `request`: a rule that refused it is a
+    /// 404 or 409 whose reason is the rule's own text (the CLI prints the
+    /// same one on a local store); a failure is classified as
+    /// [`ApiError::engine`] does.
+    pub fn ops(request: &str, err: rota_engine::ops::Error) -> Self {
+        use rota_engine::ops::Error as E;
+        let reason = err.to_string();
+        match err {
+            E::TaskNotFound(_) | E::StepNotFound { .. } => ApiError::new(StatusCode::NOT_FOUND, "not_found", reason),
+            E::UnknownWorkflow(_) => ApiError::new(StatusCode::NOT_FOUND, "unknown_workflow", reason),
+            E::Refused { .. } => ApiError::new(StatusCode::CONFLICT, "refused", reason),
+            E::Engine(err) => ApiError::engine(request, err),
         }
     }
 

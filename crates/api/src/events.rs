@@ -100,10 +100,7 @@ pub async fn task_events(
 ) -> ApiResult<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>> {
     let id = task_id(id)?;
     let after = resume_after(&headers, query.after)?;
-    let exists = state.store().task(&id).await.map_err(|err| ApiError::store("task events", err))?;
-    if exists.is_none() {
-        return Err(ApiError::not_found(format!("task {id}")));
-    }
+    state.client().record(&id).await.map_err(|err| ApiError::ops("task events", err))?;
     let keep_alive = KeepAlive::new().interval(state.limits().events_keep_alive);
     let closing = state.closing();
     let stream = TaskStream { state, id, after, pending: VecDeque::new(), ended: false, polled: false, closing };

@@ -1,14 +1,16 @@
 //! The task endpoints: submit (the task id is the idempotency
 //! key), status with steps, listing with filters, history, alerts, cancel
-//! and resubmit. Changes go through [`rota_engine::Client`], so they are the
-//! same fenced commits the CLI makes.
+//! and resubmit. Each goes through [`rota_engine::Client`], whose operator
+//! requests ([`rota_engine::ops`]) hold the rules, so that these handlers
+//! only read the request and translate the answer: the same rules and the
+//! same texts as the CLI on a local store.
 
 use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use rota_engine::Submission;
+use rota_engine::{Submission, ops};
 use rota_model::{InstanceId, StepName, TaskId, TaskState, WorkflowName};
-use rota_store::{TaskFilter, TaskRecord};
+use rota_store::TaskFilter;
 use serde_json::json;
 use tracing::Instrument;
 
@@ -23,17 +25,10 @@ pub(crate) fn task_id(raw: String) -> ApiResult<TaskId> {
     TaskId::new(raw).map_err(|err| ApiError::invalid_path("id", err))
 }
 
-/// The view of a task, with the agents of its definition (a task whose
-/// definition is missing or unreadable is still shown).
-async fn view(state: &ApiState, record: &TaskRecord) -> TaskView {
-    let task = &record.task;
-    let definition = state.workflows().get(&task.workflow, Some(task.workflow_version)).await.ok();
-    TaskView::new(task, &record.steps, definition.as_deref())
-}
-
-/// The task, or 404.
-async fn required(state: &ApiState, request: &str, id: &TaskId) -> ApiResult<TaskRecord> {
-    state.store().task(id).await.map_err(|err| ApiError::store(request, err))?.ok_or_else(|| ApiError::not_found(format!("task {id}")))
+/// The view of a task after `request`, or 404.
+async fn view(state: &ApiState, request: &str, id: &TaskId) -> ApiResult<TaskView> {
+    let detail = state.client().task(id).await.map_err(|err| ApiError::ops(request, err))?;
+    Ok(TaskView::from(&detail))
 }
 
 /// Submit a task.
@@ -80,15 +75,9 @@ async fn submit_traced(state: ApiState, request: SubmitRequest) -> ApiResult<(St
     }
     let input = request.input.unwrap_or_else(|| json!({}));
     let submission = Submission { workflow, version: request.version, input, id, reply_to: request.callback_url };
-    let submitted = state.client().submit(submission).await.map_err(|err| match err {
-        rota_engine::Error::Store(rota_store::Error::NotFound(what)) => {
-            ApiError::new(StatusCode::NOT_FOUND, "unknown_workflow", format!("workflow: {what}"))
-        }
-        other => ApiError::engine("submit", other),
-    })?;
-    let record = required(&state, "submit", &submitted.id).await?;
+    let submitted = state.client().submit(submission).await.map_err(|err| ApiError::ops("submit", ops::Error::from_submit(err)))?;
     let status = if submitted.created { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, Json(view(&state, &record).await)))
+    Ok((status, Json(view(&state, "submit", &submitted.id).await?)))
 }
 
 /// A task with its steps.
@@ -104,8 +93,7 @@ async fn submit_traced(state: ApiState, request: SubmitRequest) -> ApiResult<(St
 )]
 pub async fn get(State(state): State<ApiState>, ApiPath(TaskPath { id }): ApiPath<TaskPath>) -> ApiResult<Json<TaskView>> {
     let id = task_id(id)?;
-    let record = required(&state, "get task", &id).await?;
-    Ok(Json(view(&state, &record).await))
+    Ok(Json(view(&state, "get task", &id).await?))
 }
 
 /// Tasks, newest first, filtered.
@@ -124,7 +112,7 @@ pub async fn list(State(state): State<ApiState>, ApiQuery(query): ApiQuery<TaskL
         locked_by: query.locked_by.map(InstanceId::new).transpose().map_err(|err| ApiError::invalid_query("locked_by", err))?,
         limit: state.limit(query.limit)?,
     };
-    let tasks = state.store().list_tasks(&filter).await.map_err(|err| ApiError::store("list tasks", err))?;
+    let tasks = state.client().tasks(&filter).await.map_err(|err| ApiError::ops("list tasks", err))?;
     Ok(Json(tasks.iter().map(TaskSummary::from).collect()))
 }
 
@@ -141,8 +129,7 @@ pub async fn list(State(state): State<ApiState>, ApiQuery(query): ApiQuery<TaskL
 )]
 pub async fn history(State(state): State<ApiState>, ApiPath(TaskPath { id }): ApiPath<TaskPath>) -> ApiResult<Json<Vec<EventView>>> {
     let id = task_id(id)?;
-    required(&state, "task history", &id).await?;
-    let events = state.store().history(&id).await.map_err(|err| ApiError::store("task history", err))?;
+    let events = state.client().history(&id).await.map_err(|err| ApiError::ops("task history", err))?;
     Ok(Json(events.iter().map(EventView::from).collect()))
 }
 
@@ -157,7 +144,7 @@ pub async fn history(State(state): State<ApiState>, ApiPath(TaskPath { id }): Ap
 )]
 pub async fn alerts(State(state): State<ApiState>, ApiQuery(query): ApiQuery<LimitQuery>) -> ApiResult<Json<Vec<AlertView>>> {
     let limit = state.limit(query.limit)?;
-    let alerts = state.store().alerts(limit).await.map_err(|err| ApiError::store("list alerts", err))?;
+    let alerts = state.client().alerts(limit).await.map_err(|err| ApiError::ops("list alerts", err))?;
     Ok(Json(alerts.iter().map(AlertView::from).collect()))
 }
 
@@ -178,8 +165,7 @@ pub async fn alerts(State(state): State<ApiState>, ApiQuery(query): ApiQuery<Lim
 )]
 pub async fn cancel(State(state): State<ApiState>, ApiPath(TaskPath { id }): ApiPath<TaskPath>) -> ApiResult<Json<TaskStateChange>> {
     let id = task_id(id)?;
-    required(&state, "cancel", &id).await?;
-    let moved = state.client().cancel(&id).await.map_err(|err| ApiError::engine("cancel", err))?;
+    let moved = state.client().cancel(&id).await.map_err(|err| ApiError::ops("cancel", err))?;
     Ok(Json(TaskStateChange { id: id.to_string(), state: moved.into() }))
 }
 
@@ -220,14 +206,6 @@ pub async fn resubmit_step(State(state): State<ApiState>, ApiPath(StepPath { id,
 }
 
 async fn resubmit_task(state: &ApiState, id: &TaskId, step: Option<&StepName>) -> ApiResult<Json<TaskView>> {
-    let record = required(state, "resubmit", id).await?;
-    if let Some(step) = step
-        && !record.steps.iter().any(|s| &s.name == step)
-    {
-        let names: Vec<&str> = record.steps.iter().map(|s| s.name.as_str()).collect();
-        return Err(ApiError::not_found(format!("step {step} of task {id} (its steps: {})", names.join(", "))));
-    }
-    state.client().resubmit(id, step).await.map_err(|err| ApiError::engine("resubmit", err))?;
-    let record = required(state, "resubmit", id).await?;
-    Ok(Json(view(state, &record).await))
+    state.client().resubmit(id, step).await.map_err(|err| ApiError::ops("resubmit", err))?;
+    Ok(Json(view(state, "resubmit", id).await?))
 }

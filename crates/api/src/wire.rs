@@ -5,6 +5,7 @@
 //! Times are integers: milliseconds since the Unix epoch (UTC), as the
 //! stores keep them.
 
+use rota_engine::ops::TaskDetail;
 use rota_model::{Step, StepState, Task, TaskState};
 use rota_store::{ComponentStatus, DeadLetter, Event, QueueStats, WorkflowEntry};
 use serde::{Deserialize, Serialize};
@@ -235,6 +236,12 @@ impl TaskView {
                 })
                 .collect(),
         }
+    }
+}
+
+impl From<&TaskDetail> for TaskView {
+    fn from(detail: &TaskDetail) -> Self {
+        TaskView::new(&detail.record.task, &detail.record.steps, detail.definition.as_deref())
     }
 }
 

@@ -1,15 +1,20 @@
 //! Where an operator command acts: the store itself (`--store`, through a
 //! [`Client`] with no engine in this process) or a remote server's HTTP API
-//! (`--server`). Both answer with the API's wire types ([`rota_api::wire`]),
-//! built locally by the same conversions the server uses, so each command
-//! has one code path after this and prints the same thing either way.
+//! (`--server`). This only picks the transport: on a local store the
+//! requests on tasks go through the same operator requests as the server's
+//! handlers ([`rota_engine::ops`], which hold the rules), and both sides
+//! answer with the API's wire types ([`rota_api::wire`]), built locally by
+//! the same conversions the server uses. So each command has one code path
+//! after this and prints the same thing either way.
 //!
-//! Errors read the same on both sides where it matters to an operator: a
-//! missing task is "task ID not found", a refused change names the task.
+//! A request that a rule refuses (a missing task or step, a workflow that
+//! is not registered, a change the task's state does not allow) reads the
+//! same on both sides: the rule's own text, which the server answers as its
+//! reason. Other failures name what was asked first.
 //! Known differences, kept because the API chose them: over HTTP a pause or
 //! resume of a queue that does not exist is an error (locally it creates
-//! the queue), and listings are bounded by the server's limit (1000 by
-//! default).
+//! the queue), failures of the server's store keep their details in its
+//! log, and listings are bounded by the server's limit (1000 by default).
 
 use std::sync::Arc;
 
@@ -17,9 +22,9 @@ use anyhow::{Context, anyhow};
 use rota_api::wire::{
     AlertView, BreakerView, Count, DeadLetterView, EventView, QueueView, TaskStateChange, TaskSummary, TaskView, WorkflowView,
 };
-use rota_engine::{Client, Submission, Workflows};
+use rota_engine::{Client, Submission, Workflows, ops};
 use rota_model::{QueueName, StepName, SystemClock, TaskId, TaskState, WorkflowName};
-use rota_store::{Redrive, SharedStore, TaskFilter, TaskRecord};
+use rota_store::{Redrive, SharedStore, TaskFilter};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -33,27 +38,12 @@ pub enum Backend {
     Remote(Server),
 }
 
-/// A task with its steps, and what only the store knows.
-pub struct TaskDetail {
-    /// The task, as the API shows it.
-    pub view: TaskView,
-    /// The queue its completion is reported to (local only: the API does not show it).
-    pub reply_to: Option<String>,
-}
-
 /// The outcome of a submit.
 pub struct Submitted {
     /// The task (the existing one when its id was taken).
     pub view: TaskView,
     /// Whether this submit created it.
     pub created: bool,
-}
-
-/// What `rota tasks` asks for.
-pub struct TaskQuery {
-    pub state: Option<TaskState>,
-    pub workflow: Option<WorkflowName>,
-    pub limit: u32,
 }
 
 /// The body of `POST /v1/tasks`.
@@ -71,39 +61,22 @@ fn client(store: &SharedStore) -> Client {
     Client::new(store.clone(), Arc::new(SystemClock), Workflows::new(store.clone()), None)
 }
 
-/// An engine error as an operator reads it: a missing record or a refused
-/// request is its own message, without the variant's prefix.
-fn engine_error(err: rota_engine::Error) -> anyhow::Error {
+/// An operator request's error on a local store: a rule's refusal as the
+/// rule words it, a failure after what was asked.
+fn local_error(asked: impl FnOnce() -> String, err: ops::Error) -> anyhow::Error {
     match err {
-        rota_engine::Error::Store(rota_store::Error::NotFound(what)) => anyhow!("{what}"),
-        rota_engine::Error::Refused(why) => anyhow!("{why}"),
-        other => anyhow::Error::new(other),
+        ops::Error::Engine(failure) => anyhow::Error::new(failure).context(asked()),
+        refusal => anyhow::Error::new(refusal),
     }
 }
 
-async fn required(store: &SharedStore, id: &TaskId) -> anyhow::Result<TaskRecord> {
-    store.task(id).await.with_context(|| format!("cannot read task {id}"))?.ok_or_else(|| anyhow!("task {id} not found"))
-}
-
-/// The view of a stored task, with its definition's agents (a task whose
-/// definition is missing or unreadable is still shown).
-async fn view(store: &SharedStore, record: &TaskRecord) -> TaskView {
-    let task = &record.task;
-    let definition = Workflows::new(store.clone()).get(&task.workflow, Some(task.workflow_version)).await.ok();
-    TaskView::new(task, &record.steps, definition.as_deref())
-}
-
-/// "cannot ACTION task ID: why", from a refused (or failed) change; a
-/// missing task is just "task ID not found".
-fn refused(action: &str, id: &TaskId, err: anyhow::Error) -> anyhow::Error {
-    if remote::code_of(&err) == Some("not_found") {
-        return err;
+/// The same for the server's answer: its codes for a rule's refusal carry
+/// the rule's text as their reason.
+fn remote_error(asked: impl FnOnce() -> String, err: anyhow::Error) -> anyhow::Error {
+    match remote::code_of(&err) {
+        Some("not_found" | "unknown_workflow" | "refused") => err,
+        _ => err.context(asked()),
     }
-    let message = err.to_string();
-    // The API prefixes its reasons with the request's name.
-    let message = message.strip_prefix(&format!("{action}: ")).unwrap_or(&message);
-    let message = message.strip_prefix(&format!("task {id}: ")).unwrap_or(message);
-    anyhow!("cannot {action} task {id}: {message}")
 }
 
 impl Backend {
@@ -117,10 +90,12 @@ impl Backend {
     ) -> anyhow::Result<Submitted> {
         match self {
             Backend::Local(store) => {
+                let client = client(store);
                 let submission = Submission { workflow: workflow.clone(), version, input, id, reply_to: None };
-                let submitted = client(store).submit(submission).await.map_err(engine_error)?;
-                let record = required(store, &submitted.id).await?;
-                Ok(Submitted { view: view(store, &record).await, created: submitted.created })
+                let submitted = client.submit(submission).await.map_err(|err| anyhow::Error::new(ops::Error::from_submit(err)))?;
+                let detail =
+                    client.task(&submitted.id).await.map_err(|err| local_error(|| format!("cannot read task {}", submitted.id), err))?;
+                Ok(Submitted { view: TaskView::from(&detail), created: submitted.created })
             }
             Backend::Remote(server) => {
                 let body = SubmitBody { workflow: workflow.as_str(), version, input: &input, id: id.as_ref().map(TaskId::as_str) };
@@ -131,13 +106,13 @@ impl Backend {
     }
 
     /// A task with its steps; "task ID not found" when it does not exist.
-    pub async fn task(&self, id: &TaskId) -> anyhow::Result<TaskDetail> {
+    pub async fn task(&self, id: &TaskId) -> anyhow::Result<TaskView> {
         match self {
             Backend::Local(store) => {
-                let record = required(store, id).await?;
-                Ok(TaskDetail { view: view(store, &record).await, reply_to: record.task.reply_to.clone() })
+                let detail = client(store).task(id).await.map_err(|err| local_error(|| format!("cannot read task {id}"), err))?;
+                Ok(TaskView::from(&detail))
             }
-            Backend::Remote(server) => Ok(TaskDetail { view: server.get(&["v1", "tasks", id.as_str()], &[]).await?, reply_to: None }),
+            Backend::Remote(server) => server.get(&["v1", "tasks", id.as_str()], &[]).await,
         }
     }
 
@@ -145,7 +120,8 @@ impl Backend {
     pub async fn history(&self, id: &TaskId) -> anyhow::Result<Vec<EventView>> {
         match self {
             Backend::Local(store) => {
-                let events = store.history(id).await.with_context(|| format!("cannot read the history of task {id}"))?;
+                let events =
+                    client(store).history(id).await.map_err(|err| local_error(|| format!("cannot read the history of task {id}"), err))?;
                 Ok(events.iter().map(EventView::from).collect())
             }
             Backend::Remote(server) => server.get(&["v1", "tasks", id.as_str(), "history"], &[]).await,
@@ -163,21 +139,23 @@ impl Backend {
         }
     }
 
-    /// Tasks, newest first.
-    pub async fn tasks(&self, query: TaskQuery) -> anyhow::Result<Vec<TaskSummary>> {
+    /// The tasks `filter` selects, newest first.
+    pub async fn tasks(&self, filter: TaskFilter) -> anyhow::Result<Vec<TaskSummary>> {
         match self {
             Backend::Local(store) => {
-                let filter = TaskFilter { state: query.state, workflow: query.workflow, limit: query.limit, ..TaskFilter::default() };
-                let tasks = store.list_tasks(&filter).await.context("cannot list tasks")?;
+                let tasks = client(store).tasks(&filter).await.map_err(|err| local_error(|| "cannot list tasks".to_owned(), err))?;
                 Ok(tasks.iter().map(TaskSummary::from).collect())
             }
             Backend::Remote(server) => {
-                let mut params = vec![("limit", query.limit.to_string())];
-                if let Some(state) = query.state {
+                let mut params = vec![("limit", filter.limit.to_string())];
+                if let Some(state) = filter.state {
                     params.push(("state", state.as_str().to_owned()));
                 }
-                if let Some(workflow) = query.workflow {
+                if let Some(workflow) = filter.workflow {
                     params.push(("workflow", workflow.to_string()));
+                }
+                if let Some(locked_by) = filter.locked_by {
+                    params.push(("locked_by", locked_by.to_string()));
                 }
                 server.get(&["v1", "tasks"], &params).await.context("cannot list tasks")
             }
@@ -188,7 +166,7 @@ impl Backend {
     pub async fn alerts(&self, limit: u32) -> anyhow::Result<Vec<AlertView>> {
         match self {
             Backend::Local(store) => {
-                let alerts = store.alerts(limit).await.context("cannot list alerts")?;
+                let alerts = client(store).alerts(limit).await.map_err(|err| local_error(|| "cannot list alerts".to_owned(), err))?;
                 Ok(alerts.iter().map(AlertView::from).collect())
             }
             Backend::Remote(server) => server.get(&["v1", "alerts"], &[("limit", limit.to_string())]).await.context("cannot list alerts"),
@@ -197,25 +175,20 @@ impl Backend {
 
     /// Resubmits a task in Error (or one of its steps); the task afterwards.
     pub async fn resubmit(&self, id: &TaskId, step: Option<&StepName>) -> anyhow::Result<TaskView> {
+        let asked = || format!("cannot resubmit task {id}");
         match self {
             Backend::Local(store) => {
-                let record = required(store, id).await?;
-                if let Some(step) = step
-                    && !record.steps.iter().any(|s| &s.name == step)
-                {
-                    let names: Vec<&str> = record.steps.iter().map(|s| s.name.as_str()).collect();
-                    anyhow::bail!("task {id} has no step {step} (its steps: {})", names.join(", "));
-                }
-                client(store).resubmit(id, step).await.map_err(|err| refused("resubmit", id, engine_error(err)))?;
-                let record = required(store, id).await?;
-                Ok(view(store, &record).await)
+                let client = client(store);
+                client.resubmit(id, step).await.map_err(|err| local_error(asked, err))?;
+                let detail = client.task(id).await.map_err(|err| local_error(|| format!("cannot read task {id}"), err))?;
+                Ok(TaskView::from(&detail))
             }
             Backend::Remote(server) => {
                 let segments: Vec<&str> = match step {
                     Some(step) => vec!["v1", "tasks", id.as_str(), "steps", step.as_str(), "resubmit"],
                     None => vec!["v1", "tasks", id.as_str(), "resubmit"],
                 };
-                let (_, view) = server.post::<TaskView, ()>(&segments, None).await.map_err(|err| refused("resubmit", id, err))?;
+                let (_, view) = server.post::<TaskView, ()>(&segments, None).await.map_err(|err| remote_error(asked, err))?;
                 Ok(view)
             }
         }
@@ -223,16 +196,14 @@ impl Backend {
 
     /// Cancels a task; the state it moved to.
     pub async fn cancel(&self, id: &TaskId) -> anyhow::Result<TaskState> {
+        let asked = || format!("cannot cancel task {id}");
         match self {
-            Backend::Local(store) => {
-                required(store, id).await?;
-                client(store).cancel(id).await.map_err(|err| refused("cancel", id, engine_error(err)))
-            }
+            Backend::Local(store) => client(store).cancel(id).await.map_err(|err| local_error(asked, err)),
             Backend::Remote(server) => {
                 let (_, change) = server
                     .post::<TaskStateChange, ()>(&["v1", "tasks", id.as_str(), "cancel"], None)
                     .await
-                    .map_err(|err| refused("cancel", id, err))?;
+                    .map_err(|err| remote_error(asked, err))?;
                 Ok(crate::tasks::task_state(change.state))
             }
         }
@@ -328,19 +299,5 @@ impl Backend {
                 .1
                 .count),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn refusals_name_the_action_and_the_task_once() {
-        let id = TaskId::new("t-1").unwrap();
-        let err = refused("cancel", &id, anyhow!("cancel: task t-1: is already processed"));
-        assert_eq!(err.to_string(), "cannot cancel task t-1: is already processed");
-        let err = refused("cancel", &id, anyhow!("task t-1: is already processed"));
-        assert_eq!(err.to_string(), "cannot cancel task t-1: is already processed");
     }
 }

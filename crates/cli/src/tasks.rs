@@ -19,11 +19,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow, bail};
 use rota_api::wire::{AlertView, BreakerView, EventView, StepStateView, TaskStateView, TaskSummary, TaskView};
 use rota_model::{StepName, StepState, TaskId, TaskState, WorkflowName};
+use rota_store::TaskFilter;
 use serde::Serialize;
 use serde_json::Value;
 
 use crate::StoreArgs;
-use crate::backend::{Backend, TaskQuery};
+use crate::backend::Backend;
 use crate::output::{self, rfc3339_millis};
 
 /// How often `submit --wait` reads the task.
@@ -186,7 +187,7 @@ async fn wait(backend: &Backend, id: &TaskId, timeout: Duration) -> anyhow::Resu
     };
     let mut seen: Option<TaskView> = None;
     loop {
-        let task = backend.task(id).await?.view;
+        let task = backend.task(id).await?;
         let elapsed = started.elapsed();
         for line in moves(seen.as_ref(), &task) {
             spinner.suspend(|| eprintln!("[{:>7.2}s] {line}", elapsed.as_secs_f64()));
@@ -388,7 +389,7 @@ impl From<&BreakerView> for BreakerJson {
 /// `rota status`.
 pub async fn status(store: &StoreArgs, args: StatusArgs) -> anyhow::Result<()> {
     let backend = store.backend().await?;
-    let detail = backend.task(&args.id).await?;
+    let task = backend.task(&args.id).await?;
     let history = backend.history(&args.id).await?;
     // A token that may read the task but not list the breakers (scope
     // `submit`) still gets the task's status.
@@ -398,7 +399,6 @@ pub async fn status(store: &StoreArgs, args: StatusArgs) -> anyhow::Result<()> {
         Err(err) => return Err(err),
     };
     let breakers: Vec<BreakerJson> = breakers.iter().map(BreakerJson::from).filter(|b| b.state != "closed").collect();
-    let task = &detail.view;
     let steps: Vec<StepJson> = task
         .steps
         .iter()
@@ -431,7 +431,7 @@ pub async fn status(store: &StoreArgs, args: StatusArgs) -> anyhow::Result<()> {
         error: task.error.as_deref(),
         input: &task.input,
         output: task.output.as_ref(),
-        reply_to: detail.reply_to.as_deref(),
+        reply_to: task.callback_url.as_deref(),
         created_at: rfc3339_millis(task.created_at),
         updated_at: rfc3339_millis(task.updated_at),
         steps,
@@ -540,7 +540,8 @@ fn status_text(status: &StatusJson) -> String {
 /// `rota tasks`.
 pub async fn list(store: &StoreArgs, args: ListArgs) -> anyhow::Result<()> {
     let backend = store.backend().await?;
-    let tasks = backend.tasks(TaskQuery { state: args.state, workflow: args.workflow, limit: args.limit }).await?;
+    let tasks =
+        backend.tasks(TaskFilter { state: args.state, workflow: args.workflow, limit: args.limit, ..TaskFilter::default() }).await?;
     if args.json {
         let json: Vec<TaskSummaryJson> = tasks.iter().map(TaskSummaryJson::from).collect();
         return output::json(&json);

@@ -356,7 +356,7 @@ fn operator_commands_over_http_print_what_they_print_locally() {
     assert_eq!(stdout(&remote(&rota, &server, ADMIN_TOKEN, &["cancel", "s-1"])), "cancelled\n");
     let output = remote(&rota, &server, ADMIN_TOKEN, &["cancel", "s-1"]);
     assert_eq!(output.status.code(), Some(1));
-    assert_one_error_line(&String::from_utf8_lossy(&output.stderr), &["cannot cancel task s-1: ", "cancelled"]);
+    assert_one_error_line(&String::from_utf8_lossy(&output.stderr), &["cancel: task s-1: ", "cancelled"]);
     let output = remote(&rota, &server, ADMIN_TOKEN, &["status", "nope"]);
     assert_one_error_line(&String::from_utf8_lossy(&output.stderr), &["task nope not found"]);
     let (_, local) = rota.fails(&["status", "nope"]);
@@ -386,6 +386,35 @@ fn operator_commands_over_http_print_what_they_print_locally() {
     assert_eq!(output.status.code(), Some(1));
     assert_one_error_line(&String::from_utf8_lossy(&output.stderr), &["rota queue send", "only on a local store"]);
 
+    let (status, log) = server.terminate();
+    assert_eq!(status.code(), Some(0), "{log}");
+}
+
+/// A request that a rule refuses is refused by the same rule, in the same
+/// words, on the store and over HTTP.
+#[test]
+fn a_refused_request_reads_the_same_on_the_store_and_over_http() {
+    let rota = Rota::new();
+    let files = Files::new();
+    let server = Server::serve(&rota, &files, &[], &[("ROTA_API_TOKEN", ADMIN_TOKEN)]);
+    rota.ok(&["submit", "pipeline", "--id", "done-1", "--input", r#"{"order": 1}"#, "--wait"]);
+    let unregistered = "workflow: workflow unregistered (any version) is not registered; `rota workflows` lists the registered ones, \
+                        and `rota serve --workflows DIR` registers a directory of definitions";
+    let refusals: [(&[&str], &str); 6] = [
+        (&["resubmit", "done-1", "--step", "nope"], "step nope of task done-1 (its steps: pause, echo) not found"),
+        (&["cancel", "done-1"], "cancel: task done-1: task is processed, which is terminal"),
+        (&["resubmit", "done-1"], "resubmit: task done-1: cannot resubmit a task that is processed"),
+        (&["cancel", "nope"], "task nope not found"),
+        (&["resubmit", "nope", "--step", "pause"], "task nope not found"),
+        (&["submit", "unregistered"], unregistered),
+    ];
+    for (args, line) in refusals {
+        let (code, local) = rota.fails(args);
+        assert_eq!((code, local.as_str()), (1, format!("error: {line}\n").as_str()), "rota {args:?} on the store");
+        let over_http = remote(&rota, &server, ADMIN_TOKEN, args);
+        let over_http = (over_http.status.code(), String::from_utf8_lossy(&over_http.stderr).into_owned());
+        assert_eq!(over_http, (Some(code), local), "rota {args:?} over HTTP");
+    }
     let (status, log) = server.terminate();
     assert_eq!(status.code(), Some(0), "{log}");
 }

@@ -446,7 +446,7 @@ steps:
     assert_eq!((&status["steps"][0]["state"], &status["steps"][1]["state"]), (&json!("completed"), &json!("failed")));
     let (code, stderr) = rota.fails(&["resubmit", "m-1", "--step", "nope"]);
     assert_eq!(code, 1);
-    assert_one_error_line(&stderr, &["task m-1 has no step nope (its steps: first, check)"]);
+    assert_one_error_line(&stderr, &["step nope of task m-1 (its steps: first, check) not found"]);
     std::fs::write(&marker, "").unwrap();
     assert_eq!(rota.ok(&["resubmit", "m-1"]), "pending\n");
     let status = wait_for_state(&rota, "m-1", "processed", Duration::from_secs(10));
@@ -459,7 +459,7 @@ steps:
     // A processed task cannot be resubmitted.
     let (code, stderr) = rota.fails(&["resubmit", "m-1"]);
     assert_eq!(code, 1);
-    assert_one_error_line(&stderr, &["cannot resubmit task m-1: "]);
+    assert_one_error_line(&stderr, &["resubmit: task m-1: "]);
 }
 
 // -------------------------------------------------------- circuit breakers
@@ -540,7 +540,7 @@ steps:
     assert_eq!(status["steps"][1]["state"], "not_started");
     let (code, stderr) = rota.fails(&["cancel", "s-1"]);
     assert_eq!(code, 1);
-    assert_one_error_line(&stderr, &["cannot cancel task s-1: ", "cancelled"]);
+    assert_one_error_line(&stderr, &["cancel: task s-1: ", "cancelled"]);
 
     // The agent is still in its 60 s sleep: a stop gives it the consumer's
     // shutdown grace, then gives its message back.

@@ -1,12 +1,13 @@
-//! What applications and operators do to tasks: submit, cancel,
-//! resubmit, look up, and wait. Each is one fenced commit with its history
-//! events, plus a doorbell when a Scheduler has work to claim.
+//! What applications do with tasks: submit, look up, and wait. A
+//! submission is one commit with its history event and the doorbell that
+//! wakes a Scheduler. The operator's requests (cancel, resubmit, the
+//! lookups that refuse a missing task) are in [`crate::ops`].
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use rota_model::{Clock, Step, StepName, StepState, Task, TaskId, TaskState, WorkflowName};
-use rota_store::{Changes, Created, Event, EventKind, NewTask, Outgoing, SharedStore, StepWrite, TaskRecord, TaskWrite};
+use rota_model::{Clock, Step, Task, TaskId, TaskState, WorkflowName};
+use rota_store::{Created, Event, EventKind, NewTask, Outgoing, SharedStore, TaskRecord};
 use serde_json::{Value, json};
 
 use crate::completions::Completions;
@@ -15,9 +16,6 @@ use crate::telemetry;
 use crate::workflows::Workflows;
 use crate::{Error, Result};
 use tracing::Instrument;
-
-/// How often an operator's change that lost a race is tried again.
-const OPERATOR_TRIES_MAX: u32 = 5;
 
 /// A request to run a workflow.
 #[derive(Debug, Clone)]
@@ -63,10 +61,10 @@ pub struct Submitted {
 /// The operations on tasks. Cheap to clone.
 #[derive(Clone)]
 pub struct Client {
-    store: SharedStore,
-    clock: Arc<dyn Clock>,
-    workflows: Workflows,
-    completions: Option<Completions>,
+    pub(crate) store: SharedStore,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) workflows: Workflows,
+    pub(crate) completions: Option<Completions>,
 }
 
 impl Client {
@@ -139,135 +137,6 @@ impl Client {
         Ok(self.store.task(id).await?)
     }
 
-    /// Cancels a task that has not finished. If some step that has a
-    /// compensation completed (or may have: it is in flight, or an attempt
-    /// of it was never confirmed), the task is compensated; otherwise it is
-    /// Cancelled. Returns the state it moved to.
-    pub async fn cancel(&self, id: &TaskId) -> Result<TaskState> {
-        let state = self.retrying(|| self.try_cancel(id)).await?;
-        if state.is_terminal()
-            && let Some(completions) = &self.completions
-        {
-            completions.publish(id.clone(), state);
-        }
-        Ok(state)
-    }
-
-    async fn try_cancel(&self, id: &TaskId) -> Result<TaskState> {
-        let record = self.required(id).await?;
-        let workflow = self.workflows.get(&record.task.workflow, Some(record.task.workflow_version)).await?;
-        let compensate = record.steps.iter().any(|s| {
-            let maybe_done =
-                matches!(s.state, StepState::Completed | StepState::Running) || (s.state == StepState::NotStarted && s.attempt > 0);
-            maybe_done && workflow.step(&s.name).is_some_and(|d| d.compensate().is_some())
-        });
-        let now = self.clock.now();
-        let next = record.task.cancel(compensate, now).map_err(|e| Error::Refused(format!("task {id}: {e}")))?;
-        let state = next.state;
-        let mut changes = Changes::default();
-        changes.events.push(Event::task(id, now, EventKind::Cancelled, json!({ "compensate": compensate })));
-        if compensate {
-            changes.events.push(Event::task(id, now, EventKind::CompensationStarted, json!({ "reason": "cancelled by an operator" })));
-            changes.send.push(doorbell(id));
-        }
-        changes.tasks.push(TaskWrite::replacing(&record.task, next));
-        self.store.commit(changes).await?;
-        if state.is_terminal() {
-            metrics::counter!(telemetry::TASKS_FINISHED, "workflow" => record.task.workflow.to_string(), "state" => state.as_str())
-                .increment(1);
-        }
-        Ok(state)
-    }
-
-    /// Resubmits a task that ended in Error. If it failed while being
-    /// undone, its compensation resumes (the step whose compensation failed
-    /// is compensated again); otherwise its failed steps (or only `step`)
-    /// run again. Completed steps are kept either way.
-    pub async fn resubmit(&self, id: &TaskId, step: Option<&StepName>) -> Result<()> {
-        self.retrying(|| self.try_resubmit(id, step)).await
-    }
-
-    async fn try_resubmit(&self, id: &TaskId, step: Option<&StepName>) -> Result<()> {
-        let record = self.required(id).await?;
-        let now = self.clock.now();
-        let mut changes = Changes::default();
-        let next = if self.failed_while_compensating(&record).await? {
-            if step.is_some() {
-                return Err(Error::Refused(format!(
-                    "task {id} failed while being undone: resubmit resumes its compensation, not one step"
-                )));
-            }
-            // The steps that failed during the compensation are the ones that
-            // had completed; a step that failed going forward stays failed.
-            let completed = self.completed_steps(id).await?;
-            for failed in record.steps.iter().filter(|s| s.state == StepState::Failed && completed.contains(&s.name)) {
-                let again =
-                    failed.resubmit_compensation(now).map_err(|e| Error::Refused(format!("step {} of task {id}: {e}", failed.name)))?;
-                changes.steps.push(StepWrite::replacing(failed, again));
-            }
-            record.task.resubmit_compensation(now).map_err(|e| Error::Refused(format!("task {id}: {e}")))?
-        } else {
-            if let Some(name) = step {
-                let found =
-                    record.steps.iter().find(|s| &s.name == name).ok_or_else(|| Error::Refused(format!("task {id} has no step {name}")))?;
-                let again = found.resubmit(now).map_err(|e| Error::Refused(format!("step {name} of task {id}: {e}")))?;
-                changes.steps.push(StepWrite::replacing(found, again));
-            } else {
-                for failed in record.steps.iter().filter(|s| s.state == StepState::Failed) {
-                    let again = failed.resubmit(now).map_err(|e| Error::Refused(format!("step {} of task {id}: {e}", failed.name)))?;
-                    changes.steps.push(StepWrite::replacing(failed, again));
-                }
-            }
-            record.task.resubmit(now).map_err(|e| Error::Refused(format!("task {id}: {e}")))?
-        };
-        let detail = json!({ "step": step.map(|s| s.as_str()), "compensation": next.state == TaskState::Compensating });
-        changes.events.push(Event::task(id, now, EventKind::Resubmitted, detail));
-        changes.tasks.push(TaskWrite::replacing(&record.task, next));
-        changes.send.push(doorbell(id));
-        self.store.commit(changes).await?;
-        Ok(())
-    }
-
-    /// Whether the task's last run (since its last resubmit) reached compensation.
-    async fn failed_while_compensating(&self, record: &TaskRecord) -> Result<bool> {
-        if record.task.state != TaskState::Error {
-            return Ok(false);
-        }
-        let history = self.store.history(&record.task.id).await?;
-        let since_resubmit = history.iter().rposition(|e| e.kind == EventKind::Resubmitted).map_or(0, |i| i + 1);
-        Ok(history[since_resubmit..].iter().any(|e| e.kind == EventKind::CompensationStarted))
-    }
-
-    /// The steps that completed (or were settled in doubt), from the history.
-    async fn completed_steps(&self, id: &TaskId) -> Result<Vec<StepName>> {
-        let history = self.store.history(id).await?;
-        Ok(history
-            .into_iter()
-            .filter(|e| e.kind == EventKind::StepCompleted || (e.kind == EventKind::StepFailed && e.detail["in_doubt"] == json!(true)))
-            .filter_map(|e| e.step)
-            .collect())
-    }
-
-    /// Runs an operator's change again on a fresh read when it lost a race
-    /// with the task's Scheduler (which moves the task's epoch on every
-    /// decision), a bounded number of times.
-    async fn retrying<T, F, Fut>(&self, mut change: F) -> Result<T>
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<T>>,
-    {
-        let mut tries = 0;
-        loop {
-            match change().await {
-                Err(Error::Store(err)) if err.is_lost_race() && tries < OPERATOR_TRIES_MAX => {
-                    tries += 1;
-                    tokio::time::sleep(Duration::from_millis(10 * u64::from(tries))).await;
-                }
-                other => return other,
-            }
-        }
-    }
-
     /// Waits up to `timeout` for the task to reach a terminal state; returns
     /// it (or the current state on timeout).
     pub async fn wait(&self, id: &TaskId, timeout: Duration) -> Result<TaskState> {
@@ -295,6 +164,6 @@ impl Client {
     }
 }
 
-fn doorbell(id: &TaskId) -> (rota_model::QueueName, Outgoing) {
+pub(crate) fn doorbell(id: &TaskId) -> (rota_model::QueueName, Outgoing) {
     (protocol::tasks_queue(), Outgoing::json(&Doorbell::new(id.clone())).expect("doorbells serialize"))
 }

@@ -5,7 +5,9 @@
 //! its decisions are the pure functions of [`plan`]), the agents at work
 //! ([`AgentWorker`], one competing consumer per agent queue) and the
 //! [`Supervisor`] (recovers expired deadlines, elected by a leader lease).
-//! [`Client`] submits, cancels and resubmits tasks; [`Engine`] wires any
+//! [`Client`] submits tasks and serves the operator's requests ([`ops`]:
+//! look up, list, cancel, resubmit, each rule written once for the HTTP API
+//! and the CLI); [`Engine`] wires any
 //! subset of the roles into one process. All of them stand on the queue
 //! [`Consumer`]: the competing-consumer runtime that leases messages from a
 //! durable queue, runs a [`Handler`] on each with bounded concurrency,
@@ -27,6 +29,7 @@ pub mod client;
 pub mod completions;
 pub mod consumer;
 pub mod engine;
+pub mod ops;
 pub mod plan;
 pub mod protocol;
 pub mod scheduler;
@@ -65,8 +68,4 @@ pub enum Error {
     /// A workflow definition could not be used.
     #[error("workflow: {0}")]
     Workflow(String),
-    /// An operator's request does not apply to the task as it is (cancel a
-    /// finished task, resubmit one that did not fail…).
-    #[error("refused: {0}")]
-    Refused(String),
 }

@@ -24,7 +24,7 @@ use rota_engine::client::Client;
 use rota_engine::protocol::{self, InboxMessage, Reply, ReplyOutcome, StepRequest};
 use rota_engine::scheduler::{self, Handled, Scheduler};
 use rota_engine::supervisor::{self, Supervisor};
-use rota_engine::{Completions, Error as EngineError, Submission, Workflows};
+use rota_engine::{Completions, Error as EngineError, Submission, Workflows, ops};
 use rota_model::{
     Clock, ExhaustedPolicy, InstanceId, LeaseToken, ManualClock, MessageId, QueueName, RetryPolicy, StepName, StepState, TaskId, TaskState,
     Timestamp, WorkflowName,
@@ -833,8 +833,10 @@ impl World {
     pub async fn cancel(&mut self, id: &TaskId) -> Result<(), Fail> {
         match self.client.cancel(id).await {
             Ok(state) => self.note(format!("operator cancels {id}: now {state}")),
-            Err(EngineError::Refused(reason)) => self.note(format!("operator cancel of {id} refused: {reason}")),
-            Err(EngineError::Store(err)) if err.is_lost_race() => self.note(format!("operator cancel of {id} lost a race: {err}")),
+            Err(ops::Error::Refused { refusal, .. }) => self.note(format!("operator cancel of {id} refused: {refusal}")),
+            Err(ops::Error::Engine(EngineError::Store(err))) if err.is_lost_race() => {
+                self.note(format!("operator cancel of {id} lost a race: {err}"))
+            }
             Err(err) => return Err(format!("cancelling {id}: {err}")),
         }
         Ok(())
@@ -844,8 +846,10 @@ impl World {
     pub async fn resubmit(&mut self, id: &TaskId) -> Result<(), Fail> {
         match self.client.resubmit(id, None).await {
             Ok(()) => self.note(format!("operator resubmits {id}")),
-            Err(EngineError::Refused(reason)) => self.note(format!("operator resubmit of {id} refused: {reason}")),
-            Err(EngineError::Store(err)) if err.is_lost_race() => self.note(format!("operator resubmit of {id} lost a race: {err}")),
+            Err(ops::Error::Refused { refusal, .. }) => self.note(format!("operator resubmit of {id} refused: {refusal}")),
+            Err(ops::Error::Engine(EngineError::Store(err))) if err.is_lost_race() => {
+                self.note(format!("operator resubmit of {id} lost a race: {err}"))
+            }
             Err(err) => return Err(format!("resubmitting {id}: {err}")),
         }
         Ok(())
