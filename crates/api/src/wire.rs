@@ -91,6 +91,20 @@ impl From<TaskState> for TaskStateView {
     }
 }
 
+impl From<TaskStateView> for TaskState {
+    fn from(view: TaskStateView) -> Self {
+        match view {
+            TaskStateView::Pending => TaskState::Pending,
+            TaskStateView::Processing => TaskState::Processing,
+            TaskStateView::Processed => TaskState::Processed,
+            TaskStateView::Error => TaskState::Error,
+            TaskStateView::Compensating => TaskState::Compensating,
+            TaskStateView::Compensated => TaskState::Compensated,
+            TaskStateView::Cancelled => TaskState::Cancelled,
+        }
+    }
+}
+
 /// A step's state.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -118,6 +132,19 @@ impl From<StepState> for StepStateView {
             StepState::Failed => StepStateView::Failed,
             StepState::Compensating => StepStateView::Compensating,
             StepState::Compensated => StepStateView::Compensated,
+        }
+    }
+}
+
+impl From<StepStateView> for StepState {
+    fn from(view: StepStateView) -> Self {
+        match view {
+            StepStateView::NotStarted => StepState::NotStarted,
+            StepStateView::Running => StepState::Running,
+            StepStateView::Completed => StepState::Completed,
+            StepStateView::Failed => StepState::Failed,
+            StepStateView::Compensating => StepState::Compensating,
+            StepStateView::Compensated => StepState::Compensated,
         }
     }
 }

@@ -204,7 +204,7 @@ impl Backend {
                     .post::<TaskStateChange, ()>(&["v1", "tasks", id.as_str(), "cancel"], None)
                     .await
                     .map_err(|err| remote_error(asked, err))?;
-                Ok(crate::tasks::task_state(change.state))
+                Ok(change.state.into())
             }
         }
     }

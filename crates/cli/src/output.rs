@@ -2,15 +2,18 @@
 //! `--json` and for `consume`'s JSON lines) and plain aligned tables for
 //! people. Times are RFC 3339 in UTC with milliseconds in both.
 //!
-//! The JSON shapes are the CLI's own, not the HTTP API's wire types: they
-//! are built here from store records or from the API's views (which the
-//! operator commands get from either backend) and only ever serialized.
+//! The JSON shapes are the CLI's own, not the HTTP API's wire types (their
+//! times are RFC 3339, and some fields are named for people): they are
+//! built here from store records or from the API's views (which the
+//! operator commands get from either backend), and only ever serialized,
+//! except that `status` prints its text from its JSON shape, so that both
+//! show the same fields.
 
 use std::io::{self, Write};
 use std::time::{Duration, UNIX_EPOCH};
 
-use rota_api::wire::{DeadLetterView, QueueView};
-use rota_model::Timestamp;
+use rota_api::wire::{AlertView, BreakerView, DeadLetterView, EventView, QueueView, StepView, TaskSummary, TaskView, WorkflowView};
+use rota_model::{StepState, TaskState, Timestamp};
 use rota_store::Delivery;
 use serde::Serialize;
 use serde_json::Value;
@@ -108,6 +111,233 @@ impl<'a> From<&'a QueueView> for StatsJson<'a> {
             dead_lettered: stats.dead_lettered,
             paused: stats.paused,
             oldest_ready_at: stats.oldest_ready_at.map(rfc3339_millis),
+        }
+    }
+}
+
+/// A task as `tasks --json` lists it (without input and output; `status`
+/// shows those).
+#[derive(Serialize)]
+pub struct TaskSummaryJson<'a> {
+    id: &'a str,
+    workflow: &'a str,
+    version: u32,
+    state: TaskState,
+    locked_by: Option<&'a str>,
+    complete_by: Option<String>,
+    failure_count: u32,
+    error: Option<&'a str>,
+    created_at: String,
+    updated_at: String,
+}
+
+impl<'a> From<&'a TaskSummary> for TaskSummaryJson<'a> {
+    fn from(task: &'a TaskSummary) -> Self {
+        TaskSummaryJson {
+            id: &task.id,
+            workflow: &task.workflow,
+            version: task.version,
+            state: TaskState::from(task.state),
+            locked_by: task.locked_by.as_deref(),
+            complete_by: task.complete_by.map(rfc3339_millis),
+            failure_count: task.failure_count,
+            error: task.error.as_deref(),
+            created_at: rfc3339_millis(task.created_at),
+            updated_at: rfc3339_millis(task.updated_at),
+        }
+    }
+}
+
+/// A task with its steps, history and the breakers that are not closed, as
+/// `status --json` prints it.
+#[derive(Serialize)]
+pub struct StatusJson<'a> {
+    pub id: &'a str,
+    pub workflow: &'a str,
+    pub version: u32,
+    pub state: TaskState,
+    pub locked_by: Option<&'a str>,
+    pub lease_epoch: u64,
+    pub complete_by: Option<String>,
+    pub not_before: String,
+    pub failure_count: u32,
+    pub max_failures: Option<u32>,
+    pub error: Option<&'a str>,
+    pub input: &'a Value,
+    pub output: Option<&'a Value>,
+    pub reply_to: Option<&'a str>,
+    pub created_at: String,
+    pub updated_at: String,
+    pub steps: Vec<StepJson<'a>>,
+    pub history: Vec<EventJson<'a>>,
+    pub breakers: Vec<BreakerJson>,
+}
+
+/// One step of a task, in `status --json`.
+#[derive(Serialize)]
+pub struct StepJson<'a> {
+    pub name: &'a str,
+    pub position: u32,
+    pub agent: Option<&'a str>,
+    pub state: StepState,
+    pub attempts: u32,
+    pub complete_by: Option<String>,
+    pub not_before: String,
+    pub owner: Option<&'a str>,
+    pub input: Option<&'a Value>,
+    pub output: Option<&'a Value>,
+    pub last_error: Option<&'a str>,
+    pub updated_at: String,
+}
+
+impl<'a> StatusJson<'a> {
+    /// A task as the API shows it, its history, and the breakers to show.
+    pub fn new(task: &'a TaskView, history: &'a [EventView], breakers: Vec<BreakerJson>) -> Self {
+        StatusJson {
+            id: &task.id,
+            workflow: &task.workflow,
+            version: task.version,
+            state: TaskState::from(task.state),
+            locked_by: task.locked_by.as_deref(),
+            lease_epoch: task.lease_epoch,
+            complete_by: task.complete_by.map(rfc3339_millis),
+            not_before: rfc3339_millis(task.not_before),
+            failure_count: task.failure_count,
+            max_failures: task.max_failures,
+            error: task.error.as_deref(),
+            input: &task.input,
+            output: task.output.as_ref(),
+            reply_to: task.callback_url.as_deref(),
+            created_at: rfc3339_millis(task.created_at),
+            updated_at: rfc3339_millis(task.updated_at),
+            steps: task.steps.iter().map(StepJson::from).collect(),
+            history: history.iter().map(EventJson::from).collect(),
+            breakers,
+        }
+    }
+}
+
+impl<'a> From<&'a StepView> for StepJson<'a> {
+    fn from(step: &'a StepView) -> Self {
+        StepJson {
+            name: &step.name,
+            position: step.position,
+            agent: step.agent.as_deref(),
+            state: StepState::from(step.state),
+            attempts: step.attempt,
+            complete_by: step.complete_by.map(rfc3339_millis),
+            not_before: rfc3339_millis(step.not_before),
+            owner: step.owner.as_deref(),
+            input: step.input.as_ref(),
+            output: step.output.as_ref(),
+            last_error: step.last_error.as_deref(),
+            updated_at: rfc3339_millis(step.updated_at),
+        }
+    }
+}
+
+/// One event of a task's history, in `status --json`.
+#[derive(Serialize)]
+pub struct EventJson<'a> {
+    pub seq: i64,
+    pub at: String,
+    pub kind: &'a str,
+    pub step: Option<&'a str>,
+    pub attempt: Option<u32>,
+    pub detail: &'a Value,
+}
+
+impl<'a> From<&'a EventView> for EventJson<'a> {
+    fn from(event: &'a EventView) -> Self {
+        EventJson {
+            seq: event.seq,
+            at: rfc3339_millis(event.at),
+            kind: &event.kind,
+            step: event.step.as_deref(),
+            attempt: event.attempt,
+            detail: &event.detail,
+        }
+    }
+}
+
+/// A circuit breaker as `rota serve` reported it.
+#[derive(Serialize)]
+pub struct BreakerJson {
+    pub endpoint: String,
+    pub agent: Option<String>,
+    pub state: String,
+    pub consecutive_failures: Option<u64>,
+    pub open_until: Option<String>,
+    pub instance: Option<String>,
+    pub reported_at: String,
+}
+
+impl From<&BreakerView> for BreakerJson {
+    fn from(breaker: &BreakerView) -> Self {
+        BreakerJson {
+            endpoint: breaker.endpoint.clone(),
+            agent: breaker.agent.clone(),
+            state: breaker.state.clone(),
+            consecutive_failures: breaker.consecutive_failures,
+            open_until: breaker.open_until.map(rfc3339_millis),
+            instance: breaker.instance.clone(),
+            reported_at: rfc3339_millis(breaker.reported_at),
+        }
+    }
+}
+
+/// An alert, as `alerts --json` lists it.
+#[derive(Serialize)]
+pub struct AlertJson<'a> {
+    seq: i64,
+    task_id: &'a str,
+    at: String,
+    reason: &'a str,
+    step: Option<&'a str>,
+    detail: &'a Value,
+}
+
+impl<'a> From<&'a AlertView> for AlertJson<'a> {
+    fn from(alert: &'a AlertView) -> Self {
+        AlertJson {
+            seq: alert.seq,
+            task_id: &alert.task_id,
+            at: rfc3339_millis(alert.at),
+            reason: &alert.reason,
+            step: alert.step.as_deref(),
+            detail: &alert.detail,
+        }
+    }
+}
+
+/// A registered workflow, as `workflows --json` lists it.
+#[derive(Serialize)]
+pub struct WorkflowJson<'a> {
+    name: &'a str,
+    version: u32,
+    registered_at: Option<String>,
+    steps: Vec<WorkflowStepJson<'a>>,
+}
+
+/// One step of a workflow, in `workflows --json`.
+#[derive(Serialize)]
+pub struct WorkflowStepJson<'a> {
+    name: &'a str,
+    agent: &'a str,
+    depends_on: &'a [String],
+}
+
+impl<'a> From<&'a WorkflowView> for WorkflowJson<'a> {
+    fn from(workflow: &'a WorkflowView) -> Self {
+        WorkflowJson {
+            name: &workflow.name,
+            version: workflow.version,
+            registered_at: workflow.registered_at.map(rfc3339_millis),
+            steps: workflow
+                .steps
+                .iter()
+                .map(|step| WorkflowStepJson { name: &step.name, agent: &step.agent, depends_on: &step.depends_on })
+                .collect(),
         }
     }
 }

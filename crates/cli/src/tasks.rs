@@ -17,15 +17,14 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
-use rota_api::wire::{AlertView, BreakerView, EventView, StepStateView, TaskStateView, TaskSummary, TaskView};
+use rota_api::wire::TaskView;
 use rota_model::{StepName, StepState, TaskId, TaskState, WorkflowName};
 use rota_store::TaskFilter;
-use serde::Serialize;
 use serde_json::Value;
 
 use crate::StoreArgs;
 use crate::backend::Backend;
-use crate::output::{self, rfc3339_millis};
+use crate::output::{self, AlertJson, BreakerJson, StatusJson, TaskSummaryJson, WorkflowJson, rfc3339_millis};
 
 /// How often `submit --wait` reads the task.
 const WAIT_POLL_INTERVAL: Duration = Duration::from_millis(100);
@@ -150,7 +149,7 @@ pub async fn submit(store: &StoreArgs, args: SubmitArgs) -> anyhow::Result<()> {
             task.id,
             task.workflow,
             task.version,
-            task_state(task.state)
+            TaskState::from(task.state)
         );
     }
     if !args.wait {
@@ -158,7 +157,7 @@ pub async fn submit(store: &StoreArgs, args: SubmitArgs) -> anyhow::Result<()> {
     }
     let id = TaskId::new(task.id.as_str()).map_err(|err| anyhow!("the server answered an invalid task id: {err}"))?;
     let task = wait(&backend, &id, args.timeout).await?;
-    match task_state(task.state) {
+    match TaskState::from(task.state) {
         TaskState::Processed => Ok(()),
         state if state.is_terminal() => {
             let why = task.error.as_deref().map(|error| format!(": {error}")).unwrap_or_default();
@@ -192,9 +191,9 @@ async fn wait(backend: &Backend, id: &TaskId, timeout: Duration) -> anyhow::Resu
         for line in moves(seen.as_ref(), &task) {
             spinner.suspend(|| eprintln!("[{:>7.2}s] {line}", elapsed.as_secs_f64()));
         }
-        let completed = task.steps.iter().filter(|step| step_state(step.state) == StepState::Completed).count();
-        spinner.set_message(format!("task {id}: {}, {completed}/{} steps completed", task_state(task.state), task.steps.len()));
-        if task_state(task.state).is_terminal() || elapsed >= timeout {
+        let completed = task.steps.iter().filter(|step| StepState::from(step.state) == StepState::Completed).count();
+        spinner.set_message(format!("task {id}: {}, {completed}/{} steps completed", TaskState::from(task.state), task.steps.len()));
+        if TaskState::from(task.state).is_terminal() || elapsed >= timeout {
             spinner.finish_and_clear();
             return Ok(task);
         }
@@ -203,38 +202,13 @@ async fn wait(backend: &Backend, id: &TaskId, timeout: Duration) -> anyhow::Resu
     }
 }
 
-/// A task state from the API's view of it.
-pub fn task_state(view: TaskStateView) -> TaskState {
-    match view {
-        TaskStateView::Pending => TaskState::Pending,
-        TaskStateView::Processing => TaskState::Processing,
-        TaskStateView::Processed => TaskState::Processed,
-        TaskStateView::Error => TaskState::Error,
-        TaskStateView::Compensating => TaskState::Compensating,
-        TaskStateView::Compensated => TaskState::Compensated,
-        TaskStateView::Cancelled => TaskState::Cancelled,
-    }
-}
-
-/// A step state from the API's view of it.
-fn step_state(view: StepStateView) -> StepState {
-    match view {
-        StepStateView::NotStarted => StepState::NotStarted,
-        StepStateView::Running => StepState::Running,
-        StepStateView::Completed => StepState::Completed,
-        StepStateView::Failed => StepState::Failed,
-        StepStateView::Compensating => StepState::Compensating,
-        StepStateView::Compensated => StepState::Compensated,
-    }
-}
-
 /// What changed between two reads of a task, one line per move.
 fn moves(before: Option<&TaskView>, after: &TaskView) -> Vec<String> {
     let mut lines = Vec::new();
     for step in &after.steps {
-        let state = step_state(step.state);
+        let state = StepState::from(step.state);
         let previous = before.and_then(|before| before.steps.iter().find(|s| s.name == step.name));
-        let unchanged = previous.is_some_and(|p| step_state(p.state) == state && p.attempt == step.attempt);
+        let unchanged = previous.is_some_and(|p| StepState::from(p.state) == state && p.attempt == step.attempt);
         if unchanged || (previous.is_none() && state == StepState::NotStarted && step.attempt == 0) {
             continue;
         }
@@ -244,8 +218,8 @@ fn moves(before: Option<&TaskView>, after: &TaskView) -> Vec<String> {
         };
         lines.push(format!("step {}: {state} (attempt {}){error}", step.name, step.attempt));
     }
-    let state = task_state(after.state);
-    if before.is_none_or(|before| task_state(before.state) != state || before.failure_count != after.failure_count) {
+    let state = TaskState::from(after.state);
+    if before.is_none_or(|before| TaskState::from(before.state) != state || before.failure_count != after.failure_count) {
         let failures = if after.failure_count > 0 { format!(" (failure count {})", after.failure_count) } else { String::new() };
         lines.push(format!("task {}: {state}{failures}", after.id));
     }
@@ -263,129 +237,6 @@ fn cut(text: &str) -> String {
     cut
 }
 
-/// A task as `tasks --json` lists it (without input and output; `status`
-/// shows those).
-#[derive(Serialize)]
-struct TaskSummaryJson<'a> {
-    id: &'a str,
-    workflow: &'a str,
-    version: u32,
-    state: TaskState,
-    locked_by: Option<&'a str>,
-    complete_by: Option<String>,
-    failure_count: u32,
-    error: Option<&'a str>,
-    created_at: String,
-    updated_at: String,
-}
-
-impl<'a> From<&'a TaskSummary> for TaskSummaryJson<'a> {
-    fn from(task: &'a TaskSummary) -> Self {
-        TaskSummaryJson {
-            id: &task.id,
-            workflow: &task.workflow,
-            version: task.version,
-            state: task_state(task.state),
-            locked_by: task.locked_by.as_deref(),
-            complete_by: task.complete_by.map(rfc3339_millis),
-            failure_count: task.failure_count,
-            error: task.error.as_deref(),
-            created_at: rfc3339_millis(task.created_at),
-            updated_at: rfc3339_millis(task.updated_at),
-        }
-    }
-}
-
-/// A task with its steps, history and the breakers that are not closed, as
-/// `status --json` prints it.
-#[derive(Serialize)]
-struct StatusJson<'a> {
-    id: &'a str,
-    workflow: &'a str,
-    version: u32,
-    state: TaskState,
-    locked_by: Option<&'a str>,
-    lease_epoch: u64,
-    complete_by: Option<String>,
-    not_before: String,
-    failure_count: u32,
-    max_failures: Option<u32>,
-    error: Option<&'a str>,
-    input: &'a Value,
-    output: Option<&'a Value>,
-    reply_to: Option<&'a str>,
-    created_at: String,
-    updated_at: String,
-    steps: Vec<StepJson<'a>>,
-    history: Vec<EventJson<'a>>,
-    breakers: Vec<BreakerJson>,
-}
-
-#[derive(Serialize)]
-struct StepJson<'a> {
-    name: &'a str,
-    position: u32,
-    agent: Option<&'a str>,
-    state: StepState,
-    attempts: u32,
-    complete_by: Option<String>,
-    not_before: String,
-    owner: Option<&'a str>,
-    input: Option<&'a Value>,
-    output: Option<&'a Value>,
-    last_error: Option<&'a str>,
-    updated_at: String,
-}
-
-#[derive(Serialize)]
-struct EventJson<'a> {
-    seq: i64,
-    at: String,
-    kind: &'a str,
-    step: Option<&'a str>,
-    attempt: Option<u32>,
-    detail: &'a Value,
-}
-
-impl<'a> From<&'a EventView> for EventJson<'a> {
-    fn from(event: &'a EventView) -> Self {
-        EventJson {
-            seq: event.seq,
-            at: rfc3339_millis(event.at),
-            kind: &event.kind,
-            step: event.step.as_deref(),
-            attempt: event.attempt,
-            detail: &event.detail,
-        }
-    }
-}
-
-/// A circuit breaker as `rota serve` reported it.
-#[derive(Serialize)]
-struct BreakerJson {
-    endpoint: String,
-    agent: Option<String>,
-    state: String,
-    consecutive_failures: Option<u64>,
-    open_until: Option<String>,
-    instance: Option<String>,
-    reported_at: String,
-}
-
-impl From<&BreakerView> for BreakerJson {
-    fn from(breaker: &BreakerView) -> Self {
-        BreakerJson {
-            endpoint: breaker.endpoint.clone(),
-            agent: breaker.agent.clone(),
-            state: breaker.state.clone(),
-            consecutive_failures: breaker.consecutive_failures,
-            open_until: breaker.open_until.map(rfc3339_millis),
-            instance: breaker.instance.clone(),
-            reported_at: rfc3339_millis(breaker.reported_at),
-        }
-    }
-}
-
 /// `rota status`.
 pub async fn status(store: &StoreArgs, args: StatusArgs) -> anyhow::Result<()> {
     let backend = store.backend().await?;
@@ -399,45 +250,7 @@ pub async fn status(store: &StoreArgs, args: StatusArgs) -> anyhow::Result<()> {
         Err(err) => return Err(err),
     };
     let breakers: Vec<BreakerJson> = breakers.iter().map(BreakerJson::from).filter(|b| b.state != "closed").collect();
-    let steps: Vec<StepJson> = task
-        .steps
-        .iter()
-        .map(|step| StepJson {
-            name: &step.name,
-            position: step.position,
-            agent: step.agent.as_deref(),
-            state: step_state(step.state),
-            attempts: step.attempt,
-            complete_by: step.complete_by.map(rfc3339_millis),
-            not_before: rfc3339_millis(step.not_before),
-            owner: step.owner.as_deref(),
-            input: step.input.as_ref(),
-            output: step.output.as_ref(),
-            last_error: step.last_error.as_deref(),
-            updated_at: rfc3339_millis(step.updated_at),
-        })
-        .collect();
-    let status = StatusJson {
-        id: &task.id,
-        workflow: &task.workflow,
-        version: task.version,
-        state: task_state(task.state),
-        locked_by: task.locked_by.as_deref(),
-        lease_epoch: task.lease_epoch,
-        complete_by: task.complete_by.map(rfc3339_millis),
-        not_before: rfc3339_millis(task.not_before),
-        failure_count: task.failure_count,
-        max_failures: task.max_failures,
-        error: task.error.as_deref(),
-        input: &task.input,
-        output: task.output.as_ref(),
-        reply_to: task.callback_url.as_deref(),
-        created_at: rfc3339_millis(task.created_at),
-        updated_at: rfc3339_millis(task.updated_at),
-        steps,
-        history: history.iter().map(EventJson::from).collect(),
-        breakers,
-    };
+    let status = StatusJson::new(&task, &history, breakers);
     if args.json {
         return output::json(&status);
     }
@@ -556,7 +369,7 @@ pub async fn list(store: &StoreArgs, args: ListArgs) -> anyhow::Result<()> {
             vec![
                 task.id.clone(),
                 format!("{}@{}", task.workflow, task.version),
-                task_state(task.state).to_string(),
+                TaskState::from(task.state).to_string(),
                 task.failure_count.to_string(),
                 task.locked_by.clone().unwrap_or_else(|| "-".to_owned()),
                 rfc3339_millis(task.updated_at),
@@ -568,43 +381,19 @@ pub async fn list(store: &StoreArgs, args: ListArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// An alert, as `alerts --json` lists it.
-#[derive(Serialize)]
-struct AlertJson<'a> {
-    seq: i64,
-    task_id: &'a str,
-    at: String,
-    reason: &'a str,
-    step: Option<&'a str>,
-    detail: &'a Value,
-}
-
-impl<'a> From<&'a AlertView> for AlertJson<'a> {
-    fn from(alert: &'a AlertView) -> Self {
-        AlertJson {
-            seq: alert.seq,
-            task_id: &alert.task_id,
-            at: rfc3339_millis(alert.at),
-            reason: &alert.reason,
-            step: alert.step.as_deref(),
-            detail: &alert.detail,
-        }
-    }
-}
-
 /// `rota alerts`.
 pub async fn alerts(store: &StoreArgs, args: AlertsArgs) -> anyhow::Result<()> {
     let alerts = store.backend().await?.alerts(args.limit).await?;
-    let json: Vec<AlertJson> = alerts.iter().map(AlertJson::from).collect();
     if args.json {
+        let json: Vec<AlertJson> = alerts.iter().map(AlertJson::from).collect();
         return output::json(&json);
     }
-    if json.is_empty() {
+    if alerts.is_empty() {
         eprintln!("no alerts");
         return Ok(());
     }
     let rows: Vec<Vec<String>> =
-        json.iter().map(|alert| vec![alert.task_id.to_owned(), alert.at.clone(), alert.reason.replace('\n', " ")]).collect();
+        alerts.iter().map(|alert| vec![alert.task_id.clone(), rfc3339_millis(alert.at), alert.reason.replace('\n', " ")]).collect();
     output::line(&output::table(&["TASK", "TIME", "REASON"], &rows))?;
     Ok(())
 }
@@ -612,7 +401,7 @@ pub async fn alerts(store: &StoreArgs, args: AlertsArgs) -> anyhow::Result<()> {
 /// `rota resubmit`: prints the task's state afterwards.
 pub async fn resubmit(store: &StoreArgs, args: ResubmitArgs) -> anyhow::Result<()> {
     let task = store.backend().await?.resubmit(&args.id, args.step.as_ref()).await?;
-    output::line(task_state(task.state).as_str())?;
+    output::line(TaskState::from(task.state).as_str())?;
     Ok(())
 }
 
@@ -623,53 +412,25 @@ pub async fn cancel(store: &StoreArgs, args: CancelArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A registered workflow, as `workflows --json` lists it.
-#[derive(Serialize)]
-struct WorkflowJson<'a> {
-    name: &'a str,
-    version: u32,
-    registered_at: Option<String>,
-    steps: Vec<WorkflowStepJson<'a>>,
-}
-
-#[derive(Serialize)]
-struct WorkflowStepJson<'a> {
-    name: &'a str,
-    agent: &'a str,
-    depends_on: &'a [String],
-}
-
 /// `rota workflows`: the latest version of each registered workflow.
 pub async fn workflows(store: &StoreArgs, args: WorkflowsArgs) -> anyhow::Result<()> {
     let workflows = store.backend().await?.workflows().await?;
-    let json: Vec<WorkflowJson> = workflows
-        .iter()
-        .map(|workflow| WorkflowJson {
-            name: &workflow.name,
-            version: workflow.version,
-            registered_at: workflow.registered_at.map(rfc3339_millis),
-            steps: workflow
-                .steps
-                .iter()
-                .map(|step| WorkflowStepJson { name: &step.name, agent: &step.agent, depends_on: &step.depends_on })
-                .collect(),
-        })
-        .collect();
     if args.json {
+        let json: Vec<WorkflowJson> = workflows.iter().map(WorkflowJson::from).collect();
         return output::json(&json);
     }
-    if json.is_empty() {
+    if workflows.is_empty() {
         eprintln!("no workflows registered (`rota serve --workflows DIR` registers a directory of definitions)");
         return Ok(());
     }
-    let rows: Vec<Vec<String>> = json
+    let rows: Vec<Vec<String>> = workflows
         .iter()
         .map(|workflow| {
             let steps: Vec<String> = workflow.steps.iter().map(|step| format!("{} ({})", step.name, step.agent)).collect();
             vec![
-                workflow.name.to_owned(),
+                workflow.name.clone(),
                 workflow.version.to_string(),
-                workflow.registered_at.clone().unwrap_or_default(),
+                workflow.registered_at.map(rfc3339_millis).unwrap_or_default(),
                 steps.join(", "),
             ]
         })
