@@ -53,6 +53,8 @@ enum Action {
     Work,
     /// Sleep this many milliseconds, then complete.
     SleepMs(u64),
+    /// Wait until the test opens the recorder's latch, then complete.
+    Latched,
     /// Abandon the first delivery with this delay (ms), complete the next.
     AbandonOnceMs(u64),
     /// Always abandon, without delay.
@@ -69,13 +71,37 @@ async fn send_jobs(store: &dyn Queues, jobs: impl IntoIterator<Item = Job>) {
 }
 
 /// A handler that records what it saw: per job, the delivery times; the
-/// number of handlers running at once and its high-water mark.
+/// number of handlers running at once and its high-water mark; how many
+/// returned.
 #[derive(Default)]
 struct Recorder {
     work: Duration,
     running: AtomicUsize,
     running_max: AtomicUsize,
+    returned: AtomicUsize,
     deliveries: Mutex<HashMap<u64, Vec<(Instant, u32)>>>,
+    latch: Latch,
+}
+
+/// What handlers of `Action::Latched` jobs wait on, shut until the test
+/// opens it.
+struct Latch(tokio::sync::Semaphore);
+
+impl Default for Latch {
+    fn default() -> Self {
+        Latch(tokio::sync::Semaphore::new(0))
+    }
+}
+
+impl Latch {
+    async fn wait(&self) {
+        // No permit is ever added: the wait ends when the latch is closed.
+        let _ = self.0.acquire().await;
+    }
+
+    fn open(&self) {
+        self.0.close();
+    }
 }
 
 impl Recorder {
@@ -124,6 +150,10 @@ impl Handler for Recorder {
                 tokio::time::sleep(Duration::from_millis(ms)).await;
                 Outcome::Complete
             }
+            Action::Latched => {
+                self.latch.wait().await;
+                Outcome::Complete
+            }
             Action::AbandonOnceMs(ms) if delivery.delivery_count == 1 => {
                 Outcome::Abandon { delay: Duration::from_millis(ms), reason: "try again later".into() }
             }
@@ -136,6 +166,7 @@ impl Handler for Recorder {
             }
         };
         self.running.fetch_sub(1, Ordering::SeqCst);
+        self.returned.fetch_add(1, Ordering::SeqCst);
         outcome
     }
 }
@@ -333,16 +364,23 @@ async fn a_panicking_handler_gives_its_message_back_until_it_is_dead_lettered(ba
 async fn one_slow_handler_does_not_hold_up_the_fast_ones(backend: Backend) {
     // Fast handlers make a due receive wait for the running ones to end;
     // that wait is bounded, so a slow handler among them must not stall it.
+    // The slow one waits on a latch the test holds until every fast one has
+    // returned: with an unbounded wait they never would (the limit below
+    // only keeps such a failure from hanging).
     let Some((store, _dir)) = open_store(backend).await else { return };
-    send_jobs(&*store, [Job { i: 0, action: Action::SleepMs(3_000) }]).await;
+    send_jobs(&*store, [Job { i: 0, action: Action::Latched }]).await;
     send_jobs(&*store, (1..=400).map(|i| Job { i, action: Action::Work })).await;
     let recorder = Recorder::new(Duration::ZERO);
-    let started = Instant::now();
     let consumer = Running::start(&store, config("c1", |b| b.max_concurrent(4)), recorder.clone());
 
-    eventually(Duration::from_secs(10), "the fast jobs handled", async || recorder.distinct() == 401).await;
-    let took = started.elapsed();
-    assert!(took < Duration::from_millis(2_000), "the fast jobs waited for the slow one: {took:?}");
+    eventually(Duration::from_secs(60), "the fast jobs handled while the slow one waits", async || {
+        recorder.returned.load(Ordering::SeqCst) == 400
+    })
+    .await;
+    assert_eq!(recorder.deliveries_of(0).len(), 1, "the slow job was running all along");
+    assert_eq!(recorder.running.load(Ordering::SeqCst), 1, "only the slow job still runs");
+    recorder.latch.open();
+    eventually(Duration::from_secs(60), "the slow job handled", async || recorder.returned.load(Ordering::SeqCst) == 401).await;
     let summary = consumer.stop().await;
     assert_eq!(summary.completed, 401, "{summary:?}");
 }
