@@ -76,15 +76,32 @@ fn config(instance: &str, roles: Roles) -> Config {
     config
 }
 
-fn workflow(max_failures: u32, policy: ExhaustedPolicy, deadline: Duration) -> Workflow {
+/// The timeout of the step a test makes hang: short, so that the Supervisor
+/// finds it soon.
+const HANGS_TIMEOUT: Duration = Duration::from_millis(300);
+/// The timeout of the other steps and of every compensation, which the
+/// agent answers at once: far above a round trip through the queues on a
+/// loaded machine. At 300 ms, such a step or compensation timed out too
+/// under load, and the task took a path the test did not expect (step a
+/// settled in doubt in place of b, or two missed compensations of a ending
+/// the task in Error).
+const ANSWERS_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Steps a, b, c (a and b with compensations); only `hanging` (a step the
+/// test makes hang in some of its attempts) times out quickly.
+fn workflow(hanging: &str, max_failures: u32, policy: ExhaustedPolicy, deadline: Duration) -> Workflow {
     let once = RetryPolicy::new(1, Duration::from_millis(10), Duration::from_millis(10)).unwrap();
-    let step = |name: &str| StepDef::new(name, "scripted").timeout(Duration::from_millis(300)).retry(once.clone());
+    let step = |name: &str| {
+        let timeout = if name == hanging { HANGS_TIMEOUT } else { ANSWERS_TIMEOUT };
+        StepDef::new(name, "scripted").timeout(timeout).retry(once.clone())
+    };
+    let compensation = || CompensateDef::new("scripted").timeout(ANSWERS_TIMEOUT);
     Workflow::builder("flow", 1)
         .deadline(deadline)
         .max_failures(max_failures)
         .on_exhausted(policy)
-        .step(step("a").compensate(CompensateDef::new("scripted").timeout(Duration::from_millis(300))))
-        .step(step("b").compensate(CompensateDef::new("scripted").timeout(Duration::from_millis(300))))
+        .step(step("a").compensate(compensation()))
+        .step(step("b").compensate(compensation()))
         .step(step("c"))
         .build(&AgentCatalog::builtin().with(AgentName::new("scripted").unwrap()))
         .unwrap()
@@ -119,7 +136,7 @@ async fn a_silent_agent_is_recovered_by_the_supervisor_and_the_step_retried(back
     let Some(rig) = rig(backend).await else { return };
     rig.agent.hang.lock().unwrap().insert(("b".into(), 1), ());
     let store = rig.store.clone();
-    let id = with_engine(&rig, workflow(3, ExhaustedPolicy::Error, Duration::from_secs(30)), |client| async move {
+    let id = with_engine(&rig, workflow("b", 3, ExhaustedPolicy::Error, Duration::from_secs(30)), |client| async move {
         let id = client.submit(Submission::new(flow(), json!({}))).await.unwrap().id;
         assert_eq!(client.wait(&id, Duration::from_secs(20)).await.unwrap(), TaskState::Processed);
         id
@@ -140,7 +157,7 @@ async fn at_the_failure_threshold_the_task_ends_in_error_with_an_alert(backend: 
     let Some(rig) = rig(backend).await else { return };
     rig.agent.hang_always.lock().unwrap().push("b".into());
     let store = rig.store.clone();
-    let id = with_engine(&rig, workflow(2, ExhaustedPolicy::Error, Duration::from_secs(30)), |client| async move {
+    let id = with_engine(&rig, workflow("b", 2, ExhaustedPolicy::Error, Duration::from_secs(30)), |client| async move {
         let id = client.submit(Submission::new(flow(), json!({}))).await.unwrap().id;
         assert_eq!(client.wait(&id, Duration::from_secs(20)).await.unwrap(), TaskState::Error);
         id
@@ -159,7 +176,7 @@ async fn at_the_threshold_with_compensate_the_completed_steps_are_undone_in_reve
     let Some(rig) = rig(backend).await else { return };
     rig.agent.hang_always.lock().unwrap().push("c".into());
     let store = rig.store.clone();
-    let id = with_engine(&rig, workflow(2, ExhaustedPolicy::Compensate, Duration::from_secs(30)), |client| async move {
+    let id = with_engine(&rig, workflow("c", 2, ExhaustedPolicy::Compensate, Duration::from_secs(30)), |client| async move {
         let id = client.submit(Submission::new(flow(), json!({}))).await.unwrap().id;
         assert_eq!(client.wait(&id, Duration::from_secs(20)).await.unwrap(), TaskState::Compensated);
         id
@@ -175,7 +192,7 @@ async fn at_the_threshold_with_compensate_the_completed_steps_are_undone_in_reve
 
 async fn a_dead_schedulers_task_is_taken_over_after_its_deadline(backend: Backend) {
     let Some(rig) = rig(backend).await else { return };
-    let wf = workflow(3, ExhaustedPolicy::Error, Duration::from_millis(1_500));
+    let wf = workflow("b", 3, ExhaustedPolicy::Error, Duration::from_millis(1_500));
     // The agents and the Supervisor run in their own engine throughout. The
     // Supervisor takes one expired record per round: step b's attempt
     // expires before the task's deadline, so it comes first every round,
@@ -267,7 +284,7 @@ async fn cancel_compensates_what_completed_and_resubmit_runs_a_failed_task_again
     rig.agent.hang_always.lock().unwrap().push("b".into());
     let store = rig.store.clone();
     let agent = rig.agent.clone();
-    with_engine(&rig, workflow(1, ExhaustedPolicy::Error, Duration::from_secs(30)), |client| async move {
+    with_engine(&rig, workflow("b", 1, ExhaustedPolicy::Error, Duration::from_secs(30)), |client| async move {
         // Cancel while b hangs: a completed and has a compensation.
         let id = client.submit(Submission::new(flow(), json!({}))).await.unwrap().id;
         loop {
@@ -298,7 +315,7 @@ async fn a_graceful_stop_gives_held_tasks_back_at_once(backend: Backend) {
     let Some(rig) = rig(backend).await else { return };
     // A long deadline: if the task were not given back, the takeover would
     // wait for the Supervisor far longer than this test runs.
-    let wf = workflow(3, ExhaustedPolicy::Error, Duration::from_secs(600));
+    let wf = workflow("b", 3, ExhaustedPolicy::Error, Duration::from_secs(600));
     let support = Engine::new(
         rig.store.clone(),
         Arc::new(SystemClock),
@@ -355,7 +372,7 @@ async fn a_step_that_timed_out_for_good_is_compensated_in_case_its_effect_landed
     let Some(rig) = rig(backend).await else { return };
     rig.agent.hang_always.lock().unwrap().push("b".into());
     let store = rig.store.clone();
-    let id = with_engine(&rig, workflow(2, ExhaustedPolicy::Compensate, Duration::from_secs(30)), |client| async move {
+    let id = with_engine(&rig, workflow("b", 2, ExhaustedPolicy::Compensate, Duration::from_secs(30)), |client| async move {
         let id = client.submit(Submission::new(flow(), json!({}))).await.unwrap().id;
         assert_eq!(client.wait(&id, Duration::from_secs(20)).await.unwrap(), TaskState::Compensated);
         id
