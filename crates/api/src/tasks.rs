@@ -71,7 +71,7 @@ async fn submit_traced(state: ApiState, request: SubmitRequest) -> ApiResult<(St
     }
     let id = request.id.map(TaskId::new).transpose().map_err(|err| ApiError::invalid_body(format!("id: {err}")))?;
     if let Some(url) = &request.callback_url {
-        crate::webhooks::check_url(url).map_err(|why| ApiError::invalid_body(format!("callback_url: {why}")))?;
+        rota_engine::webhooks::check_url(url).map_err(|why| ApiError::invalid_body(format!("callback_url: {why}")))?;
     }
     let input = request.input.unwrap_or_else(|| json!({}));
     let submission = Submission { workflow, version: request.version, input, id, reply_to: request.callback_url };
@@ -206,6 +206,6 @@ pub async fn resubmit_step(State(state): State<ApiState>, ApiPath(StepPath { id,
 }
 
 async fn resubmit_task(state: &ApiState, id: &TaskId, step: Option<&StepName>) -> ApiResult<Json<TaskView>> {
-    state.client().resubmit(id, step).await.map_err(|err| ApiError::ops("resubmit", err))?;
-    Ok(Json(view(state, "resubmit", id).await?))
+    let resubmitted = state.client().resubmit(id, step).await.map_err(|err| ApiError::ops("resubmit", err))?;
+    Ok(Json(TaskView::from(&resubmitted)))
 }

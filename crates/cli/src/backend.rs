@@ -178,10 +178,8 @@ impl Backend {
         let asked = || format!("cannot resubmit task {id}");
         match self {
             Backend::Local(store) => {
-                let client = client(store);
-                client.resubmit(id, step).await.map_err(|err| local_error(asked, err))?;
-                let detail = client.task(id).await.map_err(|err| local_error(|| format!("cannot read task {id}"), err))?;
-                Ok(TaskView::from(&detail))
+                let resubmitted = client(store).resubmit(id, step).await.map_err(|err| local_error(asked, err))?;
+                Ok(TaskView::from(&resubmitted))
             }
             Backend::Remote(server) => {
                 let segments: Vec<&str> = match step {

@@ -240,11 +240,16 @@ impl Client {
     /// undone, its compensation resumes (the step whose compensation failed
     /// is compensated again); otherwise its failed steps (or only `step`)
     /// run again. Completed steps are kept either way.
-    pub async fn resubmit(&self, id: &TaskId, step: Option<&StepName>) -> Result<()> {
-        self.retrying(|| self.try_resubmit(id, step)).await
+    ///
+    /// Returns the task as the resubmit left it: read again afterwards, it
+    /// could already show the Scheduler's next move.
+    pub async fn resubmit(&self, id: &TaskId, step: Option<&StepName>) -> Result<TaskDetail> {
+        let record = self.retrying(|| self.try_resubmit(id, step)).await?;
+        let definition = self.workflows.get(&record.task.workflow, Some(record.task.workflow_version)).await.ok();
+        Ok(TaskDetail { record, definition })
     }
 
-    async fn try_resubmit(&self, id: &TaskId, step: Option<&StepName>) -> Result<()> {
+    async fn try_resubmit(&self, id: &TaskId, step: Option<&StepName>) -> Result<TaskRecord> {
         let record = self.record(id).await?;
         if let Some(step) = step
             && !record.steps.iter().any(|s| &s.name == step)
@@ -279,10 +284,16 @@ impl Client {
         };
         let detail = json!({ "step": step.map(|s| s.as_str()), "compensation": next.state == TaskState::Compensating });
         changes.events.push(Event::task(id, now, EventKind::Resubmitted, detail));
-        changes.tasks.push(TaskWrite::replacing(&record.task, next));
+        changes.tasks.push(TaskWrite::replacing(&record.task, next.clone()));
         changes.send.push(doorbell(id));
+        let mut steps = record.steps.clone();
+        for written in &changes.steps {
+            if let Some(step) = steps.iter_mut().find(|s| s.name == written.step.name) {
+                *step = written.step.clone();
+            }
+        }
         self.store.commit(changes).await?;
-        Ok(())
+        Ok(TaskRecord { task: next, steps })
     }
 
     /// Whether the task's last run (since its last resubmit) reached compensation.

@@ -302,7 +302,11 @@ async fn cancel_compensates_what_completed_and_resubmit_runs_a_failed_task_again
         let failed = client.submit(Submission::new(flow(), json!({}))).await.unwrap().id;
         assert_eq!(client.wait(&failed, Duration::from_secs(20)).await.unwrap(), TaskState::Error);
         agent.hang_always.lock().unwrap().clear();
-        client.resubmit(&failed, None).await.unwrap();
+        // The answer is the task as the resubmit left it, whatever the
+        // Scheduler did since.
+        let resubmitted = client.resubmit(&failed, None).await.unwrap().record;
+        assert_eq!(resubmitted.task.state, TaskState::Pending);
+        assert!(resubmitted.steps.iter().all(|step| step.state != StepState::Failed), "{:?}", resubmitted.steps);
         assert_eq!(client.wait(&failed, Duration::from_secs(20)).await.unwrap(), TaskState::Processed);
         assert!(client.resubmit(&failed, None).await.is_err(), "only a failed task can be resubmitted");
         failed

@@ -845,7 +845,7 @@ impl World {
     /// An operator resubmits `id`, which ended in Error.
     pub async fn resubmit(&mut self, id: &TaskId) -> Result<(), Fail> {
         match self.client.resubmit(id, None).await {
-            Ok(()) => self.note(format!("operator resubmits {id}")),
+            Ok(_) => self.note(format!("operator resubmits {id}")),
             Err(ops::Error::Refused { refusal, .. }) => self.note(format!("operator resubmit of {id} refused: {refusal}")),
             Err(ops::Error::Engine(EngineError::Store(err))) if err.is_lost_race() => {
                 self.note(format!("operator resubmit of {id} lost a race: {err}"))
