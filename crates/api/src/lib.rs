@@ -40,10 +40,9 @@
 //!   requests with a lease, renew, complete or fail them, under the same
 //!   deadline and fencing rules as the built-in agents.
 //!
-//! - Webhooks ([`webhooks::Dispatcher`]): a task submitted with a
-//!   `callback_url` has its status events POSTed there, signed with
-//!   HMAC-SHA256, retried with backoff through the durable queue
-//!   `rota.webhooks`, and dead-lettered when they keep failing.
+//! - Webhooks: a task may be submitted with a `callback_url` (checked
+//!   here); the engine's `webhooks::Dispatcher` POSTs its status events
+//!   there.
 //!
 //! Deliberately left out: TLS (put a proxy in front),
 //! and reading configuration: the binary builds [`Config`] from its flags
@@ -60,7 +59,6 @@ pub mod metrics;
 mod openapi;
 pub mod queues;
 pub mod tasks;
-pub mod webhooks;
 pub mod wire;
 pub mod workers;
 pub mod workflows;

@@ -862,3 +862,24 @@ pub struct ReplyView {
     /// `succeeded` or `failed`.
     pub status: String,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rota_model::{StepName, TaskId, Timestamp};
+    use rota_store::EventKind;
+
+    /// Webhook receivers and event-stream readers parse one shape.
+    #[test]
+    fn webhook_bodies_have_the_shape_of_stream_events() {
+        let task = TaskId::new("t-1").unwrap();
+        let mut event =
+            Event::task(&task, Timestamp::from_millis(1_795_000_000_000), EventKind::StepFailed, serde_json::json!({ "error": "x" }));
+        event.seq = 42;
+        event.step = Some(StepName::new("charge").unwrap());
+        event.attempt = Some(2);
+        let streamed = serde_json::to_value(EventView::from(&event)).unwrap();
+        let posted = serde_json::to_value(rota_engine::webhooks::WebhookEvent::from(&event)).unwrap();
+        assert_eq!(streamed, posted);
+    }
+}

@@ -39,6 +39,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use hmac::{Hmac, KeyInit, Mac};
 use rand::RngCore;
 use rota_engine::agent_worker::{self, ReplyAddress};
+use rota_engine::long_poll;
 use rota_engine::protocol::{self, ReplyOutcome, StepRequest};
 use rota_model::{InstanceId, LeaseToken, QueueName, StepName, TaskId, Timestamp};
 use rota_store::{Delivery, QueueConfig, RECEIVE_MAX, Receive};
@@ -354,35 +355,19 @@ pub async fn receive(
 }
 
 /// Receives, unless the server starts to shut down first: then answers
-/// nothing at once, so that a long poll does not hold up the shutdown. The
-/// receive runs on as a spawned future, and whatever it leased is given
-/// back at once.
+/// nothing at once, so that a long poll does not hold up the shutdown.
+/// Whatever the receive leases after that, or after the worker hung up, is
+/// given back at once.
 async fn receive_unless_closing(state: &ApiState, queue: &QueueName, receive: Receive) -> ApiResult<Vec<Delivery>> {
     let mut closing = state.closing();
     if *closing.borrow() {
         return Ok(Vec::new());
     }
-    let store = state.store().clone();
-    let queue_owned = queue.clone();
-    let mut receiving = tokio::spawn(async move { store.receive(&queue_owned, receive).await });
-    tokio::select! {
-        joined = &mut receiving => {
-            let received = joined.map_err(|err| ApiError::internal("receive", err))?;
-            received.map_err(|err| ApiError::store("receive", err))
-        }
-        _ = closing.wait_for(|closing| *closing) => {
-            let store = state.store().clone();
-            let queue = queue.clone();
-            tokio::spawn(async move {
-                if let Ok(Ok(deliveries)) = receiving.await {
-                    for delivery in deliveries {
-                        let _ = store.abandon(&queue, delivery.lease_token, Duration::ZERO, None).await;
-                    }
-                }
-            });
-            Ok(Vec::new())
-        }
-    }
+    let closed = async move {
+        let _ = closing.wait_for(|closing| *closing).await;
+    };
+    let received = long_poll::receive_unless(state.store(), queue, receive, closed).await.map_err(|err| ApiError::store("receive", err))?;
+    Ok(received.unwrap_or_default())
 }
 
 fn work_request(state: &ApiState, delivery: &Delivery, request: StepRequest) -> WorkRequest {

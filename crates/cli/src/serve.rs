@@ -18,7 +18,7 @@
 //! expire.
 //!
 //! With `ROTA_WEBHOOK_SECRET` set, `rota serve` also runs the webhook
-//! dispatcher (`rota_api::webhooks`), which POSTs the status events of
+//! dispatcher (`rota_engine::webhooks`), which POSTs the status events of
 //! tasks submitted with a `callback_url`, signed with that secret; without
 //! it, no webhook is sent. Several processes may run it (one leads).
 //!
@@ -290,7 +290,7 @@ pub async fn run(store_args: StoreArgs, args: RunArgs) -> anyhow::Result<()> {
         None => None,
     };
     let webhook_secret = match api_server::secret_env(WEBHOOK_SECRET_ENV) {
-        Some(secret) => Some(rota_api::webhooks::Secret::new(secret).map_err(|err| anyhow!("{WEBHOOK_SECRET_ENV}: {err}"))?),
+        Some(secret) => Some(rota_engine::webhooks::Secret::new(secret).map_err(|err| anyhow!("{WEBHOOK_SECRET_ENV}: {err}"))?),
         None => None,
     };
     let store = store_args.open().await?;
@@ -306,9 +306,9 @@ pub async fn run(store_args: StoreArgs, args: RunArgs) -> anyhow::Result<()> {
     config.shutdown_grace = args.process.shutdown_grace;
     let dispatcher = match webhook_secret {
         Some(secret) => {
-            let mut webhooks = rota_api::webhooks::WebhookConfig::new(instance.clone(), secret);
+            let mut webhooks = rota_engine::webhooks::WebhookConfig::new(instance.clone(), secret);
             webhooks.seed = config.seed.rotate_left(1);
-            Some(rota_api::webhooks::Dispatcher::new(store.clone(), clock.clone(), webhooks).context("cannot set up the webhooks")?)
+            Some(rota_engine::webhooks::Dispatcher::new(store.clone(), clock.clone(), webhooks).context("cannot set up the webhooks")?)
         }
         None => None,
     };

@@ -14,9 +14,11 @@
 //! renews leases of slow handlers and settles every message with batched
 //! completions. The messages between roles are in [`protocol`].
 //!
-//! This is the only crate that spawns futures. Every component follows one
-//! shape: a validated `Config`, and `run(self, …, shutdown)` that returns once
-//! the [`Shutdown`] signal has been triggered and the component has let go of
+//! Every long-running component is spawned here (the binary only wires
+//! them; the store backends spawn only their own machinery), and the
+//! webhook [`webhooks::Dispatcher`] is one of them. Each has one shape: a
+//! validated `Config`, and `run(self, …, shutdown)` that returns once the
+//! [`Shutdown`] signal has been triggered and the component has let go of
 //! everything it held (leases, in-flight work).
 //!
 //! Deliberately left out: SQL and storage details (behind
@@ -29,6 +31,7 @@ pub mod client;
 pub mod completions;
 pub mod consumer;
 pub mod engine;
+pub mod long_poll;
 pub mod ops;
 pub mod plan;
 pub mod protocol;
@@ -37,6 +40,7 @@ mod shutdown;
 pub mod status;
 pub mod supervisor;
 pub mod telemetry;
+pub mod webhooks;
 pub mod workflows;
 
 pub use agent_worker::AgentWorker;

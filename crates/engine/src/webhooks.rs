@@ -14,15 +14,16 @@
 //!   (a crash between the send and the cursor's save, or two followers) is
 //!   dropped by duplicate detection. One follower leads at a time (a leader
 //!   lease), however many processes run a dispatcher.
-//! - **The sender** is a [`rota_engine::Consumer`] of that queue: it POSTs
+//! - **The sender** is a [`Consumer`] of that queue: it POSTs
 //!   each delivery, completes it on a 2xx, and otherwise abandons it with an
 //!   exponential backoff; after [`WebhookConfig::attempts_max`] deliveries
 //!   the store moves it to the queue's dead letters with the last error,
 //!   where `rota dlq` (or `POST /v1/queues/rota.webhooks/dead-letters/…/redrive`)
 //!   can send it again. A paused queue holds every delivery.
 //!
-//! Each POST has the event as its JSON body (the shape of the SSE events:
-//! `seq`, `task_id`, `at`, `kind`, `step`, `attempt`, `detail`) and the
+//! Each POST has the event as its JSON body ([`WebhookEvent`], the shape of
+//! the API's SSE events: `seq`, `task_id`, `at`, `kind`, `step`, `attempt`,
+//! `detail`) and the
 //! header `Rota-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">`
 //! under [`WebhookConfig::secret`], so that receivers can check where it came
 //! from and refuse replays (a `t` too old).
@@ -42,15 +43,14 @@ use std::time::Duration;
 use hmac::{Hmac, KeyInit, Mac};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rota_engine::status::WEBHOOK_CURSOR_KEY;
-use rota_engine::{Consumer, Handler, Outcome, Shutdown, async_trait};
 use rota_model::{Clock, InstanceId, MessageId, QueueName, TaskId};
-use rota_store::{Delivery, EventKind, Outgoing, QueueConfig, SharedStore};
+use rota_store::{Delivery, Event, EventKind, Outgoing, QueueConfig, SharedStore};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
+use serde_json::{Value, json};
 use sha2::Sha256;
 
-use crate::wire::EventView;
+use crate::status::WEBHOOK_CURSOR_KEY;
+use crate::{Consumer, Handler, Outcome, Shutdown, async_trait};
 
 /// The queue of webhook deliveries.
 pub const QUEUE: &str = "rota.webhooks";
@@ -211,11 +211,44 @@ impl WebhookConfig {
     }
 }
 
+/// The body of one webhook POST: a task's event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WebhookEvent {
+    /// Its position in the store's global event order.
+    pub seq: i64,
+    /// The task.
+    pub task_id: String,
+    /// When it happened, epoch ms.
+    pub at: i64,
+    /// What happened ([`EventKind::as_str`]).
+    pub kind: String,
+    /// The step concerned, if any.
+    pub step: Option<String>,
+    /// The step's attempt, if any.
+    pub attempt: Option<u32>,
+    /// Details.
+    pub detail: Value,
+}
+
+impl From<&Event> for WebhookEvent {
+    fn from(event: &Event) -> Self {
+        WebhookEvent {
+            seq: event.seq,
+            task_id: event.task_id.to_string(),
+            at: event.at.as_millis(),
+            kind: event.kind.as_str().to_owned(),
+            step: event.step.as_ref().map(ToString::to_string),
+            attempt: event.attempt,
+            detail: event.detail.clone(),
+        }
+    }
+}
+
 /// One delivery: an event and where it goes.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Message {
     url: String,
-    event: EventView,
+    event: WebhookEvent,
 }
 
 /// What one follower round did.
@@ -261,10 +294,10 @@ impl Dispatcher {
 
     /// Creates the delivery queue (with `attempts_max` deliveries), then
     /// follows events and sends deliveries until `shutdown`.
-    pub async fn run(mut self, shutdown: Shutdown) -> Result<(), rota_engine::Error> {
+    pub async fn run(mut self, shutdown: Shutdown) -> crate::Result<()> {
         let queue_config = QueueConfig { lease: self.config.lease(), deliveries_max: self.config.attempts_max, ..QueueConfig::default() };
         self.store.create_queue(&self.queue, queue_config).await?;
-        let consumer_config = rota_engine::consumer::Config::builder(self.queue.clone(), self.config.instance.clone())
+        let consumer_config = crate::consumer::Config::builder(self.queue.clone(), self.config.instance.clone())
             .max_concurrent(self.config.concurrency)
             .lease(self.config.lease())
             .receive_wait(Duration::from_secs(1))
@@ -297,7 +330,7 @@ impl Dispatcher {
         }
         match consumer.await {
             Ok(result) => result.map(|_| ()),
-            Err(err) => Err(rota_engine::Error::Config(format!("the webhook sender panicked: {err}"))),
+            Err(err) => Err(crate::Error::Config(format!("the webhook sender panicked: {err}"))),
         }
     }
 
@@ -316,7 +349,7 @@ impl Dispatcher {
         let kinds = self.config.kinds.clone();
         for event in events.iter().filter(|event| kinds.contains(&event.kind)) {
             let Some(url) = self.url_of(&event.task_id).await? else { continue };
-            let message = Message { url, event: EventView::from(event) };
+            let message = Message { url, event: WebhookEvent::from(event) };
             let mut outgoing = Outgoing::json(&message)?.with_ordering_key(event.task_id.as_str());
             if let Ok(id) = MessageId::new(format!("webhook-{}", event.seq)) {
                 outgoing = outgoing.with_id(id);
