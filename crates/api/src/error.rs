@@ -119,6 +119,7 @@ impl ApiError {
         match err {
             E::Store(err) => ApiError::store(request, err),
             E::Workflow(detail) | E::Config(detail) => ApiError::internal(request, detail),
+            err @ E::OutOfBounds { .. } => ApiError::internal(request, err),
         }
     }
 

@@ -40,8 +40,8 @@ use serde::Deserialize;
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
-use crate::StoreArgs;
 use crate::signals::Signals;
+use crate::store_args::StoreArgs;
 use crate::store_url::redacted;
 
 /// Where the API listens unless `--listen` says otherwise.

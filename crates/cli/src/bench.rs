@@ -43,7 +43,7 @@ use rota_store_sqlite::CommitCounts;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::StoreArgs;
+use crate::store_args::StoreArgs;
 
 mod target;
 mod w;

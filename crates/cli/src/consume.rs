@@ -35,8 +35,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
 
-use crate::StoreArgs;
 use crate::output::{self, DeliveryJson};
+use crate::store_args::StoreArgs;
 
 /// How long one receive waits for a message; also bounds how long a stop
 /// request waits for the receive loop.

@@ -6,8 +6,8 @@
 use rota_model::{MessageId, QueueName};
 use rota_store::Redrive;
 
-use crate::StoreArgs;
 use crate::output::{self, DeadLetterJson};
+use crate::store_args::StoreArgs;
 
 /// How many dead letters `list` shows unless told otherwise.
 const LIST_LIMIT_DEFAULT: u32 = 100;

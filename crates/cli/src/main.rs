@@ -3,6 +3,8 @@
 //!
 //! Code map:
 //! - `store_url`: `--store URL` → an open [`rota_store::SharedStore`].
+//! - `store_args`: the global flags that say where commands act (a store,
+//!   or a server's API), passed to every command.
 //! - `queue`: `rota queue …`, one function per subcommand.
 //! - `consume`: `rota queue consume`, a long-running competing consumer.
 //! - `dlq`: `rota dlq …`, the dead-letter queues.
@@ -31,11 +33,13 @@ mod bench;
 mod consume;
 mod demo;
 mod dlq;
+mod instance_id;
 mod output;
 mod queue;
 mod remote;
 mod serve;
 mod signals;
+mod store_args;
 mod store_url;
 mod tasks;
 mod validate;
@@ -46,8 +50,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use rota_store::SharedStore;
-use store_url::{DurabilityArg, STORE_URL_DEFAULT, open_store};
+use store_args::StoreArgs;
+use store_url::{DurabilityArg, STORE_URL_DEFAULT};
 use tracing_subscriber::EnvFilter;
 
 /// How long a finished command waits for the runtime's blocking threads (a
@@ -122,58 +126,6 @@ enum Command {
     Bench(bench::Args),
     /// Run the order-processing demo: a simulated payment service that fails, an agent killed mid-run, a final table.
     Demo(demo::Args),
-}
-
-/// Where the store is, as the global flags say, or the server whose API
-/// the operator commands use instead. Commands open it only after checking
-/// their own arguments, so a bad argument is reported first.
-pub struct StoreArgs {
-    url: String,
-    durability: DurabilityArg,
-    server: Option<remote::ServerArgs>,
-}
-
-impl StoreArgs {
-    /// Opens the store, running its migrations.
-    pub async fn open(&self) -> anyhow::Result<SharedStore> {
-        open_store(&self.url, self.durability.into()).await
-    }
-
-    /// Where an operator command acts: the remote server when `--server`
-    /// names one, else the store (opened here). A SQLite store must exist
-    /// already: an operator command that looks at a mistyped path should say
-    /// so, not create an empty store there and report nothing in it.
-    pub async fn backend(&self) -> anyhow::Result<backend::Backend> {
-        match &self.server {
-            Some(server) => Ok(backend::Backend::Remote(remote::Server::new(server)?)),
-            None => {
-                // (A missing directory is reported by `open`, naming it.)
-                if let store_url::StoreUrl::Sqlite(path) = store_url::StoreUrl::parse(&self.url)?
-                    && !path.exists()
-                    && path.parent().is_none_or(|parent| parent.as_os_str().is_empty() || parent.is_dir())
-                {
-                    anyhow::bail!(
-                        "cannot open store {}: {} does not exist (`rota serve` or `rota migrate` creates a store; check --store or ROTA_STORE)",
-                        self.url,
-                        path.display()
-                    );
-                }
-                Ok(backend::Backend::Local(self.open().await?))
-            }
-        }
-    }
-
-    /// Fails for a command that works only on a local store when `--server`
-    /// (or ROTA_SERVER) names a server.
-    pub fn local_only(&self, command: &str) -> anyhow::Result<()> {
-        match &self.server {
-            Some(server) => anyhow::bail!(
-                "`rota {command}` works only on a local store (--store), not over HTTP; --server {} is set (unset ROTA_SERVER if it came from there)",
-                server.url
-            ),
-            None => Ok(()),
-        }
-    }
 }
 
 fn main() -> ExitCode {

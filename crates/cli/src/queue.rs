@@ -17,8 +17,9 @@ use rota_store::{Body, Outgoing, QueueConfig, RECEIVE_MAX, Receive, SharedStore}
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::task::JoinSet;
 
+use crate::consume;
 use crate::output::{self, DeliveryJson, StatsJson};
-use crate::{StoreArgs, consume};
+use crate::store_args::StoreArgs;
 
 /// How many sends `send --lines` keeps in flight unless told otherwise.
 const SEND_LANES_DEFAULT: u32 = 16;

@@ -36,7 +36,7 @@
 //! Deliberately left out: custom agents (a Rust program embeds the engine
 //! instead) and hot reloading of definitions.
 
-use crate::signals::Signals;
+use std::future::Future;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -46,31 +46,23 @@ use anyhow::{Context, anyhow, bail};
 use rota_agent::AgentRegistry;
 use rota_engine::engine::Config;
 use rota_engine::status::{Heartbeat, Reporter};
-use rota_engine::{Engine, Roles, Shutdown, Workflows};
+use rota_engine::webhooks::{Dispatcher, Secret, WebhookConfig};
+use rota_engine::{Client, Engine, Roles, Shutdown, Workflows};
 use rota_model::{Clock, InstanceId, SystemClock};
 use rota_store::SharedStore;
 use rota_workflow::{AgentCatalog, AgentName, Workflow};
 use tracing::{info, warn};
 
-use crate::StoreArgs;
-use crate::api_server::{self, ListenArgs, RemoteAgentArgs};
+use crate::api_server::{self, ListenArgs, Listening, RemoteAgentArgs};
+use crate::instance_id;
+use crate::signals::Signals;
+use crate::store_args::StoreArgs;
 use crate::store_url::redacted;
 
 /// The environment variable holding the secret that signs webhooks.
 const WEBHOOK_SECRET_ENV: &str = "ROTA_WEBHOOK_SECRET";
 /// The workflows directory used when `--workflows` is absent, if it exists.
 const WORKFLOWS_DIR_DEFAULT: &str = "workflows";
-/// The longest instance id: its Scheduler's inbox queue name keeps 80 bytes.
-const INSTANCE_ID_BYTES_MAX: usize = 80;
-/// The most characters of the host name kept in a default instance id.
-const HOSTNAME_CHARS_MAX: usize = 60;
-/// The shortest and longest `--supervisor-interval`.
-const SUPERVISOR_INTERVAL_MIN: Duration = Duration::from_millis(10);
-const SUPERVISOR_INTERVAL_MAX: Duration = Duration::from_secs(3600);
-/// The Supervisor's leadership lasts this many intervals without renewal.
-const LEADER_TTL_INTERVALS: u32 = 5;
-/// The most agent calls each agent runs at once.
-const AGENT_CONCURRENCY_MAX: u32 = 1024;
 
 /// How many calls each agent runs at once unless told otherwise.
 const AGENT_CONCURRENCY_DEFAULT: u32 = 16;
@@ -125,7 +117,7 @@ pub struct AgentArgs {
     queues: Vec<String>,
     /// How many calls each agent runs at once (MaxConcurrentCalls).
     #[arg(long, visible_alias = "max-concurrent", value_name = "N", default_value_t = AGENT_CONCURRENCY_DEFAULT,
-          value_parser = clap::value_parser!(u32).range(1..=i64::from(AGENT_CONCURRENCY_MAX)))]
+          value_parser = clap::value_parser!(u32).range(1..=Config::AGENT_CONCURRENCY_MAX as i64))]
     agent_concurrency: u32,
 }
 
@@ -240,204 +232,255 @@ enum Role {
 
 /// Runs the engine until a signal stops it.
 pub async fn run(store_args: StoreArgs, args: RunArgs) -> anyhow::Result<()> {
-    let instance = match args.process.instance_id.as_deref() {
-        Some(id) => checked_instance_id(id)?,
-        None => default_instance_id(),
-    };
-    let roles = Roles {
+    // Listen before doing anything else, so that an early signal is a clean stop.
+    let mut signals = Signals::new()?;
+    let process = Process::build(&store_args, &args).await?;
+    process.run(&mut signals).await
+}
+
+/// One engine process, built and checked, nothing running yet.
+struct Process {
+    instance: InstanceId,
+    store: SharedStore,
+    clock: Arc<dyn Clock>,
+    engine: Engine,
+    /// Writes this process's heartbeat and its agents' breakers.
+    reporter: Reporter,
+    /// The HTTP API's listener, when it serves one.
+    listening: Option<Listening>,
+    /// The webhook dispatcher, with `ROTA_WEBHOOK_SECRET` set.
+    dispatcher: Option<Dispatcher>,
+}
+
+impl Process {
+    /// Checks the flags, loads the definitions and binds the API's port,
+    /// then opens the store and registers the definitions: a bad argument,
+    /// a bad definition or a busy port stops startup with nothing written.
+    async fn build(store_args: &StoreArgs, args: &RunArgs) -> anyhow::Result<Process> {
+        let instance = instance_id::from_flag(args.process.instance_id.as_deref())?;
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let config = engine_config(args, instance.clone(), &*clock)?;
+        let agents = AgentRegistry::builtin(clock.clone()).context("cannot set up the built-in agents")?;
+        let running_agents = selected_agents(&agents, &args.agent.queues)?;
+        let catalog = agent_catalog(&agents, &args.process.remote)?;
+        let (dir, definitions) = load_workflows(args.process.workflows.as_deref(), &catalog)?;
+        let listening = bind_api(args).await?;
+        let webhook_secret = webhook_secret()?;
+
+        let store = store_args.open().await?;
+        warn_if_instance_is_live(&store, &instance, &*clock).await;
+        register(&store, &definitions).await?;
+
+        let dispatcher = match webhook_secret {
+            Some(secret) => {
+                let mut webhooks = WebhookConfig::new(instance.clone(), secret);
+                webhooks.seed = config.seed.rotate_left(1);
+                Some(Dispatcher::new(store.clone(), clock.clone(), webhooks).context("cannot set up the webhooks")?)
+            }
+            None => None,
+        };
+        // Without the agent role the registry only serves to check definitions.
+        let agent_names: Vec<String> = if config.roles.agents { running_agents } else { Vec::new() };
+        let heartbeat = Heartbeat {
+            instance: instance.clone(),
+            roles: args.roles.iter().map(|role| role_name(*role).to_owned()).collect(),
+            agents: agent_names.clone(),
+            workflows: definitions.iter().map(|w| (w.name().as_str().to_owned(), w.version())).collect(),
+            started_at: clock.now(),
+        };
+        info!(
+            "rota serve started: instance {instance}, store {}, roles {}, agents {}, workflows {}, API {}, webhooks {}",
+            redacted(&store_args.url),
+            heartbeat.roles.join(","),
+            if agent_names.is_empty() { "none".to_owned() } else { agent_names.join(",") },
+            loaded(dir.as_deref(), &definitions),
+            listening.as_ref().map_or("off".to_owned(), |listening| format!("http://{}", listening.address)),
+            if dispatcher.is_some() { "on" } else { "off (no ROTA_WEBHOOK_SECRET)" },
+        );
+
+        let mut engine = Engine::new(store.clone(), clock.clone(), config);
+        for name in &agent_names {
+            engine = engine.agent(agents.get(name).expect("a registered name"));
+        }
+        for definition in definitions {
+            engine = engine.workflow(definition);
+        }
+        let reporter = Reporter::new(store.clone(), clock.clone(), agents, heartbeat);
+        Ok(Process { instance, store, clock, engine, reporter, listening, dispatcher })
+    }
+
+    /// Runs every role, the API and the dispatcher until the first signal,
+    /// then waits for them to let go of what they hold; a second signal
+    /// stops at once. One of them failing stops the others.
+    async fn run(self, signals: &mut Signals) -> anyhow::Result<()> {
+        let Process { instance, store, clock, engine, reporter, listening, dispatcher } = self;
+        let shutdown = Shutdown::new();
+        let client = engine.client();
+        let mut engine_run = tokio::spawn(engine.run(shutdown.clone()));
+        let reporting = tokio::spawn(reporter.run(shutdown.clone()));
+        let mut serving = tokio::spawn(serve_until_shutdown(listening, dispatcher, store, client, clock, shutdown.clone()));
+
+        let engine_stopped = tokio::select! {
+            () = signals.next() => {
+                info!("stopping: waiting for the work in flight (send another SIGINT or SIGTERM to stop at once)");
+                shutdown.trigger();
+                or_second_signal(signals, &mut engine_run, "the work in flight is given back when its leases expire").await?
+            }
+            joined = &mut engine_run => {
+                shutdown.trigger();
+                match joined {
+                    Ok(Ok(())) => bail!("the engine stopped by itself"),
+                    Ok(Err(err)) => return Err(anyhow::Error::new(err).context("the engine stopped")),
+                    Err(err) => bail!("the engine panicked: {err}"),
+                }
+            }
+            joined = &mut serving => {
+                // They stop only after the shutdown otherwise: stop the
+                // engine too rather than run half a server.
+                shutdown.trigger();
+                let _ = engine_run.await;
+                match joined {
+                    Ok(Ok(())) => bail!("the HTTP API and the webhook dispatcher stopped by themselves"),
+                    Ok(Err(err)) => return Err(err),
+                    Err(err) => bail!("the HTTP API or the webhook dispatcher panicked: {err}"),
+                }
+            }
+        };
+        // Requests in progress (a worker's long poll, say) may still take a moment.
+        match or_second_signal(signals, &mut serving, "with HTTP requests in progress").await? {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => warn!("stopping: {err:#}"),
+            Err(err) => warn!("the HTTP API or the webhook dispatcher panicked while stopping: {err}"),
+        }
+        match engine_stopped {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => return Err(anyhow::Error::new(err).context("the engine failed while stopping")),
+            Err(err) => bail!("the engine panicked while stopping: {err}"),
+        }
+        if let Err(err) = reporting.await {
+            warn!("the status reporter panicked: {err}");
+        }
+        info!("rota serve stopped: instance {instance}");
+        Ok(())
+    }
+}
+
+/// `work`'s result, unless a second signal comes first.
+async fn or_second_signal<T>(signals: &mut Signals, work: impl Future<Output = T>, left_behind: &str) -> anyhow::Result<T> {
+    tokio::select! {
+        done = work => Ok(done),
+        () = signals.next() => bail!("stopped at once by a second signal, {left_behind}"),
+    }
+}
+
+/// The engine's settings from the flags, checked; an error names the flag.
+fn engine_config(args: &RunArgs, instance: InstanceId, clock: &dyn Clock) -> anyhow::Result<Config> {
+    let mut config = Config::new(instance.clone());
+    config.roles = Roles {
         scheduler: args.roles.contains(&Role::Scheduler),
         agents: args.roles.contains(&Role::Agent),
         supervisor: args.roles.contains(&Role::Supervisor),
     };
-    let interval = args.supervisor.supervisor_interval;
-    anyhow::ensure!(
-        (SUPERVISOR_INTERVAL_MIN..=SUPERVISOR_INTERVAL_MAX).contains(&interval),
-        "--supervisor-interval must be between 10ms and 1h, got {}",
-        humantime::format_duration(interval)
-    );
-    let grace_max = rota_engine::consumer::Config::SHUTDOWN_GRACE_MAX;
-    anyhow::ensure!(
-        args.process.shutdown_grace <= grace_max,
-        "--shutdown-grace must be at most {}, got {}",
-        humantime::format_duration(grace_max),
-        humantime::format_duration(args.process.shutdown_grace)
-    );
-    // Listen before doing anything else, so that an early signal is a clean stop.
-    let mut signals = Signals::new()?;
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let agents = AgentRegistry::builtin(clock.clone()).context("cannot set up the built-in agents")?;
+    config.agent_concurrency = args.agent.agent_concurrency as usize;
+    config.supervisor = config.supervisor.every(args.supervisor.supervisor_interval);
+    config.shutdown_grace = args.process.shutdown_grace;
+    config.seed = seed(&instance, clock);
+    match config.validate() {
+        Ok(()) => Ok(config),
+        Err(rota_engine::Error::OutOfBounds { field, why }) => match flag_of(field) {
+            Some(flag) => bail!("{flag} {why}"),
+            None => bail!("invalid configuration: {field} {why}"),
+        },
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// The flag that sets an engine setting, for the settings that have one.
+fn flag_of(field: &str) -> Option<&'static str> {
+    match field {
+        "supervisor.interval" => Some("--supervisor-interval"),
+        "shutdown_grace" => Some("--shutdown-grace"),
+        "agent_concurrency" => Some("--agent-concurrency"),
+        _ => None,
+    }
+}
+
+/// The agents a step may name: the built-in ones and those external
+/// workers run (`--remote-agents`).
+fn agent_catalog(agents: &AgentRegistry, remote: &RemoteAgentArgs) -> anyhow::Result<AgentCatalog> {
     let catalog = agents
         .names()
         .fold(AgentCatalog::empty(), |catalog, name| catalog.with(AgentName::new(name).expect("registered agents have valid names")));
-    // Steps may also name the agents that external workers run.
-    let catalog = args.process.remote.names()?.into_iter().fold(catalog, AgentCatalog::with);
-    let running_agents = selected_agents(&agents, &args.agent.queues)?;
-    let (dir, definitions) = load_workflows(args.process.workflows.as_deref(), &catalog)?;
-    // Bound before the store is written to, so that a busy port or a bad
-    // token file stops startup with nothing changed.
-    let listening = match &args.listen {
-        Some(listen) => match api_server::bind(listen, &args.process.remote).await {
-            Ok(listening) => Some(listening),
-            Err(err) if listen.is_default_in_use(&err) => {
-                warn!(
-                    "{err:#}: running without the HTTP API (another rota serve on this host has it?); \
-                     give --listen ADDR (port 0 picks a free one) or --listen none"
-                );
-                None
-            }
-            Err(err) => return Err(err),
-        },
-        None => None,
-    };
-    let webhook_secret = match api_server::secret_env(WEBHOOK_SECRET_ENV) {
-        Some(secret) => Some(rota_engine::webhooks::Secret::new(secret).map_err(|err| anyhow!("{WEBHOOK_SECRET_ENV}: {err}"))?),
-        None => None,
-    };
-    let store = store_args.open().await?;
-    warn_if_instance_is_live(&store, &instance, &*clock).await;
-    register(&store, &definitions).await?;
+    Ok(remote.names()?.into_iter().fold(catalog, AgentCatalog::with))
+}
 
-    let mut config = Config::new(instance.clone());
-    config.roles = roles;
-    config.agent_concurrency = args.agent.agent_concurrency as usize;
-    config.supervisor.interval = interval;
-    config.supervisor.leader_ttl = interval * LEADER_TTL_INTERVALS;
-    config.seed = seed(&instance, &*clock);
-    config.shutdown_grace = args.process.shutdown_grace;
-    let dispatcher = match webhook_secret {
-        Some(secret) => {
-            let mut webhooks = rota_engine::webhooks::WebhookConfig::new(instance.clone(), secret);
-            webhooks.seed = config.seed.rotate_left(1);
-            Some(rota_engine::webhooks::Dispatcher::new(store.clone(), clock.clone(), webhooks).context("cannot set up the webhooks")?)
+/// Binds the API's port, when it serves one. The default port being busy
+/// (another `rota serve` on this host) is not fatal: it runs without.
+async fn bind_api(args: &RunArgs) -> anyhow::Result<Option<Listening>> {
+    let Some(listen) = &args.listen else { return Ok(None) };
+    match api_server::bind(listen, &args.process.remote).await {
+        Ok(listening) => Ok(Some(listening)),
+        Err(err) if listen.is_default_in_use(&err) => {
+            warn!(
+                "{err:#}: running without the HTTP API (another rota serve on this host has it?); \
+                 give --listen ADDR (port 0 picks a free one) or --listen none"
+            );
+            Ok(None)
         }
-        None => None,
-    };
-    let mut engine = Engine::new(store.clone(), clock.clone(), config);
-    let client = engine.client();
-    for name in &running_agents {
-        engine = engine.agent(agents.get(name).expect("a registered name"));
+        Err(err) => Err(err),
     }
-    for definition in &definitions {
-        engine = engine.workflow(definition.clone());
-    }
+}
 
-    let loaded: Vec<String> = definitions
+/// The webhook signing secret, when `ROTA_WEBHOOK_SECRET` is set.
+fn webhook_secret() -> anyhow::Result<Option<Secret>> {
+    api_server::secret_env(WEBHOOK_SECRET_ENV)
+        .map(|secret| Secret::new(secret).map_err(|err| anyhow!("{WEBHOOK_SECRET_ENV}: {err}")))
+        .transpose()
+}
+
+/// Serves the API and runs the dispatcher until the shutdown, or fails
+/// early with the first of them to fail; one that is off waits for the
+/// shutdown, so that the caller's select has one shape either way.
+async fn serve_until_shutdown(
+    listening: Option<Listening>,
+    dispatcher: Option<Dispatcher>,
+    store: SharedStore,
+    client: Client,
+    clock: Arc<dyn Clock>,
+    shutdown: Shutdown,
+) -> anyhow::Result<()> {
+    let api = async {
+        match listening {
+            Some(listening) => listening.serve(store, client, clock, shutdown.clone()).await,
+            None => {
+                shutdown.triggered().await;
+                Ok(())
+            }
+        }
+    };
+    let dispatching = async {
+        match dispatcher {
+            Some(dispatcher) => dispatcher.run(shutdown.clone()).await.context("the webhook dispatcher failed"),
+            None => {
+                shutdown.triggered().await;
+                Ok(())
+            }
+        }
+    };
+    tokio::try_join!(api, dispatching).map(drop)
+}
+
+/// The start line's account of the definitions loaded.
+fn loaded(dir: Option<&Path>, definitions: &[Workflow]) -> String {
+    let each: Vec<String> = definitions
         .iter()
         .map(|w| format!("{}@{} ({} step{})", w.name(), w.version(), w.steps().len(), if w.steps().len() == 1 { "" } else { "s" }))
         .collect();
-    let loaded = match (&dir, loaded.is_empty()) {
+    match (dir, each.is_empty()) {
         (None, _) => "none (no workflows directory; tasks run the definitions already registered)".to_owned(),
         (Some(dir), true) => format!("none in {}", dir.display()),
-        (Some(dir), false) => format!("{} from {}", loaded.join(", "), dir.display()),
-    };
-    let role_names: Vec<&str> = args.roles.iter().map(|role| role_name(*role)).collect();
-    // Without the agent role the registry only serves to validate definitions.
-    let agent_names: Vec<&str> = if roles.agents { running_agents.iter().map(String::as_str).collect() } else { Vec::new() };
-    let api = match &listening {
-        Some(listening) => format!("http://{}", listening.address),
-        None => "off".to_owned(),
-    };
-    let webhooks = if dispatcher.is_some() { "on" } else { "off (no ROTA_WEBHOOK_SECRET)" };
-    info!(
-        "rota serve started: instance {instance}, store {}, roles {}, agents {}, workflows {loaded}, API {api}, webhooks {webhooks}",
-        redacted(&store_args.url),
-        role_names.join(","),
-        if agent_names.is_empty() { "none".to_owned() } else { agent_names.join(",") }
-    );
-    let heartbeat = Heartbeat {
-        instance: instance.clone(),
-        roles: role_names.iter().map(|role| (*role).to_owned()).collect(),
-        agents: agent_names.iter().map(|agent| (*agent).to_owned()).collect(),
-        workflows: definitions.iter().map(|w| (w.name().as_str().to_owned(), w.version())).collect(),
-        started_at: clock.now(),
-    };
-
-    let shutdown = Shutdown::new();
-    let mut engine_run = tokio::spawn(engine.run(shutdown.clone()));
-    let reporter = Reporter::new(store.clone(), clock.clone(), agents, heartbeat);
-    let reporting = tokio::spawn(reporter.run(shutdown.clone()));
-    // The API and the webhook dispatcher run until the shutdown, or fail
-    // early together; one that is off waits for the shutdown, so that the
-    // select below has one shape either way.
-    let api = {
-        let (store, clock, shutdown) = (store.clone(), clock.clone(), shutdown.clone());
-        async move {
-            match listening {
-                Some(listening) => listening.serve(store, client, clock, shutdown).await,
-                None => {
-                    shutdown.triggered().await;
-                    Ok(())
-                }
-            }
-        }
-    };
-    let dispatching = {
-        let shutdown = shutdown.clone();
-        async move {
-            match dispatcher {
-                Some(dispatcher) => dispatcher.run(shutdown).await.context("the webhook dispatcher failed"),
-                None => {
-                    shutdown.triggered().await;
-                    Ok(())
-                }
-            }
-        }
-    };
-    let mut serving = tokio::spawn(async move { tokio::try_join!(api, dispatching).map(drop) });
-
-    let stopped = tokio::select! {
-        () = signals.next() => {
-            info!("stopping: waiting for the work in flight (send another SIGINT or SIGTERM to stop at once)");
-            shutdown.trigger();
-            tokio::select! {
-                joined = &mut engine_run => joined,
-                () = signals.next() => {
-                    bail!("stopped at once by a second signal; the work in flight is given back when its leases expire")
-                }
-            }
-        }
-        joined = &mut engine_run => {
-            shutdown.trigger();
-            match joined {
-                Ok(Ok(())) => Err(anyhow!("the engine stopped by itself")),
-                Ok(Err(err)) => Err(anyhow::Error::new(err).context("the engine stopped")),
-                Err(err) => Err(anyhow!("the engine panicked: {err}")),
-            }?
-        }
-        joined = &mut serving => {
-            // The API or the dispatcher failed (they stop only after the
-            // shutdown otherwise): stop the engine too rather than run half
-            // a server.
-            shutdown.trigger();
-            let _ = engine_run.await;
-            match joined {
-                Ok(Ok(())) => bail!("the HTTP API and the webhook dispatcher stopped by themselves"),
-                Ok(Err(err)) => return Err(err),
-                Err(err) => bail!("the HTTP API or the webhook dispatcher panicked: {err}"),
-            }
-        }
-    };
-    // Requests in progress (a worker's long poll, say) may still take a
-    // moment; a second signal does not wait for them either.
-    let served = tokio::select! {
-        joined = &mut serving => joined,
-        () = signals.next() => bail!("stopped at once by a second signal, with HTTP requests in progress"),
-    };
-    match served {
-        Ok(Ok(())) => {}
-        Ok(Err(err)) => warn!("stopping: {err:#}"),
-        Err(err) => warn!("the HTTP API or the webhook dispatcher panicked while stopping: {err}"),
+        (Some(dir), false) => format!("{} from {}", each.join(", "), dir.display()),
     }
-    match stopped {
-        Ok(Ok(())) => {}
-        Ok(Err(err)) => return Err(anyhow::Error::new(err).context("the engine failed while stopping")),
-        Err(err) => bail!("the engine panicked while stopping: {err}"),
-    }
-    if let Err(err) = reporting.await {
-        warn!("the status reporter panicked: {err}");
-    }
-    info!("rota serve stopped: instance {instance}");
-    Ok(())
 }
 
 /// The agents whose queues `--queues` names (an agent's name or its queue's),
@@ -511,40 +554,6 @@ async fn register(store: &SharedStore, definitions: &[Workflow]) -> anyhow::Resu
     Ok(())
 }
 
-/// Checks an `--instance-id`: a valid instance id that is also safe as a
-/// queue name, so that two ids never share an inbox.
-fn checked_instance_id(id: &str) -> anyhow::Result<InstanceId> {
-    let safe = id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'));
-    anyhow::ensure!(
-        !id.is_empty() && id.len() <= INSTANCE_ID_BYTES_MAX && safe,
-        "--instance-id {id:?} must be 1 to {INSTANCE_ID_BYTES_MAX} ASCII letters, digits, '-', '_', '.' or ':'"
-    );
-    InstanceId::new(id).map_err(|err| anyhow!("--instance-id: {err}"))
-}
-
-/// `<hostname>-<pid>`, with every character a queue name refuses replaced.
-fn default_instance_id() -> InstanceId {
-    let host: String = hostname()
-        .chars()
-        .take(HOSTNAME_CHARS_MAX)
-        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':') { c } else { '_' })
-        .collect();
-    let host = if host.is_empty() { "rota".to_owned() } else { host };
-    InstanceId::new(format!("{host}-{}", std::process::id())).expect("a sanitized host name and a pid make a valid id")
-}
-
-fn hostname() -> String {
-    let mut buffer = [0u8; 256];
-    // SAFETY: the pointer and length describe a writable buffer we own;
-    // gethostname writes at most that many bytes.
-    let rc = unsafe { libc::gethostname(buffer.as_mut_ptr().cast(), buffer.len()) };
-    if rc != 0 {
-        return String::new();
-    }
-    let end = buffer.iter().position(|&b| b == 0).unwrap_or(buffer.len());
-    String::from_utf8_lossy(&buffer[..end]).into_owned()
-}
-
 /// A jitter seed that differs between processes, so that two instances do
 /// not back off in lockstep.
 fn seed(instance: &InstanceId, clock: &dyn Clock) -> u64 {
@@ -562,26 +571,5 @@ async fn warn_if_instance_is_live(store: &SharedStore, instance: &InstanceId, cl
              if another process runs with this id, stop one of them (two processes must not share an instance id)",
             humantime::format_duration(Duration::from_millis(age.as_millis() as u64))
         );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn default_instance_ids_are_queue_name_safe() {
-        let id = default_instance_id();
-        assert!(id.as_str().ends_with(&format!("-{}", std::process::id())), "{id}");
-        assert!(checked_instance_id(id.as_str()).is_ok(), "{id}");
-    }
-
-    #[test]
-    fn instance_ids_must_be_queue_name_safe() {
-        assert!(checked_instance_id("node-1.eu:a_b").is_ok());
-        for bad in ["", "has space", "slash/y", &"x".repeat(81)] {
-            let err = checked_instance_id(bad).unwrap_err().to_string();
-            assert!(err.starts_with("--instance-id"), "{err}");
-        }
     }
 }

@@ -22,9 +22,9 @@ use rota_model::{StepName, StepState, TaskId, TaskState, WorkflowName};
 use rota_store::TaskFilter;
 use serde_json::Value;
 
-use crate::StoreArgs;
 use crate::backend::Backend;
 use crate::output::{self, AlertJson, BreakerJson, StatusJson, TaskSummaryJson, WorkflowJson, rfc3339_millis};
+use crate::store_args::StoreArgs;
 
 /// How often `submit --wait` reads the task.
 const WAIT_POLL_INTERVAL: Duration = Duration::from_millis(100);

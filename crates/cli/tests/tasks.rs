@@ -270,7 +270,11 @@ fn serve_refuses_to_start_with_an_invalid_workflow() {
 
     let (code, stderr) = rota.fails(&["serve", "--workflows", &dir, "--shutdown-grace", "2h"]);
     assert_eq!(code, 1);
-    assert_one_error_line(&stderr, &["--shutdown-grace", "at most 1h"]);
+    assert_one_error_line(&stderr, &["--shutdown-grace must be at most 1h, got 2h"]);
+
+    let (code, stderr) = rota.fails(&["serve", "--workflows", &dir, "--supervisor-interval", "5ms"]);
+    assert_eq!(code, 1);
+    assert_one_error_line(&stderr, &["--supervisor-interval must be between 10ms and 1h, got 5ms"]);
 }
 
 // ------------------------------------------------------------ end to end

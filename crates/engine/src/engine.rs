@@ -14,7 +14,7 @@ use crate::agent_worker::{self, AgentWorker};
 use crate::client::Client;
 use crate::completions::Completions;
 use crate::scheduler::{self, Scheduler};
-use crate::supervisor::{self, Supervisor};
+use crate::supervisor::{self, Supervisor, human};
 use crate::workflows::Workflows;
 use crate::{Error, Result, Shutdown};
 
@@ -59,6 +59,9 @@ pub struct Config {
 }
 
 impl Config {
+    /// The most agent calls each agent runs at once.
+    pub const AGENT_CONCURRENCY_MAX: usize = 1_024;
+
     /// Defaults for `instance`, every role.
     pub fn new(instance: InstanceId) -> Self {
         Config {
@@ -71,6 +74,21 @@ impl Config {
             shutdown_grace: crate::consumer::Config::SHUTDOWN_GRACE_DEFAULT,
             workflow_latest_refresh: crate::workflows::LATEST_REFRESH_DEFAULT,
         }
+    }
+
+    /// Checks every bound; the error names the field.
+    pub fn validate(&self) -> Result<()> {
+        self.supervisor.validate()?;
+        let grace_max = crate::consumer::Config::SHUTDOWN_GRACE_MAX;
+        if self.shutdown_grace > grace_max {
+            let why = format!("must be at most {}, got {}", human(grace_max), human(self.shutdown_grace));
+            return Err(Error::OutOfBounds { field: "shutdown_grace", why });
+        }
+        if !(1..=Self::AGENT_CONCURRENCY_MAX).contains(&self.agent_concurrency) {
+            let why = format!("must be between 1 and {}, got {}", Self::AGENT_CONCURRENCY_MAX, self.agent_concurrency);
+            return Err(Error::OutOfBounds { field: "agent_concurrency", why });
+        }
+        Ok(())
     }
 }
 
@@ -125,6 +143,7 @@ impl Engine {
     /// Runs the roles until `shutdown`, then returns once each has let go of
     /// what it held.
     pub async fn run(self, shutdown: Shutdown) -> Result<()> {
+        self.config.validate()?;
         self.register_workflows().await?;
         let mut roles: JoinSet<Result<()>> = JoinSet::new();
         let config = &self.config;
@@ -170,5 +189,41 @@ impl Engine {
             }
         }
         first_error.map_or(Ok(()), Err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_out_of_bounds_are_named() {
+        let config = || Config::new(InstanceId::new("i-1").unwrap());
+        config().validate().unwrap();
+        let refused = |change: fn(&mut Config)| {
+            let mut config = config();
+            change(&mut config);
+            match config.validate() {
+                Err(Error::OutOfBounds { field, why }) => format!("{field} {why}"),
+                other => panic!("expected OutOfBounds, got {other:?}"),
+            }
+        };
+        assert_eq!(
+            refused(|c| c.supervisor.interval = Duration::from_millis(5)),
+            "supervisor.interval must be between 10ms and 1h, got 5ms"
+        );
+        assert_eq!(
+            refused(|c| c.supervisor = c.supervisor.clone().every(Duration::from_secs(7200))),
+            "supervisor.interval must be between 10ms and 1h, got 2h"
+        );
+        assert_eq!(
+            refused(|c| c.supervisor.leader_ttl = Duration::from_millis(500)),
+            "supervisor.leader_ttl must be longer than the interval (1s), got 500ms"
+        );
+        assert_eq!(refused(|c| c.supervisor.batch = 0), "supervisor.batch must be at least 1, got 0");
+        assert_eq!(refused(|c| c.shutdown_grace = Duration::from_secs(7200)), "shutdown_grace must be at most 1h, got 2h");
+        assert_eq!(refused(|c| c.agent_concurrency = 0), "agent_concurrency must be between 1 and 1024, got 0");
+        let every = config().supervisor.every(Duration::from_millis(200));
+        assert_eq!((every.interval, every.leader_ttl), (Duration::from_millis(200), Duration::from_secs(1)));
     }
 }

@@ -66,6 +66,14 @@ pub enum Error {
     /// A configuration is out of bounds; the message names the field.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// A setting is outside its bounds.
+    #[error("invalid configuration: {field} {why}")]
+    OutOfBounds {
+        /// The setting, as its config field is named (`supervisor.interval`).
+        field: &'static str,
+        /// Its bounds and the value given.
+        why: String,
+    },
     /// The store failed in a way the component cannot retry.
     #[error(transparent)]
     Store(#[from] rota_store::Error),

@@ -53,30 +53,54 @@ pub struct Config {
 }
 
 impl Config {
+    /// The shortest interval: a busier loop only loads the store.
+    pub const INTERVAL_MIN: Duration = Duration::from_millis(10);
+    /// The longest interval: passed deadlines wait at most this long.
+    pub const INTERVAL_MAX: Duration = Duration::from_secs(3_600);
+    /// Leadership set by [`Config::every`] lasts this many intervals.
+    pub const LEADER_TTL_INTERVALS: u32 = 5;
+
     /// Defaults for `instance`: every second, leadership for 5 s.
     pub fn new(instance: InstanceId) -> Self {
         Config {
             instance,
             interval: Duration::from_secs(1),
-            leader_ttl: Duration::from_secs(5),
+            leader_ttl: Duration::from_secs(1) * Self::LEADER_TTL_INTERVALS,
             batch: 256,
             recovery: crate::scheduler::default_recovery(),
             seed: 0,
         }
     }
 
-    fn validate(&self) -> Result<()> {
-        if self.interval.is_zero() {
-            return Err(Error::Config("supervisor interval must be positive".into()));
+    /// Rounds every `interval`, with leadership lasting
+    /// [`Config::LEADER_TTL_INTERVALS`] of them.
+    pub fn every(mut self, interval: Duration) -> Self {
+        self.interval = interval;
+        self.leader_ttl = interval * Self::LEADER_TTL_INTERVALS;
+        self
+    }
+
+    /// Checks every bound; the error names the field.
+    pub fn validate(&self) -> Result<()> {
+        if !(Self::INTERVAL_MIN..=Self::INTERVAL_MAX).contains(&self.interval) {
+            let why =
+                format!("must be between {} and {}, got {}", human(Self::INTERVAL_MIN), human(Self::INTERVAL_MAX), human(self.interval));
+            return Err(Error::OutOfBounds { field: "supervisor.interval", why });
         }
         if self.leader_ttl <= self.interval {
-            return Err(Error::Config("supervisor leader_ttl must be longer than its interval".into()));
+            let why = format!("must be longer than the interval ({}), got {}", human(self.interval), human(self.leader_ttl));
+            return Err(Error::OutOfBounds { field: "supervisor.leader_ttl", why });
         }
         if self.batch == 0 {
-            return Err(Error::Config("supervisor batch must be at least 1".into()));
+            return Err(Error::OutOfBounds { field: "supervisor.batch", why: "must be at least 1, got 0".into() });
         }
         Ok(())
     }
+}
+
+/// A duration as people write it (`10ms`, `1h`).
+pub(crate) fn human(duration: Duration) -> humantime::FormattedDuration {
+    humantime::format_duration(duration)
 }
 
 /// What one round did.

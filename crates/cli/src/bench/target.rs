@@ -11,7 +11,7 @@ use rota_store_sqlite::{CommitCounts, Durability, SqliteStore};
 use serde_json::{Value, json};
 
 use super::{Workdir, env_string, workdir};
-use crate::StoreArgs;
+use crate::store_args::StoreArgs;
 use crate::store_url::{StoreUrl, redacted};
 
 /// The store under measurement and how to describe it in the record.

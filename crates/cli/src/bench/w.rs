@@ -29,7 +29,7 @@ use tokio::sync::oneshot;
 
 use super::target::Target;
 use super::{env_string, env_u64, now_ms, percentile, round};
-use crate::StoreArgs;
+use crate::store_args::StoreArgs;
 
 /// How long one workflow may take before the run fails.
 const WORKFLOW_TIMEOUT: Duration = Duration::from_secs(60);
