@@ -20,6 +20,7 @@
 //! - `tasks`: `rota submit`, `status`, `tasks`, `alerts`, `resubmit`,
 //!   `cancel` and `workflows`.
 //! - `validate`: `rota validate`, workflow files checked without a store.
+//! - `config_file`: `--config FILE`, settings for any command's flags.
 //!
 //! Every failure ends as one line on stderr starting with `error: ` and exit
 //! code 1; clap reports usage errors (bad flags, ids, durations) with exit
@@ -30,6 +31,7 @@
 mod api_server;
 mod backend;
 mod bench;
+mod config_file;
 mod consume;
 mod demo;
 mod dlq;
@@ -44,12 +46,13 @@ mod store_url;
 mod tasks;
 mod validate;
 
+use std::ffi::OsString;
 use std::future::Future;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use store_args::StoreArgs;
 use store_url::{DurabilityArg, STORE_URL_DEFAULT};
 use tracing_subscriber::EnvFilter;
@@ -81,6 +84,11 @@ struct Cli {
     /// The bearer token for --server.
     #[arg(id = "server_token", long = "token", env = "ROTA_TOKEN", value_name = "TOKEN", global = true, hide_env_values = true)]
     token: Option<String>,
+
+    /// A TOML file of settings: each key a flag's name (`store`, `listen`,
+    /// `instance-id`, ...); flags and environment variables win over it.
+    #[arg(long = "config", env = "ROTA_CONFIG", value_name = "FILE", global = true)]
+    config: Option<std::path::PathBuf>,
 
     #[command(subcommand)]
     command: Command,
@@ -129,7 +137,13 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let command = Cli::command();
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let matches = command.clone().get_matches_from(args.clone());
+    let cli = match config_file::apply(&command, &matches, args) {
+        Ok(args) => Cli::parse_from(args),
+        Err(err) => return failed(&err),
+    };
     let server = cli.server_url.map(|url| remote::ServerArgs { url, token: cli.token });
     let store = StoreArgs { url: cli.store_url, durability: cli.durability, server };
     let result = match cli.command {
@@ -169,14 +183,17 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            // `{:#}` joins the context chain with ": ", which keeps it on one line
-            // unless a message itself has a newline.
-            let message = format!("{err:#}").replace('\n', " ");
-            eprintln!("error: {message}");
-            ExitCode::FAILURE
-        }
+        Err(err) => failed(&err),
     }
+}
+
+/// Reports `err` as one line on stderr.
+fn failed(err: &anyhow::Error) -> ExitCode {
+    // `{:#}` joins the context chain with ": ", which keeps it on one line
+    // unless a message itself has a newline.
+    let message = format!("{err:#}").replace('\n', " ");
+    eprintln!("error: {message}");
+    ExitCode::FAILURE
 }
 
 /// `rota migrate`: brings the store's schema up to this build's version.

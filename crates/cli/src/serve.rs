@@ -60,7 +60,7 @@ use crate::store_args::StoreArgs;
 use crate::store_url::redacted;
 
 /// The environment variable holding the secret that signs webhooks.
-const WEBHOOK_SECRET_ENV: &str = "ROTA_WEBHOOK_SECRET";
+pub const WEBHOOK_SECRET_ENV: &str = "ROTA_WEBHOOK_SECRET";
 /// The workflows directory used when `--workflows` is absent, if it exists.
 const WORKFLOWS_DIR_DEFAULT: &str = "workflows";
 
