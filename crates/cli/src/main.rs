@@ -21,6 +21,8 @@
 //!   `cancel` and `workflows`.
 //! - `validate`: `rota validate`, workflow files checked without a store.
 //! - `config_file`: `--config FILE`, settings for any command's flags.
+//! - `completions`: `rota completions SHELL`, the shell completion scripts,
+//!   generated from [`Cli`].
 //!
 //! Every failure ends as one line on stderr starting with `error: ` and exit
 //! code 1; clap reports usage errors (bad flags, ids, durations) with exit
@@ -31,6 +33,7 @@
 mod api_server;
 mod backend;
 mod bench;
+mod completions;
 mod config_file;
 mod consume;
 mod demo;
@@ -134,6 +137,8 @@ enum Command {
     Bench(bench::Args),
     /// Run the order-processing demo: a simulated payment service that fails, an agent killed mid-run, a final table.
     Demo(demo::Args),
+    /// Print the completion script for SHELL (bash, zsh, fish, elvish, powershell) to stdout.
+    Completions(completions::Args),
 }
 
 fn main() -> ExitCode {
@@ -178,6 +183,7 @@ fn main() -> ExitCode {
         Command::Cancel(args) => run_async(async move { tasks::cancel(&store, args).await }),
         Command::Workflows(args) => run_async(async move { tasks::workflows(&store, args).await }),
         Command::Validate(args) => validate::run(args),
+        Command::Completions(args) => completions::run(args, Cli::command()),
         Command::Queue(command) => run_async(queue::run(store, command)),
         Command::Dlq(command) => run_async(dlq::run(store, command)),
     };

@@ -1,0 +1,119 @@
+//! `rota completions`, checked by the programs that consume it: a real
+//! bash runs the completion function the script registers, and zsh and
+//! fish parse their scripts when installed.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::ErrorKind;
+use std::path::Path;
+use std::process::Command;
+
+use common::Rota;
+
+/// Sources a bash completion script (`$1`), finds the function it
+/// registered for `rota`, calls it the way bash does at a TAB with the
+/// cursor at the end of the words `$2…` (the last one, maybe empty, being
+/// completed) and prints the candidates, one per line.
+const BASH_COMPLETE: &str = r#"
+script=$1
+shift
+source "$script" || { echo "sourcing $script failed" >&2; exit 3; }
+spec=$(complete -p rota) || { echo "the script registers no completion for rota" >&2; exit 3; }
+[[ $spec =~ -F\ ([^ ]+) ]] || { echo "no completion function in: $spec" >&2; exit 3; }
+function=${BASH_REMATCH[1]}
+COMP_WORDS=("$@")
+COMP_CWORD=$((${#COMP_WORDS[@]} - 1))
+COMP_LINE="${COMP_WORDS[*]}"
+COMP_POINT=${#COMP_LINE}
+COMPREPLY=()
+"$function" rota "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD - 1]}"
+printf '%s\n' "${COMPREPLY[@]}"
+"#;
+
+/// What bash offers for `line` with the cursor at its end (a trailing
+/// space completes a new, empty word).
+fn bash_candidates(script: &Path, line: &str) -> BTreeSet<String> {
+    let mut words: Vec<&str> = line.split_whitespace().collect();
+    if line.ends_with(' ') {
+        words.push("");
+    }
+    let output = Command::new("bash")
+        .args(["--norc", "--noprofile", "-c", BASH_COMPLETE, "bash"])
+        .arg(script)
+        .args(&words)
+        .output()
+        .unwrap_or_else(|err| panic!("cannot run bash, which the completion test needs: {err}"));
+    assert!(output.status.success(), "completing {line:?} in bash failed: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8(output.stdout).expect("utf-8 candidates").lines().filter(|line| !line.is_empty()).map(str::to_owned).collect()
+}
+
+#[test]
+fn bash_completes_subcommands_flags_and_values() {
+    let rota = Rota::new();
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("rota.bash");
+    std::fs::write(&script, rota.ok(&["completions", "bash"])).unwrap();
+
+    let subcommands = bash_candidates(&script, "rota ser");
+    assert_eq!(subcommands, BTreeSet::from(["serve".to_owned()]), "rota ser<TAB>");
+    let flags = bash_candidates(&script, "rota serve --work");
+    assert_eq!(flags, BTreeSet::from(["--workflows".to_owned()]), "rota serve --work<TAB>");
+    // Nested subcommands, and a flag's fixed values.
+    assert!(bash_candidates(&script, "rota queue se").contains("send"), "rota queue se<TAB>");
+    let shells = bash_candidates(&script, "rota completions ");
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        assert!(shells.contains(shell), "rota completions <TAB> does not offer {shell}: {shells:?}");
+    }
+}
+
+#[test]
+fn every_shell_gets_a_script_that_names_rota() {
+    let rota = Rota::new();
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let script = rota.ok(&["completions", shell]);
+        assert!(!script.trim().is_empty(), "rota completions {shell} printed nothing");
+        assert!(script.contains("rota"), "rota completions {shell} does not mention rota:\n{script}");
+    }
+}
+
+#[test]
+fn completions_refuses_an_unknown_shell() {
+    let (code, stderr) = Rota::new().fails(&["completions", "tcsh"]);
+    assert_eq!(code, 2, "a usage error: {stderr}");
+    assert!(stderr.contains("tcsh") && stderr.contains("bash"), "names the value and the choices: {stderr}");
+}
+
+/// Checks that `shell` parses the script `rota completions <shell>` prints
+/// (`check_flag` makes it parse and run nothing). Without `shell` on the
+/// machine, prints a SKIP line naming it.
+fn script_parses_in(shell: &str, check_flag: &str) {
+    let rota = Rota::new();
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join(format!("rota.{shell}"));
+    std::fs::write(&script, rota.ok(&["completions", shell])).unwrap();
+    let output = match Command::new(shell).arg(check_flag).arg(&script).output() {
+        Ok(output) => output,
+        Err(err) if err.kind() == ErrorKind::NotFound => {
+            println!("SKIP: {shell} is not installed, so its completion script was not parsed");
+            return;
+        }
+        Err(err) => panic!("cannot run {shell}: {err}"),
+    };
+    assert!(
+        output.status.success(),
+        "{shell} {check_flag} rejects the script: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
+fn zsh_parses_its_script() {
+    script_parses_in("zsh", "-n");
+}
+
+#[test]
+fn fish_parses_its_script() {
+    script_parses_in("fish", "--no-execute");
+}
