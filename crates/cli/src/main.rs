@@ -21,8 +21,8 @@
 //!   `cancel` and `workflows`.
 //! - `validate`: `rota validate`, workflow files checked without a store.
 //! - `config_file`: `--config FILE`, settings for any command's flags.
-//! - `completions`: `rota completions SHELL`, the shell completion scripts,
-//!   generated from [`Cli`].
+//! - `completions`, `man`: `rota completions SHELL` and `rota man`, the
+//!   shell completion scripts and man pages, generated from [`Cli`].
 //!
 //! Every failure ends as one line on stderr starting with `error: ` and exit
 //! code 1; clap reports usage errors (bad flags, ids, durations) with exit
@@ -39,6 +39,7 @@ mod consume;
 mod demo;
 mod dlq;
 mod instance_id;
+mod man;
 mod output;
 mod queue;
 mod remote;
@@ -139,6 +140,8 @@ enum Command {
     Demo(demo::Args),
     /// Print the completion script for SHELL (bash, zsh, fish, elvish, powershell) to stdout.
     Completions(completions::Args),
+    /// Print rota's man page (roff) to stdout, or write one page per command with --dir DIR.
+    Man(man::Args),
 }
 
 fn main() -> ExitCode {
@@ -184,6 +187,7 @@ fn main() -> ExitCode {
         Command::Workflows(args) => run_async(async move { tasks::workflows(&store, args).await }),
         Command::Validate(args) => validate::run(args),
         Command::Completions(args) => completions::run(args, Cli::command()),
+        Command::Man(args) => man::run(args, Cli::command()),
         Command::Queue(command) => run_async(queue::run(store, command)),
         Command::Dlq(command) => run_async(dlq::run(store, command)),
     };

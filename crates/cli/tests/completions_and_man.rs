@@ -1,6 +1,7 @@
-//! `rota completions`, checked by the programs that consume it: a real
-//! bash runs the completion function the script registers, and zsh and
-//! fish parse their scripts when installed.
+//! `rota completions` and `rota man`, checked by the programs that consume
+//! them: a real bash runs the completion function the script registers,
+//! zsh and fish parse their scripts when installed, and man-db's `man -l`
+//! renders the pages.
 
 mod common;
 
@@ -116,4 +117,85 @@ fn zsh_parses_its_script() {
 #[test]
 fn fish_parses_its_script() {
     script_parses_in("fish", "--no-execute");
+}
+
+/// A page as `man -l` shows it: plain ASCII text, 80 columns wide.
+fn rendered(page: &Path) -> String {
+    let output = Command::new("man")
+        .arg("-l")
+        .arg(page)
+        .env("MANPAGER", "cat")
+        .env("MANWIDTH", "80")
+        // ASCII hyphens and quotes, whatever the machine's locale.
+        .env("LC_ALL", "C")
+        .output()
+        .unwrap_or_else(|err| match err.kind() {
+            ErrorKind::NotFound => panic!("`man` is not installed: the man page tests render the pages with `man -l` (install man-db)"),
+            _ => panic!("cannot run man: {err}"),
+        });
+    assert!(output.status.success(), "man -l {} failed: {}", page.display(), String::from_utf8_lossy(&output.stderr));
+    // Bold and underline, should the pager be skipped differently: `x\bx`, `_\bx`.
+    let text = String::from_utf8(output.stdout).expect("utf-8 page");
+    let mut plain = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c == '\u{8}' {
+            plain.pop();
+        } else {
+            plain.push(c);
+        }
+    }
+    plain
+}
+
+#[test]
+fn man_prints_rotas_page() {
+    let rota = Rota::new();
+    let dir = tempfile::tempdir().unwrap();
+    let page = dir.path().join("rota.1");
+    let roff = rota.ok(&["man"]);
+    assert!(roff.lines().any(|line| line.starts_with(".TH rota 1 ")), "not a roff page of rota(1):\n{roff}");
+    std::fs::write(&page, roff).unwrap();
+
+    let text = rendered(&page);
+    for needle in
+        ["NAME", "SYNOPSIS", "OPTIONS", "SUBCOMMANDS", "rota-serve(1)", "rota-queue(1)", "--store <URL>", "ROTA_STORE", "--server <URL>"]
+    {
+        assert!(text.contains(needle), "the rendered page lacks {needle:?}:\n{text}");
+    }
+}
+
+#[test]
+fn man_dir_writes_a_page_per_command() {
+    let rota = Rota::new();
+    let dir = tempfile::tempdir().unwrap();
+    let man1 = dir.path().join("share/man/man1");
+    let listed: BTreeSet<String> = rota.ok(&["man", "--dir", man1.to_str().unwrap()]).lines().map(str::to_owned).collect();
+
+    let written: BTreeSet<String> = std::fs::read_dir(&man1).unwrap().map(|entry| entry.unwrap().path().display().to_string()).collect();
+    assert_eq!(listed, written, "prints each page it writes, and only those");
+    let names: BTreeSet<String> = written.iter().map(|path| Path::new(path).file_name().unwrap().to_str().unwrap().to_owned()).collect();
+    for name in [
+        "rota.1",
+        "rota-serve.1",
+        "rota-agent.1",
+        "rota-queue.1",
+        "rota-queue-send.1",
+        "rota-dlq-redrive.1",
+        "rota-completions.1",
+        "rota-man.1",
+    ] {
+        assert!(names.contains(name), "no {name} in {names:?}");
+    }
+    assert!(!names.iter().any(|name| name.contains("help")), "clap's help subcommand gets no page: {names:?}");
+
+    for path in &written {
+        let text = rendered(Path::new(path));
+        assert!(text.contains("NAME") && text.contains("SYNOPSIS"), "{path} renders without NAME or SYNOPSIS:\n{text}");
+    }
+    let serve = rendered(&man1.join("rota-serve.1"));
+    for needle in ["rota-serve", "--workflows", "--store <URL>"] {
+        assert!(serve.contains(needle), "rota-serve(1) lacks {needle:?}:\n{serve}");
+    }
+    let send = rendered(&man1.join("rota-queue-send.1"));
+    assert!(send.contains("rota-queue-send") && send.contains("--body"), "rota-queue-send(1):\n{send}");
 }
