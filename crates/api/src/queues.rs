@@ -27,7 +27,7 @@ async fn queue_stats(state: &ApiState, request: &str, queue: &QueueName) -> ApiR
 
 /// Counts for every queue, sorted by name.
 #[utoipa::path(
-    get, path = "/v1/queues", tag = "queues",
+    get, path = "/v1/queues", tag = "queues", operation_id = "list_queues",
     responses(
         (status = 200, description = "Every queue", body = [QueueView]),
     ),
@@ -40,7 +40,7 @@ pub async fn list(State(state): State<ApiState>) -> ApiResult<Json<Vec<QueueView
 
 /// Counts for one queue.
 #[utoipa::path(
-    get, path = "/v1/queues/{queue}", tag = "queues",
+    get, path = "/v1/queues/{queue}", tag = "queues", operation_id = "get_queue",
     params(QueuePath),
     responses(
         (status = 200, description = "The queue", body = QueueView),

@@ -82,7 +82,7 @@ async fn submit_traced(state: ApiState, request: SubmitRequest) -> ApiResult<(St
 
 /// A task with its steps.
 #[utoipa::path(
-    get, path = "/v1/tasks/{id}", tag = "tasks",
+    get, path = "/v1/tasks/{id}", tag = "tasks", operation_id = "get_task",
     params(TaskPath),
     responses(
         (status = 200, description = "The task", body = TaskView),
@@ -98,7 +98,7 @@ pub async fn get(State(state): State<ApiState>, ApiPath(TaskPath { id }): ApiPat
 
 /// Tasks, newest first, filtered.
 #[utoipa::path(
-    get, path = "/v1/tasks", tag = "tasks", params(TaskListQuery),
+    get, path = "/v1/tasks", tag = "tasks", operation_id = "list_tasks", params(TaskListQuery),
     responses(
         (status = 200, description = "Tasks, newest first", body = [TaskSummary]),
         (status = 400, description = "Invalid filter or limit", body = ErrorBody),

@@ -779,7 +779,6 @@ pub struct WorkRequest {
     /// Whether this is the step's compensating action.
     pub compensate: bool,
     /// The step's input, templates resolved.
-    #[schema(value_type = Object)]
     pub input: Value,
     /// The key the remote side uses to apply the effect once: the same for
     /// every attempt of the step (`<task>/<step>`, `/compensate` appended
@@ -832,7 +831,6 @@ pub struct CompleteRequest {
     pub lease_token: String,
     /// The step's output (any JSON; `null` when absent).
     #[serde(default)]
-    #[schema(value_type = Object)]
     pub output: Value,
 }
 

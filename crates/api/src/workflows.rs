@@ -39,7 +39,7 @@ fn view(request: &str, entry: &rota_store::WorkflowEntry) -> ApiResult<WorkflowV
 
 /// The latest version of every registered workflow, sorted by name.
 #[utoipa::path(
-    get, path = "/v1/workflows", tag = "workflows",
+    get, path = "/v1/workflows", tag = "workflows", operation_id = "list_workflows",
     responses(
         (status = 200, description = "Registered workflows", body = [WorkflowView]),
     ),

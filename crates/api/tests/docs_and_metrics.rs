@@ -78,6 +78,12 @@ async fn the_openapi_document_lists_every_route_with_its_errors_and_schemas() {
     expected.sort();
     assert_eq!(documented, expected, "the document lists exactly the routes served");
 
+    // Client generators key operations by their ids: each must be unique.
+    let mut ids: Vec<&str> = OPERATIONS.iter().map(|(method, path)| doc["paths"][path][method]["operationId"].as_str().unwrap()).collect();
+    ids.sort_unstable();
+    let repeated: Vec<&&str> = ids.windows(2).filter(|pair| pair[0] == pair[1]).map(|pair| &pair[0]).collect();
+    assert!(repeated.is_empty(), "operationIds used more than once: {repeated:?}");
+
     for (method, path) in OPERATIONS {
         let operation = &doc["paths"][path][method];
         let responses = operation["responses"].as_object().unwrap();
