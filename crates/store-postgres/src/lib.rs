@@ -32,6 +32,7 @@ mod commit_sql;
 mod connections;
 mod group_commit;
 mod handoff;
+mod nodelay;
 mod params;
 pub use group_commit::CommitCounts;
 mod queue_sql;
@@ -383,16 +384,25 @@ pub struct Migrated {
     pub to: i64,
 }
 
+/// A pool of up to `connections` whose every new connection has Nagle's
+/// algorithm off (see `nodelay`).
+fn pool_options(config: &Config, connections: u32) -> Result<PgPoolOptions, Error> {
+    let port = config.connect_options()?.get_port();
+    Ok(PgPoolOptions::new().max_connections(connections).acquire_timeout(config.acquire_timeout).after_connect(move |_, _| {
+        Box::pin(async move {
+            nodelay::set_on_sockets_to(port);
+            Ok(())
+        })
+    }))
+}
+
 impl PgStore {
     /// Connects, runs the migrations that have not run yet, and starts
     /// listening for sends. Every operation reads "now" from `clock`.
     pub async fn open(config: Config, clock: Arc<dyn Clock>) -> Result<PgStore, Error> {
         config.validate()?;
         let names = Arc::new(Names::new(&config.schema));
-        let pool = PgPoolOptions::new()
-            .max_connections(config.connections_max)
-            .acquire_timeout(config.acquire_timeout)
-            .connect_lazy_with(config.connect_options()?);
+        let pool = pool_options(&config, config.connections_max)?.connect_lazy_with(config.connect_options()?);
         {
             let mut conn =
                 pool.acquire().await.map_err(|e| Error::Unavailable(format!("cannot connect to {}: {e}", config.display_url())))?;
@@ -407,8 +417,7 @@ impl PgStore {
         // The listener holds its connection for good, so it gets one of its
         // own: taken from the pool, it would leave `connections_max - 1`
         // for the work (none at all with one connection).
-        let listening =
-            PgPoolOptions::new().max_connections(1).acquire_timeout(config.acquire_timeout).connect_lazy_with(config.connect_options()?);
+        let listening = pool_options(&config, 1)?.connect_lazy_with(config.connect_options()?);
         let (announcer, announcing, listener) =
             announce::start(connections.clone(), listening, announce::Channel { name: channel.clone(), origin });
         let (commits, queued) = mpsc::unbounded_channel();
@@ -426,10 +435,7 @@ impl PgStore {
             config.commits_in_flight.min(config.connections_max as usize),
             queued,
         ));
-        let app_pool = PgPoolOptions::new()
-            .max_connections(config.connections_max)
-            .acquire_timeout(config.acquire_timeout)
-            .connect_lazy_with(config.connect_options()?);
+        let app_pool = pool_options(&config, config.connections_max)?.connect_lazy_with(config.connect_options()?);
         Ok(PgStore {
             app_pool,
             connections,
