@@ -113,11 +113,14 @@ fn exit_codes_follow_the_harness_contract() {
 }
 
 /// Both workloads on PostgreSQL, each in a schema of its own that is dropped
-/// afterwards; the server's durability settings are read back.
+/// afterwards; the server's durability settings and the connection's TLS
+/// are read back (W without TLS; Q as the URL says, TLS if the server
+/// offers it).
 #[test]
 fn q_and_w_run_on_postgres() {
     let Some(url) = rota_testkit::postgres::url("rota bench on PostgreSQL") else { return };
-    for workload in ["Q", "W"] {
+    let without_tls = format!("{url}{}sslmode=disable", if url.contains('?') { '&' } else { '?' });
+    for (workload, url) in [("Q", url.clone()), ("W", without_tls)] {
         let dir = tempfile::tempdir().unwrap();
         let output = Command::new(env!("CARGO_BIN_EXE_rota"))
             .args(["bench", "--store", "postgres", workload])
@@ -136,6 +139,12 @@ fn q_and_w_run_on_postgres() {
         let durability = &record["settings"]["durability"];
         assert_eq!(durability["synchronous_commit"], "on", "{durability}");
         assert_eq!(durability["meets_rule"], true, "{durability}");
+        assert!(matches!(durability["autovacuum"].as_str(), Some("on" | "off")), "{durability}");
+        let tls = durability["tls"].as_str().unwrap_or_default();
+        match workload {
+            "W" => assert_eq!(tls, "off", "{durability}"),
+            _ => assert!(tls == "off" || tls.starts_with("TLSv"), "{durability}"),
+        }
     }
 }
 

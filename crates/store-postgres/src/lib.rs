@@ -366,6 +366,11 @@ pub struct ServerSettings {
     pub synchronous_commit: String,
     /// `fsync`: `on` means flushes reach the disk.
     pub fsync: String,
+    /// `autovacuum`: `off` leaves dead rows until a manual VACUUM.
+    pub autovacuum: String,
+    /// The TLS protocol and cipher of the store's connection (from
+    /// `pg_stat_ssl`), or `None` when it does not use TLS.
+    pub tls: Option<String>,
 }
 
 impl ServerSettings {
@@ -490,15 +495,18 @@ impl PgStore {
         &self.config
     }
 
-    /// The server's version and durability settings, read back from it.
+    /// The server's version, durability and autovacuum settings, and the
+    /// store connection's TLS, read back from it.
     pub async fn server_settings(&self) -> Result<ServerSettings, Error> {
         with_connection!(self, conn => {
-            let (version, synchronous_commit, fsync): (String, String, String) = sqlx::query_as(
-                "SELECT current_setting('server_version'), current_setting('synchronous_commit'), current_setting('fsync')",
+            let (version, synchronous_commit, fsync, autovacuum, tls): (String, String, String, String, Option<String>) = sqlx::query_as(
+                "SELECT current_setting('server_version'), current_setting('synchronous_commit'), current_setting('fsync'),
+                        current_setting('autovacuum'),
+                        (SELECT version || ' ' || cipher FROM pg_stat_ssl WHERE pid = pg_backend_pid() AND ssl)",
             )
             .fetch_one(&mut *conn)
             .await?;
-            ServerSettings { version, synchronous_commit, fsync }
+            ServerSettings { version, synchronous_commit, fsync, autovacuum, tls }
         })
     }
 

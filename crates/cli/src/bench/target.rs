@@ -121,7 +121,9 @@ impl Target {
                         settings.version, redacted(url), store.config().schema, store.config().connections_max),
                     "synchronous_commit": settings.synchronous_commit,
                     "fsync": settings.fsync,
-                    "how": "read back from the server (current_setting) on the store's own connection",
+                    "autovacuum": settings.autovacuum,
+                    "tls": settings.tls.as_deref().unwrap_or("off"),
+                    "how": "read back from the server (current_setting, pg_stat_ssl) on the store's own connection",
                     "meets_rule": settings.survives_power_loss(),
                 })
             }
