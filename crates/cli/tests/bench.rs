@@ -22,6 +22,7 @@ fn bench(workdir: &Path, args: &[&str]) -> Output {
         .env("PEERS_M", "60")
         .env("PEERS_K", "8")
         .env("PEERS_W_WARMUP", "5")
+        .env("PEERS_W_LONE", "10")
         .env("PEERS_WORKDIR", workdir)
         .env("PEERS_OUT", workdir.join("out.json"))
         .env("PEERS_PEER", "rota-test")
@@ -31,6 +32,10 @@ fn bench(workdir: &Path, args: &[&str]) -> Output {
 
 fn record(workdir: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(workdir.join("out.json")).expect("PEERS_OUT written")).expect("a JSON record")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 fn stderr(output: &Output) -> String {
@@ -90,6 +95,11 @@ fn workload_w_runs_workflows_through_the_engine() {
     }
     assert_eq!(record["settings"]["M"], 60);
     assert_eq!(record["settings"]["durability"]["meets_rule"], true, "{record}");
+    // The lone workflows, one at a time after the timed run.
+    assert_eq!(record["settings"]["W_LONE"], 10);
+    let (lone_p50, lone_p99) = (record["extra"]["lone_latency_p50_ms"].as_f64(), record["extra"]["lone_latency_p99_ms"].as_f64());
+    assert!(matches!((lone_p50, lone_p99), (Some(p50), Some(p99)) if p50 > 0.0 && p99 >= p50), "{record}");
+    assert!(stdout(&output).contains("lone_latency_p50_ms "), "{}", stdout(&output));
 }
 
 #[test]
@@ -126,7 +136,7 @@ fn q_and_w_run_on_postgres() {
             .args(["bench", "--store", "postgres", workload])
             .env_remove("ROTA_STORE")
             .envs([("PEERS_N", "300"), ("PEERS_C", "4"), ("PEERS_TRICKLE_N", "20"), ("PEERS_TRICKLE_RATE", "200")])
-            .envs([("PEERS_M", "60"), ("PEERS_K", "8"), ("PEERS_W_WARMUP", "5")])
+            .envs([("PEERS_M", "60"), ("PEERS_K", "8"), ("PEERS_W_WARMUP", "5"), ("PEERS_W_LONE", "10")])
             .env("PEERS_PG_URL", &url)
             .env("PEERS_OUT", dir.path().join("out.json"))
             .env_remove("PEERS_PEER")

@@ -12,6 +12,10 @@
 //! the task Processed (with every step's output) has returned, i.e. when it
 //! is durable and visible; the lane observes it through the engine's
 //! in-process completion notice (no polling).
+//!
+//! After the timed run, `PEERS_W_LONE` workflows (default
+//! [`LONE_DEFAULT`]) run one at a time: a lone workflow's latency, with no
+//! other work to share a commit with, recorded as `extra.lone_latency_*`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -33,6 +37,8 @@ use crate::store_args::StoreArgs;
 
 /// How long one workflow may take before the run fails.
 const WORKFLOW_TIMEOUT: Duration = Duration::from_secs(60);
+/// How many lone workflows run after the timed run unless `PEERS_W_LONE` says.
+const LONE_DEFAULT: u64 = 100;
 
 /// The no-op step service.
 struct Noop;
@@ -141,6 +147,7 @@ pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32) -> anyhow:
     let m = env_u64("PEERS_M", 2_000)?;
     let k = env_u64("PEERS_K", 50)?;
     let warmup = env_u64("PEERS_W_WARMUP", 100)?;
+    let lone_count = env_u64("PEERS_W_LONE", LONE_DEFAULT)?;
     if m == 0 || k == 0 {
         bail!("PEERS_M and PEERS_K must be at least 1");
     }
@@ -184,6 +191,7 @@ pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32) -> anyhow:
     let timed = closed_loop(&client, &waiters, "w", 0, m, k).await?;
     let commits_after = target.commit_counts();
     let pg_commits_after = target.postgres_commit_counts();
+    let lone: Vec<f64> = closed_loop(&client, &waiters, "lone", 0, lone_count, 1).await?.iter().map(|t| t.0).collect();
     shutdown.trigger();
     agent_shutdown.trigger();
     router.abort();
@@ -231,10 +239,12 @@ pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32) -> anyhow:
         "extra": {
             "elapsed_s": round(Some(elapsed_s), 3),
             "latency_max_ms": round(percentile(&latencies, 100.0), 3),
+            "lone_latency_p50_ms": round(percentile(&lone, 50.0), 3),
+            "lone_latency_p99_ms": round(percentile(&lone, 99.0), 3),
             "group_commits": group_commits,
         },
         "settings": {
-            "M": m, "K": k, "W_WARMUP": warmup, "agent_processes": agent_processes,
+            "M": m, "K": k, "W_WARMUP": warmup, "W_LONE": lone_count, "agent_processes": agent_processes,
             "durability": durability,
         },
         "config": {
@@ -254,6 +264,7 @@ pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32) -> anyhow:
     for name in ["workflows_per_s", "latency_p50_ms", "latency_p99_ms"] {
         println!("{name} {}", metrics[name]);
     }
+    println!("lone_latency_p50_ms {}", record["extra"]["lone_latency_p50_ms"]);
     println!("{}", serde_json::to_string(&record)?);
     if let Some(out) = env_string("PEERS_OUT") {
         std::fs::write(&out, serde_json::to_string_pretty(&record)?).with_context(|| format!("cannot write PEERS_OUT={out}"))?;
