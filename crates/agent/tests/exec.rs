@@ -1,6 +1,8 @@
 //! The `exec` agent running real `sh` commands, in real time with short
 //! durations: child processes do not run on paused time.
 
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -8,22 +10,11 @@ use std::time::{Duration, Instant};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rota_agent::{Agent, ExecAgent, ExecConfig, Outcome, Request, run_until_deadline};
-use rota_model::{Clock, RetryPolicy, StepName, SystemClock, TaskId};
+use rota_model::{Clock, RetryPolicy, SystemClock};
 use serde_json::{Value, json};
 
 fn request(input: Value, window: Duration) -> Request {
-    let task_id = TaskId::new("order-17").unwrap();
-    let step = StepName::new("ship").unwrap();
-    Request {
-        idempotency_key: Request::idempotency_key_for(&task_id, &step, false),
-        task_id,
-        workflow: "order".into(),
-        step,
-        attempt: 2,
-        compensate: false,
-        input,
-        complete_by: SystemClock.now() + window,
-    }
+    common::request("ship", 2, input, SystemClock.now() + window)
 }
 
 /// Runs one try of `input` with a 10 s window.

@@ -1,30 +1,21 @@
 //! The `http` agent against a real HTTP server on loopback (wiremock), in
 //! real time with short durations: sockets do not run on paused time.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rota_agent::{Agent, BreakerConfig, BreakerState, HttpAgent, HttpConfig, Outcome, Request, run_until_deadline};
-use rota_model::{Clock, ManualClock, RetryPolicy, StepName, SystemClock, TaskId};
+use rota_model::{Clock, ManualClock, RetryPolicy, SystemClock};
 use serde_json::{Value, json};
 use wiremock::matchers::{body_json, header, method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 fn request(input: Value, clock: &dyn Clock, window: Duration) -> Request {
-    let task_id = TaskId::new("order-17").unwrap();
-    let step = StepName::new("charge").unwrap();
-    Request {
-        idempotency_key: Request::idempotency_key_for(&task_id, &step, false),
-        task_id,
-        workflow: "order".into(),
-        step,
-        attempt: 3,
-        compensate: false,
-        input,
-        complete_by: clock.now() + window,
-    }
+    common::request("charge", 3, input, clock.now() + window)
 }
 
 fn post(server: &MockServer, body: Value) -> Value {

@@ -9,6 +9,8 @@
 //! with openssl (P-256, valid until 2126): `ca.pem` signs `server.pem`,
 //! whose only name is the address 127.0.0.1.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
@@ -16,7 +18,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use rota_agent::{Agent, HttpAgent, Request};
-use rota_model::{Clock, StepName, SystemClock, TaskId};
+use rota_model::{Clock, SystemClock};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::{Value, json};
@@ -100,18 +102,7 @@ fn answer(config: Arc<rustls::ServerConfig>, tcp: TcpStream, response: &str) -> 
 }
 
 fn request(input: Value, clock: &dyn Clock) -> Request {
-    let task_id = TaskId::new("order-17").unwrap();
-    let step = StepName::new("charge").unwrap();
-    Request {
-        idempotency_key: Request::idempotency_key_for(&task_id, &step, false),
-        task_id,
-        workflow: "order".into(),
-        step,
-        attempt: 1,
-        compensate: false,
-        input,
-        complete_by: clock.now() + Duration::from_secs(20),
-    }
+    common::request("charge", 1, input, clock.now() + Duration::from_secs(20))
 }
 
 #[test]
