@@ -279,10 +279,12 @@ class Worker:
         previous: list[tuple[int, Any]] = [(signum, signal.getsignal(signum)) for signum in (signal.SIGTERM, signal.SIGINT)]
 
         def graceful(signum: int, _frame: FrameType | None) -> None:
-            log.info("%s: finishing the steps in hand, then stopping", signal.Signals(signum).name)
-            # A second signal does not wait for them.
+            # A second signal does not wait for the steps in hand. Reset
+            # before saying anything: a signal sent once the line is read
+            # must find the default handler, not be lost on this one.
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
+            log.info("%s: finishing the steps in hand, then stopping", signal.Signals(signum).name)
             self.stop()
 
         for signum, _ in previous:
