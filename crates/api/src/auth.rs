@@ -10,6 +10,13 @@
 //! in full, whatever matches), and they never reach a log: [`AuthConfig`]'s
 //! `Debug` shows only how many there are.
 //!
+//! The dashboard signs in with a token once and then sends a session
+//! cookie ([`SESSION_COOKIE`], HttpOnly, SameSite=Strict) instead: it grants
+//! what the token grants, and a change made with it must also carry the
+//! page's CSRF proof ([`CSRF_HEADER`]). A change without a bearer token is
+//! refused when the browser says it comes from another site (`Origin`,
+//! `Sec-Fetch-Site`), with authentication or without.
+//!
 //! Deliberately left out: per-task ownership for the `submit` scope (the
 //! task record has no submitter yet, so a `submit` token may read any task
 //! whose id it knows, but never list them).
@@ -24,7 +31,11 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderMap, Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use rota_model::QueueName;
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use hmac::{Hmac, KeyInit, Mac};
+use rota_model::{QueueName, Timestamp};
+use sha2::Sha256;
 
 use crate::ApiState;
 use crate::error::ApiError;
@@ -42,6 +53,9 @@ pub enum Scope {
     /// Read everything; cancel and resubmit tasks; pause and resume queues;
     /// list, redrive and purge dead letters; validate and register workflows.
     Operator,
+    /// Read everything, change nothing: for dashboards and people on call
+    /// who watch but do not act.
+    Read,
     /// Submit tasks and read a task by its id.
     Submit,
     /// An external agent that may use the worker protocol on the named
@@ -59,6 +73,7 @@ impl Scope {
         match self {
             Scope::Admin => true,
             Scope::Operator => matches!(permission, Permission::Read | Permission::ReadTask | Permission::Operate),
+            Scope::Read => matches!(permission, Permission::Read | Permission::ReadTask),
             Scope::Submit => matches!(permission, Permission::Submit | Permission::ReadTask),
             Scope::Agent { .. } => false,
         }
@@ -73,15 +88,16 @@ impl Scope {
             Scope::Agent { queues } => {
                 queues.iter().any(|queue| queue.as_str() == agent || queue.as_str().strip_prefix("agent.") == Some(agent))
             }
-            Scope::Operator | Scope::Submit => false,
+            Scope::Operator | Scope::Read | Scope::Submit => false,
         }
     }
 
-    /// The scope's name as configured (`admin`, `operator`, `submit`, `agent`).
+    /// The scope's name as configured (`admin`, `operator`, `read`, `submit`, `agent`).
     pub fn name(&self) -> &'static str {
         match self {
             Scope::Admin => "admin",
             Scope::Operator => "operator",
+            Scope::Read => "read",
             Scope::Submit => "submit",
             Scope::Agent { .. } => "agent",
         }
@@ -91,12 +107,13 @@ impl Scope {
 impl std::str::FromStr for Scope {
     type Err = crate::Error;
 
-    /// `admin`, `operator`, `submit`, or `agent:QUEUE[,QUEUE…]` (the queues
+    /// `admin`, `operator`, `read`, `submit`, or `agent:QUEUE[,QUEUE…]` (the queues
     /// an external agent may receive from), as a configuration file names them.
     fn from_str(text: &str) -> Result<Scope, crate::Error> {
         match text {
             "admin" => Ok(Scope::Admin),
             "operator" => Ok(Scope::Operator),
+            "read" => Ok(Scope::Read),
             "submit" => Ok(Scope::Submit),
             other => match other.strip_prefix("agent:") {
                 Some(list) => {
@@ -106,9 +123,9 @@ impl std::str::FromStr for Scope {
                         .collect::<Result<Vec<_>, _>>()?;
                     Ok(Scope::Agent { queues })
                 }
-                None => {
-                    Err(crate::Error::Config(format!("unknown scope {other:?} (expected admin, operator, submit or agent:QUEUE[,QUEUE…])")))
-                }
+                None => Err(crate::Error::Config(format!(
+                    "unknown scope {other:?} (expected admin, operator, read, submit or agent:QUEUE[,QUEUE…])"
+                ))),
             },
         }
     }
@@ -264,17 +281,41 @@ pub fn permission(method: &Method, route: &str) -> Permission {
 /// the route's permission (403) before any extractor reads the request.
 pub async fn authorize(State(state): State<ApiState>, request: Request, next: Next) -> Response {
     let auth = &state.inner.config.auth;
+    let headers = request.headers();
+    let with_bearer = headers.contains_key(header::AUTHORIZATION);
+    let changes_something = !matches!(*request.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+    // A bearer token cannot be attached by another site; a cookie can.
+    if changes_something
+        && !with_bearer
+        && let Err(why) = same_origin(headers)
+    {
+        return ApiError::forbidden(why).into_response();
+    }
     if matches!(auth, AuthConfig::Disabled) {
         return next.run(request).await;
     }
     let route = request.extensions().get::<MatchedPath>().map(|m| m.as_str().to_owned()).unwrap_or_default();
     let needed = permission(request.method(), &route);
-    let scopes = match bearer(request.headers()) {
-        Err(why) => return ApiError::unauthorized(why).into_response(),
-        Ok(presented) => match auth.scopes_of(presented) {
-            Some(scopes) => scopes,
-            None => return ApiError::unauthorized("the bearer token is not valid").into_response(),
-        },
+    let scopes = if with_bearer {
+        match bearer(headers) {
+            Err(why) => return ApiError::unauthorized(why).into_response(),
+            Ok(presented) => match auth.scopes_of(presented) {
+                Some(scopes) => scopes,
+                None => return ApiError::unauthorized("the bearer token is not valid").into_response(),
+            },
+        }
+    } else if let Some(session) = cookie(headers, SESSION_COOKIE) {
+        let Some(scopes) = auth.session_scopes(session, state.clock().now()) else {
+            return ApiError::unauthorized("the dashboard session has expired or its token is no longer configured: sign in again")
+                .into_response();
+        };
+        if changes_something && !auth.csrf_matches(session, headers.get(CSRF_HEADER).map(|value| value.as_bytes())) {
+            return ApiError::forbidden(format!("a change made with the dashboard's session needs the {CSRF_HEADER} header of its page"))
+                .into_response();
+        }
+        scopes
+    } else {
+        return ApiError::unauthorized("this request needs a bearer token (Authorization: Bearer …)").into_response();
     };
     let granted = match needed {
         Permission::Work => {
@@ -314,6 +355,108 @@ fn percent_decode(text: &str) -> Option<String> {
         }
     }
     String::from_utf8(out).ok()
+}
+
+/// The dashboard's session cookie: a signed expiry time, HttpOnly and
+/// SameSite=Strict, set by the login form.
+pub const SESSION_COOKIE: &str = "rota_session";
+/// The header that carries a dashboard page's proof that a change comes
+/// from it (the page gets the value from [`AuthConfig::csrf_token`]).
+pub const CSRF_HEADER: &str = "x-csrf-token";
+
+impl AuthConfig {
+    /// A session cookie's value for the token `presented`, valid until
+    /// `until`, with the token's scopes; `None` if the token is not
+    /// configured. The value names no token: it is the expiry time signed
+    /// with the token's secret, so any API process configured with the same
+    /// token accepts it, and removing the token ends its sessions.
+    pub fn open_session(&self, presented: &[u8], until: Timestamp) -> Option<(String, &[Scope])> {
+        let scopes = self.scopes_of(presented)?;
+        let expiry = until.as_millis().to_string();
+        let tag = session_mac(presented, &expiry).finalize().into_bytes();
+        Some((format!("{expiry}.{}", URL_SAFE_NO_PAD.encode(tag)), scopes))
+    }
+
+    /// The scopes of the token that signed the session cookie `session`, if
+    /// it is well formed, signed by a configured token and not expired at `now`.
+    pub fn session_scopes(&self, session: &str, now: Timestamp) -> Option<&[Scope]> {
+        self.session_token(session, now).map(|token| token.scopes.as_slice())
+    }
+
+    /// The value the pages of `session` send in [`CSRF_HEADER`]: a MAC of
+    /// the session under its token, which another site can neither read
+    /// (the cookie is HttpOnly) nor compute.
+    pub fn csrf_token(&self, session: &str, now: Timestamp) -> Option<String> {
+        let token = self.session_token(session, now)?;
+        Some(URL_SAFE_NO_PAD.encode(csrf_mac(&token.secret, session).finalize().into_bytes()))
+    }
+
+    fn csrf_matches(&self, session: &str, presented: Option<&[u8]>) -> bool {
+        let (Some(presented), AuthConfig::Tokens(tokens)) = (presented, self) else { return false };
+        let Ok(tag) = URL_SAFE_NO_PAD.decode(presented) else { return false };
+        // Whichever token signed the session: `session_scopes` already
+        // refused a session no configured token signed.
+        tokens.iter().fold(false, |matched, token| csrf_mac(&token.secret, session).verify_slice(&tag).is_ok() | matched)
+    }
+
+    fn session_token(&self, session: &str, now: Timestamp) -> Option<&Token> {
+        let AuthConfig::Tokens(tokens) = self else { return None };
+        let (expiry, tag) = session.split_once('.')?;
+        let until: i64 = expiry.parse().ok()?;
+        let tag = URL_SAFE_NO_PAD.decode(tag).ok()?;
+        if until <= now.as_millis() {
+            return None;
+        }
+        // Every token is tried, so the time taken does not say which one signed it.
+        tokens
+            .iter()
+            .fold(None, |found, token| if session_mac(&token.secret, expiry).verify_slice(&tag).is_ok() { Some(token) } else { found })
+    }
+}
+
+fn session_mac(secret: &[u8], expiry: &str) -> Hmac<Sha256> {
+    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret).expect("HMAC takes keys of any length");
+    mac.update(b"rota dashboard session\0");
+    mac.update(expiry.as_bytes());
+    mac
+}
+
+fn csrf_mac(secret: &[u8], session: &str) -> Hmac<Sha256> {
+    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret).expect("HMAC takes keys of any length");
+    mac.update(b"rota dashboard csrf\0");
+    mac.update(session.as_bytes());
+    mac
+}
+
+/// The value of the cookie `name` in the request's `Cookie` headers.
+pub fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(key, _)| *key == name)
+        .map(|(_, value)| value)
+}
+
+/// Refuses a request that a browser says comes from another site: its
+/// `Sec-Fetch-Site` is `cross-site` or `same-site`, or its `Origin` is not
+/// the host it was sent to. Programs that send neither header pass.
+pub fn same_origin(headers: &HeaderMap) -> Result<(), String> {
+    if let Some(site) = headers.get("sec-fetch-site").and_then(|value| value.to_str().ok())
+        && !matches!(site, "same-origin" | "none")
+    {
+        return Err(format!("refused a request from another site (Sec-Fetch-Site: {site})"));
+    }
+    if let Some(origin) = headers.get(header::ORIGIN).and_then(|value| value.to_str().ok()) {
+        let host = headers.get(header::HOST).and_then(|value| value.to_str().ok()).unwrap_or_default();
+        let origin_host = origin.split_once("://").map_or("", |(_, rest)| rest);
+        if origin_host != host {
+            return Err(format!("refused a request from another origin ({origin} is not {host})"));
+        }
+    }
+    Ok(())
 }
 
 /// The token of an `Authorization: Bearer …` header.
@@ -360,6 +503,7 @@ mod tests {
         let granted = |scope: Scope| all.into_iter().filter(|p| scope.grants(*p)).collect::<Vec<_>>();
         assert_eq!(granted(Scope::Admin), all);
         assert_eq!(granted(Scope::Operator), [Read, ReadTask, Operate]);
+        assert_eq!(granted(Scope::Read), [Read, ReadTask]);
         assert_eq!(granted(Scope::Submit), [ReadTask, Submit]);
         let agent = Scope::Agent { queues: vec![QueueName::new("agent.py").unwrap(), QueueName::new("ledger").unwrap()] };
         assert!(granted(agent.clone()).is_empty(), "work is granted per agent only");
@@ -382,10 +526,74 @@ mod tests {
         assert_eq!("admin".parse::<Scope>().unwrap(), Scope::Admin);
         assert_eq!("operator".parse::<Scope>().unwrap(), Scope::Operator);
         assert_eq!("submit".parse::<Scope>().unwrap(), Scope::Submit);
+        assert_eq!("read".parse::<Scope>().unwrap(), Scope::Read);
         let queues = vec![QueueName::new("agent.http").unwrap(), QueueName::new("agent.exec").unwrap()];
         assert_eq!("agent:agent.http, agent.exec".parse::<Scope>().unwrap(), Scope::Agent { queues });
         assert!("agent:".parse::<Scope>().unwrap_err().to_string().contains("queue name"));
         assert!("root".parse::<Scope>().unwrap_err().to_string().contains("unknown scope \"root\""));
+    }
+
+    #[test]
+    fn a_session_carries_its_token_scopes_until_it_expires() {
+        let operator = Token::new("operator-token-0123456789", vec![Scope::Operator]).unwrap();
+        let reader = Token::new("read-only-token-0123456789", vec![Scope::Read]).unwrap();
+        let auth = AuthConfig::tokens(vec![operator, reader]).unwrap();
+        let until = Timestamp::from_millis(10_000);
+        let (session, scopes) = auth.open_session(b"read-only-token-0123456789", until).unwrap();
+        assert_eq!(scopes, [Scope::Read]);
+        assert!(!session.contains("read-only"), "the cookie does not carry the token: {session}");
+        assert_eq!(auth.session_scopes(&session, Timestamp::from_millis(9_999)), Some(&[Scope::Read][..]));
+        assert_eq!(auth.session_scopes(&session, until), None, "expired");
+        assert!(auth.open_session(b"not-a-configured-token", until).is_none());
+        // Another expiry under the same tag, or a tag of a token no longer configured, is refused.
+        let (_, tag) = session.split_once('.').unwrap();
+        assert_eq!(auth.session_scopes(&format!("99999.{tag}"), Timestamp::from_millis(0)), None);
+        let other = AuthConfig::tokens(vec![Token::new("operator-token-0123456789", vec![Scope::Operator]).unwrap()]).unwrap();
+        assert_eq!(other.session_scopes(&session, Timestamp::from_millis(0)), None);
+        for garbage in ["", ".", "abc", "1.", "1.!!!"] {
+            assert_eq!(auth.session_scopes(garbage, Timestamp::from_millis(0)), None, "{garbage:?}");
+        }
+    }
+
+    #[test]
+    fn the_csrf_proof_is_bound_to_its_session() {
+        let auth = AuthConfig::tokens(vec![Token::new("operator-token-0123456789", vec![Scope::Operator]).unwrap()]).unwrap();
+        let (first, _) = auth.open_session(b"operator-token-0123456789", Timestamp::from_millis(10_000)).unwrap();
+        let (second, _) = auth.open_session(b"operator-token-0123456789", Timestamp::from_millis(20_000)).unwrap();
+        let proof = auth.csrf_token(&first, Timestamp::from_millis(0)).unwrap();
+        assert!(auth.csrf_matches(&first, Some(proof.as_bytes())));
+        assert!(!auth.csrf_matches(&second, Some(proof.as_bytes())), "another session's proof");
+        assert!(!auth.csrf_matches(&first, None));
+        assert!(!auth.csrf_matches(&first, Some(b"")));
+        assert!(!AuthConfig::Disabled.csrf_matches(&first, Some(proof.as_bytes())));
+    }
+
+    #[test]
+    fn requests_from_other_sites_are_told_apart() {
+        let headers = |pairs: &[(&'static str, &'static str)]| {
+            let mut map = HeaderMap::new();
+            for (name, value) in pairs {
+                map.insert(*name, value.parse().unwrap());
+            }
+            map
+        };
+        assert!(same_origin(&headers(&[])).is_ok(), "a program sends neither header");
+        assert!(same_origin(&headers(&[("host", "127.0.0.1:7878"), ("origin", "http://127.0.0.1:7878")])).is_ok());
+        assert!(same_origin(&headers(&[("sec-fetch-site", "same-origin")])).is_ok());
+        assert!(same_origin(&headers(&[("host", "127.0.0.1:7878"), ("origin", "https://evil.example")])).is_err());
+        assert!(same_origin(&headers(&[("host", "127.0.0.1:7878"), ("origin", "null")])).is_err());
+        assert!(same_origin(&headers(&[("sec-fetch-site", "cross-site")])).is_err());
+        assert!(same_origin(&headers(&[("sec-fetch-site", "same-site")])).is_err());
+    }
+
+    #[test]
+    fn cookies_are_found_by_name() {
+        let mut headers = HeaderMap::new();
+        headers.append(header::COOKIE, "a=1; rota_session=123.abc".parse().unwrap());
+        headers.append(header::COOKIE, "b=2".parse().unwrap());
+        assert_eq!(cookie(&headers, "rota_session"), Some("123.abc"));
+        assert_eq!(cookie(&headers, "b"), Some("2"));
+        assert_eq!(cookie(&headers, "rota"), None);
     }
 
     #[test]

@@ -14,6 +14,8 @@
 //!   input is always a 4xx.
 //! - `/openapi.json` is generated from the handlers (utoipa) and `/docs`
 //!   serves Swagger UI from files vendored in the binary (works offline).
+//! - `/ui`: the web dashboard (`ui`), a client of `/v1` whose files are
+//!   compiled in; `/` redirects there.
 //! - Bearer tokens with scopes ([`auth`]), bounded request bodies,
 //!   `/healthz`, `/readyz` and Prometheus `/metrics` ([`metrics`]).
 //!
@@ -59,6 +61,7 @@ pub mod metrics;
 mod openapi;
 pub mod queues;
 pub mod tasks;
+mod ui;
 pub mod wire;
 pub mod workers;
 pub mod workflows;
@@ -109,6 +112,8 @@ pub struct Limits {
     pub events_keep_alive: Duration,
     /// The most events read from the store at once by an event stream.
     pub events_batch_max: u32,
+    /// How long a dashboard sign-in lasts.
+    pub session_ttl: Duration,
 }
 
 impl Limits {
@@ -141,6 +146,10 @@ impl Limits {
         if self.events_batch_max == 0 || self.events_batch_max > 10_000 {
             return fail("events_batch_max", format!("must be between 1 and 10000, got {}", self.events_batch_max));
         }
+        let (shortest, longest) = ui::SESSION_TTL_RANGE;
+        if self.session_ttl < shortest || self.session_ttl > longest {
+            return fail("session_ttl", format!("must be between 1 minute and 30 days, got {:?}", self.session_ttl));
+        }
         Ok(())
     }
 }
@@ -154,6 +163,7 @@ impl Default for Limits {
             events_poll_interval: Duration::from_millis(250),
             events_keep_alive: Duration::from_secs(15),
             events_batch_max: 500,
+            session_ttl: Duration::from_secs(12 * 3600),
         }
     }
 }
@@ -292,7 +302,8 @@ impl ApiState {
 }
 
 /// The whole API as an axum router: `/v1/…` behind authentication, and
-/// `/healthz`, `/readyz`, `/openapi.json` and `/docs` without.
+/// `/healthz`, `/readyz`, `/openapi.json` and `/docs` without; the
+/// dashboard at `/ui`, which checks its own session.
 /// `/metrics` needs read access.
 pub fn router(state: ApiState) -> Router {
     let (v1, openapi) = openapi::routes().split_for_parts();
@@ -306,6 +317,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/healthz", axum::routing::get(health::healthz))
         .route("/readyz", axum::routing::get(health::readyz))
         .merge(swagger)
+        .merge(ui::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.limits().body_bytes_max))
@@ -357,5 +369,6 @@ mod tests {
         check(|l| l.events_poll_interval = Duration::ZERO, "events_poll_interval");
         check(|l| l.events_keep_alive = Duration::ZERO, "events_keep_alive");
         check(|l| l.events_batch_max = 0, "events_batch_max");
+        check(|l| l.session_ttl = Duration::ZERO, "session_ttl");
     }
 }

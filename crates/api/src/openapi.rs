@@ -42,7 +42,7 @@ impl Modify for BearerAuth {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         let components = openapi.components.get_or_insert_with(Default::default);
         let mut bearer = Http::new(HttpAuthScheme::Bearer);
-        bearer.description = Some("A token configured with its scopes (admin, operator, submit, agent)".into());
+        bearer.description = Some("A token configured with its scopes (admin, operator, read, submit, agent)".into());
         components.add_security_scheme("bearer", SecurityScheme::Http(bearer));
     }
 }

@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 
 const ADMIN: &str = "admin-token-000000000001";
 const OPERATOR: &str = "operator-token-00000001";
+const READ: &str = "read-token-000000000001";
 const SUBMIT: &str = "submit-token-0000000001";
 const AGENT: &str = "agent-token-00000000001";
 
@@ -21,6 +22,7 @@ fn auth() -> AuthConfig {
     AuthConfig::tokens(vec![
         token(ADMIN, Scope::Admin),
         token(OPERATOR, Scope::Operator),
+        token(READ, Scope::Read),
         token(SUBMIT, Scope::Submit),
         token(AGENT, Scope::Agent { queues: vec![QueueName::new("agent.delay").unwrap(), QueueName::new("agent.py").unwrap()] }),
     ])
@@ -44,6 +46,7 @@ fn allowed(token: &str, needs: Needs) -> bool {
     match token {
         ADMIN => true,
         OPERATOR => matches!(needs, Needs::Read | Needs::ReadTask | Needs::Operate),
+        READ => matches!(needs, Needs::Read | Needs::ReadTask),
         SUBMIT => matches!(needs, Needs::Submit | Needs::ReadTask),
         AGENT => needs == Needs::Work,
         _ => false,
@@ -107,7 +110,7 @@ async fn every_scope_on_every_endpoint() {
 
     let mut checked = 0;
     for (method, path, json, text, needs) in endpoints() {
-        for token in [ADMIN, OPERATOR, SUBMIT, AGENT, "not-a-configured-token", ""] {
+        for token in [ADMIN, OPERATOR, READ, SUBMIT, AGENT, "not-a-configured-token", ""] {
             let mut request = server.http.request(method.clone(), server.url(path));
             if !token.is_empty() {
                 request = request.bearer_auth(token);
@@ -145,7 +148,7 @@ async fn every_scope_on_every_endpoint() {
             checked += 1;
         }
     }
-    assert_eq!(checked, endpoints().len() * 6);
+    assert_eq!(checked, endpoints().len() * 7);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

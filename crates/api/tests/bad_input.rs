@@ -118,7 +118,7 @@ async fn wrong_methods_and_unknown_routes_answer_in_the_error_shape() {
         let reply = server.send(server.request(Method::from_bytes(verb.as_bytes()).unwrap(), path)).await;
         reply.assert_error(405, "method_not_allowed");
     }
-    for path in ["/", "/v2/tasks", "/v1/tasks/a/b/c", "/v1/queues/jobs/dead-letters/x/y"] {
+    for path in ["/v1", "/v2/tasks", "/v1/tasks/a/b/c", "/v1/queues/jobs/dead-letters/x/y"] {
         server.get(path).await.assert_error(404, "no_such_route");
     }
     let huge_input = json!({ "workflow": "quick", "input": { "nested": [[[[[[[[[[1]]]]]]]]]] } });

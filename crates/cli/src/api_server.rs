@@ -189,6 +189,7 @@ impl Listening {
     pub async fn serve(self, store: SharedStore, client: Client, clock: Arc<dyn Clock>, shutdown: Shutdown) -> anyhow::Result<()> {
         let state = rota_api::ApiState::new(store, client, clock, self.config).context("cannot set up the HTTP API")?;
         info!("HTTP API listening on http://{} (OpenAPI at /openapi.json, docs at /docs/)", self.address);
+        info!("dashboard at http://{}/ui", self.address);
         rota_api::serve(self.listener, state, async move { shutdown.triggered().await }).await.context("the HTTP API failed")
     }
 }
@@ -302,7 +303,10 @@ fn parse_auth_file(text: &str, env: &dyn Fn(&str) -> Option<String>) -> anyhow::
             (Some(_), Some(_)) => bail!("{at}: give either token or token_env, not both"),
             (None, None) => bail!("{at}: missing field `token` (or `token_env`)"),
         };
-        anyhow::ensure!(!entry.scopes.is_empty(), "{at}.scopes: give at least one scope (admin, operator, submit, agent:QUEUE[,QUEUE…])");
+        anyhow::ensure!(
+            !entry.scopes.is_empty(),
+            "{at}.scopes: give at least one scope (admin, operator, read, submit, agent:QUEUE[,QUEUE…])"
+        );
         let scopes = entry
             .scopes
             .iter()

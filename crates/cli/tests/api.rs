@@ -257,7 +257,7 @@ fn serve_listens_and_runs_a_task_submitted_over_http() {
     let rota = Rota::new();
     let files = Files::new();
     let auth = files.auth();
-    let server = Server::serve(&rota, &files, &["--auth", auth.to_str().unwrap()], &[("ROTA_TEST_ADMIN", ADMIN_TOKEN)]);
+    let mut server = Server::serve(&rota, &files, &["--auth", auth.to_str().unwrap()], &[("ROTA_TEST_ADMIN", ADMIN_TOKEN)]);
     assert!(server.url.starts_with("http://127.0.0.1:") && !server.url.ends_with(":0"), "{}", server.url);
     assert!(!server.seen.join("\n").contains(ADMIN_TOKEN) && !server.seen.join("\n").contains(SUBMIT_TOKEN), "tokens are never logged");
     let http = Http::new(&server);
@@ -271,6 +271,11 @@ fn serve_listens_and_runs_a_task_submitted_over_http() {
     let openapi = http.get("/openapi.json", None);
     assert_eq!(openapi.status, 200);
     assert!(openapi.json()["paths"]["/v1/tasks"].is_object());
+    // The dashboard's address is printed, and it asks for a token to sign in.
+    let dashboard = server.wait_for_line("dashboard at http://", STARTUP_TIMEOUT);
+    assert!(dashboard.contains(&format!("dashboard at {}/ui", server.url)), "{dashboard} names {}", server.url);
+    let login = http.get("/ui/login", None);
+    assert!(login.status == 200 && login.body.contains("Sign in"), "{}", login.body);
 
     // Submit, follow the events until the end, read the result: what the README shows with curl.
     let submitted = http.post("/v1/tasks", Some(SUBMIT_TOKEN), Some(json!({"workflow": "pipeline", "id": "o-1", "input": {"order": 7}})));

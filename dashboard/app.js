@@ -1,0 +1,650 @@
+// rota's dashboard: draws the page its URL names from the /v1 API, and
+// redraws it when the server's event stream says something changed.
+// No framework and no build step: the binary serves this file as it is.
+'use strict';
+
+const meta = (name) => document.querySelector(`meta[name="${name}"]`)?.content ?? '';
+const CSRF = meta('csrf-token');
+const CAN_OPERATE = meta('rota-can').split(' ').includes('operate');
+const EVENTS_AFTER = meta('rota-events-after');
+const PAGE_SIZE = 50;
+// Redraws wait this long after an event, so that a burst of events costs one redraw.
+const REDRAW_DELAY_MS = 300;
+// Pages that show what no event announces (queues, instances) are also redrawn this often.
+const POLL_MS = 5000;
+
+const TASK_STATES = ['pending', 'processing', 'processed', 'error', 'compensating', 'compensated', 'cancelled'];
+
+// ---------------------------------------------------------------------------
+// DOM helpers. Text always goes in as text nodes, never as HTML.
+
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  setAttributes(el, attrs);
+  append(el, children);
+  return el;
+}
+
+function s(tag, attrs, ...children) {
+  const el = document.createElementNS('http://www.w3.org/2000/svg', tag);
+  setAttributes(el, attrs);
+  append(el, children);
+  return el;
+}
+
+function setAttributes(el, attrs) {
+  for (const [key, value] of Object.entries(attrs ?? {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key.startsWith('on')) el.addEventListener(key.slice(2), value);
+    else el.setAttribute(key, value === true ? '' : String(value));
+  }
+}
+
+function append(el, children) {
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined || child === false) continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+}
+
+function section(title, ...children) {
+  const id = 'section-' + title.toLowerCase().replace(/[^a-z0-9]+/g, '-');
+  return h('section', { 'aria-labelledby': id }, h('h2', { id }, title), children);
+}
+
+function table(name, headers, rows, empty = 'Nothing here.') {
+  if (rows.length === 0) return h('p', { class: 'empty' }, empty);
+  return h('table', { 'aria-label': name },
+    h('thead', null, h('tr', null, headers.map((header) => h('th', { scope: 'col' }, header)))),
+    h('tbody', null, rows));
+}
+
+function badge(state) {
+  return h('span', { class: `badge state-${state}` }, state);
+}
+
+function json(value) {
+  return h('pre', { class: 'json' }, value === null || value === undefined ? '—' : JSON.stringify(value, null, 2));
+}
+
+function time(ms) {
+  if (ms === null || ms === undefined) return '—';
+  const date = new Date(ms);
+  return h('time', { datetime: date.toISOString(), title: date.toISOString() }, relative(ms));
+}
+
+function relative(ms) {
+  const seconds = Math.round((ms - Date.now()) / 1000);
+  const abs = Math.abs(seconds);
+  const [amount, unit] = abs < 60 ? [abs, 's'] : abs < 3600 ? [Math.round(abs / 60), 'min'] : abs < 86400 ? [Math.round(abs / 3600), 'h'] : [Math.round(abs / 86400), 'd'];
+  return seconds <= 0 ? `${amount} ${unit} ago` : `in ${amount} ${unit}`;
+}
+
+function taskLink(id) {
+  return h('a', { href: `/ui/tasks/${encodeURIComponent(id)}` }, id);
+}
+
+function number(n) {
+  return Number(n).toLocaleString('en');
+}
+
+// ---------------------------------------------------------------------------
+// The API.
+
+class ApiError extends Error {}
+
+async function api(path, { method = 'GET', body } = {}) {
+  const headers = { Accept: 'application/json' };
+  if (method !== 'GET') {
+    headers['X-CSRF-Token'] = CSRF;
+    if (body !== undefined) headers['Content-Type'] = 'application/json';
+  }
+  const response = await fetch(path, { method, headers, credentials: 'same-origin', body: body === undefined ? undefined : JSON.stringify(body) });
+  if (response.status === 401) {
+    location.assign(`/ui/login?next=${encodeURIComponent(location.pathname + location.search)}`);
+    throw new ApiError('signed out');
+  }
+  const text = await response.text();
+  const data = text ? JSON.parse(text) : null;
+  if (!response.ok) throw new ApiError(data?.error?.reason ?? `${method} ${path}: ${response.status}`);
+  return data;
+}
+
+const q = (params) => {
+  const search = new URLSearchParams();
+  for (const [key, value] of Object.entries(params)) if (value !== null && value !== undefined && value !== '') search.set(key, value);
+  const text = search.toString();
+  return text ? `?${text}` : '';
+};
+
+function notice(text) {
+  document.getElementById('problem').textContent = '';
+  document.getElementById('notice').textContent = text;
+}
+
+function problem(text) {
+  document.getElementById('notice').textContent = '';
+  document.getElementById('problem').textContent = text;
+}
+
+// ---------------------------------------------------------------------------
+// Actions: a button that asks first, then calls the API and redraws.
+
+let dialogOpen = false;
+
+function confirmAction(question) {
+  return new Promise((resolve) => {
+    const dialog = h('dialog', { class: 'confirm', 'aria-label': 'Confirm' });
+    const close = (answer) => { dialog.close(); dialog.remove(); dialogOpen = false; resolve(answer); };
+    append(dialog, [
+      h('p', null, question),
+      h('div', { class: 'buttons' },
+        h('button', { type: 'button', class: 'danger', onclick: () => close(true) }, 'Confirm'),
+        h('button', { type: 'button', onclick: () => close(false) }, 'Back')),
+    ]);
+    dialog.addEventListener('cancel', (event) => { event.preventDefault(); close(false); });
+    document.body.append(dialog);
+    dialogOpen = true;
+    dialog.showModal();
+  });
+}
+
+// A button for an operator action; absent for a viewer who may not operate.
+function action(label, question, perform, done, { describedBy } = {}) {
+  if (!CAN_OPERATE) return null;
+  return h('button', {
+    type: 'button', class: 'action', 'aria-describedby': describedBy,
+    onclick: async (event) => {
+      const button = event.currentTarget;
+      if (!(await confirmAction(question))) return;
+      button.disabled = true;
+      try {
+        const result = await perform();
+        notice(done(result));
+        await redraw();
+        follow(stream());
+      } catch (error) {
+        problem(error.message);
+        button.disabled = false;
+      }
+    },
+  }, label);
+}
+
+// ---------------------------------------------------------------------------
+// Pages. Each one builds its controls once (`mount`) and refills its data
+// (`update`) on every redraw, so a redraw never loses what is typed or chosen.
+
+const pages = [
+  [/^\/ui\/?$/, overviewPage],
+  [/^\/ui\/tasks\/?$/, tasksPage],
+  [/^\/ui\/tasks\/([^/]+)\/?$/, taskPage],
+  [/^\/ui\/alerts\/?$/, alertsPage],
+  [/^\/ui\/queues\/?$/, queuesPage],
+  [/^\/ui\/queues\/([^/]+)\/?$/, queuePage],
+  [/^\/ui\/workflows\/?$/, workflowsPage],
+  [/^\/ui\/workflows\/([^/]+)\/?$/, workflowPage],
+];
+
+let current = null;
+
+function overviewPage() {
+  const body = h('div', { class: 'overview' });
+  return {
+    title: 'Overview', nav: '/ui', polls: true, body,
+    async update() {
+      const [counts, activity, alerts, breakers, queues, instances] = await Promise.all([
+        api('/v1/tasks/counts'), api('/v1/activity?minutes=15'), api('/v1/alerts?limit=10'),
+        api('/v1/breakers'), api('/v1/queues'), api('/v1/instances'),
+      ]);
+      const notClosed = breakers.filter((breaker) => breaker.state !== 'closed');
+      body.replaceChildren(
+        section('Tasks by state',
+          h('ul', { class: 'states' }, TASK_STATES.map((state) => h('li', null,
+            h('a', { href: `/ui/tasks?state=${state}`, class: `count state-${state}` },
+              h('span', { class: 'label' }, state), ' ', h('span', { class: 'number' }, number(counts.counts[state] ?? 0)))))),
+          h('p', { class: 'total' }, `${number(counts.total)} tasks in all`)),
+        section('Activity', activityChart(activity)),
+        section('Open alerts', alertsTable(alerts, 'No alerts.')),
+        section('Circuit breakers', table('Circuit breakers', ['Endpoint', 'State', 'Failures', 'Open until', 'Seen by', 'Reported'],
+          notClosed.map((breaker) => h('tr', null, h('td', null, breaker.endpoint), h('td', null, badge(breaker.state)),
+            h('td', null, breaker.consecutive_failures ?? '—'), h('td', null, time(breaker.open_until)),
+            h('td', null, breaker.instance ?? '—'), h('td', null, time(breaker.reported_at))))),
+          'Every circuit breaker is closed.')),
+        section('Queues', queuesTable(queues)),
+        section('Instances', instancesTable(instances)));
+    },
+  };
+}
+
+function activityChart(activity) {
+  const minutes = activity.minutes;
+  const last = minutes[minutes.length - 1] ?? {};
+  const width = 600, height = 120, pad = 24;
+  const most = Math.max(1, ...minutes.map((m) => m.processed + m.errors));
+  const slowest = Math.max(1, ...minutes.map((m) => m.step_latency_p50_ms ?? 0));
+  const barWidth = (width - pad) / Math.max(1, minutes.length);
+  const bars = minutes.map((m, i) => {
+    const processed = (m.processed / most) * (height - pad);
+    const errors = (m.errors / most) * (height - pad);
+    return s('g', null,
+      s('rect', { x: pad + i * barWidth + 1, y: height - pad - processed, width: barWidth - 2, height: processed, class: 'bar-processed' },
+        s('title', null, `${new Date(m.start).toLocaleTimeString()}: ${m.processed} processed, ${m.errors} errors, ${m.steps_completed} steps`)),
+      s('rect', { x: pad + i * barWidth + 1, y: height - pad - processed - errors, width: barWidth - 2, height: errors, class: 'bar-error' }));
+  });
+  const points = minutes.map((m, i) => m.step_latency_p50_ms === null ? null
+    : `${pad + (i + 0.5) * barWidth},${height - pad - (m.step_latency_p50_ms / slowest) * (height - pad)}`).filter(Boolean);
+  const latency = (ms) => ms === null || ms === undefined ? '—' : `${Number(ms).toFixed(1)} ms`;
+  return h('div', { class: 'activity' },
+    h('dl', { class: 'figures' },
+      h('dt', null, 'Processed, last minute'), h('dd', null, number(last.processed ?? 0)),
+      h('dt', null, 'Errors, last minute'), h('dd', null, number(last.errors ?? 0)),
+      h('dt', null, 'Steps completed, last minute'), h('dd', null, number(last.steps_completed ?? 0)),
+      h('dt', null, 'Step latency p50 / p99'), h('dd', null, `${latency(last.step_latency_p50_ms)} / ${latency(last.step_latency_p99_ms)}`)),
+    s('svg', { viewBox: `0 0 ${width} ${height}`, class: 'chart', role: 'img',
+      'aria-label': `Tasks processed per minute over the last ${minutes.length} minutes, with the median step latency as a line` },
+    s('line', { x1: pad, y1: height - pad, x2: width, y2: height - pad, class: 'axis' }),
+    s('text', { x: 0, y: 12, class: 'axis-label' }, number(most)),
+    bars,
+    points.length > 1 ? s('polyline', { points: points.join(' '), class: 'latency-line' }) : null),
+    activity.complete ? null : h('p', { class: 'hint' }, `From the latest ${number(activity.events_read)} events only.`));
+}
+
+function alertsTable(alerts, empty) {
+  return table('Alerts', ['At', 'Task', 'Step', 'Reason'], alerts.map((alert) => h('tr', null,
+    h('td', null, time(alert.at)), h('td', null, taskLink(alert.task_id)), h('td', null, alert.step ?? '—'), h('td', null, alert.reason))), empty);
+}
+
+function queuesTable(queues) {
+  return table('Queues', ['Queue', 'Ready', 'Leased', 'Delayed', 'Dead-lettered', 'Paused', 'Oldest'], queues.map((queue) => h('tr', null,
+    h('td', null, h('a', { href: `/ui/queues/${encodeURIComponent(queue.queue)}` }, queue.queue)),
+    h('td', { class: 'n' }, number(queue.ready)), h('td', { class: 'n' }, number(queue.leased)), h('td', { class: 'n' }, number(queue.delayed)),
+    h('td', { class: 'n' }, number(queue.dead_lettered)), h('td', null, queue.paused ? 'paused' : '—'), h('td', null, time(queue.oldest_ready_at)))),
+  'No queues yet.');
+}
+
+function instancesTable(instances) {
+  return table('Instances', ['Instance', 'Roles', 'Agents', 'Last heartbeat', 'Status'], instances.instances.map((instance) => h('tr', null,
+    h('td', null, instance.instance), h('td', null, instance.roles.join(', ') || '—'), h('td', null, instance.agents.join(', ') || '—'),
+    h('td', null, time(instance.last_heartbeat)),
+    h('td', null, instance.live ? 'live' : 'silent', instance.supervisor_leader ? h('span', { class: 'badge leader' }, 'leads the Supervisors') : null))),
+  'No instance has reported a heartbeat.');
+}
+
+function tasksPage(params, query) {
+  const state = query.get('state') ?? '';
+  const workflow = query.get('workflow') ?? '';
+  const before = query.get('before') ?? '';
+  const trail = (query.get('trail') ?? '').split(',').filter(Boolean);
+  const workflowSelect = h('select', { id: 'filter-workflow', name: 'workflow' }, h('option', { value: '' }, 'any workflow'));
+  const filters = h('form', { method: 'get', action: '/ui/tasks', class: 'filters' },
+    h('label', { for: 'filter-state' }, 'State'),
+    h('select', { id: 'filter-state', name: 'state', onchange: (event) => event.target.form.requestSubmit() },
+      h('option', { value: '' }, 'any state'), TASK_STATES.map((name) => h('option', { value: name, selected: name === state }, name))),
+    h('label', { for: 'filter-workflow' }, 'Workflow'), workflowSelect,
+    h('noscript', null, h('button', { type: 'submit' }, 'Filter')));
+  workflowSelect.addEventListener('change', () => filters.requestSubmit());
+  const find = h('form', { class: 'find', onsubmit: (event) => {
+    event.preventDefault();
+    const id = event.target.elements.id.value.trim();
+    if (id) location.assign(`/ui/tasks/${encodeURIComponent(id)}`);
+  } }, h('label', { for: 'find-id' }, 'Task id'), h('input', { id: 'find-id', name: 'id', type: 'search', autocomplete: 'off' }),
+  h('button', { type: 'submit' }, 'Find'));
+  const summary = h('p', { class: 'total' });
+  const list = h('div');
+  const paging = h('nav', { class: 'paging', 'aria-label': 'Pages' });
+  const body = h('div', null, h('div', { class: 'controls' }, filters, find), summary, list, paging);
+  let workflowsLoaded = false;
+  return {
+    title: 'Tasks', nav: '/ui/tasks', body,
+    async update() {
+      const [tasks, counts, workflows] = await Promise.all([
+        api(`/v1/tasks${q({ state, workflow, before, limit: PAGE_SIZE })}`),
+        api(`/v1/tasks/counts${q({ workflow })}`),
+        workflowsLoaded ? null : api('/v1/workflows'),
+      ]);
+      if (workflows) {
+        workflowsLoaded = true;
+        const names = new Set(workflows.map((w) => w.name));
+        if (workflow) names.add(workflow);
+        append(workflowSelect, [...names].sort().map((name) => h('option', { value: name, selected: name === workflow }, name)));
+      }
+      const matching = state ? counts.counts[state] ?? 0 : counts.total;
+      summary.textContent = `${number(matching)} ${matching === 1 ? 'task' : 'tasks'}${state ? ` in state ${state}` : ''}${workflow ? ` of workflow ${workflow}` : ''}`;
+      list.replaceChildren(table('Tasks', ['Id', 'Workflow', 'State', 'Failures', 'Created', 'Updated'], tasks.map((task) => h('tr', null,
+        h('td', null, taskLink(task.id)), h('td', null, h('a', { href: `/ui/workflows/${encodeURIComponent(task.workflow)}` }, task.workflow)),
+        h('td', null, badge(task.state)), h('td', { class: 'n' }, task.failure_count), h('td', null, time(task.created_at)), h('td', null, time(task.updated_at))))),
+      'No task matches.'));
+      const link = (label, target, rel) => target === null
+        ? h('span', { class: 'disabled', 'aria-disabled': 'true' }, label)
+        : h('a', { href: `/ui/tasks${q(target)}`, rel }, label);
+      const newer = before ? { state, workflow, before: trail[trail.length - 1], trail: trail.slice(0, -1).join(',') } : null;
+      const older = tasks.length === PAGE_SIZE ? { state, workflow, before: tasks[tasks.length - 1].id, trail: [...trail, before].filter(Boolean).join(',') } : null;
+      // The first page is reached with no cursor at all.
+      if (newer && !newer.before) delete newer.before;
+      paging.replaceChildren(link('Newer', newer, 'prev'), link('Older', older, 'next'));
+    },
+  };
+}
+
+function taskPage([id]) {
+  const taskId = decodeURIComponent(id);
+  const body = h('div', { class: 'task' });
+  let definitions = new Map();
+  return {
+    title: `Task ${taskId}`, nav: '/ui/tasks', body, stream: `/v1/tasks/${encodeURIComponent(taskId)}/events`,
+    async update() {
+      const [task, history] = await Promise.all([
+        api(`/v1/tasks/${encodeURIComponent(taskId)}`), api(`/v1/tasks/${encodeURIComponent(taskId)}/history`),
+      ]);
+      const key = `${task.workflow}@${task.version}`;
+      if (!definitions.has(key)) {
+        definitions.set(key, await api(`/v1/workflows/${encodeURIComponent(task.workflow)}/versions/${task.version}`).catch(() => null));
+      }
+      const definition = definitions.get(key);
+      const ended = ['processed', 'compensated', 'cancelled'].includes(task.state);
+      const actions = h('div', { class: 'actions' },
+        ended ? null : action('Cancel', `Cancel task ${taskId}? Its steps in flight are not waited for, and completed steps are compensated if the workflow says so.`,
+          () => api(`/v1/tasks/${encodeURIComponent(taskId)}/cancel`, { method: 'POST' }), () => 'Cancelled.'),
+        action('Resubmit', `Resubmit task ${taskId} from its first unfinished step?`,
+          () => api(`/v1/tasks/${encodeURIComponent(taskId)}/resubmit`, { method: 'POST' }), () => 'Resubmitted.'));
+      body.replaceChildren(
+        h('p', { class: 'subtitle' }, badge(task.state), ' ', 'workflow ',
+          h('a', { href: `/ui/workflows/${encodeURIComponent(task.workflow)}` }, task.workflow), ` version ${task.version}`),
+        actions,
+        section('Workflow', dag(definition?.steps ?? task.steps.map((step, i) => ({ name: step.name, depends_on: i ? [task.steps[i - 1].name] : [] })), task.steps)),
+        section('Steps', table('Steps', ['Step', 'Agent', 'State', 'Attempt', 'Complete by', 'Last error', ''], task.steps.map((step) => {
+          const label = `step-label-${step.position}`;
+          return h('tr', null,
+            h('th', { scope: 'row', id: label }, step.name), h('td', null, step.agent ?? '—'), h('td', null, badge(step.state)),
+            h('td', { class: 'n' }, step.attempt), h('td', null, time(step.complete_by)), h('td', { class: 'error-text' }, step.last_error ?? '—'),
+            h('td', null, action('Resubmit step', `Resubmit step ${step.name} of task ${taskId}? It runs again, with the steps after it.`,
+              () => api(`/v1/tasks/${encodeURIComponent(taskId)}/steps/${encodeURIComponent(step.name)}/resubmit`, { method: 'POST' }),
+              () => `Step ${step.name} resubmitted.`, { describedBy: label })));
+        }))),
+        section('Attempts', attempts(task, history)),
+        section('Fields', h('dl', { class: 'fields' },
+          field('State', badge(task.state)), field('Locked by', task.locked_by ?? '—'), field('Lease epoch', task.lease_epoch),
+          field('Complete by', time(task.complete_by)), field('Not before', time(task.not_before)),
+          field('Failure count', task.max_failures === null || task.max_failures === undefined ? task.failure_count : `${task.failure_count} of ${task.max_failures}`),
+          field('Error', task.error ?? '—'), field('Callback URL', task.callback_url ?? '—'),
+          field('Created', time(task.created_at)), field('Updated', time(task.updated_at)))),
+        section('Input', json(task.input)),
+        section('Output', json(task.output), task.steps.filter((step) => step.output !== null && step.output !== undefined).map((step) =>
+          h('details', null, h('summary', null, `Step ${step.name}`), json(step.output)))),
+        section('History', table('History', ['Seq', 'At', 'Event', 'Step', 'Attempt', 'Detail'], history.map((event) => h('tr', null,
+          h('td', { class: 'n' }, event.seq), h('td', null, time(event.at)), h('td', null, event.kind), h('td', null, event.step ?? '—'),
+          h('td', { class: 'n' }, event.attempt ?? '—'), h('td', null, h('code', null, compact(event.detail))))))));
+    },
+  };
+}
+
+function field(name, value) {
+  return [h('dt', null, name), h('dd', null, value)];
+}
+
+function compact(value) {
+  if (value === null || value === undefined) return '';
+  const text = typeof value === 'string' ? value : JSON.stringify(value);
+  return text === '{}' ? '' : text;
+}
+
+// The workflow's steps as a graph, left to right by dependency depth, each
+// node coloured by the task's step state.
+function dag(steps, stepStates) {
+  const stateOf = new Map((stepStates ?? []).map((step) => [step.name, step.state]));
+  const depth = new Map();
+  const depthOf = (name, seen = new Set()) => {
+    if (depth.has(name)) return depth.get(name);
+    if (seen.has(name)) return 0;
+    seen.add(name);
+    const step = steps.find((candidate) => candidate.name === name);
+    const d = step && step.depends_on.length ? 1 + Math.max(...step.depends_on.map((dep) => depthOf(dep, seen))) : 0;
+    depth.set(name, d);
+    return d;
+  };
+  steps.forEach((step) => depthOf(step.name));
+  const columns = [];
+  for (const step of steps) (columns[depth.get(step.name)] ??= []).push(step);
+  const nodeWidth = 150, nodeHeight = 44, gapX = 60, gapY = 22;
+  const position = new Map();
+  columns.forEach((column, x) => column.forEach((step, y) => position.set(step.name, { x: 10 + x * (nodeWidth + gapX), y: 10 + y * (nodeHeight + gapY) })));
+  const width = 20 + columns.length * (nodeWidth + gapX) - gapX;
+  const height = 20 + Math.max(1, ...columns.map((c) => c.length)) * (nodeHeight + gapY) - gapY;
+  const edges = steps.flatMap((step) => step.depends_on.map((dep) => {
+    const from = position.get(dep), to = position.get(step.name);
+    if (!from || !to) return null;
+    const x1 = from.x + nodeWidth, y1 = from.y + nodeHeight / 2, x2 = to.x, y2 = to.y + nodeHeight / 2;
+    return s('path', { d: `M${x1},${y1} C${x1 + gapX / 2},${y1} ${x2 - gapX / 2},${y2} ${x2 - 6},${y2}`, class: 'edge', 'marker-end': 'url(#arrow)' });
+  }));
+  const nodes = steps.map((step) => {
+    const { x, y } = position.get(step.name);
+    const state = stateOf.get(step.name) ?? 'not-run';
+    return s('g', { class: 'step-node', 'data-step': step.name, 'data-state': state, transform: `translate(${x},${y})` },
+      s('title', null, `${step.name}: ${state}${step.agent ? ` (agent ${step.agent})` : ''}`),
+      s('rect', { width: nodeWidth, height: nodeHeight, rx: 8, class: `node state-${state}` }),
+      s('text', { x: 10, y: 18, class: 'node-name' }, step.name.length > 18 ? `${step.name.slice(0, 17)}…` : step.name),
+      s('text', { x: 10, y: 35, class: 'node-state' }, state));
+  });
+  return s('svg', { class: 'dag', viewBox: `0 0 ${width} ${height}`, width, height, role: 'img',
+    'aria-label': `Workflow steps: ${steps.map((step) => `${step.name} ${stateOf.get(step.name) ?? 'not run'}`).join(', ')}` },
+  s('defs', null, s('marker', { id: 'arrow', viewBox: '0 0 10 10', refX: 9, refY: 5, markerWidth: 7, markerHeight: 7, orient: 'auto-start-reverse' },
+    s('path', { d: 'M0,0 L10,5 L0,10 z', class: 'arrow' }))),
+  edges, nodes);
+}
+
+// Every attempt of every step from the history: when it was sent, how it
+// ended, drawn on one time axis with the step's and the task's complete-by.
+function attempts(task, history) {
+  const byAttempt = new Map();
+  const outcome = { step_completed: 'replied', step_failed: 'failed', expired: 'timed out', step_compensated: 'compensated' };
+  for (const event of history) {
+    if (!event.step) continue;
+    const key = `${event.step}#${event.attempt ?? 0}`;
+    if (event.kind === 'step_started') {
+      byAttempt.set(key, { step: event.step, attempt: event.attempt, sent: event.at, end: null, outcome: 'in flight', detail: '' });
+    } else if (outcome[event.kind]) {
+      const entry = byAttempt.get(key) ?? { step: event.step, attempt: event.attempt, sent: null, end: null, outcome: '', detail: '' };
+      entry.end = event.at;
+      entry.outcome = outcome[event.kind];
+      if (event.kind === 'step_failed' && event.detail?.retry) entry.outcome = 'failed, retried';
+      entry.detail = compact(event.detail?.error ?? event.detail?.reason ?? '');
+      byAttempt.set(key, entry);
+    }
+  }
+  const rows = [...byAttempt.values()];
+  if (rows.length === 0) return h('p', { class: 'empty' }, 'No attempt yet.');
+  const now = Date.now();
+  const times = rows.flatMap((row) => [row.sent, row.end]).filter((t) => t !== null);
+  const stepDeadlines = task.steps.map((step) => step.complete_by).filter((t) => t !== null && t !== undefined);
+  const start = Math.min(...times);
+  const finish = Math.max(...times, ...(task.complete_by ? [task.complete_by] : []), ...stepDeadlines, rows.some((row) => row.end === null) ? now : 0);
+  const span = Math.max(1, finish - start);
+  const width = 640, label = 150, rowHeight = 22;
+  const x = (t) => label + ((t - start) / span) * (width - label - 10);
+  const height = rows.length * rowHeight + 24;
+  const marks = [];
+  if (task.complete_by) marks.push(s('g', { class: 'deadline task-deadline' },
+    s('line', { x1: x(task.complete_by), y1: 0, x2: x(task.complete_by), y2: height - 14 }),
+    s('text', { x: x(task.complete_by) - 4, y: height - 2, 'text-anchor': 'end' }, 'task complete-by')));
+  const bars = rows.map((row, i) => {
+    const y = i * rowHeight + 4;
+    const from = row.sent ?? row.end, to = row.end ?? now;
+    const step = task.steps.find((candidate) => candidate.name === row.step);
+    const deadline = step && step.attempt === row.attempt && step.complete_by ? s('line', { x1: x(step.complete_by), y1: y, x2: x(step.complete_by), y2: y + rowHeight - 6, class: 'deadline step-deadline' },
+      s('title', null, `step complete-by ${new Date(step.complete_by).toISOString()}`)) : null;
+    return s('g', null,
+      s('text', { x: 0, y: y + 13, class: 'attempt-label' }, `${row.step} #${row.attempt ?? '—'}`),
+      s('rect', { x: x(from), y, width: Math.max(3, x(to) - x(from)), height: rowHeight - 6, rx: 3, class: `attempt outcome-${row.outcome.split(',')[0].replace(' ', '-')}` },
+        s('title', null, `${row.step} attempt ${row.attempt}: ${row.outcome}`)),
+      deadline);
+  });
+  return h('div', null,
+    s('svg', { class: 'timeline', viewBox: `0 0 ${width} ${height}`, width, height, role: 'img', 'aria-label': 'Attempts on a time axis' }, bars, marks),
+    h('ol', { class: 'attempts' }, rows.map((row) => h('li', null,
+      h('strong', null, `${row.step} attempt ${row.attempt ?? '—'}`), ': ',
+      row.sent === null ? '' : ['sent ', time(row.sent), ', '], row.outcome,
+      row.end === null ? '' : [' ', time(row.end)], row.detail ? h('span', { class: 'error-text' }, ` — ${row.detail}`) : null))));
+}
+
+function alertsPage() {
+  const body = h('div');
+  return {
+    title: 'Alerts', nav: '/ui/alerts', body,
+    async update() {
+      const alerts = await api('/v1/alerts?limit=200');
+      body.replaceChildren(h('p', { class: 'hint' }, 'What the Supervisor raised for an operator to act on, newest first.'), alertsTable(alerts, 'No alerts.'));
+    },
+  };
+}
+
+function queuesPage() {
+  const body = h('div');
+  return {
+    title: 'Queues', nav: '/ui/queues', polls: true, body,
+    async update() {
+      body.replaceChildren(queuesTable(await api('/v1/queues')));
+    },
+  };
+}
+
+function queuePage([name]) {
+  const queue = decodeURIComponent(name);
+  const path = `/v1/queues/${encodeURIComponent(queue)}`;
+  const body = h('div');
+  return {
+    title: `Queue ${queue}`, nav: '/ui/queues', polls: true, body,
+    async update() {
+      const [stats, deadLetters] = await Promise.all([api(path), api(`${path}/dead-letters?limit=100`)]);
+      body.replaceChildren(
+        h('dl', { class: 'fields' }, field('Ready', number(stats.ready)), field('Leased', number(stats.leased)),
+          field('Delayed', number(stats.delayed)), field('Dead-lettered', number(stats.dead_lettered)),
+          field('Receives', stats.paused ? 'paused' : 'running'), field('Oldest ready', time(stats.oldest_ready_at))),
+        h('div', { class: 'actions' },
+          stats.paused
+            ? action('Resume', `Resume receiving from ${queue}?`, () => api(`${path}/resume`, { method: 'POST' }), () => `${queue} resumed.`)
+            : action('Pause', `Pause receiving from ${queue}? Messages stay queued until it is resumed.`, () => api(`${path}/pause`, { method: 'POST' }), () => `${queue} paused.`)),
+        section('Dead letters',
+          deadLetters.length === 0 ? null : h('div', { class: 'actions' },
+            action('Redrive all', `Send every dead letter of ${queue} back to the queue?`, () => api(`${path}/dead-letters/redrive`, { method: 'POST' }),
+              (result) => `${number(result?.count ?? 0)} redriven.`),
+            action('Purge', `Delete every dead letter of ${queue}? This cannot be undone.`, () => api(`${path}/dead-letters/purge`, { method: 'POST' }),
+              (result) => `${number(result?.count ?? 0)} purged.`)),
+          table('Dead letters', ['Id', 'Reason', 'Deliveries', 'Dead-lettered', 'Body', ''], deadLetters.map((letter, i) => h('tr', null,
+            h('th', { scope: 'row', id: `letter-${i}` }, letter.id), h('td', { class: 'error-text' }, letter.reason), h('td', { class: 'n' }, letter.delivery_count),
+            h('td', null, time(letter.dead_lettered_at)), h('td', null, json(letter.body)),
+            h('td', null, action('Redrive', `Send dead letter ${letter.id} back to ${queue}?`,
+              () => api(`${path}/dead-letters/${encodeURIComponent(letter.id)}/redrive`, { method: 'POST' }), () => `${letter.id} redriven.`, { describedBy: `letter-${i}` }))))),
+          'No dead letters.')));
+    },
+  };
+}
+
+function workflowsPage() {
+  const body = h('div');
+  return {
+    title: 'Workflows', nav: '/ui/workflows', body,
+    async update() {
+      const workflows = await api('/v1/workflows');
+      body.replaceChildren(table('Workflows', ['Workflow', 'Latest version', 'Steps', 'Registered'], workflows.map((workflow) => h('tr', null,
+        h('td', null, h('a', { href: `/ui/workflows/${encodeURIComponent(workflow.name)}` }, workflow.name)), h('td', { class: 'n' }, workflow.version),
+        h('td', null, workflow.steps.map((step) => step.name).join(' → ')), h('td', null, time(workflow.registered_at))))), 'No workflow is registered.'));
+    },
+  };
+}
+
+function workflowPage([name], query) {
+  const workflow = decodeURIComponent(name);
+  const body = h('div');
+  return {
+    title: `Workflow ${workflow}`, nav: '/ui/workflows', body,
+    async update() {
+      const latest = await api(`/v1/workflows/${encodeURIComponent(workflow)}`);
+      const version = Number(query.get('version') ?? latest.version);
+      const shown = version === latest.version ? latest : await api(`/v1/workflows/${encodeURIComponent(workflow)}/versions/${version}`);
+      const versions = Array.from({ length: latest.version }, (_, i) => latest.version - i);
+      const picker = h('form', { method: 'get', class: 'filters' }, h('label', { for: 'version' }, 'Version'),
+        h('select', { id: 'version', name: 'version', onchange: (event) => event.target.form.requestSubmit() },
+          versions.map((v) => h('option', { value: v, selected: v === version }, `${v}${v === latest.version ? ' (latest)' : ''}`))));
+      body.replaceChildren(picker,
+        h('p', { class: 'subtitle' }, 'registered ', time(shown.registered_at), ' · ', h('a', { href: `/ui/tasks${q({ workflow })}` }, 'its tasks')),
+        section('Steps', dag(shown.steps, null),
+          table('Steps', ['Step', 'Agent', 'After', 'Compensated'], shown.steps.map((step) => h('tr', null,
+            h('td', null, step.name), h('td', null, step.agent), h('td', null, step.depends_on.join(', ') || '—'), h('td', null, step.compensated ? 'yes' : 'no'))))),
+        section('Definition', json(shown.definition)));
+    },
+  };
+}
+
+// ---------------------------------------------------------------------------
+// Drawing and live updates.
+
+async function redraw() {
+  if (!current) return;
+  try {
+    await current.update();
+    document.getElementById('problem').textContent = '';
+  } catch (error) {
+    if (!(error instanceof ApiError && error.message === 'signed out')) problem(error.message);
+  }
+}
+
+let redrawTimer = null;
+let redrawWanted = false;
+
+function scheduleRedraw() {
+  if (redrawTimer !== null) return;
+  redrawTimer = setTimeout(async () => {
+    redrawTimer = null;
+    // Never redraw under an open confirmation: it would take its button away.
+    if (dialogOpen) { redrawWanted = true; return; }
+    await redraw();
+  }, REDRAW_DELAY_MS);
+}
+
+let source = null;
+
+// Follows the page's event stream. A task's stream ends when the task does
+// (event `end`); it is followed again after an action that may revive it.
+function follow(stream) {
+  const live = document.getElementById('live');
+  if (source && source.readyState !== EventSource.CLOSED) return;
+  source = new EventSource(stream);
+  source.onopen = () => { live.textContent = 'live'; live.classList.add('on'); };
+  source.onerror = () => { live.textContent = 'reconnecting'; live.classList.remove('on'); };
+  source.onmessage = () => scheduleRedraw();
+  source.addEventListener('end', () => {
+    source.close();
+    live.textContent = 'ended';
+    live.classList.remove('on');
+    scheduleRedraw();
+  });
+}
+
+function stream() {
+  return current.stream ?? `/v1/events${q({ after: EVENTS_AFTER })}`;
+}
+
+async function start() {
+  const path = location.pathname;
+  const query = new URLSearchParams(location.search);
+  const main = document.getElementById('main');
+  for (const [pattern, page] of pages) {
+    const match = pattern.exec(path);
+    if (!match) continue;
+    current = page(match.slice(1), query);
+    document.title = `${current.title} · rota`;
+    for (const link of document.querySelectorAll('nav[aria-label="Main"] a')) {
+      if (link.getAttribute('href') === current.nav) link.setAttribute('aria-current', 'page');
+    }
+    main.replaceChildren(h('h1', null, current.title), current.body);
+    await redraw();
+    follow(stream());
+    if (current.polls) setInterval(() => { if (!dialogOpen) scheduleRedraw(); }, POLL_MS);
+    setInterval(() => { if (redrawWanted && !dialogOpen) { redrawWanted = false; scheduleRedraw(); } }, 1000);
+    return;
+  }
+  main.replaceChildren(h('h1', null, 'Not found'), h('p', null, 'No dashboard page has this address. ', h('a', { href: '/ui' }, 'Overview')));
+}
+
+start();
