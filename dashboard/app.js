@@ -80,6 +80,20 @@ function relative(ms) {
   return seconds <= 0 ? `${amount} ${unit} ago` : `in ${amount} ${unit}`;
 }
 
+// A moment to the millisecond, for events closer together than "1 min ago" can tell apart.
+function clockText(ms) {
+  const date = new Date(ms);
+  return `${date.toLocaleTimeString('en-GB')}.${String(date.getMilliseconds()).padStart(3, '0')}`;
+}
+
+function clock(ms) {
+  return h('time', { datetime: new Date(ms).toISOString(), title: new Date(ms).toISOString() }, clockText(ms));
+}
+
+function duration(ms) {
+  return ms < 1000 ? `${Math.round(ms)} ms` : ms < 60000 ? `${(ms / 1000).toFixed(1)} s` : `${(ms / 60000).toFixed(1)} min`;
+}
+
 function taskLink(id) {
   return h('a', { href: `/ui/tasks/${encodeURIComponent(id)}` }, id);
 }
@@ -209,7 +223,7 @@ function overviewPage() {
         section('Circuit breakers', table('Circuit breakers', ['Endpoint', 'State', 'Failures', 'Open until', 'Seen by', 'Reported'],
           notClosed.map((breaker) => h('tr', null, h('td', null, breaker.endpoint), h('td', null, badge(breaker.state)),
             h('td', null, breaker.consecutive_failures ?? '—'), h('td', null, time(breaker.open_until)),
-            h('td', null, breaker.instance ?? '—'), h('td', null, time(breaker.reported_at))))),
+            h('td', null, breaker.instance ?? '—'), h('td', null, time(breaker.reported_at)))),
           'Every circuit breaker is closed.')),
         section('Queues', queuesTable(queues)),
         section('Instances', instancesTable(instances)));
@@ -313,7 +327,7 @@ function tasksPage(params, query) {
       summary.textContent = `${number(matching)} ${matching === 1 ? 'task' : 'tasks'}${state ? ` in state ${state}` : ''}${workflow ? ` of workflow ${workflow}` : ''}`;
       list.replaceChildren(table('Tasks', ['Id', 'Workflow', 'State', 'Failures', 'Created', 'Updated'], tasks.map((task) => h('tr', null,
         h('td', null, taskLink(task.id)), h('td', null, h('a', { href: `/ui/workflows/${encodeURIComponent(task.workflow)}` }, task.workflow)),
-        h('td', null, badge(task.state)), h('td', { class: 'n' }, task.failure_count), h('td', null, time(task.created_at)), h('td', null, time(task.updated_at))))),
+        h('td', null, badge(task.state)), h('td', { class: 'n' }, task.failure_count), h('td', null, time(task.created_at)), h('td', null, time(task.updated_at)))),
       'No task matches.'));
       const link = (label, target, rel) => target === null
         ? h('span', { class: 'disabled', 'aria-disabled': 'true' }, label)
@@ -373,7 +387,7 @@ function taskPage([id]) {
         section('Output', json(task.output), task.steps.filter((step) => step.output !== null && step.output !== undefined).map((step) =>
           h('details', null, h('summary', null, `Step ${step.name}`), json(step.output)))),
         section('History', table('History', ['Seq', 'At', 'Event', 'Step', 'Attempt', 'Detail'], history.map((event) => h('tr', null,
-          h('td', { class: 'n' }, event.seq), h('td', null, time(event.at)), h('td', null, event.kind), h('td', null, event.step ?? '—'),
+          h('td', { class: 'n' }, event.seq), h('td', null, clock(event.at)), h('td', null, event.kind), h('td', null, event.step ?? '—'),
           h('td', { class: 'n' }, event.attempt ?? '—'), h('td', null, h('code', null, compact(event.detail))))))));
     },
   };
@@ -463,7 +477,10 @@ function attempts(task, history) {
   const width = 640, label = 150, rowHeight = 22;
   const x = (t) => label + ((t - start) / span) * (width - label - 10);
   const height = rows.length * rowHeight + 24;
-  const marks = [];
+  const marks = [
+    s('text', { x: label, y: height - 2, class: 'axis-label' }, clockText(start)),
+    s('text', { x: width - 10, y: height - 2, class: 'axis-label', 'text-anchor': 'end' }, `+${duration(span)}`),
+  ];
   if (task.complete_by) marks.push(s('g', { class: 'deadline task-deadline' },
     s('line', { x1: x(task.complete_by), y1: 0, x2: x(task.complete_by), y2: height - 14 }),
     s('text', { x: x(task.complete_by) - 4, y: height - 2, 'text-anchor': 'end' }, 'task complete-by')));
@@ -483,8 +500,9 @@ function attempts(task, history) {
     s('svg', { class: 'timeline', viewBox: `0 0 ${width} ${height}`, width, height, role: 'img', 'aria-label': 'Attempts on a time axis' }, bars, marks),
     h('ol', { class: 'attempts' }, rows.map((row) => h('li', null,
       h('strong', null, `${row.step} attempt ${row.attempt ?? '—'}`), ': ',
-      row.sent === null ? '' : ['sent ', time(row.sent), ', '], row.outcome,
-      row.end === null ? '' : [' ', time(row.end)], row.detail ? h('span', { class: 'error-text' }, ` — ${row.detail}`) : null))));
+      row.sent === null ? '' : ['sent at ', clock(row.sent), ', '], row.outcome,
+      row.end === null ? '' : row.sent === null ? [' at ', clock(row.end)] : ` after ${duration(row.end - row.sent)}`,
+      row.detail ? h('span', { class: 'error-text' }, ` — ${row.detail}`) : null))));
 }
 
 function alertsPage() {
@@ -534,7 +552,7 @@ function queuePage([name]) {
             h('th', { scope: 'row', id: `letter-${i}` }, letter.id), h('td', { class: 'error-text' }, letter.reason), h('td', { class: 'n' }, letter.delivery_count),
             h('td', null, time(letter.dead_lettered_at)), h('td', null, json(letter.body)),
             h('td', null, action('Redrive', `Send dead letter ${letter.id} back to ${queue}?`,
-              () => api(`${path}/dead-letters/${encodeURIComponent(letter.id)}/redrive`, { method: 'POST' }), () => `${letter.id} redriven.`, { describedBy: `letter-${i}` }))))),
+              () => api(`${path}/dead-letters/${encodeURIComponent(letter.id)}/redrive`, { method: 'POST' }), () => `${letter.id} redriven.`, { describedBy: `letter-${i}` })))),
           'No dead letters.')));
     },
   };
@@ -548,7 +566,7 @@ function workflowsPage() {
       const workflows = await api('/v1/workflows');
       body.replaceChildren(table('Workflows', ['Workflow', 'Latest version', 'Steps', 'Registered'], workflows.map((workflow) => h('tr', null,
         h('td', null, h('a', { href: `/ui/workflows/${encodeURIComponent(workflow.name)}` }, workflow.name)), h('td', { class: 'n' }, workflow.version),
-        h('td', null, workflow.steps.map((step) => step.name).join(' → ')), h('td', null, time(workflow.registered_at))))), 'No workflow is registered.'));
+        h('td', null, workflow.steps.map((step) => step.name).join(' → ')), h('td', null, time(workflow.registered_at)))), 'No workflow is registered.'));
     },
   };
 }
