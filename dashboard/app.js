@@ -9,7 +9,7 @@ const CAN_OPERATE = meta('rota-can').split(' ').includes('operate');
 const EVENTS_AFTER = meta('rota-events-after');
 const PAGE_SIZE = 50;
 // Redraws wait this long after an event, so that a burst of events costs one redraw.
-const REDRAW_DELAY_MS = 300;
+const REDRAW_DELAY_MS = 500;
 // Pages that show what no event announces (queues, instances) are also redrawn this often.
 const POLL_MS = 5000;
 
