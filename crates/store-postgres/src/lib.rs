@@ -917,8 +917,8 @@ impl Tasks for PgStore {
         with_connection!(self, conn => { task_sql::list_tasks(&mut conn, &self.names, filter).await? })
     }
 
-    async fn count_tasks(&self) -> Result<Vec<(TaskState, u64)>, Error> {
-        with_connection!(self, conn => { task_sql::count_tasks(&mut conn, &self.names).await? })
+    async fn count_tasks(&self, workflow: Option<&WorkflowName>) -> Result<Vec<(TaskState, u64)>, Error> {
+        with_connection!(self, conn => { task_sql::count_tasks(&mut conn, &self.names, workflow).await? })
     }
 
     async fn claim_tasks(&self, owner: &InstanceId, lease: Duration, max: u32) -> Result<Vec<Task>, Error> {
@@ -974,6 +974,15 @@ impl Tasks for PgStore {
 
     async fn events_after(&self, after_seq: i64, limit: u32) -> Result<Vec<Event>, Error> {
         with_connection!(self, conn => { task_sql::events_after(&mut conn, &self.names, after_seq, limit).await? })
+    }
+
+    async fn latest_events(&self, limit: u32) -> Result<Vec<Event>, Error> {
+        with_connection!(self, conn => { task_sql::latest_events(&mut conn, &self.names, limit).await? })
+    }
+
+    async fn leader(&self, name: &str) -> Result<Option<LeaderLease>, Error> {
+        let now = self.clock.now();
+        with_connection!(self, conn => { task_sql::leader(&mut conn, &self.names, name, now).await? })
     }
 
     async fn acquire_leader(&self, name: &str, holder: &InstanceId, ttl: Duration) -> Result<Option<LeaderLease>, Error> {

@@ -163,6 +163,10 @@ BEGIN
 END
 $$;
 "#,
+    r#"
+-- Listings and counts by workflow and state together, newest first.
+CREATE INDEX tasks_workflow_state ON rota.tasks (workflow, state, created_seq);
+"#,
 ];
 
 /// How many migrations this build knows.

@@ -125,25 +125,57 @@ pub(crate) async fn get_tasks(conn: &mut PgConnection, n: &Names, ids: &[TaskId]
     Ok(ordered)
 }
 
+/// The listing's statement for the filters `filter` sets, and the values
+/// to bind in order: one text per combination, naming only the conditions
+/// that apply, because the connections plan generically (see
+/// `PLANNER_SETTINGS`) and a generic plan of `($1 IS NULL OR state = $1)`
+/// can use no index. Each combination is served by an index ending with
+/// `created_seq` (`tasks_state`, `tasks_workflow`, `tasks_workflow_state`,
+/// or the unique index of `created_seq` itself), walked backwards with no
+/// sort; `before` is a range on the same column.
+fn list_tasks_sql(filter: &TaskFilter) -> (String, Vec<&str>) {
+    let mut conditions = Vec::new();
+    let mut values = Vec::new();
+    let named: [(&str, Option<&str>); 4] = [
+        ("state = ${}", filter.state.map(TaskState::as_str)),
+        ("workflow = ${}", filter.workflow.as_ref().map(WorkflowName::as_str)),
+        ("locked_by = ${}", filter.locked_by.as_ref().map(InstanceId::as_str)),
+        ("created_seq < (SELECT created_seq FROM rota.tasks WHERE id = ${})", filter.before.as_ref().map(TaskId::as_str)),
+    ];
+    for (condition, value) in named {
+        if let Some(value) = value {
+            values.push(value);
+            conditions.push(condition.replace("{}", &values.len().to_string()));
+        }
+    }
+    let conditions = if conditions.is_empty() { String::new() } else { format!("WHERE {}", conditions.join(" AND ")) };
+    (format!("SELECT * FROM rota.tasks {conditions} ORDER BY created_seq DESC LIMIT ${}", values.len() + 1), values)
+}
+
 pub(crate) async fn list_tasks(conn: &mut PgConnection, n: &Names, filter: &TaskFilter) -> Result<Vec<Task>> {
-    let rows = sqlx::query(n.sql(
-        "SELECT * FROM rota.tasks
-          WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR workflow = $2) AND ($4::text IS NULL OR locked_by = $4)
-          ORDER BY created_seq DESC LIMIT $3",
-    ))
-    .bind(filter.state.map(TaskState::as_str))
-    .bind(filter.workflow.as_ref().map(WorkflowName::as_str))
-    .bind(i64::from(filter.limit))
-    .bind(filter.locked_by.as_ref().map(InstanceId::as_str))
-    .fetch_all(&mut *conn)
-    .await?;
+    let (text, values) = list_tasks_sql(filter);
+    let text = n.qualify(&text);
+    let mut query = sqlx::query(n.raw(&text));
+    for value in values {
+        query = query.bind(value);
+    }
+    let rows = query.bind(i64::from(filter.limit)).fetch_all(&mut *conn).await?;
     rows.iter().map(task_from).collect()
 }
 
-/// How many tasks are in each state, every state listed.
-pub(crate) async fn count_tasks(conn: &mut PgConnection, n: &Names) -> Result<Vec<(TaskState, u64)>> {
-    let rows: Vec<(String, i64)> =
-        sqlx::query_as(n.sql("SELECT state, COUNT(*) FROM rota.tasks GROUP BY state")).fetch_all(&mut *conn).await?;
+/// How many tasks (of `workflow`, when given) are in each state, every
+/// state listed; each form reads one index (`tasks_state`,
+/// `tasks_workflow_state`).
+pub(crate) async fn count_tasks(conn: &mut PgConnection, n: &Names, workflow: Option<&WorkflowName>) -> Result<Vec<(TaskState, u64)>> {
+    let rows: Vec<(String, i64)> = match workflow {
+        None => sqlx::query_as(n.sql("SELECT state, COUNT(*) FROM rota.tasks GROUP BY state")).fetch_all(&mut *conn).await?,
+        Some(workflow) => {
+            sqlx::query_as(n.sql("SELECT state, COUNT(*) FROM rota.tasks WHERE workflow = $1 GROUP BY state"))
+                .bind(workflow.as_str())
+                .fetch_all(&mut *conn)
+                .await?
+        }
+    };
     let counted = rows
         .into_iter()
         .map(|(state, count)| Ok((state.parse::<TaskState>().map_err(|e| corrupt("task state", e))?, u64::try_from(count).unwrap_or(0))))
@@ -274,6 +306,13 @@ pub(crate) async fn events_settled_through(conn: &mut PgConnection, n: &Names) -
     Ok(lowest_writer.map_or(handed_out, |lowest| lowest.min(handed_out)))
 }
 
+/// The `limit` newest events, highest seq first, settled or not.
+pub(crate) async fn latest_events(conn: &mut PgConnection, n: &Names, limit: u32) -> Result<Vec<Event>> {
+    let rows =
+        sqlx::query(n.sql("SELECT * FROM rota.events ORDER BY seq DESC LIMIT $1")).bind(i64::from(limit)).fetch_all(&mut *conn).await?;
+    rows.iter().map(event_from).collect()
+}
+
 pub(crate) async fn events_after(conn: &mut PgConnection, n: &Names, after: i64, limit: u32) -> Result<Vec<Event>> {
     let settled = events_settled_through(conn, n).await?;
     let rows = sqlx::query(n.sql("SELECT * FROM rota.events WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3"))
@@ -314,6 +353,25 @@ pub(crate) async fn acquire_leader(
         until: Timestamp::from_millis(until),
         epoch: epoch as u64,
     }))
+}
+
+/// The named lease if it runs past `now`.
+pub(crate) async fn leader(conn: &mut PgConnection, n: &Names, name: &str, now: Timestamp) -> Result<Option<LeaderLease>> {
+    let row: Option<(String, i64, i64)> =
+        sqlx::query_as(n.sql("SELECT holder, until, epoch FROM rota.leaders WHERE name = $1 AND until > $2"))
+            .bind(name)
+            .bind(now.as_millis())
+            .fetch_optional(&mut *conn)
+            .await?;
+    row.map(|(holder, until, epoch)| {
+        Ok(LeaderLease {
+            name: name.to_owned(),
+            holder: InstanceId::new(holder).map_err(|e| corrupt("leader holder", e))?,
+            until: Timestamp::from_millis(until),
+            epoch: epoch as u64,
+        })
+    })
+    .transpose()
 }
 
 pub(crate) async fn release_leader(conn: &mut PgConnection, n: &Names, name: &str, holder: &InstanceId, now: Timestamp) -> Result<()> {

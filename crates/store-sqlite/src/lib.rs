@@ -562,8 +562,9 @@ impl Tasks for SqliteStore {
         self.read(move |conn, _| task_sql::list_tasks(conn, &filter)).await
     }
 
-    async fn count_tasks(&self) -> Result<Vec<(TaskState, u64)>> {
-        self.read(|conn, _| task_sql::count_tasks(conn)).await
+    async fn count_tasks(&self, workflow: Option<&WorkflowName>) -> Result<Vec<(TaskState, u64)>> {
+        let workflow = workflow.cloned();
+        self.read(move |conn, _| task_sql::count_tasks(conn, workflow.as_ref())).await
     }
 
     async fn claim_tasks(&self, owner: &InstanceId, lease: Duration, max: u32) -> Result<Vec<Task>> {
@@ -605,6 +606,15 @@ impl Tasks for SqliteStore {
 
     async fn events_after(&self, after_seq: i64, limit: u32) -> Result<Vec<Event>> {
         self.read(move |conn, _| task_sql::events_after(conn, after_seq, limit)).await
+    }
+
+    async fn latest_events(&self, limit: u32) -> Result<Vec<Event>> {
+        self.read(move |conn, _| task_sql::latest_events(conn, limit)).await
+    }
+
+    async fn leader(&self, name: &str) -> Result<Option<LeaderLease>> {
+        let name = name.to_owned();
+        self.read(move |conn, now| task_sql::leader(conn, &name, now)).await
     }
 
     async fn acquire_leader(&self, name: &str, holder: &InstanceId, ttl: Duration) -> Result<Option<LeaderLease>> {

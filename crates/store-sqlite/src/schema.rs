@@ -143,6 +143,13 @@ CREATE TABLE statuses (
     reported_at INTEGER NOT NULL
 ) WITHOUT ROWID;
 "#,
+    r#"
+-- Listings by workflow, and by workflow and state, newest first: an index
+-- entry ends with the rowid, so each walks its index in creation order with
+-- no sort, and counts by state read only the index.
+CREATE INDEX tasks_workflow ON tasks (workflow);
+CREATE INDEX tasks_workflow_state ON tasks (workflow, state);
+"#,
 ];
 
 /// Runs the migrations that have not run yet.

@@ -307,37 +307,72 @@ pub(crate) fn get_task(conn: &Connection, id: &TaskId) -> Result<Option<TaskReco
     Ok(Some(TaskRecord { task, steps }))
 }
 
+/// The listing's statement for the filters `filter` sets: one text per
+/// combination, naming only the conditions that apply, so that SQLite picks
+/// the index that serves them (`tasks_state`, `tasks_workflow`,
+/// `tasks_workflow_state`, whose entries end with the rowid, or the rowid
+/// itself) and walks it newest first, with no sort; `before` is a range on
+/// the same rowid. Parameters: ?1 state, ?2 workflow, ?3 locked_by,
+/// ?4 before, ?5 limit.
+fn list_tasks_sql(filter: &TaskFilter) -> String {
+    let mut conditions = Vec::new();
+    if filter.state.is_some() {
+        conditions.push("state = ?1");
+    }
+    if filter.workflow.is_some() {
+        conditions.push("workflow = ?2");
+    }
+    if filter.locked_by.is_some() {
+        conditions.push("locked_by = ?3");
+    }
+    if filter.before.is_some() {
+        conditions.push("rowid < (SELECT rowid FROM tasks WHERE id = ?4)");
+    }
+    let conditions = if conditions.is_empty() { String::new() } else { format!("WHERE {}", conditions.join(" AND ")) };
+    format!("SELECT {TASK_COLUMNS} FROM tasks {conditions} ORDER BY rowid DESC LIMIT ?5")
+}
+
 pub(crate) fn list_tasks(conn: &Connection, filter: &TaskFilter) -> Result<Vec<Task>> {
+    let state = filter.state.map(TaskState::as_str);
+    let workflow = filter.workflow.as_ref().map(WorkflowName::as_str);
+    let locked_by = filter.locked_by.as_ref().map(InstanceId::as_str);
+    let before = filter.before.as_ref().map(TaskId::as_str);
     let rows = conn
-        .prepare_cached(&format!(
-            "SELECT {TASK_COLUMNS} FROM tasks WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR workflow = ?2)
-                AND (?4 IS NULL OR locked_by = ?4)
-              ORDER BY rowid DESC LIMIT ?3"
-        ))
+        .prepare_cached(&list_tasks_sql(filter))
         .and_then(|mut stmt| {
-            stmt.query_map(
-                params![
-                    filter.state.map(TaskState::as_str),
-                    filter.workflow.as_ref().map(WorkflowName::as_str),
-                    filter.limit,
-                    filter.locked_by.as_ref().map(InstanceId::as_str)
-                ],
-                task_row,
-            )?
-            .collect::<rusqlite::Result<Vec<_>>>()
+            // Bind only the parameters the statement names.
+            let values: [(usize, Option<&str>); 4] = [(1, state), (2, workflow), (3, locked_by), (4, before)];
+            for (index, value) in values {
+                if let Some(value) = value {
+                    stmt.raw_bind_parameter(index, value)?;
+                }
+            }
+            stmt.raw_bind_parameter(5, filter.limit)?;
+            let mut rows = stmt.raw_query();
+            let mut tasks = Vec::new();
+            while let Some(row) = rows.next()? {
+                tasks.push(task_row(row)?);
+            }
+            Ok(tasks)
         })
         .map_err(sql_error)?;
     rows.into_iter().map(TaskRow::into_task).collect()
 }
 
-/// How many tasks are in each state, every state listed.
-pub(crate) fn count_tasks(conn: &Connection) -> Result<Vec<(TaskState, u64)>> {
-    let rows = conn
-        .prepare_cached("SELECT state, COUNT(*) FROM tasks GROUP BY state")
-        .and_then(|mut stmt| {
-            stmt.query_map([], |row| Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?)))?.collect::<rusqlite::Result<Vec<_>>>()
-        })
-        .map_err(sql_error)?;
+/// How many tasks (of `workflow`, when given) are in each state, every
+/// state listed. Each form counts entries of one index (`tasks_state`,
+/// `tasks_workflow_state`) without reading the table.
+pub(crate) fn count_tasks(conn: &Connection, workflow: Option<&WorkflowName>) -> Result<Vec<(TaskState, u64)>> {
+    let count_row = |row: &Row<'_>| Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?));
+    let rows = match workflow {
+        None => conn
+            .prepare_cached("SELECT state, COUNT(*) FROM tasks GROUP BY state")
+            .and_then(|mut stmt| stmt.query_map([], count_row)?.collect::<rusqlite::Result<Vec<_>>>()),
+        Some(workflow) => conn
+            .prepare_cached("SELECT state, COUNT(*) FROM tasks WHERE workflow = ?1 GROUP BY state")
+            .and_then(|mut stmt| stmt.query_map([workflow.as_str()], count_row)?.collect::<rusqlite::Result<Vec<_>>>()),
+    }
+    .map_err(sql_error)?;
     let counted = rows
         .into_iter()
         .map(|(state, count)| Ok((state.parse::<TaskState>().map_err(|e| corrupt("task state", e))?, u64::try_from(count).unwrap_or(0))))
@@ -427,6 +462,14 @@ pub(crate) fn history(conn: &Connection, id: &TaskId) -> Result<Vec<Event>> {
     rows.into_iter().map(into_event).collect()
 }
 
+pub(crate) fn latest_events(conn: &Connection, limit: u32) -> Result<Vec<Event>> {
+    let rows = conn
+        .prepare_cached("SELECT seq, task_id, at, kind, step, attempt, detail FROM events ORDER BY seq DESC LIMIT ?1")
+        .and_then(|mut stmt| stmt.query_map([limit], event_row)?.collect::<rusqlite::Result<Vec<_>>>())
+        .map_err(sql_error)?;
+    rows.into_iter().map(into_event).collect()
+}
+
 pub(crate) fn events_after(conn: &Connection, after: i64, limit: u32) -> Result<Vec<Event>> {
     let rows = conn
         .prepare_cached("SELECT seq, task_id, at, kind, step, attempt, detail FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2")
@@ -465,6 +508,28 @@ pub(crate) fn acquire_leader(
         until: Timestamp::from_millis(until),
         epoch: epoch as u64,
     }))
+}
+
+/// The named lease if it runs past `now`.
+pub(crate) fn leader(conn: &Connection, name: &str, now: Timestamp) -> Result<Option<LeaderLease>> {
+    let row = conn
+        .prepare_cached("SELECT holder, until, epoch FROM leaders WHERE name = ?1 AND until > ?2")
+        .and_then(|mut stmt| {
+            stmt.query_row(params![name, now.as_millis()], |row| {
+                Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?, row.get::<_, i64>(2)?))
+            })
+            .optional()
+        })
+        .map_err(sql_error)?;
+    row.map(|(holder, until, epoch)| {
+        Ok(LeaderLease {
+            name: name.to_owned(),
+            holder: InstanceId::new(holder).map_err(|e| corrupt("leader holder", e))?,
+            until: Timestamp::from_millis(until),
+            epoch: epoch as u64,
+        })
+    })
+    .transpose()
 }
 
 pub(crate) fn release_leader(conn: &Connection, name: &str, holder: &InstanceId, now: Timestamp) -> Result<()> {

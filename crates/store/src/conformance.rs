@@ -92,6 +92,7 @@ macro_rules! conformance_suite {
             // Tasks.
             create_task_writes_everything_once,
             list_tasks_filters_newest_first,
+            list_tasks_pages_with_before,
             count_tasks_counts_every_state,
             tasks_reads_several_with_their_steps,
             claim_tasks_leases_due_pending_and_unleased_compensating,
@@ -103,6 +104,8 @@ macro_rules! conformance_suite {
             expired_finds_tasks_and_steps_past_their_deadline,
             history_and_events_after_page_in_order,
             leader_lease_elects_one_holder,
+            leader_reads_the_running_lease,
+            latest_events_are_the_newest_first,
             workflow_versions_are_immutable_and_latest_wins,
             alerts_list_newest_first,
             component_statuses_are_replaced_and_listed_by_prefix,
@@ -1134,16 +1137,77 @@ pub async fn list_tasks_filters_newest_first(harness: &dyn Harness) {
     assert_eq!(got[3], stored(&store, &task_id("o1")).await.task, "list_tasks returns whole tasks");
 }
 
+/// `list_tasks` with `before` pages newest first: each page starts with
+/// the task created just before the previous page's last, with or without
+/// a state or workflow filter, and the pages together are the unpaged
+/// listing. A `before` that names no task selects nothing.
+pub async fn list_tasks_pages_with_before(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    // p01..p12, even ones of `order`, odd ones of `refund`; the six oldest
+    // are claimed (Processing), the others stay Pending.
+    let ids: Vec<String> = (1..=12).map(|i| format!("p{i:02}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        let workflow = if (i + 1) % 2 == 0 { "order" } else { "refund" };
+        create(&store, new_task(id, workflow, &[], clock.now())).await;
+        clock.advance(SECOND);
+    }
+    assert_eq!(claim(&store, &instance("pager"), LEASE_DEFAULT, 6).await.len(), 6);
+
+    let filter = |state: Option<TaskState>, workflow: Option<&str>, limit: u32| TaskFilter {
+        state,
+        workflow: workflow.map(|w| WorkflowName::new(w).unwrap()),
+        limit,
+        ..TaskFilter::default()
+    };
+    let newest_first =
+        |pick: &dyn Fn(usize) -> bool| -> Vec<String> { (1..=12).rev().filter(|i| pick(*i)).map(|i| format!("p{i:02}")).collect() };
+    let cases = [
+        (filter(None, None, 4), newest_first(&|_| true)),
+        (filter(Some(TaskState::Processing), None, 2), newest_first(&|i| i <= 6)),
+        (filter(None, Some("refund"), 2), newest_first(&|i| i % 2 == 1)),
+        (filter(Some(TaskState::Pending), Some("order"), 1), newest_first(&|i| i > 6 && i % 2 == 0)),
+    ];
+    for (base, expected) in cases {
+        let mut pages: Vec<Vec<String>> = Vec::new();
+        let mut before = None;
+        loop {
+            let page = ok(store.list_tasks(&TaskFilter { before: before.clone(), ..base.clone() }).await, "list_tasks");
+            assert!(page.len() <= base.limit as usize, "a page honours the limit ({base:?}): {page:?}");
+            let Some(last) = page.last() else { break };
+            before = Some(last.id.clone());
+            pages.push(task_ids(&page).into_iter().map(str::to_owned).collect());
+            assert!(pages.len() <= 12, "paging with before ends ({base:?}): {pages:?}");
+        }
+        assert_eq!(pages.len(), 3, "three pages ({base:?}): {pages:?}");
+        assert_eq!(pages.concat(), expected, "the pages, in order, are the listing newest first ({base:?})");
+        let unpaged = ok(store.list_tasks(&TaskFilter { limit: 100, ..base.clone() }).await, "list_tasks");
+        assert_eq!(task_ids(&unpaged), expected, "the unpaged listing ({base:?})");
+    }
+
+    let middle = TaskFilter { before: Some(task_id("p07")), ..filter(None, None, 100) };
+    assert_eq!(
+        task_ids(&ok(store.list_tasks(&middle).await, "list_tasks")),
+        ["p06", "p05", "p04", "p03", "p02", "p01"],
+        "before excludes itself"
+    );
+    let oldest = TaskFilter { before: Some(task_id("p01")), ..filter(None, None, 100) };
+    assert!(ok(store.list_tasks(&oldest).await, "list_tasks").is_empty(), "nothing is older than the oldest");
+    let unknown = TaskFilter { before: Some(task_id("no-such-task")), ..filter(None, None, 100) };
+    assert!(ok(store.list_tasks(&unknown).await, "list_tasks").is_empty(), "a before that names no task selects nothing");
+}
+
 /// `count_tasks` lists every state, in `TaskState::ALL` order, with how
 /// many tasks are in it (zeros included), and follows their changes.
 pub async fn count_tasks_counts_every_state(harness: &dyn Harness) {
     let store = harness.open().await;
     let clock = harness.clock();
     let zeros: Vec<(TaskState, u64)> = TaskState::ALL.iter().map(|state| (*state, 0)).collect();
-    assert_eq!(ok(store.count_tasks().await, "count_tasks"), zeros, "an empty store counts zero in every state");
+    assert_eq!(ok(store.count_tasks(None).await, "count_tasks"), zeros, "an empty store counts zero in every state");
     for id in ["count-1", "count-2", "count-3"] {
         create(&store, new_task(id, "order", &["charge"], clock.now())).await;
     }
+    create(&store, new_task("count-refund", "refund", &[], clock.now().add(SECOND))).await;
     assert_eq!(claim(&store, &instance("counter"), 30 * SECOND, 1).await.len(), 1);
     let expected: Vec<(TaskState, u64)> = TaskState::ALL
         .iter()
@@ -1156,7 +1220,13 @@ pub async fn count_tasks_counts_every_state(harness: &dyn Harness) {
             (*state, count)
         })
         .collect();
-    assert_eq!(ok(store.count_tasks().await, "count_tasks"), expected, "two pending, one claimed");
+    let all: Vec<(TaskState, u64)> =
+        expected.iter().map(|(state, count)| (*state, count + u64::from(*state == TaskState::Pending))).collect();
+    assert_eq!(ok(store.count_tasks(None).await, "count_tasks"), all, "three pending (one a refund), one claimed");
+    let order = WorkflowName::new("order").unwrap();
+    assert_eq!(ok(store.count_tasks(Some(&order)).await, "count_tasks"), expected, "of order: two pending, one claimed");
+    let unknown = WorkflowName::new("unknown").unwrap();
+    assert_eq!(ok(store.count_tasks(Some(&unknown)).await, "count_tasks"), zeros, "an unknown workflow counts zero in every state");
 }
 
 /// `tasks` reads several tasks with their steps in the order asked, each
@@ -1642,6 +1712,50 @@ pub async fn leader_lease_elects_one_holder(harness: &dyn Harness) {
 
     let other = ok(store.acquire_leader("compactor", &b, ttl).await, "acquire_leader").expect("leases are per name");
     assert_eq!(other.holder, b);
+}
+
+/// `leader` reads who holds a lease now without taking it: `None` before
+/// anyone took it, the holder's lease (as `acquire_leader` returned it)
+/// while it runs, `None` once it ran out or was released.
+pub async fn leader_reads_the_running_lease(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let a = instance("supervisor-a");
+    let ttl = Duration::from_secs(10);
+    assert_eq!(ok(store.leader("supervisor").await, "leader"), None, "a lease never taken has no holder");
+    let taken = ok(store.acquire_leader("supervisor", &a, ttl).await, "acquire_leader").expect("free lease");
+    assert_eq!(ok(store.leader("supervisor").await, "leader"), Some(taken.clone()), "the running lease, as acquired");
+    assert_eq!(ok(store.leader("compactor").await, "leader"), None, "leases are per name");
+    clock.advance(Duration::from_secs(9));
+    assert_eq!(ok(store.leader("supervisor").await, "leader"), Some(taken.clone()), "reading does not take or renew");
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(ok(store.leader("supervisor").await, "leader"), None, "a lease that ran out has no holder");
+    let again = ok(store.acquire_leader("supervisor", &a, ttl).await, "acquire_leader").expect("expired lease");
+    assert_eq!(ok(store.leader("supervisor").await, "leader"), Some(again));
+    ok(store.release_leader("supervisor", &a).await, "release_leader");
+    assert_eq!(ok(store.leader("supervisor").await, "leader"), None, "a released lease has no holder");
+}
+
+/// `latest_events` returns the newest events of every task, highest seq
+/// first, at most `limit`: the same events `events_after` pages through.
+pub async fn latest_events_are_the_newest_first(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    assert!(ok(store.latest_events(10).await, "latest_events").is_empty(), "no event yet");
+    for id in ["latest-1", "latest-2", "latest-3"] {
+        create(&store, new_task(id, "order", &["charge"], clock.now())).await;
+        clock.advance(SECOND);
+    }
+    let step = stored(&store, &task_id("latest-1")).await.steps[0].clone();
+    let started = Event::step(&step, clock.now(), EventKind::StepStarted, json!({}));
+    commit(&store, Changes { events: vec![started], ..Changes::default() }, "a step event").await;
+
+    let all = ok(store.events_after(0, 100).await, "events_after");
+    assert_eq!(all.len(), 4);
+    let newest: Vec<Event> = all.iter().rev().cloned().collect();
+    assert_eq!(ok(store.latest_events(100).await, "latest_events"), newest, "every event, newest first");
+    assert_eq!(ok(store.latest_events(2).await, "latest_events"), newest[..2], "at most limit, the newest");
+    assert_eq!(ok(store.latest_events(0).await, "latest_events"), [], "a limit of zero reads nothing");
 }
 
 /// Workflow definitions are registered per version, immutably.

@@ -77,13 +77,19 @@ pub struct TaskFilter {
     pub workflow: Option<WorkflowName>,
     /// Only tasks whose lease this instance holds.
     pub locked_by: Option<InstanceId>,
+    /// Only tasks created strictly before this one (keyset paging: pass the
+    /// last task of a page to get the next). A task id that names no task
+    /// selects nothing: the listing is empty, not an error, so that a
+    /// backend answers in one statement; callers that must tell the two
+    /// apart look the task up when the page comes back empty.
+    pub before: Option<TaskId>,
     /// At most this many, newest first.
     pub limit: u32,
 }
 
 impl Default for TaskFilter {
     fn default() -> Self {
-        TaskFilter { state: None, workflow: None, locked_by: None, limit: 100 }
+        TaskFilter { state: None, workflow: None, locked_by: None, before: None, limit: 100 }
     }
 }
 
@@ -350,9 +356,10 @@ pub trait Tasks: Send + Sync {
     /// Tasks matching `filter`, newest first.
     async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<Task>>;
 
-    /// How many tasks are in each state: every state of
-    /// [`TaskState::ALL`], in that order, zeros included.
-    async fn count_tasks(&self) -> Result<Vec<(TaskState, u64)>>;
+    /// How many tasks (of `workflow`, when given) are in each state: every
+    /// state of [`TaskState::ALL`], in that order, zeros included. Exact,
+    /// read from an index: its cost grows with the tasks counted.
+    async fn count_tasks(&self, workflow: Option<&WorkflowName>) -> Result<Vec<(TaskState, u64)>>;
 
     /// Atomically claims up to `max` claimable tasks (as [`Task::claim`]
     /// decides: Pending or unleased Compensating, `not_before` passed),
@@ -378,6 +385,13 @@ pub trait Tasks: Send + Sync {
     /// Events of every task after `after_seq`, oldest first, at most `limit`.
     async fn events_after(&self, after_seq: i64, limit: u32) -> Result<Vec<Event>>;
 
+    /// The `limit` most recent events of every task, newest first (highest
+    /// seq first). Its cost is bounded by `limit` whatever the history's
+    /// size; unlike [`Tasks::events_after`] it may include an event whose
+    /// lower-seq neighbour is still being committed, which is fine for a
+    /// summary and wrong for a cursor.
+    async fn latest_events(&self, limit: u32) -> Result<Vec<Event>>;
+
     /// Takes or renews the named lease for `holder` until now + `ttl`.
     /// Returns the lease if `holder` holds it now, `None` if another holder's
     /// lease is still running.
@@ -385,6 +399,11 @@ pub trait Tasks: Send + Sync {
 
     /// Gives up the named lease if `holder` holds it.
     async fn release_leader(&self, name: &str, holder: &InstanceId) -> Result<()>;
+
+    /// The named lease if someone holds it now (its `until` is after now),
+    /// `None` if it was never taken, ran out or was released. A read only:
+    /// it neither takes nor renews anything.
+    async fn leader(&self, name: &str) -> Result<Option<LeaderLease>>;
 
     /// Registers a version of a workflow definition. Versions are immutable:
     /// registering the same definition again is a no-op, a different one
