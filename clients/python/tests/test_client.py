@@ -80,6 +80,19 @@ class SubmitAndWait(unittest.TestCase):
         self.assertEqual(len(client.tasks(limit=1)), 1)
         client.cancel(sleeping)
 
+    def test_tasks_page_with_before(self) -> None:
+        client = Client(server.url, token=support.ADMIN_TOKEN)
+        ids = [fresh("page") for _ in range(3)]
+        for task_id in ids:
+            client.submit("nap", id=task_id)
+        page = [task["id"] for task in client.tasks(workflow="nap", before=ids[2], limit=2)]
+        self.assertEqual(page, [ids[1], ids[0]])
+        with self.assertRaises(ApiError) as raised:
+            client.tasks(before=fresh("no-such-task"))
+        self.assertEqual((raised.exception.status, raised.exception.code), (400, "invalid_query"))
+        for task_id in ids:
+            client.cancel(task_id)
+
     def test_events_follow_a_task_until_it_ends_and_resume_after_a_seq(self) -> None:
         client = Client(server.url, token=support.ADMIN_TOKEN)
         task_id = fresh("ev")

@@ -99,9 +99,14 @@ export class Client {
     return unwrap(await this.api.fetch.GET("/v1/tasks/{id}/history", { params: { path: { id } }, signal: this.api.deadline() }));
   }
 
-  /** Tasks, newest first, filtered by state, workflow and holder. */
-  async tasks(filter: { state?: TaskState; workflow?: string; lockedBy?: string; limit?: number } = {}): Promise<TaskSummary[]> {
-    const query = { state: filter.state, workflow: filter.workflow, locked_by: filter.lockedBy, limit: filter.limit };
+  /**
+   * Tasks, newest first, filtered by state, workflow and holder. `before`
+   * pages: the tasks created before that task (pass a page's last id).
+   */
+  async tasks(
+    filter: { state?: TaskState; workflow?: string; lockedBy?: string; before?: string; limit?: number } = {},
+  ): Promise<TaskSummary[]> {
+    const query = { state: filter.state, workflow: filter.workflow, locked_by: filter.lockedBy, before: filter.before, limit: filter.limit };
     return unwrap(await this.api.fetch.GET("/v1/tasks", { params: { query }, signal: this.api.deadline() }));
   }
 

@@ -198,7 +198,12 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Tasks, newest first, filtered. */
+        /**
+         * Tasks, newest first, filtered.
+         * @description Page with `before`: the next page is the one `before` the last task of
+         *     this one; an empty page is the end. Every filter, on any page, is served
+         *     by an index, whatever the store's size.
+         */
         get: operations["list_tasks"];
         put?: never;
         /**
@@ -212,6 +217,23 @@ export interface paths {
          *     the server exports traces.
          */
         post: operations["submit"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/tasks/counts": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Exact task counts in every state, of every task or of one workflow. */
+        get: operations["count_tasks"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -849,6 +871,54 @@ export interface components {
              * @example order
              */
             workflow: string;
+        };
+        /** @description Exact task counts by state, and their total. */
+        TaskCounts: {
+            /** @description Every state, by the names `state` takes in a task. */
+            counts: components["schemas"]["TaskCountsByState"];
+            /**
+             * Format: int64
+             * @description Every task counted.
+             */
+            total: number;
+        };
+        /** @description How many tasks are in each state: every state, zeros included. */
+        TaskCountsByState: {
+            /**
+             * Format: int64
+             * @description Cancelled.
+             */
+            cancelled: number;
+            /**
+             * Format: int64
+             * @description Undone.
+             */
+            compensated: number;
+            /**
+             * Format: int64
+             * @description Undoing completed steps.
+             */
+            compensating: number;
+            /**
+             * Format: int64
+             * @description Failed for good.
+             */
+            error: number;
+            /**
+             * Format: int64
+             * @description Waiting for a Scheduler.
+             */
+            pending: number;
+            /**
+             * Format: int64
+             * @description Every step completed.
+             */
+            processed: number;
+            /**
+             * Format: int64
+             * @description Held by a Scheduler.
+             */
+            processing: number;
         };
         /** @description The state a task moved to. */
         TaskStateChange: {
@@ -1759,6 +1829,12 @@ export interface operations {
                 workflow?: string;
                 /** @description Only tasks held by this Scheduler instance. */
                 locked_by?: string;
+                /**
+                 * @description Only tasks created before this task (keyset paging: pass the id of
+                 *     the last task of a page to get the next page). An id that names no
+                 *     task is refused (400 `invalid_query`).
+                 */
+                before?: string;
                 /** @description The most tasks to return, newest first (default 100, at most the configured maximum, 1000 by default). */
                 limit?: number;
             };
@@ -1777,7 +1853,7 @@ export interface operations {
                     "application/json": components["schemas"]["TaskSummary"][];
                 };
             };
-            /** @description Invalid filter or limit */
+            /** @description Invalid filter or limit, or `before` names no task */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1902,6 +1978,65 @@ export interface operations {
             };
             /** @description Invalid field */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Store unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    count_tasks: {
+        parameters: {
+            query?: {
+                /** @description Only tasks of this workflow. */
+                workflow?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Counts by state (every state present) and their total */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TaskCounts"];
+                };
+            };
+            /** @description Invalid workflow name */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Out of scope */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -133,6 +133,7 @@ impl ApiError {
         match err {
             E::TaskNotFound(_) | E::StepNotFound { .. } => ApiError::new(StatusCode::NOT_FOUND, "not_found", reason),
             E::UnknownWorkflow(_) => ApiError::new(StatusCode::NOT_FOUND, "unknown_workflow", reason),
+            E::BeforeNotFound(id) => ApiError::invalid_query("before", format!("task {id} not found")),
             E::Refused { .. } => ApiError::new(StatusCode::CONFLICT, "refused", reason),
             E::Engine(err) => ApiError::engine(request, err),
         }

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::header;
+use axum::http::{HeaderName, HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
@@ -165,14 +165,20 @@ impl Metrics {
 }
 
 /// The middleware that counts every request by route pattern (never by
-/// raw path: ids would make unbounded label sets), method and status.
+/// raw path: ids would make unbounded label sets), method and status, and
+/// tells the client the server's time in a `Server-Timing` header
+/// (`app;dur=<milliseconds>`, which browsers' developer tools show): the
+/// time until the response's head, so for a stream the time to its start.
 pub async fn count_request(State(state): State<ApiState>, request: Request, next: Next) -> Response {
     let route = request.extensions().get::<MatchedPath>().map_or_else(|| "unmatched".to_owned(), |m| m.as_str().to_owned());
     let method = request.method().as_str().to_owned();
     let started = Instant::now();
-    let response = next.run(request).await;
+    let mut response = next.run(request).await;
     let status = response.status().as_u16().to_string();
     let seconds = started.elapsed().as_secs_f64();
+    if let Ok(timing) = HeaderValue::from_str(&server_timing(seconds)) {
+        response.headers_mut().insert(SERVER_TIMING, timing);
+    }
     // Method, route pattern and status only: never headers (tokens) or bodies.
     tracing::debug!(method = %method, route = %route, status = %status, seconds, "request");
     state.inner.metrics.record(|| {
@@ -181,6 +187,14 @@ pub async fn count_request(State(state): State<ApiState>, request: Request, next
         metrics::histogram!("rota_http_request_duration_seconds", "route" => route, "method" => method).record(seconds);
     });
     response
+}
+
+/// The `Server-Timing` header's name (the `http` crate has no constant for it).
+const SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
+
+/// The `Server-Timing` value for a request that took `seconds`.
+fn server_timing(seconds: f64) -> String {
+    format!("app;dur={:.1}", seconds * 1000.0)
 }
 
 /// What the store says at one scrape.
@@ -192,7 +206,7 @@ struct Snapshot {
 
 async fn snapshot(state: &ApiState) -> rota_store::Result<Snapshot> {
     let store = state.store();
-    let tasks = store.count_tasks().await?;
+    let tasks = store.count_tasks(None).await?;
     let queues = store.stats().await?;
     let breakers = rota_engine::status::breakers(store)
         .await?

@@ -52,6 +52,7 @@ pub(crate) fn routes() -> OpenApiRouter<ApiState> {
     let mut from_the_store = OpenApiRouter::new()
         .routes(routes!(tasks::submit))
         .routes(routes!(tasks::list))
+        .routes(routes!(tasks::counts))
         .routes(routes!(tasks::get))
         .routes(routes!(tasks::history))
         .routes(routes!(tasks::cancel))

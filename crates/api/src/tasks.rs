@@ -17,7 +17,8 @@ use tracing::Instrument;
 use crate::ApiState;
 use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody};
 use crate::wire::{
-    AlertView, EventView, LimitQuery, StepPath, SubmitRequest, TaskListQuery, TaskPath, TaskStateChange, TaskSummary, TaskView,
+    AlertView, EventView, LimitQuery, StepPath, SubmitRequest, TaskCounts, TaskCountsQuery, TaskListQuery, TaskPath, TaskStateChange,
+    TaskSummary, TaskView,
 };
 
 /// A task id from the path.
@@ -101,19 +102,39 @@ pub async fn get(State(state): State<ApiState>, ApiPath(TaskPath { id }): ApiPat
     get, path = "/v1/tasks", tag = "tasks", operation_id = "list_tasks", params(TaskListQuery),
     responses(
         (status = 200, description = "Tasks, newest first", body = [TaskSummary]),
-        (status = 400, description = "Invalid filter or limit", body = ErrorBody),
+        (status = 400, description = "Invalid filter or limit, or `before` names no task", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
+///
+/// Page with `before`: the next page is the one `before` the last task of
+/// this one; an empty page is the end. Every filter, on any page, is served
+/// by an index, whatever the store's size.
 pub async fn list(State(state): State<ApiState>, ApiQuery(query): ApiQuery<TaskListQuery>) -> ApiResult<Json<Vec<TaskSummary>>> {
     let filter = TaskFilter {
         state: query.state.as_deref().map(str::parse::<TaskState>).transpose().map_err(|err| ApiError::invalid_query("state", err))?,
         workflow: query.workflow.map(WorkflowName::new).transpose().map_err(|err| ApiError::invalid_query("workflow", err))?,
         locked_by: query.locked_by.map(InstanceId::new).transpose().map_err(|err| ApiError::invalid_query("locked_by", err))?,
+        before: query.before.map(TaskId::new).transpose().map_err(|err| ApiError::invalid_query("before", err))?,
         limit: state.limit(query.limit)?,
     };
     let tasks = state.client().tasks(&filter).await.map_err(|err| ApiError::ops("list tasks", err))?;
     Ok(Json(tasks.iter().map(TaskSummary::from).collect()))
+}
+
+/// Exact task counts in every state, of every task or of one workflow.
+#[utoipa::path(
+    get, path = "/v1/tasks/counts", tag = "tasks", operation_id = "count_tasks", params(TaskCountsQuery),
+    responses(
+        (status = 200, description = "Counts by state (every state present) and their total", body = TaskCounts),
+        (status = 400, description = "Invalid workflow name", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn counts(State(state): State<ApiState>, ApiQuery(query): ApiQuery<TaskCountsQuery>) -> ApiResult<Json<TaskCounts>> {
+    let workflow = query.workflow.map(WorkflowName::new).transpose().map_err(|err| ApiError::invalid_query("workflow", err))?;
+    let counted = state.client().task_counts(workflow.as_ref()).await.map_err(|err| ApiError::ops("count tasks", err))?;
+    Ok(Json(TaskCounts::from(counted.as_slice())))
 }
 
 /// A task's history, oldest first.

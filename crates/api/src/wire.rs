@@ -617,9 +617,71 @@ pub struct TaskListQuery {
     /// Only tasks held by this Scheduler instance.
     #[param(pattern = r"^[^\s\x00-\x1f\x7f-\x9f](?:[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f])?$", max_length = 200)]
     pub locked_by: Option<String>,
+    /// Only tasks created before this task (keyset paging: pass the id of
+    /// the last task of a page to get the next page). An id that names no
+    /// task is refused (400 `invalid_query`).
+    #[param(pattern = r"^[^\s\x00-\x1f\x7f-\x9f](?:[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f])?$", max_length = 200)]
+    pub before: Option<String>,
     /// The most tasks to return, newest first (default 100, at most the configured maximum, 1000 by default).
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
+}
+
+/// Filters of `GET /v1/tasks/counts`.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct TaskCountsQuery {
+    /// Only tasks of this workflow.
+    #[param(pattern = r"^[A-Za-z0-9._:-]{1,100}$")]
+    pub workflow: Option<String>,
+}
+
+/// How many tasks are in each state: every state, zeros included.
+#[derive(Debug, Clone, Default, Serialize, ToSchema)]
+pub struct TaskCountsByState {
+    /// Waiting for a Scheduler.
+    pub pending: u64,
+    /// Held by a Scheduler.
+    pub processing: u64,
+    /// Every step completed.
+    pub processed: u64,
+    /// Failed for good.
+    pub error: u64,
+    /// Undoing completed steps.
+    pub compensating: u64,
+    /// Undone.
+    pub compensated: u64,
+    /// Cancelled.
+    pub cancelled: u64,
+}
+
+/// Exact task counts by state, and their total.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TaskCounts {
+    /// Every state, by the names `state` takes in a task.
+    pub counts: TaskCountsByState,
+    /// Every task counted.
+    pub total: u64,
+}
+
+impl From<&[(TaskState, u64)]> for TaskCounts {
+    fn from(counted: &[(TaskState, u64)]) -> Self {
+        let mut counts = TaskCountsByState::default();
+        for (state, count) in counted {
+            let slot = match state {
+                TaskState::Pending => &mut counts.pending,
+                TaskState::Processing => &mut counts.processing,
+                TaskState::Processed => &mut counts.processed,
+                TaskState::Error => &mut counts.error,
+                TaskState::Compensating => &mut counts.compensating,
+                TaskState::Compensated => &mut counts.compensated,
+                TaskState::Cancelled => &mut counts.cancelled,
+            };
+            *slot += count;
+        }
+        TaskCounts { total: counted.iter().map(|(_, count)| count).sum(), counts }
+    }
 }
 
 /// A listing's bound.

@@ -70,6 +70,70 @@ async fn tasks_are_listed_newest_first_and_filtered() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_are_paged_with_before_and_an_unknown_before_is_400() {
+    let server = start(Options { engine: false, ..Options::default() }).await;
+    for id in ["t1", "t2", "t3", "t4", "t5"] {
+        server.submit(if id == "t4" { "slow" } else { "quick" }, id).await;
+    }
+    let ids = |reply: &common::Reply| -> Vec<String> {
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+        reply.body.as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap().to_owned()).collect()
+    };
+    let mut pages = Vec::new();
+    let mut path = "/v1/tasks?limit=2".to_owned();
+    loop {
+        let page = ids(&server.get(&path).await);
+        let Some(last) = page.last() else { break };
+        path = format!("/v1/tasks?limit=2&before={last}");
+        pages.push(page);
+    }
+    assert_eq!(pages, [vec!["t5", "t4"], vec!["t3", "t2"], vec!["t1"]], "pages newest first, then an empty page");
+    assert_eq!(ids(&server.get("/v1/tasks?workflow=quick&state=pending&limit=1&before=t4").await), ["t3"]);
+    assert_eq!(ids(&server.get("/v1/tasks?workflow=slow&before=t4").await), Vec::<String>::new(), "an existing before, nothing older");
+
+    let reason = server.get("/v1/tasks?before=nope").await.assert_error(400, "invalid_query");
+    assert!(reason.contains("before") && reason.contains("nope"), "{reason}");
+    server.get("/v1/tasks?before=%09").await.assert_error(400, "invalid_query");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_counts_list_every_state_with_a_total() {
+    let server = start(Options { engine: false, ..Options::default() }).await;
+    let zeros = json!({ "pending": 0, "processing": 0, "processed": 0, "error": 0, "compensating": 0, "compensated": 0, "cancelled": 0 });
+    let counts = server.get("/v1/tasks/counts").await;
+    assert_eq!(counts.status, StatusCode::OK, "{}", counts.text);
+    assert_eq!(counts.body, json!({ "counts": zeros, "total": 0 }));
+    for (workflow, id) in [("quick", "q1"), ("quick", "q2"), ("slow", "s1")] {
+        server.submit(workflow, id).await;
+    }
+    assert_eq!(server.post("/v1/tasks/q1/cancel").await.status, StatusCode::OK);
+    let mut all = zeros.clone();
+    all["pending"] = json!(2);
+    all["cancelled"] = json!(1);
+    assert_eq!(server.get("/v1/tasks/counts").await.body, json!({ "counts": all, "total": 3 }));
+    let mut slow = zeros.clone();
+    slow["pending"] = json!(1);
+    assert_eq!(server.get("/v1/tasks/counts?workflow=slow").await.body, json!({ "counts": slow, "total": 1 }));
+    assert_eq!(server.get("/v1/tasks/counts?workflow=other").await.body, json!({ "counts": zeros, "total": 0 }));
+    server.get("/v1/tasks/counts?workflow=a%20b").await.assert_error(400, "invalid_query");
+    server.get("/v1/tasks/counts?state=pending").await.assert_error(400, "invalid_query");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_response_says_its_server_time() {
+    let server = start(Options { engine: false, ..Options::default() }).await;
+    server.submit("quick", "t1").await;
+    for (path, status) in [("/v1/tasks", 200), ("/v1/tasks/t1", 200), ("/v1/tasks?limit=0", 400), ("/v1/nothing", 404), ("/healthz", 200)] {
+        let reply = server.get(path).await;
+        assert_eq!(reply.status.as_u16(), status, "{path}: {}", reply.text);
+        let timing = reply.headers.get("server-timing").unwrap_or_else(|| panic!("{path}: no Server-Timing")).to_str().unwrap();
+        let ms = timing.strip_prefix("app;dur=").unwrap_or_else(|| panic!("{path}: {timing}"));
+        assert!(ms.split_once('.').is_some_and(|(_, decimals)| decimals.len() == 1), "{path}: one decimal: {timing}");
+        assert!(ms.parse::<f64>().is_ok_and(|ms| ms >= 0.0), "{path}: {timing}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_submissions_are_4xx_naming_the_problem() {
     let server = start(Options { engine: false, ..Options::default() }).await;
     let raw = |body: &'static str| server.request(Method::POST, "/v1/tasks").header("content-type", "application/json").body(body);

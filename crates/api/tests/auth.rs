@@ -69,6 +69,7 @@ fn endpoints() -> Vec<Endpoint> {
     vec![
         (Method::POST, "/v1/tasks", Some(json!({ "workflow": "quick" })), None, Submit),
         (Method::GET, "/v1/tasks", None, None, Read),
+        (Method::GET, "/v1/tasks/counts", None, None, Read),
         (Method::GET, "/v1/tasks/t-1", None, None, ReadTask),
         (Method::GET, "/v1/tasks/t-1/history", None, None, ReadTask),
         (Method::GET, "/v1/tasks/t-1/events", None, None, ReadTask),

@@ -37,6 +37,7 @@ fn bad_bodies() -> Vec<(&'static str, Vec<u8>)> {
 const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/tasks"),
     ("GET", "/v1/tasks"),
+    ("GET", "/v1/tasks/counts"),
     ("GET", "/v1/tasks/{}"),
     ("GET", "/v1/tasks/{}/history"),
     ("GET", "/v1/tasks/{}/events"),

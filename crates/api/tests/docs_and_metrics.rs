@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 const OPERATIONS: &[(&str, &str)] = &[
     ("post", "/v1/tasks"),
     ("get", "/v1/tasks"),
+    ("get", "/v1/tasks/counts"),
     ("get", "/v1/tasks/{id}"),
     ("get", "/v1/tasks/{id}/history"),
     ("get", "/v1/tasks/{id}/events"),

@@ -157,6 +157,9 @@ impl Backend {
                 if let Some(locked_by) = filter.locked_by {
                     params.push(("locked_by", locked_by.to_string()));
                 }
+                if let Some(before) = filter.before {
+                    params.push(("before", before.to_string()));
+                }
                 server.get(&["v1", "tasks"], &params).await.context("cannot list tasks")
             }
         }

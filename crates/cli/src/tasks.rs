@@ -79,6 +79,10 @@ pub struct ListArgs {
     /// Only tasks of this workflow.
     #[arg(long, value_name = "NAME")]
     workflow: Option<WorkflowName>,
+    /// Only tasks created before this one: the next page after a listing
+    /// whose last task it is.
+    #[arg(long, value_name = "ID")]
+    before: Option<TaskId>,
     /// The most tasks to list, newest first.
     #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=i64::from(LIST_LIMIT_MAX)))]
     limit: u32,
@@ -353,8 +357,9 @@ fn status_text(status: &StatusJson) -> String {
 /// `rota tasks`.
 pub async fn list(store: &StoreArgs, args: ListArgs) -> anyhow::Result<()> {
     let backend = store.backend().await?;
-    let tasks =
-        backend.tasks(TaskFilter { state: args.state, workflow: args.workflow, limit: args.limit, ..TaskFilter::default() }).await?;
+    let tasks = backend
+        .tasks(TaskFilter { state: args.state, workflow: args.workflow, before: args.before, limit: args.limit, ..TaskFilter::default() })
+        .await?;
     if args.json {
         let json: Vec<TaskSummaryJson> = tasks.iter().map(TaskSummaryJson::from).collect();
         return output::json(&json);

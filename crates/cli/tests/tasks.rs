@@ -342,6 +342,9 @@ fn serve_runs_a_submitted_task_to_processed() {
     assert_eq!(ids, BTreeSet::from(["order-7", second.trim()]));
     assert_eq!(rota.json(&["tasks", "--state", "error", "--json"]), json!([]));
     assert_eq!(rota.json(&["tasks", "--workflow", "pipeline", "--limit", "1", "--json"]).as_array().unwrap().len(), 1);
+    let older = rota.json(&["tasks", "--before", second.trim(), "--json"]);
+    assert_eq!(older.as_array().unwrap().iter().map(|task| task["id"].as_str().unwrap()).collect::<Vec<_>>(), ["order-7"]);
+    assert_eq!(rota.json(&["tasks", "--before", "order-7", "--json"]), json!([]), "nothing before the first task");
     let table = rota.ok(&["tasks"]);
     assert!(table.starts_with("ID") && table.contains("pipeline@1") && table.contains("processed"), "{table}");
     let text = rota.ok(&["status", "order-7"]);
@@ -376,6 +379,10 @@ fn operator_errors_are_one_clear_line() {
     let (code, stderr) = rota.fails(&["submit", "pipeline"]);
     assert_eq!(code, 1);
     assert_one_error_line(&stderr, &["workflow pipeline", "is not registered", "rota workflows"]);
+
+    let (code, stderr) = rota.fails(&["tasks", "--before", "nope"]);
+    assert_eq!(code, 1);
+    assert_one_error_line(&stderr, &["before: task nope not found"]);
 
     let (code, stderr) = rota.fails(&["tasks", "--state", "bogus"]);
     assert_eq!(code, 2, "a bad flag value is a usage error");

@@ -15,7 +15,9 @@
 //! - a step named by a resubmit must be one of the task's
 //!   ([`Error::StepNotFound`]), whatever state the task is in;
 //! - a submission names a registered workflow ([`Error::from_submit`]);
-//! - a listing's filter means what [`TaskFilter`] says, on every transport.
+//! - a listing's filter means what [`TaskFilter`] says, on every transport;
+//!   a page asked for `before` a task that does not exist is
+//!   [`Error::BeforeNotFound`] (the store answers such a page empty).
 //!
 //! Deliberately left out: the queue and dead-letter requests, one store call
 //! each, where the transports differ on purpose (the API refuses to pause a
@@ -25,7 +27,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rota_model::{StepName, StepState, Task, TaskId, TaskState, TransitionError};
+use rota_model::{StepName, StepState, Task, TaskId, TaskState, TransitionError, WorkflowName};
 use rota_store::{Changes, Event, EventKind, StepWrite, TaskFilter, TaskRecord, TaskWrite};
 use rota_workflow::Workflow;
 use serde_json::json;
@@ -81,6 +83,10 @@ pub enum Error {
         /// The task's steps, in definition order.
         steps: Vec<StepName>,
     },
+    /// A listing asked for the tasks created before a task that does not
+    /// exist. The text starts with the filter it is about, `before`.
+    #[error("before: task {0} not found")]
+    BeforeNotFound(TaskId),
     /// The submission names a workflow, or a version of it, that is not
     /// registered. The text starts with the field it is about, `workflow`.
     #[error("workflow: {0}")]
@@ -186,9 +192,24 @@ impl Client {
         Ok(self.store.history(id).await?)
     }
 
-    /// The tasks that `filter` selects, newest first.
+    /// The tasks that `filter` selects, newest first. An empty page
+    /// `before` a task is told apart from a page before a task that does
+    /// not exist by one more read, only then.
     pub async fn tasks(&self, filter: &TaskFilter) -> Result<Vec<Task>> {
-        Ok(self.store.list_tasks(filter).await?)
+        let tasks = self.store.list_tasks(filter).await?;
+        if tasks.is_empty()
+            && let Some(before) = &filter.before
+            && self.store.task(before).await?.is_none()
+        {
+            return Err(Error::BeforeNotFound(before.clone()));
+        }
+        Ok(tasks)
+    }
+
+    /// How many tasks (of `workflow`, when given) are in each state, every
+    /// state listed.
+    pub async fn task_counts(&self, workflow: Option<&WorkflowName>) -> Result<Vec<(TaskState, u64)>> {
+        Ok(self.store.count_tasks(workflow).await?)
     }
 
     /// The latest `limit` alerts, newest first.

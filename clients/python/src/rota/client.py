@@ -79,11 +79,21 @@ class Client:
         state: TaskState | None = None,
         workflow: str | None = None,
         locked_by: str | None = None,
+        before: str | None = None,
         limit: int | None = None,
     ) -> list[TaskSummary]:
         """Tasks, newest first, filtered by state, workflow and holder
-        (``limit``: at most 1000 by default on the server, 100 if not given)."""
-        query = {"state": state, "workflow": workflow, "locked_by": locked_by, "limit": None if limit is None else str(limit)}
+        (``limit``: at most 1000 by default on the server, 100 if not given).
+        ``before`` pages: only the tasks created before that task, so pass
+        the last id of a page to get the next one (an empty page is the end;
+        an id that names no task is a 400 ``invalid_query``)."""
+        query = {
+            "state": state,
+            "workflow": workflow,
+            "locked_by": locked_by,
+            "before": before,
+            "limit": None if limit is None else str(limit),
+        }
         chosen = {key: value for key, value in query.items() if value is not None}
         return cast("list[TaskSummary]", self._http.call("GET", "/v1/tasks", query=chosen))
 
