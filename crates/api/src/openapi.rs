@@ -12,7 +12,7 @@ use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::{ApiState, events, queues, tasks, workers, workflows};
+use crate::{ApiState, events, queues, status, tasks, workers, workflows};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -30,6 +30,7 @@ use crate::{ApiState, events, queues, tasks, workers, workflows};
         (name = "workflows", description = "The workflow registry"),
         (name = "queues", description = "Queue counts, pause and resume; circuit breakers"),
         (name = "dead letters", description = "Dead-lettered messages"),
+        (name = "status", description = "The running processes, the Supervisors' leader, and recent activity per minute"),
         (name = "workers", description = "The worker protocol: external agents receive step requests with a lease, renew it, and complete or fail them"),
     )
 )]
@@ -73,6 +74,8 @@ pub(crate) fn routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(queues::redrive_one))
         .routes(routes!(queues::purge))
         .routes(routes!(queues::breakers))
+        .routes(routes!(status::instances))
+        .routes(routes!(status::activity))
         .routes(routes!(workers::receive))
         .routes(routes!(workers::renew))
         .routes(routes!(workers::complete))

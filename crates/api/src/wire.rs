@@ -943,3 +943,156 @@ mod tests {
         assert_eq!(streamed, posted);
     }
 }
+
+/// A workflow version an instance registered.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct InstanceWorkflowView {
+    /// The workflow.
+    pub name: String,
+    /// The version.
+    pub version: u64,
+}
+
+/// A process, as its last heartbeat shows it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct InstanceView {
+    /// Its instance id.
+    pub instance: String,
+    /// The roles it runs (`scheduler`, `agent`, `supervisor`).
+    pub roles: Vec<String>,
+    /// The agents it runs.
+    pub agents: Vec<String>,
+    /// When it last reported, epoch ms (every 2 s while it runs).
+    pub last_heartbeat: i64,
+    /// Whether it runs: its last heartbeat is recent (three report
+    /// intervals) and does not say it stopped.
+    pub live: bool,
+    /// Whether it holds the Supervisors' leader lease now.
+    pub supervisor_leader: bool,
+    /// Whether its last heartbeat said it stopped cleanly.
+    pub stopped: bool,
+    /// When it started, epoch ms.
+    pub started_at: Option<i64>,
+    /// Its process id, on its own machine.
+    pub pid: Option<u64>,
+    /// The workflow versions it registered when it started.
+    pub workflows: Vec<InstanceWorkflowView>,
+}
+
+/// The Supervisors' leader lease.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct LeaderView {
+    /// The instance that holds it.
+    pub holder: String,
+    /// When it runs out unless renewed, epoch ms.
+    pub until: i64,
+    /// Raised at every change of holder.
+    pub epoch: u64,
+}
+
+/// The running processes and the Supervisors' leader.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct InstancesView {
+    /// Every instance that reported a heartbeat to this store, live or not,
+    /// sorted by id.
+    pub instances: Vec<InstanceView>,
+    /// Who leads the Supervisors now; null when nobody does.
+    pub supervisor_leader: Option<LeaderView>,
+}
+
+impl InstancesView {
+    /// The view of `instances` and the running leader lease.
+    pub fn new(instances: &[rota_engine::status::Instance], leader: Option<&rota_store::LeaderLease>) -> Self {
+        let leads = |instance: &str| leader.is_some_and(|lease| lease.holder.as_str() == instance);
+        InstancesView {
+            instances: instances
+                .iter()
+                .map(|instance| InstanceView {
+                    instance: instance.instance.clone(),
+                    roles: instance.roles.clone(),
+                    agents: instance.agents.clone(),
+                    last_heartbeat: instance.last_heartbeat.as_millis(),
+                    live: instance.live,
+                    supervisor_leader: leads(&instance.instance),
+                    stopped: instance.stopped,
+                    started_at: instance.started_at.map(|at| at.as_millis()),
+                    pid: instance.pid,
+                    workflows: instance
+                        .workflows
+                        .iter()
+                        .map(|(name, version)| InstanceWorkflowView { name: name.clone(), version: *version })
+                        .collect(),
+                })
+                .collect(),
+            supervisor_leader: leader.map(|lease| LeaderView {
+                holder: lease.holder.to_string(),
+                until: lease.until.as_millis(),
+                epoch: lease.epoch,
+            }),
+        }
+    }
+}
+
+/// The window of `GET /v1/activity`.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ActivityQuery {
+    /// How many minutes, up to the current one (default 15, at most 60).
+    #[param(minimum = 1, maximum = 60)]
+    pub minutes: Option<u32>,
+}
+
+/// One minute of activity.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ActivityMinuteView {
+    /// When the minute starts, epoch ms (a whole minute).
+    pub start: i64,
+    /// Tasks submitted.
+    pub received: u64,
+    /// Tasks that ended processed.
+    pub processed: u64,
+    /// Tasks that ended in error.
+    pub errors: u64,
+    /// Steps completed.
+    pub steps_completed: u64,
+    /// Median time from a step attempt's start to its completion, of the
+    /// steps completed in this minute; null when none.
+    pub step_latency_p50_ms: Option<f64>,
+    /// Its 99th percentile.
+    pub step_latency_p99_ms: Option<f64>,
+}
+
+/// Throughput and step latency per minute, from the newest events.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ActivityView {
+    /// Every minute of the window, oldest first; the last is the current one.
+    pub minutes: Vec<ActivityMinuteView>,
+    /// How many events were read (the newest ones, at most 20000).
+    pub events_read: u64,
+    /// Whether every event of the window was read; false when the window
+    /// held more events than the bound, so its oldest minutes count too few.
+    pub complete: bool,
+}
+
+impl From<&rota_engine::activity::Activity> for ActivityView {
+    fn from(activity: &rota_engine::activity::Activity) -> Self {
+        ActivityView {
+            minutes: activity
+                .minutes
+                .iter()
+                .map(|minute| ActivityMinuteView {
+                    start: minute.start.as_millis(),
+                    received: minute.received,
+                    processed: minute.processed,
+                    errors: minute.errors,
+                    steps_completed: minute.steps_completed,
+                    step_latency_p50_ms: minute.step_latency_p50_ms,
+                    step_latency_p99_ms: minute.step_latency_p99_ms,
+                })
+                .collect(),
+            events_read: activity.events_read as u64,
+            complete: activity.complete,
+        }
+    }
+}

@@ -120,6 +120,75 @@ async fn task_counts_list_every_state_with_a_total() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_show_their_heartbeats_and_the_supervisor_leader() {
+    let server = start(Options::default()).await;
+    let heartbeat = |instance: &str, stopped: bool| {
+        json!({
+            "instance": instance, "pid": 42, "roles": ["scheduler", "supervisor"], "agents": ["delay"],
+            "workflows": [{ "name": "quick", "version": 1 }], "started_at": 1_000, "stopped": stopped,
+        })
+    };
+    server.store.report_status(&format!("instance/{}", common::INSTANCE), &heartbeat(common::INSTANCE, false)).await.unwrap();
+    server.store.report_status("instance/gone-1", &heartbeat("gone-1", true)).await.unwrap();
+    // The test engine's Supervisor takes the lease on its first round.
+    let started = std::time::Instant::now();
+    let reply = loop {
+        let reply = server.get("/v1/instances").await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+        if !reply.body["supervisor_leader"].is_null() {
+            break reply;
+        }
+        assert!(started.elapsed() < common::WAIT_MAX, "no supervisor leader: {}", reply.text);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let leader = &reply.body["supervisor_leader"];
+    assert_eq!(leader["holder"], common::INSTANCE);
+    assert!(leader["until"].as_i64().unwrap() > 0 && leader["epoch"].as_u64().unwrap() >= 1, "{leader}");
+    let instances = reply.body["instances"].as_array().unwrap();
+    let names: Vec<&str> = instances.iter().map(|i| i["instance"].as_str().unwrap()).collect();
+    let mut expected = vec!["gone-1", common::INSTANCE];
+    expected.sort_unstable();
+    assert_eq!(names, expected, "sorted by id");
+    let live = instances.iter().find(|i| i["instance"] == common::INSTANCE).unwrap();
+    assert_eq!(
+        (&live["live"], &live["supervisor_leader"], &live["roles"], &live["agents"], &live["pid"], &live["started_at"]),
+        (&json!(true), &json!(true), &json!(["scheduler", "supervisor"]), &json!(["delay"]), &json!(42), &json!(1_000))
+    );
+    assert_eq!(live["workflows"], json!([{ "name": "quick", "version": 1 }]));
+    assert!(live["last_heartbeat"].as_i64().unwrap() > 1_000, "{live}");
+    let gone = instances.iter().find(|i| i["instance"] == "gone-1").unwrap();
+    assert_eq!((&gone["live"], &gone["stopped"], &gone["supervisor_leader"]), (&json!(false), &json!(true), &json!(false)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn activity_counts_every_minute_of_the_window() {
+    let server = start(Options::default()).await;
+    server.submit("quick", "a-1").await;
+    server.submit("broken", "a-2").await;
+    server.wait_terminal("a-1").await;
+    server.wait_terminal("a-2").await;
+
+    let reply = server.get("/v1/activity?minutes=2").await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    let minutes = reply.body["minutes"].as_array().unwrap();
+    assert_eq!(minutes.len(), 2);
+    let start = |i: usize| minutes[i]["start"].as_i64().unwrap();
+    assert_eq!((start(0) % 60_000, start(1) - start(0)), (0, 60_000), "whole minutes, oldest first");
+    let sum = |field: &str| minutes.iter().map(|m| m[field].as_u64().unwrap()).sum::<u64>();
+    assert_eq!((sum("received"), sum("processed"), sum("errors"), sum("steps_completed")), (2, 1, 1, 2), "{}", reply.text);
+    let latencies: Vec<f64> = minutes.iter().filter_map(|m| m["step_latency_p99_ms"].as_f64()).collect();
+    assert!(!latencies.is_empty() && latencies.iter().all(|ms| *ms >= 10.0), "the delay steps take 10 ms: {}", reply.text);
+    assert_eq!(reply.body["complete"], true);
+    assert!(reply.body["events_read"].as_u64().unwrap() >= 8, "{}", reply.text);
+
+    assert_eq!(server.get("/v1/activity").await.body["minutes"].as_array().unwrap().len(), 15, "15 minutes by default");
+    assert_eq!(server.get("/v1/activity?minutes=60").await.body["minutes"].as_array().unwrap().len(), 60);
+    for bad in ["0", "61", "x"] {
+        server.get(&format!("/v1/activity?minutes={bad}")).await.assert_error(400, "invalid_query");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_response_says_its_server_time() {
     let server = start(Options { engine: false, ..Options::default() }).await;
     server.submit("quick", "t1").await;

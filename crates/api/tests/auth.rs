@@ -92,6 +92,8 @@ fn endpoints() -> Vec<Endpoint> {
         (Method::POST, "/v1/queues/jobs/dead-letters/m-1/redrive", None, None, Operate),
         (Method::POST, "/v1/queues/jobs/dead-letters/purge", None, None, Operate),
         (Method::GET, "/v1/breakers", None, None, Read),
+        (Method::GET, "/v1/instances", None, None, Read),
+        (Method::GET, "/v1/activity", None, None, Read),
         (Method::GET, "/metrics", None, None, Read),
         (Method::POST, "/v1/workers/py/receive", Some(json!({ "wait_ms": 0 })), None, Work),
         (Method::POST, "/v1/workers/py/renew", Some(json!({ "lease_token": "v1.x.y" })), None, Work),

@@ -60,6 +60,8 @@ const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/queues/jobs/dead-letters/{}/redrive"),
     ("POST", "/v1/queues/{}/dead-letters/purge"),
     ("GET", "/v1/breakers"),
+    ("GET", "/v1/instances"),
+    ("GET", "/v1/activity"),
     ("POST", "/v1/workers/{}/receive"),
     ("POST", "/v1/workers/{}/renew"),
     ("POST", "/v1/workers/{}/complete"),

@@ -36,6 +36,8 @@ const OPERATIONS: &[(&str, &str)] = &[
     ("post", "/v1/queues/{queue}/dead-letters/redrive"),
     ("post", "/v1/queues/{queue}/dead-letters/{id}/redrive"),
     ("get", "/v1/breakers"),
+    ("get", "/v1/instances"),
+    ("get", "/v1/activity"),
     ("post", "/v1/workers/{agent}/receive"),
     ("post", "/v1/workers/{agent}/renew"),
     ("post", "/v1/workers/{agent}/complete"),

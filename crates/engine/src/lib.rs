@@ -26,6 +26,7 @@
 //! and their retries (the agent crate), and reading flags or environment
 //! variables (only the `rota` binary does that).
 
+pub mod activity;
 pub mod agent_worker;
 pub mod client;
 pub mod completions;

@@ -5,7 +5,8 @@
 //! The [`Reporter`] writes a process's heartbeat and breakers.
 //!
 //! - `instance/<id>`: a process's heartbeat ([`instance_key`],
-//!   [`live_heartbeat_age`]).
+//!   [`live_heartbeat_age`], [`instances`], with the Supervisor's leader
+//!   lease beside them: [`supervisor_leader`]).
 //! - `breaker/<endpoint>`: an `http` agent's circuit breaker, as the
 //!   process that runs it saw it last ([`breaker_key`], [`breakers`],
 //!   [`breaker_endpoint`]).
@@ -21,7 +22,7 @@ use std::time::Duration;
 
 use rota_agent::{AgentRegistry, BreakerSnapshot};
 use rota_model::{Clock, InstanceId, Timestamp};
-use rota_store::{ComponentStatus, SharedStore};
+use rota_store::{ComponentStatus, LeaderLease, SharedStore};
 use serde_json::{Value, json};
 use tracing::warn;
 
@@ -106,8 +107,76 @@ pub async fn live_heartbeat_age(store: &SharedStore, instance: &InstanceId, now:
     let key = instance_key(instance);
     let statuses = store.statuses(&key).await.ok()?;
     let last = statuses.into_iter().find(|status| status.key == key)?;
-    let age = now.since(last.reported_at);
-    (last.value["stopped"] != Value::Bool(true) && age < REPORT_INTERVAL * LIVE_INTERVALS).then_some(age)
+    is_live(&last, now).then(|| now.since(last.reported_at))
+}
+
+/// Whether a heartbeat says its process still runs and is recent enough to
+/// be believed.
+fn is_live(heartbeat: &ComponentStatus, now: Timestamp) -> bool {
+    heartbeat.value["stopped"] != Value::Bool(true) && now.since(heartbeat.reported_at) < REPORT_INTERVAL * LIVE_INTERVALS
+}
+
+/// A process as its last heartbeat shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Instance {
+    /// Its instance id (the key's, if the document lacks one).
+    pub instance: String,
+    /// The roles it runs.
+    pub roles: Vec<String>,
+    /// The agents it runs.
+    pub agents: Vec<String>,
+    /// The workflow definitions it registered, as `(name, version)`.
+    pub workflows: Vec<(String, u64)>,
+    /// Its process id, on its own machine.
+    pub pid: Option<u64>,
+    /// When it started.
+    pub started_at: Option<Timestamp>,
+    /// Whether its last heartbeat said it stopped (cleanly).
+    pub stopped: bool,
+    /// When it last reported.
+    pub last_heartbeat: Timestamp,
+    /// Whether it runs, as [`live_heartbeat_age`] decides: not stopped and
+    /// heard from within three report intervals.
+    pub live: bool,
+}
+
+impl Instance {
+    fn of(status: &ComponentStatus, now: Timestamp) -> Instance {
+        let value = &status.value;
+        let texts = |field: &str| -> Vec<String> {
+            value[field]
+                .as_array()
+                .map(|items| items.iter().filter_map(|item| item.as_str().map(str::to_owned)).collect())
+                .unwrap_or_default()
+        };
+        let workflows = value["workflows"]
+            .as_array()
+            .map(|items| items.iter().filter_map(|item| Some((item["name"].as_str()?.to_owned(), item["version"].as_u64()?))).collect())
+            .unwrap_or_default();
+        Instance {
+            instance: value["instance"].as_str().unwrap_or_else(|| status.key.trim_start_matches(INSTANCE_PREFIX)).to_owned(),
+            roles: texts("roles"),
+            agents: texts("agents"),
+            workflows,
+            pid: value["pid"].as_u64(),
+            started_at: value["started_at"].as_i64().map(Timestamp::from_millis),
+            stopped: value["stopped"] == Value::Bool(true),
+            last_heartbeat: status.reported_at,
+            live: is_live(status, now),
+        }
+    }
+}
+
+/// Every process that ever reported a heartbeat to this store, live or
+/// not, sorted by instance id.
+pub async fn instances(store: &SharedStore, now: Timestamp) -> rota_store::Result<Vec<Instance>> {
+    let statuses = store.statuses(INSTANCE_PREFIX).await?;
+    Ok(statuses.iter().map(|status| Instance::of(status, now)).collect())
+}
+
+/// The Supervisors' leader lease while someone holds it.
+pub async fn supervisor_leader(store: &SharedStore) -> rota_store::Result<Option<LeaderLease>> {
+    store.leader(crate::supervisor::LEADER_LEASE).await
 }
 
 /// Writes this process's heartbeat and its agents' circuit breakers to the

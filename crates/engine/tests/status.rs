@@ -53,12 +53,30 @@ async fn a_heartbeat_is_live_until_its_process_stops(backend: Backend) {
     assert_eq!(first.value["stopped"], json!(false));
     clock.advance(Duration::from_secs(5));
     assert_eq!(status::live_heartbeat_age(&db.store, &instance, clock.now()).await, Some(Duration::from_secs(5)));
+    let listed = status::instances(&db.store, clock.now()).await.unwrap();
+    let expected = status::Instance {
+        instance: "serve-1".to_owned(),
+        roles: vec!["scheduler".to_owned()],
+        agents: Vec::new(),
+        workflows: vec![("order".to_owned(), 2)],
+        pid: Some(u64::from(std::process::id())),
+        started_at: Some(first.reported_at),
+        stopped: false,
+        last_heartbeat: first.reported_at,
+        live: true,
+    };
+    assert_eq!(listed, [expected], "the instances as their heartbeats show them");
+    clock.advance(status::REPORT_INTERVAL * 3);
+    let silent = status::instances(&db.store, clock.now()).await.unwrap();
+    assert!(!silent[0].live || silent[0].last_heartbeat > first.reported_at, "a heartbeat too old is not live: {silent:?}");
 
     shutdown.trigger();
     running.await.unwrap();
     let last = heartbeat_of(&db.store, &instance).await.unwrap();
     assert_eq!(last.value["stopped"], json!(true));
     assert_eq!(status::live_heartbeat_age(&db.store, &instance, clock.now()).await, None, "it stopped cleanly");
+    let stopped = status::instances(&db.store, clock.now()).await.unwrap();
+    assert_eq!((stopped.len(), stopped[0].stopped, stopped[0].live), (1, true, false), "a stopped instance is listed, not live");
 }
 
 on_each_backend!(a_heartbeat_is_live_until_its_process_stops);
