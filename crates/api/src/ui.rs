@@ -28,6 +28,7 @@ use serde::Deserialize;
 
 use crate::ApiState;
 use crate::auth::{self, AuthConfig, Permission, SESSION_COOKIE, Scope};
+use crate::error::ApiError;
 
 const SCRIPT: &str = include_str!("../../../dashboard/app.js");
 const STYLE: &str = include_str!("../../../dashboard/app.css");
@@ -85,7 +86,15 @@ async fn page(State(state): State<ApiState>, headers: HeaderMap, uri: Uri) -> Re
         return Redirect::to(&format!("/ui/login?next={}", percent_encode(next))).into_response();
     };
     let csrf = viewer.session.as_deref().and_then(|session| state.config().auth.csrf_token(session, state.clock().now()));
-    let body = shell(csrf.as_deref().unwrap_or(""), viewer.can_operate, viewer.session.is_some());
+    // The page follows the events from here on: what came before is in
+    // what it reads when it draws. An event whose commit lands just after
+    // this read with a lower seq is missed by the stream, not by the page's
+    // own reads; the next event redraws it.
+    let events_after = match state.store().latest_events(1).await {
+        Ok(latest) => latest.first().map_or(0, |event| event.seq),
+        Err(err) => return ApiError::store("read the latest event", err).into_response(),
+    };
+    let body = shell(csrf.as_deref().unwrap_or(""), viewer.can_operate, viewer.session.is_some(), events_after);
     html(StatusCode::OK, body)
 }
 
@@ -105,7 +114,7 @@ fn html(status: StatusCode, body: String) -> Response {
 }
 
 /// The page every `/ui/…` path gets; `app.js` fills `<main>` for the path.
-fn shell(csrf: &str, can_operate: bool, signed_in: bool) -> String {
+fn shell(csrf: &str, can_operate: bool, signed_in: bool, events_after: i64) -> String {
     let sign_out = if signed_in {
         r#"<form method="post" action="/ui/logout" class="sign-out"><button type="submit">Sign out</button></form>"#
     } else {
@@ -120,6 +129,7 @@ fn shell(csrf: &str, can_operate: bool, signed_in: bool) -> String {
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <meta name="csrf-token" content="{csrf}">
 <meta name="rota-can" content="{can}">
+<meta name="rota-events-after" content="{events_after}">
 <title>rota</title>
 <link rel="icon" href="/ui/assets/icon.svg" type="image/svg+xml">
 <link rel="stylesheet" href="/ui/assets/app.css">

@@ -87,6 +87,14 @@ async fn the_dashboard_and_its_files_are_served_with_a_strict_content_policy() {
         let text = reply.text().await.unwrap().replace("http://www.w3.org/2000/svg", "");
         assert!(!text.contains("http://") && !text.contains("https://"), "{path} loads nothing from another host");
     }
+    // A page follows the events after the latest one, not the whole history.
+    let before = browser().get(server.url("/ui")).send().await.unwrap().text().await.unwrap();
+    assert!(before.contains(r#"<meta name="rota-events-after" content="0">"#), "an empty store");
+    server.submit("quick", "one-event").await;
+    let after = browser().get(server.url("/ui")).send().await.unwrap().text().await.unwrap();
+    let latest = server.store.latest_events(1).await.unwrap()[0].seq;
+    assert!(latest > 0 && after.contains(&format!(r#"<meta name="rota-events-after" content="{latest}">"#)), "{after}");
+
     // Without tokens there is nothing to sign in to.
     let login = browser().get(server.url("/ui/login")).send().await.unwrap();
     assert_eq!(login.headers()[header::LOCATION], "/ui");
