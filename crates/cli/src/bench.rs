@@ -45,6 +45,7 @@ use serde_json::{Value, json};
 
 use crate::store_args::StoreArgs;
 
+mod fill;
 mod target;
 mod w;
 use crate::store_url::{STORE_URL_DEFAULT, StoreUrl};
@@ -65,9 +66,15 @@ const IDLE_BEFORE_TRICKLE: Duration = Duration::from_secs(1);
 /// (`sqlite`, `postgres`, or a store URL) and `--durability` flags.
 #[derive(clap::Args)]
 pub struct Args {
-    /// The workload: Q (queue) or W (workflow).
+    /// The workload: Q (queue) or W (workflow); or `fill`, which fills a
+    /// new store named by --store with --tasks tasks (every state, four
+    /// workflows, their history) and keeps it, to measure reads on it.
     #[arg(value_enum)]
     workload: Workload,
+
+    /// fill only: how many tasks to create.
+    #[arg(long, default_value_t = fill::TASKS_DEFAULT, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    tasks: u64,
 
     /// Messages the consumer leases ahead of its C slots (default: C, the
     /// consumer's default).
@@ -93,6 +100,9 @@ enum Workload {
     /// Workflow: three sequential steps per workflow.
     #[value(name = "W")]
     W,
+    /// Fill a new store with many tasks and keep it.
+    #[value(name = "fill")]
+    Fill,
 }
 
 /// Runs the benchmark; the exit code follows the harness's contract (0 ok,
@@ -104,6 +114,7 @@ pub fn run(args: Args, store: &StoreArgs) -> ExitCode {
             match args.workload {
                 Workload::Q => runtime.block_on(run_q(&args, store)),
                 Workload::W => runtime.block_on(w::run(store, args.agent_processes)),
+                Workload::Fill => runtime.block_on(fill::run(store, args.tasks)),
             }
         });
     match result {
