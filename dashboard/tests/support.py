@@ -550,9 +550,10 @@ def rows(table: Locator) -> Locator:
     return table.locator("tbody tr")
 
 
-def wait_live(page: Page) -> None:
-    """Until ``#live`` says the event stream is connected."""
-    expect(page.locator("#live")).to_have_text(re.compile(r"^\s*live\s*$"))
+def wait_live(page: Page, *, or_ended: bool = False) -> None:
+    """Until ``#live`` says the event stream is connected (or, with
+    ``or_ended``, that it was and ended: a finished task's stream ends)."""
+    expect(page.locator("#live")).to_have_text(re.compile(r"^\s*(live|ended)\s*$" if or_ended else r"^\s*live\s*$"))
 
 
 def confirm(page: Page, button: Locator, *, back_first: bool = True, check_unchanged: Callable[[], None] | None = None) -> None:
