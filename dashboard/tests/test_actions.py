@@ -1,0 +1,124 @@
+"""The operator's actions: each asks for a confirmation (Back does
+nothing), and after Confirm the /v1 API reports the change."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from playwright.sync_api import Page, expect
+
+import support
+
+server: support.Server
+chromium: support.Chromium
+
+
+def setUpModule() -> None:
+    global server, chromium
+    server, chromium = support.start()
+
+
+def tearDownModule() -> None:
+    support.stop(server, chromium)
+
+
+def resubmits(task_id: str) -> list[Any]:
+    return [e for e in server.history(task_id) if e["kind"] == "resubmitted"]
+
+
+class Actions(support.BrowserTest):
+    def status_says_something(self, page: Page) -> None:
+        expect(page.get_by_role("status")).not_to_have_text(re.compile(r"^\s*$"))
+
+    def test_cancel_asks_then_cancels_the_task(self) -> None:
+        server.cli("submit", "nap", "--id", "act-cancel")
+        server.wait_task("act-cancel", {"processing"})
+        page, _ = self.open("/ui/tasks/act-cancel")
+        support.confirm(
+            page, page.get_by_role("button", name="Cancel", exact=True),
+            check_unchanged=lambda: self.assertEqual(server.task("act-cancel")["state"], "processing", "Back cancelled"),
+        )  # fmt: skip
+        self.assertEqual(server.wait_task("act-cancel", {"cancelled"}, timeout=10)["state"], "cancelled")
+        self.status_says_something(page)
+
+    def test_resubmit_asks_then_resubmits_the_failed_task(self) -> None:
+        server.cli("submit", "fail", "--id", "act-resubmit")
+        server.wait_task("act-resubmit", {"error"})
+        page, _ = self.open("/ui/tasks/act-resubmit")
+        support.confirm(
+            page, page.get_by_role("button", name="Resubmit", exact=True),
+            check_unchanged=lambda: self.assertEqual(resubmits("act-resubmit"), [], "Back resubmitted"),
+        )  # fmt: skip
+        found = support.eventually(lambda: resubmits("act-resubmit"), what="a resubmitted event")
+        self.assertEqual(len(found), 1)
+        self.assertIsNone(found[0]["detail"].get("step"))
+        self.status_says_something(page)
+
+    def test_resubmit_step_asks_then_resubmits_that_step(self) -> None:
+        server.cli("submit", "fail", "--id", "act-step")
+        server.wait_task("act-step", {"error"})
+        page, _ = self.open("/ui/tasks/act-step")
+        row = support.rows(page.get_by_role("table", name="Steps")).filter(has_text="explode")
+        support.confirm(
+            page, row.get_by_role("button", name="Resubmit step"),
+            check_unchanged=lambda: self.assertEqual(resubmits("act-step"), [], "Back resubmitted"),
+        )  # fmt: skip
+        found = support.eventually(lambda: resubmits("act-step"), what="a resubmitted event")
+        self.assertEqual(found[0]["detail"].get("step"), "explode")
+        self.status_says_something(page)
+
+    def test_pause_and_resume_ask_then_change_the_queue(self) -> None:
+        server.cli("queue", "create", "act-pausable", remote=False)
+        page, _ = self.open("/ui/queues/act-pausable")
+        expect(page.get_by_role("button", name="Resume", exact=True)).to_have_count(0)
+        support.confirm(
+            page, page.get_by_role("button", name="Pause", exact=True),
+            check_unchanged=lambda: self.assertFalse(server.queue("act-pausable")["paused"], "Back paused"),
+        )  # fmt: skip
+        support.eventually(lambda: server.queue("act-pausable")["paused"], what="the queue paused")
+        self.status_says_something(page)
+        resume = page.get_by_role("button", name="Resume", exact=True)
+        expect(page.get_by_role("button", name="Pause", exact=True)).to_have_count(0)
+        support.confirm(
+            page, resume,
+            check_unchanged=lambda: self.assertTrue(server.queue("act-pausable")["paused"], "Back resumed"),
+        )  # fmt: skip
+        support.eventually(lambda: not server.queue("act-pausable")["paused"], what="the queue resumed")
+        expect(page.get_by_role("button", name="Pause", exact=True)).to_be_visible()
+
+    def test_redrive_one_then_all_ask_then_move_dead_letters_back(self) -> None:
+        support.dead_letter(server, "act-redrive", [{"n": 1}, {"n": 2}, {"n": 3}])
+        page, _ = self.open("/ui/queues/act-redrive")
+        table = page.get_by_role("table", name="Dead letters")
+        expect(support.rows(table)).to_have_count(3)
+        first_id = server.dead_letters("act-redrive")[0]["id"]
+        row = support.rows(table).filter(has_text=first_id)
+        support.confirm(
+            page, row.get_by_role("button", name="Redrive", exact=True),
+            check_unchanged=lambda: self.assertEqual(len(server.dead_letters("act-redrive")), 3, "Back redrove"),
+        )  # fmt: skip
+        support.eventually(lambda: len(server.dead_letters("act-redrive")) == 2, what="one dead letter redriven")
+        self.assertNotIn(first_id, [d["id"] for d in server.dead_letters("act-redrive")])
+        self.assertEqual(server.queue("act-redrive")["ready"], 1)
+        expect(support.rows(table)).to_have_count(2)
+        self.status_says_something(page)
+        support.confirm(
+            page, page.get_by_role("button", name="Redrive all", exact=True),
+            check_unchanged=lambda: self.assertEqual(len(server.dead_letters("act-redrive")), 2, "Back redrove"),
+        )  # fmt: skip
+        support.eventually(lambda: server.dead_letters("act-redrive") == [], what="every dead letter redriven")
+        self.assertEqual(server.queue("act-redrive")["ready"], 3)
+
+    def test_purge_asks_then_deletes_the_dead_letters(self) -> None:
+        support.dead_letter(server, "act-purge", [{"n": 1}, {"n": 2}])
+        page, _ = self.open("/ui/queues/act-purge")
+        expect(support.rows(page.get_by_role("table", name="Dead letters"))).to_have_count(2)
+        support.confirm(
+            page, page.get_by_role("button", name="Purge", exact=True),
+            check_unchanged=lambda: self.assertEqual(len(server.dead_letters("act-purge")), 2, "Back purged"),
+        )  # fmt: skip
+        support.eventually(lambda: server.dead_letters("act-purge") == [], what="the dead letters purged")
+        stats = server.queue("act-purge")
+        self.assertEqual((stats["dead_lettered"], stats["ready"]), (0, 0))
+        self.status_says_something(page)
