@@ -110,18 +110,18 @@ steps:
     with: { for: "120s" }
     timeout: 5m
 """,
-    # Two steps of a few seconds each: their nodes change colour while a
-    # page shows them.
+    # Two steps of a few seconds: the second one's node changes colour
+    # twice while a page opened during the first shows it.
     "stages": """
 name: stages
 version: 1
 steps:
   - name: first
     agent: delay
-    with: { for: "3s" }
+    with: { for: "4s" }
   - name: second
     agent: delay
-    with: { for: "3s" }
+    with: { for: "2s" }
     depends_on: [first]
 """,
     # The quickest task: many of them fill a list.

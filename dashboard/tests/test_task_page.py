@@ -31,7 +31,8 @@ def tearDownModule() -> None:
 
 
 def fields(dl: Locator) -> dict[str, str]:
-    """A <dl>'s terms and their descriptions."""
+    """A <dl>'s terms and their descriptions, once drawn."""
+    expect(dl.locator("dt").first).to_be_visible()
     terms = [t.strip() for t in dl.locator("dt").all_inner_texts()]
     values = [v.strip() for v in dl.locator("dd").all_inner_texts()]
     return dict(zip(terms, values))
