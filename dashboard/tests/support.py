@@ -10,6 +10,7 @@ server's (those are also blocked).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -123,6 +124,19 @@ steps:
     agent: delay
     with: { for: "2s" }
     depends_on: [first]
+""",
+    # A step that outlives its complete-by, twice: timed out, retried,
+    # timed out again, Error.
+    "hang": """
+name: hang
+version: 1
+on_exhausted: error
+steps:
+  - name: stall
+    agent: delay
+    with: { for: "30s" }
+    timeout: 300ms
+    retry: { attempts: 2, backoff: 50ms, max_backoff: 50ms }
 """,
     # The quickest task: many of them fill a list.
     "tick": """
@@ -494,6 +508,25 @@ class BrowserTest(unittest.TestCase):
         problems = watch.problems()
         if problems:
             self.fail("the page(s) of this test:\n  " + "\n  ".join(problems))
+
+
+def known_bug(description: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Marks a test that fails for a known bug of the dashboard: its failure
+    is reported as a skip naming the bug (so CI stays green while the bug
+    is open), and once the bug is fixed the test simply passes; then the
+    mark can go."""
+
+    def mark(test: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(test)
+        def run(self: unittest.TestCase, *args: Any, **kwargs: Any) -> None:
+            try:
+                test(self, *args, **kwargs)
+            except AssertionError as failure:
+                raise unittest.SkipTest(f"KNOWN DASHBOARD BUG: {description}\n  failed as expected: {failure}") from failure
+
+        return run
+
+    return mark
 
 
 def eventually(check: Callable[[], Any], timeout: float = 5.0, what: str = "the condition") -> Any:
