@@ -600,7 +600,7 @@ def confirm(page: Page, button: Locator, *, back_first: bool = True, check_uncha
         dialog.get_by_role("button", name="Back", exact=True).click()
         expect(page.locator("dialog[open]"), "Back closes the dialog").to_have_count(0)
         if check_unchanged is not None:
-            page.wait_for_timeout(500)
+            page.wait_for_timeout(300)
             check_unchanged()
     button.click()
     dialog = page.locator("dialog[open]")

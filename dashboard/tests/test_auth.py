@@ -95,7 +95,7 @@ class Auth(support.BrowserTest):
                 page.goto(path)
                 expect(page.locator("h1")).to_have_text(heading)
                 support.wait_live(page, or_ended=True)
-                page.wait_for_timeout(300)
+                page.wait_for_timeout(150)
                 for name in support.ACTION_BUTTONS:
                     buttons = page.get_by_role("button", name=name, exact=True)
                     enabled = [b for b in buttons.all() if b.is_visible() and b.is_enabled()]

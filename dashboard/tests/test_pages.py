@@ -65,7 +65,7 @@ class EveryPage(support.BrowserTest):
                 support.wait_live(page, or_ended=path.startswith("/ui/tasks/") and path != "/ui/tasks/pages-running")
                 # Let late requests (the stream's first events, lazy
                 # fetches) happen before judging.
-                page.wait_for_timeout(500)
+                page.wait_for_timeout(250)
                 problems = watch.problems()
                 watch.allow(".")  # judged here, page by page
                 self.assertEqual(problems, [], f"{path}: {problems}")
