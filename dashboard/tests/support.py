@@ -364,6 +364,39 @@ class Server:
         return done.stdout
 
 
+class ApiServer:
+    """``rota api`` (the API alone, no engine role) over ``server``'s store,
+    on a free loopback port."""
+
+    def __init__(self, server: Server) -> None:
+        self.log_path = server.root / "api.log"
+        env = dict(os.environ, RUST_LOG="info")
+        for name in ("ROTA_API_TOKEN", "ROTA_SERVER", "ROTA_TOKEN", "ROTA_STORE", "ROTA_CONFIG"):
+            env.pop(name, None)
+        command = [rota_bin(), "api", "--store", server.store, "--durability", "normal", "--listen", "127.0.0.1:0"]
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + STARTUP_S
+        while True:
+            found = re.search(r"listening on (http://[0-9.:]+)", self.log_path.read_text(errors="replace"))
+            if found:
+                self.url = found.group(1)
+                return
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"rota api did not start listening:\n{self.log_path.read_text(errors='replace')}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(STOP_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
 class _NoRedirects(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, *args: Any, **kwargs: Any) -> None:
         return None
@@ -475,11 +508,13 @@ class BrowserTest(unittest.TestCase):
     server: Server
     chromium: Chromium
 
-    def new_context(self) -> tuple[BrowserContext, Watch]:
-        """A fresh context (no cookies) whose pages are watched."""
-        context = self.chromium.browser.new_context(viewport=VIEWPORT, base_url=self.server.url)
+    def new_context(self, url: str | None = None) -> tuple[BrowserContext, Watch]:
+        """A fresh context (no cookies) whose pages are watched, on the
+        server or on ``url``."""
+        base = url or self.server.url
+        context = self.chromium.browser.new_context(viewport=VIEWPORT, base_url=base)
         context.set_default_timeout(10_000)
-        watch = Watch(self.server.netloc)
+        watch = Watch(urllib.parse.urlsplit(base).netloc)
         context.route("**/*", watch.route)
         self._watch_of[id(context)] = watch
         self.addCleanup(self._check, context, watch)

@@ -71,6 +71,15 @@ class EveryPage(support.BrowserTest):
                 self.assertEqual(problems, [], f"{path}: {problems}")
                 page.close()
 
+    def test_rota_api_serves_the_dashboard_too(self) -> None:
+        api = support.ApiServer(server)
+        self.addCleanup(api.stop)
+        context, _ = self.new_context(api.url)
+        page, _ = self.open("/ui/tasks?workflow=fail", context)
+        expect(page.locator("h1")).to_have_text("Tasks")
+        expect(page.get_by_role("table", name="Tasks").get_by_role("link", name="pages-error", exact=True)).to_be_visible()
+        support.wait_live(page)
+
     def test_the_root_redirects_to_the_overview(self) -> None:
         page, _ = self.open("/")
         expect(page).to_have_url(re.compile(r"/ui/?$"))
