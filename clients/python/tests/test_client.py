@@ -64,6 +64,14 @@ class SubmitAndWait(unittest.TestCase):
         self.assertEqual([step["state"] for step in done["steps"]], ["completed", "completed"])
         self.assertEqual(client.status(task_id), done)
 
+    def test_a_delayed_submit_waits_pending_with_its_start_time(self) -> None:
+        client = Client(server.url, token=support.ADMIN_TOKEN)
+        later = client.submit("greet", {"name": "ann"}, id=fresh("d"), delay="1h")
+        self.assertEqual(later["state"], "pending")
+        self.assertGreaterEqual(later["not_before"], later["created_at"] + 3_600_000)
+        at = client.submit("greet", {"name": "ann"}, id=fresh("d"), start_at="2000-01-01T00:00:00Z")
+        self.assertEqual(client.wait(at["id"], timeout=30)["state"], "processed", "a start already past runs now")
+
     def test_tasks_lists_and_filters(self) -> None:
         client = Client(server.url, token=support.ADMIN_TOKEN)
         finished, sleeping = fresh("list-done"), fresh("list-nap")

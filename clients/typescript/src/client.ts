@@ -83,9 +83,17 @@ export class Client {
   async submit(
     workflow: string,
     input?: unknown,
-    options: { id?: string; version?: number; callbackUrl?: string } = {},
+    options: { id?: string; version?: number; callbackUrl?: string; startAt?: string; delay?: string } = {},
   ): Promise<Task> {
-    const body = { workflow, input, id: options.id, version: options.version, callback_url: options.callbackUrl };
+    const body = {
+      workflow,
+      input,
+      id: options.id,
+      version: options.version,
+      callback_url: options.callbackUrl,
+      start_at: options.startAt,
+      delay: options.delay,
+    };
     return unwrap(await this.api.fetch.POST("/v1/tasks", { body, signal: this.api.deadline() }));
   }
 

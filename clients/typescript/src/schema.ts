@@ -1014,6 +1014,12 @@ export interface components {
              */
             callback_url?: string | null;
             /**
+             * @description Start no earlier than this long after the server receives the
+             *     submission (`90s`, `10m`, `2h 30m`). Not with `start_at`.
+             * @example 10m
+             */
+            delay?: string | null;
+            /**
              * @description The task id, which doubles as the idempotency key: submitting an id
              *     that exists creates nothing and returns the existing task (200
              *     instead of 201). A fresh UUID when absent. Up to 200 bytes of UTF-8
@@ -1024,6 +1030,14 @@ export interface components {
             id?: string | null;
             /** @description The task's input (any JSON); `{}` when absent. */
             input?: unknown;
+            /**
+             * @description Start no earlier than this time (RFC 3339, with `Z` or an offset):
+             *     the task waits Pending until then, its `not_before` says when. At
+             *     most a year and a day ahead; a time already past starts now. Not
+             *     with `delay`.
+             * @example 2026-12-01T02:00:00Z
+             */
+            start_at?: string | null;
             /**
              * Format: int32
              * @description Its version; the latest registered when absent.

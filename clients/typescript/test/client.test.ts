@@ -34,6 +34,15 @@ describe("submit and wait", () => {
     }
   });
 
+  test("a delayed submit waits pending with its start time", async () => {
+    const client = admin();
+    const later = await client.submit("greet", { name: "ann" }, { id: fresh("d"), delay: "1h" });
+    assert.equal(later.state, "pending");
+    assert.ok(later.not_before >= later.created_at + 3_600_000);
+    const at = await client.submit("greet", { name: "ann" }, { id: fresh("d"), startAt: "2000-01-01T00:00:00Z" });
+    assert.equal((await client.wait(at.id, { timeoutMs: 30_000 })).state, "processed", "a start already past runs now");
+  });
+
   test("submit is idempotent by id and wait returns the terminal task", async () => {
     const client = admin();
     const id = fresh("g");

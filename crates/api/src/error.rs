@@ -120,6 +120,7 @@ impl ApiError {
             E::Store(err) => ApiError::store(request, err),
             E::Workflow(detail) | E::Config(detail) => ApiError::internal(request, detail),
             err @ E::OutOfBounds { .. } => ApiError::internal(request, err),
+            err @ E::InvalidSubmission { .. } => ApiError::invalid_body(err.to_string()),
         }
     }
 
@@ -134,6 +135,7 @@ impl ApiError {
             E::TaskNotFound(_) | E::StepNotFound { .. } => ApiError::new(StatusCode::NOT_FOUND, "not_found", reason),
             E::UnknownWorkflow(_) => ApiError::new(StatusCode::NOT_FOUND, "unknown_workflow", reason),
             E::BeforeNotFound(id) => ApiError::invalid_query("before", format!("task {id} not found")),
+            E::InvalidSubmission { .. } => ApiError::invalid_body(reason),
             E::Refused { .. } => ApiError::new(StatusCode::CONFLICT, "refused", reason),
             E::Engine(err) => ApiError::engine(request, err),
         }

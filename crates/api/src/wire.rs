@@ -44,6 +44,16 @@ pub struct SubmitRequest {
     /// does not change it.
     #[schema(example = "https://shop.example/hooks/rota", max_length = 2048)]
     pub callback_url: Option<String>,
+    /// Start no earlier than this time (RFC 3339, with `Z` or an offset):
+    /// the task waits Pending until then, its `not_before` says when. At
+    /// most a year and a day ahead; a time already past starts now. Not
+    /// with `delay`.
+    #[schema(example = "2026-12-01T02:00:00Z", max_length = 64)]
+    pub start_at: Option<String>,
+    /// Start no earlier than this long after the server receives the
+    /// submission (`90s`, `10m`, `2h 30m`). Not with `start_at`.
+    #[schema(example = "10m", max_length = 64)]
+    pub delay: Option<String>,
 }
 
 /// A JSON number that is a whole `u32`, written `1` or `1.0` (JSON does not

@@ -47,6 +47,36 @@ async fn a_submitted_task_runs_and_a_second_submit_with_its_id_returns_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delayed_task_waits_pending_until_its_start_time_then_runs() {
+    let server = start(Options::default()).await;
+    let reply = server.post_json("/v1/tasks", &json!({ "workflow": "quick", "id": "later", "delay": "400ms" })).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+    let (created, not_before) = (reply.body["created_at"].as_i64().unwrap(), reply.body["not_before"].as_i64().unwrap());
+    assert!(not_before >= created + 400, "it says when it starts: {}", reply.text);
+    assert_eq!(reply.body["state"], "pending");
+    let done = server.wait_terminal("later").await;
+    assert_eq!(done["state"], "processed");
+    let history = server.get("/v1/tasks/later/history").await.body;
+    let claimed = history.as_array().unwrap().iter().find(|event| event["kind"] == "claimed").unwrap();
+    assert!(claimed["at"].as_i64().unwrap() >= not_before, "claimed no earlier than its start: {history}");
+
+    let at = server.post_json("/v1/tasks", &json!({ "workflow": "quick", "id": "at", "start_at": "2999-01-01T00:00:00+01:00" })).await;
+    assert_eq!(at.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", at.text);
+    assert!(at.reason().starts_with("start_at: must be at most"), "{}", at.text);
+    for (body, field) in [
+        (json!({ "workflow": "quick", "start_at": "tomorrow" }), "start_at: expected an RFC 3339 time"),
+        (json!({ "workflow": "quick", "delay": "soon" }), "delay: expected a duration"),
+        (json!({ "workflow": "quick", "delay": "400days" }), "delay: must be at most"),
+        (json!({ "workflow": "quick", "delay": "1s", "start_at": "2026-12-01T02:00:00Z" }), "start_at and delay: give one"),
+    ] {
+        let reply = server.post_json("/v1/tasks", &body).await;
+        reply.assert_error(422, "invalid_body");
+        assert!(reply.reason().starts_with(field), "{field}: {}", reply.text);
+    }
+    assert_eq!(server.get("/v1/tasks").await.body.as_array().unwrap().len(), 1, "refused submissions created nothing");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tasks_are_listed_newest_first_and_filtered() {
     let server = start(Options::default()).await;
     server.submit("quick", "a").await;

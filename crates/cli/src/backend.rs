@@ -17,13 +17,14 @@
 //! log, and listings are bounded by the server's limit (1000 by default).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 use rota_api::wire::{
     AlertView, BreakerView, Count, DeadLetterView, EventView, QueueView, TaskStateChange, TaskSummary, TaskView, WorkflowView,
 };
 use rota_engine::{Client, Submission, Workflows, ops};
-use rota_model::{QueueName, StepName, SystemClock, TaskId, TaskState, WorkflowName};
+use rota_model::{Clock, QueueName, StepName, SystemClock, TaskId, TaskState, WorkflowName};
 use rota_store::{Redrive, SharedStore, TaskFilter};
 use serde::Serialize;
 use serde_json::Value;
@@ -55,6 +56,22 @@ struct SubmitBody<'a> {
     input: &'a Value,
     #[serde(skip_serializing_if = "Option::is_none")]
     id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    start_at: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    delay: Option<String>,
+}
+
+/// When a submitted task may start.
+#[derive(Debug, Clone, Default)]
+pub enum Start {
+    /// As soon as a Scheduler claims it.
+    #[default]
+    Now,
+    /// At this time, in RFC 3339, as the user wrote it.
+    At(String),
+    /// This long after the submission reaches the store (or the server).
+    After(Duration),
 }
 
 fn client(store: &SharedStore) -> Client {
@@ -87,18 +104,36 @@ impl Backend {
         version: Option<u32>,
         input: Value,
         id: Option<TaskId>,
+        start: &Start,
     ) -> anyhow::Result<Submitted> {
         match self {
             Backend::Local(store) => {
                 let client = client(store);
-                let submission = Submission { workflow: workflow.clone(), version, input, id, reply_to: None };
+                let start_at = match start {
+                    Start::Now => None,
+                    Start::At(text) => Some(rota_engine::client::parse_start_at(text).map_err(|why| anyhow!("--at: {why}"))?),
+                    Start::After(delay) => Some(SystemClock.now().add(*delay)),
+                };
+                let submission = Submission { workflow: workflow.clone(), version, input, id, reply_to: None, start_at };
                 let submitted = client.submit(submission).await.map_err(|err| anyhow::Error::new(ops::Error::from_submit(err)))?;
                 let detail =
                     client.task(&submitted.id).await.map_err(|err| local_error(|| format!("cannot read task {}", submitted.id), err))?;
                 Ok(Submitted { view: TaskView::from(&detail), created: submitted.created })
             }
             Backend::Remote(server) => {
-                let body = SubmitBody { workflow: workflow.as_str(), version, input: &input, id: id.as_ref().map(TaskId::as_str) };
+                let (start_at, delay) = match start {
+                    Start::Now => (None, None),
+                    Start::At(text) => (Some(text.as_str()), None),
+                    Start::After(delay) => (None, Some(humantime::format_duration(*delay).to_string())),
+                };
+                let body = SubmitBody {
+                    workflow: workflow.as_str(),
+                    version,
+                    input: &input,
+                    id: id.as_ref().map(TaskId::as_str),
+                    start_at,
+                    delay,
+                };
                 let (status, view) = server.post::<TaskView, _>(&["v1", "tasks"], Some(&body)).await?;
                 Ok(Submitted { view, created: status == reqwest::StatusCode::CREATED })
             }

@@ -22,7 +22,7 @@ use rota_model::{StepName, StepState, TaskId, TaskState, WorkflowName};
 use rota_store::TaskFilter;
 use serde_json::Value;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Start};
 use crate::output::{self, AlertJson, BreakerJson, StatusJson, TaskSummaryJson, WorkflowJson, rfc3339_millis};
 use crate::store_args::StoreArgs;
 
@@ -50,6 +50,13 @@ pub struct SubmitArgs {
     /// The workflow version [default: the latest registered].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     version: Option<u32>,
+    /// Start no earlier than this time, in RFC 3339 (2026-12-01T02:00:00Z,
+    /// or with an offset such as +01:00); the task waits Pending until then.
+    #[arg(long, value_name = "TIME", conflicts_with = "delay")]
+    at: Option<String>,
+    /// Start no earlier than this long from now (90s, 10m, 2h 30m).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    delay: Option<Duration>,
     /// Wait for the task to end, showing its steps' progress on stderr; exit
     /// 0 only if it ends Processed.
     #[arg(long)]
@@ -141,12 +148,20 @@ fn parse_input(text: &str) -> anyhow::Result<Value> {
 pub async fn submit(store: &StoreArgs, args: SubmitArgs) -> anyhow::Result<()> {
     let input = parse_input(&args.input)?;
     let backend = store.backend().await?;
-    let submitted = backend.submit(&args.workflow, args.version, input, args.id).await.map_err(|err| {
+    let start = match (args.at, args.delay) {
+        (Some(at), _) => Start::At(at),
+        (None, Some(delay)) => Start::After(delay),
+        (None, None) => Start::Now,
+    };
+    let submitted = backend.submit(&args.workflow, args.version, input, args.id, &start).await.map_err(|err| {
         let hint = "; `rota workflows` lists the registered ones, and `rota serve --workflows DIR` registers a directory of definitions";
         if err.to_string().contains("is not registered") { anyhow!("{err}{hint}") } else { err.context("cannot submit") }
     })?;
     let task = &submitted.view;
     output::line(&task.id)?;
+    if TaskState::from(task.state) == TaskState::Pending && task.not_before > task.created_at {
+        eprintln!("task {} starts no earlier than {}", task.id, output::rfc3339_millis(task.not_before));
+    }
     if !submitted.created {
         eprintln!(
             "(existing) task {} already exists ({}@{}, {}); nothing was submitted",
@@ -280,6 +295,10 @@ fn status_text(status: &StatusJson) -> String {
         ("created_at", status.created_at.clone()),
         ("updated_at", status.updated_at.clone()),
     ];
+    // A task put off to a later start says when it starts.
+    if status.state == TaskState::Pending && status.not_before > status.created_at {
+        fields.insert(3, ("starts_at", status.not_before.clone()));
+    }
     if let Some(error) = status.error {
         fields.push(("error", error.replace('\n', " ")));
     }

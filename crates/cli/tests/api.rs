@@ -390,6 +390,11 @@ fn operator_commands_over_http_print_what_they_print_locally() {
     let output = remote(&rota, &server, ADMIN_TOKEN, &["queue", "send", "jobs", "--body", "{}"]);
     assert_eq!(output.status.code(), Some(1));
     assert_one_error_line(&String::from_utf8_lossy(&output.stderr), &["rota queue send", "only on a local store"]);
+    // A delayed start over HTTP: the server's clock counts the delay.
+    let output = remote(&rota, &server, ADMIN_TOKEN, &["submit", "pipeline", "--id", "r-later", "--delay", "1h"]);
+    assert!(String::from_utf8_lossy(&output.stderr).contains("task r-later starts no earlier than"), "{output:?}");
+    let later = http.get("/v1/tasks/r-later", Some(ADMIN_TOKEN)).json();
+    assert!(later["not_before"].as_i64().unwrap() >= later["created_at"].as_i64().unwrap() + 3_600_000, "{later}");
 
     let (status, log) = server.terminate();
     assert_eq!(status.code(), Some(0), "{log}");

@@ -360,6 +360,31 @@ fn serve_runs_a_submitted_task_to_processed() {
 }
 
 #[test]
+fn a_task_submitted_with_a_delay_waits_pending_and_says_when_it_starts() {
+    let rota = Rota::new();
+    let files = Files::new();
+    files.workflow("pipeline.yaml", PIPELINE);
+    let _serve = Serve::start(&rota, &files.workflows(), "delay-1", &[]);
+
+    let output = rota.command(&["submit", "pipeline", "--id", "later", "--delay", "1h"]).output().unwrap();
+    assert!(output.status.success(), "{}", stderr_of(&output));
+    assert!(stderr_of(&output).contains("task later starts no earlier than 20"), "{}", stderr_of(&output));
+    let status = rota.json(&["status", "later", "--json"]);
+    assert_eq!(status["state"], "pending");
+    assert!(status["not_before"].as_str().unwrap() > status["created_at"].as_str().unwrap(), "{status:#}");
+    let text = rota.ok(&["status", "later"]);
+    assert!(text.contains(&format!("starts_at      {}", status["not_before"].as_str().unwrap())), "{text}");
+
+    // A start time already past runs at once; one given twice or malformed is refused.
+    rota.ok(&["submit", "pipeline", "--id", "now", "--input", r#"{"order": 1}"#, "--at", "2020-01-01T00:00:00+02:00", "--wait"]);
+    let (code, stderr) = rota.fails(&["submit", "pipeline", "--at", "next tuesday"]);
+    assert!(code != 0 && stderr.contains("--at: expected an RFC 3339 time"), "{stderr}");
+    let (code, stderr) = rota.fails(&["submit", "pipeline", "--at", "2030-01-01T00:00:00Z", "--delay", "1m"]);
+    assert!(code != 0 && stderr.contains("cannot be used with"), "{stderr}");
+    assert_eq!(rota.json(&["status", "later", "--json"])["state"], "pending", "still waiting");
+}
+
+#[test]
 fn operator_errors_are_one_clear_line() {
     let rota = Rota::new();
     rota.ok(&["migrate"]);

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rota_model::{Clock, Step, Task, TaskId, TaskState, WorkflowName};
+use rota_model::{Clock, Step, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{Created, Event, EventKind, NewTask, Outgoing, SharedStore, TaskRecord};
 use serde_json::{Value, json};
 
@@ -32,12 +32,35 @@ pub struct Submission {
     pub id: Option<TaskId>,
     /// Where the submitter wants status events (kept with the task).
     pub reply_to: Option<String>,
+    /// When the task may start: it waits Pending until then. Now when
+    /// `None` or past; at most [`START_DELAY_MAX`] ahead.
+    pub start_at: Option<Timestamp>,
 }
+
+/// A start time written in RFC 3339 (`2026-12-01T02:00:00Z`,
+/// `2026-12-01T03:00:00+01:00`), as `rota submit --at` and the API's
+/// `start_at` take it. The error says what was expected.
+pub fn parse_start_at(text: &str) -> std::result::Result<Timestamp, String> {
+    let at = chrono::DateTime::parse_from_rfc3339(text.trim())
+        .map_err(|err| format!("expected an RFC 3339 time such as 2026-12-01T02:00:00Z ({err}), got {text:?}"))?;
+    Ok(Timestamp::from_millis(at.timestamp_millis()))
+}
+
+/// The furthest ahead a task's start may be put off: a year and a day,
+/// enough for a yearly job, short enough to catch a start given in the
+/// wrong unit.
+pub const START_DELAY_MAX: Duration = Duration::from_secs(366 * 24 * 3600);
 
 impl Submission {
     /// A submission of the latest `workflow` with `input`.
     pub fn new(workflow: WorkflowName, input: Value) -> Self {
-        Submission { workflow, version: None, input, id: None, reply_to: None }
+        Submission { workflow, version: None, input, id: None, reply_to: None, start_at: None }
+    }
+
+    /// Starting no earlier than `at`.
+    pub fn starting_at(mut self, at: Timestamp) -> Self {
+        self.start_at = Some(at);
+        self
     }
 
     /// With a client-chosen id.
@@ -119,17 +142,35 @@ impl Client {
             Some(id) => id,
             None => TaskId::new(uuid::Uuid::now_v7().to_string()).expect("a UUID is a valid task id"),
         };
+        let start_at = submission.start_at.filter(|at| *at > now);
+        if let Some(at) = start_at
+            && at.since(now) > START_DELAY_MAX
+        {
+            return Err(Error::InvalidSubmission {
+                field: "start_at",
+                why: format!("must be at most {} ahead", humantime::format_duration(START_DELAY_MAX)),
+            });
+        }
         let mut task = Task::new(id.clone(), workflow.name().clone(), workflow.version(), submission.input, now);
         task.reply_to = submission.reply_to;
+        // Claims skip the task until then, and its doorbell rings then.
+        let mut ring = doorbell(&id);
+        if let Some(at) = start_at {
+            task.not_before = at;
+            ring.1 = ring.1.with_delay(at.since(now));
+        }
         let steps: Vec<Step> =
             workflow.steps().iter().enumerate().map(|(i, def)| Step::new(id.clone(), def.name().clone(), i as u32, now)).collect();
         let mut detail = json!({ "workflow": workflow.name(), "version": workflow.version() });
+        if let Some(at) = start_at {
+            detail["start_at"] = json!(at.as_millis());
+        }
         // Kept for a Scheduler that claims the task without its doorbell.
         if let Some(traceparent) = telemetry::current_traceparent() {
             detail["traceparent"] = Value::String(traceparent);
         }
         let received = Event::task(&id, now, EventKind::Received, detail);
-        Ok(NewTask { task, steps, messages: vec![doorbell(&id)], events: vec![received] })
+        Ok(NewTask { task, steps, messages: vec![ring], events: vec![received] })
     }
 
     /// A task and its steps.

@@ -75,6 +75,14 @@ pub enum Error {
         /// Its bounds and the value given.
         why: String,
     },
+    /// A submission asks for something outside its bounds; nothing was written.
+    #[error("{field}: {why}")]
+    InvalidSubmission {
+        /// The submission's field (`start_at`).
+        field: &'static str,
+        /// Its bounds and the value given.
+        why: String,
+    },
     /// The store failed in a way the component cannot retry.
     #[error(transparent)]
     Store(#[from] rota_store::Error),

@@ -91,6 +91,15 @@ pub enum Error {
     /// registered. The text starts with the field it is about, `workflow`.
     #[error("workflow: {0}")]
     UnknownWorkflow(String),
+    /// A submission field is outside its bounds. The text starts with the
+    /// field it is about.
+    #[error("{field}: {why}")]
+    InvalidSubmission {
+        /// The field (`start_at`).
+        field: &'static str,
+        /// Its bounds and the value given.
+        why: String,
+    },
     /// The task, or one of its steps, is in a state that does not allow the change.
     #[error("{action}: {refusal}")]
     Refused {
@@ -118,6 +127,7 @@ impl Error {
     pub fn from_submit(err: crate::Error) -> Self {
         match err {
             crate::Error::Store(rota_store::Error::NotFound(what)) => Error::UnknownWorkflow(what),
+            crate::Error::InvalidSubmission { field, why } => Error::InvalidSubmission { field, why },
             other => Error::Engine(other),
         }
     }

@@ -49,11 +49,15 @@ class Client:
         id: str | None = None,
         version: int | None = None,
         callback_url: str | None = None,
+        start_at: str | None = None,
+        delay: str | None = None,
     ) -> Task:
         """Submits a task of ``workflow`` (its latest version unless
         ``version`` says) and returns it. ``id`` is the idempotency key:
         submitting an id that exists creates nothing and returns that task,
-        so a submit whose answer was lost can simply be sent again."""
+        so a submit whose answer was lost can simply be sent again.
+        ``start_at`` (RFC 3339) or ``delay`` (``"10m"``) puts its start off:
+        it waits Pending until then, and its ``not_before`` says when."""
         body: dict[str, Json] = {"workflow": workflow}
         if input is not None:
             body["input"] = input
@@ -63,6 +67,10 @@ class Client:
             body["version"] = version
         if callback_url is not None:
             body["callback_url"] = callback_url
+        if start_at is not None:
+            body["start_at"] = start_at
+        if delay is not None:
+            body["delay"] = delay
         return cast(Task, self._http.call("POST", "/v1/tasks", body))
 
     def status(self, task_id: str) -> Task:
