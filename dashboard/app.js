@@ -52,6 +52,13 @@ function section(title, ...children) {
   return h('section', { 'aria-labelledby': id }, h('h2', { id }, title), children);
 }
 
+// A section across the whole width of the overview's grid, for wide tables.
+function wideSection(title, ...children) {
+  const element = section(title, ...children);
+  element.classList.add('wide');
+  return element;
+}
+
 function table(name, headers, rows, empty = 'Nothing here.') {
   if (rows.length === 0) return h('p', { class: 'empty' }, empty);
   return h('table', { 'aria-label': name },
@@ -225,8 +232,8 @@ function overviewPage() {
             h('td', null, breaker.consecutive_failures ?? '—'), h('td', null, time(breaker.open_until)),
             h('td', null, breaker.instance ?? '—'), h('td', null, time(breaker.reported_at)))),
           'Every circuit breaker is closed.')),
-        section('Queues', queuesTable(queues)),
-        section('Instances', instancesTable(instances)));
+        wideSection('Queues', queuesTable(queues)),
+        wideSection('Instances', instancesTable(instances)));
     },
   };
 }
@@ -461,7 +468,12 @@ function attempts(task, history) {
       const entry = byAttempt.get(key) ?? { step: event.step, attempt: event.attempt, sent: null, end: null, outcome: '', detail: '' };
       entry.end = event.at;
       entry.outcome = outcome[event.kind];
-      if (event.kind === 'step_failed' && event.detail?.retry) entry.outcome = 'failed, retried';
+      if (event.kind === 'step_failed') {
+        // A timeout is a failure whose attempt outlived its complete-by.
+        if (event.detail?.timed_out) entry.outcome = 'timed out';
+        if (event.detail?.in_doubt) entry.outcome = 'in doubt, to be compensated';
+        if (event.detail?.retry_in_ms !== null && event.detail?.retry_in_ms !== undefined) entry.outcome += ', retried';
+      }
       entry.detail = compact(event.detail?.error ?? event.detail?.reason ?? '');
       byAttempt.set(key, entry);
     }

@@ -10,7 +10,6 @@ server's (those are also blocked).
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
@@ -543,25 +542,6 @@ class BrowserTest(unittest.TestCase):
         problems = watch.problems()
         if problems:
             self.fail("the page(s) of this test:\n  " + "\n  ".join(problems))
-
-
-def known_bug(description: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Marks a test that fails for a known bug of the dashboard: its failure
-    is reported as a skip naming the bug (so CI stays green while the bug
-    is open), and once the bug is fixed the test simply passes; then the
-    mark can go."""
-
-    def mark(test: Callable[..., None]) -> Callable[..., None]:
-        @functools.wraps(test)
-        def run(self: unittest.TestCase, *args: Any, **kwargs: Any) -> None:
-            try:
-                test(self, *args, **kwargs)
-            except AssertionError as failure:
-                raise unittest.SkipTest(f"KNOWN DASHBOARD BUG: {description}\n  failed as expected: {failure}") from failure
-
-        return run
-
-    return mark
 
 
 def eventually(check: Callable[[], Any], timeout: float = 5.0, what: str = "the condition") -> Any:

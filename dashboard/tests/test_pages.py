@@ -110,10 +110,6 @@ class EveryPage(support.BrowserTest):
         expect(support.rows(table)).to_have_count(1)
         expect(table.get_by_role("link", name="pages-error", exact=True)).to_be_visible()
 
-    @support.known_bug(
-        "dashboard/app.css: at 1280x800 the Overview's Queues table is wider than its region (the section scrolls "
-        "sideways and the Oldest column is cut off, as in docs/images/dashboard-overview.png)"
-    )
     def test_the_overview_tables_fit_their_regions_at_1280_wide(self) -> None:
         page, _ = self.open("/ui")
         expect(support.region(page, "Queues").locator("table")).to_be_visible()

@@ -106,12 +106,6 @@ class TaskPage(support.BrowserTest):
                     self.assertTrue(any(outcome in t for t in mine), f"{step}: no attempt {outcome!r} in {mine}")
                     self.assertTrue(any("sent" in t for t in mine), f"{step}: no 'sent' in {mine}")
 
-    @support.known_bug(
-        "dashboard/app.js attempts() shows every attempt of a step that timed out as 'failed': a step's timeout is "
-        "recorded as a step_failed event (detail.error '... got no reply before its complete-by'), not as an 'expired' "
-        "event with a step, and a retried failure carries detail.retry_in_ms (non-null), not detail.retry, so neither "
-        "'timed out' nor 'retried' ever shows"
-    )
     def test_an_attempt_that_timed_out_says_timed_out_and_a_retried_one_retried(self) -> None:
         page, _ = self.shows("page-timeout")
         events = [e for e in server.history("page-timeout") if e["kind"] == "step_failed"]

@@ -235,7 +235,7 @@ impl<'a> Draft<'a> {
                 step.fail(attempt, reason.clone(), Some(Duration::ZERO), self.cx.now).map_err(|e| e.to_string())?
             };
             self.steps.insert(name.clone(), waiting);
-            self.step_event(name, EventKind::StepFailed, json!({ "error": reason, "retryable": true }));
+            self.step_event(name, EventKind::StepFailed, json!({ "error": reason, "retryable": true, "timed_out": timed_out }));
             self.settle_in_doubt(name, &reason)?;
             self.task_ended_by_failures(&reason);
             return Ok(());
@@ -256,7 +256,12 @@ impl<'a> Draft<'a> {
         self.step_event(
             name,
             EventKind::StepFailed,
-            json!({ "error": reason, "retryable": true, "retry_in_ms": retry_after.map(|d| d.as_millis() as u64) }),
+            json!({
+                "error": reason,
+                "retryable": true,
+                "retry_in_ms": retry_after.map(|d| d.as_millis() as u64),
+                "timed_out": timed_out,
+            }),
         );
         if below_threshold {
             self.send_retry(name, backoff);
