@@ -75,6 +75,19 @@ describe("submit and wait", () => {
     await client.cancel(sleeping);
   });
 
+  test("tasks page with before", async () => {
+    const client = admin();
+    const ids = [fresh("page"), fresh("page"), fresh("page")];
+    for (const id of ids) {
+      await client.submit("nap", undefined, { id });
+    }
+    const page = (await client.tasks({ workflow: "nap", before: ids[2], limit: 2 })).map((task) => task.id);
+    assert.deepEqual(page, [ids[1], ids[0]]);
+    for (const id of ids) {
+      await client.cancel(id);
+    }
+  });
+
   test("events follow a task until it ends and resume after a seq", async () => {
     const client = admin();
     const id = fresh("ev");
@@ -140,6 +153,7 @@ describe("errors", () => {
       [() => client.submit("no-such-workflow"), 404, "unknown_workflow", "no-such-workflow"],
       [() => client.tasks({ state: "bogus" as never }), 400, "invalid_query", "state"],
       [() => client.tasks({ limit: 0 }), 400, "invalid_query", "limit"],
+      [() => client.tasks({ before: "no-such-task" }), 400, "invalid_query", "before"],
       [() => new Client({ url: server.url, token: "not-a-token-of-this-server" }).tasks(), 401, "unauthorized", ""],
       [() => new Client({ url: server.url, token: SUBMIT_TOKEN }).tasks(), 403, "forbidden", ""],
     ];
