@@ -334,7 +334,8 @@ function tasksPage(params, query) {
       summary.textContent = `${number(matching)} ${matching === 1 ? 'task' : 'tasks'}${state ? ` in state ${state}` : ''}${workflow ? ` of workflow ${workflow}` : ''}`;
       list.replaceChildren(table('Tasks', ['Id', 'Workflow', 'State', 'Failures', 'Created', 'Updated'], tasks.map((task) => h('tr', null,
         h('td', null, taskLink(task.id)), h('td', null, h('a', { href: `/ui/workflows/${encodeURIComponent(task.workflow)}` }, task.workflow)),
-        h('td', null, badge(task.state)), h('td', { class: 'n' }, task.failure_count), h('td', null, time(task.created_at)), h('td', null, time(task.updated_at)))),
+        h('td', null, badge(task.state), task.state === 'pending' && task.not_before > Date.now() ? h('span', { class: 'hint' }, ' waits until ', time(task.not_before)) : null),
+        h('td', { class: 'n' }, task.failure_count), h('td', null, time(task.created_at)), h('td', null, time(task.updated_at)))),
       'No task matches.'));
       const link = (label, target, rel) => target === null
         ? h('span', { class: 'disabled', 'aria-disabled': 'true' }, label)

@@ -1132,6 +1132,12 @@ export interface components {
             id: string;
             /** @description The Scheduler holding it (the pattern's LockedBy). */
             locked_by?: string | null;
+            /**
+             * Format: int64
+             * @description No Scheduler claims it before this time, epoch ms: a delayed start,
+             *     or the backoff after a failure.
+             */
+            not_before: number;
             /** @description Where it is. */
             state: components["schemas"]["TaskStateView"];
             /**

@@ -8,7 +8,7 @@
 use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use rota_engine::{Submission, ops};
+use rota_engine::{Start, Submission, ops};
 use rota_model::{InstanceId, StepName, TaskId, TaskState, WorkflowName};
 use rota_store::TaskFilter;
 use serde_json::json;
@@ -74,24 +74,19 @@ async fn submit_traced(state: ApiState, request: SubmitRequest) -> ApiResult<(St
     if let Some(url) = &request.callback_url {
         rota_engine::webhooks::check_url(url).map_err(|why| ApiError::invalid_body(format!("callback_url: {why}")))?;
     }
-    let start_at = match (request.start_at.as_deref(), request.delay.as_deref()) {
+    let start = match (request.start_at.as_deref(), request.delay.as_deref()) {
         (Some(_), Some(_)) => return Err(ApiError::invalid_body("start_at and delay: give one of them, not both")),
         (Some(at), None) => {
-            Some(rota_engine::client::parse_start_at(at).map_err(|why| ApiError::invalid_body(format!("start_at: {why}")))?)
+            Start::At(rota_engine::client::parse_start_at(at).map_err(|why| ApiError::invalid_body(format!("start_at: {why}")))?)
         }
-        (None, Some(delay)) => {
-            let delay = humantime::parse_duration(delay.trim())
-                .map_err(|err| ApiError::invalid_body(format!("delay: expected a duration such as 90s or 10m ({err}), got {delay:?}")))?;
-            if delay > rota_engine::client::START_DELAY_MAX {
-                let most = humantime::format_duration(rota_engine::client::START_DELAY_MAX);
-                return Err(ApiError::invalid_body(format!("delay: must be at most {most}, got {}", humantime::format_duration(delay))));
-            }
-            Some(state.clock().now().add(delay))
-        }
-        (None, None) => None,
+        (None, Some(delay)) => Start::After(
+            humantime::parse_duration(delay.trim())
+                .map_err(|err| ApiError::invalid_body(format!("delay: expected a duration such as 90s or 10m ({err}), got {delay:?}")))?,
+        ),
+        (None, None) => Start::Now,
     };
     let input = request.input.unwrap_or_else(|| json!({}));
-    let submission = Submission { workflow, version: request.version, input, id, reply_to: request.callback_url, start_at };
+    let submission = Submission { workflow, version: request.version, input, id, reply_to: request.callback_url, start };
     let submitted = state.client().submit(submission).await.map_err(|err| ApiError::ops("submit", ops::Error::from_submit(err)))?;
     let status = if submitted.created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(view(&state, "submit", &submitted.id).await?)))

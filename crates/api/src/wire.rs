@@ -174,6 +174,9 @@ pub struct TaskSummary {
     pub locked_by: Option<String>,
     /// When the holder's time runs out (the pattern's CompleteBy), epoch ms.
     pub complete_by: Option<i64>,
+    /// No Scheduler claims it before this time, epoch ms: a delayed start,
+    /// or the backoff after a failure.
+    pub not_before: i64,
     /// How many times its deadline passed.
     pub failure_count: u32,
     /// Why it failed, if it did.
@@ -193,6 +196,7 @@ impl From<&Task> for TaskSummary {
             state: task.state.into(),
             locked_by: task.locked_by.as_ref().map(ToString::to_string),
             complete_by: task.complete_by.map(|t| t.as_millis()),
+            not_before: task.not_before.as_millis(),
             failure_count: task.failure_count,
             error: task.error.clone(),
             created_at: task.created_at.as_millis(),

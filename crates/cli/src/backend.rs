@@ -24,7 +24,7 @@ use rota_api::wire::{
     AlertView, BreakerView, Count, DeadLetterView, EventView, QueueView, TaskStateChange, TaskSummary, TaskView, WorkflowView,
 };
 use rota_engine::{Client, Submission, Workflows, ops};
-use rota_model::{Clock, QueueName, StepName, SystemClock, TaskId, TaskState, WorkflowName};
+use rota_model::{QueueName, StepName, SystemClock, TaskId, TaskState, WorkflowName};
 use rota_store::{Redrive, SharedStore, TaskFilter};
 use serde::Serialize;
 use serde_json::Value;
@@ -62,7 +62,7 @@ struct SubmitBody<'a> {
     delay: Option<String>,
 }
 
-/// When a submitted task may start.
+/// When a submitted task may start, as the command line says it.
 #[derive(Debug, Clone, Default)]
 pub enum Start {
     /// As soon as a Scheduler claims it.
@@ -109,12 +109,14 @@ impl Backend {
         match self {
             Backend::Local(store) => {
                 let client = client(store);
-                let start_at = match start {
-                    Start::Now => None,
-                    Start::At(text) => Some(rota_engine::client::parse_start_at(text).map_err(|why| anyhow!("--at: {why}"))?),
-                    Start::After(delay) => Some(SystemClock.now().add(*delay)),
+                let start = match start {
+                    Start::Now => rota_engine::Start::Now,
+                    Start::At(text) => {
+                        rota_engine::Start::At(rota_engine::client::parse_start_at(text).map_err(|why| anyhow!("--at: {why}"))?)
+                    }
+                    Start::After(delay) => rota_engine::Start::After(*delay),
                 };
-                let submission = Submission { workflow: workflow.clone(), version, input, id, reply_to: None, start_at };
+                let submission = Submission { workflow: workflow.clone(), version, input, id, reply_to: None, start };
                 let submitted = client.submit(submission).await.map_err(|err| anyhow::Error::new(ops::Error::from_submit(err)))?;
                 let detail =
                     client.task(&submitted.id).await.map_err(|err| local_error(|| format!("cannot read task {}", submitted.id), err))?;

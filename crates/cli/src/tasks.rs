@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 use rota_api::wire::TaskView;
-use rota_model::{StepName, StepState, TaskId, TaskState, WorkflowName};
+use rota_model::{Clock, StepName, StepState, SystemClock, TaskId, TaskState, WorkflowName};
 use rota_store::TaskFilter;
 use serde_json::Value;
 
@@ -387,13 +387,21 @@ pub async fn list(store: &StoreArgs, args: ListArgs) -> anyhow::Result<()> {
         eprintln!("no tasks");
         return Ok(());
     }
+    let now = SystemClock.now().as_millis();
     let rows: Vec<Vec<String>> = tasks
         .iter()
         .map(|task| {
+            let state = TaskState::from(task.state);
+            // A Pending task that may not start yet says until when.
+            let state = if state == TaskState::Pending && task.not_before > now {
+                format!("{state} until {}", rfc3339_millis(task.not_before))
+            } else {
+                state.to_string()
+            };
             vec![
                 task.id.clone(),
                 format!("{}@{}", task.workflow, task.version),
-                TaskState::from(task.state).to_string(),
+                state,
                 task.failure_count.to_string(),
                 task.locked_by.clone().unwrap_or_else(|| "-".to_owned()),
                 rfc3339_millis(task.updated_at),

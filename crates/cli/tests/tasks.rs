@@ -372,6 +372,8 @@ fn a_task_submitted_with_a_delay_waits_pending_and_says_when_it_starts() {
     let status = rota.json(&["status", "later", "--json"]);
     assert_eq!(status["state"], "pending");
     assert!(status["not_before"].as_str().unwrap() > status["created_at"].as_str().unwrap(), "{status:#}");
+    let listed = rota.ok(&["tasks", "--state", "pending"]);
+    assert!(listed.contains(&format!("pending until {}", status["not_before"].as_str().unwrap())), "{listed}");
     let text = rota.ok(&["status", "later"]);
     assert!(text.contains(&format!("starts_at      {}", status["not_before"].as_str().unwrap())), "{text}");
 

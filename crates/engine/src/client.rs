@@ -32,9 +32,22 @@ pub struct Submission {
     pub id: Option<TaskId>,
     /// Where the submitter wants status events (kept with the task).
     pub reply_to: Option<String>,
-    /// When the task may start: it waits Pending until then. Now when
-    /// `None` or past; at most [`START_DELAY_MAX`] ahead.
-    pub start_at: Option<Timestamp>,
+    /// When the task may start: it waits Pending until then.
+    pub start: Start,
+}
+
+/// When a submitted task may start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Start {
+    /// As soon as a Scheduler claims it.
+    #[default]
+    Now,
+    /// No earlier than this time (now when it is past), at most
+    /// [`START_DELAY_MAX`] ahead.
+    At(Timestamp),
+    /// No earlier than this long after the submission, by the client's
+    /// clock, at most [`START_DELAY_MAX`].
+    After(Duration),
 }
 
 /// A start time written in RFC 3339 (`2026-12-01T02:00:00Z`,
@@ -54,12 +67,17 @@ pub const START_DELAY_MAX: Duration = Duration::from_secs(366 * 24 * 3600);
 impl Submission {
     /// A submission of the latest `workflow` with `input`.
     pub fn new(workflow: WorkflowName, input: Value) -> Self {
-        Submission { workflow, version: None, input, id: None, reply_to: None, start_at: None }
+        Submission { workflow, version: None, input, id: None, reply_to: None, start: Start::Now }
     }
 
     /// Starting no earlier than `at`.
-    pub fn starting_at(mut self, at: Timestamp) -> Self {
-        self.start_at = Some(at);
+    pub fn starting_at(self, at: Timestamp) -> Self {
+        self.with_start(Start::At(at))
+    }
+
+    /// Starting as `start` says.
+    pub fn with_start(mut self, start: Start) -> Self {
+        self.start = start;
         self
     }
 
@@ -142,15 +160,16 @@ impl Client {
             Some(id) => id,
             None => TaskId::new(uuid::Uuid::now_v7().to_string()).expect("a UUID is a valid task id"),
         };
-        let start_at = submission.start_at.filter(|at| *at > now);
-        if let Some(at) = start_at
-            && at.since(now) > START_DELAY_MAX
-        {
-            return Err(Error::InvalidSubmission {
-                field: "start_at",
-                why: format!("must be at most {} ahead", humantime::format_duration(START_DELAY_MAX)),
-            });
+        let too_far =
+            |field| Error::InvalidSubmission { field, why: format!("must be at most {} days ahead", START_DELAY_MAX.as_secs() / 86_400) };
+        let start_at = match submission.start {
+            Start::Now => None,
+            Start::At(at) if at.since(now) > START_DELAY_MAX => return Err(too_far("start_at")),
+            Start::After(delay) if delay > START_DELAY_MAX => return Err(too_far("delay")),
+            Start::At(at) => Some(at),
+            Start::After(delay) => Some(now.add(delay)),
         }
+        .filter(|at| *at > now);
         let mut task = Task::new(id.clone(), workflow.name().clone(), workflow.version(), submission.input, now);
         task.reply_to = submission.reply_to;
         // Claims skip the task until then, and its doorbell rings then.

@@ -45,7 +45,7 @@ pub mod webhooks;
 pub mod workflows;
 
 pub use agent_worker::AgentWorker;
-pub use client::{Client, Submission, Submitted};
+pub use client::{Client, Start, Submission, Submitted};
 pub use completions::Completions;
 pub use engine::{Engine, Roles};
 pub use scheduler::Scheduler;
@@ -78,7 +78,7 @@ pub enum Error {
     /// A submission asks for something outside its bounds; nothing was written.
     #[error("{field}: {why}")]
     InvalidSubmission {
-        /// The submission's field (`start_at`).
+        /// The submission's field (`start_at`, `delay`).
         field: &'static str,
         /// Its bounds and the value given.
         why: String,

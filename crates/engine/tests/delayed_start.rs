@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rota_engine::client::{START_DELAY_MAX, parse_start_at};
-use rota_engine::{Client, Error, Submission, Workflows};
+use rota_engine::{Client, Error, Start, Submission, Workflows};
 use rota_model::{Clock, InstanceId, ManualClock, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{EventKind, SharedStore};
 use rota_store_postgres::PgStore;
@@ -59,12 +59,19 @@ async fn a_delayed_task_waits_for_its_time(store: SharedStore, clock: Arc<Manual
     assert_eq!(past.task.not_before, clock.now());
     assert_eq!(store.claim_tasks(&owner, LEASE, 10).await.unwrap().len(), 1);
 
+    // A delay counts from the submission, on the client's clock.
+    client.submit(submission("after").with_start(Start::After(Duration::from_secs(90)))).await.unwrap();
+    let after = store.task(&TaskId::new("after").unwrap()).await.unwrap().unwrap();
+    assert_eq!(after.task.not_before, after.task.created_at.add(Duration::from_secs(90)));
+
     // Too far ahead: refused, nothing written.
     let too_far = clock.now().add(START_DELAY_MAX + Duration::from_secs(1));
     let err = client.submit(submission("too-far").starting_at(too_far)).await.unwrap_err();
     assert!(matches!(err, Error::InvalidSubmission { field: "start_at", .. }), "{err}");
     assert!(err.to_string().starts_with("start_at: must be at most"), "{err}");
     assert!(store.task(&TaskId::new("too-far").unwrap()).await.unwrap().is_none());
+    let err = client.submit(submission("too-late").with_start(Start::After(START_DELAY_MAX * 2))).await.unwrap_err();
+    assert_eq!(err.to_string(), "delay: must be at most 366 days ahead");
 }
 
 #[tokio::test]
