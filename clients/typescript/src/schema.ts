@@ -803,8 +803,8 @@ export interface components {
         /** @description The running processes and the Supervisors' leader. */
         InstancesView: {
             /**
-             * @description Every instance that reported a heartbeat to this store, live or not,
-             *     sorted by id.
+             * @description Every instance that reported a heartbeat to this store in the last
+             *     24 hours, live or not, sorted by id.
              */
             instances: components["schemas"]["InstanceView"][];
             supervisor_leader?: components["schemas"]["LeaderView"] | null;
@@ -1543,7 +1543,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description Every instance, live or not, sorted by id, and the Supervisors' leader */
+            /** @description Every instance heard from in the last day, live or not, sorted by id, and the Supervisors' leader */
             200: {
                 headers: {
                     [name: string]: unknown;

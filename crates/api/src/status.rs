@@ -16,7 +16,7 @@ use crate::wire::{ActivityQuery, ActivityView, InstancesView};
 #[utoipa::path(
     get, path = "/v1/instances", tag = "status", operation_id = "list_instances",
     responses(
-        (status = 200, description = "Every instance, live or not, sorted by id, and the Supervisors' leader", body = InstancesView),
+        (status = 200, description = "Every instance heard from in the last day, live or not, sorted by id, and the Supervisors' leader", body = InstancesView),
     ),
     security(("bearer" = []))
 )]

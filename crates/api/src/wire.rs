@@ -1007,8 +1007,8 @@ pub struct LeaderView {
 /// The running processes and the Supervisors' leader.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct InstancesView {
-    /// Every instance that reported a heartbeat to this store, live or not,
-    /// sorted by id.
+    /// Every instance that reported a heartbeat to this store in the last
+    /// 24 hours, live or not, sorted by id.
     pub instances: Vec<InstanceView>,
     /// Who leads the Supervisors now; null when nobody does.
     pub supervisor_leader: Option<LeaderView>,

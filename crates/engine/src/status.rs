@@ -68,6 +68,11 @@ const BREAKERS_REPORTED_MAX: usize = 256;
 /// A heartbeat younger than this many report intervals, from a process that
 /// did not say it stopped, counts as a live process.
 const LIVE_INTERVALS: u32 = 3;
+/// How long [`instances`] keeps listing a process after its last heartbeat.
+/// Default instance ids change at every start (`<host>-<pid>`), and their
+/// heartbeats stay in the store: without this, every restart would add a
+/// dead process to the list for good.
+pub const INSTANCES_LISTED_FOR: Duration = Duration::from_secs(24 * 3600);
 
 /// What a process says about itself in its heartbeat.
 #[derive(Debug, Clone)]
@@ -167,11 +172,15 @@ impl Instance {
     }
 }
 
-/// Every process that ever reported a heartbeat to this store, live or
-/// not, sorted by instance id.
+/// Every process that reported a heartbeat to this store within
+/// [`INSTANCES_LISTED_FOR`], live or not, sorted by instance id.
 pub async fn instances(store: &SharedStore, now: Timestamp) -> rota_store::Result<Vec<Instance>> {
     let statuses = store.statuses(INSTANCE_PREFIX).await?;
-    Ok(statuses.iter().map(|status| Instance::of(status, now)).collect())
+    Ok(statuses
+        .iter()
+        .filter(|status| now.since(status.reported_at) <= INSTANCES_LISTED_FOR)
+        .map(|status| Instance::of(status, now))
+        .collect())
 }
 
 /// The Supervisors' leader lease while someone holds it.

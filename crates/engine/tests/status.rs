@@ -77,6 +77,10 @@ async fn a_heartbeat_is_live_until_its_process_stops(backend: Backend) {
     assert_eq!(status::live_heartbeat_age(&db.store, &instance, clock.now()).await, None, "it stopped cleanly");
     let stopped = status::instances(&db.store, clock.now()).await.unwrap();
     assert_eq!((stopped.len(), stopped[0].stopped, stopped[0].live), (1, true, false), "a stopped instance is listed, not live");
+    clock.advance(status::INSTANCES_LISTED_FOR);
+    assert_eq!(status::instances(&db.store, clock.now()).await.unwrap().len(), 1, "listed for a day after its last heartbeat");
+    clock.advance(Duration::from_millis(1));
+    assert!(status::instances(&db.store, clock.now()).await.unwrap().is_empty(), "then no longer");
 }
 
 on_each_backend!(a_heartbeat_is_live_until_its_process_stops);
