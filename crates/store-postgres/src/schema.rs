@@ -167,6 +167,12 @@ $$;
 -- Listings and counts by workflow and state together, newest first.
 CREATE INDEX tasks_workflow_state ON rota.tasks (workflow, state, created_seq);
 "#,
+    r#"
+-- Listings of the tasks one instance holds (a Scheduler's release at
+-- shutdown, an operator's `locked_by=`), newest first. Held tasks are few,
+-- so the index is partial; `locked_by = $1` implies the NOT NULL.
+CREATE INDEX tasks_locked_by ON rota.tasks (locked_by, created_seq) WHERE locked_by IS NOT NULL;
+"#,
 ];
 
 /// How many migrations this build knows.

@@ -131,7 +131,7 @@ pub(crate) async fn get_tasks(conn: &mut PgConnection, n: &Names, ids: &[TaskId]
 /// `PLANNER_SETTINGS`) and a generic plan of `($1 IS NULL OR state = $1)`
 /// can use no index. Each combination is served by an index ending with
 /// `created_seq` (`tasks_state`, `tasks_workflow`, `tasks_workflow_state`,
-/// or the unique index of `created_seq` itself), walked backwards with no
+/// `tasks_locked_by`, or the unique index of `created_seq` itself), walked backwards with no
 /// sort; `before` is a range on the same column.
 fn list_tasks_sql(filter: &TaskFilter) -> (String, Vec<&str>) {
     let mut conditions = Vec::new();

@@ -150,6 +150,12 @@ CREATE TABLE statuses (
 CREATE INDEX tasks_workflow ON tasks (workflow);
 CREATE INDEX tasks_workflow_state ON tasks (workflow, state);
 "#,
+    r#"
+-- Listings of the tasks one instance holds (a Scheduler's release at
+-- shutdown, an operator's `locked_by=`), newest first. Held tasks are few,
+-- so the index is partial; `locked_by = ?` implies the NOT NULL.
+CREATE INDEX tasks_locked_by ON tasks (locked_by) WHERE locked_by IS NOT NULL;
+"#,
 ];
 
 /// Runs the migrations that have not run yet.

@@ -310,8 +310,8 @@ pub(crate) fn get_task(conn: &Connection, id: &TaskId) -> Result<Option<TaskReco
 /// The listing's statement for the filters `filter` sets: one text per
 /// combination, naming only the conditions that apply, so that SQLite picks
 /// the index that serves them (`tasks_state`, `tasks_workflow`,
-/// `tasks_workflow_state`, whose entries end with the rowid, or the rowid
-/// itself) and walks it newest first, with no sort; `before` is a range on
+/// `tasks_workflow_state`, `tasks_locked_by`, whose entries end with the
+/// rowid, or the rowid itself) and walks it newest first, with no sort; `before` is a range on
 /// the same rowid. Parameters: ?1 state, ?2 workflow, ?3 locked_by,
 /// ?4 before, ?5 limit.
 fn list_tasks_sql(filter: &TaskFilter) -> String {
