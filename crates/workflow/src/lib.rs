@@ -72,5 +72,5 @@ pub use builder::{CompensateBuilder, StepBuilder, WorkflowBuilder};
 pub use definition::{CompensateDef, DEADLINE_DEFAULT, MAX_FAILURES_DEFAULT, STEPS_MAX, StepDef, TIMEOUT_DEFAULT, Workflow};
 pub use diagnostic::{Diagnostic, Diagnostics};
 pub use load::{load_dir, load_file};
-pub use parse::{DEFINITION_BYTES_MAX, parse};
+pub use parse::{DEFINITION_BYTES_MAX, NESTING_MAX, parse};
 pub use template::{Reference, StepOutputs, Target, TemplateContext, TemplateError, references, render};

@@ -26,6 +26,12 @@ use crate::validate::validate_into;
 /// keeps a bad file from costing much.
 pub const DEFINITION_BYTES_MAX: usize = 1 << 20;
 
+/// The deepest nesting of lists and mappings a definition may have. Every
+/// level costs stack in the parser and in each walk over the tree; a
+/// definition needs a handful, and a few dozen would overflow a thread's
+/// stack in a debug build.
+pub const NESTING_MAX: usize = 32;
+
 const WORKFLOW_FIELDS: &[&str] = &["name", "version", "deadline", "on_exhausted", "max_failures", "steps"];
 const STEP_FIELDS: &[&str] = &["name", "agent", "with", "timeout", "retry", "compensate", "depends_on"];
 const RETRY_FIELDS: &[&str] = &["attempts", "backoff", "max_backoff", "multiplier", "jitter"];
@@ -204,15 +210,22 @@ fn read_tree(source: &str, text: &str) -> Result<Node, Diagnostic> {
 }
 
 fn read_yaml(source: &str, text: &str) -> Result<Node, Diagnostic> {
+    let mut budget = serde_saphyr::budget::Budget::default();
+    budget.max_depth = NESTING_MAX;
     let options = serde_saphyr::options! {
         // YAML 1.2 booleans only: `y`, `on` and `no` stay strings, as in JSON.
         strict_booleans: true,
         with_snippet: false,
+        budget: Some(budget),
     };
     serde_saphyr::from_str_with_options::<Node>(text, options).map_err(|err| {
         let (line, column) = err.location().map(|l| (l.line(), l.column())).unwrap_or((0, 0));
         let rendered = err.render_with_formatter(&serde_saphyr::UserMessageFormatter);
         let message = rendered.strip_suffix(&format!(" at line {line}, column {column}")).unwrap_or(&rendered);
+        // The parser's words for its two nesting limits, said plainly.
+        let too_deep = message.contains("limits breached: Depth") || message.contains("recursion limit exceeded");
+        let message =
+            if too_deep { &format!("nested too deep: lists and mappings may nest at most {NESTING_MAX} levels") } else { message };
         Diagnostic {
             file: source.to_owned(),
             line: u32::try_from(line).unwrap_or(u32::MAX),
