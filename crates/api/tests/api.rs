@@ -304,6 +304,7 @@ async fn a_failed_task_raises_an_alert_and_can_be_resubmitted_whole_or_by_step()
     let alerts = server.get("/v1/alerts").await;
     assert_eq!(alerts.status, StatusCode::OK);
     assert_eq!(alerts.body[0]["task_id"], "b-1");
+    assert_eq!(alerts.body[0]["step"], "only", "the alert names the step that failed: {}", alerts.text);
     assert!(alerts.body[0]["reason"].as_str().unwrap().contains("input.ms"), "{}", alerts.text);
 
     let reason = server.post("/v1/tasks/b-1/steps/nope/resubmit").await.assert_error(404, "not_found");

@@ -237,7 +237,7 @@ impl<'a> Draft<'a> {
             self.steps.insert(name.clone(), waiting);
             self.step_event(name, EventKind::StepFailed, json!({ "error": reason, "retryable": true, "timed_out": timed_out }));
             self.settle_in_doubt(name, &reason)?;
-            self.task_ended_by_failures(&reason);
+            self.task_ended_by_failures(name, &reason);
             return Ok(());
         }
         let next = if timed_out {
@@ -266,7 +266,7 @@ impl<'a> Draft<'a> {
         if below_threshold {
             self.send_retry(name, backoff);
         } else {
-            self.task_ended_by_failures(&reason);
+            self.task_ended_by_failures(name, &reason);
         }
         Ok(())
     }
@@ -300,23 +300,24 @@ impl<'a> Draft<'a> {
             (format!("step {name} failed permanently: {error}"), self.cx.workflow.on_exhausted())
         };
         self.task = self.task.fail(fence, reason.clone(), policy, self.cx.now).map_err(|e| e.to_string())?;
-        self.after_unleased(&reason);
+        self.after_unleased(name, &reason);
         Ok(())
     }
 
     /// The failure threshold was reached.
-    fn task_ended_by_failures(&mut self, reason: &str) {
+    fn task_ended_by_failures(&mut self, step: &StepName, reason: &str) {
         let reason = format!("{reason}; failure threshold {} reached", self.cx.workflow.max_failures());
-        self.after_unleased(&reason);
+        self.after_unleased(step, &reason);
     }
 
     /// Events (and the doorbell for compensation) after the task lost its
-    /// lease by failing.
-    fn after_unleased(&mut self, reason: &str) {
+    /// lease by failing at `step`. The alert names the step, so that an
+    /// operator sees where without reading the reason.
+    fn after_unleased(&mut self, step: &StepName, reason: &str) {
         match self.task.state {
             TaskState::Error => {
                 self.event(EventKind::Error, json!({ "reason": reason }));
-                self.event(EventKind::Alert, json!({ "reason": reason }));
+                self.step_event(step, EventKind::Alert, json!({ "reason": reason }));
             }
             TaskState::Compensating => {
                 self.event(EventKind::CompensationStarted, json!({ "reason": reason }));
@@ -370,7 +371,7 @@ impl<'a> Draft<'a> {
                     self.step_event(&name, EventKind::StepFailed, json!({ "error": reason, "retryable": false }));
                     if let Ok(failed) = self.task.fail(fence, reason.clone(), wf.on_exhausted(), now) {
                         self.task = failed;
-                        self.after_unleased(&reason);
+                        self.after_unleased(&name, &reason);
                     }
                     return;
                 }
@@ -434,7 +435,7 @@ impl<'a> Draft<'a> {
                 let reason = format!("compensation of step {name}: {err}");
                 if let Ok(failed) = self.task.fail(fence, reason.clone(), rota_model::ExhaustedPolicy::Error, now) {
                     self.task = failed;
-                    self.after_unleased(&reason);
+                    self.after_unleased(&name, &reason);
                 }
                 return;
             }
