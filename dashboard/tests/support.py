@@ -181,6 +181,47 @@ class ApiError(Exception):
         self.body = body
 
 
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without the rota settings a developer
+    may have exported, which would point a command elsewhere."""
+    env = dict(os.environ, **extra)
+    for name in ("ROTA_API_TOKEN", "ROTA_SERVER", "ROTA_TOKEN", "ROTA_STORE", "ROTA_CONFIG"):
+        env.pop(name, None)
+    return env
+
+
+def spawn(command: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    """Starts ``command`` (a rota server) logging to ``log_path``."""
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=clean_env(RUST_LOG="info"))
+
+
+def wait_listening(process: subprocess.Popen[bytes], log_path: Path, what: str) -> str:
+    """The URL a started server logs it listens on; stops it and raises if
+    it does not within ``STARTUP_S``."""
+    deadline = time.monotonic() + STARTUP_S
+    while time.monotonic() < deadline:
+        found = re.search(r"listening on (http://[0-9.:]+)", log_path.read_text(errors="replace"))
+        if found:
+            return found.group(1)
+        if process.poll() is not None:
+            break
+        time.sleep(0.05)
+    terminate(process)
+    raise RuntimeError(f"{what} did not start listening:\n{log_path.read_text(errors='replace')}")
+
+
+def terminate(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL if it does not stop in time."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(STOP_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 class Server:
     """``rota serve`` on a temporary SQLite file and a free loopback port,
     with the workflows above. Without ``tokens`` the API runs without
@@ -198,9 +239,6 @@ class Server:
         for name, text in WORKFLOWS.items():
             (self.root / "workflows" / f"{name}.yaml").write_text(text)
         self.log_path = self.root / "serve.log"
-        env = dict(os.environ, RUST_LOG="info")
-        for name in ("ROTA_API_TOKEN", "ROTA_SERVER", "ROTA_TOKEN", "ROTA_STORE", "ROTA_CONFIG"):
-            env.pop(name, None)
         command = [
             rota_bin(),
             "--store", self.store,
@@ -220,37 +258,18 @@ class Server:
                 )
             )
             command += ["--auth", str(auth)]
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-        self.url = self._wait_listening()
+        self.process = spawn(command, self.log_path)
+        self.url = wait_listening(self.process, self.log_path, "rota serve")
         #: host:port, the only one a page may send requests to.
         self.netloc = urllib.parse.urlsplit(self.url).netloc
-
-    def _wait_listening(self) -> str:
-        deadline = time.monotonic() + STARTUP_S
-        while time.monotonic() < deadline:
-            found = re.search(r"listening on (http://[0-9.:]+)", self.log())
-            if found:
-                return found.group(1)
-            if self.process.poll() is not None:
-                break
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"rota serve did not start listening:\n{self.log()}")
 
     def log(self) -> str:
         """What the server logged so far."""
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        """SIGTERM, then SIGKILL if it does not stop in time."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(STOP_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        """Stops the server and removes its files."""
+        terminate(self.process)
         self.dir.cleanup()
 
     # -- the API, as the tests check what actions did ------------------------
@@ -346,9 +365,6 @@ class Server:
         admin token if there are tokens), or with ``remote=False`` against
         its store file (the queue commands that move messages have no API).
         Returns stdout; fails the test on a non-zero exit."""
-        env = dict(os.environ)
-        for name in ("ROTA_API_TOKEN", "ROTA_SERVER", "ROTA_TOKEN", "ROTA_STORE", "ROTA_CONFIG"):
-            env.pop(name, None)
         command = [rota_bin()]
         if remote:
             command += ["--server", self.url]
@@ -357,7 +373,7 @@ class Server:
         else:
             command += ["--store", self.store]
         command += list(args)
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0:
             raise AssertionError(f"{' '.join(command)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
         return done.stdout
@@ -369,31 +385,12 @@ class ApiServer:
 
     def __init__(self, server: Server) -> None:
         self.log_path = server.root / "api.log"
-        env = dict(os.environ, RUST_LOG="info")
-        for name in ("ROTA_API_TOKEN", "ROTA_SERVER", "ROTA_TOKEN", "ROTA_STORE", "ROTA_CONFIG"):
-            env.pop(name, None)
         command = [rota_bin(), "api", "--store", server.store, "--durability", "normal", "--listen", "127.0.0.1:0"]
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + STARTUP_S
-        while True:
-            found = re.search(r"listening on (http://[0-9.:]+)", self.log_path.read_text(errors="replace"))
-            if found:
-                self.url = found.group(1)
-                return
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"rota api did not start listening:\n{self.log_path.read_text(errors='replace')}")
-            time.sleep(0.05)
+        self.process = spawn(command, self.log_path)
+        self.url = wait_listening(self.process, self.log_path, "rota api")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(STOP_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process)
 
 
 class _NoRedirects(urllib.request.HTTPRedirectHandler):
