@@ -137,6 +137,8 @@ impl ApiError {
             E::BeforeNotFound(id) => ApiError::invalid_query("before", format!("task {id} not found")),
             E::InvalidSubmission { .. } => ApiError::invalid_body(reason),
             E::Refused { .. } => ApiError::new(StatusCode::CONFLICT, "refused", reason),
+            E::Signal { why, .. } if why.is_invalid_request() => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_signal", reason),
+            E::Signal { .. } => ApiError::new(StatusCode::CONFLICT, "refused", reason),
             E::Engine(err) => ApiError::engine(request, err),
         }
     }

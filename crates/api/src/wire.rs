@@ -270,7 +270,9 @@ impl TaskView {
                 .iter()
                 .map(|step| {
                     let mut view = StepView::from(step);
-                    view.agent = definition.and_then(|d| d.step(&step.name)).map(|def| def.agent().to_string());
+                    let def = definition.and_then(|d| d.step(&step.name));
+                    view.agent = def.and_then(|def| def.agent()).map(ToString::to_string);
+                    view.waits_for = def.and_then(|def| def.waits_for()).map(ToString::to_string);
                     let in_flight = matches!(step.state, StepState::Running | StepState::Compensating);
                     view.owner = task.locked_by.as_ref().filter(|_| in_flight).map(ToString::to_string);
                     view
@@ -293,8 +295,13 @@ pub struct StepView {
     pub name: String,
     /// Its position in the definition.
     pub position: u32,
-    /// The agent that runs it (absent when the definition cannot be read).
+    /// The agent that runs it (absent when the definition cannot be read,
+    /// and for a step that waits for a signal).
     pub agent: Option<String>,
+    /// The signal it waits for (absent for a step that calls an agent, and
+    /// when the definition cannot be read). Its `input` is the signal once
+    /// it arrived, even before the step started.
+    pub waits_for: Option<String>,
     /// Where it is.
     pub state: StepStateView,
     /// The current attempt (0 before the first).
@@ -321,6 +328,7 @@ impl From<&Step> for StepView {
             name: step.name.to_string(),
             position: step.position,
             agent: None,
+            waits_for: None,
             state: step.state.into(),
             attempt: step.attempt,
             owner: None,
@@ -526,8 +534,10 @@ impl From<&ComponentStatus> for BreakerView {
 pub struct WorkflowStepView {
     /// The step's name.
     pub name: String,
-    /// The agent that runs it.
-    pub agent: String,
+    /// The agent that runs it (absent for a step that waits for a signal).
+    pub agent: Option<String>,
+    /// The signal it waits for (absent for a step that calls an agent).
+    pub waits_for: Option<String>,
     /// The steps it waits for.
     pub depends_on: Vec<String>,
     /// Whether it has a compensation.
@@ -561,7 +571,8 @@ impl WorkflowView {
                 .iter()
                 .map(|step| WorkflowStepView {
                     name: step.name().to_string(),
-                    agent: step.agent().to_string(),
+                    agent: step.agent().map(ToString::to_string),
+                    waits_for: step.waits_for().map(ToString::to_string),
                     depends_on: step.depends_on().iter().map(ToString::to_string).collect(),
                     compensated: step.compensate().is_some(),
                 })

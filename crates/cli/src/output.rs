@@ -323,7 +323,10 @@ pub struct WorkflowJson<'a> {
 #[derive(Serialize)]
 pub struct WorkflowStepJson<'a> {
     name: &'a str,
-    agent: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    agent: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    waits_for: Option<&'a str>,
     depends_on: &'a [String],
 }
 
@@ -336,7 +339,12 @@ impl<'a> From<&'a WorkflowView> for WorkflowJson<'a> {
             steps: workflow
                 .steps
                 .iter()
-                .map(|step| WorkflowStepJson { name: &step.name, agent: &step.agent, depends_on: &step.depends_on })
+                .map(|step| WorkflowStepJson {
+                    name: &step.name,
+                    agent: step.agent.as_deref(),
+                    waits_for: step.waits_for.as_deref(),
+                    depends_on: &step.depends_on,
+                })
                 .collect(),
         }
     }

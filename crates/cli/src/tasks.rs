@@ -458,7 +458,14 @@ pub async fn workflows(store: &StoreArgs, args: WorkflowsArgs) -> anyhow::Result
     let rows: Vec<Vec<String>> = workflows
         .iter()
         .map(|workflow| {
-            let steps: Vec<String> = workflow.steps.iter().map(|step| format!("{} ({})", step.name, step.agent)).collect();
+            let steps: Vec<String> = workflow
+                .steps
+                .iter()
+                .map(|step| match (&step.agent, &step.waits_for) {
+                    (_, Some(signal)) => format!("{} (waits for {signal})", step.name),
+                    (agent, None) => format!("{} ({})", step.name, agent.as_deref().unwrap_or("?")),
+                })
+                .collect();
             vec![
                 workflow.name.clone(),
                 workflow.version.to_string(),

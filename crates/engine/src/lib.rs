@@ -38,6 +38,7 @@ pub mod plan;
 pub mod protocol;
 pub mod scheduler;
 mod shutdown;
+pub mod signal;
 pub mod status;
 pub mod supervisor;
 pub mod telemetry;

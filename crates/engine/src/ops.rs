@@ -48,6 +48,8 @@ pub enum Action {
     Cancel,
     /// Run a task that ended in Error again.
     Resubmit,
+    /// Complete a waiting step with a signal.
+    Signal,
 }
 
 impl Action {
@@ -56,6 +58,7 @@ impl Action {
         match self {
             Action::Cancel => "cancel",
             Action::Resubmit => "resubmit",
+            Action::Signal => "signal",
         }
     }
 }
@@ -107,6 +110,14 @@ pub enum Error {
         action: Action,
         /// Why it does not apply.
         refusal: Refusal,
+    },
+    /// A signal that no step of the task can take.
+    #[error("signal {signal}: {why}")]
+    Signal {
+        /// The signal's name.
+        signal: rota_model::SignalName,
+        /// Why it was refused.
+        why: crate::signal::Refusal,
     },
     /// The engine failed (the store, a stored definition): not a rule, and
     /// not the operator's doing.
@@ -350,7 +361,7 @@ impl Client {
     /// Runs an operator's change again on a fresh read when it lost a race
     /// with the task's Scheduler (which moves the task's epoch on every
     /// decision), a bounded number of times.
-    async fn retrying<T, F, Fut>(&self, mut change: F) -> Result<T>
+    pub(crate) async fn retrying<T, F, Fut>(&self, mut change: F) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T>>,

@@ -60,6 +60,8 @@ pub enum Input<'a> {
     Retry(&'a StepName),
     /// The Supervisor reports an attempt that timed out.
     StepExpired(&'a StepName, u32),
+    /// A signal completed this waiting step (already recorded).
+    Signalled(&'a StepName),
 }
 
 /// The outcome of a decision.
@@ -85,7 +87,7 @@ pub fn decide(record: &TaskRecord, completed_in_order: &[StepName], input: Input
     let applied = match input {
         Input::Claimed => draft.on_claimed(fence),
         Input::Reply(reply) => draft.on_reply(reply, rng),
-        Input::Retry(_) => Ok(()),
+        Input::Retry(_) | Input::Signalled(_) => Ok(()),
         Input::StepExpired(step, attempt) => draft.on_step_expired(step, attempt, rng),
     };
     if let Err(reason) = applied {
@@ -141,7 +143,11 @@ impl<'a> Draft<'a> {
             TaskState::Processing => s.state == StepState::Running,
             _ => s.state == StepState::Compensating,
         };
-        let in_flight: Vec<StepName> = self.steps.values().filter(|s| reissue(s)).map(|s| s.name.clone()).collect();
+        // A waiting step sent nothing to reissue: it keeps its attempt and
+        // complete-by (a takeover does not extend a wait), and a signal
+        // still completes it.
+        let waits = |s: &Step| self.cx.workflow.step(&s.name).is_some_and(|d| d.waits_for().is_some());
+        let in_flight: Vec<StepName> = self.steps.values().filter(|s| reissue(s) && !waits(s)).map(|s| s.name.clone()).collect();
         for name in in_flight {
             let compensate = self.steps[&name].state == StepState::Compensating;
             let Some(def) = self.cx.workflow.step(&name) else { continue };
@@ -202,7 +208,10 @@ impl<'a> Draft<'a> {
             return Err(format!("step {name} attempt {attempt} is not past its complete-by"));
         }
         let compensate = step.state == StepState::Compensating;
-        let reason = format!("step {name} attempt {attempt} got no reply before its complete-by");
+        let reason = match self.cx.workflow.step(name).and_then(|d| d.waits_for()) {
+            Some(signal) => format!("step {name} attempt {attempt} received no signal `{signal}` before its complete-by"),
+            None => format!("step {name} attempt {attempt} got no reply before its complete-by"),
+        };
         if self.task.state == TaskState::Compensating && !compensate {
             // A step left running when compensation began timed out: its
             // effect may have landed, so it is compensated too.
@@ -225,7 +234,9 @@ impl<'a> Draft<'a> {
         let attempt = step.attempt;
         let retry_after = below_threshold.then_some(backoff);
         let timed_out = step.complete_by.is_some_and(|at| at <= self.cx.now);
-        if !below_threshold && !compensate && self.task.state == TaskState::Compensating {
+        // (A waiting step has no effect that could have landed.)
+        let waits = self.cx.workflow.step(name).is_some_and(|d| d.waits_for().is_some());
+        if !below_threshold && !compensate && !waits && self.task.state == TaskState::Compensating {
             // The last straw, and the task is to be undone. This attempt, or
             // an earlier unconfirmed one, may have had its effect (a timeout,
             // a lost answer): the step is compensated too.
@@ -337,7 +348,20 @@ impl<'a> Draft<'a> {
         }
     }
 
+    /// Starts every ready step. A waiting step whose signal has already
+    /// arrived completes at once, which may make more steps ready: those
+    /// start in the same decision.
     fn advance_processing(&mut self, fence: rota_model::TaskFence) {
+        while self.task.state == TaskState::Processing {
+            if !self.start_ready_steps(fence) {
+                return;
+            }
+        }
+    }
+
+    /// One pass of [`Draft::advance_processing`]; whether a waiting step
+    /// completed (so that another pass may start more).
+    fn start_ready_steps(&mut self, fence: rota_model::TaskFence) -> bool {
         let wf = self.cx.workflow;
         let now = self.cx.now;
         if self.steps.values().all(|s| s.state == StepState::Completed) {
@@ -350,7 +374,7 @@ impl<'a> Draft<'a> {
                 }
                 Err(err) => tracing::error!("finishing task {}: {err}", self.task.id),
             }
-            return;
+            return false;
         }
         let ready: Vec<StepName> = wf
             .ready(
@@ -361,8 +385,13 @@ impl<'a> Draft<'a> {
             .map(|def| def.name().clone())
             .collect();
         let outputs = self.outputs();
+        let mut completed_any = false;
         for name in ready {
             let def = wf.step(&name).expect("ready steps come from the workflow");
+            if let Some(signal) = def.waits_for() {
+                completed_any |= self.start_waiting(&name, signal, def.timeout());
+                continue;
+            }
             let attempt = self.steps[&name].attempt + 1;
             let input = match rota_workflow::render(def.with(), &self.template_context(attempt, &outputs)) {
                 Ok(input) => input,
@@ -373,7 +402,7 @@ impl<'a> Draft<'a> {
                         self.task = failed;
                         self.after_unleased(&name, &reason);
                     }
-                    return;
+                    return false;
                 }
             };
             match self.steps[&name].start(input.clone(), now, def.timeout()) {
@@ -386,11 +415,65 @@ impl<'a> Draft<'a> {
                 Err(err) => tracing::error!("starting step {name} of task {}: {err}", self.task.id),
             }
         }
+        completed_any
+    }
+
+    /// Starts a step that waits for `signal`: it completes at once with a
+    /// signal that arrived before it started (returning true), else it
+    /// waits until its timeout; nothing is sent either way.
+    fn start_waiting(&mut self, name: &StepName, signal: &rota_model::SignalName, timeout: Duration) -> bool {
+        let now = self.cx.now;
+        let step = &self.steps[name];
+        let received = crate::signal::received(step).cloned();
+        let input = step.input.clone().filter(|_| received.is_some()).unwrap_or(Value::Null);
+        let started = match step.start(input, now, timeout) {
+            Ok(started) => started,
+            Err(err) => {
+                tracing::error!("starting step {name} of task {}: {err}", self.task.id);
+                return false;
+            }
+        };
+        let attempt = started.attempt;
+        self.steps.insert(name.clone(), started);
+        self.step_event(name, EventKind::StepStarted, json!({ "attempt": attempt, "waits_for": signal.as_str() }));
+        let Some(data) = received else { return false };
+        match self.steps[name].complete(attempt, data, now) {
+            Ok(done) => {
+                self.steps.insert(name.clone(), done);
+                self.completed_in_order.push(name.clone());
+                self.step_event(name, EventKind::StepCompleted, json!({ "signal": signal.as_str() }));
+                true
+            }
+            Err(err) => {
+                tracing::error!("completing step {name} of task {} with its signal: {err}", self.task.id);
+                false
+            }
+        }
     }
 
     fn advance_compensating(&mut self, fence: rota_model::TaskFence) {
         let wf = self.cx.workflow;
         let now = self.cx.now;
+        // A step still waiting for a signal did nothing to undo and will
+        // not be needed: it stops waiting rather than hold the compensation
+        // back until its timeout.
+        let waiting: Vec<StepName> = self
+            .steps
+            .values()
+            .filter(|s| s.state == StepState::Running && wf.step(&s.name).is_some_and(|d| d.waits_for().is_some()))
+            .map(|s| s.name.clone())
+            .collect();
+        for name in waiting {
+            let step = &self.steps[&name];
+            let reason = "stopped waiting: the task is being undone".to_owned();
+            match step.fail(step.attempt, reason.clone(), None, now) {
+                Ok(stopped) => {
+                    self.steps.insert(name.clone(), stopped);
+                    self.step_event(&name, EventKind::StepFailed, json!({ "error": reason, "retryable": false }));
+                }
+                Err(err) => tracing::error!("stopping the wait of step {name} of task {}: {err}", self.task.id),
+            }
+        }
         if self.steps.values().any(|s| matches!(s.state, StepState::Running | StepState::Compensating)) {
             return; // Wait for in-flight steps and compensations to settle.
         }
@@ -462,9 +545,15 @@ impl<'a> Draft<'a> {
     fn send_request(&mut self, name: &StepName, compensate: bool, input: Value) {
         let def = self.cx.workflow.step(name).expect("requests are for workflow steps");
         let step = &self.steps[name];
-        let (agent, retry) = match (compensate, def.compensate()) {
-            (true, Some(c)) => (c.agent().as_str(), c.retry().clone()),
-            _ => (def.agent().as_str(), def.retry().clone()),
+        let (agent, retry) = match (compensate, def.compensate(), def.agent()) {
+            (true, Some(c), _) => (c.agent().as_str(), c.retry().clone()),
+            (_, _, Some(agent)) => (agent.as_str(), def.retry().clone()),
+            (_, _, None) => {
+                // Unreachable by construction: waiting steps are started by
+                // `start_waiting` and never reissued or compensated.
+                tracing::error!("step {name} of task {} waits for a signal: it has no request to send", self.task.id);
+                return;
+            }
         };
         let request = StepRequest {
             call: Request {

@@ -5,6 +5,7 @@
 //!  Scheduler ──StepRequest──► agent.<name> ──► any Agent of that name
 //!  Agent ──Reply──► rota.inbox.<scheduler instance> (ordering key: task id)
 //!  Supervisor ──StepExpired──► rota.inbox.<owner>   Scheduler ──Retry──► its own inbox (delayed)
+//!  signal (API, CLI) ──Signalled──► rota.inbox.<owner> (ordering key: task id)
 //! ```
 //!
 //! Replies carry the task id as their ordering key, so one task's replies
@@ -152,6 +153,15 @@ pub enum InboxMessage {
         /// The attempt that timed out.
         attempt: u32,
     },
+    /// A signal completed a step that was waiting for it: move the task on.
+    /// The signal's commit already recorded the step's completion (and
+    /// bumped the task's epoch); this only wakes the holder.
+    Signalled {
+        /// The task.
+        task_id: TaskId,
+        /// The step the signal completed.
+        step: StepName,
+    },
 }
 
 /// An [`InboxMessage`] as sent: the message and, beside its fields, the
@@ -181,7 +191,9 @@ impl InboxMessage {
     pub fn task_id(&self) -> &TaskId {
         match self {
             InboxMessage::Reply(reply) => &reply.task_id,
-            InboxMessage::Retry { task_id, .. } | InboxMessage::StepExpired { task_id, .. } => task_id,
+            InboxMessage::Retry { task_id, .. } | InboxMessage::StepExpired { task_id, .. } | InboxMessage::Signalled { task_id, .. } => {
+                task_id
+            }
         }
     }
 }

@@ -389,6 +389,7 @@ impl Scheduler {
             InboxMessage::Reply(reply) => Input::Reply(reply),
             InboxMessage::Retry { step, .. } => Input::Retry(step),
             InboxMessage::StepExpired { step, attempt, .. } => Input::StepExpired(step, *attempt),
+            InboxMessage::Signalled { step, .. } => Input::Signalled(step),
         };
         let id = message.task_id();
         if let Some(kept) = self.inner.records.get(id) {
@@ -510,14 +511,15 @@ fn record_decision(
             let compensate = record.steps.iter().any(|s| &s.name == step && s.state == rota_model::StepState::Compensating);
             Some((step, compensate, StepOutcome::TimedOut))
         }
-        Input::Claimed | Input::Retry(_) => None,
+        Input::Claimed | Input::Retry(_) | Input::Signalled(_) => None,
     };
     if let Some((step, compensate, outcome)) = answered
         && let (Some(before), Some(def)) = (record.steps.iter().find(|s| &s.name == step), workflow.step(step))
     {
         let agent = match (compensate, def.compensate()) {
             (true, Some(compensation)) => compensation.agent().to_string(),
-            _ => def.agent().to_string(),
+            // A waiting step's only answer a Scheduler handles is its timeout.
+            _ => def.agent().map_or_else(|| "wait".to_owned(), ToString::to_string),
         };
         let seconds = now.since(before.updated_at).as_secs_f64();
         metrics::histogram!(telemetry::STEP_DURATION, "workflow" => workflow_name.clone(), "step" => step.to_string(),
@@ -543,6 +545,7 @@ impl Handler for Scheduler {
             InboxMessage::Reply(_) => "reply",
             InboxMessage::Retry { .. } => "retry",
             InboxMessage::StepExpired { .. } => "step_expired",
+            InboxMessage::Signalled { .. } => "signalled",
         };
         let span = tracing::debug_span!("rota.scheduler.handle", task_id = %message.task_id(), message = kind);
         // The Supervisor's timeout reports carry no context: the decision

@@ -139,6 +139,12 @@ string_id!(
     StepName, "step name", check_name
 );
 string_id!(
+    /// The name of a signal: what a waiting step waits for, and what an
+    /// outside event (a person's approval, a provider's webhook) sends to a
+    /// task.
+    SignalName, "signal name", check_name
+);
+string_id!(
     /// The name of a workflow definition.
     WorkflowName, "workflow name", check_name
 );

@@ -19,7 +19,7 @@ pub mod step;
 pub mod task;
 
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
-pub use ids::{IdError, InstanceId, LeaseToken, MessageId, QueueName, StepName, TaskId, WorkflowName};
+pub use ids::{IdError, InstanceId, LeaseToken, MessageId, QueueName, SignalName, StepName, TaskId, WorkflowName};
 pub use retry::{RetryPolicy, RetryPolicyError};
 pub use step::{Step, StepState};
 pub use task::{ExhaustedPolicy, Task, TaskFence, TaskState, TransitionError};

@@ -108,9 +108,11 @@ pub struct Step {
     pub complete_by: Option<Timestamp>,
     /// The earliest time the next attempt may start (retry backoff).
     pub not_before: Timestamp,
-    /// The request sent to the agent, once rendered.
+    /// The request sent to the agent, once rendered. For a step that waits
+    /// for a signal, the signal once it arrived (possibly before the step
+    /// started: it is kept here until the step consumes it).
     pub input: Option<Value>,
-    /// The agent's output, once Completed.
+    /// The agent's output (or the signal's payload), once Completed.
     pub output: Option<Value>,
     /// The last error, if any attempt failed.
     pub last_error: Option<String>,

@@ -203,6 +203,9 @@ pub enum EventKind {
     Released,
     /// An operator alert was raised.
     Alert,
+    /// A signal arrived for the task (its detail names the signal, who sent
+    /// it, and the step it went to).
+    Signal,
 }
 
 impl EventKind {
@@ -224,11 +227,12 @@ impl EventKind {
             EventKind::Resubmitted => "resubmitted",
             EventKind::Released => "released",
             EventKind::Alert => "alert",
+            EventKind::Signal => "signal",
         }
     }
 
     /// Every kind.
-    pub const ALL: [EventKind; 15] = [
+    pub const ALL: [EventKind; 16] = [
         EventKind::Received,
         EventKind::Claimed,
         EventKind::StepStarted,
@@ -244,6 +248,7 @@ impl EventKind {
         EventKind::Resubmitted,
         EventKind::Released,
         EventKind::Alert,
+        EventKind::Signal,
     ];
 
     /// The kind named `name`, if any.

@@ -103,6 +103,12 @@ impl StepDef {
     pub fn new(name: impl Into<String>, agent: impl Into<String>) -> StepBuilder {
         StepBuilder { spec: StepSpec { name: Some(name.into()), agent: Some(agent.into()), ..StepSpec::default() } }
     }
+
+    /// Starts a step named `name` that waits for the signal `signal`; it
+    /// needs a [`StepBuilder::timeout`], how long it waits.
+    pub fn wait(name: impl Into<String>, signal: impl Into<String>) -> StepBuilder {
+        StepBuilder { spec: StepSpec { name: Some(name.into()), wait: Some(signal.into()), ..StepSpec::default() } }
+    }
 }
 
 impl StepBuilder {
@@ -112,7 +118,8 @@ impl StepBuilder {
         self
     }
 
-    /// The step's complete-by, from when its request is sent (default 30 s).
+    /// The step's complete-by, from when its request is sent (default 30 s);
+    /// for a step that waits, how long it waits (required).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.spec.timeout = Some(timeout);
         self
@@ -247,6 +254,6 @@ mod tests {
         let builder = Workflow::builder("w", 1).step(StepDef::new("a", "ledger"));
         assert!(builder.clone().build(&AgentCatalog::builtin()).is_err());
         let agents = AgentCatalog::builtin().with(crate::AgentName::new("ledger").unwrap());
-        assert_eq!(builder.build(&agents).unwrap().steps()[0].agent().as_str(), "ledger");
+        assert_eq!(builder.build(&agents).unwrap().steps()[0].agent().map(crate::AgentName::as_str), Some("ledger"));
     }
 }

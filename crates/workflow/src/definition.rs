@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use rota_model::{ExhaustedPolicy, RetryPolicy, StepName, WorkflowName};
+use rota_model::{ExhaustedPolicy, RetryPolicy, SignalName, StepName, WorkflowName};
 use serde_json::Value;
 
 use crate::agent::AgentName;
@@ -51,12 +51,24 @@ pub struct Workflow {
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepDef {
     pub(crate) name: StepName,
-    pub(crate) agent: AgentName,
+    pub(crate) action: StepAction,
     pub(crate) with: Value,
     pub(crate) timeout: Duration,
     pub(crate) retry: RetryPolicy,
     pub(crate) compensate: Option<CompensateDef>,
     pub(crate) depends_on: Vec<StepName>,
+}
+
+/// What a step does when it starts.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepAction {
+    /// Sends a request to this agent and completes with its reply.
+    Call(AgentName),
+    /// Waits for a signal of this name sent to the task (by an operator, a
+    /// person's approval, a provider's webhook); completes with its payload.
+    /// It sends nothing and has nothing to undo, and its `timeout` is how
+    /// long it waits.
+    Wait(SignalName),
 }
 
 /// The step that undoes a completed step (its part of the compensating
@@ -101,6 +113,12 @@ impl Workflow {
     pub fn steps(&self) -> &[StepDef] {
         &self.steps
     }
+
+    /// The step that waits for `signal`, if any (validation allows at most
+    /// one per signal name, so a signal always has one destination).
+    pub fn step_waiting_for(&self, signal: &SignalName) -> Option<&StepDef> {
+        self.steps.iter().find(|step| step.waits_for() == Some(signal))
+    }
 }
 
 impl StepDef {
@@ -109,9 +127,25 @@ impl StepDef {
         &self.name
     }
 
-    /// The agent that runs the step.
-    pub fn agent(&self) -> &AgentName {
-        &self.agent
+    /// What the step does: call an agent or wait for a signal.
+    pub fn action(&self) -> &StepAction {
+        &self.action
+    }
+
+    /// The agent that runs the step; `None` for a step that waits.
+    pub fn agent(&self) -> Option<&AgentName> {
+        match &self.action {
+            StepAction::Call(agent) => Some(agent),
+            StepAction::Wait(_) => None,
+        }
+    }
+
+    /// The signal the step waits for; `None` for a step that calls an agent.
+    pub fn waits_for(&self) -> Option<&SignalName> {
+        match &self.action {
+            StepAction::Wait(signal) => Some(signal),
+            StepAction::Call(_) => None,
+        }
     }
 
     /// The input template, rendered with [`crate::render`] when the step's
@@ -120,7 +154,8 @@ impl StepDef {
         &self.with
     }
 
-    /// The step's complete-by, counted from when its request is sent.
+    /// The step's complete-by, counted from when its request is sent (for
+    /// a step that waits, from when it starts waiting).
     pub fn timeout(&self) -> Duration {
         self.timeout
     }

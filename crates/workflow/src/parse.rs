@@ -33,7 +33,7 @@ pub const DEFINITION_BYTES_MAX: usize = 1 << 20;
 pub const NESTING_MAX: usize = 32;
 
 const WORKFLOW_FIELDS: &[&str] = &["name", "version", "deadline", "on_exhausted", "max_failures", "steps"];
-const STEP_FIELDS: &[&str] = &["name", "agent", "with", "timeout", "retry", "compensate", "depends_on"];
+const STEP_FIELDS: &[&str] = &["name", "agent", "wait", "with", "timeout", "retry", "compensate", "depends_on"];
 const RETRY_FIELDS: &[&str] = &["attempts", "backoff", "max_backoff", "multiplier", "jitter"];
 const COMPENSATE_FIELDS: &[&str] = &["agent", "with", "timeout", "retry"];
 
@@ -497,13 +497,19 @@ impl Decoder<'_> {
             Some(name) => format!("step `{name}`: "),
             None => format!("step {}: ", index + 1),
         };
-        let Some(fields) = self.fields(node, at, &prefix, "", STEP_FIELDS) else { return spec };
-        self.require(node, &fields, &["name", "agent"], &prefix, "");
+        let Some(fields) = self.fields(node, at, &prefix, "", STEP_FIELDS) else {
+            spec.unreadable = true;
+            return spec;
+        };
+        // `agent`, or `wait` instead, is required too: validation says so,
+        // for the builder's steps as well.
+        self.require(node, &fields, &["name"], &prefix, "");
         for Field { key, value } in fields {
             let field_at = child(at, key);
             match key {
                 "name" => spec.name = self.string(value, &prefix, key),
                 "agent" => spec.agent = self.string(value, &prefix, key),
+                "wait" => spec.wait = self.string(value, &prefix, key),
                 "with" => spec.with = self.json(value, &field_at, &prefix),
                 "timeout" => spec.timeout = self.duration(value, &prefix, key),
                 "retry" => spec.retry = self.retry(value, &field_at, &prefix, "retry"),
@@ -647,7 +653,7 @@ mod tests {
         assert_eq!(workflow.on_exhausted(), ExhaustedPolicy::Error);
         assert_eq!(workflow.max_failures(), crate::MAX_FAILURES_DEFAULT);
         let step = &workflow.steps()[0];
-        assert_eq!((step.name().as_str(), step.agent().as_str()), ("a", "http"));
+        assert_eq!((step.name().as_str(), step.agent().map(AgentName::as_str).unwrap_or_default()), ("a", "http"));
         assert_eq!(step.with(), &Value::Null);
         assert_eq!(step.timeout(), crate::TIMEOUT_DEFAULT);
         assert_eq!(step.retry(), &RetryPolicy::default());
@@ -692,6 +698,65 @@ mod tests {
         assert_eq!(workflow.steps()[0].with(), &serde_json::json!({ "a": "y", "b": "no", "c": "on", "d": true }));
     }
 
+    const APPROVAL: &str = "name: w\nversion: 1\ndeadline: 2d\nsteps:\n  - name: reserve\n    agent: http\n\
+        \x20 - name: approval\n    wait: approved\n    timeout: 1d\n\
+        \x20 - name: charge\n    agent: http\n    with: { by: \"{{ steps.approval.output.by }}\" }\n";
+
+    #[test]
+    fn a_step_may_wait_for_a_signal_instead_of_calling_an_agent() {
+        let workflow = valid(APPROVAL);
+        let approval = &workflow.steps()[1];
+        assert_eq!(approval.waits_for().map(rota_model::SignalName::as_str), Some("approved"));
+        assert_eq!(approval.agent(), None);
+        assert_eq!(approval.timeout(), Duration::from_secs(86_400));
+        assert_eq!(
+            workflow.step_waiting_for(&rota_model::SignalName::new("approved").unwrap()).map(|s| s.name().as_str()),
+            Some("approval")
+        );
+        assert_eq!(workflow.step_waiting_for(&rota_model::SignalName::new("other").unwrap()), None);
+        // The canonical form reads back equal, and a step that calls an agent
+        // is written without a `wait` key (as before waiting steps existed).
+        let json = workflow.to_json();
+        assert!(json.contains(r#""wait":"approved""#), "{json}");
+        assert!(!json.contains(r#""agent":null"#) && !json.contains(r#""wait":null"#), "{json}");
+        assert_eq!(Workflow::from_json(&json).unwrap(), workflow);
+    }
+
+    #[test]
+    fn a_waiting_step_is_checked_like_every_other_field() {
+        let step = |body: &str| check(&format!("name: w\nversion: 1\nsteps:\n  - name: a\n{body}"));
+        assert_eq!(
+            step("    wait: approved\n"),
+            ["wf.yaml:5:11: step `a`: a step that waits needs a `timeout`: how long to wait for signal `approved` before the step fails"]
+        );
+        assert_eq!(
+            step("    agent: http\n    wait: approved\n    timeout: 1s\n"),
+            ["wf.yaml:6:11: step `a`: a step either calls an agent (`agent`) or waits for a signal (`wait`), not both"]
+        );
+        assert_eq!(
+            step("    wait: approved\n    timeout: 10m\n"),
+            [
+                "wf.yaml:6:14: step `a`: waits up to 10m, longer than the workflow's `deadline` of 5m (raise `deadline`: the task must outlive its waits)"
+            ]
+        );
+        assert_eq!(
+            step("    wait: no spaces\n    timeout: 1s\n"),
+            ["wf.yaml:5:11: step `a`: invalid signal name \"no spaces\": may only contain ASCII letters, digits, '-', '_', '.' and ':'"]
+        );
+        assert_eq!(
+            step("    wait: ok\n    timeout: 1s\n    with: { a: 1 }\n    retry: { attempts: 2 }\n    compensate: { agent: http }\n"),
+            [
+                "wf.yaml:7:11: step `a`: a step that waits for a signal takes no `with` (the signal's payload is its output)",
+                "wf.yaml:8:12: step `a`: a step that waits for a signal calls no agent to retry (`max_failures` counts its timeouts), so no `retry`",
+                "wf.yaml:9:17: step `a`: a step that waits for a signal has nothing to undo, so no `compensate`",
+            ]
+        );
+        assert_eq!(
+            check("name: w\nversion: 1\nsteps:\n  - { name: a, wait: ok, timeout: 1s }\n  - { name: b, wait: ok, timeout: 1s }\n"),
+            ["wf.yaml:5:22: step `b`: signal `ok` is already awaited by step `a`: a signal may be awaited by one step"]
+        );
+    }
+
     #[test]
     fn syntax_errors_stop_the_parse_with_their_position() {
         assert_eq!(check("name: w\nversion: 1\nsteps: [\n"), ["wf.yaml:3:8: unclosed bracket '['"]);
@@ -703,7 +768,9 @@ mod tests {
     fn unknown_fields_are_reported_at_their_key() {
         assert_eq!(
             check("name: w\nversion: 1\nsteps:\n  - name: a\n    agent: http\n    colour: red\n"),
-            ["wf.yaml:6:5: step `a`: unknown field `colour` (expected one of: name, agent, with, timeout, retry, compensate, depends_on)"]
+            [
+                "wf.yaml:6:5: step `a`: unknown field `colour` (expected one of: name, agent, wait, with, timeout, retry, compensate, depends_on)"
+            ]
         );
         assert_eq!(
             check(
@@ -725,7 +792,7 @@ mod tests {
             [
                 "wf.yaml:1:1: missing required field `name`",
                 "wf.yaml:3:5: step 1: missing required field `name`",
-                "wf.yaml:4:5: step `b`: missing required field `agent`",
+                "wf.yaml:4:5: step `b`: missing required field `agent` (or `wait`, for a step that waits for a signal)",
             ]
         );
         assert_eq!(
@@ -924,7 +991,7 @@ mod tests {
                 "wf.yaml:2:10: `version` must be at least 1",
                 "wf.yaml:5:12: step `a`: unknown agent `htp` (known agents: delay, exec, http, ledger)",
                 "wf.yaml:6:14: step `a`: invalid duration \"5 parsecs\" for `timeout`: unknown time unit \"parsecs\", supported units: ns, us/µs, ms, sec, min, hours, days, weeks, months, years (and few variations)",
-                "wf.yaml:7:5: step `a`: unknown field `colour` (expected one of: name, agent, with, timeout, retry, compensate, depends_on)",
+                "wf.yaml:7:5: step `a`: unknown field `colour` (expected one of: name, agent, wait, with, timeout, retry, compensate, depends_on)",
                 "wf.yaml:10:21: step `b`: depends on unknown step `ghost`",
                 "wf.yaml:11:16: step `b`: template `{{ steps.c.output }}` refers to step `c`, which is not upstream (add it to `depends_on`)",
                 "wf.yaml:14:18: dependency cycle: `c` depends on `c`",

@@ -31,12 +31,17 @@ pub(crate) struct Spec {
 pub(crate) struct StepSpec {
     pub name: Option<String>,
     pub agent: Option<String>,
+    /// The signal a waiting step waits for (instead of calling an agent).
+    pub wait: Option<String>,
     pub with: Value,
     pub timeout: Option<Duration>,
     pub retry: Option<RetryPolicy>,
     pub compensate: Option<CompensateSpec>,
     /// `None`: depends on the previous step. `Some(vec![])`: a root.
     pub depends_on: Option<Vec<String>>,
+    /// The decoder could not read the step at all (it is not a mapping)
+    /// and has said so: no check of its fields applies.
+    pub unreadable: bool,
 }
 
 #[derive(Debug, Clone, Default)]

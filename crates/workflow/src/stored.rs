@@ -7,12 +7,12 @@
 
 use std::time::Duration;
 
-use rota_model::{ExhaustedPolicy, RetryPolicy, StepName, WorkflowName};
+use rota_model::{ExhaustedPolicy, RetryPolicy, SignalName, StepName, WorkflowName};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
 use crate::agent::AgentName;
-use crate::definition::Workflow;
+use crate::definition::{StepAction, Workflow};
 use crate::diagnostic::{Diagnostics, TextlessLocator};
 use crate::spec::{CompensateSpec, Spec, StepSpec};
 
@@ -63,9 +63,17 @@ struct WorkflowRepr {
 #[serde(deny_unknown_fields)]
 struct StepRepr {
     name: StepName,
-    agent: AgentName,
+    /// Exactly one of `agent` and `wait`. A step that calls an agent is
+    /// written as it was before waiting steps existed (no `wait` key), so
+    /// registering an unchanged definition again still matches the stored
+    /// version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    agent: Option<AgentName>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    wait: Option<SignalName>,
     with: Value,
     timeout_ms: u64,
+    /// Written for a waiting step too (the default), and ignored when read.
     retry: RetryPolicy,
     compensate: Option<CompensateRepr>,
     depends_on: Vec<StepName>,
@@ -96,8 +104,15 @@ impl From<Workflow> for WorkflowRepr {
                 .steps
                 .into_iter()
                 .map(|s| StepRepr {
+                    agent: match &s.action {
+                        StepAction::Call(agent) => Some(agent.clone()),
+                        StepAction::Wait(_) => None,
+                    },
+                    wait: match &s.action {
+                        StepAction::Wait(signal) => Some(signal.clone()),
+                        StepAction::Call(_) => None,
+                    },
                     name: s.name,
-                    agent: s.agent,
                     with: s.with,
                     timeout_ms: millis(s.timeout),
                     retry: s.retry,
@@ -131,10 +146,11 @@ impl TryFrom<WorkflowRepr> for Workflow {
                     .into_iter()
                     .map(|s| StepSpec {
                         name: Some(s.name.into()),
-                        agent: Some(s.agent.into()),
+                        retry: if s.wait.is_some() { None } else { Some(s.retry) },
+                        agent: s.agent.map(Into::into),
+                        wait: s.wait.map(Into::into),
                         with: s.with,
                         timeout: Some(Duration::from_millis(s.timeout_ms)),
-                        retry: Some(s.retry),
                         compensate: s.compensate.map(|c| CompensateSpec {
                             agent: Some(c.agent.into()),
                             with: c.with,
@@ -142,6 +158,7 @@ impl TryFrom<WorkflowRepr> for Workflow {
                             retry: Some(c.retry),
                         }),
                         depends_on: Some(s.depends_on.into_iter().map(String::from).collect()),
+                        unreadable: false,
                     })
                     .collect(),
             ),

@@ -7,12 +7,12 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use rota_model::{ExhaustedPolicy, RetryPolicy, StepName, WorkflowName};
+use rota_model::{ExhaustedPolicy, RetryPolicy, SignalName, StepName, WorkflowName};
 use serde_json::Value;
 
 use crate::agent::{AgentCatalog, AgentName};
 use crate::dag;
-use crate::definition::{CompensateDef, DEADLINE_DEFAULT, MAX_FAILURES_DEFAULT, STEPS_MAX, StepDef, TIMEOUT_DEFAULT, Workflow};
+use crate::definition::{CompensateDef, DEADLINE_DEFAULT, MAX_FAILURES_DEFAULT, STEPS_MAX, StepAction, StepDef, TIMEOUT_DEFAULT, Workflow};
 use crate::diagnostic::{Diagnostic, Diagnostics, Locate};
 use crate::spec::{CompensateSpec, Spec, StepSpec};
 use crate::template::{Target, references};
@@ -43,8 +43,9 @@ pub(crate) fn validate_into(
     let top = check.workflow_fields(&spec);
     let steps = check.step_list(spec.steps);
     let labels: Vec<String> = steps.iter().enumerate().map(|(i, step)| step_label(&step.name, i)).collect();
-    let fields: Vec<StepFields> = steps.iter().enumerate().map(|(i, step)| check.step_fields(i, &labels[i], step)).collect();
+    let fields: Vec<StepFields> = steps.iter().enumerate().map(|(i, step)| check.step_fields(i, &labels[i], step, top.deadline)).collect();
     let index = check.unique_names(&steps);
+    check.one_step_per_signal(&fields, &labels);
     let graph = check.dependencies(&steps, &index, &labels);
     let order = check.acyclic(&steps, &graph);
     check.templates(&steps, &index, &labels, &graph.deps);
@@ -67,7 +68,7 @@ struct WorkflowFields {
 /// One step's own fields, checked; `None` where a problem was reported.
 struct StepFields {
     name: Option<StepName>,
-    agent: Option<AgentName>,
+    action: Option<StepAction>,
     timeout: Duration,
     retry: RetryPolicy,
     compensate: Option<Option<CompensateDef>>,
@@ -127,9 +128,9 @@ impl Check<'_> {
         steps
     }
 
-    /// Step `i`'s own fields: its name, agent, timeout, retry policy and
-    /// compensation.
-    fn step_fields(&mut self, i: usize, label: &str, step: &StepSpec) -> StepFields {
+    /// Step `i`'s own fields: its name, agent (or signal), timeout, retry
+    /// policy and compensation.
+    fn step_fields(&mut self, i: usize, label: &str, step: &StepSpec, deadline: Duration) -> StepFields {
         let at = format!("/steps/{i}");
         let name = step.name.as_deref().and_then(|name| match StepName::new(name) {
             Ok(name) => Some(name),
@@ -138,13 +139,89 @@ impl Check<'_> {
                 None
             }
         });
-        let agent = self.agent(&format!("{at}/agent"), label, step.agent.as_deref());
+        let action = match (&step.agent, &step.wait) {
+            (Some(_), Some(_)) => {
+                let message = format!("{label}: a step either calls an agent (`agent`) or waits for a signal (`wait`), not both");
+                self.report(&format!("{at}/wait"), message);
+                None
+            }
+            (None, None) if step.unreadable => None,
+            (None, None) => {
+                self.report(&at, format!("{label}: missing required field `agent` (or `wait`, for a step that waits for a signal)"));
+                None
+            }
+            (Some(agent), None) => self.agent(&format!("{at}/agent"), label, Some(agent)).map(StepAction::Call),
+            (None, Some(signal)) => self.wait(&at, label, step, signal, deadline).map(StepAction::Wait),
+        };
         let timeout = step.timeout.unwrap_or(TIMEOUT_DEFAULT);
         self.duration(&format!("{at}/timeout"), &format!("{label}: `timeout`"), timeout);
         let retry = step.retry.clone().unwrap_or_default();
         self.retry(&format!("{at}/retry"), label, &retry);
         let compensate = step.compensate.as_ref().map(|c| self.compensate(&format!("{at}/compensate"), label, c, timeout, &retry));
-        StepFields { name, agent, timeout, retry, compensate }
+        StepFields { name, action, timeout, retry, compensate }
+    }
+
+    /// A waiting step's signal and the fields that must go with it (a
+    /// timeout within the deadline) or must not (what only an agent call
+    /// uses).
+    fn wait(&mut self, at: &str, label: &str, step: &StepSpec, signal: &str, deadline: Duration) -> Option<SignalName> {
+        let signal = match SignalName::new(signal) {
+            Ok(signal) => Some(signal),
+            Err(err) => {
+                self.report(&format!("{at}/wait"), format!("{label}: {err}"));
+                None
+            }
+        };
+        let shown = signal.as_ref().map_or("", SignalName::as_str);
+        match step.timeout {
+            None => self.report(
+                &format!("{at}/wait"),
+                format!("{label}: a step that waits needs a `timeout`: how long to wait for signal `{shown}` before the step fails"),
+            ),
+            // The task's own complete-by would pass first and fail the task
+            // as a whole, so the step's timeout could never apply.
+            Some(timeout) if timeout > deadline => self.report(
+                &format!("{at}/timeout"),
+                format!(
+                    "{label}: waits up to {}, longer than the workflow's `deadline` of {} (raise `deadline`: the task must outlive its waits)",
+                    humantime::format_duration(timeout),
+                    humantime::format_duration(deadline)
+                ),
+            ),
+            Some(_) => {}
+        }
+        if !step.with.is_null() {
+            let message = format!("{label}: a step that waits for a signal takes no `with` (the signal's payload is its output)");
+            self.report(&format!("{at}/with"), message);
+        }
+        if step.retry.is_some() {
+            let message = format!(
+                "{label}: a step that waits for a signal calls no agent to retry (`max_failures` counts its timeouts), so no `retry`"
+            );
+            self.report(&format!("{at}/retry"), message);
+        }
+        if step.compensate.is_some() {
+            let message = format!("{label}: a step that waits for a signal has nothing to undo, so no `compensate`");
+            self.report(&format!("{at}/compensate"), message);
+        }
+        signal
+    }
+
+    /// A signal has one destination: at most one step waits for each name.
+    fn one_step_per_signal(&mut self, fields: &[StepFields], labels: &[String]) {
+        let mut waiting: HashMap<&SignalName, usize> = HashMap::new();
+        for (i, field) in fields.iter().enumerate() {
+            let Some(StepAction::Wait(signal)) = &field.action else { continue };
+            if let Some(&first) = waiting.get(signal) {
+                let message = format!(
+                    "{}: signal `{signal}` is already awaited by {}: a signal may be awaited by one step",
+                    labels[i], labels[first]
+                );
+                self.report(&format!("/steps/{i}/wait"), message);
+            } else {
+                waiting.insert(signal, i);
+            }
+        }
     }
 
     /// Step names are unique. Returns where each name is first used.
@@ -244,7 +321,7 @@ fn assemble(top: WorkflowFields, steps: Vec<StepSpec>, fields: Vec<StepFields>, 
         .zip(deps)
         .map(|((spec, fields), its_deps)| StepDef {
             name: fields.name.expect("validated step name"),
-            agent: fields.agent.expect("validated agent"),
+            action: fields.action.expect("validated agent or signal"),
             with: spec.with,
             timeout: fields.timeout,
             retry: fields.retry,
