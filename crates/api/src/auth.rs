@@ -277,9 +277,35 @@ pub fn permission(method: &Method, route: &str) -> Permission {
     }
 }
 
+/// Who made a request, as the history records it (a signal's sender): how
+/// it authenticated and the scopes it had. Tokens carry no name, so this is
+/// all the API knows of a caller.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    via: &'static str,
+    scopes: Vec<&'static str>,
+}
+
+impl Caller {
+    /// A caller on an API without authentication.
+    pub fn anonymous() -> Caller {
+        Caller { via: "api without authentication", scopes: Vec::new() }
+    }
+}
+
+impl fmt::Display for Caller {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.scopes.is_empty() {
+            return f.write_str(self.via);
+        }
+        write!(f, "{} with scope {}", self.via, self.scopes.join(", "))
+    }
+}
+
 /// The middleware of every protected route: authenticates (401) and checks
-/// the route's permission (403) before any extractor reads the request.
-pub async fn authorize(State(state): State<ApiState>, request: Request, next: Next) -> Response {
+/// the route's permission (403) before any extractor reads the request. It
+/// leaves the [`Caller`] in the request's extensions.
+pub async fn authorize(State(state): State<ApiState>, mut request: Request, next: Next) -> Response {
     let auth = &state.inner.config.auth;
     let headers = request.headers();
     let with_bearer = headers.contains_key(header::AUTHORIZATION);
@@ -292,6 +318,7 @@ pub async fn authorize(State(state): State<ApiState>, request: Request, next: Ne
         return ApiError::forbidden(why).into_response();
     }
     if matches!(auth, AuthConfig::Disabled) {
+        request.extensions_mut().insert(Caller::anonymous());
         return next.run(request).await;
     }
     let route = request.extensions().get::<MatchedPath>().map(|m| m.as_str().to_owned()).unwrap_or_default();
@@ -324,11 +351,13 @@ pub async fn authorize(State(state): State<ApiState>, request: Request, next: Ne
         }
         _ => scopes.iter().any(|scope| scope.grants(needed)),
     };
+    let names: Vec<&'static str> = scopes.iter().map(Scope::name).collect();
     if !granted {
-        let names: Vec<&str> = scopes.iter().map(Scope::name).collect();
         let why = format!("{} {route} needs {}; the token has scope {}", request.method(), needed.describe(), names.join(", "));
         return ApiError::forbidden(why).into_response();
     }
+    let via = if with_bearer { "api token" } else { "dashboard session" };
+    request.extensions_mut().insert(Caller { via, scopes: names });
     next.run(request).await
 }
 

@@ -57,6 +57,7 @@ pub(crate) fn routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(tasks::get))
         .routes(routes!(tasks::history))
         .routes(routes!(tasks::cancel))
+        .routes(routes!(tasks::signal))
         .routes(routes!(tasks::resubmit))
         .routes(routes!(tasks::resubmit_step))
         .routes(routes!(tasks::alerts))

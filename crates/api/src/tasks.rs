@@ -5,20 +5,22 @@
 //! only read the request and translate the answer: the same rules and the
 //! same texts as the CLI on a local store.
 
+use axum::Extension;
 use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use rota_engine::{Start, Submission, ops};
-use rota_model::{InstanceId, StepName, TaskId, TaskState, WorkflowName};
+use rota_model::{InstanceId, SignalName, StepName, TaskId, TaskState, WorkflowName};
 use rota_store::TaskFilter;
 use serde_json::json;
 use tracing::Instrument;
 
 use crate::ApiState;
+use crate::auth::Caller;
 use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody};
 use crate::wire::{
-    AlertView, EventView, LimitQuery, StepPath, SubmitRequest, TaskCounts, TaskCountsQuery, TaskListQuery, TaskPath, TaskStateChange,
-    TaskSummary, TaskView,
+    AlertView, EventView, LimitQuery, SignalDelivery, SignalPath, StepPath, SubmitRequest, TaskCounts, TaskCountsQuery, TaskListQuery,
+    TaskPath, TaskStateChange, TaskSummary, TaskView,
 };
 
 /// A task id from the path.
@@ -199,6 +201,46 @@ pub async fn cancel(State(state): State<ApiState>, ApiPath(TaskPath { id }): Api
     let id = task_id(id)?;
     let moved = state.client().cancel(&id).await.map_err(|err| ApiError::ops("cancel", err))?;
     Ok(Json(TaskStateChange { id: id.to_string(), state: moved.into() }))
+}
+
+/// Send a signal to a task: the JSON body is the signal's data (`null` for
+/// none).
+///
+/// It completes the step that waits for a signal of this name when that
+/// step is waiting, or is kept until the task reaches the step. The
+/// signal's data becomes the step's output. Who sent it is recorded in the
+/// task's history.
+#[utoipa::path(
+    post, path = "/v1/tasks/{id}/signals/{name}", tag = "tasks",
+    params(SignalPath),
+    request_body(content = serde_json::Value, description = "The signal's data, any JSON value", content_type = "application/json"),
+    responses(
+        (status = 200, description = "Delivered: the step it went to, and whether it completed it now", body = SignalDelivery),
+        (status = 400, description = "Invalid id or signal name, or malformed JSON", body = ErrorBody),
+        (status = 404, description = "No such task", body = ErrorBody),
+        (status = 409, description = "The task has finished or is being undone, the step already received this signal, or it changed concurrently", body = ErrorBody),
+        (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 415, description = "Not JSON", body = ErrorBody),
+        (status = 422, description = "No step of the task waits for this signal, or its data is too large", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn signal(
+    State(state): State<ApiState>,
+    caller: Option<Extension<Caller>>,
+    ApiPath(SignalPath { id, name }): ApiPath<SignalPath>,
+    ApiJson(data): ApiJson<serde_json::Value>,
+) -> ApiResult<Json<SignalDelivery>> {
+    let id = task_id(id)?;
+    let signal = SignalName::new(name).map_err(|err| ApiError::invalid_path("name", err))?;
+    let sent_by = caller.map_or_else(|| Caller::anonymous().to_string(), |Extension(caller)| caller.to_string());
+    let delivered = state.client().signal(&id, &signal, data, &sent_by).await.map_err(|err| ApiError::ops("signal", err))?;
+    Ok(Json(SignalDelivery {
+        id: id.to_string(),
+        signal: signal.to_string(),
+        step: delivered.step.to_string(),
+        completed: delivered.completed,
+    }))
 }
 
 /// Resubmit a task that ended in `error`: its failed steps run again (or

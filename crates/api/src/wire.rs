@@ -417,6 +417,32 @@ pub struct TaskStateChange {
     pub state: TaskStateView,
 }
 
+/// What a signal did.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SignalDelivery {
+    /// The task.
+    pub id: String,
+    /// The signal.
+    pub signal: String,
+    /// The step that waits for it.
+    pub step: String,
+    /// Whether it completed the step now (`true`: the step was waiting), or
+    /// is kept until the task reaches the step (`false`).
+    pub completed: bool,
+}
+
+/// A signal sent to a task, in the path.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct SignalPath {
+    /// The task id, URL-encoded.
+    #[param(pattern = r"^[^\s\x00-\x1f\x7f-\x9f](?:[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f])?$", max_length = 200)]
+    pub id: String,
+    /// The signal's name.
+    #[param(pattern = r"^[A-Za-z0-9._:-]{1,100}$")]
+    pub name: String,
+}
+
 /// Counts of one queue.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct QueueView {

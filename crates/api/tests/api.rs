@@ -363,7 +363,10 @@ async fn workflows_are_listed_shown_validated_and_registered() {
     let shown = server.get("/v1/workflows/quick").await;
     assert_eq!(shown.status, StatusCode::OK);
     assert_eq!(shown.body["version"], 1);
-    assert_eq!(shown.body["steps"][1], json!({ "name": "second", "agent": "delay", "depends_on": ["first"], "compensated": false }));
+    assert_eq!(
+        shown.body["steps"][1],
+        json!({ "name": "second", "agent": "delay", "waits_for": null, "depends_on": ["first"], "compensated": false })
+    );
     assert!(shown.body["registered_at"].as_i64().unwrap() > 0);
     assert_eq!(server.get("/v1/workflows/quick/versions/1").await.body, shown.body);
     server.get("/v1/workflows/quick/versions/2").await.assert_error(404, "not_found");
@@ -555,4 +558,49 @@ async fn the_server_stops_when_its_shutdown_future_resolves() {
         assert!(started.elapsed() < common::WAIT_MAX, "the server still answers");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// first (a 10 ms nap) → wait for `approved` → then (a nap as long as the
+/// signal says).
+fn approval() -> rota_workflow::Workflow {
+    use rota_workflow::{AgentCatalog, StepDef, Workflow};
+    Workflow::builder("approval", 1)
+        .deadline(Duration::from_secs(120))
+        .step(StepDef::new("first", "delay").with_input(json!({ "ms": 10 })))
+        .step(StepDef::wait("approval", "approved").timeout(Duration::from_secs(60)))
+        .step(StepDef::new("then", "delay").with_input(json!({ "ms": "{{ steps.approval.output.ms }}" })))
+        .build(&AgentCatalog::builtin())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_completes_the_step_that_waits_for_it() {
+    let server = start(Options { workflows: vec![approval()], ..Options::default() }).await;
+    server.submit("approval", "a-1").await;
+    let waiting = server.wait_until("a-1", |task| task["steps"][1]["state"] == "running").await;
+    assert_eq!((waiting["steps"][1]["waits_for"].as_str(), waiting["steps"][1]["agent"].as_str()), (Some("approved"), None), "{waiting}");
+
+    let sent = server.post_json("/v1/tasks/a-1/signals/approved", &json!({ "ms": 7 })).await;
+    assert_eq!(sent.status, StatusCode::OK, "{}", sent.text);
+    assert_eq!(sent.body, json!({ "id": "a-1", "signal": "approved", "step": "approval", "completed": true }));
+    let done = server.wait_terminal("a-1").await;
+    assert_eq!(done["state"], "processed", "{done}");
+    assert_eq!(done["output"]["approval"], json!({ "ms": 7 }), "the signal's data is the step's output");
+    assert_eq!(done["output"]["then"], json!({ "slept_ms": 7 }), "and the next step's template read it");
+    let history = server.get("/v1/tasks/a-1/history").await.body;
+    let signal = history.as_array().unwrap().iter().find(|e| e["kind"] == "signal").expect("the signal is in the history");
+    assert_eq!((signal["step"].as_str(), signal["detail"]["sent_by"].as_str()), (Some("approval"), Some("api without authentication")));
+
+    // Refusals, each changing nothing.
+    server.post_json("/v1/tasks/a-1/signals/approved", &json!(1)).await.assert_error(409, "refused");
+    server.post_json("/v1/tasks/nope/signals/approved", &json!(1)).await.assert_error(404, "not_found");
+    server.submit("approval", "a-2").await;
+    let unknown = server.post_json("/v1/tasks/a-2/signals/rejected", &json!(1)).await;
+    unknown.assert_error(422, "invalid_signal");
+    assert_eq!(unknown.reason(), "signal rejected: no step of task a-2 (workflow approval@1) waits for it (it waits for: approved)");
+    server.post_json("/v1/tasks/a-2/signals/bad%20name", &json!(1)).await.assert_error(400, "invalid_path");
+    let not_json = server.send(server.request(Method::POST, "/v1/tasks/a-2/signals/approved").body("yes")).await;
+    assert_eq!(not_json.status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{}", not_json.text);
+    let history = server.get("/v1/tasks/a-2/history").await.body;
+    assert!(history.as_array().unwrap().iter().all(|e| e["kind"] != "signal"), "{history}");
 }

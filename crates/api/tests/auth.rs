@@ -74,6 +74,7 @@ fn endpoints() -> Vec<Endpoint> {
         (Method::GET, "/v1/tasks/t-1/history", None, None, ReadTask),
         (Method::GET, "/v1/tasks/t-1/events", None, None, ReadTask),
         (Method::POST, "/v1/tasks/t-1/cancel", None, None, Operate),
+        (Method::POST, "/v1/tasks/t-1/signals/approved", Some(json!({ "by": "ann" })), None, Operate),
         (Method::POST, "/v1/tasks/t-1/resubmit", None, None, Operate),
         (Method::POST, "/v1/tasks/t-1/steps/first/resubmit", None, None, Operate),
         (Method::GET, "/v1/alerts", None, None, Read),
@@ -198,4 +199,5 @@ async fn the_submit_scope_submits_and_reads_its_task() {
     assert_eq!(server.get("/v1/tasks/mine").await.body["state"], "pending");
     server.get("/v1/tasks").await.assert_error(403, "forbidden");
     server.post("/v1/tasks/mine/cancel").await.assert_error(403, "forbidden");
+    server.post_json("/v1/tasks/mine/signals/approved", &json!(null)).await.assert_error(403, "forbidden");
 }

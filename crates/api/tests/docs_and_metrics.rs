@@ -19,6 +19,7 @@ const OPERATIONS: &[(&str, &str)] = &[
     ("get", "/v1/tasks/{id}/events"),
     ("post", "/v1/tasks/{id}/cancel"),
     ("post", "/v1/tasks/{id}/resubmit"),
+    ("post", "/v1/tasks/{id}/signals/{name}"),
     ("post", "/v1/tasks/{id}/steps/{step}/resubmit"),
     ("get", "/v1/alerts"),
     ("get", "/v1/events"),

@@ -21,10 +21,11 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 use rota_api::wire::{
-    AlertView, BreakerView, Count, DeadLetterView, EventView, QueueView, TaskStateChange, TaskSummary, TaskView, WorkflowView,
+    AlertView, BreakerView, Count, DeadLetterView, EventView, QueueView, SignalDelivery, TaskStateChange, TaskSummary, TaskView,
+    WorkflowView,
 };
 use rota_engine::{Client, Submission, Workflows, ops};
-use rota_model::{QueueName, StepName, SystemClock, TaskId, TaskState, WorkflowName};
+use rota_model::{QueueName, SignalName, StepName, SystemClock, TaskId, TaskState, WorkflowName};
 use rota_store::{Redrive, SharedStore, TaskFilter};
 use serde::Serialize;
 use serde_json::Value;
@@ -76,6 +77,15 @@ pub enum Start {
 
 fn client(store: &SharedStore) -> Client {
     Client::new(store.clone(), Arc::new(SystemClock), Workflows::new(store.clone()), None)
+}
+
+/// Who sends a signal from the command line on a local store, as the
+/// task's history shows it: the OS user, as the login shell names it.
+fn local_sender() -> String {
+    match std::env::var("USER").or_else(|_| std::env::var("LOGNAME")) {
+        Ok(user) if !user.is_empty() => format!("cli, user {user}"),
+        _ => "cli".to_owned(),
+    }
 }
 
 /// An operator request's error on a local store: a rule's refusal as the
@@ -243,6 +253,29 @@ impl Backend {
                     .await
                     .map_err(|err| remote_error(asked, err))?;
                 Ok(change.state.into())
+            }
+        }
+    }
+
+    /// Sends a signal to a task. On a local store the history records the
+    /// OS user who ran the command as its sender.
+    pub async fn signal(&self, id: &TaskId, signal: &SignalName, data: serde_json::Value) -> anyhow::Result<SignalDelivery> {
+        let asked = || format!("cannot send signal {signal} to task {id}");
+        match self {
+            Backend::Local(store) => {
+                let delivered = client(store).signal(id, signal, data, &local_sender()).await.map_err(|err| local_error(asked, err))?;
+                Ok(SignalDelivery {
+                    id: id.to_string(),
+                    signal: signal.to_string(),
+                    step: delivered.step.to_string(),
+                    completed: delivered.completed,
+                })
+            }
+            Backend::Remote(server) => {
+                let segments = ["v1", "tasks", id.as_str(), "signals", signal.as_str()];
+                let (_, delivery) =
+                    server.post::<SignalDelivery, _>(&segments, Some(&data)).await.map_err(|err| remote_error(asked, err))?;
+                Ok(delivery)
             }
         }
     }

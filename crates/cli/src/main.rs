@@ -124,6 +124,8 @@ enum Command {
     Resubmit(tasks::ResubmitArgs),
     /// Cancel a task (compensating its completed steps when the workflow says how); prints its new state.
     Cancel(tasks::CancelArgs),
+    /// Send a signal to a task: it completes the step that waits for it (now, or when the task gets there).
+    Signal(tasks::SignalArgs),
     /// List the registered workflows (latest version of each).
     Workflows(tasks::WorkflowsArgs),
     /// Check workflow definition files; prints every problem as FILE:LINE:COL: message.
@@ -184,6 +186,7 @@ fn main() -> ExitCode {
         Command::Alerts(args) => run_async(async move { tasks::alerts(&store, args).await }),
         Command::Resubmit(args) => run_async(async move { tasks::resubmit(&store, args).await }),
         Command::Cancel(args) => run_async(async move { tasks::cancel(&store, args).await }),
+        Command::Signal(args) => run_async(async move { tasks::signal(&store, args).await }),
         Command::Workflows(args) => run_async(async move { tasks::workflows(&store, args).await }),
         Command::Validate(args) => validate::run(args),
         Command::Completions(args) => completions::run(args, Cli::command()),

@@ -179,6 +179,8 @@ pub struct StepJson<'a> {
     pub name: &'a str,
     pub position: u32,
     pub agent: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waits_for: Option<&'a str>,
     pub state: StepState,
     pub attempts: u32,
     pub complete_by: Option<String>,
@@ -223,6 +225,7 @@ impl<'a> From<&'a StepView> for StepJson<'a> {
             name: &step.name,
             position: step.position,
             agent: step.agent.as_deref(),
+            waits_for: step.waits_for.as_deref(),
             state: StepState::from(step.state),
             attempts: step.attempt,
             complete_by: step.complete_by.map(rfc3339_millis),

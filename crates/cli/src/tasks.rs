@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 use rota_api::wire::TaskView;
-use rota_model::{Clock, StepName, StepState, SystemClock, TaskId, TaskState, WorkflowName};
+use rota_model::{Clock, SignalName, StepName, StepState, SystemClock, TaskId, TaskState, WorkflowName};
 use rota_store::TaskFilter;
 use serde_json::Value;
 
@@ -137,11 +137,39 @@ pub struct WorkflowsArgs {
 /// Parses `--input`: JSON, or `@FILE`. serde_json's message ends with the
 /// line and column of the problem.
 fn parse_input(text: &str) -> anyhow::Result<Value> {
+    parse_json_arg("--input", text)
+}
+
+/// Parses the JSON argument `flag`: JSON, or `@FILE`.
+fn parse_json_arg(flag: &str, text: &str) -> anyhow::Result<Value> {
     if let Some(path) = text.strip_prefix('@') {
-        let contents = std::fs::read_to_string(Path::new(path)).with_context(|| format!("--input @{path}: cannot read the file"))?;
-        return serde_json::from_str(&contents).map_err(|err| anyhow!("--input @{path} is not valid JSON: {err}"));
+        let contents = std::fs::read_to_string(Path::new(path)).with_context(|| format!("{flag} @{path}: cannot read the file"))?;
+        return serde_json::from_str(&contents).map_err(|err| anyhow!("{flag} @{path} is not valid JSON: {err}"));
     }
-    serde_json::from_str(text).map_err(|err| anyhow!("--input is not valid JSON: {err}"))
+    serde_json::from_str(text).map_err(|err| anyhow!("{flag} is not valid JSON: {err}"))
+}
+
+/// Arguments of `signal`.
+#[derive(clap::Args)]
+pub struct SignalArgs {
+    /// The task id.
+    id: TaskId,
+    /// The signal's name: a step of the task's workflow waits for it (`wait: NAME`).
+    name: SignalName,
+    /// The signal's data, which becomes the waiting step's output: a JSON
+    /// document, or @FILE to read one from a file.
+    #[arg(long, value_name = "JSON", default_value = "null")]
+    data: String,
+}
+
+/// `rota signal`: prints the step the signal went to and whether it
+/// completed it now or is kept until the task reaches it.
+pub async fn signal(store: &StoreArgs, args: SignalArgs) -> anyhow::Result<()> {
+    let data = parse_json_arg("--data", &args.data)?;
+    let delivery = store.backend().await?.signal(&args.id, &args.name, data).await?;
+    let what = if delivery.completed { "completed" } else { "kept until the task reaches it" };
+    output::line(&format!("step {}: {what}", delivery.step))?;
+    Ok(())
 }
 
 /// `rota submit`.
@@ -315,7 +343,10 @@ fn status_text(status: &StatusJson) -> String {
         .map(|step| {
             vec![
                 step.name.to_owned(),
-                or_dash(step.agent),
+                match step.waits_for {
+                    Some(signal) => format!("waits for {signal}"),
+                    None => or_dash(step.agent),
+                },
                 step.state.to_string(),
                 step.attempts.to_string(),
                 or_dash(step.complete_by.as_deref()),

@@ -221,7 +221,7 @@ fn validate_prints_every_problem_with_its_position() {
             ),
             format!("{bad}:8:18: step `b`: depends on unknown step `missing`"),
             format!(
-                "{bad}:10:5: step `b`: unknown field `colour` (expected one of: name, agent, with, timeout, retry, compensate, depends_on)"
+                "{bad}:10:5: step `b`: unknown field `colour` (expected one of: name, agent, wait, with, timeout, retry, compensate, depends_on)"
             ),
             "error: 4 problems in 1 of 2 workflow files".to_owned(),
         ]
@@ -240,6 +240,21 @@ fn validate_prints_every_problem_with_its_position() {
     assert_eq!(code, 1);
     assert!(stderr.starts_with(&format!("{custom}:1:")) && stderr.contains("unknown agent `ledger`"), "{stderr}");
     assert_eq!(rota.ok(&["validate", "--agent", "ledger", &custom]), format!("{custom}: ok (workflow c version 1, 1 step)\n"));
+
+    // A step that waits for a signal must say how long.
+    let waiting =
+        files.workflow("waiting.yaml", "name: w\nversion: 1\nsteps:\n  - name: approval\n    wait: approved\n").display().to_string();
+    let (code, stderr) = rota.fails(&["validate", &waiting]);
+    assert_eq!(code, 1);
+    assert!(
+        stderr.starts_with(&format!(
+            "{waiting}:5:11: step `approval`: a step that waits needs a `timeout`: how long to wait for signal `approved` before the step fails"
+        )),
+        "{stderr}"
+    );
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/workflows/approval.yaml");
+    let stdout = rota.ok(&["validate", example.to_str().unwrap()]);
+    assert!(stdout.trim_end().ends_with("approval.yaml: ok (workflow approval version 1, 3 steps)"), "{stdout}");
 
     // A missing file is a problem of its own, without a position.
     let missing = files.path("missing.yaml").display().to_string();
@@ -384,6 +399,79 @@ fn a_task_submitted_with_a_delay_waits_pending_and_says_when_it_starts() {
     let (code, stderr) = rota.fails(&["submit", "pipeline", "--at", "2030-01-01T00:00:00Z", "--delay", "1m"]);
     assert!(code != 0 && stderr.contains("cannot be used with"), "{stderr}");
     assert_eq!(rota.json(&["status", "later", "--json"])["state"], "pending", "still waiting");
+}
+
+/// reserve → wait for `approved` → charge, whose input names the approver;
+/// an unanswered wait compensates the reservation.
+const APPROVAL: &str = r#"
+name: approval
+version: 1
+deadline: 1m
+max_failures: 1
+on_exhausted: compensate
+steps:
+  - name: reserve
+    agent: exec
+    with: { command: ["sh", "-c", "echo '{\"hold\": \"h-1\"}'"] }
+    compensate: { agent: exec, with: { command: ["sh", "-c", "echo '{\"released\": true}'"] } }
+  - name: approval
+    wait: approved
+    timeout: 2s
+  - name: charge
+    agent: exec
+    with: { command: ["sh", "-c", "cat"], stdin: { hold: "{{ steps.reserve.output.hold }}", approved_by: "{{ steps.approval.output.by }}" } }
+"#;
+
+#[test]
+fn an_approval_completes_with_its_signal_and_compensates_without_it() {
+    let rota = Rota::new();
+    let files = Files::new();
+    files.workflow("approval.yaml", APPROVAL);
+    let _serve = Serve::start(&rota, &files.workflows(), "approval-1", &[]);
+
+    // With the signal: the charge step's template reads its data.
+    rota.ok(&["submit", "approval", "--id", "approved-order"]);
+    let waiting = wait_for_step(&rota, "approved-order", "approval", "running");
+    assert_eq!(waiting["waits_for"], "approved", "{waiting}");
+    let text = rota.ok(&["status", "approved-order"]);
+    assert!(text.contains("waits for approved"), "status says what the step waits for: {text}");
+    assert_eq!(rota.ok(&["signal", "approved-order", "approved", "--data", r#"{"by": "ann"}"#]), "step approval: completed\n");
+    let done = wait_for_state(&rota, "approved-order", "processed", Duration::from_secs(20));
+    assert_eq!(done["output"]["charge"], json!({ "hold": "h-1", "approved_by": "ann" }), "{done:#}");
+    let signal = done["history"].as_array().unwrap().iter().find(|event| event["kind"] == "signal").expect("a signal event").clone();
+    assert!(signal["detail"]["sent_by"].as_str().unwrap().starts_with("cli"), "who sent it: {signal}");
+
+    // Without it: the wait times out and the reservation is released.
+    rota.ok(&["submit", "approval", "--id", "ignored-order"]);
+    let undone = wait_for_state(&rota, "ignored-order", "compensated", Duration::from_secs(20));
+    let steps: Vec<(&str, &str)> =
+        undone["steps"].as_array().unwrap().iter().map(|s| (s["name"].as_str().unwrap(), s["state"].as_str().unwrap())).collect();
+    assert_eq!(steps, [("reserve", "compensated"), ("approval", "failed"), ("charge", "not_started")], "{undone:#}");
+
+    // Refused signals are one clear line and change nothing.
+    let (code, stderr) = rota.fails(&["signal", "ignored-order", "approved"]);
+    assert!(
+        code != 0 && stderr.trim_end() == "error: signal approved: task ignored-order is compensated: it takes no more signals",
+        "{stderr}"
+    );
+    let (code, stderr) = rota.fails(&["signal", "approved-order", "rejected", "--data", "{"]);
+    assert!(code != 0 && stderr.contains("--data is not valid JSON"), "{stderr}");
+    let (_, stderr) = rota.fails(&["signal", "approved-order", "rejected"]);
+    assert!(stderr.contains("no step of task approved-order (workflow approval@1) waits for it (it waits for: approved)"), "{stderr}");
+}
+
+/// Waits until step `step` of task `id` is in `state`; returns the step.
+fn wait_for_step(rota: &Rota, id: &str, step: &str, state: &str) -> Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let status = rota.json(&["status", id, "--json"]);
+        let found = status["steps"].as_array().unwrap().iter().find(|s| s["name"] == step).cloned().unwrap();
+        if found["state"] == state {
+            return found;
+        }
+        assert!(std::time::Instant::now() < deadline, "step {step} of {id} never reached {state}: {status:#}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[test]
