@@ -85,6 +85,11 @@ async fn run_seed(seed: u64) -> Outcome {
     Outcome { seed, counts: world.counts.clone(), problems, trace_tail: world.trace_tail(), trace: world.trace().to_vec(), fingerprint }
 }
 
+/// Whether the step waits for a signal (rather than calling the agent).
+fn waits(world: &World, workflow: &rota_model::WorkflowName, step: &StepName) -> bool {
+    world.definitions[workflow].step(step).is_some_and(|d| d.waits_for().is_some())
+}
+
 /// A step's compensation, if the workflow gives it one.
 fn compensable(world: &World, workflow: &rota_model::WorkflowName, step: &StepName) -> bool {
     world.definitions[workflow].step(step).is_some_and(|d| d.compensate().is_some())
@@ -192,6 +197,7 @@ fn check_task(world: &World, record: &TaskRecord, history: &[Event], problems: &
     each_ending_recorded_once(record, history, &mut report);
     processed_means_every_step_applied_once(world, record, &walk, &mut report);
     compensated_means_everything_undone(world, record, &walk, &mut report);
+    signals_are_kept_and_used_once(world, record, history, &mut report);
     report.known
 }
 
@@ -385,7 +391,12 @@ fn settles_are_fenced(world: &World, walk: &Walk, report: &mut Report<'_>) {
         if *last_started != Some(*attempt) {
             report.fail(format!("step {step} {did} for attempt {attempt}, but the last {started} started was {last_started:?}"));
         }
-        if !world.succeeded.contains(&(report.task.id.clone(), step.clone(), *undo, *attempt)) {
+        // A waiting step completes on its signal, not on an agent's reply.
+        if waits(world, &report.task.workflow, step) {
+            if !world.signals.contains_key(&report.task.id) {
+                report.fail(format!("step {step} completed for attempt {attempt}, but no signal was accepted"));
+            }
+        } else if !world.succeeded.contains(&(report.task.id.clone(), step.clone(), *undo, *attempt)) {
             report.fail(format!("step {step} {did} for attempt {attempt}, for which the agent sent no success"));
         }
     }
@@ -514,7 +525,11 @@ fn processed_means_every_step_applied_once(world: &World, record: &TaskRecord, w
         if step.state != StepState::Completed {
             report.fail(format!("processed, but step {} is {}", step.name, step.state));
         }
-        let applied = world.service.effects.get(&(id.clone(), step.name.clone(), false)).map(|e| &e.output);
+        let applied = if waits(world, &task.workflow, &step.name) {
+            world.signals.get(id)
+        } else {
+            world.service.effects.get(&(id.clone(), step.name.clone(), false)).map(|e| &e.output)
+        };
         let stored = output.and_then(|o| o.get(step.name.as_str()));
         if stored.is_none() || stored != applied || step.output.as_ref() != applied {
             report.fail(format!("step {}: task output {stored:?}, step output {:?}, service applied {applied:?}", step.name, step.output));
@@ -546,6 +561,50 @@ fn compensated_means_everything_undone(world: &World, record: &TaskRecord, walk:
         };
         if left {
             report.fail_or_known(format!("compensated, but step {} is still {}", step.name, step.state));
+        }
+    }
+}
+
+/// Signals: an accepted signal is in the history once (a refused one not
+/// at all), is never lost (once it is recorded, the waiting step never
+/// starts without completing with it at once, and never times out waiting
+/// on an attempt that started after it), and the steps after it read its
+/// data.
+fn signals_are_kept_and_used_once(world: &World, record: &TaskRecord, history: &[Event], report: &mut Report<'_>) {
+    let task = &record.task;
+    let Some(wait) = world.definitions[&task.workflow].steps().iter().find(|d| d.waits_for().is_some()) else { return };
+    let signals: Vec<&Event> = history.iter().filter(|e| e.kind == EventKind::Signal).collect();
+    let accepted = world.signals.get(&task.id);
+    if signals.len() != usize::from(accepted.is_some()) {
+        report.fail(format!("{} signal events, but {} signal accepted", signals.len(), usize::from(accepted.is_some())));
+    }
+    let Some(signal) = signals.first() else { return };
+    let on_step: Vec<&Event> = history.iter().filter(|e| e.seq > signal.seq && e.step.as_ref() == Some(wait.name())).collect();
+    for (i, event) in on_step.iter().enumerate() {
+        if event.kind == EventKind::StepStarted && on_step.get(i + 1).is_none_or(|next| next.kind != EventKind::StepCompleted) {
+            report.fail(format!("step {} attempt {:?} started after its signal without completing with it", wait.name(), event.attempt));
+        }
+    }
+    let started_after: BTreeSet<u32> = on_step.iter().filter(|e| e.kind == EventKind::StepStarted).filter_map(|e| e.attempt).collect();
+    for failed in on_step.iter().filter(|e| e.kind == EventKind::StepFailed) {
+        if failed.attempt.is_some_and(|a| started_after.contains(&a)) {
+            report.fail(format!(
+                "step {} attempt {:?} failed though its signal had arrived: {}",
+                wait.name(),
+                failed.attempt,
+                failed.detail
+            ));
+        }
+    }
+    if task.state == TaskState::Processed {
+        let step = |name: &str| record.steps.iter().find(|s| s.name.as_str() == name);
+        let output = step(wait.name().as_str()).and_then(|s| s.output.as_ref());
+        if output != accepted {
+            report.fail(format!("step {} has output {output:?}, but the signal accepted had {accepted:?}", wait.name()));
+        }
+        let read = step("pay").and_then(|s| s.input.as_ref()).map(|input| input["approved"].clone());
+        if read != accepted.map(|data| data["n"].clone()) {
+            report.fail(format!("step pay read {read:?} from the signal, which had {accepted:?}"));
         }
     }
 }
@@ -668,6 +727,7 @@ fn many_seeds() {
     println!("  task outcomes: {:?}", counts.outcomes);
     println!("  driver actions: {:?}", counts.actions);
     println!("  agent fates: {:?}", counts.fates);
+    println!("  signals: {:?}", counts.signals);
     println!("  inbox messages handled: {:?}", counts.handled);
     println!(
         "  scheduler crashes {}, supervisor rounds led {}, tasks reset {}, steps reported {}, steps settled {}, \

@@ -40,6 +40,11 @@ pub const AGENT: &str = "sim";
 pub const DEADLINE: Duration = Duration::from_secs(20);
 /// Every step's (and compensation's) complete-by.
 pub const STEP_TIMEOUT: Duration = Duration::from_secs(2);
+/// The step of `approve` that waits, and the signal it waits for.
+pub const WAIT_STEP: &str = "approval";
+pub const SIGNAL: &str = "ok";
+/// How long it waits.
+const WAIT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Every workflow's failure threshold.
 pub const MAX_FAILURES: u32 = 3;
 /// How long a Scheduler's claim holds before the workflow's deadline replaces it.
@@ -91,6 +96,15 @@ pub fn workflows() -> Vec<Workflow> {
             .step(step("notify"))
             .build(&catalog)
             .expect("strict is valid"),
+        // A step that waits for a signal, which the driver sends at random
+        // moments (before the task, before the step, while it waits, after
+        // its timeout, after the task ended); the step after it reads it.
+        base("approve", ExhaustedPolicy::Compensate)
+            .step(step("hold").compensate(undo()))
+            .step(StepDef::wait(WAIT_STEP, SIGNAL).timeout(WAIT_TIMEOUT))
+            .step(step("pay").with_input(json!({ "approved": "{{ steps.approval.output.n }}" })))
+            .build(&catalog)
+            .expect("approve is valid"),
     ]
 }
 
@@ -151,6 +165,8 @@ pub enum Action {
     Inspect,
     /// The operator resubmits a task in Error.
     Resubmit,
+    /// Someone sends a signal to a task (or a signal no step waits for).
+    Signal,
     /// A Scheduler dies after leasing inbox messages, before handling them.
     CrashMidInbox,
     /// A Scheduler dies between its claim's commit and the start's.
@@ -207,6 +223,7 @@ impl Profile {
             (Action::Cancel, some(&[0, 0, 1])),
             (Action::Inspect, 3),
             (Action::Resubmit, some(&[0, 0, 2])),
+            (Action::Signal, some(&[2, 6])),
             (Action::CrashMidInbox, some(&[0, 0, 1])),
             (Action::CrashMidClaim, some(&[0, 0, 1])),
         ];
@@ -312,6 +329,9 @@ pub struct Counts {
     pub fates: BTreeMap<String, u64>,
     pub outcomes: BTreeMap<String, u64>,
     pub handled: BTreeMap<String, u64>,
+    /// What became of the signals sent: completed a waiting step, kept for
+    /// later, refused (by reason), or lost a race.
+    pub signals: BTreeMap<String, u64>,
     pub late_delivered: u64,
     pub slow_lost_lease: u64,
     pub scheduler_crashes: u64,
@@ -335,6 +355,7 @@ impl Counts {
             (&mut self.fates, &other.fates),
             (&mut self.outcomes, &other.outcomes),
             (&mut self.handled, &other.handled),
+            (&mut self.signals, &other.signals),
         ] {
             for (k, v) in theirs {
                 *mine.entry(k.clone()).or_default() += v;
@@ -384,6 +405,8 @@ pub struct World {
     /// Every success reply the agent produced: (task, step, compensate, attempt).
     pub succeeded: BTreeSet<(TaskId, StepName, bool, u32)>,
     pub ignored_successes: Vec<IgnoredSuccess>,
+    /// The data of every signal the engine accepted, by task.
+    pub signals: BTreeMap<TaskId, Value>,
     /// Tasks found stalled (see `find_stalls`).
     pub stalls: Vec<String>,
     trace: Vec<String>,
@@ -424,7 +447,7 @@ impl World {
         for i in 0..profile.tasks {
             let workflow = names[rng.random_range(0..names.len())].clone();
             let declined = rng.random_bool(profile.decline).then(|| {
-                let steps = definitions[&workflow].steps();
+                let steps: Vec<&StepDef> = definitions[&workflow].steps().iter().filter(|s| s.agent().is_some()).collect();
                 steps[rng.random_range(0..steps.len())].name().clone()
             });
             let id = TaskId::new(format!("t{i}-{workflow}")).expect("a valid task id");
@@ -450,6 +473,7 @@ impl World {
             tasks,
             succeeded: BTreeSet::new(),
             ignored_successes: Vec::new(),
+            signals: BTreeMap::new(),
             stalls: Vec::new(),
             trace: Vec::new(),
             trace_all: std::env::var_os("ROTA_SIM_TRACE").is_some(),
@@ -657,6 +681,14 @@ impl World {
                     self.resubmit(&id).await?;
                 }
             }
+            Action::Signal => {
+                let approvals: Vec<TaskId> = self.tasks.iter().filter(|t| t.workflow.as_str() == "approve").map(|t| t.id.clone()).collect();
+                if !approvals.is_empty() {
+                    let id = approvals[self.rng.random_range(0..approvals.len())].clone();
+                    let name = if self.rng.random_bool(0.1) { "nobody-waits" } else { SIGNAL };
+                    self.signal(&id, name).await?;
+                }
+            }
             Action::Cancel => {
                 let submitted: Vec<TaskId> = self.tasks.iter().filter(|t| t.submitted).map(|t| t.id.clone()).collect();
                 if !submitted.is_empty() {
@@ -838,6 +870,43 @@ impl World {
                 self.note(format!("operator cancel of {id} lost a race: {err}"))
             }
             Err(err) => return Err(format!("cancelling {id}: {err}")),
+        }
+        Ok(())
+    }
+
+    /// Sends the signal `name` to `id`, with data unique to the seed and the
+    /// moment. A refusal is not a failure, but an accepted signal no step
+    /// waits for, or a second accepted one, is.
+    pub async fn signal(&mut self, id: &TaskId, name: &str) -> Result<(), Fail> {
+        let data = json!({ "n": self.elapsed_ms() });
+        let signal = rota_model::SignalName::new(name).expect("a valid signal name");
+        match self.client.signal(id, &signal, data.clone(), "sim").await {
+            Ok(delivered) => {
+                let what = if delivered.completed { "completed" } else { "kept" };
+                *self.counts.signals.entry(what.to_owned()).or_default() += 1;
+                self.note(format!("signal {name} to {id}: step {} {what}", delivered.step));
+                if name != SIGNAL {
+                    return Err(format!("signal {name}, which no step waits for, was accepted by {id}"));
+                }
+                if let Some(first) = self.signals.insert(id.clone(), data) {
+                    return Err(format!("a second signal {name} was accepted by {id} (the first had {first})"));
+                }
+            }
+            Err(ops::Error::Signal { why, .. }) => {
+                let reason = format!("{why:?}");
+                let kind = reason.split([' ', '{']).next().unwrap_or_default();
+                *self.counts.signals.entry(format!("refused: {kind}")).or_default() += 1;
+                self.note(format!("signal {name} to {id} refused: {why}"));
+            }
+            Err(ops::Error::TaskNotFound(_)) => {
+                *self.counts.signals.entry("refused: not submitted yet".to_owned()).or_default() += 1;
+                self.note(format!("signal {name} to {id} refused: not submitted yet"));
+            }
+            Err(ops::Error::Engine(EngineError::Store(err))) if err.is_lost_race() => {
+                *self.counts.signals.entry("lost a race".to_owned()).or_default() += 1;
+                self.note(format!("signal {name} to {id} lost a race: {err}"));
+            }
+            Err(err) => return Err(format!("signalling {id}: {err}")),
         }
         Ok(())
     }
