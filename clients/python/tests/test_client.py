@@ -116,6 +116,28 @@ class SubmitAndWait(unittest.TestCase):
         resumed = list(client.events(task_id, after=events[1]["seq"]))
         self.assertEqual(resumed, events[2:])
 
+    def test_a_signal_completes_the_step_that_waits_for_it(self) -> None:
+        client = Client(server.url, token=support.ADMIN_TOKEN)
+        task_id = fresh("approval")
+        client.submit("approval", id=task_id)
+        delivery = client.signal(task_id, "approved", {"by": "ada"})
+        self.assertEqual(delivery["step"], "approval")
+        done = client.wait(task_id, timeout=30)
+        self.assertEqual(done["state"], "processed")
+        self.assertEqual(done["output"], {"approval": {"by": "ada"}, "echo": {"by": "ada"}})
+        self.assertEqual([step["waits_for"] for step in done["steps"]], ["approved", None])
+        with self.assertRaises(ApiError) as refused:
+            client.signal(task_id, "approved")
+        self.assertEqual(refused.exception.code, "refused")
+        other = fresh("approval")
+        client.submit("approval", id=other)
+        with self.assertRaises(ApiError) as unknown:
+            client.signal(other, "rejected")
+        self.assertEqual(unknown.exception.code, "invalid_signal")
+        client.signal(other, "approved")  # without data: JSON null
+        approval = client.wait(other, timeout=30)["steps"][0]
+        self.assertEqual((approval["state"], approval["output"]), ("completed", None))
+
     def test_wait_gives_up_after_its_timeout(self) -> None:
         client = Client(server.url, token=support.ADMIN_TOKEN)
         task_id = fresh("nap")

@@ -17,6 +17,8 @@ export type TaskState = components["schemas"]["TaskStateView"];
 export type Event = components["schemas"]["EventView"];
 /** One attempt of one step, as a worker receives it. */
 export type WorkRequest = components["schemas"]["WorkRequest"];
+/** What a signal did: the step it went to, and whether it completed it now or is kept until the task gets there. */
+export type SignalDelivery = components["schemas"]["SignalDelivery"];
 
 /** The server when neither the `url` option nor `ROTA_URL` names one. */
 export const DEFAULT_URL = "http://127.0.0.1:7878";
@@ -177,6 +179,19 @@ export class Client {
   async cancel(id: string): Promise<TaskState> {
     const answer = unwrap(await this.api.fetch.POST("/v1/tasks/{id}/cancel", { params: { path: { id } }, signal: this.api.deadline() }));
     return answer.state;
+  }
+
+  /**
+   * Sends the signal `name` with `data` (JSON; `null` for none) to a task: it completes the step that waits for it
+   * (`wait: name`), now or when the task gets there, and `data` becomes that step's output.
+   */
+  async signal(id: string, name: string, data: unknown = null): Promise<SignalDelivery> {
+    const answer = await this.api.fetch.POST("/v1/tasks/{id}/signals/{name}", {
+      params: { path: { id, name } },
+      body: data as never,
+      signal: this.api.deadline(),
+    });
+    return unwrap(answer);
   }
 
   /** Runs a task that ended in `error` again (its failed steps, or just `step`); returns its new state. */

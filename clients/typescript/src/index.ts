@@ -1,7 +1,7 @@
 /**
  * A client for rota's HTTP API, and a helper to write workers in TypeScript.
  *
- * `Client` submits, reads, waits for, follows, cancels and resubmits tasks;
+ * `Client` submits, reads, waits for, follows, cancels, resubmits and signals tasks;
  * `Worker` runs the steps of remote agents (`worker.step("agent", fn)`).
  * Every error the API answers is an `ApiError` with its `code` and `reason`.
  * The types come from the server's `/openapi.json` (`schema.ts`, generated);
@@ -9,7 +9,7 @@
  */
 
 export { Api, Client, DEFAULT_URL, TERMINAL_STATES, unwrap } from "./client.js";
-export type { ClientOptions, Event, Task, TaskState, TaskSummary, WorkRequest } from "./client.js";
+export type { ClientOptions, Event, SignalDelivery, Task, TaskState, TaskSummary, WorkRequest } from "./client.js";
 export { ApiError } from "./errors.js";
 export type { components, paths } from "./schema.js";
 export { Permanent, Retryable, Step, Worker, backoffMs } from "./worker.js";

@@ -372,6 +372,30 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/tasks/{id}/signals/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Send a signal to a task: the JSON body is the signal's data (`null` for
+         *     none).
+         * @description It completes the step that waits for a signal of this name when that
+         *     step is waiting, or is kept until the task reaches the step. The
+         *     signal's data becomes the step's output. Who sent it is recorded in the
+         *     task's history.
+         */
+        post: operations["signal"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/tasks/{id}/steps/{step}/resubmit": {
         parameters: {
             query?: never;
@@ -955,6 +979,20 @@ export interface components {
              */
             backoff_max_ms: number;
         };
+        /** @description What a signal did. */
+        SignalDelivery: {
+            /**
+             * @description Whether it completed the step now (`true`: the step was waiting), or
+             *     is kept until the task reaches the step (`false`).
+             */
+            completed: boolean;
+            /** @description The task. */
+            id: string;
+            /** @description The signal. */
+            signal: string;
+            /** @description The step that waits for it. */
+            step: string;
+        };
         /**
          * @description A step's state.
          * @enum {string}
@@ -962,7 +1000,10 @@ export interface components {
         StepStateView: "not_started" | "running" | "completed" | "failed" | "compensating" | "compensated";
         /** @description One step of a task. */
         StepView: {
-            /** @description The agent that runs it (absent when the definition cannot be read). */
+            /**
+             * @description The agent that runs it (absent when the definition cannot be read,
+             *     and for a step that waits for a signal).
+             */
             agent?: string | null;
             /**
              * Format: int32
@@ -1001,6 +1042,12 @@ export interface components {
              * @description When it last changed, epoch ms.
              */
             updated_at: number;
+            /**
+             * @description The signal it waits for (absent for a step that calls an agent, and
+             *     when the definition cannot be read). Its `input` is the signal once
+             *     it arrived, even before the step started.
+             */
+            waits_for?: string | null;
         };
         /** @description A request to run a workflow. */
         SubmitRequest: {
@@ -1275,14 +1322,16 @@ export interface components {
         };
         /** @description One step of a workflow definition, in a summary. */
         WorkflowStepView: {
-            /** @description The agent that runs it. */
-            agent: string;
+            /** @description The agent that runs it (absent for a step that waits for a signal). */
+            agent?: string | null;
             /** @description Whether it has a compensation. */
             compensated: boolean;
             /** @description The steps it waits for. */
             depends_on: string[];
             /** @description The step's name. */
             name: string;
+            /** @description The signal it waits for (absent for a step that calls an agent). */
+            waits_for?: string | null;
         };
         /** @description A registered workflow version. */
         WorkflowView: {
@@ -2690,6 +2739,117 @@ export interface operations {
             };
             /** @description The task is not in error, or changed concurrently */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Store unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    signal: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The task id, URL-encoded. */
+                id: string;
+                /** @description The signal's name. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        /** @description The signal's data, any JSON value */
+        requestBody: {
+            content: {
+                "application/json": unknown;
+            };
+        };
+        responses: {
+            /** @description Delivered: the step it went to, and whether it completed it now */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SignalDelivery"];
+                };
+            };
+            /** @description Invalid id or signal name, or malformed JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Out of scope */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such task */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The task has finished or is being undone, the step already received this signal, or it changed concurrently */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Body too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not JSON */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No step of the task waits for this signal, or its data is too large */
+            422: {
                 headers: {
                     [name: string]: unknown;
                 };

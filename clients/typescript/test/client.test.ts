@@ -43,6 +43,25 @@ describe("submit and wait", () => {
     assert.equal((await client.wait(at.id, { timeoutMs: 30_000 })).state, "processed", "a start already past runs now");
   });
 
+  test("a signal completes the step that waits for it", async () => {
+    const client = admin();
+    const id = fresh("s");
+    await client.submit("approval", {}, { id });
+    const delivery = await client.signal(id, "approved", { by: "ada" });
+    assert.equal(delivery.step, "approval");
+    const done = await client.wait(id, { timeoutMs: 30_000 });
+    assert.equal(done.state, "processed");
+    assert.deepEqual(done.output, { approval: { by: "ada" }, echo: { by: "ada" } });
+    assert.deepEqual(done.steps.map((step) => step.waits_for), ["approved", null]);
+    await assert.rejects(client.signal(id, "approved"), (err: ApiError) => err.code === "refused");
+    const other = fresh("s");
+    await client.submit("approval", {}, { id: other });
+    await assert.rejects(client.signal(other, "rejected"), (err: ApiError) => err.code === "invalid_signal");
+    await client.signal(other, "approved"); // without data: JSON null
+    const approval = (await client.wait(other, { timeoutMs: 30_000 })).steps[0]!;
+    assert.deepEqual([approval.state, approval.output], ["completed", null]);
+  });
+
   test("submit is idempotent by id and wait returns the terminal task", async () => {
     const client = admin();
     const id = fresh("g");

@@ -40,6 +40,18 @@ steps:
     agent: greeter
     with: { name: "{{ input.name }}" }
 `,
+  // A step that waits for the signal \`approved\`; the next reads its data.
+  approval: `
+name: approval
+version: 1
+steps:
+  - name: approval
+    wait: approved
+    timeout: 2m
+  - name: echo
+    agent: exec
+    with: { command: ["cat"], stdin: { by: "{{ steps.approval.output.by }}" } }
+`,
   // A step that sleeps: a task to cancel, or to wait for in vain.
   nap: `
 name: nap

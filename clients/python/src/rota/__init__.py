@@ -6,7 +6,7 @@
     print(client.wait(task["id"], timeout=60)["output"])
 
 Standard library only. ``Client`` submits, reads, waits for, follows,
-cancels and resubmits tasks; ``Worker`` runs the steps of remote agents
+cancels, resubmits and signals tasks; ``Worker`` runs the steps of remote agents
 (``@worker.step("agent")``); ``verify_webhook`` checks a webhook delivery.
 Every error the API answers is an ``ApiError`` with its ``code`` and
 ``reason``.
@@ -14,7 +14,7 @@ Every error the API answers is an ``ApiError`` with its ``code`` and
 
 from .client import Client
 from .errors import ApiError
-from .types import TERMINAL_STATES, Event, Json, StepView, Task, TaskState, TaskSummary, WorkRequest
+from .types import TERMINAL_STATES, Event, Json, SignalDelivery, StepView, Task, TaskState, TaskSummary, WorkRequest
 from .webhooks import InvalidSignature, verify_webhook
 from .worker import Permanent, Retryable, Step, Worker
 
@@ -27,6 +27,7 @@ __all__ = [
     "Json",
     "Permanent",
     "Retryable",
+    "SignalDelivery",
     "Step",
     "StepView",
     "Task",

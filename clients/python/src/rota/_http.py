@@ -60,7 +60,7 @@ class Transport:
                 sent["Authorization"] = "Bearer " + self._token
             data = None
             if body is not None:
-                data = json.dumps(body).encode()
+                data = json.dumps(None if body is JSON_NULL else body).encode()
                 sent["Content-Type"] = "application/json"
             sent.update(headers or {})
             connection.request(method, target, body=data, headers=sent)
@@ -94,6 +94,10 @@ class Transport:
         if self._https:
             return http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=ssl.create_default_context())
         return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+
+
+#: A request body that is JSON ``null`` (``None`` means no body at all).
+JSON_NULL: Any = object()
 
 
 def quote(segment: str) -> str:

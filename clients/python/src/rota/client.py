@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from typing import cast
 
 from . import sse
-from ._http import Transport, quote
-from .types import Event, Json, Task, TaskState, TaskSummary
+from ._http import JSON_NULL, Transport, quote
+from .types import Event, Json, SignalDelivery, Task, TaskState, TaskSummary
 
 #: The server when neither the ``url`` argument nor ``ROTA_URL`` names one.
 DEFAULT_URL = "http://127.0.0.1:7878"
@@ -127,6 +127,16 @@ class Client:
         undone). ``ApiError`` ``refused`` for a finished task."""
         answer = self._http.call("POST", f"/v1/tasks/{quote(task_id)}/cancel")
         return cast(TaskState, answer["state"])
+
+    def signal(self, task_id: str, name: str, data: Json = None) -> SignalDelivery:
+        """Sends the signal ``name`` with ``data`` to a task: it completes the
+        step that waits for it (``wait: name``), now or when the task gets
+        there, and ``data`` becomes that step's output. ``ApiError``
+        ``invalid_signal`` when no step waits for it, ``refused`` when the
+        task has finished or the step already received it."""
+        body = JSON_NULL if data is None else data
+        answer = self._http.call("POST", f"/v1/tasks/{quote(task_id)}/signals/{quote(name)}", body)
+        return cast(SignalDelivery, answer)
 
     def resubmit(self, task_id: str, step: str | None = None) -> TaskState:
         """Runs a task that ended in ``error`` again (its failed steps, or

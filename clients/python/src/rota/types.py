@@ -25,6 +25,7 @@ class StepView(TypedDict):
     name: str
     position: int
     agent: str | None
+    waits_for: str | None
     state: StepState
     attempt: int
     owner: str | None
@@ -98,3 +99,13 @@ class WorkRequest(TypedDict):
     complete_by: int
     delivery_count: int
     retry: RetryPolicy
+
+
+class SignalDelivery(TypedDict):
+    """What a signal did: the step it went to, and whether it completed it
+    now (it was waiting) or is kept until the task reaches it."""
+
+    id: str
+    signal: str
+    step: str
+    completed: bool
