@@ -153,12 +153,13 @@ function problem(text) {
 
 let dialogOpen = false;
 
-function confirmAction(question) {
+function confirmAction(question, extra = null) {
   return new Promise((resolve) => {
     const dialog = h('dialog', { class: 'confirm', 'aria-label': 'Confirm' });
     const close = (answer) => { dialog.close(); dialog.remove(); dialogOpen = false; resolve(answer); };
     append(dialog, [
       h('p', null, question),
+      extra,
       h('div', { class: 'buttons' },
         h('button', { type: 'button', class: 'danger', onclick: () => close(true) }, 'Confirm'),
         h('button', { type: 'button', onclick: () => close(false) }, 'Back')),
@@ -171,13 +172,15 @@ function confirmAction(question) {
 }
 
 // A button for an operator action; absent for a viewer who may not operate.
-function action(label, question, perform, done, { describedBy } = {}) {
+// `extra` (built afresh for each click) goes into the confirmation, for
+// what the action needs typed in.
+function action(label, question, perform, done, { describedBy, extra } = {}) {
   if (!CAN_OPERATE) return null;
   return h('button', {
     type: 'button', class: 'action', 'aria-describedby': describedBy,
     onclick: async (event) => {
       const button = event.currentTarget;
-      if (!(await confirmAction(question))) return;
+      if (!(await confirmAction(question, extra ? extra() : null))) return;
       button.disabled = true;
       try {
         const result = await perform();
@@ -378,11 +381,12 @@ function taskPage([id]) {
         section('Steps', table('Steps', ['Step', 'Agent', 'State', 'Attempt', 'Complete by', 'Last error', ''], task.steps.map((step) => {
           const label = `step-label-${step.position}`;
           return h('tr', null,
-            h('th', { scope: 'row', id: label }, step.name), h('td', null, step.agent ?? '—'), h('td', null, badge(step.state)),
+            h('th', { scope: 'row', id: label }, step.name), h('td', null, stepDoer(step)), h('td', null, badge(step.state)),
             h('td', { class: 'n' }, step.attempt), h('td', null, time(step.complete_by)), h('td', { class: 'error-text' }, step.last_error ?? '—'),
-            h('td', null, action('Resubmit step', `Resubmit step ${step.name} of task ${taskId}? It runs again, with the steps after it.`,
-              () => api(`/v1/tasks/${encodeURIComponent(taskId)}/steps/${encodeURIComponent(step.name)}/resubmit`, { method: 'POST' }),
-              () => `Step ${step.name} resubmitted.`, { describedBy: label })));
+            h('td', null, awaitsSignal(task, step) ? signalAction(taskId, step, label) : null,
+              action('Resubmit step', `Resubmit step ${step.name} of task ${taskId}? It runs again, with the steps after it.`,
+                () => api(`/v1/tasks/${encodeURIComponent(taskId)}/steps/${encodeURIComponent(step.name)}/resubmit`, { method: 'POST' }),
+                () => `Step ${step.name} resubmitted.`, { describedBy: label })));
         }))),
         section('Attempts', attempts(task, history)),
         section('Fields', h('dl', { class: 'fields' },
@@ -399,6 +403,43 @@ function taskPage([id]) {
           h('td', { class: 'n' }, event.attempt ?? '—'), h('td', null, h('code', null, compact(event.detail))))))));
     },
   };
+}
+
+// Who does a step's work: its agent, or the signal it waits for.
+function stepDoer(step) {
+  if (step.waits_for) return `waits for ${step.waits_for}`;
+  return step.agent ?? '—';
+}
+
+// Whether a step still takes its signal: it waits for one, has none yet,
+// and its task can still run it.
+function awaitsSignal(task, step) {
+  const received = step.input !== null && typeof step.input === 'object' && 'signal' in step.input;
+  return Boolean(step.waits_for) && !received && ['not_started', 'running'].includes(step.state)
+    && ['pending', 'processing'].includes(task.state);
+}
+
+// Sends the signal a step waits for; its data is typed as JSON in the
+// confirmation and checked before anything is sent.
+function signalAction(taskId, step, describedBy) {
+  let data = null;
+  const extra = () => {
+    data = h('textarea', { class: 'signal-data', rows: 4, spellcheck: 'false', 'aria-label': `Data of signal ${step.waits_for} (JSON)` });
+    data.value = '{}';
+    return h('label', { class: 'signal' }, `Data (JSON), the step's output:`, data);
+  };
+  const send = () => {
+    let parsed;
+    try {
+      parsed = JSON.parse(data.value);
+    } catch (error) {
+      return Promise.reject(new ApiError(`signal ${step.waits_for}: the data is not valid JSON (${error.message}); nothing was sent`));
+    }
+    return api(`/v1/tasks/${encodeURIComponent(taskId)}/signals/${encodeURIComponent(step.waits_for)}`, { method: 'POST', body: parsed });
+  };
+  return action('Send signal', `Send signal ${step.waits_for} to task ${taskId}? Step ${step.name} completes with its data.`, send,
+    (delivery) => delivery.completed ? `Signal ${step.waits_for} sent: step ${delivery.step} completed.`
+      : `Signal ${step.waits_for} sent: kept until the task reaches step ${delivery.step}.`, { describedBy, extra });
 }
 
 function field(name, value) {
@@ -443,7 +484,7 @@ function dag(steps, stepStates) {
     const { x, y } = position.get(step.name);
     const state = stateOf.get(step.name) ?? 'not-run';
     return s('g', { class: 'step-node', 'data-step': step.name, 'data-state': state, transform: `translate(${x},${y})` },
-      s('title', null, `${step.name}: ${state}${step.agent ? ` (agent ${step.agent})` : ''}`),
+      s('title', null, `${step.name}: ${state}${step.agent ? ` (agent ${step.agent})` : ''}${step.waits_for ? ` (waits for ${step.waits_for})` : ''}`),
       s('rect', { width: nodeWidth, height: nodeHeight, rx: 8, class: `node state-${state}` }),
       s('text', { x: 10, y: 18, class: 'node-name' }, step.name.length > 18 ? `${step.name.slice(0, 17)}…` : step.name),
       s('text', { x: 10, y: 35, class: 'node-state' }, state));
@@ -601,7 +642,7 @@ function workflowPage([name], query) {
         h('p', { class: 'subtitle' }, 'registered ', time(shown.registered_at), ' · ', h('a', { href: `/ui/tasks${q({ workflow })}` }, 'its tasks')),
         section('Steps', dag(shown.steps, null),
           table('Steps', ['Step', 'Agent', 'After', 'Compensated'], shown.steps.map((step) => h('tr', null,
-            h('td', null, step.name), h('td', null, step.agent), h('td', null, step.depends_on.join(', ') || '—'), h('td', null, step.compensated ? 'yes' : 'no'))))),
+            h('td', null, step.name), h('td', null, stepDoer(step)), h('td', null, step.depends_on.join(', ') || '—'), h('td', null, step.compensated ? 'yes' : 'no'))))),
         section('Definition', json(shown.definition)));
     },
   };

@@ -100,6 +100,18 @@ steps:
     with: { command: ["sh", "-c", "echo 'no truck' >&2; exit 4"] }
     depends_on: [charge]
 """,
+    # A step that waits for the signal `approved`; the next reads its data.
+    "approval": """
+name: approval
+version: 1
+steps:
+  - name: approval
+    wait: approved
+    timeout: 2m
+  - name: echo
+    agent: exec
+    with: { command: ["cat"], stdin: { by: "{{ steps.approval.output.by }}" } }
+""",
     # A long step: a task to cancel, or that stays Processing.
     "nap": """
 name: nap

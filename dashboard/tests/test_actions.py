@@ -68,6 +68,43 @@ class Actions(support.BrowserTest):
         self.assertEqual(found[0]["detail"].get("step"), "explode")
         self.status_says_something(page)
 
+    def test_send_signal_asks_for_its_data_then_completes_the_waiting_step(self) -> None:
+        server.cli("submit", "approval", "--id", "act-signal")
+        server.wait_task("act-signal", {"processing"})
+        page, _ = self.open("/ui/tasks/act-signal")
+        row = support.rows(page.get_by_role("table", name="Steps")).filter(has_text="approval")
+        expect(row).to_contain_text("waits for approved")
+        button = row.get_by_role("button", name="Send signal")
+
+        def signals() -> list[Any]:
+            return [e for e in server.history("act-signal") if e["kind"] == "signal"]
+
+        # Data that is not JSON is refused in the page: nothing is sent.
+        button.click()
+        dialog = page.locator("dialog[open]")
+        dialog.get_by_role("textbox", name="Data of signal approved (JSON)").fill("{by: ann}")
+        dialog.get_by_role("button", name="Confirm", exact=True).click()
+        expect(page.locator("#problem")).to_contain_text("the data is not valid JSON")
+        self.assertEqual(signals(), [], "an invalid signal was sent")
+
+        # Back sends nothing.
+        button.click()
+        page.locator("dialog[open]").get_by_role("button", name="Back", exact=True).click()
+        expect(page.locator("dialog[open]")).to_have_count(0)
+        page.wait_for_timeout(300)
+        self.assertEqual(signals(), [], "Back sent the signal")
+
+        button.click()
+        dialog = page.locator("dialog[open]")
+        expect(dialog).to_contain_text("Send signal approved to task act-signal?")
+        dialog.get_by_role("textbox", name="Data of signal approved (JSON)").fill('{"by": "ann"}')
+        dialog.get_by_role("button", name="Confirm", exact=True).click()
+        expect(page.get_by_role("status")).to_have_text("Signal approved sent: step approval completed.")
+        done = server.wait_task("act-signal", {"processed"}, timeout=10)
+        self.assertEqual(done["output"], {"approval": {"by": "ann"}, "echo": {"by": "ann"}})
+        self.assertEqual(len(signals()), 1)
+        expect(row.get_by_role("button", name="Send signal"), "no second signal is offered").to_have_count(0)
+
     def test_pause_and_resume_ask_then_change_the_queue(self) -> None:
         server.cli("queue", "create", "act-pausable", remote=False)
         page, _ = self.open("/ui/queues/act-pausable")
