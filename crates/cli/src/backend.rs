@@ -101,7 +101,7 @@ fn local_error(asked: impl FnOnce() -> String, err: ops::Error) -> anyhow::Error
 /// the rule's text as their reason.
 fn remote_error(asked: impl FnOnce() -> String, err: anyhow::Error) -> anyhow::Error {
     match remote::code_of(&err) {
-        Some("not_found" | "unknown_workflow" | "refused") => err,
+        Some("not_found" | "unknown_workflow" | "refused" | "invalid_signal") => err,
         _ => err.context(asked()),
     }
 }

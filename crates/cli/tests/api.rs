@@ -51,6 +51,19 @@ steps:
     timeout: 2m
 "#;
 
+/// A step that waits for the signal `approved`, then one that reads it.
+const APPROVAL: &str = r#"
+name: approval
+version: 1
+steps:
+  - name: approval
+    wait: approved
+    timeout: 2m
+  - name: echo
+    agent: exec
+    with: { command: ["sh", "-c", "cat"], stdin: { by: "{{ steps.approval.output.by }}" } }
+"#;
+
 /// A workflows directory and an `--auth` file in a temporary directory.
 struct Files {
     dir: tempfile::TempDir,
@@ -63,6 +76,7 @@ impl Files {
         std::fs::create_dir_all(&workflows).unwrap();
         std::fs::write(workflows.join("pipeline.yaml"), PIPELINE).unwrap();
         std::fs::write(workflows.join("slow.yaml"), SLOW).unwrap();
+        std::fs::write(workflows.join("approval.yaml"), APPROVAL).unwrap();
         files
     }
 
@@ -410,7 +424,12 @@ fn a_refused_request_reads_the_same_on_the_store_and_over_http() {
     rota.ok(&["submit", "pipeline", "--id", "done-1", "--input", r#"{"order": 1}"#, "--wait"]);
     let unregistered = "workflow: workflow unregistered (any version) is not registered; `rota workflows` lists the registered ones, \
                         and `rota serve --workflows DIR` registers a directory of definitions";
-    let refusals: [(&[&str], &str); 6] = [
+    let refusals: [(&[&str], &str); 8] = [
+        (
+            &["signal", "done-1", "approved"],
+            "signal approved: no step of task done-1 (workflow pipeline@1) waits for it (it waits for no signal)",
+        ),
+        (&["signal", "nope", "approved"], "task nope not found"),
         (&["resubmit", "done-1", "--step", "nope"], "step nope of task done-1 (its steps: pause, echo) not found"),
         (&["cancel", "done-1"], "cancel: task done-1: task is processed, which is terminal"),
         (&["resubmit", "done-1"], "resubmit: task done-1: cannot resubmit a task that is processed"),
@@ -425,6 +444,14 @@ fn a_refused_request_reads_the_same_on_the_store_and_over_http() {
         let over_http = (over_http.status.code(), String::from_utf8_lossy(&over_http.stderr).into_owned());
         assert_eq!(over_http, (Some(code), local), "rota {args:?} over HTTP");
     }
+
+    // A signal over HTTP: the sender recorded is the token's scope.
+    rota.ok(&["submit", "approval", "--id", "approve-1"]);
+    let sent = remote(&rota, &server, ADMIN_TOKEN, &["signal", "approve-1", "approved", "--data", r#"{"by": "ann"}"#]);
+    assert!(stdout(&sent).starts_with("step approval: "), "{}", String::from_utf8_lossy(&sent.stderr));
+    let done = rota.json(&["status", "approve-1", "--json"]);
+    let signal = done["history"].as_array().unwrap().iter().find(|e| e["kind"] == "signal").cloned().unwrap();
+    assert_eq!(signal["detail"]["sent_by"], "api token with scope admin");
     let (status, log) = server.terminate();
     assert_eq!(status.code(), Some(0), "{log}");
 }
