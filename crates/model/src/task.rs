@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::clock::Timestamp;
-use crate::ids::{InstanceId, TaskId, WorkflowName};
+use crate::ids::{InstanceId, QueueName, TaskId, WorkflowName};
 
 /// Where a task is in its lifecycle. The doc comment of each state says who
 /// moves a task out of it.
@@ -187,8 +187,14 @@ pub struct Task {
     pub not_before: Timestamp,
     /// How many times its deadline passed (the pattern's `FailureCount`).
     pub failure_count: u32,
-    /// Where the submitting application wants status events (a queue or URL).
+    /// The URL the submitting application wants status events posted to
+    /// (the API's `callback_url`, served by the webhook dispatcher).
     pub reply_to: Option<String>,
+    /// The durable queue the submitting application reads status events
+    /// from (the response queue): every status event of the task is sent
+    /// there, in the commit that records it. Set at submission, never changed.
+    #[serde(default)]
+    pub reply_queue: Option<QueueName>,
     /// The final result, once Processed.
     pub output: Option<Value>,
     /// The reason for Error (or the last failure).
@@ -214,6 +220,7 @@ impl Task {
             not_before: now,
             failure_count: 0,
             reply_to: None,
+            reply_queue: None,
             output: None,
             error: None,
             created_at: now,

@@ -208,6 +208,7 @@ pub(crate) async fn create_tasks(
     let mut params = Params::default();
     let p = CreateParams {
         tasks: TaskArrays::push(&mut params, &tasks)?,
+        reply_queue: params.array(tasks.iter().map(|t| t.reply_queue.as_ref().map(QueueName::as_str)).collect::<Vec<_>>(), "text[]")?,
         steps: StepArrays::push(&mut params, &steps)?,
         events: EventArrays::push(&mut params, &events.iter().map(|(_, event)| *event).collect::<Vec<_>>())?,
         lock_base: params.push(n.event_lock_base())?,
@@ -225,6 +226,9 @@ pub(crate) async fn create_tasks(
 /// The parameters of the creation statement.
 struct CreateParams {
     tasks: TaskArrays,
+    /// Each task's response queue: written at creation only (it never
+    /// changes), so the commit statement leaves it out.
+    reply_queue: Array,
     steps: StepArrays,
     events: EventArrays,
     /// The event-writer lock base (see `Names::event_lock_base`).
@@ -241,19 +245,19 @@ struct CreateParams {
 /// steps, events and messages.
 fn create_sql(p: &CreateParams) -> String {
     let (tasks, steps, events) = (list(&p.tasks.0), list(&p.steps.0), list(&p.events.0));
-    let (lock_base, now, event_owner, send_owner) = (p.lock_base, p.now, p.event_owner, p.send_owner);
+    let (lock_base, now, event_owner, send_owner, reply_queue) = (p.lock_base, p.now, p.event_owner, p.send_owner, p.reply_queue);
     let SendArrays { queue_id, id, keyed, body, ordering_key, visible_at } = &p.sends;
     format!(
         "WITH
          inserted AS (
              INSERT INTO rota.tasks (id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
-                                     failure_count, reply_to, output, error, created_at, updated_at)
+                                     failure_count, reply_to, output, error, created_at, updated_at, reply_queue)
              SELECT t.id, t.workflow, t.workflow_version, t.input, t.state, t.locked_by, t.lease_epoch, t.complete_by, t.not_before,
-                    t.failure_count, t.reply_to, t.output, t.error, t.created_at, t.updated_at
-               FROM unnest({tasks})
+                    t.failure_count, t.reply_to, t.output, t.error, t.created_at, t.updated_at, t.reply_queue
+               FROM unnest({tasks}, {reply_queue})
                     WITH ORDINALITY
                     AS t(id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
-                         failure_count, reply_to, output, error, created_at, updated_at, position)
+                         failure_count, reply_to, output, error, created_at, updated_at, reply_queue, position)
               ORDER BY t.position
              ON CONFLICT (id) DO NOTHING
           RETURNING id),

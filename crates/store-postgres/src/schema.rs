@@ -173,6 +173,10 @@ CREATE INDEX tasks_workflow_state ON rota.tasks (workflow, state, created_seq);
 -- so the index is partial; `locked_by = $1` implies the NOT NULL.
 CREATE INDEX tasks_locked_by ON rota.tasks (locked_by, created_seq) WHERE locked_by IS NOT NULL;
 "#,
+    r#"
+-- The response queue a task's status events are sent to (NULL: none).
+ALTER TABLE rota.tasks ADD COLUMN reply_queue TEXT;
+"#,
 ];
 
 /// How many migrations this build knows.

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use rota_model::{InstanceId, Step, StepName, StepState, Task, TaskId, TaskState, Timestamp, WorkflowName};
+use rota_model::{InstanceId, QueueName, Step, StepName, StepState, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, TaskFilter, TaskRecord, WorkflowEntry};
 use serde_json::Value;
 use sqlx::postgres::PgRow;
@@ -42,6 +42,11 @@ fn task_from(row: &PgRow) -> Result<Task> {
         not_before: Timestamp::from_millis(row.try_get("not_before")?),
         failure_count: count(row.try_get("failure_count")?),
         reply_to: row.try_get("reply_to")?,
+        reply_queue: row
+            .try_get::<Option<String>, _>("reply_queue")?
+            .map(QueueName::new)
+            .transpose()
+            .map_err(|e| corrupt("reply_queue", e))?,
         output: row.try_get::<Option<String>, _>("output")?.map(|o| parse_json("task output", o)).transpose()?,
         error: row.try_get("error")?,
         created_at: Timestamp::from_millis(row.try_get("created_at")?),

@@ -156,6 +156,10 @@ CREATE INDEX tasks_workflow_state ON tasks (workflow, state);
 -- so the index is partial; `locked_by = ?` implies the NOT NULL.
 CREATE INDEX tasks_locked_by ON tasks (locked_by) WHERE locked_by IS NOT NULL;
 "#,
+    r#"
+-- The response queue a task's status events are sent to (NULL: none).
+ALTER TABLE tasks ADD COLUMN reply_queue TEXT;
+"#,
 ];
 
 /// Runs the migrations that have not run yet.

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use rota_model::{InstanceId, Step, StepName, StepState, Task, TaskId, TaskState, Timestamp, WorkflowName};
+use rota_model::{InstanceId, QueueName, Step, StepName, StepState, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{
     Changes, ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, Result, StepWrite, TaskFilter, TaskRecord, TaskWrite,
     WorkflowEntry,
@@ -14,7 +14,7 @@ use serde_json::Value;
 use crate::sql_error;
 
 const TASK_COLUMNS: &str = "id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before, \
-                            failure_count, reply_to, output, error, created_at, updated_at";
+                            failure_count, reply_to, output, error, created_at, updated_at, reply_queue";
 const STEP_COLUMNS: &str = "task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error, updated_at";
 
 fn json_text(value: &Value) -> String {
@@ -46,6 +46,7 @@ struct TaskRow {
     error: Option<String>,
     created_at: i64,
     updated_at: i64,
+    reply_queue: Option<String>,
 }
 
 fn task_row(row: &Row<'_>) -> rusqlite::Result<TaskRow> {
@@ -65,6 +66,7 @@ fn task_row(row: &Row<'_>) -> rusqlite::Result<TaskRow> {
         error: row.get(12)?,
         created_at: row.get(13)?,
         updated_at: row.get(14)?,
+        reply_queue: row.get(15)?,
     })
 }
 
@@ -82,6 +84,7 @@ impl TaskRow {
             not_before: Timestamp::from_millis(self.not_before),
             failure_count: self.failure_count,
             reply_to: self.reply_to,
+            reply_queue: self.reply_queue.map(QueueName::new).transpose().map_err(|e| corrupt("reply_queue", e))?,
             output: self.output.map(|o| parse_json("task output", o)).transpose()?,
             error: self.error,
             created_at: Timestamp::from_millis(self.created_at),
@@ -144,7 +147,8 @@ pub(crate) fn task_exists(conn: &Connection, id: &TaskId) -> Result<bool> {
         .map_err(sql_error)
 }
 
-/// Binds a task's columns, in `TASK_COLUMNS` order, to parameters ?1..?15.
+/// Binds a task's columns, in `TASK_COLUMNS` order, to parameters ?1..?15:
+/// all but `reply_queue`, which only the insert writes (it never changes).
 fn bind_task(stmt: &mut rusqlite::Statement<'_>, task: &Task) -> rusqlite::Result<()> {
     stmt.raw_bind_parameter(1, task.id.as_str())?;
     stmt.raw_bind_parameter(2, task.workflow.as_str())?;
@@ -180,10 +184,11 @@ fn bind_step(stmt: &mut rusqlite::Statement<'_>, step: &Step) -> rusqlite::Resul
 
 pub(crate) fn insert_task(conn: &Connection, task: &Task) -> Result<()> {
     conn.prepare_cached(&format!(
-        "INSERT INTO tasks ({TASK_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
+        "INSERT INTO tasks ({TASK_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"
     ))
     .and_then(|mut stmt| {
         bind_task(&mut stmt, task)?;
+        stmt.raw_bind_parameter(16, task.reply_queue.as_ref().map(QueueName::as_str))?;
         stmt.raw_execute()
     })
     .map_err(sql_error)?;

@@ -91,6 +91,7 @@ macro_rules! conformance_suite {
             messages_leases_and_tasks_survive_reopen,
             // Tasks.
             create_task_writes_everything_once,
+            a_task_keeps_its_reply_queue,
             list_tasks_filters_newest_first,
             list_tasks_pages_with_before,
             count_tasks_counts_every_state,
@@ -1055,6 +1056,47 @@ pub async fn messages_leases_and_tasks_survive_reopen(harness: &dyn Harness) {
 // ---------------------------------------------------------------------------
 // Tasks.
 // ---------------------------------------------------------------------------
+
+/// A task's response queue is written at creation and read back by every
+/// read of the task (look-up, several at once, listing, claim, expiry); the
+/// commits that move the task keep it. A task without one reads `None`.
+pub async fn a_task_keeps_its_reply_queue(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let now = clock.now();
+    let replies = queue("shop.replies");
+    let mut new = new_task("order-rq", "order", &["charge"], now);
+    new.task.reply_queue = Some(replies.clone());
+    create(&store, new).await;
+    create(&store, new_task("order-plain", "order", &["charge"], now)).await;
+
+    let read = stored(&store, &task_id("order-rq")).await;
+    assert_eq!(read.task.reply_queue.as_ref(), Some(&replies), "task() reads the reply queue back");
+    assert_eq!(stored(&store, &task_id("order-plain")).await.task.reply_queue, None, "a task without one reads None");
+    let several = ok(store.tasks(&[task_id("order-rq"), task_id("order-plain")]).await, "tasks");
+    let queues: Vec<_> = several.iter().map(|r| r.task.reply_queue.clone()).collect();
+    assert_eq!(queues, [Some(replies.clone()), None], "tasks() reads each task's reply queue");
+    let listed = ok(store.list_tasks(&TaskFilter::default()).await, "list_tasks");
+    let listed: Vec<_> = listed.iter().map(|t| (t.id.as_str(), t.reply_queue.clone())).collect();
+    assert_eq!(listed, [("order-plain", None), ("order-rq", Some(replies.clone()))], "list_tasks reads the reply queues");
+
+    let owner = instance("scheduler-rq");
+    let claimed = claim(&store, &owner, SECOND, 10).await;
+    let mine = claimed.iter().find(|t| t.id.as_str() == "order-rq").expect("order-rq was claimed");
+    assert_eq!(mine.reply_queue.as_ref(), Some(&replies), "claim_tasks returns the reply queue");
+    let mut after = mine.clone();
+    after.updated_at = now.add(MILLI);
+    commit(&store, Changes { tasks: vec![TaskWrite::replacing(mine, after)], ..Changes::default() }, "a fenced write").await;
+    assert_eq!(stored(&store, &task_id("order-rq")).await.task.reply_queue.as_ref(), Some(&replies), "a commit keeps it");
+
+    clock.advance(SECOND * 2);
+    let expired = ok(store.expired(10).await, "expired");
+    let found = expired.iter().find_map(|e| match e {
+        Expired::Task(task) if task.id.as_str() == "order-rq" => Some(task.reply_queue.clone()),
+        _ => None,
+    });
+    assert_eq!(found, Some(Some(replies)), "expired() returns the reply queue: {expired:?}");
+}
 
 /// `create_task` writes the task, its steps, its messages and its events
 /// together; creating the same id again writes nothing and returns the
