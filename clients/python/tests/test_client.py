@@ -3,6 +3,7 @@ events, cancel, resubmit, and how errors arrive."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -10,6 +11,7 @@ import time
 import unittest
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 from rota import ApiError, Client, Permanent, Step, Worker
 from rota.errors import ApiError as ErrorsApiError
@@ -63,6 +65,31 @@ class SubmitAndWait(unittest.TestCase):
         self.assertEqual(done["output"]["echo"], {"hello": "bob"})
         self.assertEqual([step["state"] for step in done["steps"]], ["completed", "completed"])
         self.assertEqual(client.status(task_id), done)
+
+    def test_a_reply_queue_receives_the_tasks_status_events(self) -> None:
+        client = Client(server.url, token=support.ADMIN_TOKEN)
+        queue = fresh("py.replies")
+        task = client.submit("greet", {"name": "eve"}, id=fresh("r"), reply_queue=queue)
+        self.assertEqual(task["reply_queue"], queue)
+        self.assertEqual(client.wait(task["id"], timeout=30)["state"], "processed")
+        store = f"sqlite://{Path(server.dir.name) / 'rota.db'}"
+        events = []
+        while True:
+            received = subprocess.run(
+                [support.rota_bin(), "--store", store, "queue", "receive", queue, "--max", "10", "--json"],
+                capture_output=True, text=True, timeout=30, check=True,
+            )  # fmt: skip
+            batch = json.loads(received.stdout)
+            if not batch:
+                break
+            for delivery in batch:
+                self.assertEqual(delivery["body"]["correlation_id"], task["id"])
+                events.append(delivery["body"]["event"])
+                subprocess.run(
+                    [support.rota_bin(), "--store", store, "queue", "complete", queue, delivery["lease_token"]],
+                    capture_output=True, timeout=30, check=True,
+                )  # fmt: skip
+        self.assertEqual(events, ["received", "step_completed", "step_completed", "processed"])
 
     def test_a_delayed_submit_waits_pending_with_its_start_time(self) -> None:
         client = Client(server.url, token=support.ADMIN_TOKEN)

@@ -85,7 +85,7 @@ export class Client {
   async submit(
     workflow: string,
     input?: unknown,
-    options: { id?: string; version?: number; callbackUrl?: string; startAt?: string; delay?: string } = {},
+    options: { id?: string; version?: number; callbackUrl?: string; replyQueue?: string; startAt?: string; delay?: string } = {},
   ): Promise<Task> {
     const body = {
       workflow,
@@ -93,6 +93,7 @@ export class Client {
       id: options.id,
       version: options.version,
       callback_url: options.callbackUrl,
+      reply_queue: options.replyQueue,
       start_at: options.startAt,
       delay: options.delay,
     };

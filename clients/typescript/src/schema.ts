@@ -1078,6 +1078,20 @@ export interface components {
             /** @description The task's input (any JSON); `{}` when absent. */
             input?: unknown;
             /**
+             * @description A durable queue of this server's store to send the task's status
+             *     events to (a response queue): `received`, `step_completed`,
+             *     `processed`, `error`, `compensated` and `cancelled`, each sent in the
+             *     commit that records it, with the task id as `correlation_id` and as
+             *     ordering key, so a reader gets one task's events in order. Read them
+             *     from the store with peek-lock receives (`rota queue receive QUEUE`, or
+             *     the store's `receive` in a Rust program). Created with default settings
+             *     when it does not exist. A queue name (letters, digits, `.-_:`, at
+             *     most 100 bytes) not starting with `rota.` or `agent.`. Kept with
+             *     the task; a second submit with the same id does not change it.
+             * @example shop.replies
+             */
+            reply_queue?: string | null;
+            /**
              * @description Start no earlier than this time (RFC 3339, with `Z` or an offset):
              *     the task waits Pending until then, its `not_before` says when. At
              *     most a year and a day ahead; a time already past starts now. Not
@@ -1245,6 +1259,8 @@ export interface components {
             not_before: number;
             /** @description The result, once processed. */
             output?: unknown;
+            /** @description The queue its status events are sent to, if it was submitted with one. */
+            reply_queue?: string | null;
             /** @description Where it is. */
             state: components["schemas"]["TaskStateView"];
             /** @description Its steps, in definition order. */

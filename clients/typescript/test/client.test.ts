@@ -62,6 +62,18 @@ describe("submit and wait", () => {
     assert.deepEqual([approval.state, approval.output], ["completed", null]);
   });
 
+  test("a task submitted with a reply queue keeps it", async () => {
+    const client = admin();
+    const task = await client.submit("greet", { name: "eve" }, { id: fresh("r"), replyQueue: "ts.replies" });
+    assert.equal(task.reply_queue, "ts.replies");
+    assert.equal((await client.wait(task.id, { timeoutMs: 30_000 })).state, "processed");
+    await assert.rejects(client.submit("greet", {}, { replyQueue: "rota.tasks" }), (err: ApiError) => {
+      assert.equal(err.status, 422);
+      assert.ok(err.reason.startsWith("reply_queue: "), err.reason);
+      return true;
+    });
+  });
+
   test("submit is idempotent by id and wait returns the terminal task", async () => {
     const client = admin();
     const id = fresh("g");

@@ -10,7 +10,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use rota_engine::{Start, Submission, ops};
-use rota_model::{InstanceId, SignalName, StepName, TaskId, TaskState, WorkflowName};
+use rota_model::{InstanceId, QueueName, SignalName, StepName, TaskId, TaskState, WorkflowName};
 use rota_store::TaskFilter;
 use serde_json::json;
 use tracing::Instrument;
@@ -76,6 +76,8 @@ async fn submit_traced(state: ApiState, request: SubmitRequest) -> ApiResult<(St
     if let Some(url) = &request.callback_url {
         rota_engine::webhooks::check_url(url).map_err(|why| ApiError::invalid_body(format!("callback_url: {why}")))?;
     }
+    let reply_queue =
+        request.reply_queue.map(QueueName::new).transpose().map_err(|err| ApiError::invalid_body(format!("reply_queue: {err}")))?;
     let start = match (request.start_at.as_deref(), request.delay.as_deref()) {
         (Some(_), Some(_)) => return Err(ApiError::invalid_body("start_at and delay: give one of them, not both")),
         (Some(at), None) => {
@@ -88,7 +90,7 @@ async fn submit_traced(state: ApiState, request: SubmitRequest) -> ApiResult<(St
         (None, None) => Start::Now,
     };
     let input = request.input.unwrap_or_else(|| json!({}));
-    let submission = Submission { workflow, version: request.version, input, id, reply_to: request.callback_url, start };
+    let submission = Submission { workflow, version: request.version, input, id, reply_to: request.callback_url, reply_queue, start };
     let submitted = state.client().submit(submission).await.map_err(|err| ApiError::ops("submit", ops::Error::from_submit(err)))?;
     let status = if submitted.created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(view(&state, "submit", &submitted.id).await?)))

@@ -44,6 +44,18 @@ pub struct SubmitRequest {
     /// does not change it.
     #[schema(example = "https://shop.example/hooks/rota", max_length = 2048)]
     pub callback_url: Option<String>,
+    /// A durable queue of this server's store to send the task's status
+    /// events to (a response queue): `received`, `step_completed`,
+    /// `processed`, `error`, `compensated` and `cancelled`, each sent in the
+    /// commit that records it, with the task id as `correlation_id` and as
+    /// ordering key, so a reader gets one task's events in order. Read them
+    /// from the store with peek-lock receives (`rota queue receive QUEUE`, or
+    /// the store's `receive` in a Rust program). Created with default settings
+    /// when it does not exist. A queue name (letters, digits, `.-_:`, at
+    /// most 100 bytes) not starting with `rota.` or `agent.`. Kept with
+    /// the task; a second submit with the same id does not change it.
+    #[schema(example = "shop.replies", max_length = 100)]
+    pub reply_queue: Option<String>,
     /// Start no earlier than this time (RFC 3339, with `Z` or an offset):
     /// the task waits Pending until then, its `not_before` says when. At
     /// most a year and a day ahead; a time already past starts now. Not
@@ -237,6 +249,8 @@ pub struct TaskView {
     pub error: Option<String>,
     /// Where its status events are POSTed, if it was submitted with a callback URL.
     pub callback_url: Option<String>,
+    /// The queue its status events are sent to, if it was submitted with one.
+    pub reply_queue: Option<String>,
     /// When it was created, epoch ms.
     pub created_at: i64,
     /// When it last changed, epoch ms.
@@ -264,6 +278,7 @@ impl TaskView {
             output: task.output.clone(),
             error: task.error.clone(),
             callback_url: task.reply_to.clone(),
+            reply_queue: task.reply_queue.as_ref().map(ToString::to_string),
             created_at: task.created_at.as_millis(),
             updated_at: task.updated_at.as_millis(),
             steps: steps

@@ -257,7 +257,33 @@ async fn invalid_submissions_are_4xx_naming_the_problem() {
     let reason = server.post_json("/v1/tasks", &json!({ "workflow": "quick", "id": "tab\there" })).await.assert_error(422, "invalid_body");
     assert!(reason.starts_with("id:"), "{reason}");
     server.post_json("/v1/tasks", &json!({ "workflow": "quick", "id": "x".repeat(201) })).await.assert_error(422, "invalid_body");
+    let reason =
+        server.post_json("/v1/tasks", &json!({ "workflow": "quick", "reply_queue": "a b" })).await.assert_error(422, "invalid_body");
+    assert!(reason.starts_with("reply_queue:"), "{reason}");
+    let reason =
+        server.post_json("/v1/tasks", &json!({ "workflow": "quick", "reply_queue": "agent.x" })).await.assert_error(422, "invalid_body");
+    assert!(reason.starts_with("reply_queue: \"agent.x\" is reserved"), "{reason}");
     assert!(server.get("/v1/tasks").await.body.as_array().unwrap().is_empty(), "nothing was created");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_submitted_with_a_reply_queue_sends_its_status_events_there() {
+    let server = start(Options::default()).await;
+    let queue = QueueName::new("shop.replies").unwrap();
+    let created = server.post_json("/v1/tasks", &json!({ "workflow": "quick", "id": "rq-1", "reply_queue": "shop.replies" })).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.text);
+    assert_eq!(created.body["reply_queue"], "shop.replies");
+    assert_eq!(server.wait_terminal("rq-1").await["state"], "processed");
+    let mut events = Vec::new();
+    loop {
+        let batch = server.store.receive(&queue, Receive::up_to(10)).await.unwrap();
+        let Some(delivery) = batch.into_iter().next() else { break };
+        let body: Value = serde_json::from_str(delivery.body.get()).unwrap();
+        assert_eq!(body["correlation_id"], "rq-1");
+        events.push(body["event"].as_str().unwrap().to_owned());
+        server.store.complete(&queue, delivery.lease_token).await.unwrap();
+    }
+    assert_eq!(events, ["received", "step_completed", "step_completed", "processed"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -40,6 +40,7 @@ const FIELDS: &[&str] = &[
     "input",
     "id",
     "callback_url",
+    "reply_queue",
     "start_at",
     "delay",
     "max",

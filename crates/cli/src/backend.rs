@@ -61,6 +61,8 @@ struct SubmitBody<'a> {
     start_at: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     delay: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reply_queue: Option<&'a str>,
 }
 
 /// When a submitted task may start, as the command line says it.
@@ -115,6 +117,7 @@ impl Backend {
         input: Value,
         id: Option<TaskId>,
         start: &Start,
+        reply_queue: Option<&QueueName>,
     ) -> anyhow::Result<Submitted> {
         match self {
             Backend::Local(store) => {
@@ -126,7 +129,8 @@ impl Backend {
                     }
                     Start::After(delay) => rota_engine::Start::After(*delay),
                 };
-                let submission = Submission { workflow: workflow.clone(), version, input, id, reply_to: None, start };
+                let reply_queue = reply_queue.cloned();
+                let submission = Submission { workflow: workflow.clone(), version, input, id, reply_to: None, reply_queue, start };
                 let submitted = client.submit(submission).await.map_err(|err| anyhow::Error::new(ops::Error::from_submit(err)))?;
                 let detail =
                     client.task(&submitted.id).await.map_err(|err| local_error(|| format!("cannot read task {}", submitted.id), err))?;
@@ -145,6 +149,7 @@ impl Backend {
                     id: id.as_ref().map(TaskId::as_str),
                     start_at,
                     delay,
+                    reply_queue: reply_queue.map(QueueName::as_str),
                 };
                 let (status, view) = server.post::<TaskView, _>(&["v1", "tasks"], Some(&body)).await?;
                 Ok(Submitted { view, created: status == reqwest::StatusCode::CREATED })

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 use rota_api::wire::TaskView;
-use rota_model::{Clock, SignalName, StepName, StepState, SystemClock, TaskId, TaskState, WorkflowName};
+use rota_model::{Clock, QueueName, SignalName, StepName, StepState, SystemClock, TaskId, TaskState, WorkflowName};
 use rota_store::TaskFilter;
 use serde_json::Value;
 
@@ -57,6 +57,12 @@ pub struct SubmitArgs {
     /// Start no earlier than this long from now (90s, 10m, 2h 30m).
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     delay: Option<Duration>,
+    /// Send the task's status events (received, step_completed, processed,
+    /// error, compensated, cancelled) to this durable queue, each in the
+    /// commit that records it, with the task id as correlation id; read them
+    /// with `rota queue receive QUEUE`. Not a `rota.` or `agent.` queue.
+    #[arg(long, value_name = "QUEUE")]
+    reply_queue: Option<QueueName>,
     /// Wait for the task to end, showing its steps' progress on stderr; exit
     /// 0 only if it ends Processed.
     #[arg(long)]
@@ -181,10 +187,12 @@ pub async fn submit(store: &StoreArgs, args: SubmitArgs) -> anyhow::Result<()> {
         (None, Some(delay)) => Start::After(delay),
         (None, None) => Start::Now,
     };
-    let submitted = backend.submit(&args.workflow, args.version, input, args.id, &start).await.map_err(|err| {
-        let hint = "; `rota workflows` lists the registered ones, and `rota serve --workflows DIR` registers a directory of definitions";
-        if err.to_string().contains("is not registered") { anyhow!("{err}{hint}") } else { err.context("cannot submit") }
-    })?;
+    let submitted =
+        backend.submit(&args.workflow, args.version, input, args.id, &start, args.reply_queue.as_ref()).await.map_err(|err| {
+            let hint =
+                "; `rota workflows` lists the registered ones, and `rota serve --workflows DIR` registers a directory of definitions";
+            if err.to_string().contains("is not registered") { anyhow!("{err}{hint}") } else { err.context("cannot submit") }
+        })?;
     let task = &submitted.view;
     output::line(&task.id)?;
     if TaskState::from(task.state) == TaskState::Pending && task.not_before > task.created_at {

@@ -836,3 +836,106 @@ fn two_serve_processes_on_one_store_never_run_a_task_twice() {
         assert_eq!(status.code(), Some(0), "{stderr}");
     }
 }
+
+// ---------------------------------------------------------- response queues
+
+/// Every message of `queue`, leased with `queue receive` and completed with
+/// `queue complete` round after round (a receive leases one message per
+/// ordering key at a time), in the order received.
+fn read_queue(rota: &Rota, queue: &str) -> Vec<Value> {
+    let mut all = Vec::new();
+    loop {
+        let batch = rota.json(&["queue", "receive", queue, "--max", "1000", "--json"]);
+        let batch = batch.as_array().unwrap().clone();
+        if batch.is_empty() {
+            return all;
+        }
+        for delivery in batch {
+            rota.ok(&["queue", "complete", queue, delivery["lease_token"].as_str().unwrap()]);
+            all.push(delivery);
+        }
+    }
+}
+
+/// The issue's "done when": an application submits tasks with a response
+/// queue and is down while they run; when it starts again it reads every
+/// status event of every task from the queue, in order per task.
+#[test]
+fn an_application_reads_every_status_event_from_its_reply_queue_after_being_down() {
+    let rota = Rota::new();
+    let files = Files::new();
+    files.workflow("pipeline.yaml", PIPELINE);
+    files.workflow(
+        "fails.yaml",
+        r#"
+name: fails
+version: 1
+steps:
+  - name: broken
+    agent: exec
+    with: { command: ["sh", "-c", "echo 'out of stock' >&2; exit 1"] }
+"#,
+    );
+    let serve = Serve::start(&rota, &files.workflows(), "replies-1", &[]);
+    let mut ids = Vec::new();
+    for order in 0..4 {
+        let input = format!(r#"{{"order": {order}}}"#);
+        ids.push(rota.ok(&["submit", "pipeline", "--input", &input, "--reply-queue", "shop.replies"]).trim().to_owned());
+    }
+    ids.push(rota.ok(&["submit", "fails", "--id", "f-1", "--reply-queue", "shop.replies"]).trim().to_owned());
+    rota.ok(&["submit", "pipeline", "--id", "unwatched"]);
+    for id in &ids {
+        let status = rota.json(&["status", id, "--json"]);
+        assert_eq!(status["reply_queue"], "shop.replies", "{status:#}");
+    }
+    wait_for_all_terminal(&rota, 6, Duration::from_secs(30));
+    let (status, _, stderr) = serve.terminate();
+    assert_eq!(status.code(), Some(0), "{stderr}");
+
+    // The application starts now, with the engine stopped.
+    let mut per_task: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    for delivery in read_queue(&rota, "shop.replies") {
+        let body = &delivery["body"];
+        assert_eq!(delivery["ordering_key"], body["correlation_id"], "keyed by task: {delivery}");
+        per_task.entry(body["correlation_id"].as_str().unwrap().to_owned()).or_default().push(body.clone());
+    }
+    let mut expected_ids = ids.clone();
+    expected_ids.sort();
+    assert_eq!(per_task.keys().cloned().collect::<Vec<_>>(), expected_ids, "every task with a reply queue, and only those");
+    let status_kinds = ["received", "step_completed", "processed", "error", "compensated", "cancelled"];
+    for (id, messages) in &per_task {
+        let status = rota.json(&["status", id, "--json"]);
+        let history: Vec<(Value, Value)> = status["history"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| status_kinds.contains(&e["kind"].as_str().unwrap()))
+            .map(|e| (e["kind"].clone(), e["step"].clone()))
+            .collect();
+        let got: Vec<(Value, Value)> =
+            messages.iter().map(|m| (m["event"].clone(), m.get("step").cloned().unwrap_or(Value::Null))).collect();
+        assert_eq!(got, history, "task {id}: every status event, in order");
+        assert_eq!(messages.last().unwrap()["state"], status["state"], "task {id}");
+    }
+    let kinds = |id: &str| per_task[id].iter().map(|m| m["event"].as_str().unwrap().to_owned()).collect::<Vec<_>>();
+    assert_eq!(kinds(&ids[0]), ["received", "step_completed", "step_completed", "processed"]);
+    assert_eq!(per_task[&ids[0]][3]["output"]["echo"]["order"], 0, "the output comes with the end");
+    assert_eq!(kinds("f-1"), ["received", "error"]);
+    assert!(per_task["f-1"][1]["error"].as_str().unwrap().contains("out of stock"), "{:?}", per_task["f-1"]);
+    assert_eq!(rota.json(&["queue", "receive", "shop.replies", "--json"]), json!([]), "nothing was delivered twice");
+}
+
+#[test]
+fn a_bad_reply_queue_is_refused_naming_it() {
+    let rota = Rota::new();
+    let files = Files::new();
+    files.workflow("pipeline.yaml", PIPELINE);
+    let _serve = Serve::start(&rota, &files.workflows(), "replies-2", &[]);
+    let (code, stderr) = rota.fails(&["submit", "pipeline", "--reply-queue", "has space"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("--reply-queue"), "{stderr}");
+    let (code, stderr) = rota.fails(&["submit", "pipeline", "--reply-queue", "rota.tasks"]);
+    assert_eq!(code, 1);
+    assert_one_error_line(&stderr, &["reply_queue: \"rota.tasks\" is reserved"]);
+    assert_eq!(rota.json(&["tasks", "--json"]), json!([]), "nothing was submitted");
+}

@@ -185,7 +185,7 @@ pub async fn commit_reply(
     address: &ReplyAddress,
     outcome: ReplyOutcome,
 ) -> rota_store::Result<()> {
-    store.commit(reply_changes(queue, lease, address, outcome)).await
+    crate::replies::commit(store, reply_changes(queue, lease, address, outcome)).await
 }
 
 #[async_trait]

@@ -6,12 +6,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rota_model::{Clock, Step, Task, TaskId, TaskState, Timestamp, WorkflowName};
+use rota_model::{Clock, QueueName, Step, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{Created, Event, EventKind, NewTask, Outgoing, SharedStore, TaskRecord};
 use serde_json::{Value, json};
 
 use crate::completions::Completions;
 use crate::protocol::{self, Doorbell};
+use crate::replies;
 use crate::telemetry;
 use crate::workflows::Workflows;
 use crate::{Error, Result};
@@ -30,8 +31,11 @@ pub struct Submission {
     pub input: Value,
     /// The task id (the submission's idempotency key); a fresh one when `None`.
     pub id: Option<TaskId>,
-    /// Where the submitter wants status events (kept with the task).
+    /// The URL the submitter wants status events posted to (kept with the task).
     pub reply_to: Option<String>,
+    /// The durable queue the submitter reads status events from: each is
+    /// sent there in the commit that records it ([`crate::replies`]).
+    pub reply_queue: Option<QueueName>,
     /// When the task may start: it waits Pending until then.
     pub start: Start,
 }
@@ -67,7 +71,7 @@ pub const START_DELAY_MAX: Duration = Duration::from_secs(366 * 24 * 3600);
 impl Submission {
     /// A submission of the latest `workflow` with `input`.
     pub fn new(workflow: WorkflowName, input: Value) -> Self {
-        Submission { workflow, version: None, input, id: None, reply_to: None, start: Start::Now }
+        Submission { workflow, version: None, input, id: None, reply_to: None, reply_queue: None, start: Start::Now }
     }
 
     /// Starting no earlier than `at`.
@@ -78,6 +82,12 @@ impl Submission {
     /// Starting as `start` says.
     pub fn with_start(mut self, start: Start) -> Self {
         self.start = start;
+        self
+    }
+
+    /// Sending its status events to `queue`.
+    pub fn with_reply_queue(mut self, queue: QueueName) -> Self {
+        self.reply_queue = Some(queue);
         self
     }
 
@@ -154,6 +164,9 @@ impl Client {
     /// `SqliteStore::create_task_with` on SQLite), so that both commit or
     /// neither does.
     pub async fn prepare(&self, submission: Submission) -> Result<NewTask> {
+        if let Some(queue) = &submission.reply_queue {
+            replies::check_reply_queue(queue).map_err(|why| Error::InvalidSubmission { field: "reply_queue", why })?;
+        }
         let workflow = self.workflows.get(&submission.workflow, submission.version).await?;
         let now = self.clock.now();
         let id = match submission.id {
@@ -172,6 +185,7 @@ impl Client {
         .filter(|at| *at > now);
         let mut task = Task::new(id.clone(), workflow.name().clone(), workflow.version(), submission.input, now);
         task.reply_to = submission.reply_to;
+        task.reply_queue = submission.reply_queue;
         // Claims skip the task until then, and its doorbell rings then.
         let mut ring = doorbell(&id);
         if let Some(at) = start_at {
@@ -189,7 +203,9 @@ impl Client {
             detail["traceparent"] = Value::String(traceparent);
         }
         let received = Event::task(&id, now, EventKind::Received, detail);
-        Ok(NewTask { task, steps, messages: vec![ring], events: vec![received] })
+        let mut new = NewTask { task, steps, messages: vec![ring], events: vec![received] };
+        replies::attach_new(&mut new);
+        Ok(new)
     }
 
     /// A task and its steps.

@@ -36,6 +36,7 @@ pub mod long_poll;
 pub mod ops;
 pub mod plan;
 pub mod protocol;
+pub mod replies;
 pub mod scheduler;
 mod shutdown;
 pub mod signal;

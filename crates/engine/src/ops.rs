@@ -33,6 +33,7 @@ use rota_workflow::Workflow;
 use serde_json::json;
 
 use crate::client::{Client, doorbell};
+use crate::replies;
 use crate::telemetry;
 
 /// How often an operator's change that lost a race is tried again.
@@ -270,7 +271,7 @@ impl Client {
             changes.send.push(doorbell(id));
         }
         changes.tasks.push(TaskWrite::replacing(&record.task, next));
-        self.store.commit(changes).await?;
+        replies::commit(&self.store, changes).await?;
         if state.is_terminal() {
             metrics::counter!(telemetry::TASKS_FINISHED, "workflow" => record.task.workflow.to_string(), "state" => state.as_str())
                 .increment(1);
@@ -334,7 +335,7 @@ impl Client {
                 *step = written.step.clone();
             }
         }
-        self.store.commit(changes).await?;
+        replies::commit(&self.store, changes).await?;
         Ok(TaskRecord { task: next, steps })
     }
 

@@ -28,6 +28,7 @@ use crate::completions::Completions;
 use crate::consumer::{self, Consumer, Handler, Outcome};
 use crate::plan::{self, Decision, Input};
 use crate::protocol::{self, Doorbell, InboxEnvelope, InboxMessage};
+use crate::replies;
 use crate::telemetry::{self, StepOutcome};
 use crate::workflows::Workflows;
 use crate::{Error, Result, Shutdown};
@@ -345,7 +346,7 @@ impl Scheduler {
             changes.events.push(Event::task(&task.id, now, EventKind::Released, json!({ "by": inner.config.instance.as_str() })));
             changes.send.push((protocol::tasks_queue(), Outgoing::json(&Doorbell::new(task.id.clone())).expect("doorbells serialize")));
             changes.tasks.push(TaskWrite::replacing(&task, next));
-            match inner.store.commit(changes).await {
+            match replies::commit(&inner.store, changes).await {
                 Ok(()) => released += 1,
                 Err(err) if err.is_lost_race() => {}
                 Err(err) => return Err(err.into()),
@@ -436,7 +437,7 @@ impl Scheduler {
                     changes.tasks.iter().map(|w| &w.task).find(|t| t.state.is_terminal()).map(|t| (t.id.clone(), t.state));
                 let retried: Vec<StepName> = retried_steps(&changes);
                 let after = Records::after(record, &changes, &inner.config.instance);
-                if let Err(err) = inner.store.commit(*changes).await {
+                if let Err(err) = replies::commit(&inner.store, *changes).await {
                     inner.records.forget(&record.task.id);
                     return Err(err.into());
                 }

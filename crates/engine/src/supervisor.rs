@@ -27,6 +27,7 @@ use serde_json::json;
 
 use crate::completions::Completions;
 use crate::protocol::{self, Doorbell, InboxMessage};
+use crate::replies;
 use crate::telemetry;
 use crate::workflows::Workflows;
 use crate::{Error, Result, Shutdown};
@@ -236,7 +237,7 @@ impl Supervisor {
         // (through an expired step, then its own entry), and the second
         // expiry loses the race.
         changes.tasks.push(TaskWrite::replacing(task, next));
-        self.store.commit(changes).await?;
+        replies::commit(&self.store, changes).await?;
         if reset {
             round.tasks_reset += 1;
         } else {
@@ -264,7 +265,7 @@ impl Supervisor {
             }
             let owner = task.locked_by.as_ref().expect("held tasks have an owner");
             let changes = Changes { send: vec![(protocol::inbox(owner), outgoing)], ..Changes::default() };
-            self.store.commit(changes).await?;
+            replies::commit(&self.store, changes).await?;
             round.steps_reported += 1;
             return Ok(());
         }
@@ -282,7 +283,7 @@ impl Supervisor {
         let detail = json!({ "error": "timed out while its task had no Scheduler", "retryable": !in_doubt, "in_doubt": in_doubt });
         let event = Event::step(step, now, EventKind::StepFailed, detail);
         let changes = Changes { steps: vec![StepWrite::replacing(step, settled)], events: vec![event], ..Changes::default() };
-        self.store.commit(changes).await?;
+        replies::commit(&self.store, changes).await?;
         round.steps_settled += 1;
         Ok(())
     }

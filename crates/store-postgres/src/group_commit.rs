@@ -116,7 +116,9 @@ pub(crate) struct Committer {
 /// A write waiting for its batch.
 pub(crate) enum Job {
     Commit(Pending),
-    Create(PendingCreate),
+    /// Boxed: a creation carries a whole task, and commits, the more
+    /// frequent jobs, should not pay for its size in the backlog.
+    Create(Box<PendingCreate>),
 }
 
 /// Takes queued writes in batches of up to `batch_max`, with at most
@@ -144,7 +146,7 @@ pub(crate) async fn run(committer: Committer, batch_max: usize, in_flight: usize
         while let Some(job) = backlog.pop_front() {
             match job {
                 Job::Commit(commit) if !creating && commits.len() < batch_max => commits.push(commit),
-                Job::Create(create) if creating && creates.len() < batch_max => creates.push(create),
+                Job::Create(create) if creating && creates.len() < batch_max => creates.push(*create),
                 other => others.push_back(other),
             }
         }

@@ -896,7 +896,7 @@ impl Tasks for PgStore {
         // One statement with the creations submitted at the same moment.
         let (done, outcome) = oneshot::channel();
         let pending = group_commit::PendingCreate { new, send_ids, queue_ids, done };
-        self.commits.send(group_commit::Job::Create(pending)).map_err(|_| Error::Closed)?;
+        self.commits.send(group_commit::Job::Create(Box::new(pending))).map_err(|_| Error::Closed)?;
         let (created, sent_to) = outcome.await.map_err(|_| Error::Closed)??;
         self.announce(sent_to);
         Ok(created)

@@ -49,6 +49,7 @@ class Client:
         id: str | None = None,
         version: int | None = None,
         callback_url: str | None = None,
+        reply_queue: str | None = None,
         start_at: str | None = None,
         delay: str | None = None,
     ) -> Task:
@@ -57,7 +58,10 @@ class Client:
         submitting an id that exists creates nothing and returns that task,
         so a submit whose answer was lost can simply be sent again.
         ``start_at`` (RFC 3339) or ``delay`` (``"10m"``) puts its start off:
-        it waits Pending until then, and its ``not_before`` says when."""
+        it waits Pending until then, and its ``not_before`` says when.
+        ``reply_queue`` names a durable queue of the server's store that
+        receives each status event of the task, in the commit that records
+        it, with the task id as ``correlation_id``."""
         body: dict[str, Json] = {"workflow": workflow}
         if input is not None:
             body["input"] = input
@@ -67,6 +71,8 @@ class Client:
             body["version"] = version
         if callback_url is not None:
             body["callback_url"] = callback_url
+        if reply_queue is not None:
+            body["reply_queue"] = reply_queue
         if start_at is not None:
             body["start_at"] = start_at
         if delay is not None:

@@ -61,6 +61,7 @@ class Task(TaskSummary):
     input: Json
     output: Json
     callback_url: str | None
+    reply_queue: str | None
     steps: list[StepView]
 
 
