@@ -74,7 +74,12 @@ impl Serve {
         self.signal(libc::SIGTERM);
         let status = wait_with_timeout(&mut self.child, Duration::from_secs(20)).expect("rota serve exits after SIGTERM");
         let elapsed = started.elapsed();
-        self.seen.extend(self.stderr.try_iter());
+        // Read to the end of its stderr: the reader thread may not have
+        // passed on the last lines yet (it stops at EOF, which drops the
+        // channel; the timeout bounds a pipe some grandchild still holds).
+        while let Ok(line) = self.stderr.recv_timeout(Duration::from_secs(5)) {
+            self.seen.push(line);
+        }
         (status, elapsed, self.seen.join("\n"))
     }
 
