@@ -40,7 +40,9 @@ pub fn is_status(kind: EventKind) -> bool {
     use EventKind::*;
     match kind {
         Received | StepCompleted | Processed | Error | Compensated | Cancelled => true,
-        Claimed | StepStarted | StepFailed | Expired | CompensationStarted | StepCompensated | Resubmitted | Released | Alert => false,
+        Claimed | StepStarted | StepFailed | Expired | CompensationStarted | StepCompensated | Resubmitted | Released | Alert | Signal => {
+            false
+        }
     }
 }
 

@@ -195,7 +195,7 @@ impl Client {
         }
         changes.steps.push(StepWrite::replacing(step, next.clone()));
         changes.tasks.push(TaskWrite::replacing(task, moved(task, now)));
-        self.store.commit(changes).await?;
+        crate::replies::commit(&self.store, changes).await?;
         Ok(Delivered { step: next.name, completed })
     }
 }
