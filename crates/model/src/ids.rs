@@ -149,6 +149,12 @@ string_id!(
     WorkflowName, "workflow name", check_name
 );
 string_id!(
+    /// The name of a schedule. A name, like a workflow's, so that it never
+    /// contains the `@` that separates it from the fire time in the ids of
+    /// the tasks it starts.
+    ScheduleName, "schedule name", check_name
+);
+string_id!(
     /// The id of one running process (a Scheduler, Agent or Supervisor
     /// instance). It is what the pattern calls `LockedBy`.
     InstanceId, "instance id", check_free_text

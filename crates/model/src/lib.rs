@@ -15,11 +15,13 @@ pub mod clock;
 pub mod ids;
 pub mod json;
 pub mod retry;
+pub mod schedule;
 pub mod step;
 pub mod task;
 
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
-pub use ids::{IdError, InstanceId, LeaseToken, MessageId, QueueName, SignalName, StepName, TaskId, WorkflowName};
+pub use ids::{IdError, InstanceId, LeaseToken, MessageId, QueueName, ScheduleName, SignalName, StepName, TaskId, WorkflowName};
 pub use retry::{RetryPolicy, RetryPolicyError};
+pub use schedule::{CatchUp, Cron, Overlap, ScheduleError};
 pub use step::{Step, StepState};
 pub use task::{ExhaustedPolicy, Task, TaskFence, TaskState, TransitionError};

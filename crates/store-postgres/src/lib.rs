@@ -36,6 +36,7 @@ mod nodelay;
 mod params;
 pub use group_commit::CommitCounts;
 mod queue_sql;
+mod schedule_sql;
 mod schema;
 mod sql;
 mod task_sql;
@@ -46,10 +47,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, Task, TaskId, TaskState, Timestamp, WorkflowName};
+use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, ScheduleName, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{
-    Changes, ComponentStatus, Created, DeadLetter, Delivery, Error, Event, Expired, LeaderLease, NewTask, Outgoing, QueueConfig,
-    QueueStats, Queues, Receive, Redrive, Sent, Store, TaskFilter, TaskRecord, Tasks, WorkflowEntry,
+    Changes, ComponentStatus, Created, DeadLetter, Delivery, Error, Event, Expired, LeaderLease, NewSchedule, NewTask, Outgoing,
+    QueueConfig, QueueStats, Queues, Receive, Redrive, ScheduleProgress, ScheduleRecord, Sent, Store, TaskFilter, TaskRecord, Tasks,
+    WorkflowEntry,
 };
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -1022,6 +1024,50 @@ impl Tasks for PgStore {
 
     async fn statuses(&self, prefix: &str) -> Result<Vec<ComponentStatus>, Error> {
         with_connection!(self, conn => { task_sql::statuses(&mut conn, &self.names, prefix).await? })
+    }
+
+    async fn create_schedule(&self, new: &NewSchedule) -> Result<ScheduleRecord, Error> {
+        new.check()?;
+        let now = self.clock.now();
+        with_connection!(self, conn => { schedule_sql::create_schedule(&mut conn, &self.names, new, now).await? })
+    }
+
+    async fn declare_schedule(&self, new: &NewSchedule) -> Result<ScheduleRecord, Error> {
+        new.check()?;
+        let now = self.clock.now();
+        in_transaction!(self, tx => { schedule_sql::declare_schedule(&mut tx, &self.names, new, now).await? })
+    }
+
+    async fn schedule(&self, name: &ScheduleName) -> Result<Option<ScheduleRecord>, Error> {
+        with_connection!(self, conn => { schedule_sql::schedule(&mut conn, &self.names, name).await? })
+    }
+
+    async fn schedules(&self) -> Result<Vec<ScheduleRecord>, Error> {
+        with_connection!(self, conn => { schedule_sql::schedules(&mut conn, &self.names).await? })
+    }
+
+    async fn pause_schedule(&self, name: &ScheduleName) -> Result<ScheduleRecord, Error> {
+        let now = self.clock.now();
+        with_connection!(self, conn => { schedule_sql::pause_schedule(&mut conn, &self.names, name, now).await? })
+    }
+
+    async fn resume_schedule(&self, name: &ScheduleName) -> Result<ScheduleRecord, Error> {
+        let now = self.clock.now();
+        with_connection!(self, conn => { schedule_sql::resume_schedule(&mut conn, &self.names, name, now).await? })
+    }
+
+    async fn delete_schedule(&self, name: &ScheduleName) -> Result<(), Error> {
+        with_connection!(self, conn => { schedule_sql::delete_schedule(&mut conn, &self.names, name).await? })
+    }
+
+    async fn advance_schedule(
+        &self,
+        name: &ScheduleName,
+        expected_version: u64,
+        progress: &ScheduleProgress,
+    ) -> Result<ScheduleRecord, Error> {
+        let now = self.clock.now();
+        with_connection!(self, conn => { schedule_sql::advance_schedule(&mut conn, &self.names, name, expected_version, progress, now).await? })
     }
 }
 

@@ -177,6 +177,31 @@ CREATE INDEX tasks_locked_by ON rota.tasks (locked_by, created_seq) WHERE locked
 -- The response queue a task's status events are sent to (NULL: none).
 ALTER TABLE rota.tasks ADD COLUMN reply_queue TEXT;
 "#,
+    r#"
+-- Schedules: a definition, a paused flag and the progress of its fires
+-- (every fire time up to fired_through is handled), advanced by a
+-- compare-and-set on version.
+CREATE TABLE rota.schedules (
+    name             TEXT    PRIMARY KEY,
+    workflow         TEXT    NOT NULL,
+    cron             TEXT    NOT NULL,
+    timezone         TEXT    NOT NULL,
+    input            TEXT    NOT NULL,
+    overlap          TEXT    NOT NULL,
+    catch_up         TEXT    NOT NULL,
+    source           TEXT    NOT NULL,
+    paused           BOOLEAN NOT NULL,
+    fired_through    BIGINT  NOT NULL,
+    last_fire_at     BIGINT,
+    last_task        TEXT,
+    buffered_fire_at BIGINT,
+    skipped          BIGINT  NOT NULL,
+    last_skipped_at  BIGINT,
+    version          BIGINT  NOT NULL,
+    created_at       BIGINT  NOT NULL,
+    updated_at       BIGINT  NOT NULL
+);
+"#,
 ];
 
 /// How many migrations this build knows.

@@ -14,6 +14,7 @@
 //! Deliberately left out: any SQL outside this crate.
 
 mod queue_sql;
+mod schedule_sql;
 mod schema;
 mod task_sql;
 pub mod writer;
@@ -24,10 +25,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, Task, TaskId, TaskState, Timestamp, WorkflowName};
+use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, ScheduleName, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{
-    Changes, ComponentStatus, Created, DeadLetter, Delivery, Error, Event, Expired, LeaderLease, NewTask, Outgoing, QueueConfig,
-    QueueStats, Queues, Receive, Redrive, Result, Sent, Store, TaskFilter, TaskRecord, Tasks, WorkflowEntry,
+    Changes, ComponentStatus, Created, DeadLetter, Delivery, Error, Event, Expired, LeaderLease, NewSchedule, NewTask, Outgoing,
+    QueueConfig, QueueStats, Queues, Receive, Redrive, Result, ScheduleProgress, ScheduleRecord, Sent, Store, TaskFilter, TaskRecord,
+    Tasks, WorkflowEntry,
 };
 use rusqlite::{Connection, OpenFlags};
 use serde_json::Value;
@@ -656,6 +658,47 @@ impl Tasks for SqliteStore {
     async fn statuses(&self, prefix: &str) -> Result<Vec<ComponentStatus>> {
         let prefix = prefix.to_owned();
         self.read(move |conn, _| task_sql::statuses(conn, &prefix)).await
+    }
+
+    async fn create_schedule(&self, new: &NewSchedule) -> Result<ScheduleRecord> {
+        new.check()?;
+        let new = new.clone();
+        self.write(move |conn, now| schedule_sql::create_schedule(conn, &new, now)).await
+    }
+
+    async fn declare_schedule(&self, new: &NewSchedule) -> Result<ScheduleRecord> {
+        new.check()?;
+        let new = new.clone();
+        self.write(move |conn, now| schedule_sql::declare_schedule(conn, &new, now)).await
+    }
+
+    async fn schedule(&self, name: &ScheduleName) -> Result<Option<ScheduleRecord>> {
+        let name = name.clone();
+        self.read(move |conn, _| schedule_sql::schedule(conn, &name)).await
+    }
+
+    async fn schedules(&self) -> Result<Vec<ScheduleRecord>> {
+        self.read(|conn, _| schedule_sql::schedules(conn)).await
+    }
+
+    async fn pause_schedule(&self, name: &ScheduleName) -> Result<ScheduleRecord> {
+        let name = name.clone();
+        self.write(move |conn, now| schedule_sql::pause_schedule(conn, &name, now)).await
+    }
+
+    async fn resume_schedule(&self, name: &ScheduleName) -> Result<ScheduleRecord> {
+        let name = name.clone();
+        self.write(move |conn, now| schedule_sql::resume_schedule(conn, &name, now)).await
+    }
+
+    async fn delete_schedule(&self, name: &ScheduleName) -> Result<()> {
+        let name = name.clone();
+        self.write(move |conn, _| schedule_sql::delete_schedule(conn, &name)).await
+    }
+
+    async fn advance_schedule(&self, name: &ScheduleName, expected_version: u64, progress: &ScheduleProgress) -> Result<ScheduleRecord> {
+        let (name, progress) = (name.clone(), progress.clone());
+        self.write(move |conn, now| schedule_sql::advance_schedule(conn, &name, expected_version, &progress, now)).await
     }
 }
 

@@ -160,6 +160,31 @@ CREATE INDEX tasks_locked_by ON tasks (locked_by) WHERE locked_by IS NOT NULL;
 -- The response queue a task's status events are sent to (NULL: none).
 ALTER TABLE tasks ADD COLUMN reply_queue TEXT;
 "#,
+    r#"
+-- Schedules: a definition, a paused flag and the progress of its fires
+-- (every fire time up to fired_through is handled), advanced by a
+-- compare-and-set on version.
+CREATE TABLE schedules (
+    name             TEXT    PRIMARY KEY,
+    workflow         TEXT    NOT NULL,
+    cron             TEXT    NOT NULL,
+    timezone         TEXT    NOT NULL,
+    input            TEXT    NOT NULL,
+    overlap          TEXT    NOT NULL,
+    catch_up         TEXT    NOT NULL,
+    source           TEXT    NOT NULL,
+    paused           INTEGER NOT NULL,
+    fired_through    INTEGER NOT NULL,
+    last_fire_at     INTEGER,
+    last_task        TEXT,
+    buffered_fire_at INTEGER,
+    skipped          INTEGER NOT NULL,
+    last_skipped_at  INTEGER,
+    version          INTEGER NOT NULL,
+    created_at       INTEGER NOT NULL,
+    updated_at       INTEGER NOT NULL
+) WITHOUT ROWID;
+"#,
 ];
 
 /// Runs the migrations that have not run yet.

@@ -24,14 +24,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rota_model::{
-    Clock, ExhaustedPolicy, InstanceId, LeaseToken, ManualClock, MessageId, QueueName, Step, StepName, StepState, Task, TaskId, TaskState,
-    Timestamp, WorkflowName,
+    CatchUp, Clock, ExhaustedPolicy, InstanceId, LeaseToken, ManualClock, MessageId, Overlap, QueueName, ScheduleName, Step, StepName,
+    StepState, Task, TaskId, TaskState, Timestamp, WorkflowName,
 };
 use serde_json::{Value, json};
 
 use crate::{
-    BODY_BYTES_MAX, Changes, Created, Delivery, Error, Event, EventKind, Expired, NewTask, Outgoing, QueueConfig, QueueStats, RECEIVE_MAX,
-    Receive, Redrive, Sent, SharedStore, StepWrite, TaskFilter, TaskRecord, TaskWrite,
+    BODY_BYTES_MAX, Changes, Created, Delivery, Error, Event, EventKind, Expired, NewSchedule, NewTask, Outgoing, QueueConfig, QueueStats,
+    RECEIVE_MAX, Receive, Redrive, ScheduleProgress, ScheduleSource, ScheduleSpec, Sent, SharedStore, StepWrite, TaskFilter, TaskRecord,
+    TaskWrite,
 };
 
 /// What a backend provides to run the suite.
@@ -110,6 +111,12 @@ macro_rules! conformance_suite {
             workflow_versions_are_immutable_and_latest_wins,
             alerts_list_newest_first,
             component_statuses_are_replaced_and_listed_by_prefix,
+            // Schedules.
+            create_schedule_is_idempotent_and_refuses_another_definition,
+            invalid_schedules_are_refused_and_store_nothing,
+            pause_resume_and_delete_schedules,
+            advance_schedule_is_fenced_on_its_version,
+            declare_schedule_replaces_the_definition_and_keeps_progress,
         }
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
@@ -1857,6 +1864,169 @@ pub async fn component_statuses_are_replaced_and_listed_by_prefix(harness: &dyn 
     assert_eq!(breakers[0].value, json!({"state": "open"}), "the last report wins");
     assert_eq!(breakers[0].reported_at, clock.now());
     assert_eq!(ok(store.statuses("").await, "all").len(), 3);
+}
+
+// ---------------------------------------------------------------------------
+// Schedules.
+// ---------------------------------------------------------------------------
+
+fn schedule_name(name: &str) -> ScheduleName {
+    ScheduleName::new(name).expect("valid schedule name")
+}
+
+/// A schedule of workflow `order` every `cron`, in UTC, from the API.
+fn new_schedule(name: &str, cron: &str) -> NewSchedule {
+    NewSchedule {
+        name: schedule_name(name),
+        spec: ScheduleSpec {
+            workflow: WorkflowName::new("order").unwrap(),
+            cron: cron.to_owned(),
+            timezone: "UTC".to_owned(),
+            input: json!({"source": name}),
+            overlap: Overlap::Skip,
+            catch_up: CatchUp::Latest,
+        },
+        source: ScheduleSource::Api,
+    }
+}
+
+/// Creating a schedule starts it unpaused with nothing fired before now;
+/// creating it again with the same definition is a no-op, with another
+/// definition (or from another source) a `Conflict`. Schedules are listed
+/// by name and survive a reopen.
+pub async fn create_schedule_is_idempotent_and_refuses_another_definition(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let nightly = new_schedule("nightly", "0 0 2 * * *");
+    let created = ok(store.create_schedule(&nightly).await, "create");
+    assert_eq!((&created.name, &created.spec, created.source), (&nightly.name, &nightly.spec, ScheduleSource::Api));
+    assert!(!created.paused, "a new schedule runs");
+    assert_eq!(created.progress, ScheduleProgress { fired_through: clock.now(), ..ScheduleProgress::default() }, "nothing fired yet");
+    assert_eq!((created.created_at, created.updated_at), (clock.now(), clock.now()));
+
+    clock.advance(SECOND);
+    assert_eq!(ok(store.create_schedule(&nightly).await, "create again"), created, "the same definition again writes nothing");
+    let mut other = nightly.clone();
+    other.spec.cron = "0 0 3 * * *".into();
+    assert_err!(store.create_schedule(&other).await, Error::Conflict(_), "another definition under an existing name");
+    let mut from_file = nightly.clone();
+    from_file.source = ScheduleSource::File;
+    assert_err!(store.create_schedule(&from_file).await, Error::Conflict(_), "the same definition from another source");
+    assert_eq!(ok(store.schedule(&nightly.name).await, "read").as_ref(), Some(&created), "refused creations change nothing");
+
+    ok(store.create_schedule(&new_schedule("hourly", "0 * * * *")).await, "create another");
+    let names: Vec<String> = ok(store.schedules().await, "list").into_iter().map(|s| s.name.to_string()).collect();
+    assert_eq!(names, ["hourly", "nightly"], "listed by name");
+    assert_eq!(ok(store.schedule(&schedule_name("weekly")).await, "read a missing one"), None);
+
+    let reopened = harness.open().await;
+    assert_eq!(ok(reopened.schedule(&nightly.name).await, "read after reopen"), Some(created), "schedules are durable");
+}
+
+/// A cron expression or time zone that does not parse is `Invalid`, named
+/// in the error, and nothing is stored.
+pub async fn invalid_schedules_are_refused_and_store_nothing(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let bad_cron = new_schedule("bad", "61 * * * *");
+    let err = store.create_schedule(&bad_cron).await.expect_err("a bad cron expression");
+    assert!(matches!(&err, Error::Invalid(why) if why.contains("cron") && why.contains("61 * * * *")), "got {err:?}");
+    let mut bad_zone = new_schedule("bad", "* * * * *");
+    bad_zone.spec.timezone = "Mars/Olympus".into();
+    let err = store.declare_schedule(&bad_zone).await.expect_err("an unknown time zone");
+    assert!(matches!(&err, Error::Invalid(why) if why.contains("timezone") && why.contains("Mars/Olympus")), "got {err:?}");
+    assert_eq!(ok(store.schedules().await, "list"), [], "nothing was stored");
+}
+
+/// Pausing and resuming are idempotent and bump the version when they
+/// change something; resuming fires from now on (fires while paused are
+/// not caught up). Deleting removes the schedule; each of the three on a
+/// missing schedule is `NotFound`.
+pub async fn pause_resume_and_delete_schedules(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let created = ok(store.create_schedule(&new_schedule("nightly", "0 0 2 * * *")).await, "create");
+    let name = created.name.clone();
+    clock.advance(SECOND);
+    let paused = ok(store.pause_schedule(&name).await, "pause");
+    assert!(paused.paused);
+    assert_eq!((paused.version, paused.updated_at), (created.version + 1, clock.now()), "a pause bumps the version");
+    assert_eq!(ok(store.pause_schedule(&name).await, "pause again"), paused, "pausing a paused schedule writes nothing");
+
+    clock.advance(Duration::from_secs(3600));
+    let resumed = ok(store.resume_schedule(&name).await, "resume");
+    assert!(!resumed.paused);
+    assert_eq!(resumed.version, paused.version + 1, "a resume bumps the version");
+    assert_eq!(resumed.progress.fired_through, clock.now(), "a resumed schedule fires from now on");
+    assert_eq!(ok(store.resume_schedule(&name).await, "resume again"), resumed, "resuming a running schedule writes nothing");
+
+    ok(store.delete_schedule(&name).await, "delete");
+    assert_eq!(ok(store.schedule(&name).await, "read"), None, "deleted");
+    assert_err!(store.delete_schedule(&name).await, Error::NotFound(_), "deleting a missing schedule");
+    assert_err!(store.pause_schedule(&name).await, Error::NotFound(_), "pausing a missing schedule");
+    assert_err!(store.resume_schedule(&name).await, Error::NotFound(_), "resuming a missing schedule");
+}
+
+/// A schedule's progress is advanced by a compare-and-set on its version:
+/// of two leaders that read the same version, one advances and the other
+/// gets `Conflict` and writes nothing; a pause in between fences an
+/// advance out too. Advancing a missing schedule is `NotFound`.
+pub async fn advance_schedule_is_fenced_on_its_version(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let read = ok(store.create_schedule(&new_schedule("every-second", "* * * * * *")).await, "create");
+    clock.advance(SECOND * 3);
+    let fire = read.progress.fired_through.add(SECOND);
+    let progress = ScheduleProgress {
+        fired_through: clock.now(),
+        last_fire_at: Some(fire),
+        last_task: Some(task_id("every-second@fire")),
+        buffered_fire_at: Some(clock.now()),
+        skipped: 1,
+        last_skipped_at: Some(fire.add(SECOND)),
+    };
+    let advanced = ok(store.advance_schedule(&read.name, read.version, &progress).await, "the first leader advances");
+    assert_eq!((&advanced.progress, advanced.version, advanced.updated_at), (&progress, read.version + 1, clock.now()));
+    assert_eq!(ok(store.schedule(&read.name).await, "read").as_ref(), Some(&advanced), "the advance is stored");
+
+    let late = ScheduleProgress { fired_through: clock.now(), skipped: 7, ..ScheduleProgress::default() };
+    assert_err!(store.advance_schedule(&read.name, read.version, &late).await, Error::Conflict(_), "the second leader on the same read");
+    assert_eq!(ok(store.schedule(&read.name).await, "read").as_ref(), Some(&advanced), "a fenced-out advance writes nothing");
+
+    ok(store.pause_schedule(&read.name).await, "pause");
+    assert_err!(store.advance_schedule(&read.name, advanced.version, &late).await, Error::Conflict(_), "an advance read before a pause");
+    assert_err!(store.advance_schedule(&schedule_name("missing"), 1, &late).await, Error::NotFound(_), "advancing a missing schedule");
+}
+
+/// Declaring (a workflow file's schedule) creates, or replaces the
+/// definition and source of an existing schedule: a changed definition
+/// bumps the version and fires from now on, and the paused flag and the
+/// rest of the progress are kept. The same declaration writes nothing.
+pub async fn declare_schedule_replaces_the_definition_and_keeps_progress(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let created = ok(store.create_schedule(&new_schedule("nightly", "0 0 2 * * *")).await, "create from the API");
+    let progress = ScheduleProgress { last_task: Some(task_id("nightly@before")), skipped: 2, ..created.progress.clone() };
+    let advanced = ok(store.advance_schedule(&created.name, created.version, &progress).await, "advance");
+    let paused = ok(store.pause_schedule(&created.name).await, "pause");
+    clock.advance(Duration::from_secs(60));
+
+    let mut declared = new_schedule("nightly", "0 30 3 * * *");
+    declared.source = ScheduleSource::File;
+    declared.spec.overlap = Overlap::BufferOne;
+    let replaced = ok(store.declare_schedule(&declared).await, "declare over it");
+    assert_eq!((&replaced.spec, replaced.source), (&declared.spec, ScheduleSource::File), "the declaration's definition wins");
+    assert!(replaced.paused, "an operator's pause is kept");
+    assert_eq!(replaced.version, paused.version + 1);
+    assert_eq!(replaced.progress.fired_through, clock.now(), "a changed definition fires from now on");
+    assert_eq!((&replaced.progress.last_task, replaced.progress.skipped), (&advanced.progress.last_task, 2), "the rest is kept");
+    assert_eq!(replaced.created_at, created.created_at);
+
+    clock.advance(SECOND);
+    assert_eq!(ok(store.declare_schedule(&declared).await, "declare again"), replaced, "the same declaration writes nothing");
+    let mut fresh = new_schedule("weekly", "0 0 9 * * MON");
+    fresh.source = ScheduleSource::File;
+    let new = ok(store.declare_schedule(&fresh).await, "declare a new one");
+    assert_eq!((new.source, new.version, new.progress.fired_through), (ScheduleSource::File, 1, clock.now()));
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@
 pub mod conformance;
 mod error;
 mod queue;
+mod schedule;
 pub mod stored;
 mod task;
 
@@ -29,6 +30,7 @@ pub use queue::{
     BODY_BYTES_MAX, Body, DEDUPE_WINDOW_DEFAULT, DeadLetter, Delivery, ORDERING_KEY_BYTES_MAX, Outgoing, QueueConfig, QueueStats, Queues,
     RECEIVE_MAX, Receive, Redrive, Sent,
 };
+pub use schedule::{NewSchedule, ScheduleProgress, ScheduleRecord, ScheduleSource, ScheduleSpec};
 pub use task::{
     Changes, ComponentStatus, Created, Event, EventKind, Expired, LeaderLease, NewTask, StepWrite, TaskFilter, TaskRecord, TaskWrite,
     Tasks, WorkflowEntry, counts_of_every_state,

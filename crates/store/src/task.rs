@@ -11,12 +11,15 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rota_model::{InstanceId, LeaseToken, QueueName, Step, StepName, StepState, Task, TaskId, TaskState, Timestamp, WorkflowName};
+use rota_model::{
+    InstanceId, LeaseToken, QueueName, ScheduleName, Step, StepName, StepState, Task, TaskId, TaskState, Timestamp, WorkflowName,
+};
 use serde::Serialize;
 use serde_json::Value;
 
 use crate::Result;
 use crate::queue::Outgoing;
+use crate::schedule::{NewSchedule, ScheduleProgress, ScheduleRecord};
 
 /// A task with its steps, ordered by position.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -429,4 +432,46 @@ pub trait Tasks: Send + Sync {
 
     /// The statuses whose key starts with `prefix`, sorted by key.
     async fn statuses(&self, prefix: &str) -> Result<Vec<ComponentStatus>>;
+
+    /// Creates a schedule, unpaused, with nothing fired: its first fire is
+    /// the first after now. If one of that name exists with the same
+    /// definition, writes nothing and returns it (creating is idempotent);
+    /// with another definition (or from another source), `Conflict`. A
+    /// definition whose cron expression or time zone does not parse is
+    /// `Invalid` ([`NewSchedule::check`]).
+    async fn create_schedule(&self, new: &NewSchedule) -> Result<ScheduleRecord>;
+
+    /// Creates a schedule as [`Tasks::create_schedule`] does, or, if one of
+    /// that name exists, gives it this definition and source (a workflow
+    /// file's declaration wins over what was stored). A changed definition
+    /// bumps the version and moves `fired_through` to now, so that fires of
+    /// the new expression before the change are not caught up; the paused
+    /// flag and the rest of the progress are kept. The same definition
+    /// writes nothing.
+    async fn declare_schedule(&self, new: &NewSchedule) -> Result<ScheduleRecord>;
+
+    /// The named schedule, or `None`.
+    async fn schedule(&self, name: &ScheduleName) -> Result<Option<ScheduleRecord>>;
+
+    /// Every schedule, sorted by name.
+    async fn schedules(&self) -> Result<Vec<ScheduleRecord>>;
+
+    /// Pauses the named schedule (a paused one is left as it is). `NotFound`
+    /// if there is none.
+    async fn pause_schedule(&self, name: &ScheduleName) -> Result<ScheduleRecord>;
+
+    /// Resumes the named schedule: it fires from now on (`fired_through`
+    /// moves to now; fires while it was paused are not caught up). A
+    /// running one is left as it is. `NotFound` if there is none.
+    async fn resume_schedule(&self, name: &ScheduleName) -> Result<ScheduleRecord>;
+
+    /// Deletes the named schedule (tasks it started are kept). `NotFound`
+    /// if there is none.
+    async fn delete_schedule(&self, name: &ScheduleName) -> Result<()>;
+
+    /// Records the schedule's progress if its version is still
+    /// `expected_version`, bumping it: of two leaders that read the same
+    /// version, one advances and the other gets `Conflict`. `NotFound` if
+    /// the schedule is gone.
+    async fn advance_schedule(&self, name: &ScheduleName, expected_version: u64, progress: &ScheduleProgress) -> Result<ScheduleRecord>;
 }
