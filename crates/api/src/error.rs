@@ -132,7 +132,11 @@ impl ApiError {
         use rota_engine::ops::Error as E;
         let reason = err.to_string();
         match err {
-            E::TaskNotFound(_) | E::StepNotFound { .. } => ApiError::new(StatusCode::NOT_FOUND, "not_found", reason),
+            E::TaskNotFound(_) | E::StepNotFound { .. } | E::ScheduleNotFound(_) => {
+                ApiError::new(StatusCode::NOT_FOUND, "not_found", reason)
+            }
+            E::ScheduleExists(_) => ApiError::new(StatusCode::CONFLICT, "schedule_exists", reason),
+            E::InvalidSchedule { .. } => ApiError::invalid_body(reason),
             E::UnknownWorkflow(_) => ApiError::new(StatusCode::NOT_FOUND, "unknown_workflow", reason),
             E::BeforeNotFound(id) => ApiError::invalid_query("before", format!("task {id} not found")),
             E::InvalidSubmission { .. } => ApiError::invalid_body(reason),

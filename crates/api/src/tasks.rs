@@ -90,7 +90,8 @@ async fn submit_traced(state: ApiState, request: SubmitRequest) -> ApiResult<(St
         (None, None) => Start::Now,
     };
     let input = request.input.unwrap_or_else(|| json!({}));
-    let submission = Submission { workflow, version: request.version, input, id, reply_to: request.callback_url, reply_queue, start };
+    let submission =
+        Submission { workflow, version: request.version, input, id, reply_to: request.callback_url, reply_queue, start, fired_by: None };
     let submitted = state.client().submit(submission).await.map_err(|err| ApiError::ops("submit", ops::Error::from_submit(err)))?;
     let status = if submitted.created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(view(&state, "submit", &submitted.id).await?)))

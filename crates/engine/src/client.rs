@@ -38,6 +38,20 @@ pub struct Submission {
     pub reply_queue: Option<QueueName>,
     /// When the task may start: it waits Pending until then.
     pub start: Start,
+    /// The schedule fire that submits it, if one does (told in its
+    /// `received` event).
+    pub fired_by: Option<Fired>,
+}
+
+/// The schedule fire behind a submission.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fired {
+    /// The schedule.
+    pub schedule: rota_model::ScheduleName,
+    /// The fire time (for a manual fire, when it was asked for).
+    pub fire_at: Timestamp,
+    /// Whether an operator fired it (`trigger`) rather than the cron.
+    pub manual: bool,
 }
 
 /// When a submitted task may start.
@@ -71,7 +85,7 @@ pub const START_DELAY_MAX: Duration = Duration::from_secs(366 * 24 * 3600);
 impl Submission {
     /// A submission of the latest `workflow` with `input`.
     pub fn new(workflow: WorkflowName, input: Value) -> Self {
-        Submission { workflow, version: None, input, id: None, reply_to: None, reply_queue: None, start: Start::Now }
+        Submission { workflow, version: None, input, id: None, reply_to: None, reply_queue: None, start: Start::Now, fired_by: None }
     }
 
     /// Starting no earlier than `at`.
@@ -88,6 +102,12 @@ impl Submission {
     /// Sending its status events to `queue`.
     pub fn with_reply_queue(mut self, queue: QueueName) -> Self {
         self.reply_queue = Some(queue);
+        self
+    }
+
+    /// Submitted by the schedule fire `fired`.
+    pub fn fired_by(mut self, fired: Fired) -> Self {
+        self.fired_by = Some(fired);
         self
     }
 
@@ -197,6 +217,13 @@ impl Client {
         let mut detail = json!({ "workflow": workflow.name(), "version": workflow.version() });
         if let Some(at) = start_at {
             detail["start_at"] = json!(at.as_millis());
+        }
+        if let Some(fired) = &submission.fired_by {
+            detail["schedule"] = json!({
+                "name": fired.schedule,
+                "fire_at": rota_model::schedule::rfc3339_millis(fired.fire_at),
+                "manual": fired.manual,
+            });
         }
         // Kept for a Scheduler that claims the task without its doorbell.
         if let Some(traceparent) = telemetry::current_traceparent() {

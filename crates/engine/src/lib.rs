@@ -38,6 +38,7 @@ pub mod plan;
 pub mod protocol;
 pub mod replies;
 pub mod scheduler;
+pub mod schedules;
 mod shutdown;
 pub mod signal;
 pub mod status;
@@ -47,7 +48,7 @@ pub mod webhooks;
 pub mod workflows;
 
 pub use agent_worker::AgentWorker;
-pub use client::{Client, Start, Submission, Submitted};
+pub use client::{Client, Fired, Start, Submission, Submitted};
 pub use completions::Completions;
 pub use engine::{Engine, Roles};
 pub use scheduler::Scheduler;

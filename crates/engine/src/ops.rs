@@ -15,6 +15,10 @@
 //! - a step named by a resubmit must be one of the task's
 //!   ([`Error::StepNotFound`]), whatever state the task is in;
 //! - a submission names a registered workflow ([`Error::from_submit`]);
+//! - a schedule's request names an existing schedule
+//!   ([`Error::ScheduleNotFound`]); creating one checks its cron expression
+//!   and time zone ([`Error::InvalidSchedule`]) and its workflow, and
+//!   refuses a name taken by another definition ([`Error::ScheduleExists`]);
 //! - a listing's filter means what [`TaskFilter`] says, on every transport;
 //!   a page asked for `before` a task that does not exist is
 //!   [`Error::BeforeNotFound`] (the store answers such a page empty).
@@ -102,6 +106,20 @@ pub enum Error {
         /// The field (`start_at`).
         field: &'static str,
         /// Its bounds and the value given.
+        why: String,
+    },
+    /// No schedule has this name.
+    #[error("schedule {0} not found")]
+    ScheduleNotFound(rota_model::ScheduleName),
+    /// A schedule of this name exists with another definition.
+    #[error("schedule {0} already exists with a different definition (delete it first)")]
+    ScheduleExists(rota_model::ScheduleName),
+    /// A schedule's field does not parse. The text starts with the field.
+    #[error("{field}: {why}")]
+    InvalidSchedule {
+        /// The field (`cron`, `timezone`, `overlap`, `catch_up`, `name`).
+        field: &'static str,
+        /// Why, with the value given.
         why: String,
     },
     /// The task, or one of its steps, is in a state that does not allow the change.

@@ -12,6 +12,9 @@
 //! * A step left in flight by a task nobody holds is settled as not started,
 //!   so that whoever claims the task next starts it afresh.
 //!
+//! * The leader fires the schedules that are due ([`crate::schedules`]),
+//!   and wakes at the next fire time when that comes before its next round.
+//!
 //! Several Supervisors may run; a leader lease in the store elects one per
 //! interval, and every write is a compare-and-set, so no failed task or step
 //! is recovered twice.
@@ -21,13 +24,15 @@ use std::time::Duration;
 
 use rand::SeedableRng;
 use rand::rngs::StdRng;
-use rota_model::{Clock, InstanceId, RetryPolicy, Step, Task, TaskState};
+use rota_model::{Clock, InstanceId, RetryPolicy, Step, Task, TaskState, Timestamp};
 use rota_store::{Changes, Event, EventKind, Expired, Outgoing, SharedStore, StepWrite, TaskWrite};
 use serde_json::json;
 
+use crate::client::Client;
 use crate::completions::Completions;
 use crate::protocol::{self, Doorbell, InboxMessage};
 use crate::replies;
+use crate::schedules::{self, Firing};
 use crate::telemetry;
 use crate::workflows::Workflows;
 use crate::{Error, Result, Shutdown};
@@ -51,6 +56,8 @@ pub struct Config {
     pub recovery: RetryPolicy,
     /// The seed of the backoff jitter.
     pub seed: u64,
+    /// How the leader fires schedules.
+    pub schedules: schedules::Config,
 }
 
 impl Config {
@@ -70,6 +77,7 @@ impl Config {
             batch: 256,
             recovery: crate::scheduler::default_recovery(),
             seed: 0,
+            schedules: schedules::Config::default(),
         }
     }
 
@@ -95,7 +103,7 @@ impl Config {
         if self.batch == 0 {
             return Err(Error::OutOfBounds { field: "supervisor.batch", why: "must be at least 1, got 0".into() });
         }
-        Ok(())
+        self.schedules.validate()
     }
 }
 
@@ -117,6 +125,8 @@ pub struct Round {
     pub steps_reported: u32,
     /// In-flight steps of unheld tasks settled as not started.
     pub steps_settled: u32,
+    /// What the schedules did (the leader fires them).
+    pub schedules: schedules::Round,
 }
 
 impl Round {
@@ -144,6 +154,7 @@ pub struct Supervisor {
     completions: Completions,
     config: Config,
     rng: Mutex<StdRng>,
+    firing: Firing,
 }
 
 impl Supervisor {
@@ -151,20 +162,31 @@ impl Supervisor {
     pub fn new(store: SharedStore, clock: Arc<dyn Clock>, workflows: Workflows, completions: Completions, config: Config) -> Result<Self> {
         config.validate()?;
         let rng = Mutex::new(StdRng::seed_from_u64(config.seed));
-        Ok(Supervisor { store, clock, workflows, completions, config, rng })
+        let client = Client::new(store.clone(), clock.clone(), workflows.clone(), Some(completions.clone()));
+        let firing = Firing::new(client, config.schedules)?;
+        Ok(Supervisor { store, clock, workflows, completions, config, rng, firing })
     }
 
-    /// Runs a round every interval until `shutdown`, then gives up leadership.
+    /// Runs a round every interval, and at the next fire time of a
+    /// schedule when that comes first, until `shutdown`; then gives up
+    /// leadership.
     pub async fn run(self, shutdown: Shutdown) -> Result<()> {
         let mut ticks = tokio::time::interval(self.config.interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut next_fire: Option<Timestamp> = None;
         loop {
+            let until_fire = next_fire.map_or(Duration::MAX, |at| at.since(self.clock.now()));
             tokio::select! {
                 _ = ticks.tick() => {}
+                () = tokio::time::sleep(until_fire), if next_fire.is_some() => {}
                 () = shutdown.triggered() => break,
             }
-            if let Err(err) = self.run_once().await {
-                tracing::warn!("supervisor round failed: {err}");
+            match self.run_once().await {
+                Ok(round) => next_fire = round.schedules.next_fire,
+                Err(err) => {
+                    next_fire = None;
+                    tracing::warn!("supervisor round failed: {err}");
+                }
             }
         }
         if let Err(err) = self.store.release_leader(LEADER_LEASE, &self.config.instance).await {
@@ -194,6 +216,12 @@ impl Supervisor {
             }
         }
         round.record();
+        // After the recoveries: a fire's task is new work, a recovery is
+        // overdue work.
+        match self.firing.run_once().await {
+            Ok(schedules) => round.schedules = schedules,
+            Err(err) => tracing::warn!("firing schedules: {err}"),
+        }
         Ok(round)
     }
 

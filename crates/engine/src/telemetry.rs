@@ -45,6 +45,10 @@ pub const AGENT_CALL_DURATION: &str = "rota_agent_call_duration_seconds";
 /// Counter: the Supervisor's recoveries. Labels: `kind` (`task_reset`,
 /// `task_ended`, `step_reported`, `step_settled`).
 pub const SUPERVISOR_RECOVERIES: &str = "rota_supervisor_recoveries_total";
+/// Counter: schedule fires handled by the Supervisor leader. Labels:
+/// `outcome` (`started`, `skipped` by the overlap policy, `missed` and
+/// skipped by the catch-up policy).
+pub const SCHEDULE_FIRES: &str = "rota_schedule_fires_total";
 /// Counter: messages a consumer dead-lettered (poison messages). Labels:
 /// `queue`.
 pub const DEAD_LETTERS: &str = "rota_dead_letters_total";

@@ -212,6 +212,14 @@ impl Cron {
         Some(Timestamp::from_millis(next.timestamp_millis()))
     }
 
+    /// The last fire time at or before `at`, if any.
+    pub fn previous_at_or_before(&self, at: Timestamp) -> Option<Timestamp> {
+        let second = at.as_millis().div_euclid(1_000);
+        let local = DateTime::<Utc>::from_timestamp(second, 0)?.with_timezone(&self.zone);
+        let previous = self.cron.find_previous_occurrence(&local, true).ok()?;
+        Some(Timestamp::from_millis(previous.timestamp_millis()))
+    }
+
     /// The fire times in `(after, until]`, oldest first, at most `max`.
     pub fn fires_between(&self, after: Timestamp, until: Timestamp, max: usize) -> Vec<Timestamp> {
         let mut fires = Vec::new();
@@ -355,6 +363,9 @@ mod tests {
     fn an_impossible_date_never_fires() {
         let cron = Cron::parse("0 0 30 2 *", "UTC").unwrap();
         assert_eq!(cron.next_after(at("2026-01-01T00:00:00Z")), None);
+        let every_minute = Cron::parse("* * * * *", "UTC").unwrap();
+        assert_eq!(every_minute.previous_at_or_before(at("2026-01-01T00:05:30.500Z")), Some(at("2026-01-01T00:05:00Z")));
+        assert_eq!(every_minute.previous_at_or_before(at("2026-01-01T00:05:00Z")), Some(at("2026-01-01T00:05:00Z")), "inclusive");
     }
 
     #[test]
