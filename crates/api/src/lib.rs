@@ -60,6 +60,7 @@ mod health;
 pub mod metrics;
 mod openapi;
 pub mod queues;
+pub mod schedules;
 pub mod status;
 pub mod tasks;
 mod ui;

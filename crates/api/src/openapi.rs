@@ -12,7 +12,7 @@ use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::{ApiState, events, queues, status, tasks, workers, workflows};
+use crate::{ApiState, events, queues, schedules, status, tasks, workers, workflows};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -28,6 +28,7 @@ use crate::{ApiState, events, queues, status, tasks, workers, workflows};
         (name = "tasks", description = "Submit, inspect, cancel and resubmit tasks; alerts"),
         (name = "events", description = "Live task events (server-sent events)"),
         (name = "workflows", description = "The workflow registry"),
+        (name = "schedules", description = "Cron schedules that start tasks: list with next fire times, create, pause, resume, trigger, delete"),
         (name = "queues", description = "Queue counts, pause and resume; circuit breakers"),
         (name = "dead letters", description = "Dead-lettered messages"),
         (name = "status", description = "The running processes, the Supervisors' leader, and recent activity per minute"),
@@ -66,6 +67,11 @@ pub(crate) fn routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(workflows::register))
         .routes(routes!(workflows::latest))
         .routes(routes!(workflows::version))
+        .routes(routes!(schedules::list, schedules::create))
+        .routes(routes!(schedules::get, schedules::delete))
+        .routes(routes!(schedules::pause))
+        .routes(routes!(schedules::resume))
+        .routes(routes!(schedules::trigger))
         .routes(routes!(queues::list))
         .routes(routes!(queues::get))
         .routes(routes!(queues::pause))

@@ -1162,3 +1162,136 @@ impl From<&rota_engine::activity::Activity> for ActivityView {
         }
     }
 }
+
+/// A request to create a schedule (`POST /v1/schedules`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleRequest {
+    /// The schedule's name: ASCII letters, digits, `-`, `_`, `.`, `:`.
+    #[schema(example = "nightly-report", pattern = r"^[A-Za-z0-9._:-]{1,100}$")]
+    pub name: String,
+    /// The workflow each fire submits (its latest version at the fire).
+    #[schema(example = "report", pattern = r"^[A-Za-z0-9._:-]{1,100}$")]
+    pub workflow: String,
+    /// A cron expression: five fields, or six with seconds first
+    /// (`0 30 2 * * *`); croner's syntax (`L`, `W`, `#`, `@daily`…).
+    #[schema(example = "0 30 2 * * *")]
+    pub cron: String,
+    /// The IANA time zone the expression is read in; `UTC` when absent.
+    #[schema(example = "Europe/Paris")]
+    #[serde(default)]
+    pub timezone: Option<String>,
+    /// The input of every task it starts (any JSON); `{}` when absent.
+    #[serde(default)]
+    pub input: Option<Value>,
+    /// While the last fire's task runs: `skip` (the default), `allow`, or `buffer-one`.
+    #[schema(example = "skip")]
+    #[serde(default)]
+    pub overlap: Option<String>,
+    /// After a time nobody fired it: `none`, `latest` (the default), or `all`.
+    #[schema(example = "latest")]
+    #[serde(default)]
+    pub catch_up: Option<String>,
+}
+
+impl ScheduleRequest {
+    /// The schedule this asks for, the defaults filled in; an error starts
+    /// with the field at fault. The API and the CLI on a local store both
+    /// read a request through this.
+    pub fn to_new_schedule(&self) -> Result<rota_store::NewSchedule, String> {
+        let name = rota_model::ScheduleName::new(self.name.as_str()).map_err(|err| format!("name: {err}"))?;
+        let workflow = rota_model::WorkflowName::new(self.workflow.as_str()).map_err(|err| format!("workflow: {err}"))?;
+        let policy = |err: rota_model::ScheduleError| format!("{}: {err}", err.field());
+        let overlap = self.overlap.as_deref().map(str::parse).transpose().map_err(policy)?.unwrap_or_default();
+        let catch_up = self.catch_up.as_deref().map(str::parse).transpose().map_err(policy)?.unwrap_or_default();
+        let spec = rota_store::ScheduleSpec {
+            workflow,
+            cron: self.cron.trim().to_owned(),
+            timezone: self.timezone.as_deref().map_or("UTC", str::trim).to_owned(),
+            input: self.input.clone().unwrap_or_else(|| serde_json::json!({})),
+            overlap,
+            catch_up,
+        };
+        spec.parse_cron().map_err(policy)?;
+        Ok(rota_store::NewSchedule { name, spec, source: rota_store::ScheduleSource::Api })
+    }
+}
+
+/// A schedule, with its next fire time and its progress.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ScheduleView {
+    /// Its name.
+    pub name: String,
+    /// The workflow each fire submits.
+    pub workflow: String,
+    /// The cron expression.
+    pub cron: String,
+    /// The IANA time zone the expression is read in.
+    pub timezone: String,
+    /// The input of every task it starts.
+    pub input: Value,
+    /// `skip`, `allow` or `buffer-one`.
+    pub overlap: String,
+    /// `none`, `latest` or `all`.
+    pub catch_up: String,
+    /// `api` (created by an operator) or `file` (declared in a workflow file).
+    pub source: String,
+    /// Whether it is paused.
+    pub paused: bool,
+    /// The next fire time the leader will handle, epoch ms: in the past when
+    /// a fire is due and not handled yet; absent when paused.
+    pub next_fire_at: Option<i64>,
+    /// Every fire time up to this one has been handled, epoch ms.
+    pub fired_through: i64,
+    /// The fire time of the last task a cron fire started, epoch ms.
+    pub last_fire_at: Option<i64>,
+    /// That task's id.
+    pub last_task: Option<String>,
+    /// A fire waiting for the last task to finish (`buffer-one`), epoch ms.
+    pub buffered_fire_at: Option<i64>,
+    /// How many fires the overlap policy skipped.
+    pub skipped: u64,
+    /// The fire time of the last skipped fire, epoch ms.
+    pub last_skipped_at: Option<i64>,
+    /// When it was created, epoch ms.
+    pub created_at: i64,
+    /// When it was last changed, epoch ms.
+    pub updated_at: i64,
+}
+
+impl From<&rota_engine::schedules::ScheduleDetail> for ScheduleView {
+    fn from(detail: &rota_engine::schedules::ScheduleDetail) -> Self {
+        let record = &detail.record;
+        let progress = &record.progress;
+        let millis = |at: Option<rota_model::Timestamp>| at.map(rota_model::Timestamp::as_millis);
+        ScheduleView {
+            name: record.name.to_string(),
+            workflow: record.spec.workflow.to_string(),
+            cron: record.spec.cron.clone(),
+            timezone: record.spec.timezone.clone(),
+            input: record.spec.input.clone(),
+            overlap: record.spec.overlap.as_str().to_owned(),
+            catch_up: record.spec.catch_up.as_str().to_owned(),
+            source: record.source.as_str().to_owned(),
+            paused: record.paused,
+            next_fire_at: millis(detail.next_fire),
+            fired_through: progress.fired_through.as_millis(),
+            last_fire_at: millis(progress.last_fire_at),
+            last_task: progress.last_task.as_ref().map(ToString::to_string),
+            buffered_fire_at: millis(progress.buffered_fire_at),
+            skipped: progress.skipped,
+            last_skipped_at: millis(progress.last_skipped_at),
+            created_at: record.created_at.as_millis(),
+            updated_at: record.updated_at.as_millis(),
+        }
+    }
+}
+
+/// A schedule in the path.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct SchedulePath {
+    /// The schedule's name.
+    #[param(pattern = r"^[A-Za-z0-9._:-]{1,100}$")]
+    pub name: String,
+}

@@ -21,11 +21,11 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 use rota_api::wire::{
-    AlertView, BreakerView, Count, DeadLetterView, EventView, QueueView, SignalDelivery, TaskStateChange, TaskSummary, TaskView,
-    WorkflowView,
+    AlertView, BreakerView, Count, DeadLetterView, EventView, QueueView, ScheduleRequest, ScheduleView, SignalDelivery, TaskStateChange,
+    TaskSummary, TaskView, WorkflowView,
 };
 use rota_engine::{Client, Submission, Workflows, ops};
-use rota_model::{QueueName, SignalName, StepName, SystemClock, TaskId, TaskState, WorkflowName};
+use rota_model::{QueueName, ScheduleName, SignalName, StepName, SystemClock, TaskId, TaskState, WorkflowName};
 use rota_store::{Redrive, SharedStore, TaskFilter};
 use serde::Serialize;
 use serde_json::Value;
@@ -103,7 +103,7 @@ fn local_error(asked: impl FnOnce() -> String, err: ops::Error) -> anyhow::Error
 /// the rule's text as their reason.
 fn remote_error(asked: impl FnOnce() -> String, err: anyhow::Error) -> anyhow::Error {
     match remote::code_of(&err) {
-        Some("not_found" | "unknown_workflow" | "refused" | "invalid_signal") => err,
+        Some("not_found" | "unknown_workflow" | "refused" | "invalid_signal" | "schedule_exists" | "invalid_body") => err,
         _ => err.context(asked()),
     }
 }
@@ -375,6 +375,96 @@ impl Backend {
                 .with_context(context)?
                 .1
                 .count),
+        }
+    }
+
+    /// Creates a schedule; whether this request created it (the same
+    /// definition again creates nothing).
+    pub async fn create_schedule(&self, request: &ScheduleRequest) -> anyhow::Result<(ScheduleView, bool)> {
+        let asked = || format!("cannot create schedule {}", request.name);
+        match self {
+            Backend::Local(store) => {
+                let new = request.to_new_schedule().map_err(|why| anyhow!(why))?;
+                let (detail, created) = client(store).create_schedule(&new).await.map_err(|err| local_error(asked, err))?;
+                Ok((ScheduleView::from(&detail), created))
+            }
+            Backend::Remote(server) => {
+                let (status, view) =
+                    server.post::<ScheduleView, _>(&["v1", "schedules"], Some(request)).await.map_err(|err| remote_error(asked, err))?;
+                Ok((view, status == reqwest::StatusCode::CREATED))
+            }
+        }
+    }
+
+    /// Every schedule, by name, with its next fire time.
+    pub async fn schedules(&self) -> anyhow::Result<Vec<ScheduleView>> {
+        match self {
+            Backend::Local(store) => {
+                let schedules = client(store).schedules().await.map_err(|err| local_error(|| "cannot list schedules".to_owned(), err))?;
+                Ok(schedules.iter().map(ScheduleView::from).collect())
+            }
+            Backend::Remote(server) => server.get(&["v1", "schedules"], &[]).await.context("cannot list schedules"),
+        }
+    }
+
+    /// One schedule; "schedule NAME not found" when there is none.
+    pub async fn schedule(&self, name: &ScheduleName) -> anyhow::Result<ScheduleView> {
+        let asked = || format!("cannot read schedule {name}");
+        match self {
+            Backend::Local(store) => {
+                let detail = client(store).schedule(name).await.map_err(|err| local_error(asked, err))?;
+                Ok(ScheduleView::from(&detail))
+            }
+            Backend::Remote(server) => server.get(&["v1", "schedules", name.as_str()], &[]).await.map_err(|err| remote_error(asked, err)),
+        }
+    }
+
+    /// Pauses (`pause`) or resumes (`!pause`) a schedule; the schedule afterwards.
+    pub async fn pause_schedule(&self, name: &ScheduleName, pause: bool) -> anyhow::Result<ScheduleView> {
+        let verb = if pause { "pause" } else { "resume" };
+        let asked = || format!("cannot {verb} schedule {name}");
+        match self {
+            Backend::Local(store) => {
+                let client = client(store);
+                let detail = if pause { client.pause_schedule(name).await } else { client.resume_schedule(name).await };
+                Ok(ScheduleView::from(&detail.map_err(|err| local_error(asked, err))?))
+            }
+            Backend::Remote(server) => {
+                let (_, view) = server
+                    .post::<ScheduleView, ()>(&["v1", "schedules", name.as_str(), verb], None)
+                    .await
+                    .map_err(|err| remote_error(asked, err))?;
+                Ok(view)
+            }
+        }
+    }
+
+    /// Fires a schedule now; the task it started.
+    pub async fn trigger_schedule(&self, name: &ScheduleName) -> anyhow::Result<TaskView> {
+        let asked = || format!("cannot trigger schedule {name}");
+        match self {
+            Backend::Local(store) => {
+                let client = client(store);
+                let submitted = client.trigger_schedule(name).await.map_err(|err| local_error(asked, err))?;
+                let detail = client.task(&submitted.id).await.map_err(|err| local_error(asked, err))?;
+                Ok(TaskView::from(&detail))
+            }
+            Backend::Remote(server) => {
+                let (_, view) = server
+                    .post::<TaskView, ()>(&["v1", "schedules", name.as_str(), "trigger"], None)
+                    .await
+                    .map_err(|err| remote_error(asked, err))?;
+                Ok(view)
+            }
+        }
+    }
+
+    /// Deletes a schedule.
+    pub async fn delete_schedule(&self, name: &ScheduleName) -> anyhow::Result<()> {
+        let asked = || format!("cannot delete schedule {name}");
+        match self {
+            Backend::Local(store) => client(store).delete_schedule(name).await.map_err(|err| local_error(asked, err)),
+            Backend::Remote(server) => server.delete(&["v1", "schedules", name.as_str()]).await.map_err(|err| remote_error(asked, err)),
         }
     }
 }

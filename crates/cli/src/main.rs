@@ -43,6 +43,7 @@ mod man;
 mod output;
 mod queue;
 mod remote;
+mod schedules;
 mod serve;
 mod signals;
 mod store_args;
@@ -128,6 +129,9 @@ enum Command {
     Signal(tasks::SignalArgs),
     /// List the registered workflows (latest version of each).
     Workflows(tasks::WorkflowsArgs),
+    /// Cron schedules that start tasks: create, list (with next fire times), show, pause, resume, trigger, delete.
+    #[command(subcommand)]
+    Schedules(schedules::Command),
     /// Check workflow definition files; prints every problem as FILE:LINE:COL: message.
     Validate(validate::Args),
     /// Send, receive and settle messages; create, pause and inspect queues.
@@ -188,6 +192,7 @@ fn main() -> ExitCode {
         Command::Cancel(args) => run_async(async move { tasks::cancel(&store, args).await }),
         Command::Signal(args) => run_async(async move { tasks::signal(&store, args).await }),
         Command::Workflows(args) => run_async(async move { tasks::workflows(&store, args).await }),
+        Command::Schedules(command) => run_async(schedules::run(store, command)),
         Command::Validate(args) => validate::run(args),
         Command::Completions(args) => completions::run(args, Cli::command()),
         Command::Man(args) => man::run(args, Cli::command()),

@@ -106,6 +106,11 @@ impl Server {
         self.send(Method::POST, segments, &[], body).await
     }
 
+    /// DELETE `segments`; the answer has no body.
+    pub async fn delete(&self, segments: &[&str]) -> anyhow::Result<()> {
+        self.send::<serde::de::IgnoredAny, ()>(Method::DELETE, segments, &[], None).await.map(drop)
+    }
+
     async fn send<T: DeserializeOwned, B: Serialize>(
         &self,
         method: Method,
@@ -127,7 +132,9 @@ impl Server {
         if !status.is_success() {
             return Err(decode_error(status, &bytes).into());
         }
-        let value = serde_json::from_slice(&bytes)
+        // An answer without a body (204) reads as JSON null.
+        let body: &[u8] = if bytes.is_empty() { b"null" } else { &bytes };
+        let value = serde_json::from_slice(body)
             .map_err(|err| anyhow!("{method} {}: the server's answer is not what this client expects: {err}", url.path()))?;
         Ok((status, value))
     }

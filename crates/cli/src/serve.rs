@@ -36,6 +36,7 @@
 //! Deliberately left out: custom agents (a Rust program embeds the engine
 //! instead) and hot reloading of definitions.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -48,8 +49,8 @@ use rota_engine::engine::Config;
 use rota_engine::status::{Heartbeat, Reporter};
 use rota_engine::webhooks::{Dispatcher, Secret, WebhookConfig};
 use rota_engine::{Client, Engine, Roles, Shutdown, Workflows};
-use rota_model::{Clock, InstanceId, SystemClock};
-use rota_store::SharedStore;
+use rota_model::{Clock, InstanceId, ScheduleName, SystemClock};
+use rota_store::{NewSchedule, ScheduleSource, ScheduleSpec, SharedStore};
 use rota_workflow::{AgentCatalog, AgentName, Workflow};
 use tracing::{info, warn};
 
@@ -134,11 +135,25 @@ pub struct SupervisorArgs {
     /// leadership lasts five of these without renewal.
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = humantime::parse_duration)]
     supervisor_interval: Duration,
+    /// A schedule's fire found later than this after its time is missed
+    /// and follows the schedule's catch-up policy (1s..7d).
+    #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = humantime::parse_duration)]
+    schedule_late_max: Duration,
+    /// The most fires of one schedule the Supervisor leader handles per
+    /// round, oldest first (a catch-up after long downtime spreads over
+    /// rounds).
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    schedule_fires_per_round: u32,
 }
 
 impl Default for SupervisorArgs {
     fn default() -> Self {
-        SupervisorArgs { supervisor_interval: SUPERVISOR_INTERVAL_DEFAULT }
+        let schedules = rota_engine::schedules::Config::default();
+        SupervisorArgs {
+            supervisor_interval: SUPERVISOR_INTERVAL_DEFAULT,
+            schedule_late_max: schedules.late_max,
+            schedule_fires_per_round: schedules.fires_per_round,
+        }
     }
 }
 
@@ -270,6 +285,7 @@ impl Process {
         let store = store_args.open().await?;
         warn_if_instance_is_live(&store, &instance, &*clock).await;
         register(&store, &definitions).await?;
+        declare_schedules(&store, &definitions).await?;
 
         let dispatcher = match webhook_secret {
             Some(secret) => {
@@ -383,6 +399,10 @@ fn engine_config(args: &RunArgs, instance: InstanceId, clock: &dyn Clock) -> any
     };
     config.agent_concurrency = args.agent.agent_concurrency as usize;
     config.supervisor = config.supervisor.every(args.supervisor.supervisor_interval);
+    config.supervisor.schedules = rota_engine::schedules::Config {
+        late_max: args.supervisor.schedule_late_max,
+        fires_per_round: args.supervisor.schedule_fires_per_round,
+    };
     config.shutdown_grace = args.process.shutdown_grace;
     config.seed = seed(&instance, clock);
     match config.validate() {
@@ -399,6 +419,8 @@ fn engine_config(args: &RunArgs, instance: InstanceId, clock: &dyn Clock) -> any
 fn flag_of(field: &str) -> Option<&'static str> {
     match field {
         "supervisor.interval" => Some("--supervisor-interval"),
+        "schedules.late_max" => Some("--schedule-late-max"),
+        "schedules.fires_per_round" => Some("--schedule-fires-per-round"),
         "shutdown_grace" => Some("--shutdown-grace"),
         "agent_concurrency" => Some("--agent-concurrency"),
         _ => None,
@@ -550,6 +572,49 @@ async fn register(store: &SharedStore, definitions: &[Workflow]) -> anyhow::Resu
             ),
             Err(err) => return Err(anyhow::Error::new(err).context(format!("cannot register workflow {name} version {version}"))),
         }
+    }
+    Ok(())
+}
+
+/// Declares the schedules the definitions' files list: each replaces the
+/// stored schedule of its name (one created from the CLI or the API
+/// included; its pause and progress are kept). Two files may declare the
+/// same schedule only with the same definition (two versions of one
+/// workflow, say).
+async fn declare_schedules(store: &SharedStore, definitions: &[Workflow]) -> anyhow::Result<()> {
+    let mut declared: HashMap<ScheduleName, (NewSchedule, String)> = HashMap::new();
+    for workflow in definitions {
+        for def in workflow.schedules() {
+            let spec = ScheduleSpec {
+                workflow: workflow.name().clone(),
+                cron: def.cron.clone(),
+                timezone: def.timezone.clone(),
+                input: def.input.clone(),
+                overlap: def.overlap,
+                catch_up: def.catch_up,
+            };
+            let new = NewSchedule { name: def.name.clone(), spec, source: ScheduleSource::File };
+            let owner = format!("workflow {} version {}", workflow.name(), workflow.version());
+            match declared.get(&def.name) {
+                Some((first, _)) if *first == new => {}
+                Some((_, first)) => bail!("schedule {} is declared differently by {first} and by {owner}", def.name),
+                None => {
+                    declared.insert(def.name.clone(), (new, owner));
+                }
+            }
+        }
+    }
+    let mut names: Vec<&ScheduleName> = declared.keys().collect();
+    names.sort();
+    for name in names {
+        let (new, owner) = &declared[name];
+        let record = store.declare_schedule(new).await.with_context(|| format!("cannot declare schedule {name} of {owner}"))?;
+        info!(
+            "schedule {name} ({owner}): cron \"{}\" in {}{}",
+            new.spec.cron,
+            new.spec.timezone,
+            if record.paused { ", paused" } else { "" }
+        );
     }
     Ok(())
 }

@@ -142,7 +142,7 @@ pub struct WorkflowsArgs {
 
 /// Parses `--input`: JSON, or `@FILE`. serde_json's message ends with the
 /// line and column of the problem.
-fn parse_input(text: &str) -> anyhow::Result<Value> {
+pub(crate) fn parse_input(text: &str) -> anyhow::Result<Value> {
     parse_json_arg("--input", text)
 }
 

@@ -317,12 +317,15 @@ impl ScheduleDetail {
 /// The operator's requests on schedules, every rule written once for the
 /// API and the CLI (see [`crate::ops`] for how errors read).
 impl Client {
-    /// Creates a schedule (idempotent for the same definition).
-    pub async fn create_schedule(&self, new: &NewSchedule) -> ops::Result<ScheduleDetail> {
+    /// Creates a schedule (idempotent for the same definition); whether
+    /// this request created it.
+    pub async fn create_schedule(&self, new: &NewSchedule) -> ops::Result<(ScheduleDetail, bool)> {
         new.spec.parse_cron().map_err(|err| ops::Error::InvalidSchedule { field: err.field(), why: err.to_string() })?;
         self.workflows.get(&new.spec.workflow, None).await.map_err(ops::Error::from_submit)?;
+        // Only to tell the two answers apart: the store's create decides.
+        let existed = self.store.schedule(&new.name).await?.is_some();
         match self.store.create_schedule(new).await {
-            Ok(record) => Ok(ScheduleDetail::of(record)),
+            Ok(record) => Ok((ScheduleDetail::of(record), !existed)),
             Err(rota_store::Error::Conflict(_)) => Err(ops::Error::ScheduleExists(new.name.clone())),
             Err(err) => Err(err.into()),
         }

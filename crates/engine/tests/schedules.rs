@@ -13,7 +13,7 @@ use common::Backend;
 use rota_engine::schedules::{self, Firing};
 use rota_engine::{Client, Completions, Supervisor, Workflows, ops, supervisor};
 use rota_model::schedule::rfc3339_seconds;
-use rota_model::{CatchUp, Clock, InstanceId, ManualClock, Overlap, ScheduleName, TaskId, TaskState, Timestamp, WorkflowName};
+use rota_model::{CatchUp, Clock, InstanceId, ManualClock, Overlap, ScheduleName, TaskId, Timestamp, WorkflowName};
 use rota_store::{EventKind, NewSchedule, ScheduleSource, ScheduleSpec, SharedStore, TaskFilter};
 use rota_workflow::{AgentCatalog, StepDef, Workflow};
 use serde_json::json;
@@ -272,7 +272,7 @@ async fn trigger_fires_now_with_its_own_id(backend: Backend) {
     rig.client.trigger_schedule(&name("tick")).await.unwrap();
     assert_eq!(task_ids(&rig.store).await.len(), 2, "each trigger starts a task");
     let after = rig.client.schedule(&name("tick")).await.unwrap().record;
-    assert_eq!(after.progress, created.record.progress, "a manual fire leaves the cron's progress alone");
+    assert_eq!(after.progress, created.0.record.progress, "a manual fire leaves the cron's progress alone");
     let err = rig.client.trigger_schedule(&name("nope")).await.unwrap_err();
     assert!(matches!(err, ops::Error::ScheduleNotFound(_)), "{err}");
     assert_eq!(err.to_string(), "schedule nope not found");
@@ -295,8 +295,8 @@ async fn bad_schedules_are_refused_with_the_field(backend: Backend) {
     assert!(rig.client.schedules().await.unwrap().is_empty(), "nothing was written");
 
     let good = schedule("good", "* * * * *", Overlap::Skip, CatchUp::All);
-    rig.client.create_schedule(&good).await.unwrap();
-    rig.client.create_schedule(&good).await.unwrap();
+    assert!(rig.client.create_schedule(&good).await.unwrap().1, "created");
+    assert!(!rig.client.create_schedule(&good).await.unwrap().1, "the same definition again: nothing created");
     let mut other = good.clone();
     other.spec.catch_up = CatchUp::None;
     let err = rig.client.create_schedule(&other).await.unwrap_err();

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use rota_model::{ExhaustedPolicy, RetryPolicy, SignalName, StepName, WorkflowName};
+use rota_model::{CatchUp, ExhaustedPolicy, Overlap, RetryPolicy, ScheduleName, SignalName, StepName, WorkflowName};
 use serde_json::Value;
 
 use crate::agent::AgentName;
@@ -45,7 +45,33 @@ pub struct Workflow {
     /// Step indices in topological order, ties broken by definition order.
     /// Derived from `steps` when the workflow is validated.
     pub(crate) order: Vec<usize>,
+    /// The schedules its file declares. Not part of the version: the
+    /// canonical stored form leaves them out, so a version registered from
+    /// a file reads back without them.
+    pub(crate) schedules: Vec<ScheduleDef>,
 }
+
+/// A schedule declared under `schedules:` in a workflow file: it starts
+/// the file's workflow (its latest version at each fire). Validated: the
+/// cron expression and the time zone parse.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScheduleDef {
+    /// Its name.
+    pub name: ScheduleName,
+    /// The cron expression (five fields, or six with seconds).
+    pub cron: String,
+    /// The IANA time zone; `UTC` when the file gives none.
+    pub timezone: String,
+    /// The input of every task it starts; `{}` when the file gives none.
+    pub input: Value,
+    /// The overlap policy; `skip` when the file gives none.
+    pub overlap: Overlap,
+    /// The catch-up policy; `latest` when the file gives none.
+    pub catch_up: CatchUp,
+}
+
+/// The most schedules one workflow file may declare.
+pub const SCHEDULES_MAX: usize = 100;
 
 /// One step of a resolved [`Workflow`].
 #[derive(Debug, Clone, PartialEq)]
@@ -82,6 +108,12 @@ pub struct CompensateDef {
 }
 
 impl Workflow {
+    /// The schedules its file declares (none for a workflow built in Rust
+    /// or read back from the registry).
+    pub fn schedules(&self) -> &[ScheduleDef] {
+        &self.schedules
+    }
+
     /// The workflow's name.
     pub fn name(&self) -> &WorkflowName {
         &self.name

@@ -69,7 +69,10 @@ mod validate;
 
 pub use agent::{AgentCatalog, AgentName};
 pub use builder::{CompensateBuilder, StepBuilder, WorkflowBuilder};
-pub use definition::{CompensateDef, DEADLINE_DEFAULT, MAX_FAILURES_DEFAULT, STEPS_MAX, StepAction, StepDef, TIMEOUT_DEFAULT, Workflow};
+pub use definition::{
+    CompensateDef, DEADLINE_DEFAULT, MAX_FAILURES_DEFAULT, SCHEDULES_MAX, STEPS_MAX, ScheduleDef, StepAction, StepDef, TIMEOUT_DEFAULT,
+    Workflow,
+};
 pub use diagnostic::{Diagnostic, Diagnostics};
 pub use load::{load_dir, load_file};
 pub use parse::{DEFINITION_BYTES_MAX, NESTING_MAX, parse};

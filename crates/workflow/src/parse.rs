@@ -18,7 +18,7 @@ use serde_json::{Number, Value};
 use crate::agent::AgentCatalog;
 use crate::definition::Workflow;
 use crate::diagnostic::{Diagnostic, Diagnostics, FileLocator, Pos, Positions, child};
-use crate::spec::{CompensateSpec, Spec, StepSpec};
+use crate::spec::{CompensateSpec, ScheduleSpec, Spec, StepSpec};
 use crate::validate::validate_into;
 
 /// The largest definition text accepted, in bytes. A definition is a
@@ -32,7 +32,8 @@ pub const DEFINITION_BYTES_MAX: usize = 1 << 20;
 /// stack in a debug build.
 pub const NESTING_MAX: usize = 32;
 
-const WORKFLOW_FIELDS: &[&str] = &["name", "version", "deadline", "on_exhausted", "max_failures", "steps"];
+const WORKFLOW_FIELDS: &[&str] = &["name", "version", "deadline", "on_exhausted", "max_failures", "steps", "schedules"];
+const SCHEDULE_FIELDS: &[&str] = &["name", "cron", "timezone", "input", "overlap", "catch_up"];
 const STEP_FIELDS: &[&str] = &["name", "agent", "wait", "with", "timeout", "retry", "compensate", "depends_on"];
 const RETRY_FIELDS: &[&str] = &["attempts", "backoff", "max_backoff", "multiplier", "jitter"];
 const COMPENSATE_FIELDS: &[&str] = &["agent", "with", "timeout", "retry"];
@@ -442,6 +443,54 @@ impl Decoder<'_> {
                 "on_exhausted" => spec.on_exhausted = self.exhausted(value),
                 "max_failures" => spec.max_failures = self.unsigned(value, "", key),
                 "steps" => spec.steps = self.steps(value),
+                "schedules" => spec.schedules = self.schedules(value),
+                _ => unreachable!("`fields` only returns allowed keys"),
+            }
+        }
+        spec
+    }
+
+    fn schedules(&mut self, node: &Node) -> Option<Vec<ScheduleSpec>> {
+        let NodeValue::List(items) = &node.value else {
+            self.problem(node.pos, format!("`schedules` must be a list of schedules, found {}", node.value.kind()));
+            return None;
+        };
+        Some(
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| {
+                    let at = format!("/schedules/{i}");
+                    self.record(at.clone(), item.pos);
+                    self.schedule(item, i, &at)
+                })
+                .collect(),
+        )
+    }
+
+    fn schedule(&mut self, node: &Node, index: usize, at: &str) -> ScheduleSpec {
+        let mut spec = ScheduleSpec::default();
+        let name = match &node.value {
+            NodeValue::Mapping(entries) => entries.iter().find_map(|(key, value)| match (&key.value, &value.value) {
+                (NodeValue::String(key), NodeValue::String(name)) if key == "name" => Some(name.as_str()),
+                _ => None,
+            }),
+            _ => None,
+        };
+        let prefix = match name {
+            Some(name) => format!("schedule `{name}`: "),
+            None => format!("schedule {}: ", index + 1),
+        };
+        let Some(fields) = self.fields(node, at, &prefix, "", SCHEDULE_FIELDS) else { return spec };
+        self.require(node, &fields, &["name", "cron"], &prefix, "");
+        for Field { key, value } in fields {
+            match key {
+                "name" => spec.name = self.string(value, &prefix, key),
+                "cron" => spec.cron = self.string(value, &prefix, key),
+                "timezone" => spec.timezone = self.string(value, &prefix, key),
+                "input" => spec.input = Some(self.json(value, &child(at, key), &prefix)),
+                "overlap" => spec.overlap = self.string(value, &prefix, key),
+                "catch_up" => spec.catch_up = self.string(value, &prefix, key),
                 _ => unreachable!("`fields` only returns allowed keys"),
             }
         }
@@ -623,6 +672,7 @@ impl Decoder<'_> {
 mod tests {
     use super::*;
     use crate::agent::AgentName;
+    use rota_model::{CatchUp, Overlap};
 
     /// Parses `text` as `wf.yaml` with the built-in agents and `ledger`, and
     /// returns the diagnostics as displayed (empty when it is valid).
@@ -659,6 +709,43 @@ mod tests {
         assert_eq!(step.retry(), &RetryPolicy::default());
         assert!(step.compensate().is_none());
         assert!(step.depends_on().is_empty());
+    }
+
+    #[test]
+    fn schedules_are_read_with_their_defaults_and_kept_out_of_the_version() {
+        let text = format!(
+            "{MINIMAL}schedules:\n  - name: nightly\n    cron: \"0 30 2 * * *\"\n    timezone: Europe/Paris\n    input: {{ full: true }}\n\
+             \x20   overlap: buffer-one\n    catch_up: all\n  - name: often\n    cron: \"*/10 * * * * *\"\n"
+        );
+        let workflow = valid(&text);
+        let [nightly, often] = workflow.schedules() else { panic!("two schedules") };
+        assert_eq!((nightly.name.as_str(), nightly.cron.as_str(), nightly.timezone.as_str()), ("nightly", "0 30 2 * * *", "Europe/Paris"));
+        assert_eq!(
+            (nightly.input.clone(), nightly.overlap, nightly.catch_up),
+            (serde_json::json!({"full": true}), Overlap::BufferOne, CatchUp::All)
+        );
+        assert_eq!((often.timezone.as_str(), often.input.clone()), ("UTC", serde_json::json!({})));
+        assert_eq!((often.overlap, often.catch_up), (Overlap::Skip, CatchUp::Latest), "the defaults");
+        assert_eq!(workflow.to_json(), valid(MINIMAL).to_json(), "schedules are not part of the stored version");
+    }
+
+    #[test]
+    fn bad_schedules_are_reported_at_their_field() {
+        let text = format!(
+            "{MINIMAL}schedules:\n  - name: a\n    cron: \"61 * * * *\"\n  - name: b\n    cron: \"* * * * *\"\n    timezone: Mars/Olympus\n\
+             \x20 - name: a\n    cron: \"* * * * *\"\n    overlap: sometimes\n  - cron: \"* * * * *\"\n    color: red\n"
+        );
+        assert_eq!(
+            check(&text),
+            [
+                "wf.yaml:8:11: schedule `a`: invalid cron expression \"61 * * * *\": Component error: Number out of bounds.",
+                "wf.yaml:11:15: schedule `b`: unknown time zone \"Mars/Olympus\": expected an IANA name such as UTC, Europe/Paris or America/New_York",
+                "wf.yaml:12:11: schedule `a`: the name is already used by schedule 1",
+                "wf.yaml:14:14: schedule `a`: invalid overlap \"sometimes\": expected one of skip, allow, buffer-one",
+                "wf.yaml:15:5: schedule 4: missing required field `name`",
+                "wf.yaml:16:5: schedule 4: unknown field `color` (expected one of: name, cron, timezone, input, overlap, catch_up)",
+            ]
+        );
     }
 
     #[test]
@@ -777,7 +864,7 @@ mod tests {
                 "name: w\nversion: 1\nowner: me\nsteps:\n  - name: a\n    agent: http\n    retry: { tries: 3 }\n    compensate: { agent: http, when: x }\n"
             ),
             [
-                "wf.yaml:3:1: unknown field `owner` (expected one of: name, version, deadline, on_exhausted, max_failures, steps)",
+                "wf.yaml:3:1: unknown field `owner` (expected one of: name, version, deadline, on_exhausted, max_failures, steps, schedules)",
                 "wf.yaml:7:14: step `a`: unknown field `tries` in `retry` (expected one of: attempts, backoff, max_backoff, multiplier, jitter)",
                 "wf.yaml:8:32: step `a`: unknown field `when` in `compensate` (expected one of: agent, with, timeout, retry)",
             ]

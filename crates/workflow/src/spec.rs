@@ -25,6 +25,19 @@ pub(crate) struct Spec {
     pub on_exhausted: Option<ExhaustedPolicy>,
     pub max_failures: Option<u32>,
     pub steps: Option<Vec<StepSpec>>,
+    /// The schedules a workflow file declares (never stored with the
+    /// definition: see `definition::ScheduleDef`).
+    pub schedules: Option<Vec<ScheduleSpec>>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ScheduleSpec {
+    pub name: Option<String>,
+    pub cron: Option<String>,
+    pub timezone: Option<String>,
+    pub input: Option<Value>,
+    pub overlap: Option<String>,
+    pub catch_up: Option<String>,
 }
 
 #[derive(Debug, Clone, Default)]

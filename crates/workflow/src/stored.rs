@@ -141,6 +141,7 @@ impl TryFrom<WorkflowRepr> for Workflow {
             deadline: Some(Duration::from_millis(r.deadline_ms)),
             on_exhausted: Some(r.on_exhausted),
             max_failures: Some(r.max_failures),
+            schedules: None,
             steps: Some(
                 r.steps
                     .into_iter()

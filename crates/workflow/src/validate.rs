@@ -7,14 +7,17 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use rota_model::{ExhaustedPolicy, RetryPolicy, SignalName, StepName, WorkflowName};
+use rota_model::{CatchUp, Cron, ExhaustedPolicy, Overlap, RetryPolicy, ScheduleError, ScheduleName, SignalName, StepName, WorkflowName};
 use serde_json::Value;
 
 use crate::agent::{AgentCatalog, AgentName};
 use crate::dag;
-use crate::definition::{CompensateDef, DEADLINE_DEFAULT, MAX_FAILURES_DEFAULT, STEPS_MAX, StepAction, StepDef, TIMEOUT_DEFAULT, Workflow};
+use crate::definition::{
+    CompensateDef, DEADLINE_DEFAULT, MAX_FAILURES_DEFAULT, SCHEDULES_MAX, STEPS_MAX, ScheduleDef, StepAction, StepDef, TIMEOUT_DEFAULT,
+    Workflow,
+};
 use crate::diagnostic::{Diagnostic, Diagnostics, Locate};
-use crate::spec::{CompensateSpec, Spec, StepSpec};
+use crate::spec::{CompensateSpec, ScheduleSpec, Spec, StepSpec};
 use crate::template::{Target, references};
 
 /// Validates `spec`. `agents` is `None` when reading back a stored version,
@@ -49,10 +52,13 @@ pub(crate) fn validate_into(
     let graph = check.dependencies(&steps, &index, &labels);
     let order = check.acyclic(&steps, &graph);
     check.templates(&steps, &index, &labels, &graph.deps);
+    let schedules = check.schedules(spec.schedules.unwrap_or_default());
     if !check.problems.is_empty() {
         return None;
     }
-    Some(assemble(top, steps, fields, &graph.deps, order.expect("validated DAG")))
+    let mut workflow = assemble(top, steps, fields, &graph.deps, order.expect("validated DAG"));
+    workflow.schedules = schedules;
+    Some(workflow)
 }
 
 /// The workflow's own fields, checked; `None` where a problem was reported
@@ -92,6 +98,73 @@ struct Check<'a> {
 impl Check<'_> {
     fn report(&mut self, pointer: &str, message: String) {
         self.problems.push(self.loc.at_value(pointer, message));
+    }
+
+    /// The declared schedules: at most [`SCHEDULES_MAX`], names valid and
+    /// unique, cron expressions, time zones and policies that parse.
+    fn schedules(&mut self, specs: Vec<ScheduleSpec>) -> Vec<ScheduleDef> {
+        if specs.len() > SCHEDULES_MAX {
+            self.report(
+                "/schedules",
+                format!("a workflow file may declare at most {SCHEDULES_MAX} schedules, this one has {}", specs.len()),
+            );
+        }
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        let mut defs = Vec::new();
+        for (i, spec) in specs.into_iter().enumerate() {
+            let at = format!("/schedules/{i}");
+            let label = spec.name.as_deref().map_or_else(|| format!("schedule {}", i + 1), |name| format!("schedule `{name}`"));
+            let name = spec.name.as_deref().and_then(|name| match ScheduleName::new(name) {
+                Ok(name) => Some(name),
+                Err(err) => {
+                    self.report(&format!("{at}/name"), format!("{label}: {err}"));
+                    None
+                }
+            });
+            if let Some(name) = &name
+                && let Some(first) = seen.insert(name.to_string(), i)
+            {
+                self.report(&format!("{at}/name"), format!("{label}: the name is already used by schedule {}", first + 1));
+            }
+            let timezone = spec.timezone.unwrap_or_else(|| "UTC".to_owned());
+            let overlap = self.policy(&at, &label, spec.overlap.as_deref().map(str::parse::<Overlap>).transpose());
+            let catch_up = self.policy(&at, &label, spec.catch_up.as_deref().map(str::parse::<CatchUp>).transpose());
+            // The zone and the expression are checked apart, so that both
+            // are reported when both are wrong.
+            let zone_ok = match Cron::parse("* * * * *", &timezone) {
+                Ok(_) => true,
+                Err(err) => {
+                    self.report(&format!("{at}/timezone"), format!("{label}: {err}"));
+                    false
+                }
+            };
+            let cron = spec.cron.and_then(|cron| match Cron::parse(&cron, "UTC") {
+                Ok(_) => Some(cron),
+                Err(err) => {
+                    self.report(&format!("{at}/cron"), format!("{label}: {err}"));
+                    None
+                }
+            });
+            let cron = cron.filter(|_| zone_ok);
+            if let (Some(name), Some(cron), Some(overlap), Some(catch_up)) = (name, cron, overlap, catch_up) {
+                let input = spec.input.unwrap_or_else(|| Value::Object(serde_json::Map::new()));
+                defs.push(ScheduleDef {
+                    name,
+                    cron,
+                    timezone,
+                    input,
+                    overlap: overlap.unwrap_or_default(),
+                    catch_up: catch_up.unwrap_or_default(),
+                });
+            }
+        }
+        defs
+    }
+
+    /// A schedule's policy, or `None` after reporting why it does not parse
+    /// at the field the error names.
+    fn policy<T>(&mut self, at: &str, label: &str, parsed: Result<Option<T>, ScheduleError>) -> Option<Option<T>> {
+        parsed.map_err(|err| self.report(&format!("{at}/{}", err.field()), format!("{label}: {err}"))).ok()
     }
 
     /// The name, the version, the deadline and the failure threshold.
@@ -337,6 +410,7 @@ fn assemble(top: WorkflowFields, steps: Vec<StepSpec>, fields: Vec<StepFields>, 
         max_failures: top.max_failures,
         steps,
         order,
+        schedules: Vec::new(),
     };
     assert_eq!(workflow.order.len(), workflow.steps.len(), "the topological order places every step once");
     workflow
