@@ -288,7 +288,10 @@ impl Decoder<'_> {
                 continue;
             };
             if !allowed.contains(&name.as_str()) {
-                self.problem(key.pos, format!("{prefix}unknown field `{name}`{inside} (expected one of: {})", allowed.join(", ")));
+                self.problem(
+                    key.pos,
+                    format!("{prefix}unknown field `{}`{inside} (expected one of: {})", name.escape_debug(), allowed.join(", ")),
+                );
                 continue;
             }
             self.record(child(pointer, name), value.pos);
@@ -478,7 +481,7 @@ impl Decoder<'_> {
             _ => None,
         };
         let prefix = match name {
-            Some(name) => format!("schedule `{name}`: "),
+            Some(name) => format!("schedule `{}`: ", name.escape_debug()),
             None => format!("schedule {}: ", index + 1),
         };
         let Some(fields) = self.fields(node, at, &prefix, "", SCHEDULE_FIELDS) else { return spec };
@@ -543,7 +546,7 @@ impl Decoder<'_> {
             _ => None,
         };
         let prefix = match name {
-            Some(name) => format!("step `{name}`: "),
+            Some(name) => format!("step `{}`: ", name.escape_debug()),
             None => format!("step {}: ", index + 1),
         };
         let Some(fields) = self.fields(node, at, &prefix, "", STEP_FIELDS) else {

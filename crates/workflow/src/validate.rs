@@ -113,7 +113,8 @@ impl Check<'_> {
         let mut defs = Vec::new();
         for (i, spec) in specs.into_iter().enumerate() {
             let at = format!("/schedules/{i}");
-            let label = spec.name.as_deref().map_or_else(|| format!("schedule {}", i + 1), |name| format!("schedule `{name}`"));
+            let label =
+                spec.name.as_deref().map_or_else(|| format!("schedule {}", i + 1), |name| format!("schedule `{}`", name.escape_debug()));
             let name = spec.name.as_deref().and_then(|name| match ScheduleName::new(name) {
                 Ok(name) => Some(name),
                 Err(err) => {
@@ -419,7 +420,7 @@ fn assemble(top: WorkflowFields, steps: Vec<StepSpec>, fields: Vec<StepFields>, 
 /// How a step is named in a diagnostic about one of its fields.
 fn step_label(name: &Option<String>, index: usize) -> String {
     match name {
-        Some(name) => format!("step `{name}`"),
+        Some(name) => format!("step `{}`", name.escape_debug()),
         None => format!("step {}", index + 1),
     }
 }
