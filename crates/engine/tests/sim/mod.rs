@@ -1201,6 +1201,27 @@ impl World {
         self.claim(i).await
     }
 
+    /// Targeted scenarios: the operators' client.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Targeted scenarios: every Supervisor dies (the leader without giving
+    /// up its lease) and a new one starts.
+    pub fn crash_supervisors(&mut self) {
+        self.supervisors.clear();
+        self.note("every supervisor crashes (the leader keeps its lease until it runs out)".into());
+        self.add_supervisor();
+    }
+
+    /// Targeted scenarios: one round of every Supervisor.
+    pub async fn supervise_all(&mut self) -> Result<(), Fail> {
+        for i in 0..self.supervisors.len() {
+            self.supervise(i).await?;
+        }
+        Ok(())
+    }
+
     /// Targeted scenarios: one round of the first Supervisor.
     pub async fn supervise_once(&mut self) -> Result<(), Fail> {
         self.supervise(0).await
