@@ -208,6 +208,7 @@ const pages = [
   [/^\/ui\/queues\/([^/]+)\/?$/, queuePage],
   [/^\/ui\/workflows\/?$/, workflowsPage],
   [/^\/ui\/workflows\/([^/]+)\/?$/, workflowPage],
+  [/^\/ui\/schedules\/?$/, schedulesPage],
 ];
 
 let current = null;
@@ -644,6 +645,38 @@ function workflowPage([name], query) {
           table('Steps', ['Step', 'Agent', 'After', 'Compensated'], shown.steps.map((step) => h('tr', null,
             h('td', null, step.name), h('td', null, stepDoer(step)), h('td', null, step.depends_on.join(', ') || '—'), h('td', null, step.compensated ? 'yes' : 'no'))))),
         section('Definition', json(shown.definition)));
+    },
+  };
+}
+
+// The schedules, with their next fire; pause or resume and fire now.
+function schedulesPage() {
+  const body = h('div');
+  return {
+    title: 'Schedules', nav: '/ui/schedules', polls: true, body,
+    async update() {
+      const schedules = await api('/v1/schedules');
+      body.replaceChildren(table('Schedules', ['Schedule', 'Workflow', 'Cron', 'Time zone', 'State', 'Next fire', 'Last task', 'Skipped', ''],
+        schedules.map((schedule, i) => {
+          const path = `/v1/schedules/${encodeURIComponent(schedule.name)}`;
+          const name = schedule.name;
+          return h('tr', null,
+            h('th', { scope: 'row', id: `schedule-${i}` }, name),
+            h('td', null, h('a', { href: `/ui/workflows/${encodeURIComponent(schedule.workflow)}` }, schedule.workflow)),
+            h('td', null, h('code', null, schedule.cron)), h('td', null, schedule.timezone),
+            h('td', null, schedule.paused ? 'paused' : 'running'),
+            h('td', null, schedule.paused ? '—' : time(schedule.next_fire_at)),
+            h('td', null, schedule.last_task ? taskLink(schedule.last_task) : '—'),
+            h('td', { class: 'n' }, number(schedule.skipped)),
+            h('td', { class: 'actions' },
+              schedule.paused
+                ? action('Resume', `Resume schedule ${name}? It fires from now on; fires while it was paused are not caught up.`,
+                  () => api(`${path}/resume`, { method: 'POST' }), () => `${name} resumed.`, { describedBy: `schedule-${i}` })
+                : action('Pause', `Pause schedule ${name}? It does not fire until resumed.`,
+                  () => api(`${path}/pause`, { method: 'POST' }), () => `${name} paused.`, { describedBy: `schedule-${i}` }),
+              action('Fire now', `Fire schedule ${name} now? It starts ${schedule.workflow} with the schedule's input.`,
+                () => api(`${path}/trigger`, { method: 'POST' }), (task) => `${name} fired: task ${task?.id ?? ''}.`, { describedBy: `schedule-${i}` })));
+        }), 'No schedules. `rota schedules create` makes one; a workflow file may declare them under `schedules:`.'));
     },
   };
 }

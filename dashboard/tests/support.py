@@ -590,7 +590,7 @@ def stop(server: Server, chromium: Chromium) -> None:
 expect.set_options(timeout=10_000)
 
 #: The links of every page's main navigation.
-NAV_LINKS = ["Overview", "Tasks", "Alerts", "Queues", "Workflows"]
+NAV_LINKS = ["Overview", "Tasks", "Alerts", "Queues", "Workflows", "Schedules"]
 
 #: The buttons that change something; a read-only token sees none enabled.
 ACTION_BUTTONS = ["Cancel", "Resubmit", "Resubmit step", "Pause", "Resume", "Redrive", "Redrive all", "Purge"]

@@ -48,6 +48,7 @@ PAGES = [
     ("/ui/queues/agent.delay", "Queue agent.delay"),
     ("/ui/workflows", "Workflows"),
     ("/ui/workflows/refund", "Workflow refund"),
+    ("/ui/schedules", "Schedules"),
 ]
 
 
