@@ -419,24 +419,41 @@ impl Backend {
         }
     }
 
-    /// Pauses (`pause`) or resumes (`!pause`) a schedule; the schedule afterwards.
-    pub async fn pause_schedule(&self, name: &ScheduleName, pause: bool) -> anyhow::Result<ScheduleView> {
-        let verb = if pause { "pause" } else { "resume" };
-        let asked = || format!("cannot {verb} schedule {name}");
+    /// Pauses a schedule; the schedule afterwards.
+    pub async fn pause_schedule(&self, name: &ScheduleName) -> anyhow::Result<ScheduleView> {
+        let asked = || format!("cannot pause schedule {name}");
         match self {
             Backend::Local(store) => {
-                let client = client(store);
-                let detail = if pause { client.pause_schedule(name).await } else { client.resume_schedule(name).await };
-                Ok(ScheduleView::from(&detail.map_err(|err| local_error(asked, err))?))
+                Ok(ScheduleView::from(&client(store).pause_schedule(name).await.map_err(|err| local_error(asked, err))?))
             }
-            Backend::Remote(server) => {
-                let (_, view) = server
-                    .post::<ScheduleView, ()>(&["v1", "schedules", name.as_str(), verb], None)
-                    .await
-                    .map_err(|err| remote_error(asked, err))?;
-                Ok(view)
-            }
+            Backend::Remote(server) => self.schedule_change(server, name, "pause", asked).await,
         }
+    }
+
+    /// Resumes a schedule; the schedule afterwards.
+    pub async fn resume_schedule(&self, name: &ScheduleName) -> anyhow::Result<ScheduleView> {
+        let asked = || format!("cannot resume schedule {name}");
+        match self {
+            Backend::Local(store) => {
+                Ok(ScheduleView::from(&client(store).resume_schedule(name).await.map_err(|err| local_error(asked, err))?))
+            }
+            Backend::Remote(server) => self.schedule_change(server, name, "resume", asked).await,
+        }
+    }
+
+    /// `POST /v1/schedules/{name}/{verb}`; the schedule afterwards.
+    async fn schedule_change(
+        &self,
+        server: &Server,
+        name: &ScheduleName,
+        verb: &str,
+        asked: impl FnOnce() -> String,
+    ) -> anyhow::Result<ScheduleView> {
+        let (_, view) = server
+            .post::<ScheduleView, ()>(&["v1", "schedules", name.as_str(), verb], None)
+            .await
+            .map_err(|err| remote_error(asked, err))?;
+        Ok(view)
     }
 
     /// Fires a schedule now; the task it started.

@@ -138,11 +138,11 @@ pub async fn run(store: StoreArgs, command: Command) -> anyhow::Result<()> {
             output::line(&show(&view))?;
         }
         Command::Pause(args) => {
-            let view = backend.pause_schedule(&args.name, true).await?;
+            let view = backend.pause_schedule(&args.name).await?;
             output::line(&format!("schedule {} paused", view.name))?;
         }
         Command::Resume(args) => {
-            let view = backend.pause_schedule(&args.name, false).await?;
+            let view = backend.resume_schedule(&args.name).await?;
             output::line(&format!("schedule {} resumed; next fire {}", view.name, next_fire(&view)))?;
         }
         Command::Trigger(args) => {
