@@ -699,6 +699,8 @@ export interface components {
         DeadLetterView: {
             /** @description Its body. */
             body: unknown;
+            /** @description What the answer should carry, if the sender said (kept by a redrive). */
+            correlation_id?: string | null;
             /**
              * Format: int64
              * @description When it was dead-lettered, epoch ms.
@@ -722,6 +724,8 @@ export interface components {
             queue: string;
             /** @description Why it was dead-lettered. */
             reason: string;
+            /** @description Where its sender wanted the answer, if it said (kept by a redrive). */
+            reply_to?: string | null;
         };
         /** @description The body of every error response. */
         ErrorBody: {

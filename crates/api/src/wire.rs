@@ -510,6 +510,10 @@ pub struct DeadLetterView {
     pub dead_lettered_at: i64,
     /// Why it was dead-lettered.
     pub reason: String,
+    /// Where its sender wanted the answer, if it said (kept by a redrive).
+    pub reply_to: Option<String>,
+    /// What the answer should carry, if the sender said (kept by a redrive).
+    pub correlation_id: Option<String>,
 }
 
 impl From<&DeadLetter> for DeadLetterView {
@@ -525,6 +529,8 @@ impl From<&DeadLetter> for DeadLetterView {
             enqueued_at: letter.enqueued_at.as_millis(),
             dead_lettered_at: letter.dead_lettered_at.as_millis(),
             reason: letter.reason.clone(),
+            reply_to: letter.reply_to.as_ref().map(ToString::to_string),
+            correlation_id: letter.correlation_id.clone(),
         }
     }
 }

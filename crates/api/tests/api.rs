@@ -447,7 +447,11 @@ async fn workflows_are_listed_shown_validated_and_registered() {
 }
 
 async fn dead_letter_one(server: &Server, queue: &QueueName, id: &str) {
-    let message = Outgoing::json(&json!({ "job": id })).unwrap().with_id(rota_model::MessageId::new(id).unwrap());
+    let message = Outgoing::json(&json!({ "job": id }))
+        .unwrap()
+        .with_id(rota_model::MessageId::new(id).unwrap())
+        .with_reply_to(QueueName::new("answers").unwrap())
+        .with_correlation_id(format!("c-{id}"));
     server.store.send(queue, message).await.unwrap();
     let delivery = server.store.receive(queue, Receive::up_to(1)).await.unwrap().remove(0);
     server.store.dead_letter(queue, delivery.lease_token, format!("poison {id}")).await.unwrap();
@@ -472,6 +476,7 @@ async fn queues_are_counted_paused_resumed_and_their_dead_letters_redriven_and_p
     assert_eq!(letters.body[0]["id"], "m-1");
     assert_eq!(letters.body[0]["body"], json!({ "job": "m-1" }));
     assert_eq!(letters.body[0]["reason"], "poison m-1");
+    assert_eq!((&letters.body[0]["reply_to"], &letters.body[0]["correlation_id"]), (&json!("answers"), &json!("c-m-1")));
     server.get("/v1/queues/nope/dead-letters").await.assert_error(404, "not_found");
     server.get("/v1/queues/jobs/dead-letters?limit=0").await.assert_error(400, "invalid_query");
 

@@ -10,6 +10,12 @@
 //! otherwise (the reason names the exit code and the command's last stderr
 //! line). Without `--exec` it completes each message once printed.
 //!
+//! A message with a reply address (`queue send --reply-to Q`) is answered:
+//! the command's stdout (as JSON if it parses, else as a JSON string) is
+//! sent to Q with the message's correlation id (its message id when it has
+//! none), in the same commit that completes the message, so the answer is
+//! sent once per completion. A failed command sends nothing.
+//!
 //! The first signal stops receiving and lets the running commands finish;
 //! a second one kills them and abandons their messages.
 //!
@@ -28,8 +34,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use rota_model::{InstanceId, QueueName};
-use rota_store::{Delivery, Receive, SharedStore};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use rota_store::{Changes, Delivery, Outgoing, Receive, SharedStore};
+use serde_json::value::RawValue;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
@@ -50,6 +57,9 @@ const STDERR_DRAIN_TIMEOUT: Duration = Duration::from_millis(200);
 const REASON_CHARS_MAX: usize = 1000;
 /// The shortest renewal period, however short the lease.
 const RENEW_PERIOD_MIN: Duration = Duration::from_millis(10);
+/// The most output of a command kept as its reply, in bytes (the stores'
+/// default bound on a message body); a command that writes more fails.
+const REPLY_BYTES_MAX: usize = rota_store::BODY_BYTES_MAX;
 
 /// Arguments of `queue consume`.
 #[derive(clap::Args)]
@@ -188,8 +198,8 @@ struct Handler {
 
 /// How handling a message ended.
 enum Outcome {
-    /// Handled: complete it.
-    Done,
+    /// Handled: complete it (and send the reply, if it asked for one).
+    Done(Option<(QueueName, Outgoing)>),
     /// Not handled: abandon it with this reason.
     Failed(String),
     /// Its lease was lost while its command ran: someone else may hold it now.
@@ -206,13 +216,17 @@ impl Handler {
                 Outcome::Failed(format!("consumer could not print the message: {err}"))
             }
             Ok(()) => match &self.exec {
-                None => Outcome::Done,
+                None => Outcome::Done(None),
                 Some(command) => self.execute(command, &delivery, abort).await,
             },
         };
         let (id, token) = (&delivery.id, delivery.lease_token);
         let settled = match outcome {
-            Outcome::Done => self.store.complete(&self.queue, token).await,
+            Outcome::Done(None) => self.store.complete(&self.queue, token).await,
+            Outcome::Done(Some(reply)) => {
+                let changes = Changes { send: vec![reply], complete: vec![(self.queue.clone(), token)], ..Changes::default() };
+                self.store.commit(changes).await
+            }
             Outcome::Failed(reason) => {
                 debug!("abandoning message {id}: {reason}");
                 self.store.abandon(&self.queue, token, self.retry_delay, Some(reason)).await
@@ -237,8 +251,9 @@ impl Handler {
             .env("ROTA_MESSAGE_ID", delivery.id.as_str())
             .env("ROTA_DELIVERY_COUNT", delivery.delivery_count.to_string())
             .stdin(Stdio::piped())
-            // Our stdout carries only the JSON lines.
-            .stdout(Stdio::from(std::io::stderr()))
+            // Our stdout carries only the JSON lines; the command's is its
+            // reply when one is asked for, else it goes to our stderr.
+            .stdout(if delivery.reply_to.is_some() { Stdio::piped() } else { Stdio::from(std::io::stderr()) })
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
@@ -254,6 +269,7 @@ impl Handler {
         });
         let stderr = child.stderr.take().expect("stderr is piped");
         let last_stderr_line = tokio::spawn(echo_stderr(stderr));
+        let output = child.stdout.take().map(|stdout| tokio::spawn(read_reply(stdout)));
 
         let token = delivery.lease_token;
         let period = (self.lease / 3).max(RENEW_PERIOD_MIN);
@@ -288,11 +304,42 @@ impl Handler {
             return Outcome::LeaseLost;
         }
         match waited {
-            Ok(status) if status.success() => Outcome::Done,
+            Ok(status) if status.success() => match (output, &delivery.reply_to) {
+                (Some(output), Some(reply_to)) => match output.await {
+                    Ok(Ok(bytes)) => Outcome::Done(Some((reply_to.clone(), reply(delivery, &bytes)))),
+                    Ok(Err(why)) => Outcome::Failed(why),
+                    Err(err) => Outcome::Failed(format!("cannot read the command's output: {err}")),
+                },
+                _ => Outcome::Done(None),
+            },
             Ok(status) => Outcome::Failed(failure_reason(status, &last_line)),
             Err(err) => Outcome::Failed(format!("cannot wait for sh -c {command:?}: {err}")),
         }
     }
+}
+
+/// Reads a command's stdout to its end, up to [`REPLY_BYTES_MAX`].
+async fn read_reply(stdout: tokio::process::ChildStdout) -> Result<Vec<u8>, String> {
+    let mut bytes = Vec::new();
+    let mut limited = stdout.take(REPLY_BYTES_MAX as u64 + 1);
+    limited.read_to_end(&mut bytes).await.map_err(|err| format!("cannot read the command's output: {err}"))?;
+    if bytes.len() > REPLY_BYTES_MAX {
+        return Err(format!("the command's output is over {REPLY_BYTES_MAX} bytes, too large for a reply"));
+    }
+    Ok(bytes)
+}
+
+/// The answer to `request`: `output` as JSON if it parses, else as a JSON
+/// string, with the request's correlation id (its message id without one).
+fn reply(request: &Delivery, output: &[u8]) -> Outgoing {
+    let text = String::from_utf8_lossy(output);
+    let trimmed = text.trim();
+    let body = match serde_json::from_str::<serde_json::Value>(trimmed) {
+        Ok(_) if !trimmed.is_empty() => RawValue::from_string(trimmed.to_owned()).expect("it parsed as JSON"),
+        _ => serde_json::value::to_raw_value(text.trim_end_matches('\n')).expect("a string serializes"),
+    };
+    let correlation_id = request.correlation_id.clone().unwrap_or_else(|| request.id.to_string());
+    Outgoing::new(body).with_correlation_id(correlation_id)
 }
 
 /// Copies a command's stderr to ours, line by line, and returns its last

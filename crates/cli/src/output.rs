@@ -13,7 +13,7 @@ use std::io::{self, Write};
 use std::time::{Duration, UNIX_EPOCH};
 
 use rota_api::wire::{AlertView, BreakerView, DeadLetterView, EventView, QueueView, StepView, TaskSummary, TaskView, WorkflowView};
-use rota_model::{StepState, TaskState, Timestamp};
+use rota_model::{QueueName, StepState, TaskState, Timestamp};
 use rota_store::Delivery;
 use serde::Serialize;
 use serde_json::Value;
@@ -44,6 +44,8 @@ pub struct DeliveryJson<'a> {
     enqueued_at: String,
     lease_until: String,
     ordering_key: Option<&'a str>,
+    reply_to: Option<&'a str>,
+    correlation_id: Option<&'a str>,
 }
 
 impl<'a> From<&'a Delivery> for DeliveryJson<'a> {
@@ -57,6 +59,8 @@ impl<'a> From<&'a Delivery> for DeliveryJson<'a> {
             enqueued_at: rfc3339(delivery.enqueued_at),
             lease_until: rfc3339(delivery.lease_until),
             ordering_key: delivery.ordering_key.as_deref(),
+            reply_to: delivery.reply_to.as_ref().map(QueueName::as_str),
+            correlation_id: delivery.correlation_id.as_deref(),
         }
     }
 }
@@ -72,6 +76,8 @@ pub struct DeadLetterJson<'a> {
     enqueued_at: String,
     dead_lettered_at: String,
     ordering_key: Option<&'a str>,
+    reply_to: Option<&'a str>,
+    correlation_id: Option<&'a str>,
 }
 
 impl<'a> From<&'a DeadLetterView> for DeadLetterJson<'a> {
@@ -85,6 +91,8 @@ impl<'a> From<&'a DeadLetterView> for DeadLetterJson<'a> {
             enqueued_at: rfc3339_millis(letter.enqueued_at),
             dead_lettered_at: rfc3339_millis(letter.dead_lettered_at),
             ordering_key: letter.ordering_key.as_deref(),
+            reply_to: letter.reply_to.as_deref(),
+            correlation_id: letter.correlation_id.as_deref(),
         }
     }
 }

@@ -77,6 +77,15 @@ pub struct SendArgs {
     /// An ordering key: messages with the same key are delivered in send order, one at a time.
     #[arg(long, value_name = "KEY")]
     key: Option<String>,
+    /// A reply address: the queue the receiver should answer to (`queue
+    /// consume --exec` sends the command's output there).
+    #[arg(long, value_name = "QUEUE", conflicts_with = "lines")]
+    reply_to: Option<QueueName>,
+    /// What the answer should carry to be matched with this message (1 to
+    /// 200 bytes) [default: none, and `consume --exec` answers with the
+    /// message id].
+    #[arg(long, value_name = "ID", requires = "reply_to")]
+    correlation_id: Option<String>,
 }
 
 /// Arguments of `queue receive`.
@@ -264,6 +273,8 @@ async fn send(store: &StoreArgs, args: SendArgs) -> anyhow::Result<()> {
     let mut message = Outgoing::new(parse_body(text)?).with_delay(args.delay);
     message.id = args.id;
     message.ordering_key = args.key;
+    message.reply_to = args.reply_to;
+    message.correlation_id = args.correlation_id;
     let store = store.open().await?;
     let sent = store.send(&args.queue, message).await.with_context(|| format!("cannot send to queue {}", args.queue))?;
     output::line(sent.id.as_str())?;

@@ -283,6 +283,57 @@ fn consume_execs_completes_abandons_and_stops_on_sigterm() {
     assert!(status.success(), "{status:?}");
 }
 
+/// `queue send --reply-to` + `queue consume --exec`: the command's output
+/// comes back on the reply queue with the request's correlation id (its
+/// message id without one), as JSON when it parses; a failed command sends
+/// nothing and a message without a reply address gets no answer. The reply
+/// address and correlation id show in `receive` and survive a dead letter.
+#[test]
+fn consume_exec_answers_to_the_reply_address() {
+    let rota = Rota::new();
+    rota.ok(&["queue", "create", "requests", "--max-deliveries", "1"]);
+    rota.ok(&["queue", "send", "requests", "--body", r#"{"n": 2}"#, "--reply-to", "answers", "--correlation-id", "order-17"]);
+    let second = rota.ok(&["queue", "send", "requests", "--body", r#"{"n": 3, "text": true}"#, "--reply-to", "answers"]);
+    rota.ok(&["queue", "send", "requests", "--body", r#"{"n": 4, "fail": true}"#, "--reply-to", "answers", "--correlation-id", "bad"]);
+    rota.ok(&["queue", "send", "requests", "--body", r#"{"n": 5}"#]);
+    let (code, stderr) = rota.fails(&["queue", "send", "requests", "--body", "1", "--correlation-id", "x"]);
+    assert_eq!(code, 2, "--correlation-id needs --reply-to: {stderr}");
+    assert!(stderr.contains("--reply-to"), "{stderr}");
+    let (code, stderr) = rota.fails(&["queue", "send", "requests", "--body", "1", "--reply-to", "a b"]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("--reply-to"), "{stderr}");
+
+    // Doubles n; prints text when asked, fails when asked.
+    let script = r#"body=$(cat); case "$body" in *fail*) exit 1;; *text*) echo "plain words";; *) echo "{\"doubled\": $(echo "$body" | sed 's/[^0-9]//g')0}";; esac"#;
+    let mut consumer = rota
+        .command(&["queue", "consume", "requests", "--max-concurrent", "1", "--exec", script])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = lines_of(consumer.stdout.take().unwrap());
+    let mut printed = Vec::new();
+    for _ in 0..4 {
+        printed.push(serde_json::from_str::<Value>(&next_line(&lines, Duration::from_secs(10), "a leased message")).unwrap());
+    }
+    assert_eq!((&printed[0]["reply_to"], &printed[0]["correlation_id"]), (&json!("answers"), &json!("order-17")), "{printed:?}");
+    assert_eq!((&printed[3]["reply_to"], &printed[3]["correlation_id"]), (&Value::Null, &Value::Null));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rota.stats("requests")["ready"] != 0 || rota.stats("requests")["leased"] != 0 {
+        assert!(Instant::now() < deadline, "the consumer did not settle every message: {}", rota.stats("requests"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(unsafe { libc::kill(consumer.id() as i32, libc::SIGTERM) }, 0);
+    assert!(consumer.wait().unwrap().success());
+
+    let answers = rota.json(&["queue", "receive", "answers", "--max", "10", "--json"]);
+    let answers: Vec<(Value, Value)> =
+        answers.as_array().unwrap().iter().map(|a| (a["correlation_id"].clone(), a["body"].clone())).collect();
+    assert_eq!(answers, [(json!("order-17"), json!({ "doubled": 20 })), (json!(second.trim()), json!("plain words"))]);
+    let letters = rota.json(&["dlq", "list", "requests", "--json"]);
+    assert_eq!((&letters[0]["reply_to"], &letters[0]["correlation_id"]), (&json!("answers"), &json!("bad")), "{letters}");
+}
+
 #[test]
 fn consume_without_exec_prints_and_completes() {
     let rota = Rota::new();

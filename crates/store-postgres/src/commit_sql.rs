@@ -37,6 +37,8 @@ struct Sends<'a> {
     bodies: Vec<&'a str>,
     ordering_keys: Vec<Option<&'a str>>,
     visible: Vec<i64>,
+    reply_to: Vec<Option<&'a str>>,
+    correlation_ids: Vec<Option<&'a str>>,
 }
 
 impl<'a> Sends<'a> {
@@ -53,6 +55,8 @@ impl<'a> Sends<'a> {
             bodies: Vec::new(),
             ordering_keys: Vec::new(),
             visible: Vec::new(),
+            reply_to: Vec::new(),
+            correlation_ids: Vec::new(),
         };
         let mut keyed_seen: Vec<(&QueueName, &MessageId)> = Vec::new();
         for (owner, (queue, message), id) in messages {
@@ -69,6 +73,8 @@ impl<'a> Sends<'a> {
             sends.bodies.push(message.body.get());
             sends.ordering_keys.push(message.ordering_key.as_deref());
             sends.visible.push(now.add(message.delay).as_millis());
+            sends.reply_to.push(message.reply_to.as_ref().map(QueueName::as_str));
+            sends.correlation_ids.push(message.correlation_id.as_deref());
         }
         Ok(sends)
     }
@@ -161,6 +167,8 @@ struct SendArrays {
     body: Array,
     ordering_key: Array,
     visible_at: Array,
+    reply_to: Array,
+    correlation_id: Array,
 }
 
 impl SendArrays {
@@ -172,6 +180,8 @@ impl SendArrays {
             body: params.array(&sends.bodies, "text[]")?,
             ordering_key: params.array(&sends.ordering_keys, "text[]")?,
             visible_at: params.array(&sends.visible, "bigint[]")?,
+            reply_to: params.array(&sends.reply_to, "text[]")?,
+            correlation_id: params.array(&sends.correlation_ids, "text[]")?,
         })
     }
 }
@@ -246,7 +256,7 @@ struct CreateParams {
 fn create_sql(p: &CreateParams) -> String {
     let (tasks, steps, events) = (list(&p.tasks.0), list(&p.steps.0), list(&p.events.0));
     let (lock_base, now, event_owner, send_owner, reply_queue) = (p.lock_base, p.now, p.event_owner, p.send_owner, p.reply_queue);
-    let SendArrays { queue_id, id, keyed, body, ordering_key, visible_at } = &p.sends;
+    let SendArrays { queue_id, id, keyed, body, ordering_key, visible_at, reply_to, correlation_id } = &p.sends;
     format!(
         "WITH
          inserted AS (
@@ -286,10 +296,10 @@ fn create_sql(p: &CreateParams) -> String {
              ON CONFLICT (queue_id, id) DO UPDATE SET expires_at = excluded.expires_at WHERE rota.message_ids.expires_at <= {now}
              RETURNING queue_id, id),
          sent AS (
-             INSERT INTO rota.messages (queue_id, id, body, ordering_key, enqueued_at, visible_at)
-             SELECT m.queue_id, m.id, m.body, m.ordering_key, {now}, m.visible_at
-               FROM unnest({queue_id}, {id}, {keyed}, {body}, {ordering_key}, {visible_at}, {send_owner})
-                    WITH ORDINALITY AS m(queue_id, id, keyed, body, ordering_key, visible_at, owner, position)
+             INSERT INTO rota.messages (queue_id, id, body, ordering_key, enqueued_at, visible_at, reply_to, correlation_id)
+             SELECT m.queue_id, m.id, m.body, m.ordering_key, {now}, m.visible_at, m.reply_to, m.correlation_id
+               FROM unnest({queue_id}, {id}, {keyed}, {body}, {ordering_key}, {visible_at}, {send_owner}, {reply_to}, {correlation_id})
+                    WITH ORDINALITY AS m(queue_id, id, keyed, body, ordering_key, visible_at, owner, reply_to, correlation_id, position)
               WHERE m.owner IN (SELECT id FROM inserted) AND (NOT m.keyed OR (m.queue_id, m.id) IN (SELECT queue_id, id FROM fresh))
               ORDER BY m.position
           RETURNING queue_id)
@@ -441,7 +451,7 @@ fn commit_sql(p: &CommitParams) -> String {
 /// `fresh` and `sent`).
 fn commit_appends_sql(p: &CommitParams) -> String {
     let (events, lock_base, now) = (list(&p.events.0), p.lock_base, p.now);
-    let SendArrays { queue_id, id, keyed, body, ordering_key, visible_at } = &p.sends;
+    let SendArrays { queue_id, id, keyed, body, ordering_key, visible_at, reply_to, correlation_id } = &p.sends;
     format!(
         "writer AS (
              SELECT pg_advisory_xact_lock_shared({lock_base} + (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM rota.event_seq))
@@ -462,10 +472,10 @@ fn commit_appends_sql(p: &CommitParams) -> String {
              ON CONFLICT (queue_id, id) DO UPDATE SET expires_at = excluded.expires_at WHERE rota.message_ids.expires_at <= {now}
              RETURNING queue_id, id),
          sent AS (
-             INSERT INTO rota.messages (queue_id, id, body, ordering_key, enqueued_at, visible_at)
-             SELECT m.queue_id, m.id, m.body, m.ordering_key, {now}, m.visible_at
-               FROM unnest({queue_id}, {id}, {keyed}, {body}, {ordering_key}, {visible_at}) WITH ORDINALITY
-                    AS m(queue_id, id, keyed, body, ordering_key, visible_at, position)
+             INSERT INTO rota.messages (queue_id, id, body, ordering_key, enqueued_at, visible_at, reply_to, correlation_id)
+             SELECT m.queue_id, m.id, m.body, m.ordering_key, {now}, m.visible_at, m.reply_to, m.correlation_id
+               FROM unnest({queue_id}, {id}, {keyed}, {body}, {ordering_key}, {visible_at}, {reply_to}, {correlation_id}) WITH ORDINALITY
+                    AS m(queue_id, id, keyed, body, ordering_key, visible_at, reply_to, correlation_id, position)
               WHERE NOT m.keyed OR (m.queue_id, m.id) IN (SELECT queue_id, id FROM fresh)
               ORDER BY m.position
           RETURNING queue_id)",

@@ -150,7 +150,13 @@ fn take_room(
         };
     let taker = &mut takers[index];
     let lease = Lease { lease_ms: taker.parked.lease_ms, owner: taker.parked.owner.clone(), epoch: queue_sql::lease_epoch_step() };
-    taker.given.push(Given { id: id.clone(), body: message.body.clone(), epoch: lease.epoch });
+    taker.given.push(Given {
+        id: id.clone(),
+        body: message.body.clone(),
+        epoch: lease.epoch,
+        reply_to: message.reply_to.clone(),
+        correlation_id: message.correlation_id.clone(),
+    });
     Some(lease)
 }
 
@@ -167,6 +173,8 @@ struct Given {
     id: MessageId,
     body: rota_store::Body,
     epoch: i64,
+    reply_to: Option<QueueName>,
+    correlation_id: Option<String>,
 }
 
 struct Taker {
@@ -219,6 +227,8 @@ impl Plan {
                         enqueued_at: now,
                         lease_until: Timestamp::from_millis(row.lease_until),
                         ordering_key: None,
+                        reply_to: given.reply_to,
+                        correlation_id: given.correlation_id,
                     })
                 })
                 .collect();

@@ -131,6 +131,8 @@ pub(crate) async fn send(
         body: params.array(&columns.bodies, "text[]")?,
         ordering_key: params.array(&columns.keys, "text[]")?,
         visible_at: params.array(&columns.visible, "bigint[]")?,
+        reply_to: params.array(&columns.reply_to, "text[]")?,
+        correlation_id: params.array(&columns.correlation_ids, "text[]")?,
         handoff: params.array(&columns.handoffs.handoff, "bool[]")?,
         owner: params.array(&columns.handoffs.owner, "text[]")?,
         lease_ms: params.array(&columns.handoffs.lease_ms, "bigint[]")?,
@@ -159,6 +161,8 @@ struct SendColumns<'a> {
     bodies: Vec<&'a str>,
     keys: Vec<Option<&'a str>>,
     visible: Vec<i64>,
+    reply_to: Vec<Option<&'a str>>,
+    correlation_ids: Vec<Option<&'a str>>,
     handoffs: HandoffColumns<'a>,
     /// Lined up with the messages: whether each repeats an earlier id.
     repeated: Vec<bool>,
@@ -172,6 +176,8 @@ impl<'a> SendColumns<'a> {
             bodies: Vec::with_capacity(messages.len()),
             keys: Vec::with_capacity(messages.len()),
             visible: Vec::with_capacity(messages.len()),
+            reply_to: Vec::with_capacity(messages.len()),
+            correlation_ids: Vec::with_capacity(messages.len()),
             handoffs: HandoffColumns::default(),
             repeated: vec![false; messages.len()],
         };
@@ -186,6 +192,8 @@ impl<'a> SendColumns<'a> {
             columns.bodies.push(message.body.get());
             columns.keys.push(message.ordering_key.as_deref());
             columns.visible.push(now.add(message.delay).as_millis());
+            columns.reply_to.push(message.reply_to.as_ref().map(QueueName::as_str));
+            columns.correlation_ids.push(message.correlation_id.as_deref());
             columns.handoffs.push(leases.get(index).and_then(Option::as_ref));
         }
         columns
@@ -201,6 +209,8 @@ struct SendParams {
     body: Array,
     ordering_key: Array,
     visible_at: Array,
+    reply_to: Array,
+    correlation_id: Array,
     /// Whether each message goes to a waiting receiver, and that lease's
     /// owner, length (the queue's when NULL) and epoch.
     handoff: Array,
@@ -213,7 +223,8 @@ struct SendParams {
 /// remembered, an expired one is refreshed, a remembered one inserts
 /// nothing. WITH ORDINALITY keeps the send order in the sequence numbers.
 fn send_sql(p: &SendParams) -> String {
-    let SendParams { queue_id, now, id, keyed, body, ordering_key, visible_at, handoff, owner, lease_ms, epoch } = p;
+    let SendParams { queue_id, now, id, keyed, body, ordering_key, visible_at, reply_to, correlation_id, handoff, owner, lease_ms, epoch } =
+        p;
     format!(
         "WITH fresh AS (
              INSERT INTO rota.message_ids (queue_id, id, expires_at)
@@ -223,11 +234,13 @@ fn send_sql(p: &SendParams) -> String {
              ON CONFLICT (queue_id, id) DO UPDATE SET expires_at = excluded.expires_at WHERE rota.message_ids.expires_at <= {now}
              RETURNING id)
          INSERT INTO rota.messages (queue_id, id, body, ordering_key, enqueued_at, visible_at, delivery_count, lease_epoch,
-                                    lease_owner, lease_until)
+                                    lease_owner, lease_until, reply_to, correlation_id)
          SELECT {queue_id}, m.id, m.body, m.ordering_key, {now}, COALESCE(h.until, m.visible_at), CASE WHEN h.until IS NULL THEN 0 ELSE 1 END,
-                CASE WHEN h.until IS NULL THEN 0 ELSE m.epoch END, CASE WHEN h.until IS NULL THEN NULL ELSE m.owner END, h.until
-           FROM unnest({id}, {keyed}, {body}, {ordering_key}, {visible_at}, {handoff}, {owner}, {lease_ms}, {epoch}) WITH ORDINALITY
-                AS m(id, keyed, body, ordering_key, visible_at, handoff, owner, lease_ms, epoch, position)
+                CASE WHEN h.until IS NULL THEN 0 ELSE m.epoch END, CASE WHEN h.until IS NULL THEN NULL ELSE m.owner END, h.until,
+                m.reply_to, m.correlation_id
+           FROM unnest({id}, {keyed}, {body}, {ordering_key}, {visible_at}, {handoff}, {owner}, {lease_ms}, {epoch}, {reply_to},
+                       {correlation_id}) WITH ORDINALITY
+                AS m(id, keyed, body, ordering_key, visible_at, handoff, owner, lease_ms, epoch, reply_to, correlation_id, position)
           CROSS JOIN LATERAL (SELECT CASE WHEN m.handoff AND NOT q.paused THEN {now} + COALESCE(m.lease_ms, q.lease_ms) END AS until
                                 FROM rota.queues AS q WHERE q.id = {queue_id}) AS h
           WHERE NOT m.keyed OR m.id IN (SELECT id FROM fresh)
@@ -315,7 +328,7 @@ pub(crate) const CLAIM_SQL: &str =
            FROM picked, q
           WHERE m.seq = picked.seq
       RETURNING m.seq, m.id, m.body, m.ordering_key, m.enqueued_at, m.delivery_count, m.lease_epoch, m.last_error,
-                picked.visible_at, m.lease_until, q.deliveries_max";
+                picked.visible_at, m.lease_until, q.deliveries_max, m.reply_to, m.correlation_id";
 
 /// Leases up to `max` visible messages of a queue that is not paused,
 /// oldest first, in one statement that skips rows other receivers are
@@ -370,6 +383,8 @@ pub(crate) async fn claim(
                     delivery_count: count(row.try_get(5)?),
                     lease_epoch: row.try_get(6)?,
                     lease_until: row.try_get(9)?,
+                    reply_to: row.try_get(11)?,
+                    correlation_id: row.try_get(12)?,
                 },
                 last_error: row.try_get(7)?,
                 was_visible_at: row.try_get(8)?,
@@ -406,9 +421,10 @@ pub(crate) async fn dead_letter_exhausted(
 ) -> Result<()> {
     sqlx::query(n.sql(
         "WITH gone AS (DELETE FROM rota.messages WHERE seq = $1 AND lease_epoch = $5
-                       RETURNING queue_id, id, body, ordering_key, enqueued_at)
-         INSERT INTO rota.dead_letters (queue_id, id, body, ordering_key, enqueued_at, delivery_count, dead_lettered_at, reason)
-         SELECT queue_id, id, body, ordering_key, enqueued_at, $4, $2, $3 FROM gone",
+                       RETURNING queue_id, id, body, ordering_key, enqueued_at, reply_to, correlation_id)
+         INSERT INTO rota.dead_letters (queue_id, id, body, ordering_key, enqueued_at, delivery_count, dead_lettered_at, reason, reply_to,
+                                        correlation_id)
+         SELECT queue_id, id, body, ordering_key, enqueued_at, $4, $2, $3, reply_to, correlation_id FROM gone",
     ))
     .bind(token.message)
     .bind(now.as_millis())
@@ -577,9 +593,11 @@ pub(crate) async fn move_to_dead_letters(
     reason: &str,
 ) -> Result<()> {
     sqlx::query(n.sql(
-        "WITH gone AS (DELETE FROM rota.messages WHERE seq = $1 RETURNING queue_id, id, body, ordering_key, enqueued_at)
-         INSERT INTO rota.dead_letters (queue_id, id, body, ordering_key, enqueued_at, delivery_count, dead_lettered_at, reason)
-         SELECT queue_id, id, body, ordering_key, enqueued_at, $4, $2, $3 FROM gone",
+        "WITH gone AS (DELETE FROM rota.messages WHERE seq = $1
+                       RETURNING queue_id, id, body, ordering_key, enqueued_at, reply_to, correlation_id)
+         INSERT INTO rota.dead_letters (queue_id, id, body, ordering_key, enqueued_at, delivery_count, dead_lettered_at, reason, reply_to,
+                                        correlation_id)
+         SELECT queue_id, id, body, ordering_key, enqueued_at, $4, $2, $3, reply_to, correlation_id FROM gone",
     ))
     .bind(seq)
     .bind(now.as_millis())
@@ -592,7 +610,7 @@ pub(crate) async fn move_to_dead_letters(
 
 pub(crate) async fn dead_letters(conn: &mut PgConnection, n: &Names, queue: &QueueRow, limit: u32) -> Result<Vec<DeadLetter>> {
     let rows = sqlx::query(n.sql(
-        "SELECT id, body, ordering_key, delivery_count, enqueued_at, dead_lettered_at, reason
+        "SELECT id, body, ordering_key, delivery_count, enqueued_at, dead_lettered_at, reason, reply_to, correlation_id
            FROM rota.dead_letters WHERE queue_id = $1 ORDER BY seq LIMIT $2",
     ))
     .bind(queue.id)
@@ -610,6 +628,8 @@ pub(crate) async fn dead_letters(conn: &mut PgConnection, n: &Names, queue: &Que
                 enqueued_at: Timestamp::from_millis(row.try_get(4)?),
                 dead_lettered_at: Timestamp::from_millis(row.try_get(5)?),
                 reason: row.try_get(6)?,
+                reply_to: stored::reply_to(row.try_get(7)?)?,
+                correlation_id: row.try_get(8)?,
             })
         })
         .collect()
@@ -624,9 +644,9 @@ pub(crate) async fn redrive(conn: &mut PgConnection, n: &Names, queue: &QueueRow
     };
     let moved = sqlx::query(n.sql(
         "WITH gone AS (DELETE FROM rota.dead_letters WHERE queue_id = $1 AND ($3::text IS NULL OR id = $3)
-                       RETURNING seq, queue_id, id, body, ordering_key, enqueued_at)
-         INSERT INTO rota.messages (queue_id, id, body, ordering_key, enqueued_at, visible_at)
-         SELECT queue_id, id, body, ordering_key, enqueued_at, $2 FROM gone ORDER BY seq",
+                       RETURNING seq, queue_id, id, body, ordering_key, enqueued_at, reply_to, correlation_id)
+         INSERT INTO rota.messages (queue_id, id, body, ordering_key, enqueued_at, visible_at, reply_to, correlation_id)
+         SELECT queue_id, id, body, ordering_key, enqueued_at, $2, reply_to, correlation_id FROM gone ORDER BY seq",
     ))
     .bind(queue.id)
     .bind(now.as_millis())

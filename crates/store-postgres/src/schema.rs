@@ -202,6 +202,12 @@ CREATE TABLE rota.schedules (
     updated_at       BIGINT  NOT NULL
 );
 "#,
+    r#"
+-- A message's reply address and correlation id, kept through
+-- dead-lettering and redrive (NULL: none).
+ALTER TABLE rota.messages ADD COLUMN reply_to TEXT, ADD COLUMN correlation_id TEXT;
+ALTER TABLE rota.dead_letters ADD COLUMN reply_to TEXT, ADD COLUMN correlation_id TEXT;
+"#,
 ];
 
 /// How many migrations this build knows.

@@ -100,18 +100,23 @@ pub(crate) fn send(conn: &Connection, queue: &QueueRow, message: &Outgoing, id: 
             return Ok(Sent { id, duplicate: true });
         }
     }
-    conn.prepare_cached("INSERT INTO messages (queue_id, id, body, ordering_key, enqueued_at, visible_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
-        .and_then(|mut stmt| {
-            stmt.execute(params![
-                queue.id,
-                id.as_str(),
-                message.body.get(),
-                message.ordering_key.as_deref(),
-                now.as_millis(),
-                now.add(message.delay).as_millis()
-            ])
-        })
-        .map_err(sql_error)?;
+    conn.prepare_cached(
+        "INSERT INTO messages (queue_id, id, body, ordering_key, enqueued_at, visible_at, reply_to, correlation_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )
+    .and_then(|mut stmt| {
+        stmt.execute(params![
+            queue.id,
+            id.as_str(),
+            message.body.get(),
+            message.ordering_key.as_deref(),
+            now.as_millis(),
+            now.add(message.delay).as_millis(),
+            message.reply_to.as_ref().map(QueueName::as_str),
+            message.correlation_id.as_deref()
+        ])
+    })
+    .map_err(sql_error)?;
     Ok(Sent { id, duplicate: false })
 }
 
@@ -163,7 +168,7 @@ pub(crate) fn claim(
                         SET delivery_count = delivery_count + 1, lease_epoch = lease_epoch + 1,
                             lease_owner = ?2, lease_until = ?3, visible_at = ?3
                       WHERE seq = ?1
-                  RETURNING seq, id, body, ordering_key, enqueued_at, delivery_count, lease_epoch, last_error",
+                  RETURNING seq, id, body, ordering_key, enqueued_at, delivery_count, lease_epoch, last_error, reply_to, correlation_id",
                 )
                 .and_then(|mut stmt| {
                     stmt.query_row(params![seq, owner.map(InstanceId::as_str), until.as_millis()], |row| {
@@ -176,6 +181,8 @@ pub(crate) fn claim(
                             delivery_count: row.get(5)?,
                             lease_epoch: row.get(6)?,
                             lease_until: until.as_millis(),
+                            reply_to: row.get(8)?,
+                            correlation_id: row.get(9)?,
                         };
                         Ok((leased, row.get::<_, Option<String>>(7)?))
                     })
@@ -279,8 +286,9 @@ pub(crate) fn dead_letter(conn: &Connection, queue: &QueueRow, token: LeaseToken
 
 fn move_to_dead_letters(conn: &Connection, seq: i64, delivered: u32, now: Timestamp, reason: &str) -> Result<()> {
     conn.prepare_cached(
-        "INSERT INTO dead_letters (queue_id, id, body, ordering_key, enqueued_at, delivery_count, dead_lettered_at, reason)
-         SELECT queue_id, id, body, ordering_key, enqueued_at, ?4, ?2, ?3 FROM messages WHERE seq = ?1",
+        "INSERT INTO dead_letters (queue_id, id, body, ordering_key, enqueued_at, delivery_count, dead_lettered_at, reason, reply_to,
+                                   correlation_id)
+         SELECT queue_id, id, body, ordering_key, enqueued_at, ?4, ?2, ?3, reply_to, correlation_id FROM messages WHERE seq = ?1",
     )
     .and_then(|mut stmt| stmt.execute(params![seq, now.as_millis(), reason, delivered]))
     .map_err(sql_error)?;
@@ -291,7 +299,7 @@ fn move_to_dead_letters(conn: &Connection, seq: i64, delivered: u32, now: Timest
 pub(crate) fn dead_letters(conn: &Connection, queue: &QueueRow, limit: u32) -> Result<Vec<DeadLetter>> {
     let mut stmt = conn
         .prepare_cached(
-            "SELECT id, body, ordering_key, delivery_count, enqueued_at, dead_lettered_at, reason
+            "SELECT id, body, ordering_key, delivery_count, enqueued_at, dead_lettered_at, reason, reply_to, correlation_id
                FROM dead_letters WHERE queue_id = ?1 ORDER BY seq LIMIT ?2",
         )
         .map_err(sql_error)?;
@@ -305,12 +313,14 @@ pub(crate) fn dead_letters(conn: &Connection, queue: &QueueRow, limit: u32) -> R
                 row.get::<_, i64>(4)?,
                 row.get::<_, i64>(5)?,
                 row.get::<_, String>(6)?,
+                row.get::<_, Option<String>>(7)?,
+                row.get::<_, Option<String>>(8)?,
             ))
         })
         .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
         .map_err(sql_error)?;
     rows.into_iter()
-        .map(|(id, body, ordering_key, delivery_count, enqueued_at, dead_lettered_at, reason)| {
+        .map(|(id, body, ordering_key, delivery_count, enqueued_at, dead_lettered_at, reason, reply_to, correlation_id)| {
             Ok(DeadLetter {
                 queue: queue.name.clone(),
                 id: stored::id(id)?,
@@ -320,6 +330,8 @@ pub(crate) fn dead_letters(conn: &Connection, queue: &QueueRow, limit: u32) -> R
                 enqueued_at: Timestamp::from_millis(enqueued_at),
                 dead_lettered_at: Timestamp::from_millis(dead_lettered_at),
                 reason,
+                reply_to: stored::reply_to(reply_to)?,
+                correlation_id,
             })
         })
         .collect()
@@ -334,8 +346,8 @@ pub(crate) fn redrive(conn: &Connection, queue: &QueueRow, which: &Redrive, now:
     };
     let moved = conn
         .prepare_cached(
-            "INSERT INTO messages (queue_id, id, body, ordering_key, enqueued_at, visible_at)
-             SELECT queue_id, id, body, ordering_key, enqueued_at, ?2 FROM dead_letters
+            "INSERT INTO messages (queue_id, id, body, ordering_key, enqueued_at, visible_at, reply_to, correlation_id)
+             SELECT queue_id, id, body, ordering_key, enqueued_at, ?2, reply_to, correlation_id FROM dead_letters
               WHERE queue_id = ?1 AND (?3 IS NULL OR id = ?3) ORDER BY seq",
         )
         .and_then(|mut stmt| stmt.execute(params![queue.id, now.as_millis(), id]))

@@ -185,6 +185,14 @@ CREATE TABLE schedules (
     updated_at       INTEGER NOT NULL
 ) WITHOUT ROWID;
 "#,
+    r#"
+-- A message's reply address and correlation id, kept through
+-- dead-lettering and redrive (NULL: none).
+ALTER TABLE messages ADD COLUMN reply_to TEXT;
+ALTER TABLE messages ADD COLUMN correlation_id TEXT;
+ALTER TABLE dead_letters ADD COLUMN reply_to TEXT;
+ALTER TABLE dead_letters ADD COLUMN correlation_id TEXT;
+"#,
 ];
 
 /// Runs the migrations that have not run yet.

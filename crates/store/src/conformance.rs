@@ -89,6 +89,7 @@ macro_rules! conformance_suite {
             invalid_requests_are_refused_and_store_nothing,
             concurrent_receivers_get_each_message_once,
             long_poll_wakes_on_send_and_times_out_empty,
+            reply_to_and_correlation_id_are_kept_everywhere,
             messages_leases_and_tasks_survive_reopen,
             // Tasks.
             create_task_writes_everything_once,
@@ -1014,6 +1015,73 @@ pub async fn long_poll_wakes_on_send_and_times_out_empty(harness: &dyn Harness) 
     let empty = queue("empty");
     let got = receive(&store, &empty, Receive::up_to(10).waiting(Duration::from_millis(50))).await;
     assert!(got.is_empty(), "a long poll on an empty queue returns nothing: {got:?}");
+}
+
+/// A message's reply address and correlation id come back with every
+/// delivery of it, whichever way it was sent (`send`, `send_batch`, a
+/// commit, a task's creation, handed to a waiting receiver), and are kept
+/// through dead-lettering and redrive. A message without them has none; an
+/// empty or oversized correlation id is refused and stores nothing.
+pub async fn reply_to_and_correlation_id_are_kept_everywhere(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let jobs = queue("jobs");
+    let answers = queue("answers");
+    let addressed = |label: &str| labelled(label).with_reply_to(answers.clone()).with_correlation_id(format!("c-{label}"));
+    let props = |d: &Delivery| (label(d), d.reply_to.as_ref().map(|q| q.as_str().to_owned()), d.correlation_id.clone());
+    let expect = |label: &str| (label.to_owned(), Some("answers".to_owned()), Some(format!("c-{label}")));
+
+    // A receiver already waiting gets it handed over where a backend does that.
+    let waiting = {
+        let (store, jobs) = (store.clone(), jobs.clone());
+        tokio::spawn(async move { receive(&store, &jobs, Receive::up_to(1).waiting(Duration::from_secs(10))).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    ok(store.send(&jobs, addressed("waited")).await, "send to a waiting receiver");
+    let got = waiting.await.expect("the receiver panicked");
+    assert_eq!(got.iter().map(props).collect::<Vec<_>>(), [expect("waited")], "a waiting receiver gets them");
+    ok(store.complete(&jobs, got[0].lease_token).await, "complete");
+
+    ok(store.send(&jobs, addressed("one")).await, "send");
+    ok(store.send_batch(&jobs, vec![addressed("batch"), labelled("plain")]).await, "send_batch");
+    commit(&store, Changes { send: vec![(jobs.clone(), addressed("commit"))], ..Changes::default() }, "a commit's send").await;
+    let mut new = new_task("with-message", "order", &["s"], clock.now());
+    new.messages.push((jobs.clone(), addressed("created")));
+    create(&store, new).await;
+    let got = receive_now(&store, &jobs, 10).await;
+    let plain = (String::from("plain"), None, None);
+    assert_eq!(
+        got.iter().map(props).collect::<Vec<_>>(),
+        [expect("one"), expect("batch"), plain, expect("commit"), expect("created")],
+        "every way of sending keeps them"
+    );
+
+    // Dead-lettered, listed, redriven, received again: still there.
+    for delivery in &got {
+        ok(store.dead_letter(&jobs, delivery.lease_token, "poison".into()).await, "dead_letter");
+    }
+    let letters = ok(store.dead_letters(&jobs, 10).await, "dead_letters");
+    let listed: Vec<_> = letters.iter().map(|l| (l.reply_to.as_ref().map(|q| q.as_str().to_owned()), l.correlation_id.clone())).collect();
+    assert_eq!(listed[0], (Some("answers".to_owned()), Some("c-one".to_owned())), "a dead letter keeps them");
+    assert_eq!(listed[2], (None, None), "a message without them has none");
+    assert_eq!(ok(store.redrive(&jobs, Redrive::All).await, "redrive"), 5);
+    let again = receive_now(&store, &jobs, 10).await;
+    assert_eq!(again.iter().map(props).collect::<Vec<_>>(), got.iter().map(props).collect::<Vec<_>>(), "redrive keeps them");
+    // Run out of deliveries: the store's own dead-lettering keeps them too.
+    let brief = queue("brief");
+    ok(store.create_queue(&brief, QueueConfig { deliveries_max: 1, ..QueueConfig::default() }).await, "create_queue");
+    ok(store.send(&brief, addressed("tired")).await, "send");
+    let first = receive_one(&store, &brief, "the only delivery").await;
+    ok(store.abandon(&brief, first.lease_token, Duration::ZERO, Some("busy".into())).await, "abandon");
+    let letters = ok(store.dead_letters(&brief, 10).await, "dead_letters");
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0].correlation_id.as_deref(), Some("c-tired"), "{letters:?}");
+    assert_eq!(letters[0].reply_to.as_ref(), Some(&answers));
+
+    for bad in [String::new(), "x".repeat(crate::CORRELATION_ID_BYTES_MAX + 1)] {
+        assert_err!(store.send(&jobs, labelled("bad").with_correlation_id(bad.clone())).await, Error::Invalid(_), "correlation id {bad:?}");
+    }
+    assert_nothing_to_receive(&store, &jobs, "after refused sends").await;
 }
 
 /// After the store is dropped and reopened, queue configs, unleased messages,

@@ -27,8 +27,8 @@ use std::sync::Arc;
 
 pub use error::{Error, Result};
 pub use queue::{
-    BODY_BYTES_MAX, Body, DEDUPE_WINDOW_DEFAULT, DeadLetter, Delivery, ORDERING_KEY_BYTES_MAX, Outgoing, QueueConfig, QueueStats, Queues,
-    RECEIVE_MAX, Receive, Redrive, Sent,
+    BODY_BYTES_MAX, Body, CORRELATION_ID_BYTES_MAX, DEDUPE_WINDOW_DEFAULT, DeadLetter, Delivery, ORDERING_KEY_BYTES_MAX, Outgoing,
+    QueueConfig, QueueStats, Queues, RECEIVE_MAX, Receive, Redrive, Sent,
 };
 pub use schedule::{NewSchedule, ScheduleProgress, ScheduleRecord, ScheduleSource, ScheduleSpec};
 pub use task::{

@@ -2,7 +2,9 @@
 //! complete / abandon, lease renewal, at-least-once delivery, a maximum
 //! delivery count followed by a dead-letter queue that keeps the reason,
 //! delayed delivery, ordering keys (FIFO per key, one lease at a time per
-//! key), duplicate detection by message id, and pause / resume.
+//! key), duplicate detection by message id, pause / resume, and a reply
+//! address and correlation id kept with each message (what to do with them
+//! is the receiver's business).
 
 use std::time::Duration;
 
@@ -23,6 +25,9 @@ pub const BODY_BYTES_MAX: usize = 256 * 1024;
 
 /// The longest ordering key, in bytes.
 pub const ORDERING_KEY_BYTES_MAX: usize = 200;
+
+/// The longest correlation id, in bytes.
+pub const CORRELATION_ID_BYTES_MAX: usize = 200;
 
 /// The most messages one receive may ask for.
 pub const RECEIVE_MAX: u32 = 1_000;
@@ -95,12 +100,19 @@ pub struct Outgoing {
     /// Messages with the same key are delivered in send order, one lease at a
     /// time (a session, in Service Bus terms).
     pub ordering_key: Option<String>,
+    /// Where the receiver should send its answer (a reply address). Kept
+    /// with the message through leases, dead-lettering and redrive; the
+    /// store does nothing else with it.
+    pub reply_to: Option<QueueName>,
+    /// What the answer should carry to be matched with this request. Kept
+    /// like `reply_to`.
+    pub correlation_id: Option<String>,
 }
 
 impl Outgoing {
     /// A message with this body, no id, no delay, no ordering key.
     pub fn new(body: Body) -> Self {
-        Outgoing { body, id: None, delay: Duration::ZERO, ordering_key: None }
+        Outgoing { body, id: None, delay: Duration::ZERO, ordering_key: None, reply_to: None, correlation_id: None }
     }
 
     /// A message whose body is `value` serialized.
@@ -133,9 +145,22 @@ impl Outgoing {
         self
     }
 
+    /// With a reply address.
+    pub fn with_reply_to(mut self, queue: QueueName) -> Self {
+        self.reply_to = Some(queue);
+        self
+    }
+
+    /// With a correlation id.
+    pub fn with_correlation_id(mut self, id: impl Into<String>) -> Self {
+        self.correlation_id = Some(id.into());
+        self
+    }
+
     /// Refuses, as every backend does before storing anything, a body over
-    /// `body_bytes_max` (the bound the backend was configured with) and an
-    /// ordering key that is empty or over [`ORDERING_KEY_BYTES_MAX`].
+    /// `body_bytes_max` (the bound the backend was configured with), an
+    /// ordering key that is empty or over [`ORDERING_KEY_BYTES_MAX`] and a
+    /// correlation id that is empty or over [`CORRELATION_ID_BYTES_MAX`].
     pub fn check(&self, body_bytes_max: usize) -> Result<()> {
         let size = self.body.get().len();
         if size > body_bytes_max {
@@ -143,6 +168,9 @@ impl Outgoing {
         }
         if self.ordering_key.as_ref().is_some_and(|k| k.is_empty() || k.len() > ORDERING_KEY_BYTES_MAX) {
             return Err(crate::Error::Invalid(format!("ordering key must be 1 to {ORDERING_KEY_BYTES_MAX} bytes")));
+        }
+        if self.correlation_id.as_ref().is_some_and(|c| c.is_empty() || c.len() > CORRELATION_ID_BYTES_MAX) {
+            return Err(crate::Error::Invalid(format!("correlation id must be 1 to {CORRELATION_ID_BYTES_MAX} bytes")));
         }
         Ok(())
     }
@@ -226,6 +254,10 @@ pub struct Delivery {
     pub lease_until: Timestamp,
     /// Its ordering key, if any.
     pub ordering_key: Option<String>,
+    /// Where its sender wants the answer, if it said.
+    pub reply_to: Option<QueueName>,
+    /// What the answer should carry, if the sender said.
+    pub correlation_id: Option<String>,
 }
 
 /// A message in a dead-letter queue.
@@ -247,6 +279,10 @@ pub struct DeadLetter {
     pub dead_lettered_at: Timestamp,
     /// Why: the consumer's reason, or the delivery count that ran out.
     pub reason: String,
+    /// Its reply address, if any.
+    pub reply_to: Option<QueueName>,
+    /// Its correlation id, if any.
+    pub correlation_id: Option<String>,
 }
 
 /// Which dead letters to send back to their queue.

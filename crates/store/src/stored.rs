@@ -30,6 +30,10 @@ pub struct Leased {
     pub lease_epoch: i64,
     /// When this lease runs out, in epoch milliseconds.
     pub lease_until: i64,
+    /// The reply address, as stored.
+    pub reply_to: Option<String>,
+    /// The correlation id, as stored.
+    pub correlation_id: Option<String>,
 }
 
 impl Leased {
@@ -44,8 +48,16 @@ impl Leased {
             enqueued_at: Timestamp::from_millis(self.enqueued_at),
             lease_until: Timestamp::from_millis(self.lease_until),
             ordering_key: self.ordering_key,
+            reply_to: reply_to(self.reply_to)?,
+            correlation_id: self.correlation_id,
         })
     }
+}
+
+/// A stored reply address. Queue names are validated when sent, so an
+/// invalid one is a corrupt row.
+pub fn reply_to(queue: Option<String>) -> Result<Option<QueueName>> {
+    queue.map(QueueName::new).transpose().map_err(|e| Error::Backend(format!("stored reply_to is invalid: {e}")))
 }
 
 /// A stored message id. Ids are validated when sent, so an invalid one is
@@ -77,10 +89,14 @@ mod tests {
             delivery_count: 2,
             lease_epoch: 9,
             lease_until: 31_000,
+            reply_to: Some("answers".into()),
+            correlation_id: Some("c-1".into()),
         };
         let delivery = leased.into_delivery(QueueName::new("q").unwrap()).unwrap();
         assert_eq!(delivery.lease_token, LeaseToken { message: 7, epoch: 9 });
         assert_eq!((delivery.enqueued_at, delivery.lease_until), (Timestamp::from_millis(1_000), Timestamp::from_millis(31_000)));
         assert_eq!(delivery.body.get(), "{\"a\":1}");
+        assert_eq!((delivery.reply_to.unwrap().as_str(), delivery.correlation_id.as_deref()), ("answers", Some("c-1")));
+        assert!(matches!(reply_to(Some("a b".into())), Err(Error::Backend(why)) if why.starts_with("stored reply_to is invalid")));
     }
 }
