@@ -69,6 +69,13 @@ impl WorkflowBuilder {
         self
     }
 
+    /// When a claimed task is at risk, counted from the claim (default:
+    /// never); shorter than the deadline.
+    pub fn warn_after(mut self, warn_after: Duration) -> Self {
+        self.spec.warn_after = Some(warn_after);
+        self
+    }
+
     /// What the Supervisor asks for at the failure threshold (default
     /// [`ExhaustedPolicy::Error`]).
     pub fn on_exhausted(mut self, policy: ExhaustedPolicy) -> Self {
@@ -122,6 +129,13 @@ impl StepBuilder {
     /// for a step that waits, how long it waits (required).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.spec.timeout = Some(timeout);
+        self
+    }
+
+    /// When an attempt is at risk, counted from when its request is sent
+    /// (default: never); shorter than the timeout.
+    pub fn warn_after(mut self, warn_after: Duration) -> Self {
+        self.spec.warn_after = Some(warn_after);
         self
     }
 
@@ -218,6 +232,36 @@ mod tests {
         assert_eq!(built, parsed);
         let deps: Vec<Vec<&str>> = built.steps().iter().map(|s| s.depends_on().iter().map(|d| d.as_str()).collect()).collect();
         assert_eq!(deps, [vec![], vec!["reserve"], vec!["reserve"], vec!["charge", "ship"]]);
+    }
+
+    #[test]
+    fn builder_warnings_are_checked_like_a_file() {
+        let built = Workflow::builder("w", 1)
+            .deadline(Duration::from_secs(60))
+            .warn_after(Duration::from_secs(50))
+            .step(StepDef::new("a", "http").timeout(Duration::from_secs(10)).warn_after(Duration::from_secs(9)))
+            .build(&AgentCatalog::builtin())
+            .unwrap();
+        let parsed = crate::parse(
+            "w.yaml",
+            "name: w\nversion: 1\ndeadline: 1m\nwarn_after: 50s\nsteps:\n  - name: a\n    agent: http\n    timeout: 10s\n    warn_after: 9s\n",
+            &AgentCatalog::builtin(),
+        )
+        .unwrap();
+        assert_eq!(built, parsed);
+        let problems = check(
+            Workflow::builder("w", 1)
+                .warn_after(Duration::from_secs(600))
+                .step(StepDef::new("a", "http").timeout(Duration::from_secs(10)).warn_after(Duration::from_secs(10))),
+        )
+        .unwrap_err();
+        assert_eq!(
+            problems,
+            [
+                "<builder>:0:0: `warn_after` (10m) must be shorter than `deadline` (5m): the warning must come while there is still time to act",
+                "<builder>:1:0: step `a`: `warn_after` (10s) must be shorter than `timeout` (10s): the warning must come while there is still time to act",
+            ]
+        );
     }
 
     #[test]

@@ -39,6 +39,7 @@ pub struct Workflow {
     pub(crate) name: WorkflowName,
     pub(crate) version: u32,
     pub(crate) deadline: Duration,
+    pub(crate) warn_after: Option<Duration>,
     pub(crate) on_exhausted: ExhaustedPolicy,
     pub(crate) max_failures: u32,
     pub(crate) steps: Vec<StepDef>,
@@ -80,6 +81,7 @@ pub struct StepDef {
     pub(crate) action: StepAction,
     pub(crate) with: Value,
     pub(crate) timeout: Duration,
+    pub(crate) warn_after: Option<Duration>,
     pub(crate) retry: RetryPolicy,
     pub(crate) compensate: Option<CompensateDef>,
     pub(crate) depends_on: Vec<StepName>,
@@ -128,6 +130,13 @@ impl Workflow {
     /// The task-level complete-by, counted from when the task is claimed.
     pub fn deadline(&self) -> Duration {
         self.deadline
+    }
+
+    /// When a claimed task is at risk: counted from the claim like the
+    /// [`Workflow::deadline`], and shorter than it. Once a lease passes it
+    /// the Supervisor raises an `at_risk` event and an alert, once per lease.
+    pub fn warn_after(&self) -> Option<Duration> {
+        self.warn_after
     }
 
     /// What the Supervisor asks for when `failure_count` reaches
@@ -190,6 +199,14 @@ impl StepDef {
     /// a step that waits, from when it starts waiting).
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// When an attempt is at risk: counted from when its request is sent
+    /// like the [`StepDef::timeout`], and shorter than it. Once an attempt
+    /// passes it the Supervisor raises an `at_risk` event and an alert, once
+    /// per attempt. Compensations have none.
+    pub fn warn_after(&self) -> Option<Duration> {
+        self.warn_after
     }
 
     /// How often the step is tried and how long to wait between tries.

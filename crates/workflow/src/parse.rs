@@ -32,9 +32,9 @@ pub const DEFINITION_BYTES_MAX: usize = 1 << 20;
 /// stack in a debug build.
 pub const NESTING_MAX: usize = 32;
 
-const WORKFLOW_FIELDS: &[&str] = &["name", "version", "deadline", "on_exhausted", "max_failures", "steps", "schedules"];
+const WORKFLOW_FIELDS: &[&str] = &["name", "version", "deadline", "warn_after", "on_exhausted", "max_failures", "steps", "schedules"];
 const SCHEDULE_FIELDS: &[&str] = &["name", "cron", "timezone", "input", "overlap", "catch_up"];
-const STEP_FIELDS: &[&str] = &["name", "agent", "wait", "with", "timeout", "retry", "compensate", "depends_on"];
+const STEP_FIELDS: &[&str] = &["name", "agent", "wait", "with", "timeout", "warn_after", "retry", "compensate", "depends_on"];
 const RETRY_FIELDS: &[&str] = &["attempts", "backoff", "max_backoff", "multiplier", "jitter"];
 const COMPENSATE_FIELDS: &[&str] = &["agent", "with", "timeout", "retry"];
 
@@ -443,6 +443,7 @@ impl Decoder<'_> {
                 "name" => spec.name = self.string(value, "", key),
                 "version" => spec.version = self.unsigned(value, "", key),
                 "deadline" => spec.deadline = self.duration(value, "", key),
+                "warn_after" => spec.warn_after = self.duration(value, "", key),
                 "on_exhausted" => spec.on_exhausted = self.exhausted(value),
                 "max_failures" => spec.max_failures = self.unsigned(value, "", key),
                 "steps" => spec.steps = self.steps(value),
@@ -564,6 +565,7 @@ impl Decoder<'_> {
                 "wait" => spec.wait = self.string(value, &prefix, key),
                 "with" => spec.with = self.json(value, &field_at, &prefix),
                 "timeout" => spec.timeout = self.duration(value, &prefix, key),
+                "warn_after" => spec.warn_after = self.duration(value, &prefix, key),
                 "retry" => spec.retry = self.retry(value, &field_at, &prefix, "retry"),
                 "compensate" => spec.compensate = self.compensate(value, &field_at, &prefix),
                 "depends_on" => spec.depends_on = self.depends_on(value, &field_at, &prefix),
@@ -783,6 +785,38 @@ mod tests {
     }
 
     #[test]
+    fn warnings_are_read_at_both_levels_and_default_to_none() {
+        assert_eq!(valid(MINIMAL).warn_after(), None);
+        assert_eq!(valid(MINIMAL).steps()[0].warn_after(), None);
+        let workflow = valid("name: w\nversion: 1\ndeadline: 1m\nwarn_after: 45s\nsteps:\n  - name: a\n    agent: http\n    timeout: 10s\n    warn_after: 8s\n");
+        assert_eq!(workflow.warn_after(), Some(Duration::from_secs(45)));
+        assert_eq!(workflow.steps()[0].warn_after(), Some(Duration::from_secs(8)));
+    }
+
+    #[test]
+    fn a_warning_must_come_before_the_complete_by_it_warns_about() {
+        assert_eq!(
+            check(
+                "name: w\nversion: 1\ndeadline: 1m\nwarn_after: 1m\nsteps:\n\
+                 \x20 - name: a\n    agent: http\n    timeout: 10s\n    warn_after: 20s\n\
+                 \x20 - name: b\n    agent: http\n    warn_after: 30s\n\
+                 \x20 - name: c\n    agent: http\n    warn_after: 0s\n\
+                 \x20 - name: d\n    agent: http\n    warn_after: 1500us\n    timeout: 1s\n\
+                 \x20 - name: e\n    agent: http\n    warn_after: 5\n"
+            ),
+            [
+                "wf.yaml:4:13: `warn_after` (1m) must be shorter than `deadline` (1m): the warning must come while there is still time to act",
+                "wf.yaml:9:17: step `a`: `warn_after` (20s) must be shorter than `timeout` (10s): the warning must come while there is still time to act",
+                "wf.yaml:12:17: step `b`: `warn_after` (30s) must be shorter than `timeout` (30s): the warning must come while there is still time to act",
+                "wf.yaml:15:17: step `c`: `warn_after` must be longer than 0",
+                "wf.yaml:18:17: step `d`: `warn_after` must be a whole number of milliseconds, got 1ms 500us",
+                "wf.yaml:22:17: step `e`: `warn_after` must be a duration such as \"5s\" or \"100ms\", found an integer",
+            ],
+            "a step without `timeout` is bounded by the default timeout"
+        );
+    }
+
+    #[test]
     fn yaml_1_1_booleans_stay_strings() {
         let workflow = valid("name: w\nversion: 1\nsteps:\n  - name: a\n    agent: http\n    with: { a: y, b: no, c: on, d: true }\n");
         assert_eq!(workflow.steps()[0].with(), &serde_json::json!({ "a": "y", "b": "no", "c": "on", "d": true }));
@@ -859,7 +893,7 @@ mod tests {
         assert_eq!(
             check("name: w\nversion: 1\nsteps:\n  - name: a\n    agent: http\n    colour: red\n"),
             [
-                "wf.yaml:6:5: step `a`: unknown field `colour` (expected one of: name, agent, wait, with, timeout, retry, compensate, depends_on)"
+                "wf.yaml:6:5: step `a`: unknown field `colour` (expected one of: name, agent, wait, with, timeout, warn_after, retry, compensate, depends_on)"
             ]
         );
         assert_eq!(
@@ -867,7 +901,7 @@ mod tests {
                 "name: w\nversion: 1\nowner: me\nsteps:\n  - name: a\n    agent: http\n    retry: { tries: 3 }\n    compensate: { agent: http, when: x }\n"
             ),
             [
-                "wf.yaml:3:1: unknown field `owner` (expected one of: name, version, deadline, on_exhausted, max_failures, steps, schedules)",
+                "wf.yaml:3:1: unknown field `owner` (expected one of: name, version, deadline, warn_after, on_exhausted, max_failures, steps, schedules)",
                 "wf.yaml:7:14: step `a`: unknown field `tries` in `retry` (expected one of: attempts, backoff, max_backoff, multiplier, jitter)",
                 "wf.yaml:8:32: step `a`: unknown field `when` in `compensate` (expected one of: agent, with, timeout, retry)",
             ]
@@ -1081,7 +1115,7 @@ mod tests {
                 "wf.yaml:2:10: `version` must be at least 1",
                 "wf.yaml:5:12: step `a`: unknown agent `htp` (known agents: delay, exec, http, ledger)",
                 "wf.yaml:6:14: step `a`: invalid duration \"5 parsecs\" for `timeout`: unknown time unit \"parsecs\", supported units: ns, us/µs, ms, sec, min, hours, days, weeks, months, years (and few variations)",
-                "wf.yaml:7:5: step `a`: unknown field `colour` (expected one of: name, agent, wait, with, timeout, retry, compensate, depends_on)",
+                "wf.yaml:7:5: step `a`: unknown field `colour` (expected one of: name, agent, wait, with, timeout, warn_after, retry, compensate, depends_on)",
                 "wf.yaml:10:21: step `b`: depends on unknown step `ghost`",
                 "wf.yaml:11:16: step `b`: template `{{ steps.c.output }}` refers to step `c`, which is not upstream (add it to `depends_on`)",
                 "wf.yaml:14:18: dependency cycle: `c` depends on `c`",

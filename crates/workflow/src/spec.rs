@@ -22,6 +22,7 @@ pub(crate) struct Spec {
     pub name: Option<String>,
     pub version: Option<u32>,
     pub deadline: Option<Duration>,
+    pub warn_after: Option<Duration>,
     pub on_exhausted: Option<ExhaustedPolicy>,
     pub max_failures: Option<u32>,
     pub steps: Option<Vec<StepSpec>>,
@@ -48,6 +49,7 @@ pub(crate) struct StepSpec {
     pub wait: Option<String>,
     pub with: Value,
     pub timeout: Option<Duration>,
+    pub warn_after: Option<Duration>,
     pub retry: Option<RetryPolicy>,
     pub compensate: Option<CompensateSpec>,
     /// `None`: depends on the previous step. `Some(vec![])`: a root.

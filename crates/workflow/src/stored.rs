@@ -54,6 +54,10 @@ struct WorkflowRepr {
     name: WorkflowName,
     version: u32,
     deadline_ms: u64,
+    /// Left out when not given, so that the canonical form of a definition
+    /// registered before warnings existed is unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    warn_after_ms: Option<u64>,
     on_exhausted: ExhaustedPolicy,
     max_failures: u32,
     steps: Vec<StepRepr>,
@@ -73,6 +77,8 @@ struct StepRepr {
     wait: Option<SignalName>,
     with: Value,
     timeout_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    warn_after_ms: Option<u64>,
     /// Written for a waiting step too (the default), and ignored when read.
     retry: RetryPolicy,
     compensate: Option<CompensateRepr>,
@@ -98,6 +104,7 @@ impl From<Workflow> for WorkflowRepr {
             name: w.name,
             version: w.version,
             deadline_ms: millis(w.deadline),
+            warn_after_ms: w.warn_after.map(millis),
             on_exhausted: w.on_exhausted,
             max_failures: w.max_failures,
             steps: w
@@ -115,6 +122,7 @@ impl From<Workflow> for WorkflowRepr {
                     name: s.name,
                     with: s.with,
                     timeout_ms: millis(s.timeout),
+                    warn_after_ms: s.warn_after.map(millis),
                     retry: s.retry,
                     compensate: s.compensate.map(|c| CompensateRepr {
                         agent: c.agent,
@@ -139,6 +147,7 @@ impl TryFrom<WorkflowRepr> for Workflow {
             name: Some(r.name.into()),
             version: Some(r.version),
             deadline: Some(Duration::from_millis(r.deadline_ms)),
+            warn_after: r.warn_after_ms.map(Duration::from_millis),
             on_exhausted: Some(r.on_exhausted),
             max_failures: Some(r.max_failures),
             schedules: None,
@@ -152,6 +161,7 @@ impl TryFrom<WorkflowRepr> for Workflow {
                         wait: s.wait.map(Into::into),
                         with: s.with,
                         timeout: Some(Duration::from_millis(s.timeout_ms)),
+                        warn_after: s.warn_after_ms.map(Duration::from_millis),
                         compensate: s.compensate.map(|c| CompensateSpec {
                             agent: Some(c.agent.into()),
                             with: c.with,
@@ -198,6 +208,24 @@ mod tests {
             workflow.to_json(),
             r#"{"name":"w","version":2,"deadline_ms":300000,"on_exhausted":"error","max_failures":3,"steps":[{"name":"a","agent":"http","with":{"a":"{{ input.x }}","b":1},"timeout_ms":30000,"retry":{"attempts_max":5,"backoff_initial_ms":100,"backoff_max_ms":10000,"multiplier":2.0,"jitter":0.5},"compensate":null,"depends_on":[]}]}"#
         );
+    }
+
+    #[test]
+    fn warnings_are_stored_only_when_given() {
+        let workflow = Workflow::builder("w", 2)
+            .warn_after(Duration::from_secs(200))
+            .step(crate::StepDef::new("a", "http").warn_after(Duration::from_secs(20)))
+            .build(&AgentCatalog::builtin())
+            .unwrap();
+        let json = workflow.to_json();
+        assert!(json.contains(r#""deadline_ms":300000,"warn_after_ms":200000,"#), "{json}");
+        assert!(json.contains(r#""timeout_ms":30000,"warn_after_ms":20000,"#), "{json}");
+        let back = Workflow::from_json(&json).unwrap();
+        assert_eq!(back, workflow);
+        assert_eq!(back.to_json(), json);
+        let bad = json.replace(r#""warn_after_ms":20000"#, r#""warn_after_ms":30000"#);
+        let err = Workflow::from_json(&bad).unwrap_err().to_string();
+        assert!(err.contains("step `a`: `warn_after` (30s) must be shorter than `timeout` (30s)"), "{err}");
     }
 
     #[test]

@@ -67,6 +67,7 @@ struct WorkflowFields {
     name: Option<WorkflowName>,
     version: Option<u32>,
     deadline: Duration,
+    warn_after: Option<Duration>,
     on_exhausted: ExhaustedPolicy,
     max_failures: u32,
 }
@@ -76,6 +77,7 @@ struct StepFields {
     name: Option<StepName>,
     action: Option<StepAction>,
     timeout: Duration,
+    warn_after: Option<Duration>,
     retry: RetryPolicy,
     compensate: Option<Option<CompensateDef>>,
 }
@@ -182,11 +184,12 @@ impl Check<'_> {
         }
         let deadline = spec.deadline.unwrap_or(DEADLINE_DEFAULT);
         self.duration("/deadline", "`deadline`", deadline);
+        self.warn_after("/warn_after", "`warn_after`", spec.warn_after, ("`deadline`", deadline));
         let max_failures = spec.max_failures.unwrap_or(MAX_FAILURES_DEFAULT);
         if max_failures == 0 {
             self.report("/max_failures", "`max_failures` must be at least 1".into());
         }
-        WorkflowFields { name, version: spec.version, deadline, on_exhausted: spec.on_exhausted.unwrap_or_default(), max_failures }
+        WorkflowFields { name, version: spec.version, deadline, warn_after: spec.warn_after, on_exhausted: spec.on_exhausted.unwrap_or_default(), max_failures }
     }
 
     /// The steps, which must be at least one and at most [`STEPS_MAX`].
@@ -229,10 +232,11 @@ impl Check<'_> {
         };
         let timeout = step.timeout.unwrap_or(TIMEOUT_DEFAULT);
         self.duration(&format!("{at}/timeout"), &format!("{label}: `timeout`"), timeout);
+        self.warn_after(&format!("{at}/warn_after"), &format!("{label}: `warn_after`"), step.warn_after, ("`timeout`", timeout));
         let retry = step.retry.clone().unwrap_or_default();
         self.retry(&format!("{at}/retry"), label, &retry);
         let compensate = step.compensate.as_ref().map(|c| self.compensate(&format!("{at}/compensate"), label, c, timeout, &retry));
-        StepFields { name, action, timeout, retry, compensate }
+        StepFields { name, action, timeout, warn_after: step.warn_after, retry, compensate }
     }
 
     /// A waiting step's signal and the fields that must go with it (a
@@ -398,6 +402,7 @@ fn assemble(top: WorkflowFields, steps: Vec<StepSpec>, fields: Vec<StepFields>, 
             action: fields.action.expect("validated agent or signal"),
             with: spec.with,
             timeout: fields.timeout,
+            warn_after: fields.warn_after,
             retry: fields.retry,
             compensate: fields.compensate.map(|c| c.expect("validated compensation")),
             depends_on: its_deps.iter().map(|&j| names[j].clone()).collect(),
@@ -407,6 +412,7 @@ fn assemble(top: WorkflowFields, steps: Vec<StepSpec>, fields: Vec<StepFields>, 
         name: top.name.expect("validated workflow name"),
         version: top.version.expect("validated version"),
         deadline: top.deadline,
+        warn_after: top.warn_after,
         on_exhausted: top.on_exhausted,
         max_failures: top.max_failures,
         steps,
@@ -450,6 +456,23 @@ impl Check<'_> {
             // Every stored time in rota is in milliseconds; a finer duration
             // would not survive the round trip through the store.
             self.report(pointer, format!("{what} must be a whole number of milliseconds, got {}", humantime::format_duration(duration)));
+        }
+    }
+
+    /// A warning point, when given: a duration like any other, and shorter
+    /// than the complete-by it warns about (`bound`, named as written), or
+    /// it would fire only once the work has already failed.
+    fn warn_after(&mut self, pointer: &str, what: &str, warn_after: Option<Duration>, bound: (&str, Duration)) {
+        let Some(warn_after) = warn_after else { return };
+        self.duration(pointer, what, warn_after);
+        let (bound_name, bound) = bound;
+        if !warn_after.is_zero() && warn_after >= bound {
+            let message = format!(
+                "{what} ({}) must be shorter than {bound_name} ({}): the warning must come while there is still time to act",
+                humantime::format_duration(warn_after),
+                humantime::format_duration(bound)
+            );
+            self.report(pointer, message);
         }
     }
 
