@@ -106,6 +106,11 @@ pub struct Step {
     pub attempt: u32,
     /// When the current attempt's time runs out.
     pub complete_by: Option<Timestamp>,
+    /// When the current attempt is at risk (its step's `warn_after` past its
+    /// start), if the step has a warning point: set only while Running,
+    /// before `complete_by`, and cleared by every move that ends or replaces
+    /// the attempt. The Supervisor raises the warning once per attempt.
+    pub warn_at: Option<Timestamp>,
     /// The earliest time the next attempt may start (retry backoff).
     pub not_before: Timestamp,
     /// The request sent to the agent, once rendered. For a step that waits
@@ -130,6 +135,7 @@ impl Step {
             state: StepState::NotStarted,
             attempt: 0,
             complete_by: None,
+            warn_at: None,
             not_before: now,
             input: None,
             output: None,
@@ -169,6 +175,7 @@ impl Step {
         next.state = StepState::Running;
         next.attempt += 1;
         next.complete_by = Some(now.add(timeout));
+        next.warn_at = None;
         next.input = Some(input);
         next.updated_at = now;
         Ok(next)
@@ -184,7 +191,21 @@ impl Step {
         let mut next = self.clone();
         next.attempt += 1;
         next.complete_by = Some(now.add(timeout));
+        next.warn_at = None;
         next.updated_at = now;
+        Ok(next)
+    }
+
+    /// The attempt just sent (by [`Step::start`] or [`Step::reissue`] at
+    /// `now`) is at risk `warn_after` later, if given and before its
+    /// complete-by; a warning point at or past the complete-by would only
+    /// come once the attempt has failed, so it is left out.
+    pub fn warn_after(&self, now: Timestamp, warn_after: Option<Duration>) -> Result<Step, TransitionError> {
+        if self.state != StepState::Running {
+            return Err(self.refuse("set the warning point of"));
+        }
+        let mut next = self.clone();
+        next.warn_at = warn_after.map(|after| now.add(after)).filter(|at| self.complete_by.is_some_and(|by| *at < by));
         Ok(next)
     }
 
@@ -197,6 +218,7 @@ impl Step {
         let mut next = self.clone();
         next.state = StepState::Completed;
         next.complete_by = None;
+        next.warn_at = None;
         next.output = Some(output);
         next.updated_at = now;
         Ok(next)
@@ -211,6 +233,7 @@ impl Step {
         }
         let mut next = self.clone();
         next.complete_by = None;
+        next.warn_at = None;
         next.last_error = Some(error);
         next.updated_at = now;
         match retry_after {
@@ -250,6 +273,7 @@ impl Step {
         }
         let mut next = self.clone();
         next.complete_by = None;
+        next.warn_at = None;
         next.not_before = now.add(backoff);
         next.last_error = Some(format!("attempt {} got no reply before its complete-by {complete_by}", self.attempt));
         next.updated_at = now;
@@ -278,6 +302,7 @@ impl Step {
         let mut next = self.clone();
         next.state = StepState::Completed;
         next.complete_by = None;
+        next.warn_at = None;
         next.not_before = now;
         next.last_error = Some(format!("attempt {} was never confirmed: its effect is in doubt, so it is compensated", self.attempt));
         next.updated_at = now;
@@ -296,6 +321,7 @@ impl Step {
         next.state = StepState::Compensating;
         next.attempt += 1;
         next.complete_by = Some(now.add(timeout));
+        next.warn_at = None;
         next.updated_at = now;
         Ok(next)
     }
@@ -309,6 +335,7 @@ impl Step {
         let mut next = self.clone();
         next.state = StepState::Compensated;
         next.complete_by = None;
+        next.warn_at = None;
         next.updated_at = now;
         Ok(next)
     }
@@ -329,6 +356,7 @@ impl Step {
         }
         let mut next = self.clone();
         next.complete_by = None;
+        next.warn_at = None;
         next.last_error = Some(error);
         next.updated_at = now;
         match retry_after {
@@ -376,6 +404,7 @@ mod tests {
     use rand::rngs::StdRng;
 
     const TIMEOUT: Duration = Duration::from_secs(5);
+    const WARN_AFTER: Duration = Duration::from_secs(4);
 
     fn at(millis: i64) -> Timestamp {
         Timestamp::from_millis(millis)
@@ -423,6 +452,21 @@ mod tests {
     }
 
     #[test]
+    fn a_warning_point_belongs_to_one_running_attempt() {
+        let first = step().start(Value::Null, at(0), TIMEOUT).unwrap().warn_after(at(0), Some(WARN_AFTER)).unwrap();
+        assert_eq!((first.warn_at, first.complete_by), (Some(at(4_000)), Some(at(5_000))));
+        assert_eq!(first.complete(1, Value::Null, at(1)).unwrap().warn_at, None, "a finished attempt is at risk no more");
+        let waiting = first.fail(1, "503".into(), Some(Duration::ZERO), at(1)).unwrap();
+        assert_eq!(waiting.warn_at, None);
+        let second = waiting.start(Value::Null, at(10), TIMEOUT).unwrap();
+        assert_eq!(second.warn_at, None, "a new attempt gets its own point, from its own start");
+        assert_eq!(second.warn_after(at(10), Some(WARN_AFTER)).unwrap().warn_at, Some(at(4_010)));
+        assert_eq!(second.warn_after(at(10), None).unwrap().warn_at, None, "a step without warn_after is never at risk");
+        assert_eq!(second.warn_after(at(10), Some(TIMEOUT)).unwrap().warn_at, None, "never at or past the complete-by");
+        assert!(step().warn_after(at(0), Some(WARN_AFTER)).is_err(), "only a running attempt has one");
+    }
+
+    #[test]
     fn compensation_is_fenced_like_the_step() {
         let s = step().start(Value::Null, at(0), TIMEOUT).unwrap().complete(1, Value::Null, at(1)).unwrap();
         let c = s.begin_compensation(at(2), TIMEOUT).unwrap();
@@ -461,13 +505,13 @@ mod tests {
 
     fn apply(s: &Step, m: &Move) -> Result<Step, TransitionError> {
         match *m {
-            Move::Start(now) => s.start(Value::Null, at(now), TIMEOUT),
+            Move::Start(now) => s.start(Value::Null, at(now), TIMEOUT).and_then(|s| s.warn_after(at(now), Some(WARN_AFTER))),
             Move::Complete(a, now) => s.complete(a, Value::Null, at(now)),
             Move::Fail(a, r, now) => s.fail(a, "e".into(), r.map(Duration::from_millis), at(now)),
             Move::Expire(now) => s.expire(at(now), Duration::from_millis(10)),
             Move::BeginCompensation(now) => s.begin_compensation(at(now), TIMEOUT),
             Move::Compensated(a, now) => s.compensated(a, at(now)),
-            Move::Reissue(now) => s.reissue(at(now), TIMEOUT),
+            Move::Reissue(now) => s.reissue(at(now), TIMEOUT).and_then(|s| s.warn_after(at(now), Some(WARN_AFTER))),
             Move::FailCompensation(a, r, now) => s.fail_compensation(a, "e".into(), r.map(Duration::from_millis), at(now)),
             Move::SettleInDoubt(now) => s.settle_in_doubt(at(now)),
         }
@@ -483,6 +527,11 @@ mod tests {
                     prop_assert!(!before.state.is_terminal(), "{m:?} moved a step out of {}", before.state);
                     prop_assert!(next.attempt >= before.attempt, "attempts never go back");
                     prop_assert_eq!(next.complete_by.is_some(), matches!(next.state, StepState::Running | StepState::Compensating));
+                    // A warning point belongs to a running attempt, before its complete-by.
+                    if let Some(warn_at) = next.warn_at {
+                        prop_assert_eq!(next.state, StepState::Running);
+                        prop_assert!(next.complete_by.is_some_and(|by| warn_at < by));
+                    }
                     s = next;
                 }
             }

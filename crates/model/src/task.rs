@@ -183,6 +183,17 @@ pub struct Task {
     pub lease_epoch: u64,
     /// When the holder's time runs out (the pattern's `CompleteBy`).
     pub complete_by: Option<Timestamp>,
+    /// When the current lease is at risk (the workflow's `warn_after` past
+    /// the claim), if the workflow has a warning point: set by the holder's
+    /// first decision, before `complete_by`, and cleared with the lease.
+    #[serde(default)]
+    pub warn_at: Option<Timestamp>,
+    /// When the Supervisor first raised a warning (the task's own or one of
+    /// its steps') during the current lease. Only the store's warning writes
+    /// it; a holder's writes leave it alone, except that a write ending the
+    /// lease clears it, as [`Task`]'s moves do.
+    #[serde(default)]
+    pub at_risk_since: Option<Timestamp>,
     /// The earliest time a Scheduler may claim it (the Supervisor's backoff).
     pub not_before: Timestamp,
     /// How many times its deadline passed (the pattern's `FailureCount`).
@@ -217,6 +228,8 @@ impl Task {
             locked_by: None,
             lease_epoch: 0,
             complete_by: None,
+            warn_at: None,
+            at_risk_since: None,
             not_before: now,
             failure_count: 0,
             reply_to: None,
@@ -275,6 +288,8 @@ impl Task {
         next.locked_by = Some(owner);
         next.lease_epoch += 1;
         next.complete_by = Some(now.add(lease));
+        next.warn_at = None;
+        next.at_risk_since = None;
         next.updated_at = now;
         let fence = TaskFence { epoch: next.lease_epoch };
         Ok((next, fence))
@@ -285,7 +300,19 @@ impl Task {
         self.check_fence(fence)?;
         let mut next = self.clone();
         next.complete_by = Some(now.add(lease));
+        // A warning point the new complete-by no longer leaves room for is dropped.
+        next.warn_at = self.warn_at.filter(|at| *at < now.add(lease));
         next.updated_at = now;
+        Ok(next)
+    }
+
+    /// The holder sets when its lease, claimed at `claimed_at`, is at risk:
+    /// `warn_after` later, if given and before its complete-by (a later one
+    /// would only come once the lease has run out, so it is left out).
+    pub fn warn_after(&self, fence: TaskFence, claimed_at: Timestamp, warn_after: Option<Duration>) -> Result<Task, TransitionError> {
+        self.check_fence(fence)?;
+        let mut next = self.clone();
+        next.warn_at = warn_after.map(|after| claimed_at.add(after)).filter(|at| self.complete_by.is_some_and(|by| *at < by));
         Ok(next)
     }
 
@@ -466,6 +493,8 @@ impl Task {
         let mut next = self.clone();
         next.locked_by = None;
         next.complete_by = None;
+        next.warn_at = None;
+        next.at_risk_since = None;
         next.updated_at = now;
         next
     }
@@ -477,6 +506,7 @@ mod tests {
     use proptest::prelude::*;
 
     const LEASE: Duration = Duration::from_secs(30);
+    const WARN_AFTER: Duration = Duration::from_secs(20);
 
     fn at(millis: i64) -> Timestamp {
         Timestamp::from_millis(millis)
@@ -555,6 +585,26 @@ mod tests {
     }
 
     #[test]
+    fn a_warning_point_belongs_to_one_lease() {
+        let (claimed, fence) = task().claim(owner("s1"), at(10), LEASE).unwrap();
+        let warned = claimed.warn_after(fence, at(10), Some(WARN_AFTER)).unwrap();
+        assert_eq!((warned.warn_at, warned.complete_by), (Some(at(20_010)), Some(at(30_010))));
+        assert_eq!(claimed.warn_after(fence, at(10), Some(LEASE)).unwrap().warn_at, None, "never at or past the complete-by");
+        assert!(warned.warn_after(TaskFence { epoch: 0 }, at(10), Some(WARN_AFTER)).is_err(), "only the holder sets it");
+        let at_risk = Task { at_risk_since: Some(at(20_010)), ..warned };
+        let renewed = at_risk.renew(fence, at(11), LEASE).unwrap();
+        assert_eq!((renewed.warn_at, renewed.at_risk_since), (Some(at(20_010)), Some(at(20_010))), "a renewal keeps the lease's warning");
+        for ended in [
+            at_risk.finish_processed(fence, Value::Null, at(20)).unwrap(),
+            at_risk.release(fence, at(20)).unwrap(),
+            at_risk.expire(at(30_010), 3, LEASE, ExhaustedPolicy::Error).unwrap(),
+            at_risk.cancel(false, at(20)).unwrap(),
+        ] {
+            assert_eq!((ended.warn_at, ended.at_risk_since), (None, None), "ended in {}", ended.state);
+        }
+    }
+
+    #[test]
     fn resubmit_is_the_only_way_out_of_error() {
         let (claimed, fence) = task().claim(owner("s1"), at(0), LEASE).unwrap();
         let failed = claimed.fail(fence, "card declined".into(), ExhaustedPolicy::Error, at(5)).unwrap();
@@ -597,7 +647,10 @@ mod tests {
     fn apply(t: &Task, m: &Move) -> Result<Task, TransitionError> {
         let policy = |c: bool| if c { ExhaustedPolicy::Compensate } else { ExhaustedPolicy::Error };
         match *m {
-            Move::Claim(o, now) => t.claim(owner(&format!("s{o}")), at(now), LEASE).map(|(t, _)| t),
+            Move::Claim(o, now) => t
+                .claim(owner(&format!("s{o}")), at(now), LEASE)
+                .and_then(|(t, fence)| t.warn_after(fence, at(now), Some(WARN_AFTER)))
+                .map(|t| Task { at_risk_since: t.warn_at, ..t }),
             Move::Renew(e, now) => t.renew(TaskFence { epoch: e }, at(now), LEASE),
             Move::FinishProcessed(e, now) => t.finish_processed(TaskFence { epoch: e }, Value::Null, at(now)),
             Move::Fail(e, c, now) => t.fail(TaskFence { epoch: e }, "boom".into(), policy(c), at(now)),
@@ -619,6 +672,11 @@ mod tests {
                     prop_assert!(!before.state.is_terminal(), "{m:?} moved a terminal task out of {}", before.state);
                     // Invariants that hold after every accepted move.
                     prop_assert_eq!(next.locked_by.is_some(), next.complete_by.is_some());
+                    // Warnings belong to the lease: none survives its end.
+                    prop_assert!(next.is_leased() || (next.warn_at.is_none() && next.at_risk_since.is_none()));
+                    if let Some(warn_at) = next.warn_at {
+                        prop_assert!(next.complete_by.is_some_and(|by| warn_at < by));
+                    }
                     prop_assert!(next.locked_by.is_none() || matches!(next.state, TaskState::Processing | TaskState::Compensating));
                     prop_assert!(next.lease_epoch >= before.lease_epoch, "epochs never go back");
                     // A lease that ends by someone else's move (expire, cancel, a failure count at the

@@ -82,7 +82,7 @@ impl<'a> Sends<'a> {
 
 /// The columns of `rota.tasks`, in the table's order, as array parameters
 /// (both the creation and the commit statement take them so).
-struct TaskArrays([Array; 15]);
+struct TaskArrays([Array; 16]);
 
 impl TaskArrays {
     fn push(params: &mut Params, tasks: &[&Task]) -> Result<TaskArrays> {
@@ -102,6 +102,7 @@ impl TaskArrays {
             params.array(tasks.iter().map(|t| t.error.as_deref()).collect::<Vec<_>>(), "text[]")?,
             params.array(tasks.iter().map(|t| t.created_at.as_millis()).collect::<Vec<_>>(), "bigint[]")?,
             params.array(tasks.iter().map(|t| t.updated_at.as_millis()).collect::<Vec<_>>(), "bigint[]")?,
+            params.array(tasks.iter().map(|t| t.warn_at.map(Timestamp::as_millis)).collect::<Vec<_>>(), "bigint[]")?,
         ]))
     }
 
@@ -112,7 +113,7 @@ impl TaskArrays {
 }
 
 /// The columns of `rota.steps`, in the table's order, as array parameters.
-struct StepArrays([Array; 11]);
+struct StepArrays([Array; 12]);
 
 impl StepArrays {
     fn push(params: &mut Params, steps: &[&Step]) -> Result<StepArrays> {
@@ -128,6 +129,7 @@ impl StepArrays {
             params.array(steps.iter().map(|s| s.output.as_ref().map(json_text)).collect::<Vec<_>>(), "text[]")?,
             params.array(steps.iter().map(|s| s.last_error.as_deref()).collect::<Vec<_>>(), "text[]")?,
             params.array(steps.iter().map(|s| s.updated_at.as_millis()).collect::<Vec<_>>(), "bigint[]")?,
+            params.array(steps.iter().map(|s| s.warn_at.map(Timestamp::as_millis)).collect::<Vec<_>>(), "bigint[]")?,
         ]))
     }
 
@@ -261,21 +263,22 @@ fn create_sql(p: &CreateParams) -> String {
         "WITH
          inserted AS (
              INSERT INTO rota.tasks (id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
-                                     failure_count, reply_to, output, error, created_at, updated_at, reply_queue)
+                                     failure_count, reply_to, output, error, created_at, updated_at, warn_at, reply_queue)
              SELECT t.id, t.workflow, t.workflow_version, t.input, t.state, t.locked_by, t.lease_epoch, t.complete_by, t.not_before,
-                    t.failure_count, t.reply_to, t.output, t.error, t.created_at, t.updated_at, t.reply_queue
+                    t.failure_count, t.reply_to, t.output, t.error, t.created_at, t.updated_at, t.warn_at, t.reply_queue
                FROM unnest({tasks}, {reply_queue})
                     WITH ORDINALITY
                     AS t(id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
-                         failure_count, reply_to, output, error, created_at, updated_at, reply_queue, position)
+                         failure_count, reply_to, output, error, created_at, updated_at, warn_at, reply_queue, position)
               ORDER BY t.position
              ON CONFLICT (id) DO NOTHING
           RETURNING id),
          step_rows AS (
              INSERT INTO rota.steps (task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error,
-                                     updated_at)
+                                     updated_at, warn_at)
              SELECT w.* FROM unnest({steps})
-                    AS w(task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error, updated_at)
+                    AS w(task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error, updated_at,
+                         warn_at)
               WHERE w.task_id IN (SELECT id FROM inserted)),
          writer AS (
              SELECT pg_advisory_xact_lock_shared({lock_base} + (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM rota.event_seq))
@@ -411,20 +414,22 @@ fn commit_sql(p: &CommitParams) -> String {
                 SET workflow = w.workflow, workflow_version = w.workflow_version, input = w.input, state = w.state,
                     locked_by = w.locked_by, lease_epoch = w.lease_epoch, complete_by = w.complete_by, not_before = w.not_before,
                     failure_count = w.failure_count, reply_to = w.reply_to, output = w.output, error = w.error,
-                    created_at = w.created_at, updated_at = w.updated_at
+                    created_at = w.created_at, updated_at = w.updated_at, warn_at = w.warn_at,
+                    warned_at = CASE WHEN w.locked_by IS NULL THEN NULL ELSE t.warned_at END,
+                    at_risk_since = CASE WHEN w.locked_by IS NULL THEN NULL ELSE t.at_risk_since END
                FROM unnest({tasks}, {task_state}, {task_epoch})
                     AS w(id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
-                         failure_count, reply_to, output, error, created_at, updated_at, expected_state, expected_epoch)
+                         failure_count, reply_to, output, error, created_at, updated_at, warn_at, expected_state, expected_epoch)
               WHERE t.id = w.id AND t.state = w.expected_state AND t.lease_epoch = w.expected_epoch
           RETURNING t.id),
          step_writes AS (
              UPDATE rota.steps AS s
                 SET position = w.position, state = w.state, attempt = w.attempt, complete_by = w.complete_by,
                     not_before = w.not_before, input = w.input, output = w.output, last_error = w.last_error,
-                    updated_at = w.updated_at
+                    updated_at = w.updated_at, warn_at = w.warn_at
                FROM unnest({steps}, {step_state}, {step_attempt})
                     AS w(task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error,
-                         updated_at, expected_state, expected_attempt)
+                         updated_at, warn_at, expected_state, expected_attempt)
               WHERE s.task_id = w.task_id AND s.name = w.name AND s.state = w.expected_state AND s.attempt = w.expected_attempt
           RETURNING s.task_id),
          completed AS (

@@ -51,7 +51,7 @@ use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, ScheduleNa
 use rota_store::{
     Changes, ComponentStatus, Created, DeadLetter, Delivery, Error, Event, Expired, LeaderLease, NewSchedule, NewTask, Outgoing,
     QueueConfig, QueueStats, Queues, Receive, Redrive, ScheduleProgress, ScheduleRecord, Sent, Store, TaskFilter, TaskRecord, Tasks,
-    WorkflowEntry,
+    Warning, WorkflowEntry,
 };
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -968,6 +968,16 @@ impl Tasks for PgStore {
     async fn expired(&self, limit: u32) -> Result<Vec<Expired>, Error> {
         let now = self.clock.now();
         with_connection!(self, conn => { task_sql::expired(&mut conn, &self.names, limit, now).await? })
+    }
+
+    async fn warnings_due(&self, limit: u32) -> Result<Vec<Warning>, Error> {
+        let now = self.clock.now();
+        with_connection!(self, conn => { task_sql::warnings_due(&mut conn, &self.names, limit, now).await? })
+    }
+
+    async fn raise_warning(&self, warning: &Warning, events: Vec<Event>) -> Result<bool, Error> {
+        let now = self.clock.now();
+        with_connection!(self, conn => { task_sql::raise_warning(&mut conn, &self.names, warning, &events, now).await? })
     }
 
     async fn history(&self, id: &TaskId) -> Result<Vec<Event>, Error> {

@@ -208,6 +208,24 @@ CREATE TABLE rota.schedules (
 ALTER TABLE rota.messages ADD COLUMN reply_to TEXT, ADD COLUMN correlation_id TEXT;
 ALTER TABLE rota.dead_letters ADD COLUMN reply_to TEXT, ADD COLUMN correlation_id TEXT;
 "#,
+    r#"
+-- Deadline warnings. `warn_at` is the holder's: when the current lease or
+-- attempt is at risk. The rest is the Supervisor's, which holders' writes
+-- never set: `warned_at` (the lease's own warning was raised),
+-- `at_risk_since` (a warning of the task or a step was raised during the
+-- lease; both are cleared by the write that ends the lease) and
+-- `warned_attempt` (the last attempt whose warning was raised).
+ALTER TABLE rota.tasks ADD COLUMN warn_at BIGINT;
+ALTER TABLE rota.tasks ADD COLUMN warned_at BIGINT;
+ALTER TABLE rota.tasks ADD COLUMN at_risk_since BIGINT;
+ALTER TABLE rota.steps ADD COLUMN warn_at BIGINT;
+ALTER TABLE rota.steps ADD COLUMN warned_attempt BIGINT NOT NULL DEFAULT 0;
+-- The Supervisor's scans hold only the warnings not yet raised, and the
+-- at-risk listing only the tasks at risk, newest first: all three stay small.
+CREATE INDEX tasks_warn_due ON rota.tasks (warn_at) WHERE warn_at IS NOT NULL AND warned_at IS NULL;
+CREATE INDEX steps_warn_due ON rota.steps (warn_at) WHERE warn_at IS NOT NULL AND warned_attempt < attempt;
+CREATE INDEX tasks_at_risk ON rota.tasks (created_seq) WHERE at_risk_since IS NOT NULL AND locked_by IS NOT NULL;
+"#,
 ];
 
 /// How many migrations this build knows.

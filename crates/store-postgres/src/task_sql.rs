@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use rota_model::{InstanceId, QueueName, Step, StepName, StepState, Task, TaskId, TaskState, Timestamp, WorkflowName};
-use rota_store::{ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, TaskFilter, TaskRecord, WorkflowEntry};
+use rota_store::{ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, TaskFilter, TaskRecord, Warning, WorkflowEntry};
 use serde_json::Value;
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
@@ -39,6 +39,8 @@ fn task_from(row: &PgRow) -> Result<Task> {
         locked_by: row.try_get::<Option<String>, _>("locked_by")?.map(InstanceId::new).transpose().map_err(|e| corrupt("locked_by", e))?,
         lease_epoch: row.try_get::<i64, _>("lease_epoch")? as u64,
         complete_by: row.try_get::<Option<i64>, _>("complete_by")?.map(Timestamp::from_millis),
+        warn_at: row.try_get::<Option<i64>, _>("warn_at")?.map(Timestamp::from_millis),
+        at_risk_since: row.try_get::<Option<i64>, _>("at_risk_since")?.map(Timestamp::from_millis),
         not_before: Timestamp::from_millis(row.try_get("not_before")?),
         failure_count: count(row.try_get("failure_count")?),
         reply_to: row.try_get("reply_to")?,
@@ -65,6 +67,7 @@ fn step_from(row: &PgRow, prefix: &str) -> Result<Step> {
         state: row.try_get::<String, _>(&*column("state"))?.parse::<StepState>().map_err(|e| corrupt("step state", e))?,
         attempt: count(row.try_get(&*column("attempt"))?),
         complete_by: row.try_get::<Option<i64>, _>(&*column("complete_by"))?.map(Timestamp::from_millis),
+        warn_at: row.try_get::<Option<i64>, _>(&*column("warn_at"))?.map(Timestamp::from_millis),
         not_before: Timestamp::from_millis(row.try_get(&*column("not_before"))?),
         input: row.try_get::<Option<String>, _>(&*column("input"))?.map(|i| parse_json("step input", i)).transpose()?,
         output: row.try_get::<Option<String>, _>(&*column("output"))?.map(|o| parse_json("step output", o)).transpose()?,
@@ -78,7 +81,7 @@ pub(crate) async fn get_task(conn: &mut PgConnection, n: &Names, id: &TaskId) ->
     let rows = sqlx::query(n.sql(
         "SELECT t.*, s.task_id AS s_task_id, s.name AS s_name, s.position AS s_position, s.state AS s_state, s.attempt AS s_attempt,
                 s.complete_by AS s_complete_by, s.not_before AS s_not_before, s.input AS s_input, s.output AS s_output,
-                s.last_error AS s_last_error, s.updated_at AS s_updated_at
+                s.last_error AS s_last_error, s.updated_at AS s_updated_at, s.warn_at AS s_warn_at
            FROM rota.tasks AS t LEFT JOIN rota.steps AS s ON s.task_id = t.id
           WHERE t.id = $1
           ORDER BY s.position, s.name",
@@ -102,7 +105,7 @@ pub(crate) async fn get_tasks(conn: &mut PgConnection, n: &Names, ids: &[TaskId]
     let rows = sqlx::query(n.sql(
         "SELECT t.*, s.task_id AS s_task_id, s.name AS s_name, s.position AS s_position, s.state AS s_state, s.attempt AS s_attempt,
                 s.complete_by AS s_complete_by, s.not_before AS s_not_before, s.input AS s_input, s.output AS s_output,
-                s.last_error AS s_last_error, s.updated_at AS s_updated_at
+                s.last_error AS s_last_error, s.updated_at AS s_updated_at, s.warn_at AS s_warn_at
            FROM rota.tasks AS t LEFT JOIN rota.steps AS s ON s.task_id = t.id
           WHERE t.id = ANY($1::text[])
           ORDER BY t.id, s.position, s.name",
@@ -136,8 +139,8 @@ pub(crate) async fn get_tasks(conn: &mut PgConnection, n: &Names, ids: &[TaskId]
 /// `PLANNER_SETTINGS`) and a generic plan of `($1 IS NULL OR state = $1)`
 /// can use no index. Each combination is served by an index ending with
 /// `created_seq` (`tasks_state`, `tasks_workflow`, `tasks_workflow_state`,
-/// `tasks_locked_by`, or the unique index of `created_seq` itself), walked backwards with no
-/// sort; `before` is a range on the same column.
+/// `tasks_locked_by`, `tasks_at_risk`, or the unique index of `created_seq` itself), walked
+/// backwards with no sort; `before` is a range on the same column.
 fn list_tasks_sql(filter: &TaskFilter) -> (String, Vec<&str>) {
     let mut conditions = Vec::new();
     let mut values = Vec::new();
@@ -154,7 +157,16 @@ fn list_tasks_sql(filter: &TaskFilter) -> (String, Vec<&str>) {
         }
     }
     let conditions = if conditions.is_empty() { String::new() } else { format!("WHERE {}", conditions.join(" AND ")) };
-    (format!("SELECT * FROM rota.tasks {conditions} ORDER BY created_seq DESC LIMIT ${}", values.len() + 1), values)
+    // Tasks at risk are few: they are read whole from their partial index
+    // and the other conditions applied to them, rather than walking a larger
+    // index (`tasks_state` on every task processing) that a generic plan
+    // of an empty table would choose.
+    let from = if filter.at_risk {
+        "(SELECT * FROM rota.tasks WHERE at_risk_since IS NOT NULL AND locked_by IS NOT NULL OFFSET 0) AS tasks"
+    } else {
+        "rota.tasks"
+    };
+    (format!("SELECT * FROM {from} {conditions} ORDER BY created_seq DESC LIMIT ${}", values.len() + 1), values)
 }
 
 pub(crate) async fn list_tasks(conn: &mut PgConnection, n: &Names, filter: &TaskFilter) -> Result<Vec<Task>> {
@@ -262,6 +274,112 @@ pub(crate) async fn expired(conn: &mut PgConnection, n: &Names, limit: u32, now:
     found.sort_by_key(|(at, _)| *at);
     found.truncate(limit as usize);
     Ok(found.into_iter().map(|(_, e)| e).collect())
+}
+
+/// Leased tasks and running steps whose warning point has passed with no
+/// warning raised, each from its partial index (`tasks_warn_due`,
+/// `steps_warn_due`), earliest first.
+pub(crate) async fn warnings_due(conn: &mut PgConnection, n: &Names, limit: u32, now: Timestamp) -> Result<Vec<Warning>> {
+    let tasks = sqlx::query(n.sql(
+        "SELECT * FROM rota.tasks WHERE warn_at IS NOT NULL AND warned_at IS NULL AND warn_at <= $1
+            AND locked_by IS NOT NULL ORDER BY warn_at LIMIT $2",
+    ))
+    .bind(now.as_millis())
+    .bind(i64::from(limit))
+    .fetch_all(&mut *conn)
+    .await?;
+    let steps = sqlx::query(n.sql(
+        "SELECT * FROM rota.steps WHERE warn_at IS NOT NULL AND warned_attempt < attempt AND warn_at <= $1
+            AND state = 'running' ORDER BY warn_at LIMIT $2",
+    ))
+    .bind(now.as_millis())
+    .bind(i64::from(limit))
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut found = Vec::with_capacity(tasks.len() + steps.len());
+    for row in &tasks {
+        found.push(Warning::Task(task_from(row)?));
+    }
+    for row in &steps {
+        found.push(Warning::Step(step_from(row, "")?));
+    }
+    found.sort_by_key(|w| w.warn_at());
+    found.truncate(limit as usize);
+    Ok(found)
+}
+
+/// Raises a warning found by [`warnings_due`] (see `Tasks::raise_warning`)
+/// in one transaction: the task row first, as a holder's commit locks it,
+/// then the step, then the events (under the event writer's lock).
+pub(crate) async fn raise_warning(conn: &mut PgConnection, n: &Names, warning: &Warning, events: &[Event], now: Timestamp) -> Result<bool> {
+    use sqlx::Connection;
+    let mut tx = conn.begin().await?;
+    let live = match warning {
+        Warning::Task(task) => {
+            let Some(warn_at) = task.warn_at else { return Ok(false) };
+            sqlx::query(n.sql(
+                "UPDATE rota.tasks SET warned_at = $3, at_risk_since = COALESCE(at_risk_since, $3)
+                  WHERE id = $1 AND warn_at = $2 AND warned_at IS NULL AND locked_by IS NOT NULL
+                    AND state IN ('processing', 'compensating')",
+            ))
+            .bind(task.id.as_str())
+            .bind(warn_at.as_millis())
+            .bind(now.as_millis())
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+                == 1
+        }
+        Warning::Step(step) => {
+            let live = sqlx::query(n.sql(
+                "UPDATE rota.tasks SET at_risk_since = COALESCE(at_risk_since, $4)
+                  WHERE id = $1 AND locked_by IS NOT NULL AND state IN ('processing', 'compensating')
+                    AND EXISTS (SELECT 1 FROM rota.steps WHERE task_id = $1 AND name = $2 AND attempt = $3 AND state = 'running'
+                                   AND warn_at IS NOT NULL AND warned_attempt < attempt)",
+            ))
+            .bind(step.task_id.as_str())
+            .bind(step.name.as_str())
+            .bind(i64::from(step.attempt))
+            .bind(now.as_millis())
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+                == 1;
+            // Marked even when its task is no longer held, so it is not due again.
+            sqlx::query(n.sql(
+                "UPDATE rota.steps SET warned_attempt = attempt
+                  WHERE task_id = $1 AND name = $2 AND attempt = $3 AND state = 'running' AND warned_attempt < attempt",
+            ))
+            .bind(step.task_id.as_str())
+            .bind(step.name.as_str())
+            .bind(i64::from(step.attempt))
+            .execute(&mut *tx)
+            .await?;
+            live
+        }
+    };
+    if live && !events.is_empty() {
+        sqlx::query(n.sql(
+            "WITH writer AS (
+                 SELECT pg_advisory_xact_lock_shared($1 + (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM rota.event_seq)))
+             INSERT INTO rota.events (task_id, at, kind, step, attempt, detail)
+             SELECT e.task_id, e.at, e.kind, e.step, e.attempt, e.detail
+               FROM writer, unnest($2::text[], $3::bigint[], $4::text[], $5::text[], $6::bigint[], $7::text[])
+                    WITH ORDINALITY AS e(task_id, at, kind, step, attempt, detail, position)
+              ORDER BY e.position",
+        ))
+        .bind(n.event_lock_base())
+        .bind(events.iter().map(|e| e.task_id.as_str()).collect::<Vec<_>>())
+        .bind(events.iter().map(|e| e.at.as_millis()).collect::<Vec<_>>())
+        .bind(events.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>())
+        .bind(events.iter().map(|e| e.step.as_ref().map(StepName::as_str)).collect::<Vec<_>>())
+        .bind(events.iter().map(|e| e.attempt.map(i64::from)).collect::<Vec<_>>())
+        .bind(events.iter().map(|e| json_text(&e.detail)).collect::<Vec<_>>())
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(live)
 }
 
 fn event_from(row: &PgRow) -> Result<Event> {

@@ -29,7 +29,7 @@ use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, ScheduleNa
 use rota_store::{
     Changes, ComponentStatus, Created, DeadLetter, Delivery, Error, Event, Expired, LeaderLease, NewSchedule, NewTask, Outgoing,
     QueueConfig, QueueStats, Queues, Receive, Redrive, Result, ScheduleProgress, ScheduleRecord, Sent, Store, TaskFilter, TaskRecord,
-    Tasks, WorkflowEntry,
+    Tasks, Warning, WorkflowEntry,
 };
 use rusqlite::{Connection, OpenFlags};
 use serde_json::Value;
@@ -599,6 +599,15 @@ impl Tasks for SqliteStore {
 
     async fn expired(&self, limit: u32) -> Result<Vec<Expired>> {
         self.read(move |conn, now| task_sql::expired(conn, limit, now)).await
+    }
+
+    async fn warnings_due(&self, limit: u32) -> Result<Vec<Warning>> {
+        self.read(move |conn, now| task_sql::warnings_due(conn, limit, now)).await
+    }
+
+    async fn raise_warning(&self, warning: &Warning, events: Vec<Event>) -> Result<bool> {
+        let warning = warning.clone();
+        self.write(move |conn, now| task_sql::raise_warning(conn, &warning, &events, now)).await
     }
 
     async fn history(&self, id: &TaskId) -> Result<Vec<Event>> {

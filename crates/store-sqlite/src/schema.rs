@@ -193,6 +193,24 @@ ALTER TABLE messages ADD COLUMN correlation_id TEXT;
 ALTER TABLE dead_letters ADD COLUMN reply_to TEXT;
 ALTER TABLE dead_letters ADD COLUMN correlation_id TEXT;
 "#,
+    r#"
+-- Deadline warnings. `warn_at` is the holder's: when the current lease or
+-- attempt is at risk. The rest is the Supervisor's, which holders' writes
+-- never set: `warned_at` (the lease's own warning was raised),
+-- `at_risk_since` (a warning of the task or a step was raised during the
+-- lease; both are cleared by the write that ends the lease) and
+-- `warned_attempt` (the last attempt whose warning was raised).
+ALTER TABLE tasks ADD COLUMN warn_at INTEGER;
+ALTER TABLE tasks ADD COLUMN warned_at INTEGER;
+ALTER TABLE tasks ADD COLUMN at_risk_since INTEGER;
+ALTER TABLE steps ADD COLUMN warn_at INTEGER;
+ALTER TABLE steps ADD COLUMN warned_attempt INTEGER NOT NULL DEFAULT 0;
+-- The Supervisor's scans hold only the warnings not yet raised, and the
+-- at-risk listing only the tasks at risk: all three stay small.
+CREATE INDEX tasks_warn_due ON tasks (warn_at) WHERE warn_at IS NOT NULL AND warned_at IS NULL;
+CREATE INDEX steps_warn_due ON steps (warn_at) WHERE warn_at IS NOT NULL AND warned_attempt < attempt;
+CREATE INDEX tasks_at_risk ON tasks (at_risk_since) WHERE at_risk_since IS NOT NULL AND locked_by IS NOT NULL;
+"#,
 ];
 
 /// Runs the migrations that have not run yet.

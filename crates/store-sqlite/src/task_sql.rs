@@ -6,7 +6,7 @@ use std::time::Duration;
 use rota_model::{InstanceId, QueueName, Step, StepName, StepState, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{
     Changes, ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, Result, StepWrite, TaskFilter, TaskRecord, TaskWrite,
-    WorkflowEntry,
+    Warning, WorkflowEntry,
 };
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde_json::Value;
@@ -14,8 +14,9 @@ use serde_json::Value;
 use crate::sql_error;
 
 const TASK_COLUMNS: &str = "id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before, \
-                            failure_count, reply_to, output, error, created_at, updated_at, reply_queue";
-const STEP_COLUMNS: &str = "task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error, updated_at";
+                            failure_count, reply_to, output, error, created_at, updated_at, warn_at, at_risk_since, reply_queue";
+const STEP_COLUMNS: &str =
+    "task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error, updated_at, warn_at";
 
 fn json_text(value: &Value) -> String {
     value.to_string()
@@ -46,6 +47,8 @@ struct TaskRow {
     error: Option<String>,
     created_at: i64,
     updated_at: i64,
+    warn_at: Option<i64>,
+    at_risk_since: Option<i64>,
     reply_queue: Option<String>,
 }
 
@@ -66,7 +69,9 @@ fn task_row(row: &Row<'_>) -> rusqlite::Result<TaskRow> {
         error: row.get(12)?,
         created_at: row.get(13)?,
         updated_at: row.get(14)?,
-        reply_queue: row.get(15)?,
+        warn_at: row.get(15)?,
+        at_risk_since: row.get(16)?,
+        reply_queue: row.get(17)?,
     })
 }
 
@@ -81,6 +86,8 @@ impl TaskRow {
             locked_by: self.locked_by.map(InstanceId::new).transpose().map_err(|e| corrupt("locked_by", e))?,
             lease_epoch: self.lease_epoch as u64,
             complete_by: self.complete_by.map(Timestamp::from_millis),
+            warn_at: self.warn_at.map(Timestamp::from_millis),
+            at_risk_since: self.at_risk_since.map(Timestamp::from_millis),
             not_before: Timestamp::from_millis(self.not_before),
             failure_count: self.failure_count,
             reply_to: self.reply_to,
@@ -105,6 +112,7 @@ struct StepRow {
     output: Option<String>,
     last_error: Option<String>,
     updated_at: i64,
+    warn_at: Option<i64>,
 }
 
 fn step_row(row: &Row<'_>) -> rusqlite::Result<StepRow> {
@@ -120,6 +128,7 @@ fn step_row(row: &Row<'_>) -> rusqlite::Result<StepRow> {
         output: row.get(8)?,
         last_error: row.get(9)?,
         updated_at: row.get(10)?,
+        warn_at: row.get(11)?,
     })
 }
 
@@ -132,6 +141,7 @@ impl StepRow {
             state: self.state.parse::<StepState>().map_err(|e| corrupt("step state", e))?,
             attempt: self.attempt,
             complete_by: self.complete_by.map(Timestamp::from_millis),
+            warn_at: self.warn_at.map(Timestamp::from_millis),
             not_before: Timestamp::from_millis(self.not_before),
             input: self.input.map(|i| parse_json("step input", i)).transpose()?,
             output: self.output.map(|o| parse_json("step output", o)).transpose()?,
@@ -147,8 +157,9 @@ pub(crate) fn task_exists(conn: &Connection, id: &TaskId) -> Result<bool> {
         .map_err(sql_error)
 }
 
-/// Binds a task's columns, in `TASK_COLUMNS` order, to parameters ?1..?15:
-/// all but `reply_queue`, which only the insert writes (it never changes).
+/// Binds a task's columns, in `TASK_COLUMNS` order, to parameters ?1..?16:
+/// all but `at_risk_since`, which only [`raise_warning`] writes, and
+/// `reply_queue`, which only the insert writes (it never changes).
 fn bind_task(stmt: &mut rusqlite::Statement<'_>, task: &Task) -> rusqlite::Result<()> {
     stmt.raw_bind_parameter(1, task.id.as_str())?;
     stmt.raw_bind_parameter(2, task.workflow.as_str())?;
@@ -164,10 +175,11 @@ fn bind_task(stmt: &mut rusqlite::Statement<'_>, task: &Task) -> rusqlite::Resul
     stmt.raw_bind_parameter(12, task.output.as_ref().map(json_text))?;
     stmt.raw_bind_parameter(13, task.error.as_deref())?;
     stmt.raw_bind_parameter(14, task.created_at.as_millis())?;
-    stmt.raw_bind_parameter(15, task.updated_at.as_millis())
+    stmt.raw_bind_parameter(15, task.updated_at.as_millis())?;
+    stmt.raw_bind_parameter(16, task.warn_at.map(Timestamp::as_millis))
 }
 
-/// Binds a step's columns, in `STEP_COLUMNS` order, to parameters ?1..?11.
+/// Binds a step's columns, in `STEP_COLUMNS` order, to parameters ?1..?12.
 fn bind_step(stmt: &mut rusqlite::Statement<'_>, step: &Step) -> rusqlite::Result<()> {
     stmt.raw_bind_parameter(1, step.task_id.as_str())?;
     stmt.raw_bind_parameter(2, step.name.as_str())?;
@@ -179,16 +191,17 @@ fn bind_step(stmt: &mut rusqlite::Statement<'_>, step: &Step) -> rusqlite::Resul
     stmt.raw_bind_parameter(8, step.input.as_ref().map(json_text))?;
     stmt.raw_bind_parameter(9, step.output.as_ref().map(json_text))?;
     stmt.raw_bind_parameter(10, step.last_error.as_deref())?;
-    stmt.raw_bind_parameter(11, step.updated_at.as_millis())
+    stmt.raw_bind_parameter(11, step.updated_at.as_millis())?;
+    stmt.raw_bind_parameter(12, step.warn_at.map(Timestamp::as_millis))
 }
 
 pub(crate) fn insert_task(conn: &Connection, task: &Task) -> Result<()> {
     conn.prepare_cached(&format!(
-        "INSERT INTO tasks ({TASK_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"
+        "INSERT INTO tasks ({TASK_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, NULL, ?18)"
     ))
     .and_then(|mut stmt| {
         bind_task(&mut stmt, task)?;
-        stmt.raw_bind_parameter(16, task.reply_queue.as_ref().map(QueueName::as_str))?;
+        stmt.raw_bind_parameter(18, task.reply_queue.as_ref().map(QueueName::as_str))?;
         stmt.raw_execute()
     })
     .map_err(sql_error)?;
@@ -196,7 +209,7 @@ pub(crate) fn insert_task(conn: &Connection, task: &Task) -> Result<()> {
 }
 
 pub(crate) fn insert_step(conn: &Connection, step: &Step) -> Result<()> {
-    conn.prepare_cached(&format!("INSERT INTO steps ({STEP_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"))
+    conn.prepare_cached(&format!("INSERT INTO steps ({STEP_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"))
         .and_then(|mut stmt| {
             bind_step(&mut stmt, step)?;
             stmt.raw_execute()
@@ -222,19 +235,24 @@ pub(crate) fn insert_event(conn: &Connection, event: &Event) -> Result<()> {
 }
 
 /// A fenced task update. Zero rows matched is a `Conflict` (or `NotFound`).
+/// A write that ends the lease (no `locked_by`) also clears the
+/// Supervisor's warning marks, which belong to the lease; otherwise they
+/// are left as they are.
 pub(crate) fn write_task(conn: &Connection, write: &TaskWrite) -> Result<()> {
     let task = &write.task;
     let updated = conn
         .prepare_cached(
             "UPDATE tasks SET workflow = ?2, workflow_version = ?3, input = ?4, state = ?5, locked_by = ?6, lease_epoch = ?7,
                               complete_by = ?8, not_before = ?9, failure_count = ?10, reply_to = ?11, output = ?12,
-                              error = ?13, created_at = ?14, updated_at = ?15
-              WHERE id = ?1 AND state = ?16 AND lease_epoch = ?17",
+                              error = ?13, created_at = ?14, updated_at = ?15, warn_at = ?16,
+                              warned_at = CASE WHEN ?6 IS NULL THEN NULL ELSE warned_at END,
+                              at_risk_since = CASE WHEN ?6 IS NULL THEN NULL ELSE at_risk_since END
+              WHERE id = ?1 AND state = ?17 AND lease_epoch = ?18",
         )
         .and_then(|mut stmt| {
             bind_task(&mut stmt, task)?;
-            stmt.raw_bind_parameter(16, write.expected_state.as_str())?;
-            stmt.raw_bind_parameter(17, write.expected_epoch as i64)?;
+            stmt.raw_bind_parameter(17, write.expected_state.as_str())?;
+            stmt.raw_bind_parameter(18, write.expected_epoch as i64)?;
             stmt.raw_execute()
         })
         .map_err(sql_error)?;
@@ -256,13 +274,13 @@ pub(crate) fn write_step(conn: &Connection, write: &StepWrite) -> Result<()> {
     let updated = conn
         .prepare_cached(
             "UPDATE steps SET position = ?3, state = ?4, attempt = ?5, complete_by = ?6, not_before = ?7, input = ?8,
-                              output = ?9, last_error = ?10, updated_at = ?11
-              WHERE task_id = ?1 AND name = ?2 AND state = ?12 AND attempt = ?13",
+                              output = ?9, last_error = ?10, updated_at = ?11, warn_at = ?12
+              WHERE task_id = ?1 AND name = ?2 AND state = ?13 AND attempt = ?14",
         )
         .and_then(|mut stmt| {
             bind_step(&mut stmt, step)?;
-            stmt.raw_bind_parameter(12, write.expected_state.as_str())?;
-            stmt.raw_bind_parameter(13, write.expected_attempt)?;
+            stmt.raw_bind_parameter(13, write.expected_state.as_str())?;
+            stmt.raw_bind_parameter(14, write.expected_attempt)?;
             stmt.raw_execute()
         })
         .map_err(sql_error)?;
@@ -316,7 +334,8 @@ pub(crate) fn get_task(conn: &Connection, id: &TaskId) -> Result<Option<TaskReco
 /// combination, naming only the conditions that apply, so that SQLite picks
 /// the index that serves them (`tasks_state`, `tasks_workflow`,
 /// `tasks_workflow_state`, `tasks_locked_by`, whose entries end with the
-/// rowid, or the rowid itself) and walks it newest first, with no sort; `before` is a range on
+/// rowid, or the rowid itself) and walks it newest first, with no sort
+/// (except `at_risk`, served by the small `tasks_at_risk`); `before` is a range on
 /// the same rowid. Parameters: ?1 state, ?2 workflow, ?3 locked_by,
 /// ?4 before, ?5 limit.
 fn list_tasks_sql(filter: &TaskFilter) -> String {
@@ -330,11 +349,17 @@ fn list_tasks_sql(filter: &TaskFilter) -> String {
     if filter.locked_by.is_some() {
         conditions.push("locked_by = ?3");
     }
+    if filter.at_risk {
+        conditions.push("at_risk_since IS NOT NULL AND locked_by IS NOT NULL");
+    }
     if filter.before.is_some() {
         conditions.push("rowid < (SELECT rowid FROM tasks WHERE id = ?4)");
     }
     let conditions = if conditions.is_empty() { String::new() } else { format!("WHERE {}", conditions.join(" AND ")) };
-    format!("SELECT {TASK_COLUMNS} FROM tasks {conditions} ORDER BY rowid DESC LIMIT ?5")
+    // Tasks at risk are few: their partial index is read whole and sorted,
+    // whatever else the filter names, rather than walking a larger index.
+    let indexed = if filter.at_risk { "INDEXED BY tasks_at_risk" } else { "" };
+    format!("SELECT {TASK_COLUMNS} FROM tasks {indexed} {conditions} ORDER BY rowid DESC LIMIT ?5")
 }
 
 pub(crate) fn list_tasks(conn: &Connection, filter: &TaskFilter) -> Result<Vec<Task>> {
@@ -438,6 +463,81 @@ pub(crate) fn expired(conn: &Connection, limit: u32, now: Timestamp) -> Result<V
     found.sort_by_key(|(at, _)| *at);
     found.truncate(limit as usize);
     Ok(found.into_iter().map(|(_, e)| e).collect())
+}
+
+/// Leased tasks and running steps whose warning point has passed with no
+/// warning raised, each from its partial index (`tasks_warn_due`,
+/// `steps_warn_due`), earliest first.
+pub(crate) fn warnings_due(conn: &Connection, limit: u32, now: Timestamp) -> Result<Vec<Warning>> {
+    let tasks = conn
+        .prepare_cached(&format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE warn_at IS NOT NULL AND warned_at IS NULL AND warn_at <= ?1
+               AND locked_by IS NOT NULL ORDER BY warn_at LIMIT ?2"
+        ))
+        .and_then(|mut stmt| stmt.query_map(params![now.as_millis(), limit], task_row)?.collect::<rusqlite::Result<Vec<_>>>())
+        .map_err(sql_error)?;
+    let steps = conn
+        .prepare_cached(&format!(
+            "SELECT {STEP_COLUMNS} FROM steps WHERE warn_at IS NOT NULL AND warned_attempt < attempt AND warn_at <= ?1
+               AND state = 'running' ORDER BY warn_at LIMIT ?2"
+        ))
+        .and_then(|mut stmt| stmt.query_map(params![now.as_millis(), limit], step_row)?.collect::<rusqlite::Result<Vec<_>>>())
+        .map_err(sql_error)?;
+    let mut found = Vec::with_capacity(tasks.len() + steps.len());
+    for row in tasks {
+        found.push(Warning::Task(row.into_task()?));
+    }
+    for row in steps {
+        found.push(Warning::Step(row.into_step()?));
+    }
+    found.sort_by_key(|w| w.warn_at());
+    found.truncate(limit as usize);
+    Ok(found)
+}
+
+/// Raises a warning found by [`warnings_due`] (see `Tasks::raise_warning`):
+/// marks it raised, and appends `events` if its task is still held.
+pub(crate) fn raise_warning(conn: &Connection, warning: &Warning, events: &[Event], now: Timestamp) -> Result<bool> {
+    let live = match warning {
+        Warning::Task(task) => {
+            let Some(warn_at) = task.warn_at else { return Ok(false) };
+            conn.prepare_cached(
+                "UPDATE tasks SET warned_at = ?3, at_risk_since = COALESCE(at_risk_since, ?3)
+                  WHERE id = ?1 AND warn_at = ?2 AND warned_at IS NULL AND locked_by IS NOT NULL
+                    AND state IN ('processing', 'compensating')",
+            )
+            .and_then(|mut stmt| stmt.execute(params![task.id.as_str(), warn_at.as_millis(), now.as_millis()]))
+            .map_err(sql_error)?
+                == 1
+        }
+        Warning::Step(step) => {
+            let task_id = step.task_id.as_str();
+            let live = conn
+                .prepare_cached(
+                    "UPDATE tasks SET at_risk_since = COALESCE(at_risk_since, ?4)
+                      WHERE id = ?1 AND locked_by IS NOT NULL AND state IN ('processing', 'compensating')
+                        AND EXISTS (SELECT 1 FROM steps WHERE task_id = ?1 AND name = ?2 AND attempt = ?3 AND state = 'running'
+                                       AND warn_at IS NOT NULL AND warned_attempt < attempt)",
+                )
+                .and_then(|mut stmt| stmt.execute(params![task_id, step.name.as_str(), step.attempt, now.as_millis()]))
+                .map_err(sql_error)?
+                == 1;
+            // Marked even when its task is no longer held, so it is not due again.
+            conn.prepare_cached(
+                "UPDATE steps SET warned_attempt = attempt
+                  WHERE task_id = ?1 AND name = ?2 AND attempt = ?3 AND state = 'running' AND warned_attempt < attempt",
+            )
+            .and_then(|mut stmt| stmt.execute(params![task_id, step.name.as_str(), step.attempt]))
+            .map_err(sql_error)?;
+            live
+        }
+    };
+    if live {
+        for event in events {
+            insert_event(conn, event)?;
+        }
+    }
+    Ok(live)
 }
 
 /// An event row as read: seq, task id, at, kind, step, attempt, detail.

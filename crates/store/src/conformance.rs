@@ -32,7 +32,7 @@ use serde_json::{Value, json};
 use crate::{
     BODY_BYTES_MAX, Changes, Created, Delivery, Error, Event, EventKind, Expired, NewSchedule, NewTask, Outgoing, QueueConfig, QueueStats,
     RECEIVE_MAX, Receive, Redrive, ScheduleProgress, ScheduleSource, ScheduleSpec, Sent, SharedStore, StepWrite, TaskFilter, TaskRecord,
-    TaskWrite,
+    TaskWrite, Warning,
 };
 
 /// What a backend provides to run the suite.
@@ -105,6 +105,8 @@ macro_rules! conformance_suite {
             commit_with_a_lost_message_lease_writes_nothing,
             commit_to_a_missing_record_is_not_found,
             expired_finds_tasks_and_steps_past_their_deadline,
+            warnings_are_due_once_per_attempt_and_lease,
+            a_warning_for_work_that_moved_on_writes_nothing,
             history_and_events_after_page_in_order,
             leader_lease_elects_one_holder,
             leader_reads_the_running_lease,
@@ -1733,6 +1735,221 @@ pub async fn expired_finds_tasks_and_steps_past_their_deadline(harness: &dyn Har
     assert_eq!(all, expected, "leased tasks and in-flight steps, earliest complete_by first");
     let two = ok(store.expired(2).await, "expired limit 2");
     assert_eq!(two, expected[..2], "the limit is honoured");
+}
+
+/// The events a warning appends in these cases: an `at_risk` event and an
+/// alert, as the Supervisor writes them.
+fn warning_events(warning: &Warning, at: Timestamp) -> Vec<Event> {
+    match warning {
+        Warning::Task(task) => vec![
+            Event::task(&task.id, at, EventKind::AtRisk, json!({ "reason": "lease at risk" })),
+            Event::task(&task.id, at, EventKind::Alert, json!({ "reason": "lease at risk" })),
+        ],
+        Warning::Step(step) => vec![
+            Event::step(step, at, EventKind::AtRisk, json!({ "reason": "attempt at risk" })),
+            Event::step(step, at, EventKind::Alert, json!({ "reason": "attempt at risk" })),
+        ],
+    }
+}
+
+async fn at_risk_ids(store: &SharedStore) -> Vec<String> {
+    let listed = ok(store.list_tasks(&TaskFilter { at_risk: true, ..TaskFilter::default() }).await, "list at risk");
+    listed.into_iter().map(|t| t.id.to_string()).collect()
+}
+
+/// `warnings_due` finds a running step past its `warn_at` and a leased task
+/// past its own, earliest first, until `raise_warning` raised it: once per
+/// attempt (a new attempt is due again) and once per lease. Raising appends
+/// the events, sets `at_risk_since` (kept by the holder's writes, cleared
+/// by the write that ends the lease), and never makes the holder's next
+/// fenced commit fail. `list_tasks` with `at_risk` lists exactly the held
+/// tasks warned during their lease.
+pub async fn warnings_are_due_once_per_attempt_and_lease(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let owner = instance("scheduler-1");
+    let t0 = clock.now();
+
+    // slow: leased for 60 s, at risk after 30 s; reserve runs 20 s, at risk
+    // after 10 s; charge completed (no warning point left).
+    create(&store, new_task("slow", "order", &["reserve", "charge"], t0)).await;
+    let claimed = claim_only(&store, &owner, Duration::from_secs(60), &task_id("slow")).await;
+    let slow = ok(claimed.warn_after(claimed.fence().unwrap(), t0, Some(Duration::from_secs(30))), "model warn_after");
+    let record = stored(&store, &slow.id).await;
+    let reserve = step_of(&record, "reserve").clone();
+    let first =
+        ok(reserve.start(json!({}), t0, Duration::from_secs(20)).and_then(|s| s.warn_after(t0, Some(Duration::from_secs(10)))), "start");
+    let charge = step_of(&record, "charge").clone();
+    let charge_done = ok(
+        charge.start(json!({}), t0, SECOND).and_then(|s| s.warn_after(t0, Some(MILLI))).and_then(|s| s.complete(1, json!({}), t0)),
+        "start and complete charge",
+    );
+    let changes = Changes {
+        tasks: vec![TaskWrite::replacing(&claimed, slow.clone())],
+        steps: vec![StepWrite::replacing(&reserve, first.clone()), StepWrite::replacing(&charge, charge_done)],
+        ..Changes::default()
+    };
+    commit(&store, changes, "start reserve with a warning point").await;
+    let record = stored(&store, &slow.id).await;
+    assert_eq!(
+        (record.task.warn_at, step_of(&record, "reserve").warn_at),
+        (Some(t0.add(Duration::from_secs(30))), Some(t0.add(Duration::from_secs(10)))),
+        "warn_at reads back"
+    );
+    // plain: leased with no warning point at all.
+    create(&store, new_task("plain", "order", &["only"], t0)).await;
+    claim_only(&store, &owner, Duration::from_secs(60), &task_id("plain")).await;
+
+    clock.set(t0.add(Duration::from_secs(10) - MILLI));
+    assert!(ok(store.warnings_due(10).await, "due").is_empty(), "nothing is due 1 ms before the first warning point");
+    assert!(at_risk_ids(&store).await.is_empty(), "nothing is at risk before a warning");
+    clock.set(t0.add(Duration::from_secs(10)));
+    let due = ok(store.warnings_due(10).await, "due");
+    assert_eq!(due, [Warning::Step(first.clone())], "at its warn_at, the running attempt is due (the completed step is not)");
+    let raised_at = clock.now();
+    assert!(ok(store.raise_warning(&due[0], warning_events(&due[0], raised_at)).await, "raise"), "a due warning is raised");
+    assert!(ok(store.warnings_due(10).await, "due").is_empty(), "a raised warning is not due again");
+    assert!(!ok(store.raise_warning(&due[0], warning_events(&due[0], raised_at)).await, "raise again"), "raising it twice writes nothing");
+    let kinds = history_kinds(&store, &slow.id).await;
+    assert_eq!(kinds[kinds.len() - 2..], [EventKind::AtRisk, EventKind::Alert], "the events were appended once: {kinds:?}");
+    assert_eq!(kinds.iter().filter(|k| **k == EventKind::AtRisk).count(), 1, "once: {kinds:?}");
+    let record = stored(&store, &slow.id).await;
+    assert_eq!(record.task.at_risk_since, Some(raised_at), "the task is at risk since the warning");
+    assert_eq!(at_risk_ids(&store).await, ["slow"]);
+
+    // The holder commits on the records it kept from before the warning:
+    // the attempt fails, a second one starts with its own warning point.
+    clock.set(t0.add(Duration::from_secs(12)));
+    let now = clock.now();
+    let failed = ok(first.fail(1, "503".into(), Some(Duration::ZERO), now), "fail attempt 1");
+    let second =
+        ok(failed.start(json!({}), now, Duration::from_secs(20)).and_then(|s| s.warn_after(now, Some(Duration::from_secs(10)))), "start 2");
+    let renewed = ok(slow.renew(slow.fence().unwrap(), now, Duration::from_secs(60)), "renew");
+    let decided = Task { lease_epoch: renewed.lease_epoch + 1, ..renewed };
+    let changes = Changes {
+        tasks: vec![TaskWrite::replacing(&slow, decided.clone())],
+        steps: vec![StepWrite::replacing(&first, second.clone())],
+        ..Changes::default()
+    };
+    commit(&store, changes, "the holder's decision after the warning").await;
+    let record = stored(&store, &slow.id).await;
+    assert_eq!(record.task.at_risk_since, Some(raised_at), "the holder's writes keep the lease's warning");
+    assert_eq!(at_risk_ids(&store).await, ["slow"]);
+
+    // The task's own point (30 s) and the second attempt's (22 s).
+    clock.set(t0.add(Duration::from_secs(40)));
+    let due = ok(store.warnings_due(10).await, "due");
+    let second_stored = step_of(&stored(&store, &slow.id).await, "reserve").clone();
+    assert_eq!(due, [Warning::Step(second_stored), Warning::Task(stored(&store, &slow.id).await.task)], "earliest warn_at first");
+    assert_eq!(ok(store.warnings_due(1).await, "due limit 1"), due[..1], "the limit is honoured");
+    for warning in &due {
+        assert!(ok(store.raise_warning(warning, warning_events(warning, clock.now())).await, "raise"), "{warning:?} is raised");
+    }
+    assert!(ok(store.warnings_due(10).await, "due").is_empty(), "each is raised once");
+    let kinds = history_kinds(&store, &slow.id).await;
+    assert_eq!(kinds.iter().filter(|k| **k == EventKind::AtRisk).count(), 3, "one per attempt and one for the lease: {kinds:?}");
+    assert_eq!(stored(&store, &slow.id).await.task.at_risk_since, Some(raised_at), "at risk since the first warning");
+
+    // The lease ends: the task is at risk no more, and a new lease may warn again.
+    let held = stored(&store, &slow.id).await.task;
+    let released = ok(held.release(held.fence().unwrap(), clock.now()), "release");
+    commit(&store, Changes { tasks: vec![TaskWrite::replacing(&held, released)], ..Changes::default() }, "release").await;
+    let record = stored(&store, &slow.id).await;
+    assert_eq!((record.task.warn_at, record.task.at_risk_since), (None, None), "a lease's warning ends with it");
+    assert!(at_risk_ids(&store).await.is_empty(), "a released task is not listed at risk");
+    let reclaimed = claim_only(&store, &owner, Duration::from_secs(60), &slow.id).await;
+    let now = clock.now();
+    let warned = ok(reclaimed.warn_after(reclaimed.fence().unwrap(), now, Some(Duration::from_secs(30))), "warn_after");
+    commit(&store, Changes { tasks: vec![TaskWrite::replacing(&reclaimed, warned)], ..Changes::default() }, "second lease").await;
+    clock.advance(Duration::from_secs(30));
+    let due = ok(store.warnings_due(10).await, "due");
+    assert_eq!(due.len(), 1, "the new lease is due: {due:?}");
+    assert!(matches!(&due[0], Warning::Task(t) if t.id == slow.id));
+    assert!(ok(store.raise_warning(&due[0], warning_events(&due[0], clock.now())).await, "raise"), "the new lease warns again");
+    assert_eq!(at_risk_ids(&store).await, ["slow"]);
+    // The filter combines with the others.
+    let listed = |filter: TaskFilter| {
+        let store = store.clone();
+        async move { task_ids(&ok(store.list_tasks(&filter).await, "list")).into_iter().map(str::to_owned).collect::<Vec<_>>() }
+    };
+    let at_risk = TaskFilter { at_risk: true, ..TaskFilter::default() };
+    assert_eq!(listed(TaskFilter { state: Some(TaskState::Processing), ..at_risk.clone() }).await, ["slow"]);
+    assert!(listed(TaskFilter { state: Some(TaskState::Pending), ..at_risk.clone() }).await.is_empty());
+    assert!(listed(TaskFilter { workflow: Some(WorkflowName::new("other").unwrap()), ..at_risk.clone() }).await.is_empty());
+    assert_eq!(listed(TaskFilter { locked_by: Some(owner.clone()), ..at_risk.clone() }).await, ["slow"]);
+    assert!(listed(TaskFilter { before: Some(slow.id.clone()), ..at_risk.clone() }).await.is_empty(), "nothing older is at risk");
+    assert_eq!(listed(TaskFilter { before: Some(task_id("plain")), ..at_risk }).await, ["slow"], "paging by `before`");
+}
+
+/// A warning whose record moved on between `warnings_due` and
+/// `raise_warning` writes no event: a step that completed, a task that
+/// finished, a step whose task was cancelled (marked anyway, so that it is
+/// not found again).
+pub async fn a_warning_for_work_that_moved_on_writes_nothing(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let owner = instance("scheduler-1");
+    let t0 = clock.now();
+    let minute = Duration::from_secs(60);
+    let mut running = Vec::new();
+    for id in ["completes", "finishes", "cancelled"] {
+        create(&store, new_task(id, "order", &["work"], t0)).await;
+        let claimed = claim_only(&store, &owner, minute, &task_id(id)).await;
+        let held = ok(claimed.warn_after(claimed.fence().unwrap(), t0, Some(SECOND)), "warn_after");
+        let step = step_of(&stored(&store, &held.id).await, "work").clone();
+        let started = ok(step.start(json!({}), t0, minute).and_then(|s| s.warn_after(t0, Some(SECOND))), "start");
+        let changes = Changes {
+            tasks: vec![TaskWrite::replacing(&claimed, held.clone())],
+            steps: vec![StepWrite::replacing(&step, started.clone())],
+            ..Changes::default()
+        };
+        commit(&store, changes, "start").await;
+        running.push((held, started));
+    }
+    clock.advance(SECOND);
+    let due = ok(store.warnings_due(10).await, "due");
+    assert_eq!(due.len(), 6, "every task and step is due: {due:?}");
+    let now = clock.now();
+
+    // completes: its step completed (the task is still held).
+    let (_, step) = &running[0];
+    let done = ok(step.complete(1, json!({}), now), "complete");
+    commit(&store, Changes { steps: vec![StepWrite::replacing(step, done)], ..Changes::default() }, "complete").await;
+    // finishes: processed.
+    let (task, step) = &running[1];
+    let done = ok(step.complete(1, json!({}), now), "complete");
+    let processed = ok(task.finish_processed(task.fence().unwrap(), json!({}), now), "finish");
+    commit(
+        &store,
+        Changes { tasks: vec![TaskWrite::replacing(task, processed)], steps: vec![StepWrite::replacing(step, done)], ..Changes::default() },
+        "finish",
+    )
+    .await;
+    // cancelled: the operator's cancel leaves the step running.
+    let (task, _) = &running[2];
+    let cancelled = ok(task.cancel(false, now), "cancel");
+    commit(&store, Changes { tasks: vec![TaskWrite::replacing(task, cancelled)], ..Changes::default() }, "cancel").await;
+
+    let before: Vec<Vec<EventKind>> = histories_of(&store, &running).await;
+    for warning in &due {
+        let is_held_task = matches!(warning, Warning::Task(t) if t.id.as_str() == "completes");
+        let raised = ok(store.raise_warning(warning, warning_events(warning, now)).await, "raise");
+        assert_eq!(raised, is_held_task, "{warning:?}: only the task still held and unfinished is warned");
+    }
+    let after: Vec<Vec<EventKind>> = histories_of(&store, &running).await;
+    assert_eq!(after[1..], before[1..], "no event for a finished or cancelled task");
+    assert_eq!(after[0].len(), before[0].len() + 2, "the held task's own warning only: {:?}", after[0]);
+    assert!(ok(store.warnings_due(10).await, "due").is_empty(), "nothing moved on is due again");
+    assert_eq!(at_risk_ids(&store).await, ["completes"]);
+}
+
+/// The history of each task of `running`, as kinds.
+async fn histories_of(store: &SharedStore, running: &[(Task, Step)]) -> Vec<Vec<EventKind>> {
+    let mut all = Vec::new();
+    for (task, _) in running {
+        all.push(history_kinds(store, &task.id).await);
+    }
+    all
 }
 
 /// `history` returns a task's events oldest first with increasing seq;

@@ -80,6 +80,10 @@ pub struct TaskFilter {
     pub workflow: Option<WorkflowName>,
     /// Only tasks whose lease this instance holds.
     pub locked_by: Option<InstanceId>,
+    /// Only tasks at risk: leased (so unfinished), with a warning raised
+    /// during their current lease, for the task or one of its steps
+    /// (`at_risk_since` set). Served by an index of those tasks alone.
+    pub at_risk: bool,
     /// Only tasks created strictly before this one (keyset paging: pass the
     /// last task of a page to get the next). A task id that names no task
     /// selects nothing: the listing is empty, not an error, so that a
@@ -92,7 +96,7 @@ pub struct TaskFilter {
 
 impl Default for TaskFilter {
     fn default() -> Self {
-        TaskFilter { state: None, workflow: None, locked_by: None, before: None, limit: 100 }
+        TaskFilter { state: None, workflow: None, locked_by: None, at_risk: false, before: None, limit: 100 }
     }
 }
 
@@ -209,6 +213,9 @@ pub enum EventKind {
     /// A signal arrived for the task (its detail names the signal, who sent
     /// it, and the step it went to).
     Signal,
+    /// A step's attempt or the task's lease passed its warning point
+    /// (`warn_after`) with its complete-by still ahead.
+    AtRisk,
 }
 
 impl EventKind {
@@ -231,11 +238,12 @@ impl EventKind {
             EventKind::Released => "released",
             EventKind::Alert => "alert",
             EventKind::Signal => "signal",
+            EventKind::AtRisk => "at_risk",
         }
     }
 
     /// Every kind.
-    pub const ALL: [EventKind; 16] = [
+    pub const ALL: [EventKind; 17] = [
         EventKind::Received,
         EventKind::Claimed,
         EventKind::StepStarted,
@@ -252,6 +260,7 @@ impl EventKind {
         EventKind::Released,
         EventKind::Alert,
         EventKind::Signal,
+        EventKind::AtRisk,
     ];
 
     /// The kind named `name`, if any.
@@ -298,6 +307,34 @@ pub enum Expired {
     Task(Task),
     /// A step in flight (Running or Compensating) whose attempt ran out.
     Step(Step),
+}
+
+/// A record whose warning point (`warn_at`) has passed with no warning
+/// raised yet for its current attempt or lease, as the Supervisor finds it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Warning {
+    /// A leased task whose lease passed the workflow's `warn_after`.
+    Task(Task),
+    /// A running step whose attempt passed the step's `warn_after`.
+    Step(Step),
+}
+
+impl Warning {
+    /// The task it is about.
+    pub fn task_id(&self) -> &TaskId {
+        match self {
+            Warning::Task(task) => &task.id,
+            Warning::Step(step) => &step.task_id,
+        }
+    }
+
+    /// The warning point that passed.
+    pub fn warn_at(&self) -> Option<Timestamp> {
+        match self {
+            Warning::Task(task) => task.warn_at,
+            Warning::Step(step) => step.warn_at,
+        }
+    }
 }
 
 /// A named lease that elects one holder among many instances (the
@@ -386,6 +423,29 @@ pub trait Tasks: Send + Sync {
     /// Up to `limit` leased tasks and in-flight steps whose `complete_by` is
     /// at or before now, earliest first.
     async fn expired(&self, limit: u32) -> Result<Vec<Expired>>;
+
+    /// Up to `limit` records whose warning point has passed, earliest
+    /// `warn_at` first: leased tasks whose `warn_at` is at or before now and
+    /// whose lease has raised no task warning yet, and running steps whose
+    /// `warn_at` is at or before now and whose current attempt has raised
+    /// none. Read from indexes of exactly those records, so its cost does
+    /// not grow with the number of tasks.
+    async fn warnings_due(&self, limit: u32) -> Result<Vec<Warning>>;
+
+    /// Raises the warning `warning` found, in one transaction: it marks the
+    /// warning raised for the lease (a task: same `warn_at`, still leased)
+    /// or the attempt (a step: same attempt, still running) it was found
+    /// for, so it is never due again, and, if the task is still unfinished
+    /// and leased, sets the task's `at_risk_since` (unless already set) and
+    /// appends `events`. Returns whether the events were appended: `false`
+    /// when the record moved on (finished, retried, released) or its task is
+    /// no longer held, in which case a step that is still running is marked
+    /// anyway, so that it is not found again.
+    ///
+    /// It writes nothing a holder's fenced write compares (state, lease
+    /// epoch, attempt), and a holder's writes never undo it, so the holder
+    /// of the task is not disturbed.
+    async fn raise_warning(&self, warning: &Warning, events: Vec<Event>) -> Result<bool>;
 
     /// A task's history, oldest first.
     async fn history(&self, id: &TaskId) -> Result<Vec<Event>>;

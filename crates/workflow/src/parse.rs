@@ -788,7 +788,9 @@ mod tests {
     fn warnings_are_read_at_both_levels_and_default_to_none() {
         assert_eq!(valid(MINIMAL).warn_after(), None);
         assert_eq!(valid(MINIMAL).steps()[0].warn_after(), None);
-        let workflow = valid("name: w\nversion: 1\ndeadline: 1m\nwarn_after: 45s\nsteps:\n  - name: a\n    agent: http\n    timeout: 10s\n    warn_after: 8s\n");
+        let workflow = valid(
+            "name: w\nversion: 1\ndeadline: 1m\nwarn_after: 45s\nsteps:\n  - name: a\n    agent: http\n    timeout: 10s\n    warn_after: 8s\n",
+        );
         assert_eq!(workflow.warn_after(), Some(Duration::from_secs(45)));
         assert_eq!(workflow.steps()[0].warn_after(), Some(Duration::from_secs(8)));
     }

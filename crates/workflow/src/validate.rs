@@ -189,7 +189,14 @@ impl Check<'_> {
         if max_failures == 0 {
             self.report("/max_failures", "`max_failures` must be at least 1".into());
         }
-        WorkflowFields { name, version: spec.version, deadline, warn_after: spec.warn_after, on_exhausted: spec.on_exhausted.unwrap_or_default(), max_failures }
+        WorkflowFields {
+            name,
+            version: spec.version,
+            deadline,
+            warn_after: spec.warn_after,
+            on_exhausted: spec.on_exhausted.unwrap_or_default(),
+            max_failures,
+        }
     }
 
     /// The steps, which must be at least one and at most [`STEPS_MAX`].
