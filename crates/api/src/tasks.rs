@@ -131,6 +131,7 @@ pub async fn list(State(state): State<ApiState>, ApiQuery(query): ApiQuery<TaskL
         state: query.state.as_deref().map(str::parse::<TaskState>).transpose().map_err(|err| ApiError::invalid_query("state", err))?,
         workflow: query.workflow.map(WorkflowName::new).transpose().map_err(|err| ApiError::invalid_query("workflow", err))?,
         locked_by: query.locked_by.map(InstanceId::new).transpose().map_err(|err| ApiError::invalid_query("locked_by", err))?,
+        at_risk: query.at_risk.unwrap_or(false),
         before: query.before.map(TaskId::new).transpose().map_err(|err| ApiError::invalid_query("before", err))?,
         limit: state.limit(query.limit)?,
     };

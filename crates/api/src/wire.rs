@@ -191,6 +191,10 @@ pub struct TaskSummary {
     pub not_before: i64,
     /// How many times its deadline passed.
     pub failure_count: u32,
+    /// When the Supervisor first raised a deadline warning (of the task or
+    /// one of its steps) during its current lease, epoch ms: the task is
+    /// at risk. Absent when it is not (no warning, or not held).
+    pub at_risk_since: Option<i64>,
     /// Why it failed, if it did.
     pub error: Option<String>,
     /// When it was created, epoch ms.
@@ -210,6 +214,7 @@ impl From<&Task> for TaskSummary {
             complete_by: task.complete_by.map(|t| t.as_millis()),
             not_before: task.not_before.as_millis(),
             failure_count: task.failure_count,
+            at_risk_since: task.at_risk_since.map(|t| t.as_millis()),
             error: task.error.clone(),
             created_at: task.created_at.as_millis(),
             updated_at: task.updated_at.as_millis(),
@@ -234,6 +239,13 @@ pub struct TaskView {
     pub lease_epoch: u64,
     /// When the holder's time runs out (CompleteBy), epoch ms.
     pub complete_by: Option<i64>,
+    /// When the current lease is at risk (the workflow's `warn_after` past
+    /// the claim), epoch ms; absent without a warning point.
+    pub warn_at: Option<i64>,
+    /// When the Supervisor first raised a deadline warning (of the task or
+    /// one of its steps) during its current lease, epoch ms: the task is
+    /// at risk. Absent when it is not (no warning, or not held).
+    pub at_risk_since: Option<i64>,
     /// The earliest time a Scheduler may claim it, epoch ms.
     pub not_before: i64,
     /// How many times its deadline passed.
@@ -271,6 +283,8 @@ impl TaskView {
             locked_by: task.locked_by.as_ref().map(ToString::to_string),
             lease_epoch: task.lease_epoch,
             complete_by: task.complete_by.map(|t| t.as_millis()),
+            warn_at: task.warn_at.map(|t| t.as_millis()),
+            at_risk_since: task.at_risk_since.map(|t| t.as_millis()),
             not_before: task.not_before.as_millis(),
             failure_count: task.failure_count,
             max_failures: definition.map(rota_workflow::Workflow::max_failures),
@@ -325,6 +339,10 @@ pub struct StepView {
     pub owner: Option<String>,
     /// When the current attempt's time runs out, epoch ms.
     pub complete_by: Option<i64>,
+    /// When the current attempt is at risk (the step's `warn_after` past
+    /// its start), epoch ms; absent without a warning point or once the
+    /// attempt ended.
+    pub warn_at: Option<i64>,
     /// The earliest time the next attempt may start, epoch ms.
     pub not_before: i64,
     /// The request sent to the agent, once rendered.
@@ -348,6 +366,7 @@ impl From<&Step> for StepView {
             attempt: step.attempt,
             owner: None,
             complete_by: step.complete_by.map(|t| t.as_millis()),
+            warn_at: step.warn_at.map(|t| t.as_millis()),
             not_before: step.not_before.as_millis(),
             input: step.input.clone(),
             output: step.output.clone(),
@@ -368,7 +387,9 @@ pub struct EventView {
     pub at: i64,
     /// What happened: received, claimed, step_started, step_completed,
     /// step_failed, expired, processed, error, compensation_started,
-    /// step_compensated, compensated, cancelled, resubmitted, released, alert.
+    /// step_compensated, compensated, cancelled, resubmitted, released, alert,
+    /// at_risk (a deadline warning: `detail` has its `reason`, `warn_at`,
+    /// `complete_by` and `remaining_ms`).
     #[schema(example = "step_completed")]
     pub kind: String,
     /// The step concerned, if any.
@@ -689,6 +710,12 @@ pub struct TaskListQuery {
     /// Only tasks held by this Scheduler instance.
     #[param(pattern = r"^[^\s\x00-\x1f\x7f-\x9f](?:[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f])?$", max_length = 200)]
     pub locked_by: Option<String>,
+    /// `true`: only tasks at risk, that is held (so unfinished) tasks for
+    /// which the Supervisor raised a deadline warning (`at_risk`) during
+    /// their current lease, of the task or of one of its steps; they stay
+    /// listed until the lease ends (finished, failed, expired, released).
+    /// `false` or absent: no such filter.
+    pub at_risk: Option<bool>,
     /// Only tasks created before this task (keyset paging: pass the id of
     /// the last task of a page to get the next page). An id that names no
     /// task is refused (400 `invalid_query`).

@@ -210,6 +210,9 @@ impl Backend {
                 if let Some(locked_by) = filter.locked_by {
                     params.push(("locked_by", locked_by.to_string()));
                 }
+                if filter.at_risk {
+                    params.push(("at_risk", "true".to_owned()));
+                }
                 if let Some(before) = filter.before {
                     params.push(("before", before.to_string()));
                 }

@@ -92,6 +92,11 @@ pub struct ListArgs {
     /// Only tasks of this workflow.
     #[arg(long, value_name = "NAME")]
     workflow: Option<WorkflowName>,
+    /// Only tasks at risk: unfinished tasks for which the Supervisor raised
+    /// a deadline warning (`warn_after` passed) during their current lease,
+    /// for the task or one of its steps.
+    #[arg(long)]
+    at_risk: bool,
     /// Only tasks created before this one: the next page after a listing
     /// whose last task it is.
     #[arg(long, value_name = "ID")]
@@ -327,6 +332,7 @@ fn status_text(status: &StatusJson) -> String {
         ("state", status.state.to_string()),
         ("locked_by", or_dash(status.locked_by)),
         ("complete_by", or_dash(status.complete_by.as_deref())),
+        ("at_risk_since", or_dash(status.at_risk_since.as_deref())),
         ("failure_count", failures),
         ("created_at", status.created_at.clone()),
         ("updated_at", status.updated_at.clone()),
@@ -416,7 +422,14 @@ fn status_text(status: &StatusJson) -> String {
 pub async fn list(store: &StoreArgs, args: ListArgs) -> anyhow::Result<()> {
     let backend = store.backend().await?;
     let tasks = backend
-        .tasks(TaskFilter { state: args.state, workflow: args.workflow, before: args.before, limit: args.limit, ..TaskFilter::default() })
+        .tasks(TaskFilter {
+            state: args.state,
+            workflow: args.workflow,
+            at_risk: args.at_risk,
+            before: args.before,
+            limit: args.limit,
+            ..TaskFilter::default()
+        })
         .await?;
     if args.json {
         let json: Vec<TaskSummaryJson> = tasks.iter().map(TaskSummaryJson::from).collect();
@@ -434,6 +447,9 @@ pub async fn list(store: &StoreArgs, args: ListArgs) -> anyhow::Result<()> {
             // A Pending task that may not start yet says until when.
             let state = if state == TaskState::Pending && task.not_before > now {
                 format!("{state} until {}", rfc3339_millis(task.not_before))
+            } else if let Some(since) = task.at_risk_since {
+                // A deadline warning was raised during its current lease.
+                format!("{state}, at risk since {}", rfc3339_millis(since))
             } else {
                 state.to_string()
             };

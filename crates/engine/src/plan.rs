@@ -14,6 +14,9 @@
 //!   timeout reported by the Supervisor) counts against the task's
 //!   `failure_count`; below `max_failures` the step is retried after a
 //!   backoff, at the threshold the task ends as for a permanent error.
+//! * A claim sets the task's warning point (the workflow's `warn_after`)
+//!   and every attempt of a step its own (the step's `warn_after`); the
+//!   Supervisor raises the warnings. Compensations have none.
 //! * Compensation undoes completed steps one at a time, in reverse order of
 //!   completion, and waits for steps still in flight to settle first. A step
 //!   whose attempt timed out while the task is being undone is "in doubt"
@@ -136,7 +139,12 @@ impl<'a> Draft<'a> {
     /// and re-send whatever the previous holder had in flight (new attempts,
     /// since its replies went to the previous holder's inbox).
     fn on_claimed(&mut self, fence: rota_model::TaskFence) -> Result<(), String> {
-        self.task = self.task.renew(fence, self.cx.now, self.cx.workflow.deadline()).map_err(|e| e.to_string())?;
+        let wf = self.cx.workflow;
+        self.task = self
+            .task
+            .renew(fence, self.cx.now, wf.deadline())
+            .and_then(|renewed| renewed.warn_after(fence, self.cx.now, wf.warn_after()))
+            .map_err(|e| e.to_string())?;
         // While compensating, a step still running is not re-run: it is left
         // to settle (a late success gets compensated, a timeout does not).
         let reissue = |s: &Step| match self.task.state {
@@ -152,7 +160,10 @@ impl<'a> Draft<'a> {
             let compensate = self.steps[&name].state == StepState::Compensating;
             let Some(def) = self.cx.workflow.step(&name) else { continue };
             let timeout = if compensate { def.compensate().map_or(def.timeout(), |c| c.timeout()) } else { def.timeout() };
-            let reissued = self.steps[&name].reissue(self.cx.now, timeout).map_err(|e| e.to_string())?;
+            let mut reissued = self.steps[&name].reissue(self.cx.now, timeout).map_err(|e| e.to_string())?;
+            if !compensate {
+                reissued = reissued.warn_after(self.cx.now, def.warn_after()).map_err(|e| e.to_string())?;
+            }
             let input = reissued.input.clone().unwrap_or(Value::Null);
             self.steps.insert(name.clone(), reissued);
             self.send_request(&name, compensate, input);
@@ -405,7 +416,7 @@ impl<'a> Draft<'a> {
                     return false;
                 }
             };
-            match self.steps[&name].start(input.clone(), now, def.timeout()) {
+            match self.steps[&name].start(input.clone(), now, def.timeout()).and_then(|started| started.warn_after(now, def.warn_after())) {
                 Ok(started) => {
                     self.steps.insert(name.clone(), started);
                     self.send_request(&name, false, input);

@@ -11,6 +11,12 @@
 //!   attempt), which counts the failure and retries or ends the task.
 //! * A step left in flight by a task nobody holds is settled as not started,
 //!   so that whoever claims the task next starts it afresh.
+//! * A running attempt or a leased task past its warning point (`warn_at`,
+//!   from the definition's `warn_after`) is at risk: the Supervisor raises
+//!   an `at_risk` event and an alert while the complete-by is still ahead,
+//!   once per attempt and once per lease (`Tasks::raise_warning`). Raising
+//!   one changes no state, lease epoch or attempt, so the task's Scheduler
+//!   is not disturbed: its next commit matches as if nothing had happened.
 //!
 //! * The leader fires the schedules that are due ([`crate::schedules`]),
 //!   and wakes at the next fire time when that comes before its next round.
@@ -25,7 +31,7 @@ use std::time::Duration;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rota_model::{Clock, InstanceId, RetryPolicy, Step, Task, TaskState, Timestamp};
-use rota_store::{Changes, Event, EventKind, Expired, Outgoing, SharedStore, StepWrite, TaskWrite};
+use rota_store::{Changes, Event, EventKind, Expired, Outgoing, SharedStore, StepWrite, TaskWrite, Warning};
 use serde_json::json;
 
 use crate::client::Client;
@@ -127,6 +133,8 @@ pub struct Round {
     pub steps_settled: u32,
     /// What the schedules did (the leader fires them).
     pub schedules: schedules::Round,
+    /// Warnings raised (`at_risk` events, each with an alert).
+    pub warnings_raised: u32,
 }
 
 impl Round {
@@ -203,10 +211,23 @@ impl Supervisor {
             return Ok(round);
         }
         round.leader = true;
+        self.recover_expired(&mut round).await?;
+        self.raise_warnings(&mut round).await?;
+        round.record();
+        // After the recoveries and warnings: a fire's task is new work, a
+        // recovery is overdue work.
+        match self.firing.run_once().await {
+            Ok(schedules) => round.schedules = schedules,
+            Err(err) => tracing::warn!("firing schedules: {err}"),
+        }
+        Ok(round)
+    }
+
+    async fn recover_expired(&self, round: &mut Round) -> Result<()> {
         for expired in self.store.expired(self.config.batch).await? {
             let outcome = match expired {
-                Expired::Task(task) => self.expire_task(&task, &mut round).await,
-                Expired::Step(step) => self.expire_step(&step, &mut round).await,
+                Expired::Task(task) => self.expire_task(&task, round).await,
+                Expired::Step(step) => self.expire_step(&step, round).await,
             };
             match outcome {
                 Ok(()) => {}
@@ -215,14 +236,29 @@ impl Supervisor {
                 Err(err) => tracing::warn!("recovering an expired record: {err}"),
             }
         }
-        round.record();
-        // After the recoveries: a fire's task is new work, a recovery is
-        // overdue work.
-        match self.firing.run_once().await {
-            Ok(schedules) => round.schedules = schedules,
-            Err(err) => tracing::warn!("firing schedules: {err}"),
+        Ok(())
+    }
+
+    /// Raises the warnings whose point has passed: an `at_risk` event and
+    /// an alert (naming the step, for a step's attempt) whose reason says
+    /// what passed its warning point and how long remains before its
+    /// complete-by. The store appends them only while the task is held and
+    /// the attempt or lease is the one found, so never after the work
+    /// finished.
+    async fn raise_warnings(&self, round: &mut Round) -> Result<()> {
+        for warning in self.store.warnings_due(self.config.batch).await? {
+            let now = self.clock.now();
+            let events = warning_events(&warning, now);
+            match self.store.raise_warning(&warning, events).await {
+                Ok(true) => {
+                    round.warnings_raised += 1;
+                    metrics::counter!(telemetry::WARNINGS_RAISED, "of" => warning_of(&warning)).increment(1);
+                }
+                Ok(false) => tracing::debug!("warning for task {} no longer applies", warning.task_id()),
+                Err(err) => tracing::warn!("raising a warning for task {}: {err}", warning.task_id()),
+            }
         }
-        Ok(round)
+        Ok(())
     }
 
     async fn expire_task(&self, task: &Task, round: &mut Round) -> Result<()> {
@@ -314,6 +350,42 @@ impl Supervisor {
         replies::commit(&self.store, changes).await?;
         round.steps_settled += 1;
         Ok(())
+    }
+}
+
+/// What a warning is about, as a metric label: `step` or `task`.
+fn warning_of(warning: &Warning) -> &'static str {
+    match warning {
+        Warning::Task(_) => "task",
+        Warning::Step(_) => "step",
+    }
+}
+
+/// The `at_risk` event and the alert of `warning`, raised at `now`.
+pub(crate) fn warning_events(warning: &Warning, now: Timestamp) -> Vec<Event> {
+    let (complete_by, warn_at) = match warning {
+        Warning::Task(task) => (task.complete_by, task.warn_at),
+        Warning::Step(step) => (step.complete_by, step.warn_at),
+    };
+    let left = complete_by.map_or(Duration::ZERO, |by| by.since(now));
+    let what = match warning {
+        Warning::Task(_) => "the task".to_owned(),
+        Warning::Step(step) => format!("step {} attempt {}", step.name, step.attempt),
+    };
+    let complete_by_ms = complete_by.map(Timestamp::as_millis);
+    let reason = format!("{what} passed its warn_after with {} left before its complete-by", human(left));
+    let detail = json!({
+        "reason": reason,
+        "warn_at": warn_at.map(Timestamp::as_millis),
+        "complete_by": complete_by_ms,
+        "remaining_ms": u64::try_from(left.as_millis()).unwrap_or(u64::MAX),
+    });
+    let alert = json!({ "reason": reason });
+    match warning {
+        Warning::Task(task) => {
+            vec![Event::task(&task.id, now, EventKind::AtRisk, detail), Event::task(&task.id, now, EventKind::Alert, alert)]
+        }
+        Warning::Step(step) => vec![Event::step(step, now, EventKind::AtRisk, detail), Event::step(step, now, EventKind::Alert, alert)],
     }
 }
 

@@ -49,6 +49,9 @@ pub const SUPERVISOR_RECOVERIES: &str = "rota_supervisor_recoveries_total";
 /// `outcome` (`started`, `skipped` by the overlap policy, `missed` and
 /// skipped by the catch-up policy).
 pub const SCHEDULE_FIRES: &str = "rota_schedule_fires_total";
+/// Counter: deadline warnings the Supervisor raised (`at_risk` events).
+/// Labels: `of` (`step`, `task`).
+pub const WARNINGS_RAISED: &str = "rota_supervisor_warnings_total";
 /// Counter: messages a consumer dead-lettered (poison messages). Labels:
 /// `queue`.
 pub const DEAD_LETTERS: &str = "rota_dead_letters_total";
