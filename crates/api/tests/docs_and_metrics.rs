@@ -139,6 +139,16 @@ async fn the_openapi_document_lists_every_route_with_its_errors_and_schemas() {
     ] {
         assert!(schemas.contains_key(name), "schema {name}");
     }
+
+    // Deadline warnings: the listing's filter and the fields that say when.
+    let params = doc["paths"]["/v1/tasks"]["get"]["parameters"].as_array().unwrap();
+    let at_risk = params.iter().find(|p| p["name"] == "at_risk").expect("the at_risk filter is documented");
+    assert_eq!((&at_risk["in"], &at_risk["schema"]["type"]), (&json!("query"), &json!("boolean")), "{at_risk}");
+    for (schema, field) in
+        [("TaskSummary", "at_risk_since"), ("TaskView", "at_risk_since"), ("TaskView", "warn_at"), ("StepView", "warn_at")]
+    {
+        assert!(schemas[schema]["properties"].get(field).is_some(), "{schema}.{field} is documented");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -215,3 +215,63 @@ async fn status_events_are_posted_signed_in_order_retried_and_dead_lettered() {
     stop.trigger();
     running.await.unwrap().unwrap();
 }
+
+/// A step of 1.5 s with a warning point at 300 ms: the Supervisor (every
+/// 100 ms in these tests) raises one `at_risk` warning while it runs.
+fn risky() -> rota_workflow::Workflow {
+    rota_workflow::Workflow::builder("risky", 1)
+        .step(
+            rota_workflow::StepDef::new("slow", "delay")
+                .with_input(json!({ "ms": 1500 }))
+                .timeout(Duration::from_secs(30))
+                .warn_after(Duration::from_millis(300)),
+        )
+        .build(&rota_workflow::AgentCatalog::builtin())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_at_risk_warning_reaches_webhooks_event_streams_and_the_at_risk_listing() {
+    let server = start(Options { workflows: vec![risky()], ..Options::default() }).await;
+    let state = Arc::new(Receiver::default());
+    let base = receiver(state.clone()).await;
+    let (stop, running) = dispatch(&server, "hooks-risk");
+    let mut stream = common::SseReader::open(&server, "/v1/events?kind=at_risk", None).await;
+    assert_eq!(server.get("/v1/tasks?at_risk=true").await.body, json!([]), "nothing is at risk yet");
+
+    let reply = server.post_json("/v1/tasks", &json!({ "workflow": "risky", "id": "r-1", "callback_url": format!("{base}/hook") })).await;
+    assert_eq!(reply.status, reqwest::StatusCode::CREATED, "{}", reply.text);
+    let frame = stream.next_event().await.expect("an at_risk event on the stream");
+    let event = frame.json();
+    assert_eq!(
+        (&event["kind"], &event["task_id"], &event["step"], &event["attempt"]),
+        (&json!("at_risk"), &json!("r-1"), &json!("slow"), &json!(1))
+    );
+    assert!(event["detail"]["reason"].as_str().unwrap().starts_with("step slow attempt 1 passed its warn_after with "), "{event}");
+
+    // While the step runs, the task is listed at risk, and says since when.
+    let listed = server.get("/v1/tasks?at_risk=true").await;
+    assert_eq!(listed.body.as_array().map(Vec::len), Some(1), "{}", listed.text);
+    assert_eq!(listed.body[0]["id"], "r-1");
+    assert!(listed.body[0]["at_risk_since"].is_i64(), "{}", listed.text);
+    let task = server.get("/v1/tasks/r-1").await.body;
+    assert_eq!(task["at_risk_since"], listed.body[0]["at_risk_since"]);
+    assert!(task["steps"][0]["warn_at"].is_i64(), "{task}");
+    assert_eq!(server.get("/v1/tasks?at_risk=true&state=processing").await.body.as_array().map(Vec::len), Some(1));
+    assert_eq!(server.get("/v1/tasks?at_risk=true&workflow=quick").await.body, json!([]));
+    assert_eq!(server.get("/v1/tasks?at_risk=false").await.body.as_array().map(Vec::len), Some(1), "false is no filter");
+    let reason = server.get("/v1/tasks?at_risk=maybe").await.assert_error(400, "invalid_query");
+    assert!(reason.contains("at_risk"), "{reason}");
+    let alerts = server.get("/v1/alerts").await.body;
+    assert_eq!((&alerts[0]["task_id"], &alerts[0]["step"]), (&json!("r-1"), &json!("slow")), "{alerts}");
+
+    assert_eq!(server.wait_terminal("r-1").await["state"], "processed");
+    assert_eq!(server.get("/v1/tasks?at_risk=true").await.body, json!([]), "a finished task is not at risk");
+    let seen = wait_seen(&state, "r-1 processed", |seen| kinds_of(seen, "r-1").contains(&"processed".to_owned())).await;
+    assert_eq!(kinds_of(&seen, "r-1"), ["received", "at_risk", "step_completed", "processed"], "the webhook gets the warning once");
+    let posted = seen.iter().find(|r| r.event()["kind"] == "at_risk").unwrap();
+    assert_signed(posted);
+    assert_eq!(posted.event()["seq"], event["seq"], "the same event as the stream's");
+    stop.trigger();
+    running.await.unwrap().unwrap();
+}

@@ -226,7 +226,7 @@ fn validate_prints_every_problem_with_its_position() {
             ),
             format!("{bad}:8:18: step `b`: depends on unknown step `missing`"),
             format!(
-                "{bad}:10:5: step `b`: unknown field `colour` (expected one of: name, agent, wait, with, timeout, retry, compensate, depends_on)"
+                "{bad}:10:5: step `b`: unknown field `colour` (expected one of: name, agent, wait, with, timeout, warn_after, retry, compensate, depends_on)"
             ),
             "error: 4 problems in 1 of 2 workflow files".to_owned(),
         ]
@@ -630,6 +630,79 @@ fn status_shows_a_circuit_breaker_that_opened() {
 }
 
 // ------------------------------------------------------------------ cancel
+
+#[test]
+fn validate_reports_a_warning_point_that_is_not_before_its_complete_by() {
+    let rota = Rota::new();
+    let files = Files::new();
+    let late = files.workflow(
+        "late.yaml",
+        "name: late\nversion: 1\ndeadline: 1m\nwarn_after: 2m\nsteps:\n  - name: a\n    agent: delay\n    timeout: 5s\n    warn_after: 5s\n",
+    );
+    let late = late.display().to_string();
+    let (code, stderr) = rota.fails(&["validate", &late]);
+    assert_eq!(code, 1);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            format!(
+                "{late}:4:13: `warn_after` (2m) must be shorter than `deadline` (1m): the warning must come while there is still time to act"
+            ),
+            format!(
+                "{late}:9:17: step `a`: `warn_after` (5s) must be shorter than `timeout` (5s): the warning must come while there is still time to act"
+            ),
+            "error: 2 problems in 1 of 1 workflow file".to_owned(),
+        ]
+    );
+    let fine =
+        files.workflow("fine.yaml", "name: fine\nversion: 1\nwarn_after: 4m\nsteps:\n  - name: a\n    agent: delay\n    warn_after: 20s\n");
+    let fine = fine.display().to_string();
+    assert_eq!(rota.ok(&["validate", &fine]), format!("{fine}: ok (workflow fine version 1, 1 step)\n"));
+}
+
+#[test]
+fn tasks_at_risk_lists_a_task_whose_step_passed_its_warning_point() {
+    let rota = Rota::new();
+    let files = Files::new();
+    files.workflow(
+        "risky.yaml",
+        "name: risky\nversion: 1\nsteps:\n  - name: wait\n    agent: delay\n    with: { for: \"60s\" }\n    timeout: 2m\n    warn_after: 300ms\n",
+    );
+    let help = rota.ok(&["tasks", "--help"]);
+    assert!(help.contains("--at-risk") && help.contains("deadline warning"), "{help}");
+    let serve = Serve::start(&rota, &files.workflows(), "risk-1", &[]);
+    let output = rota.command(&["tasks", "--at-risk"]).output().unwrap();
+    assert!(output.status.success());
+    assert_eq!((stdout_of(&output).as_str(), stderr_of(&output).trim()), ("", "no tasks"), "nothing is at risk yet");
+    assert_eq!(rota.ok(&["submit", "risky", "--id", "r-1"]), "r-1\n");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let listed = loop {
+        let listed = rota.json(&["tasks", "--at-risk", "--json"]);
+        if !listed.as_array().unwrap().is_empty() {
+            break listed;
+        }
+        assert!(Instant::now() < deadline, "r-1 never became at risk: {:#}", rota.json(&["status", "r-1", "--json"]));
+        thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed:#}");
+    assert_eq!((&listed[0]["id"], &listed[0]["state"]), (&json!("r-1"), &json!("processing")));
+    assert!(listed[0]["at_risk_since"].as_str().unwrap().ends_with('Z'), "{listed:#}");
+    let table = rota.ok(&["tasks", "--at-risk"]);
+    assert!(table.starts_with("ID") && table.contains("r-1") && table.contains("processing, at risk since "), "{table}");
+    let alerts = rota.ok(&["alerts"]);
+    assert!(alerts.contains("r-1") && alerts.contains("step wait attempt 1 passed its warn_after with "), "{alerts}");
+    let status = rota.json(&["status", "r-1", "--json"]);
+    assert!(status["at_risk_since"].is_string() && status["steps"][0]["warn_at"].is_string(), "{status:#}");
+    let kinds: Vec<&str> = status["history"].as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds.iter().filter(|k| **k == "at_risk").count(), 1, "warned once: {kinds:?}");
+
+    // Cancelled, it is at risk no more.
+    assert_eq!(rota.ok(&["cancel", "r-1"]), "cancelled\n");
+    assert_eq!(rota.json(&["tasks", "--at-risk", "--json"]), json!([]));
+    let (status, _, stderr) = serve.terminate();
+    assert_eq!(status.code(), Some(0), "{stderr}");
+}
 
 #[test]
 fn cancel_stops_a_task_stuck_in_a_long_step() {

@@ -437,7 +437,9 @@ impl<'a> Draft<'a> {
         let step = &self.steps[name];
         let received = crate::signal::received(step).cloned();
         let input = step.input.clone().filter(|_| received.is_some()).unwrap_or(Value::Null);
-        let started = match step.start(input, now, timeout) {
+        // A wait has a warning point like any attempt: the signal is late.
+        let warn_after = self.cx.workflow.step(name).and_then(|def| def.warn_after());
+        let started = match step.start(input, now, timeout).and_then(|started| started.warn_after(now, warn_after)) {
             Ok(started) => started,
             Err(err) => {
                 tracing::error!("starting step {name} of task {}: {err}", self.task.id);

@@ -145,7 +145,7 @@ pub struct WebhookConfig {
 
 impl WebhookConfig {
     /// The status kinds (received, step completed or failed, processed,
-    /// error, compensation, cancelled, resubmitted), 8 attempts 1 s apart
+    /// error, compensation, cancelled, resubmitted, at risk), 8 attempts 1 s apart
     /// doubling to 5 min, 10 s per POST, 16 at once, a 250 ms poll.
     pub fn new(instance: InstanceId, secret: Secret) -> Self {
         use EventKind::*;
@@ -163,6 +163,7 @@ impl WebhookConfig {
                 Compensated,
                 Cancelled,
                 Resubmitted,
+                AtRisk,
             ],
             attempts_max: 8,
             backoff_initial: Duration::from_secs(1),
