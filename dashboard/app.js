@@ -70,6 +70,12 @@ function badge(state) {
   return h('span', { class: `badge state-${state}` }, state);
 }
 
+/** "at risk" beside a task's state while a deadline warning of its lease stands. */
+function atRisk(task) {
+  return task.at_risk_since === null || task.at_risk_since === undefined ? null
+    : h('span', { class: 'badge at-risk', title: `A deadline warning was raised at ${new Date(task.at_risk_since).toISOString()}` }, 'at risk');
+}
+
 function json(value) {
   return h('pre', { class: 'json' }, value === null || value === undefined ? '—' : JSON.stringify(value, null, 2));
 }
@@ -300,6 +306,8 @@ function tasksPage(params, query) {
   const state = query.get('state') ?? '';
   const workflow = query.get('workflow') ?? '';
   const before = query.get('before') ?? '';
+  // Only the tasks at risk: a deadline warning raised during their lease.
+  const risky = query.get('at_risk') === 'true' ? 'true' : '';
   const trail = (query.get('trail') ?? '').split(',').filter(Boolean);
   const workflowSelect = h('select', { id: 'filter-workflow', name: 'workflow' }, h('option', { value: '' }, 'any workflow'));
   const filters = h('form', { method: 'get', action: '/ui/tasks', class: 'filters' },
@@ -307,6 +315,9 @@ function tasksPage(params, query) {
     h('select', { id: 'filter-state', name: 'state', onchange: (event) => event.target.form.requestSubmit() },
       h('option', { value: '' }, 'any state'), TASK_STATES.map((name) => h('option', { value: name, selected: name === state }, name))),
     h('label', { for: 'filter-workflow' }, 'Workflow'), workflowSelect,
+    h('label', { for: 'filter-at-risk', class: 'check' },
+      h('input', { id: 'filter-at-risk', name: 'at_risk', type: 'checkbox', value: 'true', checked: risky === 'true',
+        onchange: (event) => event.target.form.requestSubmit() }), ' At risk'),
     h('noscript', null, h('button', { type: 'submit' }, 'Filter')));
   workflowSelect.addEventListener('change', () => filters.requestSubmit());
   const find = h('form', { class: 'find', onsubmit: (event) => {
@@ -324,7 +335,7 @@ function tasksPage(params, query) {
     title: 'Tasks', nav: '/ui/tasks', body,
     async update() {
       const [tasks, counts, workflows] = await Promise.all([
-        api(`/v1/tasks${q({ state, workflow, before, limit: PAGE_SIZE })}`),
+        api(`/v1/tasks${q({ state, workflow, at_risk: risky, before, limit: PAGE_SIZE })}`),
         api(`/v1/tasks/counts${q({ workflow })}`),
         workflowsLoaded ? null : api('/v1/workflows'),
       ]);
@@ -335,17 +346,20 @@ function tasksPage(params, query) {
         append(workflowSelect, [...names].sort().map((name) => h('option', { value: name, selected: name === workflow }, name)));
       }
       const matching = state ? counts.counts[state] ?? 0 : counts.total;
-      summary.textContent = `${number(matching)} ${matching === 1 ? 'task' : 'tasks'}${state ? ` in state ${state}` : ''}${workflow ? ` of workflow ${workflow}` : ''}`;
+      // The counts are by state: at risk, the page says what it lists instead.
+      summary.textContent = risky
+        ? `Tasks at risk${state ? ` in state ${state}` : ''}${workflow ? ` of workflow ${workflow}` : ''}: a deadline warning was raised during their lease`
+        : `${number(matching)} ${matching === 1 ? 'task' : 'tasks'}${state ? ` in state ${state}` : ''}${workflow ? ` of workflow ${workflow}` : ''}`;
       list.replaceChildren(table('Tasks', ['Id', 'Workflow', 'State', 'Failures', 'Created', 'Updated'], tasks.map((task) => h('tr', null,
         h('td', null, taskLink(task.id)), h('td', null, h('a', { href: `/ui/workflows/${encodeURIComponent(task.workflow)}` }, task.workflow)),
-        h('td', null, badge(task.state), task.state === 'pending' && task.not_before > Date.now() ? h('span', { class: 'hint' }, ' waits until ', time(task.not_before)) : null),
+        h('td', null, badge(task.state), atRisk(task), task.state === 'pending' && task.not_before > Date.now() ? h('span', { class: 'hint' }, ' waits until ', time(task.not_before)) : null),
         h('td', { class: 'n' }, task.failure_count), h('td', null, time(task.created_at)), h('td', null, time(task.updated_at)))),
       'No task matches.'));
       const link = (label, target, rel) => target === null
         ? h('span', { class: 'disabled', 'aria-disabled': 'true' }, label)
         : h('a', { href: `/ui/tasks${q(target)}`, rel }, label);
-      const newer = before ? { state, workflow, before: trail[trail.length - 1], trail: trail.slice(0, -1).join(',') } : null;
-      const older = tasks.length === PAGE_SIZE ? { state, workflow, before: tasks[tasks.length - 1].id, trail: [...trail, before].filter(Boolean).join(',') } : null;
+      const newer = before ? { state, workflow, at_risk: risky, before: trail[trail.length - 1], trail: trail.slice(0, -1).join(',') } : null;
+      const older = tasks.length === PAGE_SIZE ? { state, workflow, at_risk: risky, before: tasks[tasks.length - 1].id, trail: [...trail, before].filter(Boolean).join(',') } : null;
       // The first page is reached with no cursor at all.
       if (newer && !newer.before) delete newer.before;
       paging.replaceChildren(link('Newer', newer, 'prev'), link('Older', older, 'next'));
@@ -375,7 +389,7 @@ function taskPage([id]) {
         action('Resubmit', `Resubmit task ${taskId} from its first unfinished step?`,
           () => api(`/v1/tasks/${encodeURIComponent(taskId)}/resubmit`, { method: 'POST' }), () => 'Resubmitted.'));
       body.replaceChildren(
-        h('p', { class: 'subtitle' }, badge(task.state), ' ', 'workflow ',
+        h('p', { class: 'subtitle' }, badge(task.state), atRisk(task), ' ', 'workflow ',
           h('a', { href: `/ui/workflows/${encodeURIComponent(task.workflow)}` }, task.workflow), ` version ${task.version}`),
         actions,
         section('Workflow', dag(definition?.steps ?? task.steps.map((step, i) => ({ name: step.name, depends_on: i ? [task.steps[i - 1].name] : [] })), task.steps)),
@@ -392,7 +406,8 @@ function taskPage([id]) {
         section('Attempts', attempts(task, history)),
         section('Fields', h('dl', { class: 'fields' },
           field('State', badge(task.state)), field('Locked by', task.locked_by ?? '—'), field('Lease epoch', task.lease_epoch),
-          field('Complete by', time(task.complete_by)), field('Not before', time(task.not_before)),
+          field('Complete by', time(task.complete_by)), field('Warn at', time(task.warn_at)), field('At risk since', time(task.at_risk_since)),
+          field('Not before', time(task.not_before)),
           field('Failure count', task.max_failures === null || task.max_failures === undefined ? task.failure_count : `${task.failure_count} of ${task.max_failures}`),
           field('Error', task.error ?? '—'), field('Callback URL', task.callback_url ?? '—'),
           field('Created', time(task.created_at)), field('Updated', time(task.updated_at)))),

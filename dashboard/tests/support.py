@@ -149,6 +149,18 @@ steps:
     timeout: 300ms
     retry: { attempts: 2, backoff: 50ms, max_backoff: 50ms }
 """,
+    # A long step with an early warning point: the Supervisor raises an
+    # at_risk warning within about a second, and the task stays at risk.
+    "late": """
+name: late
+version: 1
+steps:
+  - name: crawl
+    agent: delay
+    with: { for: "120s" }
+    timeout: 5m
+    warn_after: 200ms
+""",
     # The quickest task: many of them fill a list.
     "tick": """
 name: tick
