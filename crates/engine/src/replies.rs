@@ -40,9 +40,11 @@ pub fn is_status(kind: EventKind) -> bool {
     use EventKind::*;
     match kind {
         Received | StepCompleted | Processed | Error | Compensated | Cancelled => true,
-        Claimed | StepStarted | StepFailed | Expired | CompensationStarted | StepCompensated | Resubmitted | Released | Alert | Signal => {
-            false
-        }
+        // A deadline warning (`at_risk`) is raised by the Supervisor's
+        // `raise_warning`, which writes no task and sends nothing: it reaches
+        // applications through webhooks and event streams.
+        Claimed | StepStarted | StepFailed | Expired | CompensationStarted | StepCompensated | Resubmitted | Released | Alert | Signal
+        | AtRisk => false,
     }
 }
 

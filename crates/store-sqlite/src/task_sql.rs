@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use rota_model::{InstanceId, QueueName, Step, StepName, StepState, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{
-    Changes, ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, Result, StepWrite, TaskFilter, TaskRecord, TaskWrite,
-    Warning, WorkflowEntry,
+    Changes, ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, Result, StepWrite, TaskFilter, TaskRecord, TaskWrite, Warning,
+    WorkflowEntry,
 };
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde_json::Value;
