@@ -231,6 +231,105 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/schedules": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Every schedule, sorted by name, with its next fire time. */
+        get: operations["list_schedules"];
+        put?: never;
+        /**
+         * Create a schedule.
+         * @description Idempotent: creating a schedule that exists with the same definition
+         *     answers 200 with it; with another definition, 409.
+         */
+        post: operations["create_schedule"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/schedules/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** A schedule, with its next fire time and progress. */
+        get: operations["get_schedule"];
+        put?: never;
+        post?: never;
+        /** Delete a schedule. The tasks it started are kept. */
+        delete: operations["delete_schedule"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/schedules/{name}/pause": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Pause a schedule: it does not fire until resumed. */
+        post: operations["pause_schedule"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/schedules/{name}/resume": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Resume a schedule: it fires from now on (fires while it was paused are
+         *     not caught up).
+         */
+        post: operations["resume_schedule"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/schedules/{name}/trigger": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Fire a schedule now, paused or not, whatever its overlap policy.
+         * @description Starts its workflow with its input as the task `NAME@manual@<now>`
+         *     (RFC 3339 UTC, milliseconds), an id no cron fire has; the schedule's
+         *     own fires go on as before.
+         */
+        post: operations["trigger_schedule"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/tasks": {
         parameters: {
             query?: never;
@@ -756,7 +855,9 @@ export interface components {
             /**
              * @description What happened: received, claimed, step_started, step_completed,
              *     step_failed, expired, processed, error, compensation_started,
-             *     step_compensated, compensated, cancelled, resubmitted, released, alert.
+             *     step_compensated, compensated, cancelled, resubmitted, released, alert,
+             *     at_risk (a deadline warning: `detail` has its `reason`, `warn_at`,
+             *     `complete_by` and `remaining_ms`).
              * @example step_completed
              */
             kind: string;
@@ -983,6 +1084,106 @@ export interface components {
              */
             backoff_max_ms: number;
         };
+        /** @description A request to create a schedule (`POST /v1/schedules`). */
+        ScheduleRequest: {
+            /**
+             * @description After a time nobody fired it: `none`, `latest` (the default), or `all`.
+             * @example latest
+             */
+            catch_up?: string | null;
+            /**
+             * @description A cron expression: five fields, or six with seconds first
+             *     (`0 30 2 * * *`); croner's syntax (`L`, `W`, `#`, `@daily`…).
+             * @example 0 30 2 * * *
+             */
+            cron: string;
+            /** @description The input of every task it starts (any JSON); `{}` when absent. */
+            input?: unknown;
+            /**
+             * @description The schedule's name: ASCII letters, digits, `-`, `_`, `.`, `:`.
+             * @example nightly-report
+             */
+            name: string;
+            /**
+             * @description While the last fire's task runs: `skip` (the default), `allow`, or `buffer-one`.
+             * @example skip
+             */
+            overlap?: string | null;
+            /**
+             * @description The IANA time zone the expression is read in; `UTC` when absent.
+             * @example Europe/Paris
+             */
+            timezone?: string | null;
+            /**
+             * @description The workflow each fire submits (its latest version at the fire).
+             * @example report
+             */
+            workflow: string;
+        };
+        /** @description A schedule, with its next fire time and its progress. */
+        ScheduleView: {
+            /**
+             * Format: int64
+             * @description A fire waiting for the last task to finish (`buffer-one`), epoch ms.
+             */
+            buffered_fire_at?: number | null;
+            /** @description `none`, `latest` or `all`. */
+            catch_up: string;
+            /**
+             * Format: int64
+             * @description When it was created, epoch ms.
+             */
+            created_at: number;
+            /** @description The cron expression. */
+            cron: string;
+            /**
+             * Format: int64
+             * @description Every fire time up to this one has been handled, epoch ms.
+             */
+            fired_through: number;
+            /** @description The input of every task it starts. */
+            input: unknown;
+            /**
+             * Format: int64
+             * @description The fire time of the last task a cron fire started, epoch ms.
+             */
+            last_fire_at?: number | null;
+            /**
+             * Format: int64
+             * @description The fire time of the last skipped fire, epoch ms.
+             */
+            last_skipped_at?: number | null;
+            /** @description That task's id. */
+            last_task?: string | null;
+            /** @description Its name. */
+            name: string;
+            /**
+             * Format: int64
+             * @description The next fire time the leader will handle, epoch ms: in the past when
+             *     a fire is due and not handled yet; absent when paused.
+             */
+            next_fire_at?: number | null;
+            /** @description `skip`, `allow` or `buffer-one`. */
+            overlap: string;
+            /** @description Whether it is paused. */
+            paused: boolean;
+            /**
+             * Format: int64
+             * @description How many fires the overlap policy skipped.
+             */
+            skipped: number;
+            /** @description `api` (created by an operator) or `file` (declared in a workflow file). */
+            source: string;
+            /** @description The IANA time zone the expression is read in. */
+            timezone: string;
+            /**
+             * Format: int64
+             * @description When it was last changed, epoch ms.
+             */
+            updated_at: number;
+            /** @description The workflow each fire submits. */
+            workflow: string;
+        };
         /** @description What a signal did. */
         SignalDelivery: {
             /**
@@ -1052,6 +1253,13 @@ export interface components {
              *     it arrived, even before the step started.
              */
             waits_for?: string | null;
+            /**
+             * Format: int64
+             * @description When the current attempt is at risk (the step's `warn_after` past
+             *     its start), epoch ms; absent without a warning point or once the
+             *     attempt ended.
+             */
+            warn_at?: number | null;
         };
         /** @description A request to run a workflow. */
         SubmitRequest: {
@@ -1178,6 +1386,13 @@ export interface components {
         TaskSummary: {
             /**
              * Format: int64
+             * @description When the Supervisor first raised a deadline warning (of the task or
+             *     one of its steps) during its current lease, epoch ms: the task is
+             *     at risk. Absent when it is not (no warning, or not held).
+             */
+            at_risk_since?: number | null;
+            /**
+             * Format: int64
              * @description When the holder's time runs out (the pattern's CompleteBy), epoch ms.
              */
             complete_by?: number | null;
@@ -1220,6 +1435,13 @@ export interface components {
         };
         /** @description A task with its input, output and steps. */
         TaskView: {
+            /**
+             * Format: int64
+             * @description When the Supervisor first raised a deadline warning (of the task or
+             *     one of its steps) during its current lease, epoch ms: the task is
+             *     at risk. Absent when it is not (no warning, or not held).
+             */
+            at_risk_since?: number | null;
             /** @description Where its status events are POSTed, if it was submitted with a callback URL. */
             callback_url?: string | null;
             /**
@@ -1279,6 +1501,12 @@ export interface components {
              * @description The workflow version it runs.
              */
             version: number;
+            /**
+             * Format: int64
+             * @description When the current lease is at risk (the workflow's `warn_after` past
+             *     the claim), epoch ms; absent without a warning point.
+             */
+            warn_at?: number | null;
             /** @description The workflow. */
             workflow: string;
         };
@@ -2178,6 +2406,505 @@ export interface operations {
             };
         };
     };
+    list_schedules: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Every schedule */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ScheduleView"][];
+                };
+            };
+            /** @description No valid token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Out of scope */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Store unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    create_schedule: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ScheduleRequest"];
+            };
+        };
+        responses: {
+            /** @description It existed with this definition; nothing changed */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ScheduleView"];
+                };
+            };
+            /** @description Created */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ScheduleView"];
+                };
+            };
+            /** @description Malformed JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Out of scope */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The workflow is not registered */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A schedule of this name exists with another definition */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Body too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not JSON */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Invalid field (a cron expression, a time zone, a policy) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Store unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    get_schedule: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The schedule's name. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The schedule */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ScheduleView"];
+                };
+            };
+            /** @description Invalid name */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Out of scope */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such schedule */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Store unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    delete_schedule: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The schedule's name. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Deleted */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Invalid name */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Out of scope */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such schedule */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Store unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    pause_schedule: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The schedule's name. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The schedule, paused */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ScheduleView"];
+                };
+            };
+            /** @description Invalid name */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Out of scope */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such schedule */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Store unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    resume_schedule: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The schedule's name. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The schedule, running */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ScheduleView"];
+                };
+            };
+            /** @description Invalid name */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Out of scope */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such schedule */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Store unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    trigger_schedule: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The schedule's name. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The task it started */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TaskView"];
+                };
+            };
+            /** @description Invalid name */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Out of scope */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such schedule, or its workflow is not registered */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Store unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     list_tasks: {
         parameters: {
             query?: {
@@ -2187,6 +2914,14 @@ export interface operations {
                 workflow?: string;
                 /** @description Only tasks held by this Scheduler instance. */
                 locked_by?: string;
+                /**
+                 * @description `true`: only tasks at risk, that is held (so unfinished) tasks for
+                 *     which the Supervisor raised a deadline warning (`at_risk`) during
+                 *     their current lease, of the task or of one of its steps; they stay
+                 *     listed until the lease ends (finished, failed, expired, released).
+                 *     `false` or absent: no such filter.
+                 */
+                at_risk?: boolean;
                 /**
                  * @description Only tasks created before this task (keyset paging: pass the id of
                  *     the last task of a page to get the next page). An id that names no
