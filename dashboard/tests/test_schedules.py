@@ -4,6 +4,8 @@ reports the change."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from playwright.sync_api import expect
 
 import support
@@ -21,8 +23,9 @@ def tearDownModule() -> None:
     support.stop(server, chromium)
 
 
-def schedule(name: str) -> dict:
-    return server.api("GET", f"/v1/schedules/{name}")
+def schedule(name: str) -> dict[str, Any]:
+    found: dict[str, Any] = server.api("GET", f"/v1/schedules/{name}")
+    return found
 
 
 class Schedules(support.BrowserTest):
@@ -47,7 +50,7 @@ class Schedules(support.BrowserTest):
         support.eventually(lambda: not schedule("yearly")["paused"], what="the schedule resumed")
         expect(row).to_contain_text("running")
 
-        def manual_tasks() -> list:
+        def manual_tasks() -> list[Any]:
             return [t for t in server.api("GET", "/v1/tasks?workflow=greet") if t["id"].startswith("yearly@manual@")]
 
         support.confirm(
