@@ -315,7 +315,8 @@ impl Check<'_> {
         for (i, step) in steps.iter().enumerate() {
             let Some(name) = step.name.as_deref() else { continue };
             if let Some(first) = index.get(name) {
-                self.report(&format!("/steps/{i}/name"), format!("duplicate step name `{name}` (step {} has it too)", first + 1));
+                let message = format!("duplicate step name `{}` (step {} has it too)", name.escape_debug(), first + 1);
+                self.report(&format!("/steps/{i}/name"), message);
             } else {
                 index.insert(name, i);
             }
@@ -341,13 +342,13 @@ impl Check<'_> {
                         let pointer = format!("/steps/{i}/depends_on/{k}");
                         match index.get(dep.as_str()) {
                             Some(&j) if mine.contains(&j) => {
-                                self.report(&pointer, format!("{}: `depends_on` lists `{dep}` twice", labels[i]))
+                                self.report(&pointer, format!("{}: `depends_on` lists `{}` twice", labels[i], dep.escape_debug()))
                             }
                             Some(&j) => {
                                 mine.push(j);
                                 pointers.push(pointer);
                             }
-                            None => self.report(&pointer, format!("{}: depends on unknown step `{dep}`", labels[i])),
+                            None => self.report(&pointer, format!("{}: depends on unknown step `{}`", labels[i], dep.escape_debug())),
                         }
                     }
                 }
