@@ -34,6 +34,7 @@ mod group_commit;
 mod handoff;
 mod nodelay;
 mod params;
+mod prune_sql;
 pub use group_commit::CommitCounts;
 mod queue_sql;
 mod schedule_sql;
@@ -49,9 +50,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, ScheduleName, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{
-    Changes, ComponentStatus, Created, DeadLetter, Delivery, Error, Event, Expired, LeaderLease, NewSchedule, NewTask, Outgoing,
-    QueueConfig, QueueStats, Queues, Receive, Redrive, ScheduleProgress, ScheduleRecord, Sent, Store, TaskFilter, TaskRecord, Tasks,
-    Warning, WorkflowEntry,
+    Changes, ComponentStatus, Created, DeadLetter, Delivery, Error, Event, Expired, InstanceSweep, LeaderLease, NewSchedule, NewTask,
+    Outgoing, Prune, Pruned, QueueConfig, QueueStats, Queues, Receive, Redrive, ScheduleProgress, ScheduleRecord, Sent, Store, Swept,
+    TaskFilter, TaskRecord, Tasks, Warning, WorkflowEntry,
 };
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -1034,6 +1035,31 @@ impl Tasks for PgStore {
 
     async fn statuses(&self, prefix: &str) -> Result<Vec<ComponentStatus>, Error> {
         with_connection!(self, conn => { task_sql::statuses(&mut conn, &self.names, prefix).await? })
+    }
+
+    async fn prune_tasks(&self, prune: &Prune) -> Result<Pruned, Error> {
+        prune.check()?;
+        with_connection!(self, conn => { prune_sql::prune_tasks(&mut conn, &self.names, prune).await? })
+    }
+
+    async fn count_prunable(&self, prune: &Prune) -> Result<u64, Error> {
+        prune.check()?;
+        with_connection!(self, conn => { prune_sql::count_prunable(&mut conn, &self.names, prune).await? })
+    }
+
+    async fn delete_statuses(&self, prefix: &str, reported_before: Timestamp) -> Result<u64, Error> {
+        with_connection!(self, conn => { prune_sql::delete_statuses(&mut conn, &self.names, prefix, reported_before).await? })
+    }
+
+    async fn sweep_instance(&self, sweep: &InstanceSweep) -> Result<Swept, Error> {
+        let (swept, queue_id) = in_transaction!(self, tx => { prune_sql::sweep_instance(&mut tx, &self.names, sweep).await? })?;
+        if let (Some(inbox), Some(_)) = (&sweep.inbox, queue_id) {
+            // This process's own cache; other processes' caches may still
+            // name the queue, which is why only the inbox of an instance
+            // gone long enough, that nobody sends to any more, is swept.
+            self.queue_ids.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(inbox);
+        }
+        Ok(swept)
     }
 
     async fn create_schedule(&self, new: &NewSchedule) -> Result<ScheduleRecord, Error> {

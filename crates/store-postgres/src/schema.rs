@@ -226,6 +226,12 @@ CREATE INDEX tasks_warn_due ON rota.tasks (warn_at) WHERE warn_at IS NOT NULL AN
 CREATE INDEX steps_warn_due ON rota.steps (warn_at) WHERE warn_at IS NOT NULL AND warned_attempt < attempt;
 CREATE INDEX tasks_at_risk ON rota.tasks (created_seq) WHERE at_risk_since IS NOT NULL AND locked_by IS NOT NULL;
 "#,
+    r#"
+-- Retention: the finished tasks by end time (a finished task is written
+-- again only by a resubmit, so `updated_at` is when it finished). Prunes
+-- walk it oldest first, and it holds only finished tasks.
+CREATE INDEX tasks_finished ON rota.tasks (updated_at) WHERE state IN ('processed', 'error', 'compensated', 'cancelled');
+"#,
 ];
 
 /// How many migrations this build knows.

@@ -13,6 +13,7 @@
 //!
 //! Deliberately left out: any SQL outside this crate.
 
+mod prune_sql;
 mod queue_sql;
 mod schedule_sql;
 mod schema;
@@ -27,9 +28,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, ScheduleName, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{
-    Changes, ComponentStatus, Created, DeadLetter, Delivery, Error, Event, Expired, LeaderLease, NewSchedule, NewTask, Outgoing,
-    QueueConfig, QueueStats, Queues, Receive, Redrive, Result, ScheduleProgress, ScheduleRecord, Sent, Store, TaskFilter, TaskRecord,
-    Tasks, Warning, WorkflowEntry,
+    Changes, ComponentStatus, Created, DeadLetter, Delivery, Error, Event, Expired, InstanceSweep, LeaderLease, NewSchedule, NewTask,
+    Outgoing, Prune, Pruned, QueueConfig, QueueStats, Queues, Receive, Redrive, Result, ScheduleProgress, ScheduleRecord, Sent, Store,
+    Swept, TaskFilter, TaskRecord, Tasks, Warning, WorkflowEntry,
 };
 use rusqlite::{Connection, OpenFlags};
 use serde_json::Value;
@@ -82,9 +83,17 @@ pub struct Config {
     /// How many connections serve reads side by side (WAL lets them run
     /// beside the writer); each read takes a free one.
     pub readers: usize,
+    /// How many free pages each prune gives back to the file system
+    /// (`PRAGMA incremental_vacuum`, in the prune's transaction): each page
+    /// moved is a write, so the bound keeps a prune's commit short; 0 gives
+    /// nothing back (freed pages are still reused by new rows).
+    pub vacuum_pages_max: u32,
 }
 
 impl Config {
+    /// The most pages one prune may give back (256 MiB of 4 KiB pages).
+    pub const VACUUM_PAGES_MAX: u32 = 65_536;
+
     /// Defaults for a database at `path`.
     pub fn new(path: impl Into<PathBuf>) -> Self {
         Config {
@@ -97,6 +106,7 @@ impl Config {
             body_bytes_max: rota_store::BODY_BYTES_MAX,
             checkpoint_interval: Duration::from_millis(200),
             readers: 4,
+            vacuum_pages_max: 1024,
         }
     }
 
@@ -117,6 +127,9 @@ impl Config {
         if self.readers == 0 || self.readers > 64 {
             return bad("readers must be between 1 and 64");
         }
+        if self.vacuum_pages_max > Self::VACUUM_PAGES_MAX {
+            return bad("vacuum_pages_max must be at most 65536");
+        }
         Ok(())
     }
 }
@@ -128,6 +141,20 @@ pub struct Pragmas {
     pub journal_mode: String,
     /// `PRAGMA synchronous` of the writing connection (`full` or `normal`).
     pub synchronous: String,
+    /// `PRAGMA auto_vacuum` of the file (`incremental`).
+    pub auto_vacuum: String,
+}
+
+/// How big the database file is, in pages, as of the last commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pages {
+    /// `PRAGMA page_count`: the file's size in pages (the WAL aside).
+    pub total: u64,
+    /// `PRAGMA freelist_count`: pages that hold nothing, reused by new rows
+    /// or given back by an incremental vacuum.
+    pub free: u64,
+    /// `PRAGMA page_size`, in bytes.
+    pub size: u64,
 }
 
 /// rota's Store on a SQLite file.
@@ -196,6 +223,25 @@ fn open_connection(config: &Config) -> Result<Connection> {
     Ok(conn)
 }
 
+/// Makes the file give its free pages back when asked
+/// (`auto_vacuum = INCREMENTAL`), so that pruning can shrink it. A new file
+/// takes the setting before its first table; a file made without it is
+/// switched once, here, by a `VACUUM` that rewrites it whole (it takes time
+/// and room in proportion to the file, and the file's write lock).
+fn incremental_vacuum(conn: &Connection, config: &Config) -> Result<()> {
+    const INCREMENTAL: i64 = 2;
+    let mode = |conn: &Connection| conn.query_row("PRAGMA auto_vacuum", [], |row| row.get::<_, i64>(0)).map_err(sql_error);
+    if mode(conn)? == INCREMENTAL {
+        return Ok(());
+    }
+    conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL").map_err(sql_error)?;
+    if mode(conn)? != INCREMENTAL {
+        tracing::info!("{}: switching to auto_vacuum=INCREMENTAL (a VACUUM, once)", config.path.display());
+        conn.execute_batch("VACUUM").map_err(sql_error)?;
+    }
+    Ok(())
+}
+
 impl SqliteStore {
     /// Opens (creating if needed) the database at `config.path`, runs the
     /// migrations, and starts the writer and checkpoint threads. Every
@@ -203,6 +249,7 @@ impl SqliteStore {
     pub fn open(config: Config, clock: Arc<dyn Clock>) -> Result<SqliteStore> {
         config.validate()?;
         let mut writer_conn = open_connection(&config)?;
+        incremental_vacuum(&writer_conn, &config)?;
         schema::migrate(&mut writer_conn).map_err(sql_error)?;
         let found: i64 = writer_conn.query_row("PRAGMA user_version", [], |row| row.get(0)).map_err(sql_error)?;
         if found > schema::version() {
@@ -251,6 +298,13 @@ impl SqliteStore {
         let synchronous: i64 = self.write(|conn, _| conn.query_row("PRAGMA synchronous", [], |row| row.get(0)).map_err(sql_error)).await?;
         let journal_mode: String =
             self.read(|conn, _| conn.query_row("PRAGMA journal_mode", [], |row| row.get(0)).map_err(sql_error)).await?;
+        let auto_vacuum: i64 = self.read(|conn, _| conn.query_row("PRAGMA auto_vacuum", [], |row| row.get(0)).map_err(sql_error)).await?;
+        let auto_vacuum = match auto_vacuum {
+            0 => "none",
+            1 => "full",
+            2 => "incremental",
+            _ => "unknown",
+        };
         let synchronous = match synchronous {
             0 => "off",
             1 => "normal",
@@ -258,7 +312,17 @@ impl SqliteStore {
             3 => "extra",
             _ => "unknown",
         };
-        Ok(Pragmas { journal_mode: journal_mode.to_lowercase(), synchronous: synchronous.into() })
+        Ok(Pragmas { journal_mode: journal_mode.to_lowercase(), synchronous: synchronous.into(), auto_vacuum: auto_vacuum.into() })
+    }
+
+    /// The file's size and free pages, as of the last commit.
+    pub async fn pages(&self) -> Result<Pages> {
+        self.read(|conn, _| {
+            let pragma = |name: &str| conn.query_row(&format!("PRAGMA {name}"), [], |row| row.get::<_, i64>(0)).map_err(sql_error);
+            let count = |value: i64| u64::try_from(value).unwrap_or(0);
+            Ok(Pages { total: count(pragma("page_count")?), free: count(pragma("freelist_count")?), size: count(pragma("page_size")?) })
+        })
+        .await
     }
 
     /// Counters of the writer's group commits so far.
@@ -667,6 +731,28 @@ impl Tasks for SqliteStore {
     async fn statuses(&self, prefix: &str) -> Result<Vec<ComponentStatus>> {
         let prefix = prefix.to_owned();
         self.read(move |conn, _| task_sql::statuses(conn, &prefix)).await
+    }
+
+    async fn prune_tasks(&self, prune: &Prune) -> Result<Pruned> {
+        prune.check()?;
+        let (prune, vacuum_pages) = (prune.clone(), self.config.vacuum_pages_max);
+        self.write(move |conn, _| prune_sql::prune_tasks(conn, &prune, vacuum_pages)).await
+    }
+
+    async fn count_prunable(&self, prune: &Prune) -> Result<u64> {
+        prune.check()?;
+        let prune = prune.clone();
+        self.read(move |conn, _| prune_sql::count_prunable(conn, &prune)).await
+    }
+
+    async fn delete_statuses(&self, prefix: &str, reported_before: Timestamp) -> Result<u64> {
+        let prefix = prefix.to_owned();
+        self.write(move |conn, _| prune_sql::delete_statuses(conn, &prefix, reported_before)).await
+    }
+
+    async fn sweep_instance(&self, sweep: &InstanceSweep) -> Result<Swept> {
+        let sweep = sweep.clone();
+        self.write(move |conn, _| prune_sql::sweep_instance(conn, &sweep)).await
     }
 
     async fn create_schedule(&self, new: &NewSchedule) -> Result<ScheduleRecord> {

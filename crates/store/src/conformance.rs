@@ -30,9 +30,9 @@ use rota_model::{
 use serde_json::{Value, json};
 
 use crate::{
-    BODY_BYTES_MAX, Changes, Created, Delivery, Error, Event, EventKind, Expired, NewSchedule, NewTask, Outgoing, QueueConfig, QueueStats,
-    RECEIVE_MAX, Receive, Redrive, ScheduleProgress, ScheduleSource, ScheduleSpec, Sent, SharedStore, StepWrite, TaskFilter, TaskRecord,
-    TaskWrite, Warning,
+    BODY_BYTES_MAX, Changes, Created, Delivery, Error, Event, EventKind, Expired, InstanceSweep, NewSchedule, NewTask, Outgoing, Prune,
+    PruneWorkflows, QueueConfig, QueueStats, RECEIVE_MAX, Receive, Redrive, ScheduleProgress, ScheduleSource, ScheduleSpec, Sent,
+    SharedStore, StepWrite, Swept, TaskFilter, TaskRecord, TaskWrite, Warning,
 };
 
 /// What a backend provides to run the suite.
@@ -120,6 +120,11 @@ macro_rules! conformance_suite {
             pause_resume_and_delete_schedules,
             advance_schedule_is_fenced_on_its_version,
             declare_schedule_replaces_the_definition_and_keeps_progress,
+            // Retention.
+            prune_deletes_finished_tasks_oldest_first_in_batches,
+            prune_selects_by_state_and_workflow_and_counts_without_deleting,
+            prune_keeps_the_tasks_of_fires_a_schedule_has_not_recorded,
+            sweep_instance_deletes_only_what_nobody_needs,
         }
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
@@ -2312,6 +2317,229 @@ pub async fn declare_schedule_replaces_the_definition_and_keeps_progress(harness
     fresh.source = ScheduleSource::File;
     let new = ok(store.declare_schedule(&fresh).await, "declare a new one");
     assert_eq!((new.source, new.version, new.progress.fired_through), (ScheduleSource::File, 1, clock.now()));
+}
+
+// ---------------------------------------------------------------------------
+// Retention.
+// ---------------------------------------------------------------------------
+
+/// Creates the task `id` of `workflow` with steps `a` and `b` and moves it,
+/// now, to `state`: Processed and Error through a claim and the holder's
+/// write, Cancelled by an operator's cancel, Processing by a claim (left
+/// leased), Pending as created.
+async fn task_in_state(store: &SharedStore, clock: &ManualClock, id: &str, workflow: &str, state: TaskState) {
+    let id = task_id(id);
+    create(store, new_task(id.as_str(), workflow, &["a", "b"], clock.now())).await;
+    let now = clock.now();
+    let next = match state {
+        TaskState::Pending => return,
+        TaskState::Cancelled => {
+            let task = stored(store, &id).await.task;
+            (task.clone(), ok(task.cancel(false, now), "cancel"))
+        }
+        TaskState::Processing | TaskState::Processed | TaskState::Error => {
+            let claimed = claim_only(store, &instance("pruner"), 60 * SECOND, &id).await;
+            let fence = claimed.fence().expect("a claimed task has a fence");
+            let finished = match state {
+                TaskState::Processing => return,
+                TaskState::Processed => claimed.finish_processed(fence, json!({}), now),
+                _ => claimed.fail(fence, "boom".into(), ExhaustedPolicy::Error, now),
+            };
+            (claimed, ok(finished, "finish"))
+        }
+        other => panic!("task_in_state: {other:?} is not offered"),
+    };
+    let event = Event::task(&id, now, EventKind::Processed, json!({}));
+    commit(store, Changes { tasks: vec![TaskWrite::replacing(&next.0, next.1)], events: vec![event], ..Changes::default() }, "finish")
+        .await;
+}
+
+fn pruned_ids(pruned: &crate::Pruned) -> Vec<&str> {
+    pruned.tasks.iter().map(|id| id.as_str()).collect()
+}
+
+/// `prune_tasks` deletes finished tasks whose end time is strictly before
+/// the cutoff, oldest end first, at most `limit` per call, each with its
+/// steps and history (and says how many); a running or pending task is
+/// never deleted, however old. A prune naming an unfinished state or a
+/// limit out of bounds is `Invalid` and deletes nothing.
+pub async fn prune_deletes_finished_tasks_oldest_first_in_batches(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    task_in_state(&store, &clock, "old-running", "order", TaskState::Processing).await;
+    // Not claimable before the end, so that the claims below take only theirs.
+    let mut pending = new_task("old-pending", "order", &["a", "b"], clock.now());
+    pending.task.not_before = clock.now().add(Duration::from_secs(24 * 3600));
+    create(&store, pending).await;
+    for (id, state) in [("done-1", TaskState::Processed), ("failed-2", TaskState::Error), ("cancelled-3", TaskState::Cancelled)] {
+        clock.advance(SECOND);
+        task_in_state(&store, &clock, id, "order", state).await;
+    }
+    clock.advance(SECOND);
+    let cutoff = clock.now();
+    task_in_state(&store, &clock, "done-at-cutoff", "order", TaskState::Processed).await;
+    clock.advance(Duration::from_secs(3600));
+
+    let mut running = Prune::finished_before(cutoff, 10);
+    running.states.push(TaskState::Processing);
+    assert_err!(store.prune_tasks(&running).await, Error::Invalid(_), "a prune naming an unfinished state");
+    assert_err!(store.count_prunable(&running).await, Error::Invalid(_), "a count naming an unfinished state");
+    assert_err!(store.prune_tasks(&Prune::finished_before(cutoff, 0)).await, Error::Invalid(_), "a limit of 0");
+    assert_err!(
+        store.prune_tasks(&Prune::finished_before(cutoff, Prune::LIMIT_MAX + 1)).await,
+        Error::Invalid(_),
+        "a limit over LIMIT_MAX"
+    );
+    assert!(stored(&store, &task_id("done-1")).await.task.state.is_terminal(), "refused prunes delete nothing");
+
+    let first = ok(store.prune_tasks(&Prune::finished_before(cutoff, 2)).await, "first batch");
+    assert_eq!(pruned_ids(&first), ["done-1", "failed-2"], "the two oldest finished tasks first");
+    assert_eq!((first.steps, first.events), (4, 6), "two steps each; received, claimed and the finish event each");
+    for id in ["done-1", "failed-2"] {
+        assert_eq!(ok(store.task(&task_id(id)).await, "task"), None, "{id} is gone");
+        assert_eq!(ok(store.history(&task_id(id)).await, "history"), [], "{id}'s history is gone");
+    }
+    let second = ok(store.prune_tasks(&Prune::finished_before(cutoff, 2)).await, "second batch");
+    assert_eq!(pruned_ids(&second), ["cancelled-3"], "then the rest; the one that ended at the cutoff is kept");
+    assert_eq!((second.steps, second.events), (2, 2));
+    assert!(ok(store.prune_tasks(&Prune::finished_before(cutoff, 2)).await, "third batch").tasks.is_empty(), "nothing left");
+
+    let everything = Prune::finished_before(clock.now().add(Duration::from_secs(3600)), 100);
+    assert_eq!(pruned_ids(&ok(store.prune_tasks(&everything).await, "a later cutoff")), ["done-at-cutoff"]);
+    for id in ["old-running", "old-pending"] {
+        let record = stored(&store, &task_id(id)).await;
+        assert_eq!((record.steps.len(), history_kinds(&store, &task_id(id)).await.is_empty()), (2, false), "{id} is untouched");
+    }
+    let reopened = harness.open().await;
+    assert_eq!(ok(reopened.task(&task_id("done-1")).await, "after reopen"), None, "the deletion is durable");
+}
+
+/// A prune selects by state and by workflow (one workflow, or all but
+/// some), and `count_prunable` counts what the same prune would delete,
+/// ignoring the limit, without deleting anything (a dry run).
+pub async fn prune_selects_by_state_and_workflow_and_counts_without_deleting(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    for (id, workflow, state) in [
+        ("order-done", "order", TaskState::Processed),
+        ("order-failed", "order", TaskState::Error),
+        ("refund-done", "refund", TaskState::Processed),
+        ("mail-done", "mail", TaskState::Processed),
+        ("mail-cancelled", "mail", TaskState::Cancelled),
+    ] {
+        task_in_state(&store, &clock, id, workflow, state).await;
+        clock.advance(SECOND);
+    }
+    let before = clock.now();
+    let all = Prune::finished_before(before, 1);
+    assert_eq!(ok(store.count_prunable(&all).await, "count all"), 5, "the count ignores the limit");
+    assert_eq!(ok(store.count_prunable(&all).await, "count again"), 5, "counting deletes nothing");
+    assert!(stored(&store, &task_id("order-done")).await.task.state.is_terminal());
+
+    let errors = Prune { states: vec![TaskState::Error], limit: 10, ..all.clone() };
+    assert_eq!(ok(store.count_prunable(&errors).await, "count errors"), 1);
+    assert_eq!(pruned_ids(&ok(store.prune_tasks(&errors).await, "prune errors")), ["order-failed"], "only the state asked");
+
+    let mail = Prune { workflows: PruneWorkflows::Only(WorkflowName::new("mail").unwrap()), limit: 10, ..all.clone() };
+    assert_eq!(ok(store.count_prunable(&mail).await, "count mail"), 2);
+    assert_eq!(pruned_ids(&ok(store.prune_tasks(&mail).await, "prune mail")), ["mail-done", "mail-cancelled"], "only that workflow");
+
+    let not_order = Prune { workflows: PruneWorkflows::Except(vec![WorkflowName::new("order").unwrap()]), limit: 10, ..all.clone() };
+    assert_eq!(ok(store.count_prunable(&not_order).await, "count all but order"), 1);
+    assert_eq!(pruned_ids(&ok(store.prune_tasks(&not_order).await, "prune all but order")), ["refund-done"], "all but that workflow");
+    let nothing_left_out = Prune { workflows: PruneWorkflows::Except(Vec::new()), limit: 10, ..all };
+    assert_eq!(pruned_ids(&ok(store.prune_tasks(&nothing_left_out).await, "prune the rest")), ["order-done"], "an empty exception list");
+    assert_eq!(ok(store.count_prunable(&nothing_left_out).await, "count none"), 0);
+}
+
+/// A schedule's task (id `NAME@…`) that finished at or after the
+/// schedule's `fired_through` (or its buffered fire, when older) may
+/// belong to a fire not yet recorded, which the next leader would submit
+/// again: a prune keeps it. Once the progress passes it, it is deleted
+/// like any other. A schedule whose `last_task` was deleted reads as
+/// before, and other tasks are not held back by schedules.
+pub async fn prune_keeps_the_tasks_of_fires_a_schedule_has_not_recorded(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    task_in_state(&store, &clock, "nightly@recorded", "order", TaskState::Processed).await;
+    clock.advance(SECOND);
+    let created = ok(store.create_schedule(&new_schedule("nightly", "0 0 2 * * *")).await, "create");
+    let progress = ScheduleProgress { last_task: Some(task_id("nightly@recorded")), ..created.progress.clone() };
+    let recorded = ok(store.advance_schedule(&created.name, created.version, &progress).await, "record a fire");
+    clock.advance(SECOND);
+    for id in ["nightly@unrecorded", "nightlyx@other", "plain"] {
+        task_in_state(&store, &clock, id, "order", TaskState::Processed).await;
+        clock.advance(SECOND);
+    }
+    clock.advance(Duration::from_secs(3600));
+
+    let all = Prune::finished_before(clock.now(), 100);
+    assert_eq!(ok(store.count_prunable(&all).await, "count"), 3, "the unrecorded fire's task is not counted");
+    let first = ok(store.prune_tasks(&all).await, "prune");
+    assert_eq!(pruned_ids(&first), ["nightly@recorded", "nightlyx@other", "plain"], "the unrecorded fire's task is kept");
+    assert_eq!(
+        ok(store.schedule(&created.name).await, "read"),
+        Some(recorded.clone()),
+        "the schedule naming a deleted task reads as before"
+    );
+
+    let buffered = ScheduleProgress { fired_through: clock.now(), buffered_fire_at: Some(created.progress.fired_through), ..progress };
+    let advanced = ok(store.advance_schedule(&created.name, recorded.version, &buffered).await, "advance, with an older fire buffered");
+    assert!(ok(store.prune_tasks(&all).await, "prune").tasks.is_empty(), "a buffered fire older than the task keeps it");
+    let done = ScheduleProgress { buffered_fire_at: None, ..buffered };
+    ok(store.advance_schedule(&created.name, advanced.version, &done).await, "the buffered fire starts");
+    assert_eq!(pruned_ids(&ok(store.prune_tasks(&all).await, "prune")), ["nightly@unrecorded"], "recorded now: deleted");
+}
+
+/// `sweep_instance` deletes a gone instance's heartbeat and inbox together,
+/// and only when nothing of it is still needed: not while its heartbeat is
+/// recent, nor while it holds a task's lease, nor while its inbox holds a
+/// message or a dead letter. `delete_statuses` deletes the statuses of a
+/// prefix not reported since a time.
+pub async fn sweep_instance_deletes_only_what_nobody_needs(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let gone = instance("gone-1");
+    let inbox = queue("rota.inbox.gone-1");
+    ok(store.report_status("instance/gone-1", &json!({"instance": "gone-1"})).await, "heartbeat");
+    ok(store.report_status("breaker/http://old", &json!({})).await, "old breaker");
+    send_label(&store, &inbox, "a late reply").await;
+    create(&store, new_task("held", "order", &[], clock.now())).await;
+    let held = claim_only(&store, &gone, 60 * SECOND, &task_id("held")).await;
+    clock.advance(Duration::from_secs(600));
+    ok(store.report_status("instance/live-1", &json!({"instance": "live-1"})).await, "a live heartbeat");
+    ok(store.report_status("breaker/http://fresh", &json!({})).await, "fresh breaker");
+    let sweep = |who: &str| InstanceSweep {
+        instance: instance(who),
+        heartbeat_key: format!("instance/{who}"),
+        gone_before: clock.now().sub(SECOND),
+        inbox: Some(queue(&format!("rota.inbox.{who}"))),
+    };
+
+    assert_eq!(ok(store.sweep_instance(&sweep("gone-1")).await, "sweep"), Swept::default(), "it still holds a task's lease");
+    let fence = held.fence().expect("fence");
+    let released = ok(held.release(fence, clock.now()), "release");
+    commit(&store, Changes { tasks: vec![TaskWrite::replacing(&held, released)], ..Changes::default() }, "recover").await;
+    assert_eq!(ok(store.sweep_instance(&sweep("gone-1")).await, "sweep"), Swept::default(), "its inbox holds a message");
+    let delivery = receive_one(&store, &inbox, "the late reply").await;
+    ok(store.dead_letter(&inbox, delivery.lease_token, "stale".into()).await, "dead-letter it");
+    assert_eq!(ok(store.sweep_instance(&sweep("gone-1")).await, "sweep"), Swept::default(), "its inbox holds a dead letter");
+    ok(store.purge_dead_letters(&inbox).await, "purge");
+    assert_eq!(ok(store.statuses("instance/gone-1").await, "heartbeat").len(), 1, "refused sweeps delete nothing");
+    assert!(stats_of(&store, &inbox).await.is_some(), "refused sweeps keep the inbox");
+
+    assert_eq!(ok(store.sweep_instance(&sweep("live-1")).await, "sweep a live one"), Swept::default(), "a recent heartbeat");
+    assert_eq!(ok(store.sweep_instance(&sweep("never")).await, "sweep an unknown one"), Swept::default(), "no heartbeat at all");
+    assert_eq!(ok(store.sweep_instance(&sweep("gone-1")).await, "sweep"), Swept { heartbeat: true, inbox: true });
+    assert_eq!(ok(store.statuses("instance/").await, "heartbeats").len(), 1, "only the live heartbeat is left");
+    assert!(stats_of(&store, &inbox).await.is_none(), "the inbox is gone");
+    assert_eq!(ok(store.sweep_instance(&sweep("gone-1")).await, "sweep again"), Swept::default(), "nothing left to sweep");
+    send_label(&store, &inbox, "after the sweep").await;
+    assert_eq!(label(&receive_one(&store, &inbox, "a send recreates the inbox").await), "after the sweep");
+
+    assert_eq!(ok(store.delete_statuses("breaker/", clock.now().sub(SECOND)).await, "delete old breakers"), 1);
+    let keys: Vec<String> = ok(store.statuses("breaker/").await, "breakers").into_iter().map(|s| s.key).collect();
+    assert_eq!(keys, ["breaker/http://fresh"], "the breaker reported since is kept");
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@
 
 pub mod conformance;
 mod error;
+pub mod prune;
 mod queue;
 mod schedule;
 pub mod stored;
@@ -26,6 +27,7 @@ mod task;
 use std::sync::Arc;
 
 pub use error::{Error, Result};
+pub use prune::{InstanceSweep, Prune, PruneWorkflows, Pruned, Swept};
 pub use queue::{
     BODY_BYTES_MAX, Body, CORRELATION_ID_BYTES_MAX, DEDUPE_WINDOW_DEFAULT, DeadLetter, Delivery, ORDERING_KEY_BYTES_MAX, Outgoing,
     QueueConfig, QueueStats, Queues, RECEIVE_MAX, Receive, Redrive, Sent,

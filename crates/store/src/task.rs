@@ -18,6 +18,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::Result;
+use crate::prune::{InstanceSweep, Prune, Pruned, Swept};
 use crate::queue::Outgoing;
 use crate::schedule::{NewSchedule, ScheduleProgress, ScheduleRecord};
 
@@ -492,6 +493,35 @@ pub trait Tasks: Send + Sync {
 
     /// The statuses whose key starts with `prefix`, sorted by key.
     async fn statuses(&self, prefix: &str) -> Result<Vec<ComponentStatus>>;
+
+    /// Deletes up to `prune.limit` finished tasks that `prune` selects,
+    /// oldest end time first, with their steps and history, in one
+    /// transaction ([`Prune::check`] refuses a bad request first). Never
+    /// deletes an unfinished task, nor a schedule's task that may belong
+    /// to a fire the schedule has not recorded (see [`crate::prune`]).
+    /// Schedules whose `last_task` is deleted are left as they are. A
+    /// backend may also give free space back to the file system here, in a
+    /// bounded step.
+    async fn prune_tasks(&self, prune: &Prune) -> Result<Pruned>;
+
+    /// How many tasks [`Tasks::prune_tasks`] would delete with `prune` if
+    /// its limit were unbounded; deletes nothing (a dry run).
+    async fn count_prunable(&self, prune: &Prune) -> Result<u64>;
+
+    /// Deletes the statuses whose key starts with `prefix` and that were
+    /// last reported strictly before `reported_before` (circuit breakers
+    /// nobody reports any more). Returns how many.
+    async fn delete_statuses(&self, prefix: &str, reported_before: Timestamp) -> Result<u64>;
+
+    /// Deletes, in one transaction, the leftovers of an instance that is
+    /// gone: its heartbeat and its inbox queue (with its duplicate-detection
+    /// ids). Only if its heartbeat exists and was reported before
+    /// `sweep.gone_before` (a process that came back reports again), no task
+    /// is leased by it (the Supervisor has not recovered them yet: a
+    /// returning instance would still answer for them) and its inbox holds
+    /// no message and no dead letter (something a Scheduler could still
+    /// need, or an operator could still redrive). Otherwise deletes nothing.
+    async fn sweep_instance(&self, sweep: &InstanceSweep) -> Result<Swept>;
 
     /// Creates a schedule, unpaused, with nothing fired: its first fire is
     /// the first after now. If one of that name exists with the same
