@@ -20,6 +20,7 @@
 //! - `tasks`: `rota submit`, `status`, `tasks`, `alerts`, `resubmit`,
 //!   `cancel` and `workflows`.
 //! - `validate`: `rota validate`, workflow files checked without a store.
+//! - `prune`: `rota prune`, finished tasks deleted by hand (or counted).
 //! - `config_file`: `--config FILE`, settings for any command's flags.
 //! - `completions`, `man`: `rota completions SHELL` and `rota man`, the
 //!   shell completion scripts and man pages, generated from [`Cli`].
@@ -41,6 +42,7 @@ mod dlq;
 mod instance_id;
 mod man;
 mod output;
+mod prune;
 mod queue;
 mod remote;
 mod schedules;
@@ -132,6 +134,8 @@ enum Command {
     /// Cron schedules that start tasks: create, list (with next fire times), show, pause, resume, trigger, delete.
     #[command(subcommand)]
     Schedules(schedules::Command),
+    /// Delete finished tasks (with their steps and history) that ended longer ago than --older-than; --dry-run counts them.
+    Prune(prune::Args),
     /// Check workflow definition files; prints every problem as FILE:LINE:COL: message.
     Validate(validate::Args),
     /// Send, receive and settle messages; create, pause and inspect queues.
@@ -193,6 +197,7 @@ fn main() -> ExitCode {
         Command::Signal(args) => run_async(async move { tasks::signal(&store, args).await }),
         Command::Workflows(args) => run_async(async move { tasks::workflows(&store, args).await }),
         Command::Schedules(command) => run_async(schedules::run(store, command)),
+        Command::Prune(args) => run_async(async move { prune::run(&store, args).await }),
         Command::Validate(args) => validate::run(args),
         Command::Completions(args) => completions::run(args, Cli::command()),
         Command::Man(args) => man::run(args, Cli::command()),

@@ -144,15 +144,41 @@ pub struct SupervisorArgs {
     /// rounds).
     #[arg(long, value_name = "N", default_value_t = 100)]
     schedule_fires_per_round: u32,
+    /// How long finished tasks are kept after they finished (e.g. 30d)
+    /// before the Supervisor leader deletes them with their steps and
+    /// history; a workflow's `retention:` overrides it for its tasks.
+    /// Without it, only workflows with their own retention are pruned.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    retention: Option<Duration>,
+    /// How often the Supervisor leader runs a retention pass (1s..1d).
+    #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = humantime::parse_duration)]
+    retention_interval: Duration,
+    /// The most tasks one retention batch deletes (one short transaction).
+    #[arg(long, value_name = "N", default_value_t = 500)]
+    retention_batch: u32,
+    /// The pause between two retention batches, which lets other writes through (at most 1m).
+    #[arg(long, value_name = "DURATION", default_value = "50ms", value_parser = humantime::parse_duration)]
+    retention_pause: Duration,
+    /// How long an instance must have sent no heartbeat before its
+    /// heartbeat and empty inbox queue are swept, and a circuit breaker no
+    /// process reports is deleted (at least 1m).
+    #[arg(long, value_name = "DURATION", default_value = "1day", value_parser = humantime::parse_duration)]
+    instances_gone_after: Duration,
 }
 
 impl Default for SupervisorArgs {
     fn default() -> Self {
         let schedules = rota_engine::schedules::Config::default();
+        let retention = rota_engine::retention::Config::default();
         SupervisorArgs {
             supervisor_interval: SUPERVISOR_INTERVAL_DEFAULT,
             schedule_late_max: schedules.late_max,
             schedule_fires_per_round: schedules.fires_per_round,
+            retention: retention.default,
+            retention_interval: retention.interval,
+            retention_batch: retention.batch,
+            retention_pause: retention.pause,
+            instances_gone_after: retention.instances_gone_after,
         }
     }
 }
@@ -403,6 +429,14 @@ fn engine_config(args: &RunArgs, instance: InstanceId, clock: &dyn Clock) -> any
         late_max: args.supervisor.schedule_late_max,
         fires_per_round: args.supervisor.schedule_fires_per_round,
     };
+    config.supervisor.retention = rota_engine::retention::Config {
+        default: args.supervisor.retention,
+        interval: args.supervisor.retention_interval,
+        batch: args.supervisor.retention_batch,
+        pause: args.supervisor.retention_pause,
+        instances_gone_after: args.supervisor.instances_gone_after,
+        ..rota_engine::retention::Config::default()
+    };
     config.shutdown_grace = args.process.shutdown_grace;
     config.seed = seed(&instance, clock);
     match config.validate() {
@@ -421,6 +455,11 @@ fn flag_of(field: &str) -> Option<&'static str> {
         "supervisor.interval" => Some("--supervisor-interval"),
         "schedules.late_max" => Some("--schedule-late-max"),
         "schedules.fires_per_round" => Some("--schedule-fires-per-round"),
+        "retention.default" => Some("--retention"),
+        "retention.interval" => Some("--retention-interval"),
+        "retention.batch" => Some("--retention-batch"),
+        "retention.pause" => Some("--retention-pause"),
+        "retention.instances_gone_after" => Some("--instances-gone-after"),
         "shutdown_grace" => Some("--shutdown-grace"),
         "agent_concurrency" => Some("--agent-concurrency"),
         _ => None,

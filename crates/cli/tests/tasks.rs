@@ -34,8 +34,15 @@ impl Serve {
     /// Starts `rota serve --workflows DIR --instance-id ID` with a quick
     /// Supervisor and `env`, and waits until it has registered its workflows.
     fn start(rota: &Rota, workflows: &Path, instance: &str, env: &[(&str, &str)]) -> Serve {
+        Serve::start_with(rota, workflows, instance, env, &[])
+    }
+
+    /// [`Serve::start`] with more flags.
+    fn start_with(rota: &Rota, workflows: &Path, instance: &str, env: &[(&str, &str)], flags: &[&str]) -> Serve {
         let dir = workflows.to_str().unwrap();
-        let mut command = rota.command(&["serve", "--workflows", dir, "--instance-id", instance, "--supervisor-interval", "200ms"]);
+        let mut args = vec!["serve", "--workflows", dir, "--instance-id", instance, "--supervisor-interval", "200ms"];
+        args.extend_from_slice(flags);
+        let mut command = rota.command(&args);
         command.stdout(Stdio::null()).stderr(Stdio::piped());
         for (name, value) in env {
             command.env(name, value);
@@ -404,6 +411,57 @@ fn a_task_submitted_with_a_delay_waits_pending_and_says_when_it_starts() {
     let (code, stderr) = rota.fails(&["submit", "pipeline", "--at", "2030-01-01T00:00:00Z", "--delay", "1m"]);
     assert!(code != 0 && stderr.contains("cannot be used with"), "{stderr}");
     assert_eq!(rota.json(&["status", "later", "--json"])["state"], "pending", "still waiting");
+}
+
+#[test]
+fn prune_deletes_finished_tasks_by_hand_and_counts_them_in_a_dry_run() {
+    let rota = Rota::new();
+    let files = Files::new();
+    files.workflow("pipeline.yaml", PIPELINE);
+    let serve = Serve::start(&rota, &files.workflows(), "prune-1", &[]);
+    for id in ["done-1", "done-2", "waiting"] {
+        rota.ok(&["submit", "pipeline", "--id", id, "--delay", "1h"]);
+    }
+    rota.ok(&["cancel", "done-1"]);
+    rota.ok(&["cancel", "done-2"]);
+
+    let dry = rota.ok(&["prune", "--older-than", "0s", "--dry-run"]);
+    assert!(dry.starts_with("would delete 2 finished task(s) that ended before 20"), "{dry}");
+    assert_eq!(rota.json(&["status", "done-1", "--json"])["state"], "cancelled", "a dry run deletes nothing");
+    let only_errors = rota.ok(&["prune", "--older-than", "0s", "--state", "error"]);
+    assert!(only_errors.starts_with("deleted 0 finished task(s) in error that ended before"), "{only_errors}");
+    let pruned = rota.ok(&["prune", "--older-than", "0s", "--workflow", "pipeline", "--batch", "1"]);
+    assert!(pruned.starts_with("deleted 2 finished task(s) of workflow pipeline that ended before"), "{pruned}");
+    assert!(pruned.trim_end().ends_with("in 3 batch(es)"), "two full batches of one, then an empty one: {pruned}");
+    let (_, stderr) = rota.fails(&["status", "done-1"]);
+    assert_one_error_line(&stderr, &["done-1"]);
+    assert_eq!(rota.json(&["status", "waiting", "--json"])["state"], "pending", "a pending task is never deleted");
+    assert!(rota.ok(&["prune", "--older-than", "1d", "--dry-run"]).starts_with("would delete 0 "), "nothing older than a day");
+
+    let (code, stderr) = rota.fails(&["prune", "--older-than", "0s", "--state", "pending"]);
+    assert_eq!(code, 1);
+    assert_one_error_line(&stderr, &["--state pending: only finished tasks are pruned"]);
+    let (code, _) = rota.fails(&["prune", "--older-than", "soon"]);
+    assert_eq!(code, 2, "clap reports a bad duration");
+    drop(serve);
+}
+
+#[test]
+fn serve_with_a_retention_deletes_finished_tasks_and_validate_checks_the_field() {
+    let rota = Rota::new();
+    let files = Files::new();
+    files.workflow("pipeline.yaml", &PIPELINE.replace("version: 1\n", "version: 1\nretention: 1s\n"));
+    let bad = files.path("bad.yaml");
+    std::fs::write(&bad, "name: bad\nversion: 1\nretention: forever\nsteps:\n  - name: a\n    agent: delay\n").unwrap();
+    let (_, stderr) = rota.fails(&["validate", bad.to_str().unwrap()]);
+    assert!(stderr.starts_with(&format!("{}:3:12: invalid duration \"forever\" for `retention`", bad.display())), "{stderr}");
+
+    let mut serve = Serve::start_with(&rota, &files.workflows(), "retention-1", &[], &["--retention-interval", "1s"]);
+    rota.ok(&["submit", "pipeline", "--id", "short-lived", "--delay", "1h"]);
+    rota.ok(&["cancel", "short-lived"]);
+    serve.wait_for_line("retention: deleted 1 finished task(s)", Duration::from_secs(15));
+    let (_, stderr) = rota.fails(&["status", "short-lived"]);
+    assert_one_error_line(&stderr, &["short-lived"]);
 }
 
 /// reserve → wait for `approved` → charge, whose input names the approver;

@@ -37,6 +37,7 @@ pub mod ops;
 pub mod plan;
 pub mod protocol;
 pub mod replies;
+pub mod retention;
 pub mod scheduler;
 pub mod schedules;
 mod shutdown;

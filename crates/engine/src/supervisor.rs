@@ -20,6 +20,9 @@
 //!
 //! * The leader fires the schedules that are due ([`crate::schedules`]),
 //!   and wakes at the next fire time when that comes before its next round.
+//! * The leader deletes finished tasks past their retention and sweeps the
+//!   leftovers of gone instances ([`crate::retention`]), in a spawned
+//!   future of its own, so that a backlog never delays a round.
 //!
 //! Several Supervisors may run; a leader lease in the store elects one per
 //! interval, and every write is a compare-and-set, so no failed task or step
@@ -38,6 +41,7 @@ use crate::client::Client;
 use crate::completions::Completions;
 use crate::protocol::{self, Doorbell, InboxMessage};
 use crate::replies;
+use crate::retention::{self, Retention};
 use crate::schedules::{self, Firing};
 use crate::telemetry;
 use crate::workflows::Workflows;
@@ -64,6 +68,8 @@ pub struct Config {
     pub seed: u64,
     /// How the leader fires schedules.
     pub schedules: schedules::Config,
+    /// How the leader deletes finished tasks and sweeps gone instances.
+    pub retention: retention::Config,
 }
 
 impl Config {
@@ -84,6 +90,7 @@ impl Config {
             recovery: crate::scheduler::default_recovery(),
             seed: 0,
             schedules: schedules::Config::default(),
+            retention: retention::Config::default(),
         }
     }
 
@@ -109,7 +116,8 @@ impl Config {
         if self.batch == 0 {
             return Err(Error::OutOfBounds { field: "supervisor.batch", why: "must be at least 1, got 0".into() });
         }
-        self.schedules.validate()
+        self.schedules.validate()?;
+        self.retention.validate()
     }
 }
 
@@ -163,6 +171,7 @@ pub struct Supervisor {
     config: Config,
     rng: Mutex<StdRng>,
     firing: Firing,
+    retention: Retention,
 }
 
 impl Supervisor {
@@ -172,13 +181,15 @@ impl Supervisor {
         let rng = Mutex::new(StdRng::seed_from_u64(config.seed));
         let client = Client::new(store.clone(), clock.clone(), workflows.clone(), Some(completions.clone()));
         let firing = Firing::new(client, config.schedules)?;
-        Ok(Supervisor { store, clock, workflows, completions, config, rng, firing })
+        let retention = Retention::new(store.clone(), clock.clone(), config.retention.clone())?;
+        Ok(Supervisor { store, clock, workflows, completions, config, rng, firing, retention })
     }
 
     /// Runs a round every interval, and at the next fire time of a
     /// schedule when that comes first, until `shutdown`; then gives up
     /// leadership.
     pub async fn run(self, shutdown: Shutdown) -> Result<()> {
+        let retention = tokio::spawn(self.retention.clone().run(self.config.instance.clone(), shutdown.clone()));
         let mut ticks = tokio::time::interval(self.config.interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut next_fire: Option<Timestamp> = None;
@@ -196,6 +207,9 @@ impl Supervisor {
                     tracing::warn!("supervisor round failed: {err}");
                 }
             }
+        }
+        if let Err(err) = retention.await {
+            tracing::warn!("the retention passes ended abnormally: {err}");
         }
         if let Err(err) = self.store.release_leader(LEADER_LEASE, &self.config.instance).await {
             tracing::warn!("releasing supervisor leadership: {err}");

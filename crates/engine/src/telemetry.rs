@@ -52,6 +52,9 @@ pub const SCHEDULE_FIRES: &str = "rota_schedule_fires_total";
 /// Counter: deadline warnings the Supervisor raised (`at_risk` events).
 /// Labels: `of` (`step`, `task`).
 pub const WARNINGS_RAISED: &str = "rota_supervisor_warnings_total";
+/// Counter: finished tasks deleted by retention (the Supervisor leader's
+/// passes and `rota prune`), with their steps and history.
+pub const TASKS_PRUNED: &str = "rota_tasks_pruned_total";
 /// Counter: messages a consumer dead-lettered (poison messages). Labels:
 /// `queue`.
 pub const DEAD_LETTERS: &str = "rota_dead_letters_total";

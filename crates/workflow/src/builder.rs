@@ -76,6 +76,13 @@ impl WorkflowBuilder {
         self
     }
 
+    /// How long finished tasks are kept before the Supervisor leader
+    /// deletes them (default: the store's retention).
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.spec.retention = Some(retention);
+        self
+    }
+
     /// What the Supervisor asks for at the failure threshold (default
     /// [`ExhaustedPolicy::Error`]).
     pub fn on_exhausted(mut self, policy: ExhaustedPolicy) -> Self {

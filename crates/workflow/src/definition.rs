@@ -40,6 +40,7 @@ pub struct Workflow {
     pub(crate) version: u32,
     pub(crate) deadline: Duration,
     pub(crate) warn_after: Option<Duration>,
+    pub(crate) retention: Option<Duration>,
     pub(crate) on_exhausted: ExhaustedPolicy,
     pub(crate) max_failures: u32,
     pub(crate) steps: Vec<StepDef>,
@@ -137,6 +138,14 @@ impl Workflow {
     /// the Supervisor raises an `at_risk` event and an alert, once per lease.
     pub fn warn_after(&self) -> Option<Duration> {
         self.warn_after
+    }
+
+    /// How long its finished tasks are kept, counted from when they
+    /// finished, before the Supervisor leader deletes them with their
+    /// steps and history; `None` follows the store's default retention.
+    /// The latest version's value applies to the tasks of every version.
+    pub fn retention(&self) -> Option<Duration> {
+        self.retention
     }
 
     /// What the Supervisor asks for when `failure_count` reaches

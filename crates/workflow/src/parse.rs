@@ -32,7 +32,8 @@ pub const DEFINITION_BYTES_MAX: usize = 1 << 20;
 /// stack in a debug build.
 pub const NESTING_MAX: usize = 32;
 
-const WORKFLOW_FIELDS: &[&str] = &["name", "version", "deadline", "warn_after", "on_exhausted", "max_failures", "steps", "schedules"];
+const WORKFLOW_FIELDS: &[&str] =
+    &["name", "version", "deadline", "warn_after", "retention", "on_exhausted", "max_failures", "steps", "schedules"];
 const SCHEDULE_FIELDS: &[&str] = &["name", "cron", "timezone", "input", "overlap", "catch_up"];
 const STEP_FIELDS: &[&str] = &["name", "agent", "wait", "with", "timeout", "warn_after", "retry", "compensate", "depends_on"];
 const RETRY_FIELDS: &[&str] = &["attempts", "backoff", "max_backoff", "multiplier", "jitter"];
@@ -444,6 +445,7 @@ impl Decoder<'_> {
                 "version" => spec.version = self.unsigned(value, "", key),
                 "deadline" => spec.deadline = self.duration(value, "", key),
                 "warn_after" => spec.warn_after = self.duration(value, "", key),
+                "retention" => spec.retention = self.duration(value, "", key),
                 "on_exhausted" => spec.on_exhausted = self.exhausted(value),
                 "max_failures" => spec.max_failures = self.unsigned(value, "", key),
                 "steps" => spec.steps = self.steps(value),
@@ -796,6 +798,29 @@ mod tests {
     }
 
     #[test]
+    fn retention_is_read_checked_and_stored_with_the_definition() {
+        assert_eq!(valid(MINIMAL).retention(), None, "the store's default applies");
+        let workflow = valid("name: w\nversion: 1\nretention: 30d\nsteps:\n  - name: a\n    agent: http\n");
+        assert_eq!(workflow.retention(), Some(Duration::from_secs(30 * 24 * 3600)));
+        let stored = workflow.to_json();
+        assert_eq!(Workflow::from_json(&stored).expect("stored form").retention(), workflow.retention(), "kept through the store");
+        assert_eq!(
+            check("name: w\nversion: 1\nretention: 30 parsecs\nsteps:\n  - name: a\n    agent: http\n"),
+            [
+                "wf.yaml:3:12: invalid duration \"30 parsecs\" for `retention`: unknown time unit \"parsecs\", supported units: ns, us/µs, ms, sec, min, hours, days, weeks, months, years (and few variations)"
+            ]
+        );
+        assert_eq!(
+            check("name: w\nversion: 1\nretention: 0s\nsteps:\n  - name: a\n    agent: http\n"),
+            ["wf.yaml:3:12: `retention` must be longer than 0"]
+        );
+        assert_eq!(
+            check("name: w\nversion: 1\nretention: 7\nsteps:\n  - name: a\n    agent: http\n"),
+            ["wf.yaml:3:12: `retention` must be a duration such as \"5s\" or \"100ms\", found an integer"]
+        );
+    }
+
+    #[test]
     fn a_warning_must_come_before_the_complete_by_it_warns_about() {
         assert_eq!(
             check(
@@ -903,7 +928,7 @@ mod tests {
                 "name: w\nversion: 1\nowner: me\nsteps:\n  - name: a\n    agent: http\n    retry: { tries: 3 }\n    compensate: { agent: http, when: x }\n"
             ),
             [
-                "wf.yaml:3:1: unknown field `owner` (expected one of: name, version, deadline, warn_after, on_exhausted, max_failures, steps, schedules)",
+                "wf.yaml:3:1: unknown field `owner` (expected one of: name, version, deadline, warn_after, retention, on_exhausted, max_failures, steps, schedules)",
                 "wf.yaml:7:14: step `a`: unknown field `tries` in `retry` (expected one of: attempts, backoff, max_backoff, multiplier, jitter)",
                 "wf.yaml:8:32: step `a`: unknown field `when` in `compensate` (expected one of: agent, with, timeout, retry)",
             ]

@@ -23,6 +23,7 @@ pub(crate) struct Spec {
     pub version: Option<u32>,
     pub deadline: Option<Duration>,
     pub warn_after: Option<Duration>,
+    pub retention: Option<Duration>,
     pub on_exhausted: Option<ExhaustedPolicy>,
     pub max_failures: Option<u32>,
     pub steps: Option<Vec<StepSpec>>,

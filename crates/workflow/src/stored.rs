@@ -58,6 +58,9 @@ struct WorkflowRepr {
     /// registered before warnings existed is unchanged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     warn_after_ms: Option<u64>,
+    /// Left out when not given, like `warn_after_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    retention_ms: Option<u64>,
     on_exhausted: ExhaustedPolicy,
     max_failures: u32,
     steps: Vec<StepRepr>,
@@ -105,6 +108,7 @@ impl From<Workflow> for WorkflowRepr {
             version: w.version,
             deadline_ms: millis(w.deadline),
             warn_after_ms: w.warn_after.map(millis),
+            retention_ms: w.retention.map(millis),
             on_exhausted: w.on_exhausted,
             max_failures: w.max_failures,
             steps: w
@@ -148,6 +152,7 @@ impl TryFrom<WorkflowRepr> for Workflow {
             version: Some(r.version),
             deadline: Some(Duration::from_millis(r.deadline_ms)),
             warn_after: r.warn_after_ms.map(Duration::from_millis),
+            retention: r.retention_ms.map(Duration::from_millis),
             on_exhausted: Some(r.on_exhausted),
             max_failures: Some(r.max_failures),
             schedules: None,

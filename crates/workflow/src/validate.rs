@@ -68,6 +68,7 @@ struct WorkflowFields {
     version: Option<u32>,
     deadline: Duration,
     warn_after: Option<Duration>,
+    retention: Option<Duration>,
     on_exhausted: ExhaustedPolicy,
     max_failures: u32,
 }
@@ -185,6 +186,9 @@ impl Check<'_> {
         let deadline = spec.deadline.unwrap_or(DEADLINE_DEFAULT);
         self.duration("/deadline", "`deadline`", deadline);
         self.warn_after("/warn_after", "`warn_after`", spec.warn_after, ("`deadline`", deadline));
+        if let Some(retention) = spec.retention {
+            self.duration("/retention", "`retention`", retention);
+        }
         let max_failures = spec.max_failures.unwrap_or(MAX_FAILURES_DEFAULT);
         if max_failures == 0 {
             self.report("/max_failures", "`max_failures` must be at least 1".into());
@@ -194,6 +198,7 @@ impl Check<'_> {
             version: spec.version,
             deadline,
             warn_after: spec.warn_after,
+            retention: spec.retention,
             on_exhausted: spec.on_exhausted.unwrap_or_default(),
             max_failures,
         }
@@ -421,6 +426,7 @@ fn assemble(top: WorkflowFields, steps: Vec<StepSpec>, fields: Vec<StepFields>, 
         version: top.version.expect("validated version"),
         deadline: top.deadline,
         warn_after: top.warn_after,
+        retention: top.retention,
         on_exhausted: top.on_exhausted,
         max_failures: top.max_failures,
         steps,
