@@ -146,6 +146,14 @@ impl StepBuilder {
         self
     }
 
+    /// The step's condition, a CEL expression over `input` and `steps`
+    /// (see [`crate::Condition`]); false skips the step. Checked by
+    /// [`WorkflowBuilder::build`].
+    pub fn when(mut self, condition: impl Into<String>) -> Self {
+        self.spec.when = Some(condition.into());
+        self
+    }
+
     /// The retry policy (default [`RetryPolicy::default`]).
     pub fn retry(mut self, retry: RetryPolicy) -> Self {
         self.spec.retry = Some(retry);
@@ -267,6 +275,33 @@ mod tests {
             [
                 "<builder>:0:0: `warn_after` (10m) must be shorter than `deadline` (5m): the warning must come while there is still time to act",
                 "<builder>:1:0: step `a`: `warn_after` (10s) must be shorter than `timeout` (10s): the warning must come while there is still time to act",
+            ]
+        );
+    }
+
+    #[test]
+    fn builder_conditions_are_checked_like_a_file() {
+        let built = Workflow::builder("w", 1)
+            .step(StepDef::new("a", "http"))
+            .step(StepDef::new("b", "http").when("steps.a.output.ok"))
+            .build(&AgentCatalog::builtin())
+            .unwrap();
+        let parsed = crate::parse(
+            "w.yaml",
+            "name: w\nversion: 1\nsteps:\n  - { name: a, agent: http }\n  - { name: b, agent: http, when: steps.a.output.ok }\n",
+            &AgentCatalog::builtin(),
+        )
+        .unwrap();
+        assert_eq!(built, parsed);
+        assert_eq!(built.steps()[1].when().map(crate::Condition::source), Some("steps.a.output.ok"));
+        let when = "steps.a.output.ok || 'x\\ny' in steps";
+        let problems = check(Workflow::builder("w", 1).step(StepDef::new("a", "http").when(when))).unwrap_err();
+        assert_eq!(
+            problems,
+            [
+                "<builder>:1:0: step `a`: `when` refers to step `a`, which is not upstream (add it to `depends_on`)",
+                // A name holding a newline is escaped: one problem per line.
+                "<builder>:1:0: step `a`: `when` refers to unknown step `x\\ny`",
             ]
         );
     }

@@ -13,6 +13,7 @@ use rota_model::{CatchUp, ExhaustedPolicy, Overlap, RetryPolicy, ScheduleName, S
 use serde_json::Value;
 
 use crate::agent::AgentName;
+use crate::condition::Condition;
 
 /// The task-level complete-by when a definition gives no `deadline`.
 pub const DEADLINE_DEFAULT: Duration = Duration::from_secs(5 * 60);
@@ -83,6 +84,7 @@ pub struct StepDef {
     pub(crate) with: Value,
     pub(crate) timeout: Duration,
     pub(crate) warn_after: Option<Duration>,
+    pub(crate) when: Option<Condition>,
     pub(crate) retry: RetryPolicy,
     pub(crate) compensate: Option<CompensateDef>,
     pub(crate) depends_on: Vec<StepName>,
@@ -218,6 +220,14 @@ impl StepDef {
         self.warn_after
     }
 
+    /// The step's condition, if any: decided once, when the step becomes
+    /// ready (every dependency completed or skipped) and before its first
+    /// attempt. False skips the step; an expression that cannot be decided
+    /// fails it permanently.
+    pub fn when(&self) -> Option<&Condition> {
+        self.when.as_ref()
+    }
+
     /// How often the step is tried and how long to wait between tries.
     pub fn retry(&self) -> &RetryPolicy {
         &self.retry
@@ -228,7 +238,7 @@ impl StepDef {
         self.compensate.as_ref()
     }
 
-    /// The steps that must complete before this one starts, resolved: a
+    /// The steps that must complete (or be skipped) before this one starts, resolved: a
     /// step written without `depends_on` depends on the step before it, and
     /// the first step on none.
     pub fn depends_on(&self) -> &[StepName] {

@@ -152,8 +152,20 @@ pub(crate) trait Locate {
     /// The position of the value at `pointer`.
     fn value(&self, pointer: &str) -> Pos;
 
+    /// The position of `at` (1-based line and column) inside the string
+    /// at `pointer`; the string's own position where it cannot be told.
+    fn inside(&self, pointer: &str, _at: (u32, u32)) -> Pos {
+        self.value(pointer)
+    }
+
     fn at_value(&self, pointer: &str, message: String) -> Diagnostic {
         let pos = self.value(pointer);
+        Diagnostic { file: self.file().to_owned(), line: pos.line, column: pos.column, message }
+    }
+
+    /// A problem at `at` inside the string at `pointer` (an expression).
+    fn at_inside(&self, pointer: &str, at: (u32, u32), message: String) -> Diagnostic {
+        let pos = self.inside(pointer, at);
         Diagnostic { file: self.file().to_owned(), line: pos.line, column: pos.column, message }
     }
 }
@@ -162,6 +174,8 @@ pub(crate) trait Locate {
 pub(crate) struct FileLocator<'a> {
     pub file: &'a str,
     pub positions: &'a Positions,
+    /// The file's text, to place positions inside a string value.
+    pub text: &'a str,
 }
 
 impl Locate for FileLocator<'_> {
@@ -171,6 +185,29 @@ impl Locate for FileLocator<'_> {
 
     fn value(&self, pointer: &str) -> Pos {
         self.positions.nearest(pointer).unwrap_or(Pos { line: 1, column: 1 })
+    }
+
+    /// Exact on the first line of a plain or quoted scalar written on one
+    /// line (every JSON string and the usual YAML `when: input.x > 1`),
+    /// provided no escape sequence comes before the point; elsewhere (block
+    /// scalars, later lines of a folded one) the string's own position.
+    fn inside(&self, pointer: &str, at: (u32, u32)) -> Pos {
+        let start = self.value(pointer);
+        let (line, column) = at;
+        let Some(text_line) = self.text.lines().nth(start.line.saturating_sub(1) as usize) else { return start };
+        let rest: String = text_line.chars().skip(start.column.saturating_sub(1) as usize).collect();
+        let quote: u32 = match rest.chars().next() {
+            Some('"' | '\'') => 1,
+            Some('|' | '>') | None => return start,
+            Some(_) => 0,
+        };
+        // Inside the line, and the text up to the point matches the
+        // expression as read (no escapes, no folding).
+        let before: String = rest.chars().skip(quote as usize).take(column.saturating_sub(1) as usize).collect();
+        if line != 1 || before.contains('\\') || before.chars().count() + 1 < column as usize {
+            return start;
+        }
+        Pos { line: start.line, column: start.column + quote + column - 1 }
     }
 }
 

@@ -11,7 +11,8 @@
 //! - the step DAG the Scheduler walks ([`Workflow::ready`],
 //!   [`Workflow::topological_order`], [`Workflow::upstream`]);
 //! - input templates (`"{{ steps.reserve.output.hold_id }}"`): [`render`]
-//!   and [`references`].
+//!   and [`references`];
+//! - step conditions (`when: input.amount > 100`), in CEL: [`Condition`].
 //!
 //! It deliberately leaves out everything that happens at run time: step and
 //! task state, queues, agents' behaviour, the clock. It is pure and
@@ -45,7 +46,7 @@
 //! ```
 //!
 //! Inside, the modules form a line, each using only those before it (and
-//! the leaves `agent`, `diagnostic` and `template`): `spec` (a definition as written, unvalidated) → `definition` (the
+//! the leaves `agent`, `condition`, `diagnostic` and `template`): `spec` (a definition as written, unvalidated) → `definition` (the
 //! resolved types) → `dag` → `validate` (the one place a [`Workflow`] is
 //! made) → `builder`, `stored` (the canonical JSON form) and `parse` →
 //! `load`.
@@ -57,6 +58,7 @@
 
 mod agent;
 mod builder;
+mod condition;
 mod dag;
 mod definition;
 mod diagnostic;
@@ -69,6 +71,7 @@ mod validate;
 
 pub use agent::{AgentCatalog, AgentName};
 pub use builder::{CompensateBuilder, StepBuilder, WorkflowBuilder};
+pub use condition::{CONDITION_BYTES_MAX, Condition, ConditionError, ConditionProblem, StepReference};
 pub use definition::{
     CompensateDef, DEADLINE_DEFAULT, MAX_FAILURES_DEFAULT, SCHEDULES_MAX, STEPS_MAX, ScheduleDef, StepAction, StepDef, TIMEOUT_DEFAULT,
     Workflow,

@@ -47,7 +47,7 @@ pub fn load_dir(dir: impl AsRef<Path>, agents: &AgentCatalog) -> (Vec<Workflow>,
             (Ok(workflow), positions) => {
                 let key = (workflow.name().to_string(), workflow.version());
                 if let Some(first) = seen.get(&key) {
-                    let locator = FileLocator { file: &source, positions: &positions };
+                    let locator = FileLocator { file: &source, positions: &positions, text: &text };
                     problems.push(
                         locator.at_value("/version", format!("workflow `{}` version {} is already defined in {first}", key.0, key.1)),
                     );

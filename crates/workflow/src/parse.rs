@@ -35,7 +35,7 @@ pub const NESTING_MAX: usize = 32;
 const WORKFLOW_FIELDS: &[&str] =
     &["name", "version", "deadline", "warn_after", "retention", "on_exhausted", "max_failures", "steps", "schedules"];
 const SCHEDULE_FIELDS: &[&str] = &["name", "cron", "timezone", "input", "overlap", "catch_up"];
-const STEP_FIELDS: &[&str] = &["name", "agent", "wait", "with", "timeout", "warn_after", "retry", "compensate", "depends_on"];
+const STEP_FIELDS: &[&str] = &["name", "agent", "wait", "when", "with", "timeout", "warn_after", "retry", "compensate", "depends_on"];
 const RETRY_FIELDS: &[&str] = &["attempts", "backoff", "max_backoff", "multiplier", "jitter"];
 const COMPENSATE_FIELDS: &[&str] = &["agent", "with", "timeout", "retry"];
 
@@ -69,7 +69,7 @@ pub(crate) fn parse_with_positions(source: &str, text: &str, agents: &AgentCatal
     };
     let spec = decoder.workflow(&root);
     let Decoder { problems: mut found, positions, .. } = decoder;
-    let workflow = validate_into(spec, &FileLocator { file: source, positions: &positions }, Some(agents), &mut found);
+    let workflow = validate_into(spec, &FileLocator { file: source, positions: &positions, text }, Some(agents), &mut found);
     let result = match workflow {
         Some(workflow) if found.is_empty() => Ok(workflow),
         _ => Err(Diagnostics::from(found).sorted()),
@@ -565,6 +565,7 @@ impl Decoder<'_> {
                 "name" => spec.name = self.string(value, &prefix, key),
                 "agent" => spec.agent = self.string(value, &prefix, key),
                 "wait" => spec.wait = self.string(value, &prefix, key),
+                "when" => spec.when = self.string(value, &prefix, key),
                 "with" => spec.with = self.json(value, &field_at, &prefix),
                 "timeout" => spec.timeout = self.duration(value, &prefix, key),
                 "warn_after" => spec.warn_after = self.duration(value, &prefix, key),
@@ -920,7 +921,7 @@ mod tests {
         assert_eq!(
             check("name: w\nversion: 1\nsteps:\n  - name: a\n    agent: http\n    colour: red\n"),
             [
-                "wf.yaml:6:5: step `a`: unknown field `colour` (expected one of: name, agent, wait, with, timeout, warn_after, retry, compensate, depends_on)"
+                "wf.yaml:6:5: step `a`: unknown field `colour` (expected one of: name, agent, wait, when, with, timeout, warn_after, retry, compensate, depends_on)"
             ]
         );
         assert_eq!(
@@ -1070,6 +1071,35 @@ mod tests {
     }
 
     #[test]
+    fn conditions_are_read_and_checked_where_they_are_written() {
+        let workflow =
+            valid("name: w\nversion: 1\nsteps:\n  - { name: a, agent: http }\n  - name: b\n    agent: http\n    when: steps.a.output.ok\n");
+        assert_eq!(workflow.steps()[0].when(), None);
+        assert_eq!(workflow.steps()[1].when().map(crate::Condition::source), Some("steps.a.output.ok"));
+        let text = "name: w\nversion: 1\nsteps:\n\
+            \x20 - name: a\n    agent: http\n    when: input.amount >\n\
+            \x20 - name: b\n    agent: http\n    depends_on: []\n    when: \"input.x || steps.a.output.ok\"\n\
+            \x20 - name: c\n    agent: http\n    when: 'has(steps.zz) && steps.c.output'\n\
+            \x20 - name: d\n    agent: http\n    when: 3\n";
+        assert_eq!(
+            check(text),
+            [
+                "wf.yaml:6:25: step `a`: `when`: Syntax error: mismatched input '<EOF>' expecting {'[', '{', '(', '.', '-', '!', 'true', 'false', 'null', NUM_FLOAT, NUM_INT, NUM_UINT, STRING, BYTES, IDENTIFIER}",
+                "wf.yaml:10:23: step `b`: `when` refers to step `a`, which is not upstream (add it to `depends_on`)",
+                "wf.yaml:13:16: step `c`: `when` refers to unknown step `zz`",
+                "wf.yaml:13:29: step `c`: `when` refers to step `c`, which is not upstream (add it to `depends_on`)",
+                "wf.yaml:16:11: step `d`: `when` must be a string, found an integer",
+            ]
+        );
+        // JSON: every string is quoted.
+        let json = r#"{"name": "w", "version": 1, "steps": [{"name": "a", "agent": "http", "when": "input.x && y"}]}"#;
+        assert_eq!(
+            check_as("wf.json", json),
+            ["wf.json:1:90: step `a`: `when`: unknown name `y`: a condition may refer to `input` and to upstream steps as `steps.NAME`"]
+        );
+    }
+
+    #[test]
     fn templates_may_only_use_known_roots() {
         assert_eq!(
             check(
@@ -1142,7 +1172,7 @@ mod tests {
                 "wf.yaml:2:10: `version` must be at least 1",
                 "wf.yaml:5:12: step `a`: unknown agent `htp` (known agents: delay, exec, http, ledger)",
                 "wf.yaml:6:14: step `a`: invalid duration \"5 parsecs\" for `timeout`: unknown time unit \"parsecs\", supported units: ns, us/µs, ms, sec, min, hours, days, weeks, months, years (and few variations)",
-                "wf.yaml:7:5: step `a`: unknown field `colour` (expected one of: name, agent, wait, with, timeout, warn_after, retry, compensate, depends_on)",
+                "wf.yaml:7:5: step `a`: unknown field `colour` (expected one of: name, agent, wait, when, with, timeout, warn_after, retry, compensate, depends_on)",
                 "wf.yaml:10:21: step `b`: depends on unknown step `ghost`",
                 "wf.yaml:11:16: step `b`: template `{{ steps.c.output }}` refers to step `c`, which is not upstream (add it to `depends_on`)",
                 "wf.yaml:14:18: dependency cycle: `c` depends on `c`",

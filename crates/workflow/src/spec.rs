@@ -51,6 +51,8 @@ pub(crate) struct StepSpec {
     pub with: Value,
     pub timeout: Option<Duration>,
     pub warn_after: Option<Duration>,
+    /// The condition, as written (parsed by validation).
+    pub when: Option<String>,
     pub retry: Option<RetryPolicy>,
     pub compensate: Option<CompensateSpec>,
     /// `None`: depends on the previous step. `Some(vec![])`: a root.

@@ -82,6 +82,11 @@ struct StepRepr {
     timeout_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     warn_after_ms: Option<u64>,
+    /// The condition as written; left out when there is none, so that the
+    /// canonical form of a definition registered before conditions existed
+    /// is unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    when: Option<String>,
     /// Written for a waiting step too (the default), and ignored when read.
     retry: RetryPolicy,
     compensate: Option<CompensateRepr>,
@@ -127,6 +132,7 @@ impl From<Workflow> for WorkflowRepr {
                     with: s.with,
                     timeout_ms: millis(s.timeout),
                     warn_after_ms: s.warn_after.map(millis),
+                    when: s.when.map(|c| c.source().to_owned()),
                     retry: s.retry,
                     compensate: s.compensate.map(|c| CompensateRepr {
                         agent: c.agent,
@@ -167,6 +173,7 @@ impl TryFrom<WorkflowRepr> for Workflow {
                         with: s.with,
                         timeout: Some(Duration::from_millis(s.timeout_ms)),
                         warn_after: s.warn_after_ms.map(Duration::from_millis),
+                        when: s.when,
                         compensate: s.compensate.map(|c| CompensateSpec {
                             agent: Some(c.agent.into()),
                             with: c.with,
@@ -231,6 +238,23 @@ mod tests {
         let bad = json.replace(r#""warn_after_ms":20000"#, r#""warn_after_ms":30000"#);
         let err = Workflow::from_json(&bad).unwrap_err().to_string();
         assert!(err.contains("step `a`: `warn_after` (30s) must be shorter than `timeout` (30s)"), "{err}");
+    }
+
+    #[test]
+    fn conditions_are_stored_only_when_given() {
+        let workflow = Workflow::builder("w", 2)
+            .step(crate::StepDef::new("a", "http"))
+            .step(crate::StepDef::new("b", "http").when("input.x > 1"))
+            .build(&AgentCatalog::builtin())
+            .unwrap();
+        let json = workflow.to_json();
+        assert_eq!(json.matches(r#""when":"input.x > 1""#).count(), 1, "{json}");
+        let back = Workflow::from_json(&json).unwrap();
+        assert_eq!(back, workflow);
+        assert_eq!(back.to_json(), json);
+        let bad = json.replace(r#""when":"input.x > 1""#, r#""when":"inputs.x > 1""#);
+        let err = Workflow::from_json(&bad).unwrap_err().to_string();
+        assert!(err.contains("<stored>:2:0: step `b`: `when`: unknown name `inputs`"), "{err}");
     }
 
     #[test]

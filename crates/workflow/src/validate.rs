@@ -11,6 +11,7 @@ use rota_model::{CatchUp, Cron, ExhaustedPolicy, Overlap, RetryPolicy, ScheduleE
 use serde_json::Value;
 
 use crate::agent::{AgentCatalog, AgentName};
+use crate::condition::Condition;
 use crate::dag;
 use crate::definition::{
     CompensateDef, DEADLINE_DEFAULT, MAX_FAILURES_DEFAULT, SCHEDULES_MAX, STEPS_MAX, ScheduleDef, StepAction, StepDef, TIMEOUT_DEFAULT,
@@ -52,6 +53,7 @@ pub(crate) fn validate_into(
     let graph = check.dependencies(&steps, &index, &labels);
     let order = check.acyclic(&steps, &graph);
     check.templates(&steps, &index, &labels, &graph.deps);
+    check.conditions(&fields, &index, &labels, &graph.deps);
     let schedules = check.schedules(spec.schedules.unwrap_or_default());
     if !check.problems.is_empty() {
         return None;
@@ -79,6 +81,8 @@ struct StepFields {
     action: Option<StepAction>,
     timeout: Duration,
     warn_after: Option<Duration>,
+    /// `None` also where a problem was reported.
+    when: Option<Condition>,
     retry: RetryPolicy,
     compensate: Option<Option<CompensateDef>>,
 }
@@ -248,7 +252,45 @@ impl Check<'_> {
         let retry = step.retry.clone().unwrap_or_default();
         self.retry(&format!("{at}/retry"), label, &retry);
         let compensate = step.compensate.as_ref().map(|c| self.compensate(&format!("{at}/compensate"), label, c, timeout, &retry));
-        StepFields { name, action, timeout, warn_after: step.warn_after, retry, compensate }
+        let when = step.when.as_deref().and_then(|source| self.condition(&format!("{at}/when"), label, source));
+        StepFields { name, action, timeout, warn_after: step.warn_after, when, retry, compensate }
+    }
+
+    /// A condition parses and names only `input` and `steps.NAME`; each
+    /// problem is placed where it is in the expression.
+    fn condition(&mut self, pointer: &str, label: &str, source: &str) -> Option<Condition> {
+        match Condition::parse(source) {
+            Ok(condition) => Some(condition),
+            Err(problems) => {
+                for problem in problems {
+                    // One line per problem: the parser may quote a newline.
+                    let message = format!("{label}: `when`: {}", problem.message.replace('\n', "\\n"));
+                    self.problems.push(self.loc.at_inside(pointer, problem.at, message));
+                }
+                None
+            }
+        }
+    }
+
+    /// Conditions refer only to upstream steps: those are settled
+    /// (completed or skipped) when the condition is decided.
+    fn conditions(&mut self, fields: &[StepFields], index: &HashMap<&str, usize>, labels: &[String], deps: &[Vec<usize>]) {
+        for (i, field) in fields.iter().enumerate() {
+            let Some(condition) = &field.when else { continue };
+            let upstream = dag::upstream_indices(deps, i);
+            let pointer = format!("/steps/{i}/when");
+            for reference in condition.steps() {
+                let step = &reference.name.escape_debug().to_string();
+                let message = match index.get(reference.name.as_str()) {
+                    None => format!("{}: `when` refers to unknown step `{step}`", labels[i]),
+                    Some(&j) if !upstream[j] => {
+                        format!("{}: `when` refers to step `{step}`, which is not upstream (add it to `depends_on`)", labels[i])
+                    }
+                    Some(_) => continue,
+                };
+                self.problems.push(self.loc.at_inside(&pointer, reference.at, message));
+            }
+        }
     }
 
     /// A waiting step's signal and the fields that must go with it (a
@@ -416,6 +458,7 @@ fn assemble(top: WorkflowFields, steps: Vec<StepSpec>, fields: Vec<StepFields>, 
             with: spec.with,
             timeout: fields.timeout,
             warn_after: fields.warn_after,
+            when: fields.when,
             retry: fields.retry,
             compensate: fields.compensate.map(|c| c.expect("validated compensation")),
             depends_on: its_deps.iter().map(|&j| names[j].clone()).collect(),
