@@ -66,8 +66,8 @@ function table(name, headers, rows, empty = 'Nothing here.') {
     h('tbody', null, rows));
 }
 
-function badge(state) {
-  return h('span', { class: `badge state-${state}` }, state);
+function badge(state, title) {
+  return h('span', { class: `badge state-${state}`, title: title ?? null }, state);
 }
 
 /** "at risk" beside a task's state while a deadline warning of its lease stands. */
@@ -396,7 +396,8 @@ function taskPage([id]) {
         section('Steps', table('Steps', ['Step', 'Agent', 'State', 'Attempt', 'Complete by', 'Last error', ''], task.steps.map((step) => {
           const label = `step-label-${step.position}`;
           return h('tr', null,
-            h('th', { scope: 'row', id: label }, step.name), h('td', null, stepDoer(step)), h('td', null, badge(step.state)),
+            h('th', { scope: 'row', id: label }, step.name), h('td', null, stepDoer(step)),
+            h('td', null, badge(step.state, step.when ? `when: ${step.when}` : null)),
             h('td', { class: 'n' }, step.attempt), h('td', null, time(step.complete_by)), h('td', { class: 'error-text' }, step.last_error ?? '—'),
             h('td', null, awaitsSignal(task, step) ? signalAction(taskId, step, label) : null,
               action('Resubmit step', `Resubmit step ${step.name} of task ${taskId}? It runs again, with the steps after it.`,
@@ -500,7 +501,7 @@ function dag(steps, stepStates) {
     const { x, y } = position.get(step.name);
     const state = stateOf.get(step.name) ?? 'not-run';
     return s('g', { class: 'step-node', 'data-step': step.name, 'data-state': state, transform: `translate(${x},${y})` },
-      s('title', null, `${step.name}: ${state}${step.agent ? ` (agent ${step.agent})` : ''}${step.waits_for ? ` (waits for ${step.waits_for})` : ''}`),
+      s('title', null, `${step.name}: ${state}${step.agent ? ` (agent ${step.agent})` : ''}${step.waits_for ? ` (waits for ${step.waits_for})` : ''}${step.when ? ` (when: ${step.when})` : ''}`),
       s('rect', { width: nodeWidth, height: nodeHeight, rx: 8, class: `node state-${state}` }),
       s('text', { x: 10, y: 18, class: 'node-name' }, step.name.length > 18 ? `${step.name.slice(0, 17)}…` : step.name),
       s('text', { x: 10, y: 35, class: 'node-state' }, state));
@@ -657,8 +658,9 @@ function workflowPage([name], query) {
       body.replaceChildren(picker,
         h('p', { class: 'subtitle' }, 'registered ', time(shown.registered_at), ' · ', h('a', { href: `/ui/tasks${q({ workflow })}` }, 'its tasks')),
         section('Steps', dag(shown.steps, null),
-          table('Steps', ['Step', 'Agent', 'After', 'Compensated'], shown.steps.map((step) => h('tr', null,
-            h('td', null, step.name), h('td', null, stepDoer(step)), h('td', null, step.depends_on.join(', ') || '—'), h('td', null, step.compensated ? 'yes' : 'no'))))),
+          table('Steps', ['Step', 'Agent', 'After', 'When', 'Compensated'], shown.steps.map((step) => h('tr', null,
+            h('td', null, step.name), h('td', null, stepDoer(step)), h('td', null, step.depends_on.join(', ') || '—'),
+            h('td', null, step.when ? h('code', null, step.when) : '—'), h('td', null, step.compensated ? 'yes' : 'no'))))),
         section('Definition', json(shown.definition)));
     },
   };

@@ -100,6 +100,23 @@ steps:
     with: { command: ["sh", "-c", "echo 'no truck' >&2; exit 4"] }
     depends_on: [charge]
 """,
+    # A step skipped by its condition on an earlier output; the step after
+    # it runs all the same.
+    "choose": """
+name: choose
+version: 1
+steps:
+  - name: check
+    agent: exec
+    with: { command: ["sh", "-c", "echo '{\\"vip\\": false}'"] }
+  - name: upgrade
+    agent: delay
+    with: { for: "1ms" }
+    when: steps.check.output.vip
+  - name: notify
+    agent: delay
+    with: { for: "1ms" }
+""",
     # A step that waits for the signal `approved`; the next reads its data.
     "approval": """
 name: approval

@@ -168,3 +168,7 @@ class EveryPage(support.BrowserTest):
         expect(page.locator('g.step-node[data-step="charge"]')).to_have_count(1)
         expect(page.locator('g.step-node[data-step="ship"]')).to_have_count(1)
         expect(support.region(page, "Definition").locator("pre")).to_contain_text("ship")
+        # A step's condition has a column of its own.
+        page, _ = self.open("/ui/workflows/choose")
+        upgrade = support.rows(page.get_by_role("table", name="Steps")).filter(has_text="upgrade")
+        expect(upgrade.locator("code")).to_have_text("steps.check.output.vip")

@@ -22,10 +22,12 @@ def setUpModule() -> None:
     server.cli("submit", "refund", "--input", '{"order": 17}', "--id", "page-undone")
     server.cli("submit", "fail", "--id", "page-error")
     server.cli("submit", "hang", "--id", "page-timeout")
+    server.cli("submit", "choose", "--id", "page-skipped")
     server.wait_task("page-done", {"processed"})
     server.wait_task("page-undone", {"compensated"})
     server.wait_task("page-error", {"error"})
     server.wait_task("page-timeout", {"error"})
+    server.wait_task("page-skipped", {"processed"})
 
 
 def tearDownModule() -> None:
@@ -56,6 +58,7 @@ class TaskPage(support.BrowserTest):
             ("page-done", {"wait": "completed", "echo": "completed"}),
             ("page-undone", {"charge": "compensated", "ship": "failed"}),
             ("page-error", {"prepare": "completed", "explode": "failed"}),
+            ("page-skipped", {"check": "completed", "upgrade": "skipped", "notify": "completed"}),
         ]:
             with self.subTest(task_id):
                 page, task = self.shows(task_id)
@@ -87,6 +90,17 @@ class TaskPage(support.BrowserTest):
                 expect(row.get_by_role("button", name="Resubmit step")).to_have_count(1)
         explode = support.rows(table).filter(has_text="explode")
         expect(explode).to_contain_text("boom")  # the last error
+
+    def test_a_skipped_step_has_its_own_badge_naming_its_condition(self) -> None:
+        page, task = self.shows("page-skipped")
+        self.assertNotIn("upgrade", task["output"], "a skipped step has no entry in the output")
+        row = support.rows(page.get_by_role("table", name="Steps")).filter(has_text="upgrade")
+        badge = row.locator(".badge")
+        expect(badge).to_have_text("skipped")
+        expect(badge).to_have_attribute("title", "when: steps.check.output.vip")
+        completed = support.rows(page.get_by_role("table", name="Steps")).filter(has_text="notify").locator(".badge")
+        looks = "e => [getComputedStyle(e).backgroundColor, getComputedStyle(e).borderStyle]"
+        self.assertNotEqual(badge.evaluate(looks), completed.evaluate(looks), "skipped looks unlike completed")
 
     def test_the_attempts_show_each_attempts_outcome(self) -> None:
         for task_id, expected in [

@@ -855,7 +855,7 @@ export interface components {
             /**
              * @description What happened: received, claimed, step_started, step_completed,
              *     step_failed, expired, processed, error, compensation_started,
-             *     step_compensated, compensated, cancelled, resubmitted, released, alert,
+             *     step_compensated, step_skipped, compensated, cancelled, resubmitted, released, alert,
              *     at_risk (a deadline warning: `detail` has its `reason`, `warn_at`,
              *     `complete_by` and `remaining_ms`).
              * @example step_completed
@@ -1202,7 +1202,7 @@ export interface components {
          * @description A step's state.
          * @enum {string}
          */
-        StepStateView: "not_started" | "running" | "completed" | "failed" | "compensating" | "compensated";
+        StepStateView: "not_started" | "running" | "completed" | "failed" | "compensating" | "compensated" | "skipped";
         /** @description One step of a task. */
         StepView: {
             /**
@@ -1260,6 +1260,11 @@ export interface components {
              *     attempt ended.
              */
             warn_at?: number | null;
+            /**
+             * @description Its `when` condition as written (absent without one, and when the
+             *     definition cannot be read); false skips it.
+             */
+            when?: string | null;
         };
         /** @description A request to run a workflow. */
         SubmitRequest: {
@@ -1580,6 +1585,8 @@ export interface components {
             name: string;
             /** @description The signal it waits for (absent for a step that calls an agent). */
             waits_for?: string | null;
+            /** @description Its `when` condition as written (absent without one). */
+            when?: string | null;
         };
         /** @description A registered workflow version. */
         WorkflowView: {

@@ -143,6 +143,8 @@ pub enum StepStateView {
     Compensating,
     /// Undone.
     Compensated,
+    /// Its `when` condition was false: it never ran and has no output.
+    Skipped,
 }
 
 impl From<StepState> for StepStateView {
@@ -154,6 +156,7 @@ impl From<StepState> for StepStateView {
             StepState::Failed => StepStateView::Failed,
             StepState::Compensating => StepStateView::Compensating,
             StepState::Compensated => StepStateView::Compensated,
+            StepState::Skipped => StepStateView::Skipped,
         }
     }
 }
@@ -167,6 +170,7 @@ impl From<StepStateView> for StepState {
             StepStateView::Failed => StepState::Failed,
             StepStateView::Compensating => StepState::Compensating,
             StepStateView::Compensated => StepState::Compensated,
+            StepStateView::Skipped => StepState::Skipped,
         }
     }
 }
@@ -302,6 +306,7 @@ impl TaskView {
                     let def = definition.and_then(|d| d.step(&step.name));
                     view.agent = def.and_then(|def| def.agent()).map(ToString::to_string);
                     view.waits_for = def.and_then(|def| def.waits_for()).map(ToString::to_string);
+                    view.when = def.and_then(|def| def.when()).map(|c| c.source().to_owned());
                     let in_flight = matches!(step.state, StepState::Running | StepState::Compensating);
                     view.owner = task.locked_by.as_ref().filter(|_| in_flight).map(ToString::to_string);
                     view
@@ -331,6 +336,9 @@ pub struct StepView {
     /// when the definition cannot be read). Its `input` is the signal once
     /// it arrived, even before the step started.
     pub waits_for: Option<String>,
+    /// Its `when` condition as written (absent without one, and when the
+    /// definition cannot be read); false skips it.
+    pub when: Option<String>,
     /// Where it is.
     pub state: StepStateView,
     /// The current attempt (0 before the first).
@@ -362,6 +370,7 @@ impl From<&Step> for StepView {
             position: step.position,
             agent: None,
             waits_for: None,
+            when: None,
             state: step.state.into(),
             attempt: step.attempt,
             owner: None,
@@ -387,7 +396,7 @@ pub struct EventView {
     pub at: i64,
     /// What happened: received, claimed, step_started, step_completed,
     /// step_failed, expired, processed, error, compensation_started,
-    /// step_compensated, compensated, cancelled, resubmitted, released, alert,
+    /// step_compensated, step_skipped, compensated, cancelled, resubmitted, released, alert,
     /// at_risk (a deadline warning: `detail` has its `reason`, `warn_at`,
     /// `complete_by` and `remaining_ms`).
     #[schema(example = "step_completed")]
@@ -606,6 +615,8 @@ pub struct WorkflowStepView {
     pub agent: Option<String>,
     /// The signal it waits for (absent for a step that calls an agent).
     pub waits_for: Option<String>,
+    /// Its `when` condition as written (absent without one).
+    pub when: Option<String>,
     /// The steps it waits for.
     pub depends_on: Vec<String>,
     /// Whether it has a compensation.
@@ -641,6 +652,7 @@ impl WorkflowView {
                     name: step.name().to_string(),
                     agent: step.agent().map(ToString::to_string),
                     waits_for: step.waits_for().map(ToString::to_string),
+                    when: step.when().map(|c| c.source().to_owned()),
                     depends_on: step.depends_on().iter().map(ToString::to_string).collect(),
                     compensated: step.compensate().is_some(),
                 })
@@ -803,7 +815,7 @@ pub struct EventsQuery {
     pub workflow: Option<String>,
     /// Only events of these kinds, comma-separated (`step_completed,processed`).
     #[param(
-        pattern = r"^(received|claimed|step_started|step_completed|step_failed|expired|processed|error|compensation_started|step_compensated|compensated|cancelled|resubmitted|released|alert)(,(received|claimed|step_started|step_completed|step_failed|expired|processed|error|compensation_started|step_compensated|compensated|cancelled|resubmitted|released|alert))*$"
+        pattern = r"^(received|claimed|step_started|step_completed|step_skipped|step_failed|expired|processed|error|compensation_started|step_compensated|compensated|cancelled|resubmitted|released|alert)(,(received|claimed|step_started|step_completed|step_skipped|step_failed|expired|processed|error|compensation_started|step_compensated|compensated|cancelled|resubmitted|released|alert))*$"
     )]
     pub kind: Option<String>,
     /// Start after this event seq (as `Last-Event-ID` does; the header wins).

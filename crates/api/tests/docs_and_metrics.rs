@@ -149,6 +149,14 @@ async fn the_openapi_document_lists_every_route_with_its_errors_and_schemas() {
     {
         assert!(schemas[schema]["properties"].get(field).is_some(), "{schema}.{field} is documented");
     }
+
+    // Conditions: the Skipped state, its event kind and the `when` fields.
+    assert!(schemas["StepStateView"].to_string().contains(r#""skipped""#), "{}", schemas["StepStateView"]);
+    for (schema, field) in [("StepView", "when"), ("WorkflowStepView", "when")] {
+        assert!(schemas[schema]["properties"].get(field).is_some(), "{schema}.{field} is documented");
+    }
+    let kind = &doc["paths"]["/v1/events"]["get"]["parameters"].as_array().unwrap().iter().find(|p| p["name"] == "kind").unwrap()["schema"];
+    assert!(kind["pattern"].as_str().is_some_and(|p| p.contains("step_skipped")), "{kind}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -194,6 +194,8 @@ pub struct StepJson<'a> {
     pub agent: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub waits_for: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub when: Option<&'a str>,
     pub state: StepState,
     pub attempts: u32,
     pub complete_by: Option<String>,
@@ -243,6 +245,7 @@ impl<'a> From<&'a StepView> for StepJson<'a> {
             position: step.position,
             agent: step.agent.as_deref(),
             waits_for: step.waits_for.as_deref(),
+            when: step.when.as_deref(),
             state: StepState::from(step.state),
             attempts: step.attempt,
             complete_by: step.complete_by.map(rfc3339_millis),
@@ -348,6 +351,8 @@ pub struct WorkflowStepJson<'a> {
     agent: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     waits_for: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    when: Option<&'a str>,
     depends_on: &'a [String],
 }
 
@@ -364,6 +369,7 @@ impl<'a> From<&'a WorkflowView> for WorkflowJson<'a> {
                     name: &step.name,
                     agent: step.agent.as_deref(),
                     waits_for: step.waits_for.as_deref(),
+                    when: step.when.as_deref(),
                     depends_on: &step.depends_on,
                 })
                 .collect(),

@@ -272,6 +272,10 @@ fn moves(before: Option<&TaskView>, after: &TaskView) -> Vec<String> {
         if unchanged || (previous.is_none() && state == StepState::NotStarted && step.attempt == 0) {
             continue;
         }
+        if state == StepState::Skipped {
+            lines.push(format!("step {}: skipped (its `when` was false: {})", step.name, cut(step.when.as_deref().unwrap_or("?"))));
+            continue;
+        }
         let error = match (state, &step.last_error) {
             (StepState::Failed | StepState::NotStarted, Some(error)) => format!(": {}", cut(error)),
             _ => String::new(),
@@ -566,6 +570,12 @@ mod tests {
         let mut third = record(TaskState::Error, &[("a", StepState::Failed, 1), ("b", StepState::NotStarted, 0)]);
         third.steps[0].last_error = Some("exit code 1\nboom".into());
         assert_eq!(moves(Some(&second), &third), ["step a: failed (attempt 1): exit code 1 boom", "task t-1: error"]);
+        let mut fourth = record(TaskState::Processing, &[("a", StepState::Completed, 1), ("b", StepState::Skipped, 0)]);
+        fourth.steps[1].when = Some("steps.a.output.ok".into());
+        assert_eq!(
+            moves(Some(&second), &fourth),
+            ["step a: completed (attempt 1)", "step b: skipped (its `when` was false: steps.a.output.ok)"]
+        );
     }
 
     #[test]

@@ -720,6 +720,73 @@ fn validate_reports_a_warning_point_that_is_not_before_its_complete_by() {
 }
 
 #[test]
+fn validate_reports_a_bad_condition_where_it_is_wrong() {
+    let rota = Rota::new();
+    let files = Files::new();
+    let bad = files.workflow(
+        "bad.yaml",
+        "name: bad\nversion: 1\nsteps:\n  - name: a\n    agent: delay\n    when: input.n >\n  - name: b\n    agent: delay\n    depends_on: []\n    when: steps.a.output.ok\n  - name: c\n    agent: delay\n    when: input.x && amount > 1\n",
+    );
+    let bad = bad.display().to_string();
+    let (code, stderr) = rota.fails(&["validate", &bad]);
+    assert_eq!(code, 1);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 4, "{stderr}");
+    assert!(lines[0].starts_with(&format!("{bad}:6:20: step `a`: `when`: Syntax error: mismatched input '<EOF>'")), "{stderr}");
+    assert_eq!(
+        lines[1..],
+        [
+            format!("{bad}:10:11: step `b`: `when` refers to step `a`, which is not upstream (add it to `depends_on`)"),
+            format!(
+                "{bad}:13:22: step `c`: `when`: unknown name `amount`: a condition may refer to `input` and to upstream steps as `steps.NAME`"
+            ),
+            "error: 3 problems in 1 of 1 workflow file".to_owned(),
+        ]
+    );
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/workflows/shipping.yaml");
+    let stdout = rota.ok(&["validate", example.to_str().unwrap()]);
+    assert!(stdout.trim_end().ends_with("shipping.yaml: ok (workflow shipping version 1, 4 steps)"), "{stdout}");
+}
+
+#[test]
+fn a_step_whose_condition_is_false_is_skipped_and_shown_so() {
+    let rota = Rota::new();
+    let files = Files::new();
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/workflows/shipping.yaml");
+    files.workflow("shipping.yaml", &std::fs::read_to_string(example).unwrap());
+    let _serve = Serve::start(&rota, &files.workflows(), "shipping-1", &[]);
+
+    rota.ok(&["submit", "shipping", "--id", "light", "--input", r#"{"order_id": 1, "kg": 2, "value": 5000}"#]);
+    rota.ok(&["submit", "shipping", "--id", "heavy", "--input", r#"{"order_id": 2, "kg": 40, "value": 5000}"#]);
+    let light = wait_for_state(&rota, "light", "processed", Duration::from_secs(20));
+    let states = |task: &Value| -> Vec<(String, String)> {
+        task["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| (s["name"].as_str().unwrap().into(), s["state"].as_str().unwrap().into()))
+            .collect()
+    };
+    let expected = |freight: &str, insure: &str| -> Vec<(String, String)> {
+        [("weigh", "completed"), ("freight", freight), ("label", "completed"), ("insure", insure)]
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    };
+    assert_eq!(states(&light), expected("skipped", "skipped"), "{light:#}");
+    assert_eq!(light["output"], json!({ "weigh": { "kg": 2 }, "label": { "order": 1 } }), "skipped steps have no entry");
+    let skipped: Vec<&Value> = light["history"].as_array().unwrap().iter().filter(|e| e["kind"] == "step_skipped").collect();
+    assert_eq!(skipped.len(), 2, "{light:#}");
+    assert_eq!(skipped[0]["detail"]["when"], "steps.weigh.output.kg > 30");
+    let text = rota.ok(&["status", "light"]);
+    assert!(text.lines().any(|line| line.starts_with("freight") && line.contains("skipped")), "{text}");
+
+    let heavy = wait_for_state(&rota, "heavy", "processed", Duration::from_secs(20));
+    assert_eq!(states(&heavy), expected("completed", "completed"), "{heavy:#}");
+    assert_eq!(heavy["output"]["insure"], json!({ "carrier": "freight" }));
+}
+
+#[test]
 fn tasks_at_risk_lists_a_task_whose_step_passed_its_warning_point() {
     let rota = Rota::new();
     let files = Files::new();

@@ -17,6 +17,14 @@
 //! * A claim sets the task's warning point (the workflow's `warn_after`)
 //!   and every attempt of a step its own (the step's `warn_after`); the
 //!   Supervisor raises the warnings. Compensations have none.
+//! * A step with a `when` condition has it decided as it becomes ready
+//!   (every dependency completed or skipped), before its first attempt:
+//!   false skips it (Skipped, a `step_skipped` event), and a skipped step
+//!   settles its dependents like a completed one; a condition that cannot
+//!   be decided (a missing field, a value of the wrong kind) is a permanent
+//!   failure of the step. A skipped step has no output (it is left out of
+//!   the task's output, and a template reading it fails) and nothing to
+//!   compensate.
 //! * Compensation undoes completed steps one at a time, in reverse order of
 //!   completion, and waits for steps still in flight to settle first. A step
 //!   whose attempt timed out while the task is being undone is "in doubt"
@@ -375,9 +383,14 @@ impl<'a> Draft<'a> {
     fn start_ready_steps(&mut self, fence: rota_model::TaskFence) -> bool {
         let wf = self.cx.workflow;
         let now = self.cx.now;
-        if self.steps.values().all(|s| s.state == StepState::Completed) {
-            let output: serde_json::Map<String, Value> =
-                self.steps.values().map(|s| (s.name.to_string(), s.output.clone().unwrap_or(Value::Null))).collect();
+        if self.steps.values().all(|s| s.state.is_settled()) {
+            // Skipped steps have no output, and no entry.
+            let output: serde_json::Map<String, Value> = self
+                .steps
+                .values()
+                .filter(|s| s.state == StepState::Completed)
+                .map(|s| (s.name.to_string(), s.output.clone().unwrap_or(Value::Null)))
+                .collect();
             match self.task.finish_processed(fence, Value::Object(output), now) {
                 Ok(done) => {
                     self.task = done;
@@ -389,7 +402,7 @@ impl<'a> Draft<'a> {
         }
         let ready: Vec<StepName> = wf
             .ready(
-                |name| self.steps.get(name).is_some_and(|s| s.state == StepState::Completed),
+                |name| self.steps.get(name).is_some_and(|s| s.state.is_settled()),
                 |name| self.steps.get(name).is_some_and(|s| s.state == StepState::NotStarted && s.not_before <= now),
             )
             .into_iter()
@@ -399,6 +412,15 @@ impl<'a> Draft<'a> {
         let mut completed_any = false;
         for name in ready {
             let def = wf.step(&name).expect("ready steps come from the workflow");
+            match self.decide_condition(fence, &name, &outputs) {
+                Some(true) => {}
+                // A skip may make more steps ready: another pass starts them.
+                Some(false) => {
+                    completed_any = true;
+                    continue;
+                }
+                None => return false,
+            }
             if let Some(signal) = def.waits_for() {
                 completed_any |= self.start_waiting(&name, signal, def.timeout());
                 continue;
@@ -427,6 +449,41 @@ impl<'a> Draft<'a> {
             }
         }
         completed_any
+    }
+
+    /// Decides the `when` condition of a ready step, before its first
+    /// attempt: whether it runs (true: no condition, or a retry), is skipped
+    /// (false, recorded here), or `None` when the condition could not be
+    /// decided, which failed the task as a permanent failure of the step
+    /// (like a template that cannot be rendered).
+    fn decide_condition(&mut self, fence: rota_model::TaskFence, name: &StepName, outputs: &BTreeMap<StepName, Value>) -> Option<bool> {
+        let now = self.cx.now;
+        let step = &self.steps[name];
+        let Some(when) = self.cx.workflow.step(name).and_then(|def| def.when()).filter(|_| step.attempt == 0) else {
+            return Some(true);
+        };
+        match when.evaluate(&self.task.input, outputs) {
+            Ok(true) => Some(true),
+            Ok(false) => {
+                let skipped = step.skip(now).expect("a ready step without attempts can be skipped");
+                self.steps.insert(name.clone(), skipped);
+                self.step_event(name, EventKind::StepSkipped, json!({ "when": when.source() }));
+                Some(false)
+            }
+            Err(err) => {
+                let reason = format!("step {name}: {err}");
+                let mut failed = step.clone();
+                failed.last_error = Some(reason.clone());
+                failed.updated_at = now;
+                self.steps.insert(name.clone(), failed);
+                self.step_event(name, EventKind::StepFailed, json!({ "error": reason, "retryable": false }));
+                if let Ok(task) = self.task.fail(fence, reason.clone(), self.cx.workflow.on_exhausted(), now) {
+                    self.task = task;
+                    self.after_unleased(name, &reason);
+                }
+                None
+            }
+        }
     }
 
     /// Starts a step that waits for `signal`: it completes at once with a

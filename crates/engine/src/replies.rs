@@ -39,7 +39,7 @@ pub const RESERVED_PREFIXES: [&str; 2] = ["rota.", "agent."];
 pub fn is_status(kind: EventKind) -> bool {
     use EventKind::*;
     match kind {
-        Received | StepCompleted | Processed | Error | Compensated | Cancelled => true,
+        Received | StepCompleted | StepSkipped | Processed | Error | Compensated | Cancelled => true,
         // A deadline warning (`at_risk`) is raised by the Supervisor's
         // `raise_warning`, which writes no task and sends nothing: it reaches
         // applications through webhooks and event streams.

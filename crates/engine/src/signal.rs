@@ -76,6 +76,15 @@ pub enum Refusal {
         /// The step.
         step: String,
     },
+    /// The step that waits for it was skipped (its `when` condition was
+    /// false): it will never wait.
+    #[error("step {step} of task {task}, which waits for it, was skipped: its `when` condition was false")]
+    StepSkipped {
+        /// The task.
+        task: TaskId,
+        /// The step.
+        step: String,
+    },
     /// The data is larger than [`DATA_BYTES_MAX`].
     #[error("its data is {bytes} bytes of JSON, more than the {max} accepted")]
     TooLarge {
@@ -179,6 +188,7 @@ impl Client {
             // kept until the step starts.
             StepState::NotStarted => false,
             StepState::Failed => return Err(refuse(Refusal::StepFailed { task: id.clone(), step: step_name })),
+            StepState::Skipped => return Err(refuse(Refusal::StepSkipped { task: id.clone(), step: step_name })),
             StepState::Completed | StepState::Compensating | StepState::Compensated => {
                 return Err(refuse(Refusal::AlreadyReceived { task: id.clone(), step: step_name }));
             }

@@ -144,7 +144,7 @@ pub struct WebhookConfig {
 }
 
 impl WebhookConfig {
-    /// The status kinds (received, step completed or failed, processed,
+    /// The status kinds (received, step completed, skipped or failed, processed,
     /// error, compensation, cancelled, resubmitted, at risk), 8 attempts 1 s apart
     /// doubling to 5 min, 10 s per POST, 16 at once, a 250 ms poll.
     pub fn new(instance: InstanceId, secret: Secret) -> Self {
@@ -155,6 +155,7 @@ impl WebhookConfig {
             kinds: vec![
                 Received,
                 StepCompleted,
+                StepSkipped,
                 StepFailed,
                 Processed,
                 Error,

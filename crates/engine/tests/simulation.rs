@@ -119,6 +119,15 @@ async fn check(world: &mut World, problems: &mut Vec<String>) -> String {
             problems.push(history_for_a_reader(&record.task.id, &history));
         }
         *world.counts.outcomes.entry(record.task.state.to_string()).or_default() += 1;
+        let definition = &world.definitions[&record.task.workflow];
+        for step in record.steps.iter().filter(|s| definition.step(&s.name).is_some_and(|d| d.when().is_some())) {
+            let decided = match step.state {
+                StepState::Skipped => "skipped",
+                StepState::NotStarted if step.attempt == 0 => "not reached",
+                _ => "ran",
+            };
+            *world.counts.conditions.entry(decided.to_owned()).or_default() += 1;
+        }
         count_leaks(world, &record, problems);
         fingerprint.push_str(&format!("{:?}\n", record));
         for event in &history {
@@ -198,6 +207,7 @@ fn check_task(world: &World, record: &TaskRecord, history: &[Event], problems: &
     processed_means_every_step_applied_once(world, record, &walk, &mut report);
     compensated_means_everything_undone(world, record, &walk, &mut report);
     signals_are_kept_and_used_once(world, record, history, &mut report);
+    conditions_decide_once_and_skipped_steps_never_run(world, record, history, &mut report);
     report.known
 }
 
@@ -522,6 +532,13 @@ fn processed_means_every_step_applied_once(world: &World, record: &TaskRecord, w
     }
     let output = task.output.as_ref().and_then(Value::as_object);
     for step in &record.steps {
+        if step.state == StepState::Skipped {
+            // Checked by `conditions_decide_once_and_skipped_steps_never_run`.
+            if output.is_some_and(|o| o.contains_key(step.name.as_str())) {
+                report.fail(format!("processed, and skipped step {} has an entry in the task's output", step.name));
+            }
+            continue;
+        }
         if step.state != StepState::Completed {
             report.fail(format!("processed, but step {} is {}", step.name, step.state));
         }
@@ -605,6 +622,47 @@ fn signals_are_kept_and_used_once(world: &World, record: &TaskRecord, history: &
         let read = step("pay").and_then(|s| s.input.as_ref()).map(|input| input["approved"].clone());
         if read != accepted.map(|data| data["n"].clone()) {
             report.fail(format!("step pay read {read:?} from the signal, which had {accepted:?}"));
+        }
+    }
+}
+
+/// Conditions: a step with a `when` is decided once, before any attempt. A
+/// Skipped step never ran (no attempt started, nothing applied or undone
+/// by the service), has one `step_skipped` event, and its condition is
+/// false on the task's input and the outputs its upstream steps keep; a
+/// step that ran had it true. A step without a condition is never skipped.
+fn conditions_decide_once_and_skipped_steps_never_run(world: &World, record: &TaskRecord, history: &[Event], report: &mut Report<'_>) {
+    let task = &record.task;
+    let outputs: BTreeMap<StepName, Value> =
+        record.steps.iter().filter_map(|s| s.output.as_ref().map(|o| (s.name.clone(), o.clone()))).collect();
+    for step in &record.steps {
+        let name = &step.name;
+        let skips = history.iter().filter(|e| e.kind == EventKind::StepSkipped && e.step.as_ref() == Some(name)).count();
+        let Some(when) = world.definitions[&task.workflow].step(name).and_then(|d| d.when()) else {
+            if step.state == StepState::Skipped || skips > 0 {
+                report.fail(format!("step {name} has no condition, yet it was skipped"));
+            }
+            continue;
+        };
+        let decided = when.evaluate(&task.input, &outputs);
+        if step.state == StepState::Skipped {
+            let started = history.iter().any(|e| e.kind == EventKind::StepStarted && e.step.as_ref() == Some(name));
+            if started || step.attempt != 0 || step.output.is_some() {
+                report.fail(format!("skipped step {name} ran: started {started}, attempt {}, output {:?}", step.attempt, step.output));
+            }
+            if world.service.applied(&task.id, name, false) || world.service.applied(&task.id, name, true) {
+                report.fail(format!("the service applied skipped step {name} (or its compensation)"));
+            }
+            if skips != 1 {
+                report.fail(format!("skipped step {name} has {skips} step_skipped events"));
+            }
+            if decided != Ok(false) {
+                report.fail(format!("step {name} was skipped, but its condition gives {decided:?} on the stored outputs"));
+            }
+        } else if skips > 0 {
+            report.fail(format!("step {name} is {} after a step_skipped event", step.state));
+        } else if step.attempt > 0 && decided != Ok(true) {
+            report.fail(format!("step {name} ran, but its condition gives {decided:?} on the stored outputs"));
         }
     }
 }
@@ -725,6 +783,7 @@ fn many_seeds() {
         counts.simulated_ms as f64 / 3_600_000.0
     );
     println!("  task outcomes: {:?}", counts.outcomes);
+    println!("  steps with a condition: {:?}", counts.conditions);
     println!("  driver actions: {:?}", counts.actions);
     println!("  agent fates: {:?}", counts.fates);
     println!("  signals: {:?}", counts.signals);

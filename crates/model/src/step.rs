@@ -7,6 +7,8 @@
 //!     ▲   ▲             │ │ fail (permanent, or attempts used up)                      │ compensated
 //!     │   └─ retry ◄────┘ └──────────────────────► Failed ──resubmit──► NotStarted     ▼
 //!     │  (fail: transient; expire: deadline passed)                               Compensated
+//!     │
+//!     └──skip (its `when` condition is false, before any attempt)──► Skipped
 //! ```
 //!
 //! Replies carry the attempt they answer. A reply for any other attempt than
@@ -46,22 +48,36 @@ pub enum StepState {
     Compensating,
     /// Its effect was undone. Terminal.
     Compensated,
+    /// Its `when` condition was false when it became ready: it never ran,
+    /// has no output and nothing to undo. It satisfies the steps that
+    /// depend on it like a completed step. Terminal, and final: nothing,
+    /// not even a resubmit, moves it again.
+    Skipped,
 }
 
 impl StepState {
     /// Every state, in lifecycle order.
-    pub const ALL: [StepState; 6] = [
+    pub const ALL: [StepState; 7] = [
         StepState::NotStarted,
         StepState::Running,
         StepState::Completed,
         StepState::Failed,
         StepState::Compensating,
         StepState::Compensated,
+        StepState::Skipped,
     ];
 
     /// Whether no further move happens without an operator.
     pub fn is_terminal(self) -> bool {
-        matches!(self, StepState::Failed | StepState::Compensated)
+        matches!(self, StepState::Failed | StepState::Compensated | StepState::Skipped)
+    }
+
+    /// Whether the steps that depend on it may start: it completed, or it
+    /// was skipped (a skipped step settles its dependents like a completed
+    /// one, so that a condition on one step of a chain does not stop the
+    /// rest).
+    pub fn is_settled(self) -> bool {
+        matches!(self, StepState::Completed | StepState::Skipped)
     }
 
     /// The state's name as stored and shown.
@@ -73,6 +89,7 @@ impl StepState {
             StepState::Failed => "failed",
             StepState::Compensating => "compensating",
             StepState::Compensated => "compensated",
+            StepState::Skipped => "skipped",
         }
     }
 }
@@ -177,6 +194,20 @@ impl Step {
         next.complete_by = Some(now.add(timeout));
         next.warn_at = None;
         next.input = Some(input);
+        next.updated_at = now;
+        Ok(next)
+    }
+
+    /// The Scheduler found the step's `when` condition false as it became
+    /// ready: it will never run. Only a step that has had no attempt may be
+    /// skipped: the condition is decided once, before the first attempt, so
+    /// a retry or a resubmit never changes the decision.
+    pub fn skip(&self, now: Timestamp) -> Result<Step, TransitionError> {
+        if self.state != StepState::NotStarted || self.attempt > 0 {
+            return Err(self.refuse("skip"));
+        }
+        let mut next = self.clone();
+        next.state = StepState::Skipped;
         next.updated_at = now;
         Ok(next)
     }
@@ -475,6 +506,20 @@ mod tests {
         assert_eq!(c.compensated(2, at(3)).unwrap().state, StepState::Compensated);
     }
 
+    #[test]
+    fn only_a_step_without_attempts_is_skipped() {
+        let skipped = step().skip(at(1)).unwrap();
+        assert_eq!((skipped.state, skipped.attempt, skipped.output.as_ref()), (StepState::Skipped, 0, None));
+        assert!(skipped.state.is_terminal() && skipped.state.is_settled());
+        assert!(skipped.start(Value::Null, at(2), TIMEOUT).is_err(), "a skipped step never runs");
+        assert!(skipped.resubmit(at(2)).is_err(), "nor is it resubmitted");
+        assert!(skipped.begin_compensation(at(2), TIMEOUT).is_err(), "it has nothing to undo");
+        let running = step().start(Value::Null, at(0), TIMEOUT).unwrap();
+        assert!(running.skip(at(1)).is_err());
+        let retrying = running.fail(1, "503".into(), Some(Duration::ZERO), at(1)).unwrap();
+        assert!(retrying.skip(at(2)).is_err(), "the condition was decided before the first attempt");
+    }
+
     #[derive(Debug, Clone)]
     enum Move {
         Start(i64),
@@ -486,6 +531,7 @@ mod tests {
         Reissue(i64),
         FailCompensation(u32, Option<u64>, i64),
         SettleInDoubt(i64),
+        Skip(i64),
     }
 
     fn arb_move() -> impl Strategy<Value = Move> {
@@ -499,7 +545,8 @@ mod tests {
             (0u32..6, time.clone()).prop_map(|(a, t)| Move::Compensated(a, t)),
             time.clone().prop_map(Move::Reissue),
             (0u32..6, prop::option::of(0u64..2_000), time.clone()).prop_map(|(a, r, t)| Move::FailCompensation(a, r, t)),
-            time.prop_map(Move::SettleInDoubt),
+            time.clone().prop_map(Move::SettleInDoubt),
+            time.prop_map(Move::Skip),
         ]
     }
 
@@ -514,6 +561,7 @@ mod tests {
             Move::Reissue(now) => s.reissue(at(now), TIMEOUT).and_then(|s| s.warn_after(at(now), Some(WARN_AFTER))),
             Move::FailCompensation(a, r, now) => s.fail_compensation(a, "e".into(), r.map(Duration::from_millis), at(now)),
             Move::SettleInDoubt(now) => s.settle_in_doubt(at(now)),
+            Move::Skip(now) => s.skip(at(now)),
         }
     }
 

@@ -101,6 +101,7 @@ macro_rules! conformance_suite {
             claim_tasks_leases_due_pending_and_unleased_compensating,
             concurrent_claims_never_share_a_task,
             commit_applies_fenced_writes_and_messages_together,
+            a_skipped_step_is_stored_and_fenced_like_any_state,
             commit_with_a_stale_write_conflicts_and_writes_nothing,
             commit_with_a_lost_message_lease_writes_nothing,
             commit_to_a_missing_record_is_not_found,
@@ -1549,6 +1550,53 @@ pub async fn commit_applies_fenced_writes_and_messages_together(harness: &dyn Ha
         [EventKind::Received, EventKind::Claimed, EventKind::StepStarted, EventKind::StepCompleted, EventKind::Processed]
     );
     ok(store.commit(Changes::default()).await, "an empty commit");
+}
+
+/// A step skipped by its condition is stored as Skipped (no attempt, no
+/// output) with its `step_skipped` event, reads back alike through `task`
+/// and `tasks`, and a write still expecting it NotStarted conflicts.
+pub async fn a_skipped_step_is_stored_and_fenced_like_any_state(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let owner = instance("scheduler-1");
+    create(&store, new_task("order-8", "order", &["check", "upgrade", "notify"], clock.now())).await;
+    let claimed = claim_only(&store, &owner, LEASE_DEFAULT, &task_id("order-8")).await;
+    let record = stored(&store, &claimed.id).await;
+    let upgrade = step_of(&record, "upgrade").clone();
+    clock.advance(SECOND);
+    let skipped = ok(upgrade.skip(clock.now()), "model skip");
+    let renewed = ok(claimed.renew(claimed.fence().expect("claimed"), clock.now(), LEASE_DEFAULT), "model renew");
+    let detail = json!({ "when": "steps.check.output.vip" });
+    commit(
+        &store,
+        Changes {
+            tasks: vec![TaskWrite::replacing(&claimed, renewed.clone())],
+            steps: vec![StepWrite::replacing(&upgrade, skipped.clone())],
+            events: vec![Event::step(&skipped, clock.now(), EventKind::StepSkipped, detail.clone())],
+            ..Changes::default()
+        },
+        "skip upgrade",
+    )
+    .await;
+    let record = stored(&store, &claimed.id).await;
+    let read = step_of(&record, "upgrade");
+    assert_eq!(read, &skipped, "the skipped step reads back as written");
+    assert_eq!((read.state, read.attempt, read.output.as_ref()), (StepState::Skipped, 0, None));
+    let several = ok(store.tasks(std::slice::from_ref(&claimed.id)).await, "tasks");
+    assert_eq!(several.len(), 1);
+    assert_eq!(step_of(&several[0], "upgrade").state, StepState::Skipped, "a listing of records reads the state too");
+    let history = ok(store.history(&claimed.id).await, "history");
+    let event = history.iter().find(|e| e.kind == EventKind::StepSkipped).expect("the step_skipped event");
+    assert_eq!((event.step.as_ref().map(StepName::as_str), &event.detail), (Some("upgrade"), &detail));
+
+    // A write that still expects the step NotStarted lost a race.
+    let started = ok(upgrade.start(json!({}), clock.now(), Duration::from_secs(10)), "model start");
+    assert_err!(
+        store.commit(Changes { steps: vec![StepWrite::replacing(&upgrade, started)], ..Changes::default() }).await,
+        Error::Conflict(_),
+        "starting a step that was skipped meanwhile"
+    );
+    assert_eq!(step_of(&stored(&store, &claimed.id).await, "upgrade").state, StepState::Skipped);
 }
 
 /// A write whose expectation is stale (state, epoch or attempt changed since

@@ -189,6 +189,9 @@ pub enum EventKind {
     StepStarted,
     /// A step completed.
     StepCompleted,
+    /// A step's `when` condition was false: it will not run (the detail
+    /// has the condition).
+    StepSkipped,
     /// A step's attempt failed (retried or not; the detail says).
     StepFailed,
     /// The Supervisor found a deadline passed and reset or ended the task.
@@ -227,6 +230,7 @@ impl EventKind {
             EventKind::Claimed => "claimed",
             EventKind::StepStarted => "step_started",
             EventKind::StepCompleted => "step_completed",
+            EventKind::StepSkipped => "step_skipped",
             EventKind::StepFailed => "step_failed",
             EventKind::Expired => "expired",
             EventKind::Processed => "processed",
@@ -244,7 +248,7 @@ impl EventKind {
     }
 
     /// Every kind.
-    pub const ALL: [EventKind; 17] = [
+    pub const ALL: [EventKind; 18] = [
         EventKind::Received,
         EventKind::Claimed,
         EventKind::StepStarted,
@@ -262,6 +266,7 @@ impl EventKind {
         EventKind::Alert,
         EventKind::Signal,
         EventKind::AtRisk,
+        EventKind::StepSkipped,
     ];
 
     /// The kind named `name`, if any.

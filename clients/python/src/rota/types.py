@@ -13,7 +13,7 @@ from typing import Any, Literal, TypedDict
 Json = Any
 
 TaskState = Literal["pending", "processing", "processed", "error", "compensating", "compensated", "cancelled"]
-StepState = Literal["not_started", "running", "completed", "failed", "compensating", "compensated"]
+StepState = Literal["not_started", "running", "completed", "failed", "compensating", "compensated", "skipped"]
 
 #: The states a task does not leave by itself (``error`` may be resubmitted).
 TERMINAL_STATES: frozenset[str] = frozenset({"processed", "error", "compensated", "cancelled"})
@@ -26,6 +26,7 @@ class StepView(TypedDict):
     position: int
     agent: str | None
     waits_for: str | None
+    when: str | None
     state: StepState
     attempt: int
     owner: str | None

@@ -45,6 +45,8 @@ pub const WAIT_STEP: &str = "approval";
 pub const SIGNAL: &str = "ok";
 /// How long it waits.
 const WAIT_TIMEOUT: Duration = Duration::from_secs(3);
+/// The condition of `choose`'s `express` step, on `quote`'s output.
+pub const EXPRESS_WHEN: &str = "steps.quote.output.attempt == 1";
 /// Every workflow's failure threshold.
 pub const MAX_FAILURES: u32 = 3;
 /// How long a Scheduler's claim holds before the workflow's deadline replaces it.
@@ -63,7 +65,7 @@ fn recovery(initial_ms: u64, max_ms: u64) -> RetryPolicy {
     RetryPolicy::new(1_000, Duration::from_millis(initial_ms), Duration::from_millis(max_ms)).expect("a valid policy")
 }
 
-/// The three workflows every seed runs.
+/// The workflows every seed runs.
 pub fn workflows() -> Vec<Workflow> {
     let catalog = AgentCatalog::builtin().with(AgentName::new(AGENT).expect("a valid agent name"));
     let step = |name: &str| StepDef::new(name, AGENT).timeout(STEP_TIMEOUT);
@@ -105,6 +107,16 @@ pub fn workflows() -> Vec<Workflow> {
             .step(step("pay").with_input(json!({ "approved": "{{ steps.approval.output.n }}" })))
             .build(&catalog)
             .expect("approve is valid"),
+        // A condition on an earlier output: `express` runs only when
+        // `quote` took effect on its first attempt (the service's output
+        // names the attempt that applied it), so the faults decide; the
+        // step after it runs either way.
+        base("choose", ExhaustedPolicy::Compensate)
+            .step(step("quote").compensate(undo()))
+            .step(step("express").when(EXPRESS_WHEN).compensate(undo()))
+            .step(step("deliver").with_input(json!({ "quote": "{{ steps.quote.output.key }}" })))
+            .build(&catalog)
+            .expect("choose is valid"),
     ]
 }
 
@@ -328,6 +340,8 @@ pub struct Counts {
     pub actions: BTreeMap<String, u64>,
     pub fates: BTreeMap<String, u64>,
     pub outcomes: BTreeMap<String, u64>,
+    /// Steps with a `when` condition in tasks that ended: ran or skipped.
+    pub conditions: BTreeMap<String, u64>,
     pub handled: BTreeMap<String, u64>,
     /// What became of the signals sent: completed a waiting step, kept for
     /// later, refused (by reason), or lost a race.
@@ -354,6 +368,7 @@ impl Counts {
             (&mut self.actions, &other.actions),
             (&mut self.fates, &other.fates),
             (&mut self.outcomes, &other.outcomes),
+            (&mut self.conditions, &other.conditions),
             (&mut self.handled, &other.handled),
             (&mut self.signals, &other.signals),
         ] {
