@@ -411,6 +411,7 @@ function taskPage([id]) {
           field('Not before', time(task.not_before)),
           field('Failure count', task.max_failures === null || task.max_failures === undefined ? task.failure_count : `${task.failure_count} of ${task.max_failures}`),
           field('Error', task.error ?? '—'), field('Callback URL', task.callback_url ?? '—'),
+          field('Submitted by', task.submitter ?? '—'),
           field('Created', time(task.created_at)), field('Updated', time(task.updated_at)))),
         section('Input', json(task.input)),
         section('Output', json(task.output), task.steps.filter((step) => step.output !== null && step.output !== undefined).map((step) =>

@@ -77,6 +77,15 @@ class Auth(support.BrowserTest):
         page.goto("/ui")
         expect(page).to_have_url(re.compile(r"/ui/login\?next="))
 
+    def test_the_task_page_says_which_token_submitted_the_task(self) -> None:
+        _, page = self.sign_in(READER, "/ui/tasks/auth-error")
+        dl = support.region(page, "Fields").locator("dl")
+        expect(dl.locator("dt", has_text="Submitted by")).to_be_visible()
+        terms = [t.strip() for t in dl.locator("dt").all_inner_texts()]
+        values = [v.strip() for v in dl.locator("dd").all_inner_texts()]
+        self.assertEqual(server.task("auth-error")["submitter"], "admin", "the token's name, from the --auth file")
+        self.assertEqual(dict(zip(terms, values))["Submitted by"], "admin")
+
     def test_a_read_only_token_sees_everything_and_no_enabled_action_button(self) -> None:
         context, page = self.sign_in(READER)
         for path, heading in [

@@ -341,7 +341,8 @@ export interface paths {
          * Tasks, newest first, filtered.
          * @description Page with `before`: the next page is the one `before` the last task of
          *     this one; an empty page is the end. Every filter, on any page, is served
-         *     by an index, whatever the store's size.
+         *     by an index, whatever the store's size. A token of scope `submit` alone
+         *     lists only the tasks it submitted.
          */
         get: operations["list_tasks"];
         put?: never;
@@ -1425,6 +1426,8 @@ export interface components {
             not_before: number;
             /** @description Where it is. */
             state: components["schemas"]["TaskStateView"];
+            /** @description Who submitted it (the API token's id), when known. */
+            submitter?: string | null;
             /**
              * Format: int64
              * @description When it last changed, epoch ms.
@@ -1496,6 +1499,12 @@ export interface components {
             state: components["schemas"]["TaskStateView"];
             /** @description Its steps, in definition order. */
             steps: components["schemas"]["StepView"][];
+            /**
+             * @description Who submitted it: the id of the API token (its name, or `token:` and
+             *     the start of its digest); absent when not known (authentication off,
+             *     the CLI on a store, a schedule).
+             */
+            submitter?: string | null;
             /**
              * Format: int64
              * @description When it last changed, epoch ms.
@@ -3051,6 +3060,15 @@ export interface operations {
             };
             /** @description The workflow (or that version of it) is not registered */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The id is taken by a task of another submitter (for a token of scope submit alone) */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };

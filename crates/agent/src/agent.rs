@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use rota_model::Clock;
 
 use crate::breaker::BreakerSnapshot;
-use crate::{DelayAgent, ExecAgent, HttpAgent, Request, Result, StepError};
+use crate::{DelayAgent, ExecAgent, ExecConfig, HttpAgent, HttpConfig, Request, Result, StepError};
 
 /// A named handler that performs one call to a remote service or resource.
 ///
@@ -86,9 +86,16 @@ impl AgentRegistry {
     /// with their default configurations. `clock` drives the deadlines and
     /// the HTTP circuit breakers.
     pub fn builtin(clock: Arc<dyn Clock>) -> Result<Self> {
+        AgentRegistry::builtin_with(HttpConfig::default(), ExecConfig::default(), clock)
+    }
+
+    /// A registry holding the built-in agents, `http` with `http` and
+    /// `exec` with `exec`; refused with a message naming the field when one
+    /// is out of bounds.
+    pub fn builtin_with(http: HttpConfig, exec: ExecConfig, clock: Arc<dyn Clock>) -> Result<Self> {
         let mut registry = AgentRegistry::new();
-        registry.register(Arc::new(HttpAgent::new(clock.clone())?));
-        registry.register(Arc::new(ExecAgent::new(clock)));
+        registry.register(Arc::new(HttpAgent::with_config(http, clock.clone())?));
+        registry.register(Arc::new(ExecAgent::with_config(exec, clock)?));
         registry.register(Arc::new(DelayAgent::new()));
         Ok(registry)
     }

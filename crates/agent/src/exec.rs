@@ -5,9 +5,20 @@
 //! `{ "command": ["argv0", "arg", …] | "shell line", "env": {…}?, "timeout": "5s"?, "stdin": <json>? }`.
 //! A string command runs as `sh -c <string>`. The command gets the `stdin`
 //! field as JSON on its standard input, or the whole step input when there
-//! is none; it inherits the agent's environment plus `env` and
-//! `ROTA_TASK_ID`, `ROTA_STEP`, `ROTA_ATTEMPT`, `ROTA_IDEMPOTENCY_KEY` and
-//! `ROTA_COMPENSATE` (`true`/`false`).
+//! is none.
+//!
+//! The command does not inherit the agent's environment or working
+//! directory: it starts in [`ExecConfig::working_dir`] (`/` unless
+//! configured) with a clean environment holding only
+//! - [`ExecConfig::env`]: `PATH` ([`PATH_DEFAULT`] unless given) and the
+//!   variables the agent's configuration names (the binary passes its own
+//!   values of [`ENV_INHERITED`] and of the names `--exec-env` lists);
+//! - the step input's `env`;
+//! - `ROTA_TASK_ID`, `ROTA_STEP`, `ROTA_ATTEMPT`, `ROTA_IDEMPOTENCY_KEY` and
+//!   `ROTA_COMPENSATE` (`true`/`false`).
+//!
+//! So the server's secrets (database URLs, tokens, signing keys in its
+//! environment) never reach a step unless a configuration names them.
 //!
 //! Exit status mapping:
 //!
@@ -29,10 +40,11 @@
 //! or the step's deadline cancels the call, the whole group is killed, so a
 //! shell's children do not outlive the step.
 //!
-//! Deliberately left out: working directories, resource limits, sandboxing,
-//! and platforms other than Unix.
+//! Deliberately left out: per-step working directories, resource limits,
+//! sandboxing, and platforms other than Unix.
 
 use std::io;
+use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,6 +69,13 @@ const STDERR_LINES: usize = 5;
 /// The fields a step input may have.
 const FIELDS: &[&str] = &["command", "env", "timeout", "stdin"];
 
+/// The variables of its own environment the binary passes to every command
+/// (when it has them): where to find programs, the user's home, and the
+/// locale and time zone, none of them secret.
+pub const ENV_INHERITED: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR"];
+/// The `PATH` of commands when [`ExecConfig::env`] gives none.
+pub const PATH_DEFAULT: &str = "/usr/local/bin:/usr/bin:/bin";
+
 /// Settings of an [`ExecAgent`], checked by [`ExecAgent::with_config`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecConfig {
@@ -68,12 +87,25 @@ pub struct ExecConfig {
     pub stdout_bytes_max: usize,
     /// How many trailing bytes of stderr are kept for error messages.
     pub stderr_tail_bytes: usize,
+    /// The environment every command starts from, in place of the agent's
+    /// (the step input's `env` and the `ROTA_` variables are added). `PATH`
+    /// is [`PATH_DEFAULT`] when this gives none.
+    pub env: Vec<(String, String)>,
+    /// The directory commands run in, absolute.
+    pub working_dir: PathBuf,
 }
 
 impl Default for ExecConfig {
-    /// 60 s timeout, 4 MiB stdout, 4 KiB of stderr.
+    /// 60 s timeout, 4 MiB stdout, 4 KiB of stderr, only `PATH`
+    /// ([`PATH_DEFAULT`]) in the environment, in `/`.
     fn default() -> Self {
-        ExecConfig { timeout_default: Duration::from_secs(60), stdout_bytes_max: 4 * 1024 * 1024, stderr_tail_bytes: 4 * 1024 }
+        ExecConfig {
+            timeout_default: Duration::from_secs(60),
+            stdout_bytes_max: 4 * 1024 * 1024,
+            stderr_tail_bytes: 4 * 1024,
+            env: Vec::new(),
+            working_dir: PathBuf::from("/"),
+        }
     }
 }
 
@@ -93,6 +125,14 @@ impl ExecConfig {
                 "exec.stderr_tail_bytes must be between 1 and {STDOUT_BYTES_LIMIT}, got {}",
                 self.stderr_tail_bytes
             )));
+        }
+        if !self.working_dir.is_absolute() {
+            return Err(Error::Config(format!("exec.working_dir must be an absolute path, got {}", self.working_dir.display())));
+        }
+        for (name, value) in &self.env {
+            if !valid_env(name, value) {
+                return Err(Error::Config(format!("exec.env: {name:?} is not a valid environment variable")));
+            }
         }
         Ok(())
     }
@@ -145,6 +185,10 @@ impl Agent for ExecAgent {
         let mut command = Command::new(&program);
         command
             .args(&input.argv[1..])
+            .current_dir(&self.config.working_dir)
+            .env_clear()
+            .env("PATH", PATH_DEFAULT)
+            .envs(self.config.env.iter().map(|(k, v)| (k, v)))
             .envs(input.env.iter().map(|(k, v)| (k, v)))
             .env("ROTA_TASK_ID", request.task_id.as_str())
             .env("ROTA_STEP", request.step.as_str())
@@ -321,6 +365,11 @@ fn spawn_error(program: &str, error: io::Error) -> StepError {
     }
 }
 
+/// Whether `name=value` can be put in an environment.
+fn valid_env(name: &str, value: &str) -> bool {
+    !name.is_empty() && !name.contains(['=', '\0']) && !value.contains('\0')
+}
+
 /// Reads the step input, naming the field at fault.
 fn parse_input(value: &Value) -> Result<ExecInput, StepError> {
     let fields = input::object(value, FIELDS)?;
@@ -349,7 +398,7 @@ fn parse_input(value: &Value) -> Result<ExecInput, StepError> {
     let env = input::string_map(fields, "env")?
         .into_iter()
         .map(|(k, v)| {
-            if k.is_empty() || k.contains(['=', '\0']) || v.contains('\0') {
+            if !valid_env(k, v) {
                 Err(StepError::permanent(format!("input.env.{k}: invalid environment variable")))
             } else {
                 Ok((k.to_owned(), v.to_owned()))

@@ -18,6 +18,7 @@
 //! | other 4xx, unfollowed 3xx                   | permanent, status and a body excerpt     | success  |
 //! | timeout, connection refused or reset        | retryable                                | failure  |
 //! | bad input, body over the size bound         | permanent                                | —        |
+//! | host refused by the egress allow-list       | permanent, naming the host and the setting | —      |
 //!
 //! A 4xx counts as a success for the breaker: the endpoint answered, it is
 //! the request that is wrong. A timeout caused by the step's own deadline
@@ -41,6 +42,7 @@ use rota_model::{Clock, Timestamp};
 use serde_json::{Value, json};
 
 use crate::breaker::{BreakerConfig, BreakerSnapshot, Breakers, Refusal};
+use crate::egress::{self, Egress};
 use crate::input::{self, excerpt};
 use crate::{Agent, Error, Request, Result, StepError};
 
@@ -64,12 +66,19 @@ pub struct HttpConfig {
     pub response_bytes_max: usize,
     /// When the per-endpoint breakers open and for how long.
     pub breaker: BreakerConfig,
+    /// The hosts and networks calls may reach (off by default).
+    pub egress: Egress,
 }
 
 impl Default for HttpConfig {
-    /// 30 s timeout, 4 MiB responses, the default breaker.
+    /// 30 s timeout, 4 MiB responses, the default breaker, every host.
     fn default() -> Self {
-        HttpConfig { timeout_default: Duration::from_secs(30), response_bytes_max: 4 * 1024 * 1024, breaker: BreakerConfig::default() }
+        HttpConfig {
+            timeout_default: Duration::from_secs(30),
+            response_bytes_max: 4 * 1024 * 1024,
+            breaker: BreakerConfig::default(),
+            egress: Egress::default(),
+        }
     }
 }
 
@@ -130,7 +139,9 @@ impl HttpAgent {
     /// it is out of bounds.
     pub fn with_config(config: HttpConfig, clock: Arc<dyn Clock>) -> Result<Self> {
         config.validate()?;
-        let client = crate::http_client()
+        let client = config
+            .egress
+            .client(crate::http_client())
             .user_agent(concat!("rota/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| Error::Client(error_chain(&e)))?;
@@ -162,7 +173,10 @@ impl HttpAgent {
             builder = builder.json(body);
         }
         let transport_failure = |e: reqwest::Error| -> (Result<Value, StepError>, Health) {
-            if e.is_timeout() {
+            if let Some(refused) = egress::refusal(&e) {
+                // Our own refusal says nothing about the endpoint.
+                (Err(StepError::permanent(format!("{target}: {refused}"))), Health::Unknown)
+            } else if e.is_timeout() {
                 let health = if cut_by_deadline { Health::Unknown } else { Health::Failing };
                 (Err(StepError::retryable(format!("{target}: timed out after {}", humantime::format_duration(timeout)))), health)
             } else if e.is_builder() || e.is_redirect() {
@@ -214,6 +228,9 @@ impl Agent for HttpAgent {
         let step_timeout = input.timeout.unwrap_or(self.config.timeout_default);
         let (timeout, cut_by_deadline) = if remaining < step_timeout { (remaining, true) } else { (step_timeout, false) };
         let endpoint = endpoint(&input.url);
+        if let Err(refused) = self.config.egress.check_url(&input.url) {
+            return Err(StepError::permanent(format!("{}: {refused}", Target { method: &input.method, url: &input.url })));
+        }
         let pass = self.breakers.admit(&endpoint).map_err(|refusal| refused(&endpoint, refusal, self.clock.now()))?;
         // If this future is dropped at the deadline, `pass` is dropped
         // unsettled and a probe hands its slot back.

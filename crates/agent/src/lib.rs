@@ -14,6 +14,8 @@
 //! - per-endpoint [circuit breakers](breaker), driven by the injected clock;
 //! - the built-in agents [`HttpAgent`] (`http`), [`ExecAgent`] (`exec`) and
 //!   [`DelayAgent`] (`delay`), and the [`AgentRegistry`] that names them;
+//! - the [egress allow-list](egress) of the hosts `http` steps (and the
+//!   engine's webhooks) may reach;
 //! - [`http_client`], the one way the workspace builds an HTTP client (with
 //!   the TLS crypto provider installed first).
 //!
@@ -28,6 +30,7 @@
 
 pub mod breaker;
 mod delay;
+pub mod egress;
 mod error;
 mod exec;
 mod http;
@@ -41,8 +44,9 @@ mod agent;
 pub use agent::{Agent, AgentRegistry};
 pub use breaker::{BreakerConfig, BreakerSnapshot, BreakerState, CircuitBreaker};
 pub use delay::DelayAgent;
+pub use egress::Egress;
 pub use error::{Error, Result, StepError, StepResultExt};
-pub use exec::{EXIT_TEMPFAIL, ExecAgent, ExecConfig, STDOUT_BYTES_LIMIT};
+pub use exec::{ENV_INHERITED, EXIT_TEMPFAIL, ExecAgent, ExecConfig, PATH_DEFAULT, STDOUT_BYTES_LIMIT};
 pub use http::{HttpAgent, HttpConfig, RESPONSE_BYTES_LIMIT};
 pub use request::Request;
 pub use run::{Outcome, run_until_deadline};

@@ -73,6 +73,40 @@ async fn the_command_sees_the_request_in_its_environment() {
 }
 
 #[tokio::test]
+async fn the_command_gets_a_clean_environment_and_its_own_directory() {
+    // The test process has these; the command must not.
+    assert!(std::env::var_os("HOME").is_some() && std::env::var_os("CARGO_MANIFEST_DIR").is_some());
+    let dir = tempfile::tempdir().unwrap();
+    let config = ExecConfig {
+        env: vec![("FROM_CONFIG".into(), "c".into()), ("SHARED".into(), "config".into())],
+        working_dir: dir.path().to_path_buf(),
+        ..ExecConfig::default()
+    };
+    let agent = ExecAgent::with_config(config, Arc::new(SystemClock)).unwrap();
+    let line = r#"printf '{"home":"%s","manifest":"%s","path":"%s","dir":"%s","config":"%s","shared":"%s","names":"%s"}' \
+        "$HOME" "$CARGO_MANIFEST_DIR" "$PATH" "$(pwd -P)" "$FROM_CONFIG" "$SHARED" "$(env | cut -d= -f1 | sort | tr '\n' ' ')""#;
+    let input = json!({"command": line, "env": {"SHARED": "step"}});
+    let output = agent.call(&request(input, Duration::from_secs(10))).await.unwrap();
+    assert_eq!(output["home"], "", "the agent's HOME leaked");
+    assert_eq!(output["manifest"], "", "the agent's environment leaked");
+    assert_eq!(output["path"], rota_agent::PATH_DEFAULT);
+    assert_eq!(output["dir"], dir.path().canonicalize().unwrap().to_str().unwrap());
+    assert_eq!(output["config"], "c");
+    assert_eq!(output["shared"], "step", "the step's env overrides the agent's configuration");
+    // Exactly what the docs list, plus what sh sets itself (PWD, SHLVL, _).
+    let names: Vec<&str> =
+        output["names"].as_str().unwrap().split_whitespace().filter(|n| !matches!(*n, "PWD" | "SHLVL" | "_" | "OLDPWD")).collect();
+    let expected =
+        ["FROM_CONFIG", "PATH", "ROTA_ATTEMPT", "ROTA_COMPENSATE", "ROTA_IDEMPOTENCY_KEY", "ROTA_STEP", "ROTA_TASK_ID", "SHARED"];
+    assert_eq!(names, expected);
+
+    let relative = ExecConfig { working_dir: "work".into(), ..ExecConfig::default() };
+    assert!(ExecAgent::with_config(relative, Arc::new(SystemClock)).unwrap_err().to_string().contains("exec.working_dir"));
+    let bad_env = ExecConfig { env: vec![("A=B".into(), "1".into())], ..ExecConfig::default() };
+    assert!(ExecAgent::with_config(bad_env, Arc::new(SystemClock)).unwrap_err().to_string().contains("exec.env"));
+}
+
+#[tokio::test]
 async fn exit_75_is_retryable_and_other_codes_are_permanent() {
     let err = check(json!({"command": "echo 'queue full' >&2; exit 75"})).await.unwrap_err();
     assert!(err.is_retryable());

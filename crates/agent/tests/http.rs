@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use rand::SeedableRng;
 use rand::rngs::StdRng;
-use rota_agent::{Agent, BreakerConfig, BreakerState, HttpAgent, HttpConfig, Outcome, Request, run_until_deadline};
+use rota_agent::{Agent, BreakerConfig, BreakerState, Egress, HttpAgent, HttpConfig, Outcome, Request, run_until_deadline};
 use rota_model::{Clock, ManualClock, RetryPolicy, SystemClock};
 use serde_json::{Value, json};
 use wiremock::matchers::{body_json, header, method, path};
@@ -267,4 +267,59 @@ async fn oversized_responses_are_refused() {
     let err = agent.call(&request(input, clock.as_ref(), Duration::from_secs(5))).await.unwrap_err();
     assert!(!err.is_retryable());
     assert!(err.message().contains("larger than 1000 bytes"), "{err}");
+}
+
+/// An agent whose calls may reach only `allow`.
+fn allowing(allow: &[&str], clock: Arc<dyn Clock>) -> HttpAgent {
+    let config = HttpConfig { egress: Egress::allow_list(allow).unwrap(), ..HttpConfig::default() };
+    HttpAgent::with_config(config, clock).unwrap()
+}
+
+#[tokio::test]
+async fn the_egress_allow_list_refuses_unlisted_hosts_for_good() {
+    let server = MockServer::start().await;
+    Mock::given(path("/charge")).respond_with(ResponseTemplate::new(200).set_body_json(json!({"ok": true}))).mount(&server).await;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let port = server.address().port();
+    let call = |agent: HttpAgent, host: &str| {
+        let input = json!({ "method": "POST", "url": format!("http://{host}:{port}/charge"), "timeout": "2s" });
+        let request = request(input, clock.as_ref(), Duration::from_secs(5));
+        async move { agent.call(&request).await }
+    };
+
+    // An address literal outside the list: refused before any connection.
+    let err = call(allowing(&["10.0.0.0/8"], clock.clone()), "127.0.0.1").await.unwrap_err();
+    assert!(!err.is_retryable(), "a refusal is permanent: {err}");
+    assert_eq!(
+        err.message(),
+        format!("POST http://127.0.0.1:{port}/charge: host 127.0.0.1 is not in the egress allow-list (egress-allow)")
+    );
+    // A name that resolves into a network the list does not hold.
+    let err = call(allowing(&["10.0.0.0/8", "api.example.com"], clock.clone()), "localhost").await.unwrap_err();
+    assert!(!err.is_retryable(), "a refusal is permanent: {err}");
+    assert!(err.message().contains("host localhost resolves to "), "{err}");
+    assert!(err.message().contains("which the egress allow-list (egress-allow) does not allow"), "{err}");
+    assert_eq!(hits(&server).await, 0, "nothing reached the server");
+
+    // The same calls, allowed by network or by name; and with the list off.
+    assert_eq!(call(allowing(&["127.0.0.0/8", "::1"], clock.clone()), "localhost").await, Ok(json!({"ok": true})));
+    assert_eq!(call(allowing(&["LocalHost"], clock.clone()), "localhost").await, Ok(json!({"ok": true})));
+    assert_eq!(call(allowing(&["127.0.0.1"], clock.clone()), "127.0.0.1").await, Ok(json!({"ok": true})));
+    assert_eq!(call(agent(clock.clone()), "127.0.0.1").await, Ok(json!({"ok": true})));
+}
+
+#[tokio::test]
+async fn a_redirect_to_an_unlisted_address_is_refused() {
+    let server = MockServer::start().await;
+    let port = server.address().port();
+    Mock::given(path("/away"))
+        .respond_with(ResponseTemplate::new(302).insert_header("location", format!("http://127.0.0.2:{port}/charge")))
+        .mount(&server)
+        .await;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let input = json!({ "method": "GET", "url": format!("http://localhost:{port}/away"), "timeout": "2s" });
+    let err = allowing(&["localhost"], clock.clone()).call(&request(input, clock.as_ref(), Duration::from_secs(5))).await.unwrap_err();
+    assert!(!err.is_retryable(), "{err}");
+    assert!(err.message().contains("host 127.0.0.2 is not in the egress allow-list (egress-allow)"), "{err}");
+    assert_eq!(hits(&server).await, 1, "only the first hop was sent");
 }

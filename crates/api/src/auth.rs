@@ -6,8 +6,9 @@
 //! or with one that is not configured, gets 401 with `WWW-Authenticate:
 //! Bearer`; a known token whose scopes do not grant the permission gets 403.
 //!
-//! Tokens are compared in constant time (every configured token is compared
-//! in full, whatever matches), and they never reach a log: [`AuthConfig`]'s
+//! Tokens are compared in constant time (their SHA-256 digests, with
+//! `subtle`; every configured token is compared, whatever matches), and
+//! they never reach a log: [`AuthConfig`]'s
 //! `Debug` shows only how many there are.
 //!
 //! The dashboard signs in with a token once and then sends a session
@@ -17,9 +18,13 @@
 //! refused when the browser says it comes from another site (`Origin`,
 //! `Sec-Fetch-Site`), with authentication or without.
 //!
-//! Deliberately left out: per-task ownership for the `submit` scope (the
-//! task record has no submitter yet, so a `submit` token may read any task
-//! whose id it knows, but never list them).
+//! Every token has an id ([`Token::id`]): its name in the `--auth` file, or
+//! `token:` and the start of its SHA-256 digest. A task submitted with a
+//! token records that id as its submitter. A caller whose scopes grant no
+//! [`Permission::Read`] (the `submit` scope alone) is *confined*
+//! ([`Caller::confined_to`]): it may read, list, follow the events of and
+//! signal only the tasks it submitted; any other task answers 404, as if it
+//! did not exist, and submitting an id another caller's task has is refused.
 //!
 //! The worker-protocol endpoints (`/v1/workers/{agent}/…`) need
 //! [`Permission::Work`] on the agent in the path: `admin`, or an `agent`
@@ -35,7 +40,8 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use hmac::{Hmac, KeyInit, Mac};
 use rota_model::{QueueName, Timestamp};
-use sha2::Sha256;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
 
 use crate::ApiState;
 use crate::error::ApiError;
@@ -56,7 +62,7 @@ pub enum Scope {
     /// Read everything, change nothing: for dashboards and people on call
     /// who watch but do not act.
     Read,
-    /// Submit tasks and read a task by its id.
+    /// Submit tasks; read, list, follow and signal the tasks it submitted.
     Submit,
     /// An external agent that may use the worker protocol on the named
     /// queues (`agent.<name>`, or the agent's bare name), and nothing else.
@@ -72,9 +78,9 @@ impl Scope {
     pub fn grants(&self, permission: Permission) -> bool {
         match self {
             Scope::Admin => true,
-            Scope::Operator => matches!(permission, Permission::Read | Permission::ReadTask | Permission::Operate),
+            Scope::Operator => matches!(permission, Permission::Read | Permission::ReadTask | Permission::Operate | Permission::Signal),
             Scope::Read => matches!(permission, Permission::Read | Permission::ReadTask),
-            Scope::Submit => matches!(permission, Permission::Submit | Permission::ReadTask),
+            Scope::Submit => matches!(permission, Permission::Submit | Permission::ReadTask | Permission::Signal),
             Scope::Agent { .. } => false,
         }
     }
@@ -136,10 +142,13 @@ impl std::str::FromStr for Scope {
 pub enum Permission {
     /// Read anything: listings, alerts, queues, dead letters, workflows, metrics, all events.
     Read,
-    /// Read one task (status, history, events) by its id.
+    /// Read one task (status, history, events) by its id, or list tasks;
+    /// a confined caller only its own.
     ReadTask,
     /// Submit a task.
     Submit,
+    /// Send a signal to a task; a confined caller only to its own.
+    Signal,
     /// Change things: cancel, resubmit, pause, resume, redrive, purge, register.
     Operate,
     /// Receive, renew, complete and fail the step requests of the agent
@@ -151,7 +160,8 @@ impl Permission {
     fn describe(self) -> &'static str {
         match self {
             Permission::Read => "read access (scope admin or operator)",
-            Permission::ReadTask => "reading a task (scope admin, operator or submit)",
+            Permission::ReadTask => "reading tasks (scope admin, operator, read, or submit for its own tasks)",
+            Permission::Signal => "signalling a task (scope admin, operator, or submit for its own tasks)",
             Permission::Submit => "submitting tasks (scope admin or submit)",
             Permission::Operate => "operating (scope admin or operator)",
             Permission::Work => "working on this agent's queue (scope admin, or agent naming the queue)",
@@ -159,11 +169,15 @@ impl Permission {
     }
 }
 
+/// The longest token name.
+pub const TOKEN_NAME_BYTES_MAX: usize = 64;
+
 /// One configured token and its scopes.
 #[derive(Clone)]
 pub struct Token {
     secret: Vec<u8>,
     scopes: Vec<Scope>,
+    id: String,
 }
 
 impl Token {
@@ -185,19 +199,44 @@ impl Token {
         if scopes.is_empty() {
             return Err(crate::Error::Config("a token needs at least one scope".into()));
         }
-        Ok(Token { secret: secret.into_bytes(), scopes })
+        let digest = Sha256::digest(secret.as_bytes());
+        let id = format!("token:{}", digest[..6].iter().map(|b| format!("{b:02x}")).collect::<String>());
+        Ok(Token { secret: secret.into_bytes(), scopes, id })
+    }
+
+    /// The token with a name, which becomes its id: 1 to
+    /// [`TOKEN_NAME_BYTES_MAX`] visible ASCII characters, not starting with
+    /// `token:` (the ids of unnamed tokens).
+    pub fn named(mut self, name: &str) -> Result<Token, crate::Error> {
+        if name.is_empty() || name.len() > TOKEN_NAME_BYTES_MAX || !name.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
+            return Err(crate::Error::Config(format!(
+                "a token name must be 1 to {TOKEN_NAME_BYTES_MAX} visible ASCII characters, got {name:?}"
+            )));
+        }
+        if name.starts_with("token:") {
+            return Err(crate::Error::Config(format!("a token name must not start with \"token:\", got {name:?}")));
+        }
+        self.id = name.to_owned();
+        Ok(self)
     }
 
     /// The token's scopes.
     pub fn scopes(&self) -> &[Scope] {
         &self.scopes
     }
+
+    /// Who the token is, as a task's submitter records it: its name, or
+    /// `token:` and the first 12 hex digits of its SHA-256 digest (which
+    /// does not reveal the token).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
 }
 
 impl fmt::Debug for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let scopes: Vec<&str> = self.scopes.iter().map(Scope::name).collect();
-        write!(f, "Token(<redacted>, {scopes:?})")
+        write!(f, "Token({}, {scopes:?})", self.id)
     }
 }
 
@@ -222,6 +261,9 @@ impl AuthConfig {
             if tokens[..i].iter().any(|earlier| earlier.secret == token.secret) {
                 return Err(crate::Error::Config(format!("token number {} is configured twice", i + 1)));
             }
+            if tokens[..i].iter().any(|earlier| earlier.id == token.id) {
+                return Err(crate::Error::Config(format!("token number {} has the id {} of an earlier one", i + 1, token.id)));
+            }
         }
         Ok(AuthConfig::Tokens(tokens))
     }
@@ -229,12 +271,12 @@ impl AuthConfig {
     /// The scopes of the token `presented`, if it is configured. Every
     /// configured token is compared in full, in constant time per byte, so
     /// the time taken says nothing about which one (or how much of one) matched.
-    fn scopes_of(&self, presented: &[u8]) -> Option<&[Scope]> {
+    fn token_of(&self, presented: &[u8]) -> Option<&Token> {
         let AuthConfig::Tokens(tokens) = self else { return None };
         let mut found = None;
         for token in tokens {
             if constant_time_eq(&token.secret, presented) {
-                found = Some(token.scopes.as_slice());
+                found = Some(token);
             }
         }
         found
@@ -250,17 +292,11 @@ impl fmt::Debug for AuthConfig {
     }
 }
 
-/// Equality that takes the same time whatever the contents: it looks at
-/// every byte of the longer input.
+/// Equality that takes the same time whatever the contents: the SHA-256
+/// digests of both inputs (of one length whatever theirs) compared with
+/// `subtle`, whose comparison the optimizer cannot cut short.
 fn constant_time_eq(expected: &[u8], presented: &[u8]) -> bool {
-    let length = expected.len().max(presented.len());
-    let mut difference = (expected.len() ^ presented.len()) as u64;
-    for i in 0..length {
-        let a = expected.get(i).copied().unwrap_or(0);
-        let b = presented.get(i).copied().unwrap_or(0);
-        difference |= u64::from(a ^ b);
-    }
-    std::hint::black_box(difference) == 0
+    Sha256::digest(expected).as_slice().ct_eq(Sha256::digest(presented).as_slice()).into()
 }
 
 /// The permission a `/v1` route needs, by method and route pattern.
@@ -270,7 +306,8 @@ pub fn permission(method: &Method, route: &str) -> Permission {
     match (method.as_str(), route) {
         ("POST", "/v1/tasks") => Permission::Submit,
         (_, route) if route.starts_with("/v1/workers/") => Permission::Work,
-        ("GET", "/v1/tasks/{id}" | "/v1/tasks/{id}/history" | "/v1/tasks/{id}/events") => Permission::ReadTask,
+        ("GET", "/v1/tasks" | "/v1/tasks/{id}" | "/v1/tasks/{id}/history" | "/v1/tasks/{id}/events") => Permission::ReadTask,
+        ("POST", "/v1/tasks/{id}/signals/{name}") => Permission::Signal,
         ("GET", _) => Permission::Read,
         ("POST", "/v1/workflows/validate") => Permission::Read,
         _ => Permission::Operate,
@@ -284,12 +321,32 @@ pub fn permission(method: &Method, route: &str) -> Permission {
 pub struct Caller {
     via: &'static str,
     scopes: Vec<&'static str>,
+    /// The token's id, when a token (or its session) authenticated.
+    id: Option<String>,
+    /// Whether it may only see its own tasks.
+    confined: bool,
 }
 
 impl Caller {
     /// A caller on an API without authentication.
     pub fn anonymous() -> Caller {
-        Caller { via: "api without authentication", scopes: Vec::new() }
+        Caller { via: "api without authentication", scopes: Vec::new(), id: None, confined: false }
+    }
+
+    /// Who submits a task this caller submits ([`Token::id`]), when known.
+    pub fn submitter(&self) -> Option<&str> {
+        self.id.as_deref()
+    }
+
+    /// The submitter whose tasks alone this caller may see, when its
+    /// scopes grant no [`Permission::Read`] (the `submit` scope alone).
+    pub fn confined_to(&self) -> Option<&str> {
+        if self.confined { Some(self.id.as_deref().unwrap_or_default()) } else { None }
+    }
+
+    /// Whether this caller may see a task `submitter` submitted.
+    pub fn may_see(&self, submitter: Option<&str>) -> bool {
+        self.confined_to().is_none_or(|me| submitter == Some(me))
     }
 }
 
@@ -298,7 +355,11 @@ impl fmt::Display for Caller {
         if self.scopes.is_empty() {
             return f.write_str(self.via);
         }
-        write!(f, "{} with scope {}", self.via, self.scopes.join(", "))
+        write!(f, "{} with scope {}", self.via, self.scopes.join(", "))?;
+        match &self.id {
+            Some(id) => write!(f, " ({id})"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -323,16 +384,16 @@ pub async fn authorize(State(state): State<ApiState>, mut request: Request, next
     }
     let route = request.extensions().get::<MatchedPath>().map(|m| m.as_str().to_owned()).unwrap_or_default();
     let needed = permission(request.method(), &route);
-    let scopes = if with_bearer {
+    let token = if with_bearer {
         match bearer(headers) {
             Err(why) => return ApiError::unauthorized(why).into_response(),
-            Ok(presented) => match auth.scopes_of(presented) {
-                Some(scopes) => scopes,
+            Ok(presented) => match auth.token_of(presented) {
+                Some(token) => token,
                 None => return ApiError::unauthorized("the bearer token is not valid").into_response(),
             },
         }
     } else if let Some(session) = cookie(headers, SESSION_COOKIE) {
-        let Some(scopes) = auth.session_scopes(session, state.clock().now()) else {
+        let Some(token) = auth.session_token(session, state.clock().now()) else {
             return ApiError::unauthorized("the dashboard session has expired or its token is no longer configured: sign in again")
                 .into_response();
         };
@@ -340,10 +401,11 @@ pub async fn authorize(State(state): State<ApiState>, mut request: Request, next
             return ApiError::forbidden(format!("a change made with the dashboard's session needs the {CSRF_HEADER} header of its page"))
                 .into_response();
         }
-        scopes
+        token
     } else {
         return ApiError::unauthorized("this request needs a bearer token (Authorization: Bearer …)").into_response();
     };
+    let scopes = token.scopes.as_slice();
     let granted = match needed {
         Permission::Work => {
             let agent = agent_in_path(request.uri().path());
@@ -357,7 +419,8 @@ pub async fn authorize(State(state): State<ApiState>, mut request: Request, next
         return ApiError::forbidden(why).into_response();
     }
     let via = if with_bearer { "api token" } else { "dashboard session" };
-    request.extensions_mut().insert(Caller { via, scopes: names });
+    let confined = !scopes.iter().any(|scope| scope.grants(Permission::Read));
+    request.extensions_mut().insert(Caller { via, scopes: names, id: Some(token.id.clone()), confined });
     next.run(request).await
 }
 
@@ -400,7 +463,7 @@ impl AuthConfig {
     /// with the token's secret, so any API process configured with the same
     /// token accepts it, and removing the token ends its sessions.
     pub fn open_session(&self, presented: &[u8], until: Timestamp) -> Option<(String, &[Scope])> {
-        let scopes = self.scopes_of(presented)?;
+        let scopes = self.token_of(presented)?.scopes.as_slice();
         let expiry = until.as_millis().to_string();
         let tag = session_mac(presented, &expiry).finalize().into_bytes();
         Some((format!("{expiry}.{}", URL_SAFE_NO_PAD.encode(tag)), scopes))
@@ -528,18 +591,34 @@ mod tests {
     #[test]
     fn scopes_grant_what_the_docs_say() {
         use Permission::*;
-        let all = [Read, ReadTask, Submit, Operate, Work];
+        let all = [Read, ReadTask, Submit, Signal, Operate, Work];
         let granted = |scope: Scope| all.into_iter().filter(|p| scope.grants(*p)).collect::<Vec<_>>();
         assert_eq!(granted(Scope::Admin), all);
-        assert_eq!(granted(Scope::Operator), [Read, ReadTask, Operate]);
+        assert_eq!(granted(Scope::Operator), [Read, ReadTask, Signal, Operate]);
         assert_eq!(granted(Scope::Read), [Read, ReadTask]);
-        assert_eq!(granted(Scope::Submit), [ReadTask, Submit]);
+        assert_eq!(granted(Scope::Submit), [ReadTask, Submit, Signal]);
         let agent = Scope::Agent { queues: vec![QueueName::new("agent.py").unwrap(), QueueName::new("ledger").unwrap()] };
         assert!(granted(agent.clone()).is_empty(), "work is granted per agent only");
         assert!(agent.grants_work("py") && agent.grants_work("ledger"));
         assert!(!agent.grants_work("agent.ledger") && !agent.grants_work("http") && !agent.grants_work(""));
         assert!(Scope::Admin.grants_work("anything"));
         assert!(!Scope::Operator.grants_work("py") && !Scope::Submit.grants_work("py"));
+    }
+
+    #[test]
+    fn tokens_have_ids_that_do_not_reveal_them() {
+        let token = Token::new("s3cret-s3cret-s3cret", vec![Scope::Submit]).unwrap();
+        assert!(token.id().starts_with("token:") && token.id().len() == "token:".len() + 12, "{}", token.id());
+        assert!(!token.id().contains("s3cret"));
+        assert_eq!(token.id(), Token::new("s3cret-s3cret-s3cret", vec![Scope::Admin]).unwrap().id(), "stable");
+        assert_ne!(token.id(), Token::new("s3cret-s3cret-s3creT", vec![Scope::Submit]).unwrap().id());
+        let named = token.clone().named("shop").unwrap();
+        assert_eq!(named.id(), "shop");
+        assert!(format!("{named:?}").contains("shop") && !format!("{named:?}").contains("s3cret"));
+        assert!(token.clone().named("").is_err() && token.clone().named("token:x").is_err());
+        let other = Token::new("another-secret-0123", vec![Scope::Submit]).unwrap().named("shop").unwrap();
+        let err = AuthConfig::tokens(vec![named, other]).unwrap_err().to_string();
+        assert!(err.contains("token number 2 has the id shop"), "{err}");
     }
 
     #[test]

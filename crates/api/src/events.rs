@@ -94,6 +94,7 @@ async fn pause(state: &ApiState, closing: &mut watch::Receiver<bool>) -> bool {
 )]
 pub async fn task_events(
     State(state): State<ApiState>,
+    caller: Option<axum::Extension<crate::auth::Caller>>,
     ApiPath(TaskPath { id }): ApiPath<TaskPath>,
     ApiQuery(query): ApiQuery<TaskEventsQuery>,
     headers: HeaderMap,
@@ -101,6 +102,7 @@ pub async fn task_events(
     let id = task_id(id)?;
     let after = resume_after(&headers, query.after)?;
     state.client().record(&id).await.map_err(|err| ApiError::ops("task events", err))?;
+    crate::tasks::check_visible(&state, &crate::tasks::caller_of(caller), "task events", &id).await?;
     let keep_alive = KeepAlive::new().interval(state.limits().events_keep_alive);
     let closing = state.closing();
     let stream = TaskStream { state, id, after, pending: VecDeque::new(), ended: false, polled: false, closing };

@@ -28,10 +28,35 @@ pub(crate) fn task_id(raw: String) -> ApiResult<TaskId> {
     TaskId::new(raw).map_err(|err| ApiError::invalid_path("id", err))
 }
 
-/// The view of a task after `request`, or 404.
-async fn view(state: &ApiState, request: &str, id: &TaskId) -> ApiResult<TaskView> {
+/// The view of a task after `request`, or 404 (also when `caller` may
+/// not see it).
+async fn view(state: &ApiState, caller: &Caller, request: &str, id: &TaskId) -> ApiResult<TaskView> {
     let detail = state.client().task(id).await.map_err(|err| ApiError::ops(request, err))?;
+    if !caller.may_see(detail.record.task.submitter.as_deref()) {
+        return Err(hidden(request, id));
+    }
     Ok(TaskView::from(&detail))
+}
+
+/// The answer about a task the caller may not see: the one about a task
+/// that does not exist, so that its existence is not told either.
+fn hidden(request: &str, id: &TaskId) -> ApiError {
+    ApiError::ops(request, ops::Error::TaskNotFound(id.clone()))
+}
+
+/// The request's caller (anonymous on routes without authentication).
+pub(crate) fn caller_of(caller: Option<Extension<Caller>>) -> Caller {
+    caller.map_or_else(Caller::anonymous, |Extension(caller)| caller)
+}
+
+/// Refuses with 404, before `request` does anything, a task that `caller`
+/// may not see (a confined caller and a task it did not submit).
+pub(crate) async fn check_visible(state: &ApiState, caller: &Caller, request: &str, id: &TaskId) -> ApiResult<()> {
+    if caller.confined_to().is_none() {
+        return Ok(());
+    }
+    let record = state.client().record(id).await.map_err(|err| ApiError::ops(request, err))?;
+    if caller.may_see(record.task.submitter.as_deref()) { Ok(()) } else { Err(hidden(request, id)) }
 }
 
 /// Submit a task.
@@ -48,6 +73,7 @@ async fn view(state: &ApiState, request: &str, id: &TaskId) -> ApiResult<TaskVie
         (status = 413, description = "Body too large", body = ErrorBody),
         (status = 415, description = "Not JSON", body = ErrorBody),
         (status = 404, description = "The workflow (or that version of it) is not registered", body = ErrorBody),
+        (status = 409, description = "The id is taken by a task of another submitter (for a token of scope submit alone)", body = ErrorBody),
         (status = 422, description = "Invalid field", body = ErrorBody),
     ),
     security(("bearer" = []))
@@ -58,16 +84,17 @@ async fn view(state: &ApiState, request: &str, id: &TaskId) -> ApiResult<TaskVie
 /// the server exports traces.
 pub async fn submit(
     State(state): State<ApiState>,
+    caller: Option<Extension<Caller>>,
     headers: HeaderMap,
     ApiJson(request): ApiJson<SubmitRequest>,
 ) -> ApiResult<(StatusCode, Json<TaskView>)> {
     let span = tracing::debug_span!("rota.http.submit", workflow = %request.workflow);
     let traceparent = headers.get("traceparent").and_then(|value| value.to_str().ok());
     rota_engine::telemetry::set_parent(&span, traceparent);
-    submit_traced(state, request).instrument(span).await
+    submit_traced(state, caller_of(caller), request).instrument(span).await
 }
 
-async fn submit_traced(state: ApiState, request: SubmitRequest) -> ApiResult<(StatusCode, Json<TaskView>)> {
+async fn submit_traced(state: ApiState, caller: Caller, request: SubmitRequest) -> ApiResult<(StatusCode, Json<TaskView>)> {
     let workflow = WorkflowName::new(request.workflow).map_err(|err| ApiError::invalid_body(format!("workflow: {err}")))?;
     if request.version == Some(0) {
         return Err(ApiError::invalid_body("version: must be at least 1"));
@@ -90,11 +117,28 @@ async fn submit_traced(state: ApiState, request: SubmitRequest) -> ApiResult<(St
         (None, None) => Start::Now,
     };
     let input = request.input.unwrap_or_else(|| json!({}));
-    let submission =
-        Submission { workflow, version: request.version, input, id, reply_to: request.callback_url, reply_queue, start, fired_by: None };
+    let submission = Submission {
+        workflow,
+        version: request.version,
+        input,
+        id,
+        reply_to: request.callback_url,
+        reply_queue,
+        start,
+        fired_by: None,
+        submitter: caller.submitter().map(str::to_owned),
+    };
     let submitted = state.client().submit(submission).await.map_err(|err| ApiError::ops("submit", ops::Error::from_submit(err)))?;
     let status = if submitted.created { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, Json(view(&state, "submit", &submitted.id).await?)))
+    match view(&state, &caller, "submit", &submitted.id).await {
+        // The id is someone else's task: say it is taken, and nothing of it.
+        Err(err) if err.status == StatusCode::NOT_FOUND && !submitted.created => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "task_exists",
+            format!("submit: task id {} is taken by a task of another submitter; choose another id", submitted.id),
+        )),
+        answer => Ok((status, Json(answer?))),
+    }
 }
 
 /// A task with its steps.
@@ -108,9 +152,13 @@ async fn submit_traced(state: ApiState, request: SubmitRequest) -> ApiResult<(St
     ),
     security(("bearer" = []))
 )]
-pub async fn get(State(state): State<ApiState>, ApiPath(TaskPath { id }): ApiPath<TaskPath>) -> ApiResult<Json<TaskView>> {
+pub async fn get(
+    State(state): State<ApiState>,
+    caller: Option<Extension<Caller>>,
+    ApiPath(TaskPath { id }): ApiPath<TaskPath>,
+) -> ApiResult<Json<TaskView>> {
     let id = task_id(id)?;
-    Ok(Json(view(&state, "get task", &id).await?))
+    Ok(Json(view(&state, &caller_of(caller), "get task", &id).await?))
 }
 
 /// Tasks, newest first, filtered.
@@ -125,9 +173,16 @@ pub async fn get(State(state): State<ApiState>, ApiPath(TaskPath { id }): ApiPat
 ///
 /// Page with `before`: the next page is the one `before` the last task of
 /// this one; an empty page is the end. Every filter, on any page, is served
-/// by an index, whatever the store's size.
-pub async fn list(State(state): State<ApiState>, ApiQuery(query): ApiQuery<TaskListQuery>) -> ApiResult<Json<Vec<TaskSummary>>> {
+/// by an index, whatever the store's size. A token of scope `submit` alone
+/// lists only the tasks it submitted.
+pub async fn list(
+    State(state): State<ApiState>,
+    caller: Option<Extension<Caller>>,
+    ApiQuery(query): ApiQuery<TaskListQuery>,
+) -> ApiResult<Json<Vec<TaskSummary>>> {
+    let caller = caller_of(caller);
     let filter = TaskFilter {
+        submitter: caller.confined_to().map(str::to_owned),
         state: query.state.as_deref().map(str::parse::<TaskState>).transpose().map_err(|err| ApiError::invalid_query("state", err))?,
         workflow: query.workflow.map(WorkflowName::new).transpose().map_err(|err| ApiError::invalid_query("workflow", err))?,
         locked_by: query.locked_by.map(InstanceId::new).transpose().map_err(|err| ApiError::invalid_query("locked_by", err))?,
@@ -165,8 +220,13 @@ pub async fn counts(State(state): State<ApiState>, ApiQuery(query): ApiQuery<Tas
     ),
     security(("bearer" = []))
 )]
-pub async fn history(State(state): State<ApiState>, ApiPath(TaskPath { id }): ApiPath<TaskPath>) -> ApiResult<Json<Vec<EventView>>> {
+pub async fn history(
+    State(state): State<ApiState>,
+    caller: Option<Extension<Caller>>,
+    ApiPath(TaskPath { id }): ApiPath<TaskPath>,
+) -> ApiResult<Json<Vec<EventView>>> {
     let id = task_id(id)?;
+    check_visible(&state, &caller_of(caller), "task history", &id).await?;
     let events = state.client().history(&id).await.map_err(|err| ApiError::ops("task history", err))?;
     Ok(Json(events.iter().map(EventView::from).collect()))
 }
@@ -237,7 +297,9 @@ pub async fn signal(
 ) -> ApiResult<Json<SignalDelivery>> {
     let id = task_id(id)?;
     let signal = SignalName::new(name).map_err(|err| ApiError::invalid_path("name", err))?;
-    let sent_by = caller.map_or_else(|| Caller::anonymous().to_string(), |Extension(caller)| caller.to_string());
+    let caller = caller_of(caller);
+    check_visible(&state, &caller, "signal", &id).await?;
+    let sent_by = caller.to_string();
     let delivered = state.client().signal(&id, &signal, data, &sent_by).await.map_err(|err| ApiError::ops("signal", err))?;
     Ok(Json(SignalDelivery {
         id: id.to_string(),

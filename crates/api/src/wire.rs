@@ -201,6 +201,8 @@ pub struct TaskSummary {
     pub at_risk_since: Option<i64>,
     /// Why it failed, if it did.
     pub error: Option<String>,
+    /// Who submitted it (the API token's id), when known.
+    pub submitter: Option<String>,
     /// When it was created, epoch ms.
     pub created_at: i64,
     /// When it last changed, epoch ms.
@@ -220,6 +222,7 @@ impl From<&Task> for TaskSummary {
             failure_count: task.failure_count,
             at_risk_since: task.at_risk_since.map(|t| t.as_millis()),
             error: task.error.clone(),
+            submitter: task.submitter.clone(),
             created_at: task.created_at.as_millis(),
             updated_at: task.updated_at.as_millis(),
         }
@@ -267,6 +270,10 @@ pub struct TaskView {
     pub callback_url: Option<String>,
     /// The queue its status events are sent to, if it was submitted with one.
     pub reply_queue: Option<String>,
+    /// Who submitted it: the id of the API token (its name, or `token:` and
+    /// the start of its digest); absent when not known (authentication off,
+    /// the CLI on a store, a schedule).
+    pub submitter: Option<String>,
     /// When it was created, epoch ms.
     pub created_at: i64,
     /// When it last changed, epoch ms.
@@ -297,6 +304,7 @@ impl TaskView {
             error: task.error.clone(),
             callback_url: task.reply_to.clone(),
             reply_queue: task.reply_queue.as_ref().map(ToString::to_string),
+            submitter: task.submitter.clone(),
             created_at: task.created_at.as_millis(),
             updated_at: task.updated_at.as_millis(),
             steps: steps

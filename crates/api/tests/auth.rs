@@ -35,6 +35,7 @@ enum Needs {
     Read,
     ReadTask,
     Submit,
+    Signal,
     Operate,
     /// The worker protocol on agent `py`, which the agent token names.
     Work,
@@ -45,9 +46,10 @@ enum Needs {
 fn allowed(token: &str, needs: Needs) -> bool {
     match token {
         ADMIN => true,
-        OPERATOR => matches!(needs, Needs::Read | Needs::ReadTask | Needs::Operate),
+        OPERATOR => matches!(needs, Needs::Read | Needs::ReadTask | Needs::Signal | Needs::Operate),
         READ => matches!(needs, Needs::Read | Needs::ReadTask),
-        SUBMIT => matches!(needs, Needs::Submit | Needs::ReadTask),
+        // Allowed, and confined to its own tasks (404 for the others).
+        SUBMIT => matches!(needs, Needs::Submit | Needs::ReadTask | Needs::Signal),
         AGENT => needs == Needs::Work,
         _ => false,
     }
@@ -68,13 +70,13 @@ fn endpoints() -> Vec<Endpoint> {
     use Needs::*;
     vec![
         (Method::POST, "/v1/tasks", Some(json!({ "workflow": "quick" })), None, Submit),
-        (Method::GET, "/v1/tasks", None, None, Read),
+        (Method::GET, "/v1/tasks", None, None, ReadTask),
         (Method::GET, "/v1/tasks/counts", None, None, Read),
         (Method::GET, "/v1/tasks/t-1", None, None, ReadTask),
         (Method::GET, "/v1/tasks/t-1/history", None, None, ReadTask),
         (Method::GET, "/v1/tasks/t-1/events", None, None, ReadTask),
         (Method::POST, "/v1/tasks/t-1/cancel", None, None, Operate),
-        (Method::POST, "/v1/tasks/t-1/signals/approved", Some(json!({ "by": "ann" })), None, Operate),
+        (Method::POST, "/v1/tasks/t-1/signals/approved", Some(json!({ "by": "ann" })), None, Signal),
         (Method::POST, "/v1/tasks/t-1/resubmit", None, None, Operate),
         (Method::POST, "/v1/tasks/t-1/steps/first/resubmit", None, None, Operate),
         (Method::GET, "/v1/alerts", None, None, Read),
@@ -198,13 +200,57 @@ async fn with_auth_disabled_everything_is_open() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_submit_scope_submits_and_reads_its_task() {
-    let mut server = start(Options { auth: auth(), engine: false, ..Options::default() }).await;
-    server.token = Some(SUBMIT.to_owned());
+async fn the_submit_scope_sees_only_the_tasks_it_submitted() {
+    const OTHER: &str = "other-submit-token-0001";
+    let shop = Token::new(SUBMIT, vec![Scope::Submit]).unwrap().named("shop").unwrap();
+    let other = Token::new(OTHER, vec![Scope::Submit]).unwrap();
+    let other_id = other.id().to_owned();
+    let admin = Token::new(ADMIN, vec![Scope::Admin]).unwrap();
+    let admin_id = admin.id().to_owned();
+    let auth = AuthConfig::tokens(vec![admin, shop, other]).unwrap();
+    let mut server = start(Options { auth, engine: false, ..Options::default() }).await;
+    let as_token = |server: &mut common::Server, token: &str| server.token = Some(token.to_owned());
+
+    as_token(&mut server, ADMIN);
+    assert_eq!(server.submit("quick", "theirs").await["submitter"], admin_id.as_str());
+    as_token(&mut server, OTHER);
+    assert_eq!(server.submit("quick", "other-1").await["submitter"], other_id.as_str());
+    as_token(&mut server, SUBMIT);
     let created = server.submit("quick", "mine").await;
-    assert_eq!(created["id"], "mine");
+    assert_eq!(created["submitter"], "shop", "the token's name is its id");
     assert_eq!(server.get("/v1/tasks/mine").await.body["state"], "pending");
-    server.get("/v1/tasks").await.assert_error(403, "forbidden");
+    let listed: Vec<Value> = server.get("/v1/tasks").await.body.as_array().unwrap().iter().map(|t| t["id"].clone()).collect();
+    assert_eq!(listed, [json!("mine")], "a submit token lists its own tasks only");
+    let listed = server.get("/v1/tasks?workflow=quick&state=pending").await.body;
+    assert_eq!(listed.as_array().unwrap().len(), 1, "with filters too: {listed}");
+
+    // Another's task reads exactly as a task that does not exist.
+    let missing = server.get("/v1/tasks/nothing").await.assert_error(404, "not_found");
+    for path in ["/v1/tasks/theirs", "/v1/tasks/other-1", "/v1/tasks/theirs/history", "/v1/tasks/theirs/events"] {
+        let reason = server.get(path).await.assert_error(404, "not_found");
+        let id = path.split('/').nth(3).unwrap();
+        assert_eq!(reason.replace(id, "nothing").replace("task history", "get task").replace("task events", "get task"), missing, "{path}");
+    }
+    server.post_json("/v1/tasks/theirs/signals/approved", &json!({"by": "mallory"})).await.assert_error(404, "not_found");
+    let own = server.post_json("/v1/tasks/mine/signals/approved", &json!({"by": "ann"})).await;
+    assert!(own.status != 403 && own.status != 404, "its own task may be signalled: {:?}", own.body);
+    // Submitting another's id is refused without showing the task.
+    let taken = server.send(server.request(Method::POST, "/v1/tasks").json(&json!({"workflow": "quick", "id": "theirs"}))).await;
+    let reason = taken.assert_error(409, "task_exists");
+    assert!(reason.contains("theirs") && !taken.body.to_string().contains(&admin_id), "{}", taken.body);
+    let again = server.send(server.request(Method::POST, "/v1/tasks").json(&json!({"workflow": "quick", "id": "mine"}))).await;
+    assert_eq!(again.status, 200, "its own id answers with its task: {:?}", again.body);
     server.post("/v1/tasks/mine/cancel").await.assert_error(403, "forbidden");
-    server.post_json("/v1/tasks/mine/signals/approved", &json!(null)).await.assert_error(403, "forbidden");
+    server.get("/v1/tasks/counts").await.assert_error(403, "forbidden");
+
+    // Other scopes see everything, with each task's submitter.
+    as_token(&mut server, ADMIN);
+    let listed: Vec<(Value, Value)> =
+        server.get("/v1/tasks").await.body.as_array().unwrap().iter().map(|t| (t["id"].clone(), t["submitter"].clone())).collect();
+    assert_eq!(
+        listed,
+        [(json!("mine"), json!("shop")), (json!("other-1"), json!(other_id)), (json!("theirs"), json!(admin_id))],
+        "newest first, with their submitters"
+    );
+    assert_eq!(server.get("/v1/tasks/mine").await.body["submitter"], "shop");
 }

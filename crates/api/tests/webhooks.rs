@@ -275,3 +275,40 @@ async fn an_at_risk_warning_reaches_webhooks_event_streams_and_the_at_risk_listi
     stop.trigger();
     running.await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callback_the_egress_allow_list_refuses_is_dead_lettered_at_once() {
+    let server = start(Options::default()).await;
+    let state = Arc::new(Receiver::default());
+    let base = receiver(state.clone()).await;
+    let port = base.rsplit(':').next().unwrap();
+    let mut config = config("hooks-egress");
+    config.egress = rota_agent::Egress::allow_list(&["10.0.0.0/8"]).unwrap();
+    let dispatcher = Dispatcher::new(server.store.clone(), Arc::new(SystemClock), config).unwrap();
+    let stop = Shutdown::new();
+    let running = tokio::spawn(dispatcher.run(stop.clone()));
+
+    // An address literal, and a name that resolves outside the list.
+    submit(&server, "eg-1", Some(&format!("{base}/hook?key=q"))).await;
+    submit(&server, "eg-2", Some(&format!("http://localhost:{port}/hook"))).await;
+    assert_eq!(server.wait_terminal("eg-1").await["state"], "processed");
+    assert_eq!(server.wait_terminal("eg-2").await["state"], "processed");
+    let started = std::time::Instant::now();
+    let letters = loop {
+        let reply = server.get("/v1/queues/rota.webhooks/dead-letters").await;
+        if reply.body.as_array().is_some_and(|letters| letters.len() == 8) {
+            break reply.body;
+        }
+        assert!(started.elapsed() < WAIT_MAX, "dead letters: {}", reply.text);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    for letter in letters.as_array().unwrap() {
+        assert_eq!(letter["delivery_count"], 1, "refused for good, not retried: {letter}");
+        let reason = letter["reason"].as_str().unwrap();
+        assert!(reason.contains("egress allow-list (egress-allow)") && !reason.contains("key=q"), "{reason}");
+        assert!(reason.contains("host 127.0.0.1 is not in") || reason.contains("host localhost resolves to"), "{reason}");
+    }
+    assert!(state.seen.lock().unwrap().is_empty(), "nothing reached the receiver");
+    stop.trigger();
+    running.await.unwrap().unwrap();
+}

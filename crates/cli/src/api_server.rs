@@ -249,7 +249,8 @@ struct AuthFile {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TokenEntry {
-    /// A name for people and error messages (never the secret).
+    /// A name for people and error messages (never the secret), and the
+    /// token's id: the submitter its tasks record.
     name: Option<String>,
     token: Option<String>,
     token_env: Option<String>,
@@ -313,7 +314,12 @@ fn parse_auth_file(text: &str, env: &dyn Fn(&str) -> Option<String>) -> anyhow::
             .enumerate()
             .map(|(i, scope)| scope.parse::<Scope>().map_err(|err| anyhow!("{at}.scopes[{i}]: {}", config_message(err))))
             .collect::<anyhow::Result<Vec<Scope>>>()?;
-        tokens.push(Token::new(secret, scopes).map_err(|err| anyhow!("{at}.token: {}", config_message(err)))?);
+        let token = Token::new(secret, scopes).map_err(|err| anyhow!("{at}.token: {}", config_message(err)))?;
+        let token = match &entry.name {
+            Some(name) => token.named(name).map_err(|err| anyhow!("{at}.name: {}", config_message(err)))?,
+            None => token,
+        };
+        tokens.push(token);
     }
     Ok(tokens)
 }

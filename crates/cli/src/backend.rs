@@ -130,8 +130,17 @@ impl Backend {
                     Start::After(delay) => rota_engine::Start::After(*delay),
                 };
                 let reply_queue = reply_queue.cloned();
-                let submission =
-                    Submission { workflow: workflow.clone(), version, input, id, reply_to: None, reply_queue, start, fired_by: None };
+                let submission = Submission {
+                    workflow: workflow.clone(),
+                    version,
+                    input,
+                    id,
+                    reply_to: None,
+                    reply_queue,
+                    start,
+                    fired_by: None,
+                    submitter: None,
+                };
                 let submitted = client.submit(submission).await.map_err(|err| anyhow::Error::new(ops::Error::from_submit(err)))?;
                 let detail =
                     client.task(&submitted.id).await.map_err(|err| local_error(|| format!("cannot read task {}", submitted.id), err))?;

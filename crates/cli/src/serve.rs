@@ -44,7 +44,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
-use rota_agent::AgentRegistry;
+use rota_agent::{AgentRegistry, Egress, ExecConfig, HttpConfig};
 use rota_engine::engine::Config;
 use rota_engine::status::{Heartbeat, Reporter};
 use rota_engine::webhooks::{Dispatcher, Secret, WebhookConfig};
@@ -120,11 +120,68 @@ pub struct AgentArgs {
     #[arg(long, visible_alias = "max-concurrent", value_name = "N", default_value_t = AGENT_CONCURRENCY_DEFAULT,
           value_parser = clap::value_parser!(u32).range(1..=Config::AGENT_CONCURRENCY_MAX as i64))]
     agent_concurrency: u32,
+    /// The only hosts `http` steps and webhooks may reach, comma-separated:
+    /// host names (api.example.com, *.example.com), networks (10.0.0.0/8)
+    /// or addresses. A name not listed is allowed only when every address
+    /// it resolves to lies in a listed network. A refused call fails its
+    /// step for good (a webhook is dead-lettered). Off when not given:
+    /// every host may be reached.
+    #[arg(long, env = "ROTA_EGRESS_ALLOW", value_name = "HOSTS", value_delimiter = ',')]
+    egress_allow: Vec<String>,
+    /// The directory `exec` steps run in [default: /].
+    #[arg(long, value_name = "DIR")]
+    exec_dir: Option<PathBuf>,
+    /// Variables of this process's environment that `exec` steps get,
+    /// comma-separated. Steps get a clean environment: PATH, HOME, LANG,
+    /// LC_ALL, TZ and TMPDIR (when set), the names given here, the step's
+    /// own `env` and the ROTA_* variables; nothing else of the server's.
+    #[arg(long, value_name = "NAMES", value_delimiter = ',')]
+    exec_env: Vec<String>,
 }
 
 impl Default for AgentArgs {
     fn default() -> Self {
-        AgentArgs { queues: Vec::new(), agent_concurrency: AGENT_CONCURRENCY_DEFAULT }
+        AgentArgs {
+            queues: Vec::new(),
+            agent_concurrency: AGENT_CONCURRENCY_DEFAULT,
+            egress_allow: Vec::new(),
+            exec_dir: None,
+            exec_env: Vec::new(),
+        }
+    }
+}
+
+impl AgentArgs {
+    /// The egress allow-list of `--egress-allow`, off when it is not given.
+    fn egress(&self) -> anyhow::Result<Egress> {
+        if self.egress_allow.is_empty() {
+            return Ok(Egress::default());
+        }
+        Egress::allow_list(&self.egress_allow).map_err(|err| match err {
+            rota_agent::Error::Config(why) => anyhow!("--{why}"),
+            other => other.into(),
+        })
+    }
+
+    /// The `exec` agent's settings: `--exec-dir`, which must exist, and the
+    /// environment commands start from, read from this process's.
+    fn exec_config(&self) -> anyhow::Result<ExecConfig> {
+        let mut config = ExecConfig::default();
+        if let Some(dir) = &self.exec_dir {
+            let absolute = std::path::absolute(dir).with_context(|| format!("--exec-dir {}", dir.display()))?;
+            anyhow::ensure!(absolute.is_dir(), "--exec-dir {}: no such directory", dir.display());
+            config.working_dir = absolute;
+        }
+        let mut names: Vec<&str> = rota_agent::ENV_INHERITED.to_vec();
+        for name in &self.exec_env {
+            let name = name.trim();
+            anyhow::ensure!(!name.is_empty() && !name.contains(['=', '\0']), "--exec-env: {name:?} is not a variable name");
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        config.env = names.into_iter().filter_map(|name| Some((name.to_owned(), std::env::var(name).ok()?))).collect();
+        Ok(config)
     }
 }
 
@@ -301,7 +358,10 @@ impl Process {
         let instance = instance_id::from_flag(args.process.instance_id.as_deref())?;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let config = engine_config(args, instance.clone(), &*clock)?;
-        let agents = AgentRegistry::builtin(clock.clone()).context("cannot set up the built-in agents")?;
+        let egress = args.agent.egress()?;
+        let http = HttpConfig { egress: egress.clone(), ..HttpConfig::default() };
+        let agents =
+            AgentRegistry::builtin_with(http, args.agent.exec_config()?, clock.clone()).context("cannot set up the built-in agents")?;
         let running_agents = selected_agents(&agents, &args.agent.queues)?;
         let catalog = agent_catalog(&agents, &args.process.remote)?;
         let (dir, definitions) = load_workflows(args.process.workflows.as_deref(), &catalog)?;
@@ -317,6 +377,7 @@ impl Process {
             Some(secret) => {
                 let mut webhooks = WebhookConfig::new(instance.clone(), secret);
                 webhooks.seed = config.seed.rotate_left(1);
+                webhooks.egress = egress;
                 Some(Dispatcher::new(store.clone(), clock.clone(), webhooks).context("cannot set up the webhooks")?)
             }
             None => None,

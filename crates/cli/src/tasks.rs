@@ -345,6 +345,10 @@ fn status_text(status: &StatusJson) -> String {
     if status.state == TaskState::Pending && status.not_before > status.created_at {
         fields.insert(3, ("starts_at", status.not_before.clone()));
     }
+    // Known only for tasks submitted over the API with a token.
+    if let Some(submitter) = status.submitter {
+        fields.push(("submitter", submitter.to_owned()));
+    }
     if let Some(error) = status.error {
         fields.push(("error", error.replace('\n', " ")));
     }

@@ -280,7 +280,8 @@ fn serve_listens_and_runs_a_task_submitted_over_http() {
     let denied = http.get("/v1/tasks", None);
     assert_eq!((denied.status, denied.json()["error"]["code"].as_str()), (401, Some("unauthorized")), "{}", denied.body);
     assert_eq!(http.get("/v1/tasks", Some("not-a-configured-token")).status, 401);
-    assert_eq!(http.get("/v1/tasks", Some(SUBMIT_TOKEN)).status, 403, "the submit scope lists nothing");
+    let listed = http.get("/v1/tasks", Some(SUBMIT_TOKEN));
+    assert_eq!((listed.status, listed.json()), (200, json!([])), "the submit scope lists its own tasks: none yet");
     assert_eq!(http.get("/healthz", None).status, 200);
     let openapi = http.get("/openapi.json", None);
     assert_eq!(openapi.status, 200);
@@ -314,12 +315,16 @@ fn serve_listens_and_runs_a_task_submitted_over_http() {
     // A submit token is enough to follow its own task from the CLI.
     let over_http = stdout(&remote(&rota, &server, SUBMIT_TOKEN, &["status", "o-1", "--json"]));
     assert_eq!(over_http, rota.ok(&["status", "o-1", "--json"]));
-    let output = remote(&rota, &server, SUBMIT_TOKEN, &["tasks"]);
-    assert_one_error_line(&String::from_utf8_lossy(&output.stderr), &["cannot list tasks", "read access"]);
+    assert_eq!(task["submitter"], "shop", "the token's name");
+    assert!(rota.ok(&["status", "o-1"]).contains("submitter      shop"), "rota status names the submitter");
 
-    // The same engine sees a task submitted on the store, and the API shows it.
+    // The same engine sees a task submitted on the store, and the API shows
+    // it, but not to the submit token, which did not submit it.
     assert_eq!(rota.ok(&["submit", "pipeline", "--id", "local-1", "--input", r#"{"order": 8}"#, "--wait"]), "local-1\n");
     assert_eq!(http.get("/v1/tasks/local-1", Some(ADMIN_TOKEN)).json()["state"], "processed");
+    assert_eq!(http.get("/v1/tasks/local-1", Some(SUBMIT_TOKEN)).status, 404);
+    let listed = stdout(&remote(&rota, &server, SUBMIT_TOKEN, &["tasks"]));
+    assert!(listed.contains("o-1") && !listed.contains("local-1"), "a submit token lists its own tasks: {listed}");
 
     let (status, log) = server.terminate();
     assert_eq!(status.code(), Some(0), "SIGTERM is a clean stop: {log}");
@@ -451,7 +456,8 @@ fn a_refused_request_reads_the_same_on_the_store_and_over_http() {
     assert!(stdout(&sent).starts_with("step approval: "), "{}", String::from_utf8_lossy(&sent.stderr));
     let done = rota.json(&["status", "approve-1", "--json"]);
     let signal = done["history"].as_array().unwrap().iter().find(|e| e["kind"] == "signal").cloned().unwrap();
-    assert_eq!(signal["detail"]["sent_by"], "api token with scope admin");
+    let sent_by = signal["detail"]["sent_by"].as_str().unwrap();
+    assert!(sent_by.starts_with("api token with scope admin (token:") && sent_by.ends_with(')'), "the scope and the token's id: {sent_by}");
     let (status, log) = server.terminate();
     assert_eq!(status.code(), Some(0), "{log}");
 }
@@ -646,4 +652,39 @@ fn serve_with_a_webhook_secret_posts_signed_status_events_to_the_callback_url() 
     let (status, log) = server.terminate();
     assert_eq!(status.code(), Some(0), "{log}");
     assert!(!log.contains(secret), "the secret is never logged");
+}
+
+#[test]
+fn the_log_at_its_default_level_holds_no_token_input_signal_or_secret() {
+    const INPUT_SECRET: &str = "card-4111-secret-input";
+    const SIGNAL_SECRET: &str = "signal-secret-approver";
+    const WEBHOOK_SECRET: &str = "webhook-signing-secret-0123";
+    const QUERY_SECRET: &str = "callback-query-secret";
+    const WRONG_TOKEN: &str = "a-wrong-token-that-is-not-configured";
+    let rota = Rota::new();
+    let files = Files::new();
+    let auth = files.auth();
+    let env = [("ROTA_TEST_ADMIN", ADMIN_TOKEN), ("ROTA_WEBHOOK_SECRET", WEBHOOK_SECRET)];
+    let server = Server::serve(&rota, &files, &["--auth", auth.to_str().unwrap()], &env);
+    let http = Http::new(&server);
+
+    let body = json!({
+        "workflow": "approval",
+        "id": "secret-1",
+        "input": {"card": INPUT_SECRET},
+        "callback_url": format!("http://127.0.0.1:9/hook?key={QUERY_SECRET}"),
+    });
+    assert_eq!(http.post("/v1/tasks", Some(SUBMIT_TOKEN), Some(body)).status, 201);
+    assert_eq!(http.get("/v1/tasks/secret-1", Some(WRONG_TOKEN)).status, 401);
+    let signal = http.post("/v1/tasks/secret-1/signals/approved", Some(SUBMIT_TOKEN), Some(json!({"by": SIGNAL_SECRET})));
+    assert_eq!(signal.status, 200, "a submit token signals its own task: {}", signal.body);
+    let task = wait_for_state(&http, "secret-1", "processed", SUBMIT_TOKEN);
+    assert_eq!(task["output"]["echo"]["by"], SIGNAL_SECRET, "the secrets did flow through the task");
+
+    let (status, log) = server.terminate();
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert!(log.contains("rota serve started"), "the log is at its default level: {log}");
+    for secret in [ADMIN_TOKEN, SUBMIT_TOKEN, WRONG_TOKEN, INPUT_SECRET, SIGNAL_SECRET, WEBHOOK_SECRET, QUERY_SECRET] {
+        assert!(!log.contains(secret), "{secret:?} is in the log:\n{log}");
+    }
 }

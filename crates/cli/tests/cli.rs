@@ -224,6 +224,17 @@ fn errors_are_one_line_naming_the_problem() {
     assert_one_error_line(&stderr, &["cannot open store postgres://rota:***@127.0.0.1:1/rota", "cannot connect"]);
     assert!(!stderr.contains("secret"), "{stderr}");
 
+    // Bad security settings stop a server before it starts, naming the flag.
+    for (args, needles) in [
+        (vec!["serve", "--listen", "none", "--egress-allow", "api.example.com,10.0.0.0/33"], vec!["--egress-allow", "\"10.0.0.0/33\""]),
+        (vec!["agent", "--exec-dir", "/no/such/rota/dir"], vec!["--exec-dir /no/such/rota/dir: no such directory"]),
+        (vec!["agent", "--exec-env", "A=B"], vec!["--exec-env", "\"A=B\" is not a variable name"]),
+    ] {
+        let (code, stderr) = rota.fails(&args);
+        assert_eq!(code, 1, "{args:?}: {stderr}");
+        assert_one_error_line(&stderr, &needles);
+    }
+
     // Usage errors are clap's: exit code 2, the first line names the argument.
     for (args, needles) in [
         (vec!["queue", "send", "has space", "--body", "1"], vec!["<QUEUE>", "invalid queue name"]),

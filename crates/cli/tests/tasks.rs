@@ -32,7 +32,8 @@ struct Serve {
 
 impl Serve {
     /// Starts `rota serve --workflows DIR --instance-id ID` with a quick
-    /// Supervisor and `env`, and waits until it has registered its workflows.
+    /// Supervisor and `env`, which `exec` steps get too (`--exec-env`), and
+    /// waits until it has registered its workflows.
     fn start(rota: &Rota, workflows: &Path, instance: &str, env: &[(&str, &str)]) -> Serve {
         Serve::start_with(rota, workflows, instance, env, &[])
     }
@@ -42,6 +43,11 @@ impl Serve {
         let dir = workflows.to_str().unwrap();
         let mut args = vec!["serve", "--workflows", dir, "--instance-id", instance, "--supervisor-interval", "200ms"];
         args.extend_from_slice(flags);
+        let names: Vec<&str> = env.iter().map(|(name, _)| *name).collect();
+        let names = names.join(",");
+        if !env.is_empty() {
+            args.extend(["--exec-env", &names]);
+        }
         let mut command = rota.command(&args);
         command.stdout(Stdio::null()).stderr(Stdio::piped());
         for (name, value) in env {

@@ -41,6 +41,9 @@ pub struct Submission {
     /// The schedule fire that submits it, if one does (told in its
     /// `received` event).
     pub fired_by: Option<Fired>,
+    /// Who submits it ([`rota_model::Task::submitter`]), when known: the
+    /// API's caller.
+    pub submitter: Option<String>,
 }
 
 /// The schedule fire behind a submission.
@@ -85,7 +88,17 @@ pub const START_DELAY_MAX: Duration = Duration::from_secs(366 * 24 * 3600);
 impl Submission {
     /// A submission of the latest `workflow` with `input`.
     pub fn new(workflow: WorkflowName, input: Value) -> Self {
-        Submission { workflow, version: None, input, id: None, reply_to: None, reply_queue: None, start: Start::Now, fired_by: None }
+        Submission {
+            workflow,
+            version: None,
+            input,
+            id: None,
+            reply_to: None,
+            reply_queue: None,
+            start: Start::Now,
+            fired_by: None,
+            submitter: None,
+        }
     }
 
     /// Starting no earlier than `at`.
@@ -108,6 +121,12 @@ impl Submission {
     /// Submitted by the schedule fire `fired`.
     pub fn fired_by(mut self, fired: Fired) -> Self {
         self.fired_by = Some(fired);
+        self
+    }
+
+    /// Submitted by `submitter`.
+    pub fn submitted_by(mut self, submitter: impl Into<String>) -> Self {
+        self.submitter = Some(submitter.into());
         self
     }
 
@@ -206,6 +225,7 @@ impl Client {
         let mut task = Task::new(id.clone(), workflow.name().clone(), workflow.version(), submission.input, now);
         task.reply_to = submission.reply_to;
         task.reply_queue = submission.reply_queue;
+        task.submitter = submission.submitter;
         // Claims skip the task until then, and its doorbell rings then.
         let mut ring = doorbell(&id);
         if let Some(at) = start_at {

@@ -31,9 +31,13 @@
 //! Delivery is at least once: a receiver may see an event twice (the
 //! `Rota-Event-Id` header, the event's seq, tells repeats apart).
 //!
-//! Deliberately left out: per-task secrets, and callback URLs that this
-//! server should refuse (the URL is the submitter's; put an egress proxy
-//! in front to restrict where the server may post).
+//! The callback URL is the submitter's: with [`WebhookConfig::egress`] on
+//! (the `egress-allow` setting, shared with the `http` agent), a delivery to
+//! a host the allow-list refuses (by name, by address literal, or by the
+//! addresses its name resolves to) is dead-lettered at once, with a reason
+//! naming the host and the setting.
+//!
+//! Deliberately left out: per-task secrets.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -141,12 +145,14 @@ pub struct WebhookConfig {
     pub batch_max: u32,
     /// The seed of the retry jitter.
     pub seed: u64,
+    /// The hosts and networks deliveries may reach (off by default).
+    pub egress: rota_agent::Egress,
 }
 
 impl WebhookConfig {
     /// The status kinds (received, step completed, skipped or failed, processed,
     /// error, compensation, cancelled, resubmitted, at risk), 8 attempts 1 s apart
-    /// doubling to 5 min, 10 s per POST, 16 at once, a 250 ms poll.
+    /// doubling to 5 min, 10 s per POST, 16 at once, a 250 ms poll, every host.
     pub fn new(instance: InstanceId, secret: Secret) -> Self {
         use EventKind::*;
         WebhookConfig {
@@ -174,6 +180,7 @@ impl WebhookConfig {
             poll_interval: Duration::from_millis(250),
             batch_max: 500,
             seed: 0,
+            egress: rota_agent::Egress::default(),
         }
     }
 
@@ -284,7 +291,9 @@ impl Dispatcher {
     /// A dispatcher over `store`; checks `config`.
     pub fn new(store: SharedStore, clock: Arc<dyn Clock>, config: WebhookConfig) -> Result<Self, crate::Error> {
         config.validate()?;
-        let http = rota_agent::http_client()
+        let http = config
+            .egress
+            .client(rota_agent::http_client())
             .timeout(config.request_timeout)
             .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("rota-webhooks/", env!("CARGO_PKG_VERSION")))
@@ -420,6 +429,9 @@ impl Handler for Sender {
             Ok(message) => message,
             Err(err) => return Outcome::DeadLetter { reason: format!("not a webhook delivery: {err}") },
         };
+        if let Some(refused) = reqwest::Url::parse(&message.url).ok().and_then(|url| self.config.egress.check_url(&url).err()) {
+            return Outcome::DeadLetter { reason: format!("POST {}: {refused}", without_query(&message.url)) };
+        }
         let body = serde_json::to_vec(&message.event).expect("events serialize");
         let sent_at = self.clock.now().as_millis().div_euclid(1_000);
         let request = self
@@ -433,13 +445,21 @@ impl Handler for Sender {
             .body(body);
         let failure = match request.send().await {
             Ok(response) if response.status().is_success() => return Outcome::Complete,
-            Ok(response) => format!("POST {} answered {}", message.url, response.status()),
-            Err(err) => format!("POST {} failed: {}", message.url, without_url(&err)),
+            Ok(response) => format!("POST {} answered {}", without_query(&message.url), response.status()),
+            Err(err) => match rota_agent::egress::refusal(&err) {
+                Some(refused) => return Outcome::DeadLetter { reason: format!("POST {}: {refused}", without_query(&message.url)) },
+                None => format!("POST {} failed: {}", without_query(&message.url), without_url(&err)),
+            },
         };
         tracing::debug!(event = message.event.seq, deliveries = delivery.delivery_count, "webhook: {failure}");
         let reason = format!("{failure} (delivery {} of {})", delivery.delivery_count, self.config.attempts_max);
         Outcome::Abandon { delay: self.backoff(delivery.delivery_count), reason }
     }
+}
+
+/// `url` without its query string, which may hold credentials.
+fn without_query(url: &str) -> &str {
+    url.split_once('?').map_or(url, |(head, _)| head)
 }
 
 /// A reqwest error's kind, without repeating the URL.

@@ -206,6 +206,12 @@ pub struct Task {
     /// there, in the commit that records it. Set at submission, never changed.
     #[serde(default)]
     pub reply_queue: Option<QueueName>,
+    /// Who submitted it, as the API names its caller (a token's name or
+    /// fingerprint), when known. A caller that may only see its own tasks
+    /// (the API's `submit` scope) sees the tasks with its name here. Set at
+    /// submission, never changed.
+    #[serde(default)]
+    pub submitter: Option<String>,
     /// The final result, once Processed.
     pub output: Option<Value>,
     /// The reason for Error (or the last failure).
@@ -234,6 +240,7 @@ impl Task {
             failure_count: 0,
             reply_to: None,
             reply_queue: None,
+            submitter: None,
             output: None,
             error: None,
             created_at: now,

@@ -221,6 +221,7 @@ pub(crate) async fn create_tasks(
     let p = CreateParams {
         tasks: TaskArrays::push(&mut params, &tasks)?,
         reply_queue: params.array(tasks.iter().map(|t| t.reply_queue.as_ref().map(QueueName::as_str)).collect::<Vec<_>>(), "text[]")?,
+        submitter: params.array(tasks.iter().map(|t| t.submitter.as_deref()).collect::<Vec<_>>(), "text[]")?,
         steps: StepArrays::push(&mut params, &steps)?,
         events: EventArrays::push(&mut params, &events.iter().map(|(_, event)| *event).collect::<Vec<_>>())?,
         lock_base: params.push(n.event_lock_base())?,
@@ -241,6 +242,8 @@ struct CreateParams {
     /// Each task's response queue: written at creation only (it never
     /// changes), so the commit statement leaves it out.
     reply_queue: Array,
+    /// Each task's submitter: written at creation only, like `reply_queue`.
+    submitter: Array,
     steps: StepArrays,
     events: EventArrays,
     /// The event-writer lock base (see `Names::event_lock_base`).
@@ -257,19 +260,23 @@ struct CreateParams {
 /// steps, events and messages.
 fn create_sql(p: &CreateParams) -> String {
     let (tasks, steps, events) = (list(&p.tasks.0), list(&p.steps.0), list(&p.events.0));
-    let (lock_base, now, event_owner, send_owner, reply_queue) = (p.lock_base, p.now, p.event_owner, p.send_owner, p.reply_queue);
+    let (lock_base, now, event_owner, send_owner) = (p.lock_base, p.now, p.event_owner, p.send_owner);
+    let (reply_queue, submitter) = (p.reply_queue, p.submitter);
     let SendArrays { queue_id, id, keyed, body, ordering_key, visible_at, reply_to, correlation_id } = &p.sends;
     format!(
         "WITH
          inserted AS (
              INSERT INTO rota.tasks (id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
-                                     failure_count, reply_to, output, error, created_at, updated_at, warn_at, reply_queue)
+                                     failure_count, reply_to, output, error, created_at, updated_at, warn_at, reply_queue,
+                                     submitter)
              SELECT t.id, t.workflow, t.workflow_version, t.input, t.state, t.locked_by, t.lease_epoch, t.complete_by, t.not_before,
-                    t.failure_count, t.reply_to, t.output, t.error, t.created_at, t.updated_at, t.warn_at, t.reply_queue
-               FROM unnest({tasks}, {reply_queue})
+                    t.failure_count, t.reply_to, t.output, t.error, t.created_at, t.updated_at, t.warn_at, t.reply_queue,
+                    t.submitter
+               FROM unnest({tasks}, {reply_queue}, {submitter})
                     WITH ORDINALITY
                     AS t(id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
-                         failure_count, reply_to, output, error, created_at, updated_at, warn_at, reply_queue, position)
+                         failure_count, reply_to, output, error, created_at, updated_at, warn_at, reply_queue, submitter,
+                         position)
               ORDER BY t.position
              ON CONFLICT (id) DO NOTHING
           RETURNING id),

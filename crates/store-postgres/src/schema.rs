@@ -232,6 +232,12 @@ CREATE INDEX tasks_at_risk ON rota.tasks (created_seq) WHERE at_risk_since IS NO
 -- walk it oldest first, and it holds only finished tasks.
 CREATE INDEX tasks_finished ON rota.tasks (updated_at) WHERE state IN ('processed', 'error', 'compensated', 'cancelled');
 "#,
+    r#"
+-- Who submitted each task (NULL: not known), and the listings of one
+-- submitter's tasks, newest first.
+ALTER TABLE rota.tasks ADD COLUMN submitter TEXT;
+CREATE INDEX tasks_submitter ON rota.tasks (submitter, created_seq) WHERE submitter IS NOT NULL;
+"#,
 ];
 
 /// How many migrations this build knows.

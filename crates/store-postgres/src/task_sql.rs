@@ -49,6 +49,7 @@ fn task_from(row: &PgRow) -> Result<Task> {
             .map(QueueName::new)
             .transpose()
             .map_err(|e| corrupt("reply_queue", e))?,
+        submitter: row.try_get("submitter")?,
         output: row.try_get::<Option<String>, _>("output")?.map(|o| parse_json("task output", o)).transpose()?,
         error: row.try_get("error")?,
         created_at: Timestamp::from_millis(row.try_get("created_at")?),
@@ -139,15 +140,16 @@ pub(crate) async fn get_tasks(conn: &mut PgConnection, n: &Names, ids: &[TaskId]
 /// `PLANNER_SETTINGS`) and a generic plan of `($1 IS NULL OR state = $1)`
 /// can use no index. Each combination is served by an index ending with
 /// `created_seq` (`tasks_state`, `tasks_workflow`, `tasks_workflow_state`,
-/// `tasks_locked_by`, `tasks_at_risk`, or the unique index of `created_seq` itself), walked
+/// `tasks_locked_by`, `tasks_submitter`, `tasks_at_risk`, or the unique index of `created_seq` itself), walked
 /// backwards with no sort; `before` is a range on the same column.
 fn list_tasks_sql(filter: &TaskFilter) -> (String, Vec<&str>) {
     let mut conditions = Vec::new();
     let mut values = Vec::new();
-    let named: [(&str, Option<&str>); 4] = [
+    let named: [(&str, Option<&str>); 5] = [
         ("state = ${}", filter.state.map(TaskState::as_str)),
         ("workflow = ${}", filter.workflow.as_ref().map(WorkflowName::as_str)),
         ("locked_by = ${}", filter.locked_by.as_ref().map(InstanceId::as_str)),
+        ("submitter = ${}", filter.submitter.as_deref()),
         ("created_seq < (SELECT created_seq FROM rota.tasks WHERE id = ${})", filter.before.as_ref().map(TaskId::as_str)),
     ];
     for (condition, value) in named {

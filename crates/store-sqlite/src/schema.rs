@@ -217,6 +217,12 @@ CREATE INDEX tasks_at_risk ON tasks (at_risk_since) WHERE at_risk_since IS NOT N
 -- walk it oldest first, and it holds only finished tasks.
 CREATE INDEX tasks_finished ON tasks (updated_at) WHERE state IN ('processed', 'error', 'compensated', 'cancelled');
 "#,
+    r#"
+-- Who submitted each task (NULL: not known), and the listings of one
+-- submitter's tasks, newest first (the entries end with the rowid).
+ALTER TABLE tasks ADD COLUMN submitter TEXT;
+CREATE INDEX tasks_submitter ON tasks (submitter) WHERE submitter IS NOT NULL;
+"#,
 ];
 
 /// Runs the migrations that have not run yet.

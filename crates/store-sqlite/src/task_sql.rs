@@ -14,7 +14,8 @@ use serde_json::Value;
 use crate::sql_error;
 
 const TASK_COLUMNS: &str = "id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before, \
-                            failure_count, reply_to, output, error, created_at, updated_at, warn_at, at_risk_since, reply_queue";
+                            failure_count, reply_to, output, error, created_at, updated_at, warn_at, at_risk_since, reply_queue, \
+                            submitter";
 const STEP_COLUMNS: &str =
     "task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error, updated_at, warn_at";
 
@@ -50,6 +51,7 @@ struct TaskRow {
     warn_at: Option<i64>,
     at_risk_since: Option<i64>,
     reply_queue: Option<String>,
+    submitter: Option<String>,
 }
 
 fn task_row(row: &Row<'_>) -> rusqlite::Result<TaskRow> {
@@ -72,6 +74,7 @@ fn task_row(row: &Row<'_>) -> rusqlite::Result<TaskRow> {
         warn_at: row.get(15)?,
         at_risk_since: row.get(16)?,
         reply_queue: row.get(17)?,
+        submitter: row.get(18)?,
     })
 }
 
@@ -92,6 +95,7 @@ impl TaskRow {
             failure_count: self.failure_count,
             reply_to: self.reply_to,
             reply_queue: self.reply_queue.map(QueueName::new).transpose().map_err(|e| corrupt("reply_queue", e))?,
+            submitter: self.submitter,
             output: self.output.map(|o| parse_json("task output", o)).transpose()?,
             error: self.error,
             created_at: Timestamp::from_millis(self.created_at),
@@ -159,7 +163,7 @@ pub(crate) fn task_exists(conn: &Connection, id: &TaskId) -> Result<bool> {
 
 /// Binds a task's columns, in `TASK_COLUMNS` order, to parameters ?1..?16:
 /// all but `at_risk_since`, which only [`raise_warning`] writes, and
-/// `reply_queue`, which only the insert writes (it never changes).
+/// `reply_queue` and `submitter`, which only the insert writes (they never change).
 fn bind_task(stmt: &mut rusqlite::Statement<'_>, task: &Task) -> rusqlite::Result<()> {
     stmt.raw_bind_parameter(1, task.id.as_str())?;
     stmt.raw_bind_parameter(2, task.workflow.as_str())?;
@@ -197,11 +201,12 @@ fn bind_step(stmt: &mut rusqlite::Statement<'_>, step: &Step) -> rusqlite::Resul
 
 pub(crate) fn insert_task(conn: &Connection, task: &Task) -> Result<()> {
     conn.prepare_cached(&format!(
-        "INSERT INTO tasks ({TASK_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, NULL, ?18)"
+        "INSERT INTO tasks ({TASK_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, NULL, ?18, ?19)"
     ))
     .and_then(|mut stmt| {
         bind_task(&mut stmt, task)?;
         stmt.raw_bind_parameter(18, task.reply_queue.as_ref().map(QueueName::as_str))?;
+        stmt.raw_bind_parameter(19, task.submitter.as_deref())?;
         stmt.raw_execute()
     })
     .map_err(sql_error)?;
@@ -333,11 +338,11 @@ pub(crate) fn get_task(conn: &Connection, id: &TaskId) -> Result<Option<TaskReco
 /// The listing's statement for the filters `filter` sets: one text per
 /// combination, naming only the conditions that apply, so that SQLite picks
 /// the index that serves them (`tasks_state`, `tasks_workflow`,
-/// `tasks_workflow_state`, `tasks_locked_by`, whose entries end with the
+/// `tasks_workflow_state`, `tasks_locked_by`, `tasks_submitter`, whose entries end with the
 /// rowid, or the rowid itself) and walks it newest first, with no sort
 /// (except `at_risk`, served by the small `tasks_at_risk`); `before` is a range on
 /// the same rowid. Parameters: ?1 state, ?2 workflow, ?3 locked_by,
-/// ?4 before, ?5 limit.
+/// ?4 before, ?5 limit, ?6 submitter.
 fn list_tasks_sql(filter: &TaskFilter) -> String {
     let mut conditions = Vec::new();
     if filter.state.is_some() {
@@ -349,6 +354,9 @@ fn list_tasks_sql(filter: &TaskFilter) -> String {
     if filter.locked_by.is_some() {
         conditions.push("locked_by = ?3");
     }
+    if filter.submitter.is_some() {
+        conditions.push("submitter = ?6");
+    }
     if filter.at_risk {
         conditions.push("at_risk_since IS NOT NULL AND locked_by IS NOT NULL");
     }
@@ -358,7 +366,13 @@ fn list_tasks_sql(filter: &TaskFilter) -> String {
     let conditions = if conditions.is_empty() { String::new() } else { format!("WHERE {}", conditions.join(" AND ")) };
     // Tasks at risk are few: their partial index is read whole and sorted,
     // whatever else the filter names, rather than walking a larger index.
-    let indexed = if filter.at_risk { "INDEXED BY tasks_at_risk" } else { "" };
+    // One submitter's tasks are walked on their own index: with a state or
+    // workflow too, SQLite might otherwise pick an index of every task.
+    let indexed = match (filter.at_risk, filter.submitter.is_some()) {
+        (true, _) => "INDEXED BY tasks_at_risk",
+        (false, true) => "INDEXED BY tasks_submitter",
+        (false, false) => "",
+    };
     format!("SELECT {TASK_COLUMNS} FROM tasks {indexed} {conditions} ORDER BY rowid DESC LIMIT ?5")
 }
 
@@ -367,11 +381,12 @@ pub(crate) fn list_tasks(conn: &Connection, filter: &TaskFilter) -> Result<Vec<T
     let workflow = filter.workflow.as_ref().map(WorkflowName::as_str);
     let locked_by = filter.locked_by.as_ref().map(InstanceId::as_str);
     let before = filter.before.as_ref().map(TaskId::as_str);
+    let submitter = filter.submitter.as_deref();
     let rows = conn
         .prepare_cached(&list_tasks_sql(filter))
         .and_then(|mut stmt| {
             // Bind only the parameters the statement names.
-            let values: [(usize, Option<&str>); 4] = [(1, state), (2, workflow), (3, locked_by), (4, before)];
+            let values: [(usize, Option<&str>); 5] = [(1, state), (2, workflow), (3, locked_by), (4, before), (6, submitter)];
             for (index, value) in values {
                 if let Some(value) = value {
                     stmt.raw_bind_parameter(index, value)?;

@@ -94,6 +94,7 @@ macro_rules! conformance_suite {
             // Tasks.
             create_task_writes_everything_once,
             a_task_keeps_its_reply_queue,
+            a_task_keeps_its_submitter_and_lists_by_it,
             list_tasks_filters_newest_first,
             list_tasks_pages_with_before,
             count_tasks_counts_every_state,
@@ -1179,6 +1180,54 @@ pub async fn a_task_keeps_its_reply_queue(harness: &dyn Harness) {
         _ => None,
     });
     assert_eq!(found, Some(Some(replies)), "expired() returns the reply queue: {expired:?}");
+}
+
+/// A task's submitter is written at creation and read back by every read of
+/// the task; a commit keeps it; `list_tasks` with `submitter` lists only
+/// that submitter's tasks, newest first, with the other filters and `before`.
+pub async fn a_task_keeps_its_submitter_and_lists_by_it(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let now = clock.now();
+    for (id, workflow, submitter) in [
+        ("t-1", "order", Some("shop")),
+        ("t-2", "order", Some("billing")),
+        ("t-3", "refund", Some("shop")),
+        ("t-4", "order", None),
+        ("t-5", "order", Some("shop")),
+    ] {
+        let mut new = new_task(id, workflow, &["charge"], now);
+        new.task.submitter = submitter.map(str::to_owned);
+        create(&store, new).await;
+    }
+    assert_eq!(stored(&store, &task_id("t-1")).await.task.submitter.as_deref(), Some("shop"), "task() reads it back");
+    assert_eq!(stored(&store, &task_id("t-4")).await.task.submitter, None, "a task without one reads None");
+    let several = ok(store.tasks(&[task_id("t-2"), task_id("t-4")]).await, "tasks");
+    let submitters: Vec<_> = several.iter().map(|r| r.task.submitter.clone()).collect();
+    assert_eq!(submitters, [Some("billing".to_owned()), None], "tasks() reads each task's submitter");
+
+    let list = |filter: TaskFilter| {
+        let store = &store;
+        async move { ok(store.list_tasks(&filter).await, "list_tasks").iter().map(|t| t.id.to_string()).collect::<Vec<_>>() }
+    };
+    let shop = || TaskFilter { submitter: Some("shop".into()), ..TaskFilter::default() };
+    assert_eq!(list(shop()).await, ["t-5", "t-3", "t-1"], "one submitter's tasks, newest first");
+    assert_eq!(list(TaskFilter { workflow: Some(WorkflowName::new("order").unwrap()), ..shop() }).await, ["t-5", "t-1"], "with a workflow");
+    assert_eq!(list(TaskFilter { state: Some(TaskState::Pending), ..shop() }).await, ["t-5", "t-3", "t-1"], "with a state");
+    assert!(list(TaskFilter { state: Some(TaskState::Processed), ..shop() }).await.is_empty(), "with a state none has");
+    assert_eq!(list(TaskFilter { before: Some(task_id("t-5")), limit: 1, ..shop() }).await, ["t-3"], "paged with before");
+    assert_eq!(list(TaskFilter { before: Some(task_id("t-4")), ..shop() }).await, ["t-3", "t-1"], "before another's task");
+    assert!(list(TaskFilter { submitter: Some("nobody".into()), ..TaskFilter::default() }).await.is_empty());
+
+    let owner = instance("scheduler-sub");
+    let claimed = claim(&store, &owner, SECOND, 10).await;
+    let mine = claimed.iter().find(|t| t.id.as_str() == "t-3").expect("t-3 was claimed");
+    assert_eq!(mine.submitter.as_deref(), Some("shop"), "claim_tasks returns the submitter");
+    let mut after = mine.clone();
+    after.submitter = Some("someone else".into());
+    after.updated_at = now.add(MILLI);
+    commit(&store, Changes { tasks: vec![TaskWrite::replacing(mine, after)], ..Changes::default() }, "a fenced write").await;
+    assert_eq!(stored(&store, &task_id("t-3")).await.task.submitter.as_deref(), Some("shop"), "a commit never changes it");
 }
 
 /// `create_task` writes the task, its steps, its messages and its events

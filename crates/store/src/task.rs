@@ -81,6 +81,8 @@ pub struct TaskFilter {
     pub workflow: Option<WorkflowName>,
     /// Only tasks whose lease this instance holds.
     pub locked_by: Option<InstanceId>,
+    /// Only tasks this caller submitted ([`rota_model::Task::submitter`]).
+    pub submitter: Option<String>,
     /// Only tasks at risk: leased (so unfinished), with a warning raised
     /// during their current lease, for the task or one of its steps
     /// (`at_risk_since` set). Served by an index of those tasks alone.
@@ -97,7 +99,7 @@ pub struct TaskFilter {
 
 impl Default for TaskFilter {
     fn default() -> Self {
-        TaskFilter { state: None, workflow: None, locked_by: None, at_risk: false, before: None, limit: 100 }
+        TaskFilter { state: None, workflow: None, locked_by: None, submitter: None, at_risk: false, before: None, limit: 100 }
     }
 }
 

@@ -49,6 +49,7 @@ class TaskSummary(TypedDict):
     complete_by: int | None
     failure_count: int
     error: str | None
+    submitter: str | None
     created_at: int
     updated_at: int
 
