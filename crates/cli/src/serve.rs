@@ -392,13 +392,14 @@ impl Process {
             started_at: clock.now(),
         };
         info!(
-            "rota serve started: instance {instance}, store {}, roles {}, agents {}, workflows {}, API {}, webhooks {}",
+            "rota serve started: instance {instance}, store {}, roles {}, agents {}, workflows {}, API {}, webhooks {}, egress {}",
             redacted(&store_args.url),
             heartbeat.roles.join(","),
             if agent_names.is_empty() { "none".to_owned() } else { agent_names.join(",") },
             loaded(dir.as_deref(), &definitions),
             listening.as_ref().map_or("off".to_owned(), |listening| format!("http://{}", listening.address)),
             if dispatcher.is_some() { "on" } else { "off (no ROTA_WEBHOOK_SECRET)" },
+            if args.agent.egress_allow.is_empty() { "any host (no --egress-allow)".to_owned() } else { args.agent.egress_allow.join(",") },
         );
 
         let mut engine = Engine::new(store.clone(), clock.clone(), config);

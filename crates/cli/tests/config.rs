@@ -114,6 +114,9 @@ agent-concurrency = 4
 supervisor-interval = "250ms"
 shutdown-grace = "1s"
 webhook-secret = "a-webhook-secret-from-the-file"
+egress-allow = ["api.example.com", "10.0.0.0/8"]
+exec-dir = "flows"
+exec-env = ["HOME"]
 "#,
     );
     let line = start_line(&mut dir.rota(&["serve", "--config", &config]));
@@ -125,6 +128,7 @@ webhook-secret = "a-webhook-secret-from-the-file"
         "nap@1 (1 step) from flows",
         "API http://127.0.0.1:",
         "webhooks on",
+        "egress api.example.com,10.0.0.0/8",
     ] {
         assert!(line.contains(needle), "{needle:?} not in {line}");
     }
