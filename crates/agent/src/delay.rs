@@ -86,6 +86,7 @@ mod tests {
             compensate: false,
             input,
             complete_by: clock.now() + window,
+            callback_token: None,
         }
     }
 

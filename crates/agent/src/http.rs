@@ -6,8 +6,9 @@
 //! The body, when given, is sent as JSON. Every request carries
 //! `Idempotency-Key` (the step's key, stable across attempts),
 //! `Rota-Attempt`, `Rota-Task-Id` and `Rota-Step`, plus
-//! `Rota-Compensate: true` for a compensating action; these override user
-//! headers of the same name.
+//! `Rota-Compensate: true` for a compensating action and, in a step
+//! completed by a callback, `Rota-Callback-Token` (the attempt's one-time
+//! token); these override user headers of the same name.
 //!
 //! | response                                    | result                                   | breaker  |
 //! |---------------------------------------------|------------------------------------------|----------|
@@ -287,6 +288,9 @@ fn rota_headers(request: &Request) -> Vec<(HeaderName, HeaderValue)> {
     ];
     if request.compensate {
         headers.push((HeaderName::from_static("rota-compensate"), HeaderValue::from_static("true")));
+    }
+    if let Some(token) = &request.callback_token {
+        headers.push((HeaderName::from_static("rota-callback-token"), bytes(token)));
     }
     headers
 }

@@ -36,6 +36,12 @@ pub struct Request {
     pub idempotency_key: String,
     /// The step's complete-by time. Past it the agent stops and sends nothing.
     pub complete_by: Timestamp,
+    /// For a step completed by a callback: the attempt's one-time token,
+    /// which the remote service presents to complete the step
+    /// (`POST /v1/callbacks/{token}`). The `http` agent sends it as the
+    /// `Rota-Callback-Token` header.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback_token: Option<String>,
 }
 
 impl Request {
@@ -84,6 +90,7 @@ mod tests {
             compensate: false,
             input: json!({"order": 7}),
             complete_by: Timestamp::from_millis(10_000),
+            callback_token: None,
         }
     }
 

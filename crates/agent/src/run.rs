@@ -94,6 +94,7 @@ impl Outcome {
 ///     compensate: false,
 ///     input: json!({ "ms": 5 }),
 ///     complete_by: clock.now() + Duration::from_secs(5),
+///     callback_token: None,
 /// };
 /// let mut rng = rand::rngs::StdRng::seed_from_u64(1);
 /// let outcome = run_until_deadline(&DelayAgent::new(), &request, &RetryPolicy::default(), &clock, &mut rng).await;
@@ -251,6 +252,7 @@ mod tests {
             compensate: false,
             input: json!({}),
             complete_by: clock.now() + window,
+            callback_token: None,
         }
     }
 

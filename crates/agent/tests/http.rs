@@ -73,7 +73,14 @@ async fn the_idempotency_key_is_stable_across_retries_and_compensation_has_its_o
         assert_eq!(r.headers.get("idempotency-key").unwrap(), "order-17/charge");
         assert_eq!(r.headers.get("rota-attempt").unwrap(), "3", "the Scheduler's attempt, not the agent's try");
         assert!(r.headers.get("rota-compensate").is_none());
+        assert!(r.headers.get("rota-callback-token").is_none(), "only a callback step's requests carry a token");
     }
+
+    let mut callback = request.clone();
+    callback.callback_token = Some("dG9r.Y2hhcmdl.3.00ff".into());
+    agent.call(&callback).await.unwrap();
+    let last = server.received_requests().await.unwrap().pop().unwrap();
+    assert_eq!(last.headers.get("rota-callback-token").unwrap(), "dG9r.Y2hhcmdl.3.00ff");
 
     let mut compensation = request.clone();
     compensation.compensate = true;

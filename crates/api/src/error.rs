@@ -143,6 +143,11 @@ impl ApiError {
             E::Refused { .. } => ApiError::new(StatusCode::CONFLICT, "refused", reason),
             E::Signal { why, .. } if why.is_invalid_request() => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_signal", reason),
             E::Signal { .. } => ApiError::new(StatusCode::CONFLICT, "refused", reason),
+            E::Callback(rota_engine::callback::Refusal::Unknown) => ApiError::new(StatusCode::NOT_FOUND, "unknown_callback", reason),
+            E::Callback(rota_engine::callback::Refusal::TooLarge { .. }) => {
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_callback", reason)
+            }
+            E::Callback(_) => ApiError::new(StatusCode::CONFLICT, "refused", reason),
             E::Engine(err) => ApiError::engine(request, err),
         }
     }

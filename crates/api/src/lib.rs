@@ -54,6 +54,7 @@
 #![warn(missing_docs)]
 
 pub mod auth;
+pub mod callbacks;
 pub mod error;
 pub mod events;
 mod health;
@@ -303,12 +304,15 @@ impl ApiState {
     }
 }
 
-/// The whole API as an axum router: `/v1/…` behind authentication, and
+/// The whole API as an axum router: `/v1/…` behind authentication but for
+/// `/v1/callbacks/{token}` (the token is its credential), and
 /// `/healthz`, `/readyz`, `/openapi.json` and `/docs` without; the
 /// dashboard at `/ui`, which checks its own session.
 /// `/metrics` needs read access.
 pub fn router(state: ApiState) -> Router {
-    let (v1, openapi) = openapi::routes().split_for_parts();
+    let (v1, mut openapi) = openapi::routes().split_for_parts();
+    let (public, public_openapi) = openapi::public_routes().split_for_parts();
+    openapi.merge(public_openapi);
     let protected = v1
         .route("/metrics", axum::routing::get(metrics::render))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth::authorize));
@@ -316,6 +320,7 @@ pub fn router(state: ApiState) -> Router {
     let swagger: Router<ApiState> = utoipa_swagger_ui::SwaggerUi::new("/docs").url("/openapi.json", (*openapi).clone()).into();
     Router::new()
         .merge(protected)
+        .merge(public)
         .route("/healthz", axum::routing::get(health::healthz))
         .route("/readyz", axum::routing::get(health::readyz))
         .merge(swagger)

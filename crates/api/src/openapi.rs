@@ -2,8 +2,9 @@
 //! that the document at `/openapi.json` lists exactly the routes served.
 //!
 //! The answers that every route can give are stated here once rather than
-//! on each handler: 401 and 403 (every `/v1` route is behind the token
-//! check), and 503 on the routes that read the store before answering.
+//! on each handler: 401 and 403 (every `/v1` route but the callbacks is
+//! behind the token check), and 503 on the routes that read the store
+//! before answering.
 
 use utoipa::openapi::path::{Operation, PathItem};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
@@ -12,7 +13,7 @@ use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::{ApiState, events, queues, schedules, status, tasks, workers, workflows};
+use crate::{ApiState, callbacks, events, queues, schedules, status, tasks, workers, workflows};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -32,6 +33,7 @@ use crate::{ApiState, events, queues, schedules, status, tasks, workers, workflo
         (name = "queues", description = "Queue counts, pause and resume; circuit breakers"),
         (name = "dead letters", description = "Dead-lettered messages"),
         (name = "status", description = "The running processes, the Supervisors' leader, and recent activity per minute"),
+        (name = "callbacks", description = "Remote services complete callback steps with the step's one-time token (no bearer token)"),
         (name = "workers", description = "The worker protocol: external agents receive step requests with a lease, renew it, and complete or fail them"),
     )
 )]
@@ -49,7 +51,15 @@ impl Modify for BearerAuth {
     }
 }
 
-/// Every `/v1` route with its documentation.
+/// The `/v1` routes that take no bearer token, with their documentation:
+/// each carries its own credential.
+pub(crate) fn public_routes() -> OpenApiRouter<ApiState> {
+    let mut public = OpenApiRouter::new().routes(routes!(callbacks::callback));
+    add_response(public.get_openapi_mut(), "503", "Store unavailable");
+    public
+}
+
+/// Every `/v1` route behind the token check, with its documentation.
 pub(crate) fn routes() -> OpenApiRouter<ApiState> {
     let mut from_the_store = OpenApiRouter::new()
         .routes(routes!(tasks::submit))

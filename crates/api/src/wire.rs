@@ -315,6 +315,7 @@ impl TaskView {
                     view.agent = def.and_then(|def| def.agent()).map(ToString::to_string);
                     view.waits_for = def.and_then(|def| def.waits_for()).map(ToString::to_string);
                     view.when = def.and_then(|def| def.when()).map(|c| c.source().to_owned());
+                    view.callback = def.is_some_and(|def| def.completes_by_callback());
                     let in_flight = matches!(step.state, StepState::Running | StepState::Compensating);
                     view.owner = task.locked_by.as_ref().filter(|_| in_flight).map(ToString::to_string);
                     view
@@ -347,6 +348,10 @@ pub struct StepView {
     /// Its `when` condition as written (absent without one, and when the
     /// definition cannot be read); false skips it.
     pub when: Option<String>,
+    /// Whether a callback completes it (`callback: true`): while it runs,
+    /// its agent's request was sent and the remote service calls back.
+    #[serde(default)]
+    pub callback: bool,
     /// Where it is.
     pub state: StepStateView,
     /// The current attempt (0 before the first).
@@ -379,6 +384,7 @@ impl From<&Step> for StepView {
             agent: None,
             waits_for: None,
             when: None,
+            callback: false,
             state: step.state.into(),
             attempt: step.attempt,
             owner: None,
@@ -482,6 +488,45 @@ pub struct SignalDelivery {
     /// Whether it completed the step now (`true`: the step was waiting), or
     /// is kept until the task reaches the step (`false`).
     pub completed: bool,
+}
+
+/// A callback's outcome: `output` for a success, `error` (and
+/// `retryable`) for a failure.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CallbackRequest {
+    /// The step's output (a success; absent or `null`: a `null` output).
+    #[serde(default)]
+    pub output: Option<Value>,
+    /// What went wrong (a failure).
+    #[serde(default)]
+    pub error: Option<String>,
+    /// Whether another attempt may succeed (a failure only; default false).
+    #[serde(default)]
+    pub retryable: Option<bool>,
+}
+
+/// What a callback did.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CallbackAccepted {
+    /// The task.
+    pub task_id: String,
+    /// The step.
+    pub step: String,
+    /// The attempt the token was for.
+    pub attempt: u32,
+    /// Whether it completed the step (a success), rather than failing the
+    /// attempt.
+    pub completed: bool,
+}
+
+/// A callback token, in the path.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct CallbackPath {
+    /// The token the step's request carried (`Rota-Callback-Token`, or
+    /// `{{ callback.token }}` in its input).
+    pub token: String,
 }
 
 /// A signal sent to a task, in the path.
@@ -625,6 +670,9 @@ pub struct WorkflowStepView {
     pub waits_for: Option<String>,
     /// Its `when` condition as written (absent without one).
     pub when: Option<String>,
+    /// Whether a callback completes it.
+    #[serde(default)]
+    pub callback: bool,
     /// The steps it waits for.
     pub depends_on: Vec<String>,
     /// Whether it has a compensation.
@@ -661,6 +709,7 @@ impl WorkflowView {
                     agent: step.agent().map(ToString::to_string),
                     waits_for: step.waits_for().map(ToString::to_string),
                     when: step.when().map(|c| c.source().to_owned()),
+                    callback: step.completes_by_callback(),
                     depends_on: step.depends_on().iter().map(ToString::to_string).collect(),
                     compensated: step.compensate().is_some(),
                 })
@@ -968,6 +1017,12 @@ pub struct WorkRequest {
     /// The deadline (ms since the epoch): past it, stop and send nothing;
     /// a reply after it is dropped.
     pub complete_by: i64,
+    /// For a step completed by a callback: the attempt's one-time token.
+    /// Pass it to the remote service, which completes the step with
+    /// `POST /v1/callbacks/{token}`; the worker's own `complete` then only
+    /// says that the request was accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback_token: Option<String>,
     /// How many times this request has been delivered, this time included.
     pub delivery_count: u32,
     /// The retry policy for transient faults within the deadline.

@@ -389,6 +389,7 @@ fn work_request(state: &ApiState, delivery: &Delivery, request: StepRequest) -> 
         input: call.input,
         idempotency_key: call.idempotency_key,
         complete_by: call.complete_by.as_millis(),
+        callback_token: call.callback_token,
         delivery_count: delivery.delivery_count,
         retry,
     }

@@ -391,7 +391,7 @@ async fn workflows_are_listed_shown_validated_and_registered() {
     assert_eq!(shown.body["version"], 1);
     assert_eq!(
         shown.body["steps"][1],
-        json!({ "name": "second", "agent": "delay", "waits_for": null, "when": null, "depends_on": ["first"], "compensated": false })
+        json!({ "name": "second", "agent": "delay", "waits_for": null, "when": null, "callback": false, "depends_on": ["first"], "compensated": false })
     );
     assert!(shown.body["registered_at"].as_i64().unwrap() > 0);
     assert_eq!(server.get("/v1/workflows/quick/versions/1").await.body, shown.body);

@@ -183,6 +183,24 @@ async fn documentation_and_health_are_public() {
     }
 }
 
+/// A callback's token is its credential: the route answers on its merits
+/// (here: no step waits for this token) without a bearer token, and a
+/// bearer token, valid or not, changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callbacks_take_no_bearer_token() {
+    let server = start(Options { auth: auth(), engine: false, ..Options::default() }).await;
+    for token in [None, Some(READ), Some("not-a-configured-token")] {
+        let mut request = server.http.post(server.url("/v1/callbacks/bm90.YQ.1.00000000000000000000000000000000")).json(&json!({}));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::NOT_FOUND, "{token:?}");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "unknown_callback", "{token:?}: {body}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_auth_disabled_everything_is_open() {
     let server = start(Options { engine: false, workers: workers(), ..Options::default() }).await;

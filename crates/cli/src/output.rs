@@ -197,6 +197,8 @@ pub struct StepJson<'a> {
     pub waits_for: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub when: Option<&'a str>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub callback: bool,
     pub state: StepState,
     pub attempts: u32,
     pub complete_by: Option<String>,
@@ -248,6 +250,7 @@ impl<'a> From<&'a StepView> for StepJson<'a> {
             agent: step.agent.as_deref(),
             waits_for: step.waits_for.as_deref(),
             when: step.when.as_deref(),
+            callback: step.callback,
             state: StepState::from(step.state),
             attempts: step.attempt,
             complete_by: step.complete_by.map(rfc3339_millis),
@@ -355,6 +358,8 @@ pub struct WorkflowStepJson<'a> {
     waits_for: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     when: Option<&'a str>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    callback: bool,
     depends_on: &'a [String],
 }
 
@@ -372,6 +377,7 @@ impl<'a> From<&'a WorkflowView> for WorkflowJson<'a> {
                     agent: step.agent.as_deref(),
                     waits_for: step.waits_for.as_deref(),
                     when: step.when.as_deref(),
+                    callback: step.callback,
                     depends_on: &step.depends_on,
                 })
                 .collect(),

@@ -365,9 +365,10 @@ fn status_text(status: &StatusJson) -> String {
         .map(|step| {
             vec![
                 step.name.to_owned(),
-                match step.waits_for {
-                    Some(signal) => format!("waits for {signal}"),
-                    None => or_dash(step.agent),
+                match (step.waits_for, step.agent) {
+                    (Some(signal), _) => format!("waits for {signal}"),
+                    (None, Some(agent)) if step.callback => format!("{agent}, then its callback"),
+                    (None, agent) => or_dash(agent),
                 },
                 step.state.to_string(),
                 step.attempts.to_string(),

@@ -28,6 +28,7 @@
 
 pub mod activity;
 pub mod agent_worker;
+pub mod callback;
 pub mod client;
 pub mod completions;
 pub mod consumer;

@@ -55,6 +55,8 @@ pub enum Action {
     Resubmit,
     /// Complete a waiting step with a signal.
     Signal,
+    /// Complete or fail a callback step's attempt.
+    Callback,
 }
 
 impl Action {
@@ -64,6 +66,7 @@ impl Action {
             Action::Cancel => "cancel",
             Action::Resubmit => "resubmit",
             Action::Signal => "signal",
+            Action::Callback => "callback",
         }
     }
 }
@@ -138,6 +141,9 @@ pub enum Error {
         /// Why it was refused.
         why: crate::signal::Refusal,
     },
+    /// A callback that no step can take.
+    #[error("callback: {0}")]
+    Callback(crate::callback::Refusal),
     /// The engine failed (the store, a stored definition): not a rule, and
     /// not the operator's doing.
     #[error(transparent)]

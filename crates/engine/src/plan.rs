@@ -14,6 +14,10 @@
 //!   timeout reported by the Supervisor) counts against the task's
 //!   `failure_count`; below `max_failures` the step is retried after a
 //!   backoff, at the threshold the task ends as for a permanent error.
+//! * A callback step's attempt carries a one-time token (see
+//!   [`crate::callback`]); its agent's success only says the request was
+//!   accepted, and the step completes when the callback comes, or times
+//!   out like any attempt.
 //! * A claim sets the task's warning point (the workflow's `warn_after`)
 //!   and every attempt of a step its own (the step's `warn_after`); the
 //!   Supervisor raises the warnings. Compensations have none.
@@ -44,6 +48,11 @@ use serde_json::{Value, json};
 
 use crate::protocol::{self, Doorbell, InboxEnvelope, InboxMessage, Reply, ReplyOutcome, StepRequest};
 
+/// The largest response to a callback step's request kept in the
+/// `callback` event that records it (a bigger one is left out): the
+/// response is an acknowledgement, the callback brings the output.
+pub const ACCEPTED_RESPONSE_BYTES_MAX: usize = 4 * 1024;
+
 /// What the Scheduler knows when it decides.
 pub struct Context<'a> {
     /// The task's workflow, at the version the task started with.
@@ -58,6 +67,8 @@ pub struct Context<'a> {
     pub recovery: &'a RetryPolicy,
     /// The trace context of the decision, carried by the messages it sends.
     pub traceparent: Option<&'a str>,
+    /// The key callback tokens are derived under.
+    pub callback_key: &'a [u8],
 }
 
 /// What happened that needs a decision.
@@ -172,9 +183,21 @@ impl<'a> Draft<'a> {
             if !compensate {
                 reissued = reissued.warn_after(self.cx.now, def.warn_after()).map_err(|e| e.to_string())?;
             }
-            let input = reissued.input.clone().unwrap_or(Value::Null);
+            let mut input = reissued.input.clone().unwrap_or(Value::Null);
+            let mut token = None;
+            if !compensate && def.completes_by_callback() {
+                // The previous attempt's token dies with it: the new one gets
+                // its own, and its request is rendered again to carry it.
+                let outputs = self.outputs();
+                let context = self.template_context(reissued.attempt, &outputs);
+                let issued = crate::callback::issue(self.cx.callback_key, &self.task, &name, reissued.attempt, def.with(), &context)
+                    .map_err(|e| format!("step {name}: {e}"))?;
+                reissued.callback_digest = Some(issued.token.digest());
+                input = issued.sent;
+                token = Some(issued.token.text());
+            }
             self.steps.insert(name.clone(), reissued);
-            self.send_request(&name, compensate, input);
+            self.send_request(&name, compensate, input, token);
             self.step_event(&name, EventKind::StepStarted, json!({ "reissued": true, "compensate": compensate }));
         }
         // A step backing off before its next attempt was to be woken by a
@@ -197,6 +220,19 @@ impl<'a> Draft<'a> {
         };
         let now = self.cx.now;
         match (&reply.outcome, reply.compensate) {
+            (ReplyOutcome::Succeeded { output }, false)
+                if self.cx.workflow.step(&reply.step).is_some_and(|d| d.completes_by_callback()) =>
+            {
+                // The service took the request; the callback completes the
+                // step (or the attempt times out).
+                step.check_attempt(reply.attempt).map_err(|e| format!("reply ignored: {e}"))?;
+                let response = if serde_json::to_vec(output).map_or(usize::MAX, |o| o.len()) <= ACCEPTED_RESPONSE_BYTES_MAX {
+                    output.clone()
+                } else {
+                    json!({ "omitted": "larger than the bound of an event's response" })
+                };
+                self.step_event(&reply.step, EventKind::Callback, json!({ "outcome": "accepted", "response": response }));
+            }
             (ReplyOutcome::Succeeded { output }, false) => {
                 let done = step.complete(reply.attempt, output.clone(), now).map_err(|e| format!("reply ignored: {e}"))?;
                 self.steps.insert(reply.step.clone(), done);
@@ -229,6 +265,9 @@ impl<'a> Draft<'a> {
         let compensate = step.state == StepState::Compensating;
         let reason = match self.cx.workflow.step(name).and_then(|d| d.waits_for()) {
             Some(signal) => format!("step {name} attempt {attempt} received no signal `{signal}` before its complete-by"),
+            None if !compensate && self.cx.workflow.step(name).is_some_and(|d| d.completes_by_callback()) => {
+                format!("step {name} attempt {attempt} got no callback before its complete-by")
+            }
             None => format!("step {name} attempt {attempt} got no reply before its complete-by"),
         };
         if self.task.state == TaskState::Compensating && !compensate {
@@ -426,8 +465,15 @@ impl<'a> Draft<'a> {
                 continue;
             }
             let attempt = self.steps[&name].attempt + 1;
-            let input = match rota_workflow::render(def.with(), &self.template_context(attempt, &outputs)) {
-                Ok(input) => input,
+            let context = self.template_context(attempt, &outputs);
+            let rendered = if def.completes_by_callback() {
+                crate::callback::issue(self.cx.callback_key, &self.task, &name, attempt, def.with(), &context)
+                    .map(|issued| (issued.stored, Some((issued.sent, issued.token))))
+            } else {
+                rota_workflow::render(def.with(), &context).map(|input| (input, None))
+            };
+            let (input, callback) = match rendered {
+                Ok(rendered) => rendered,
                 Err(err) => {
                     let reason = format!("step {name}: {err}");
                     self.step_event(&name, EventKind::StepFailed, json!({ "error": reason, "retryable": false }));
@@ -439,9 +485,16 @@ impl<'a> Draft<'a> {
                 }
             };
             match self.steps[&name].start(input.clone(), now, def.timeout()).and_then(|started| started.warn_after(now, def.warn_after())) {
-                Ok(started) => {
+                Ok(mut started) => {
+                    let (sent, token) = match callback {
+                        Some((sent, token)) => {
+                            started.callback_digest = Some(token.digest());
+                            (sent, Some(token.text()))
+                        }
+                        None => (input, None),
+                    };
                     self.steps.insert(name.clone(), started);
-                    self.send_request(&name, false, input);
+                    self.send_request(&name, false, sent, token);
                     let attempt = self.steps[&name].attempt;
                     self.step_event(&name, EventKind::StepStarted, json!({ "attempt": attempt }));
                 }
@@ -597,7 +650,7 @@ impl<'a> Draft<'a> {
             Ok(mut started) => {
                 started.input = Some(input.clone());
                 self.steps.insert(name.clone(), started);
-                self.send_request(&name, true, input);
+                self.send_request(&name, true, input, None);
                 self.step_event(&name, EventKind::StepStarted, json!({ "compensate": true }));
             }
             Err(err) => tracing::error!("compensating step {name} of task {}: {err}", self.task.id),
@@ -609,10 +662,17 @@ impl<'a> Draft<'a> {
     }
 
     fn template_context<'c>(&'c self, attempt: u32, outputs: &'c BTreeMap<StepName, Value>) -> TemplateContext<'c> {
-        TemplateContext { input: &self.task.input, outputs, task_id: &self.task.id, workflow: &self.task.workflow, attempt }
+        TemplateContext {
+            input: &self.task.input,
+            outputs,
+            task_id: &self.task.id,
+            workflow: &self.task.workflow,
+            attempt,
+            callback_token: None,
+        }
     }
 
-    fn send_request(&mut self, name: &StepName, compensate: bool, input: Value) {
+    fn send_request(&mut self, name: &StepName, compensate: bool, input: Value, callback_token: Option<String>) {
         let def = self.cx.workflow.step(name).expect("requests are for workflow steps");
         let step = &self.steps[name];
         let (agent, retry) = match (compensate, def.compensate(), def.agent()) {
@@ -635,6 +695,7 @@ impl<'a> Draft<'a> {
                 input,
                 idempotency_key: Request::idempotency_key_for(&self.task.id, name, compensate),
                 complete_by: step.complete_by.unwrap_or(self.cx.now),
+                callback_token,
             },
             retry,
             reply_to: self.cx.inbox.clone(),

@@ -44,7 +44,7 @@ pub fn is_status(kind: EventKind) -> bool {
         // `raise_warning`, which writes no task and sends nothing: it reaches
         // applications through webhooks and event streams.
         Claimed | StepStarted | StepFailed | Expired | CompensationStarted | StepCompensated | Resubmitted | Released | Alert | Signal
-        | AtRisk => false,
+        | AtRisk | Callback => false,
     }
 }
 

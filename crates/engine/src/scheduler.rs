@@ -24,6 +24,7 @@ use serde_json::json;
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
+use crate::callback::CallbackKey;
 use crate::completions::Completions;
 use crate::consumer::{self, Consumer, Handler, Outcome};
 use crate::plan::{self, Decision, Input};
@@ -55,6 +56,10 @@ pub struct Config {
     pub recovery: RetryPolicy,
     /// The seed of the backoff jitter.
     pub seed: u64,
+    /// The key this Scheduler derives callback tokens under: random by
+    /// default (tokens must not be guessable, so it is not drawn from the
+    /// seed); tests set their own.
+    pub callback_key: CallbackKey,
     /// How long replies being handled may take to finish at shutdown.
     pub shutdown_grace: Duration,
 }
@@ -70,6 +75,7 @@ impl Config {
             inbox_concurrency: 32,
             recovery: default_recovery(),
             seed: 0,
+            callback_key: CallbackKey::random(),
             shutdown_grace: crate::consumer::Config::SHUTDOWN_GRACE_DEFAULT,
         }
     }
@@ -422,6 +428,7 @@ impl Scheduler {
             now,
             recovery: &inner.config.recovery,
             traceparent: traceparent.as_deref(),
+            callback_key: inner.config.callback_key.as_bytes(),
         };
         let decision = {
             let mut rng = inner.rng.lock().expect("scheduler rng");

@@ -213,7 +213,7 @@ impl Client {
 /// The task as the signal's commit leaves it: unchanged but for its version
 /// (the lease epoch), so that a decision its holder took on the earlier
 /// record fails its commit and is taken again on one that has the signal.
-fn moved(task: &Task, now: rota_model::Timestamp) -> Task {
+pub(crate) fn moved(task: &Task, now: rota_model::Timestamp) -> Task {
     let mut next = task.clone();
     next.lease_epoch += 1;
     next.updated_at = now;

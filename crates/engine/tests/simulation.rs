@@ -90,6 +90,11 @@ fn waits(world: &World, workflow: &rota_model::WorkflowName, step: &StepName) ->
     world.definitions[workflow].step(step).is_some_and(|d| d.waits_for().is_some())
 }
 
+/// Whether a callback completes the step (rather than the agent's reply).
+fn by_callback(world: &World, workflow: &rota_model::WorkflowName, step: &StepName) -> bool {
+    world.definitions[workflow].step(step).is_some_and(|d| d.completes_by_callback())
+}
+
 /// A step's compensation, if the workflow gives it one.
 fn compensable(world: &World, workflow: &rota_model::WorkflowName, step: &StepName) -> bool {
     world.definitions[workflow].step(step).is_some_and(|d| d.compensate().is_some())
@@ -208,6 +213,7 @@ fn check_task(world: &World, record: &TaskRecord, history: &[Event], problems: &
     compensated_means_everything_undone(world, record, &walk, &mut report);
     signals_are_kept_and_used_once(world, record, history, &mut report);
     conditions_decide_once_and_skipped_steps_never_run(world, record, history, &mut report);
+    callbacks_complete_their_attempt(world, record, history, &mut report);
     report.known
 }
 
@@ -405,6 +411,13 @@ fn settles_are_fenced(world: &World, walk: &Walk, report: &mut Report<'_>) {
         if waits(world, &report.task.workflow, step) {
             if !world.signals.contains_key(&report.task.id) {
                 report.fail(format!("step {step} completed for attempt {attempt}, but no signal was accepted"));
+            }
+        } else if !*undo && by_callback(world, &report.task.workflow, step) {
+            // A callback step completes on a callback the engine took for
+            // that attempt, not on its agent's reply (which only accepted).
+            let taken = world.callbacks.get(&(report.task.id.clone(), step.clone(), *attempt));
+            if !taken.is_some_and(Option::is_some) {
+                report.fail(format!("step {step} completed for attempt {attempt}, but no successful callback was taken for it"));
             }
         } else if !world.succeeded.contains(&(report.task.id.clone(), step.clone(), *undo, *attempt)) {
             report.fail(format!("step {step} {did} for attempt {attempt}, for which the agent sent no success"));
@@ -667,6 +680,40 @@ fn conditions_decide_once_and_skipped_steps_never_run(world: &World, record: &Ta
     }
 }
 
+/// Callbacks: each one taken is in the history once, for its attempt; a
+/// successful one completed its attempt (and nothing else did), and the
+/// step after it read its output.
+fn callbacks_complete_their_attempt(world: &World, record: &TaskRecord, history: &[Event], report: &mut Report<'_>) {
+    let task = &record.task;
+    let taken: Vec<_> = world.callbacks.iter().filter(|((id, _, _), _)| id == &task.id).collect();
+    let events: Vec<&Event> = history.iter().filter(|e| e.kind == EventKind::Callback && e.detail["outcome"] != "accepted").collect();
+    if events.len() != taken.len() {
+        report.fail(format!("{} callback events, but {} callbacks taken", events.len(), taken.len()));
+    }
+    for ((_, step, attempt), output) in &taken {
+        let completions = history
+            .iter()
+            .filter(|e| e.kind == EventKind::StepCompleted && e.step.as_ref() == Some(step) && e.attempt == Some(*attempt))
+            .count();
+        let expected = usize::from(output.is_some());
+        if completions != expected {
+            report.fail(format!("step {step} attempt {attempt}: {completions} completions after a callback that was taken ({output:?})"));
+        }
+    }
+    if task.state == TaskState::Processed
+        && let Some(transfer) = record.steps.iter().find(|s| s.name.as_str() == sim::CALLBACK_STEP)
+    {
+        let taken_output = world.callbacks.get(&(task.id.clone(), transfer.name.clone(), transfer.attempt)).cloned().flatten();
+        if transfer.output != taken_output {
+            report.fail(format!("step {} has output {:?}, but the callback taken had {taken_output:?}", transfer.name, transfer.output));
+        }
+        let read = record.steps.iter().find(|s| s.name.as_str() == "settle").and_then(|s| s.input.as_ref()).map(|i| i["paid"].clone());
+        if read != taken_output.map(|o| o["n"].clone()) {
+            report.fail(format!("step settle read {read:?} from the callback"));
+        }
+    }
+}
+
 /// Finds effects the service applied for a Compensated or Cancelled task
 /// that were never undone: a known bug (see [`known`]).
 fn count_leaks(world: &mut World, record: &TaskRecord, problems: &mut Vec<String>) {
@@ -787,6 +834,7 @@ fn many_seeds() {
     println!("  driver actions: {:?}", counts.actions);
     println!("  agent fates: {:?}", counts.fates);
     println!("  signals: {:?}", counts.signals);
+    println!("  callbacks: {:?}", counts.callbacks);
     println!("  inbox messages handled: {:?}", counts.handled);
     println!(
         "  scheduler crashes {}, supervisor rounds led {}, tasks reset {}, steps reported {}, steps settled {}, \

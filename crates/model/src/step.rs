@@ -130,6 +130,13 @@ pub struct Step {
     pub warn_at: Option<Timestamp>,
     /// The earliest time the next attempt may start (retry backoff).
     pub not_before: Timestamp,
+    /// For a step completed by a callback: the SHA-256 (hex) of the
+    /// current attempt's callback token, which a callback must present.
+    /// The token itself is sent to the agent only, never stored. Set by
+    /// the Scheduler when it starts such an attempt; every transition that
+    /// ends or replaces the attempt clears it, and so does a callback that
+    /// used it.
+    pub callback_digest: Option<String>,
     /// The request sent to the agent, once rendered. For a step that waits
     /// for a signal, the signal once it arrived (possibly before the step
     /// started: it is kept here until the step consumes it).
@@ -154,6 +161,7 @@ impl Step {
             complete_by: None,
             warn_at: None,
             not_before: now,
+            callback_digest: None,
             input: None,
             output: None,
             last_error: None,
@@ -193,6 +201,7 @@ impl Step {
         next.attempt += 1;
         next.complete_by = Some(now.add(timeout));
         next.warn_at = None;
+        next.callback_digest = None;
         next.input = Some(input);
         next.updated_at = now;
         Ok(next)
@@ -223,6 +232,7 @@ impl Step {
         next.attempt += 1;
         next.complete_by = Some(now.add(timeout));
         next.warn_at = None;
+        next.callback_digest = None;
         next.updated_at = now;
         Ok(next)
     }
@@ -250,6 +260,7 @@ impl Step {
         next.state = StepState::Completed;
         next.complete_by = None;
         next.warn_at = None;
+        next.callback_digest = None;
         next.output = Some(output);
         next.updated_at = now;
         Ok(next)
@@ -265,6 +276,7 @@ impl Step {
         let mut next = self.clone();
         next.complete_by = None;
         next.warn_at = None;
+        next.callback_digest = None;
         next.last_error = Some(error);
         next.updated_at = now;
         match retry_after {
@@ -305,6 +317,7 @@ impl Step {
         let mut next = self.clone();
         next.complete_by = None;
         next.warn_at = None;
+        next.callback_digest = None;
         next.not_before = now.add(backoff);
         next.last_error = Some(format!("attempt {} got no reply before its complete-by {complete_by}", self.attempt));
         next.updated_at = now;
@@ -334,6 +347,7 @@ impl Step {
         next.state = StepState::Completed;
         next.complete_by = None;
         next.warn_at = None;
+        next.callback_digest = None;
         next.not_before = now;
         next.last_error = Some(format!("attempt {} was never confirmed: its effect is in doubt, so it is compensated", self.attempt));
         next.updated_at = now;
@@ -353,6 +367,7 @@ impl Step {
         next.attempt += 1;
         next.complete_by = Some(now.add(timeout));
         next.warn_at = None;
+        next.callback_digest = None;
         next.updated_at = now;
         Ok(next)
     }
@@ -367,6 +382,7 @@ impl Step {
         next.state = StepState::Compensated;
         next.complete_by = None;
         next.warn_at = None;
+        next.callback_digest = None;
         next.updated_at = now;
         Ok(next)
     }
@@ -388,6 +404,7 @@ impl Step {
         let mut next = self.clone();
         next.complete_by = None;
         next.warn_at = None;
+        next.callback_digest = None;
         next.last_error = Some(error);
         next.updated_at = now;
         match retry_after {

@@ -113,7 +113,7 @@ impl TaskArrays {
 }
 
 /// The columns of `rota.steps`, in the table's order, as array parameters.
-struct StepArrays([Array; 12]);
+struct StepArrays([Array; 13]);
 
 impl StepArrays {
     fn push(params: &mut Params, steps: &[&Step]) -> Result<StepArrays> {
@@ -130,6 +130,7 @@ impl StepArrays {
             params.array(steps.iter().map(|s| s.last_error.as_deref()).collect::<Vec<_>>(), "text[]")?,
             params.array(steps.iter().map(|s| s.updated_at.as_millis()).collect::<Vec<_>>(), "bigint[]")?,
             params.array(steps.iter().map(|s| s.warn_at.map(Timestamp::as_millis)).collect::<Vec<_>>(), "bigint[]")?,
+            params.array(steps.iter().map(|s| s.callback_digest.as_deref()).collect::<Vec<_>>(), "text[]")?,
         ]))
     }
 
@@ -282,10 +283,10 @@ fn create_sql(p: &CreateParams) -> String {
           RETURNING id),
          step_rows AS (
              INSERT INTO rota.steps (task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error,
-                                     updated_at, warn_at)
+                                     updated_at, warn_at, callback_digest)
              SELECT w.* FROM unnest({steps})
                     AS w(task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error, updated_at,
-                         warn_at)
+                         warn_at, callback_digest)
               WHERE w.task_id IN (SELECT id FROM inserted)),
          writer AS (
              SELECT pg_advisory_xact_lock_shared({lock_base} + (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM rota.event_seq))
@@ -433,10 +434,10 @@ fn commit_sql(p: &CommitParams) -> String {
              UPDATE rota.steps AS s
                 SET position = w.position, state = w.state, attempt = w.attempt, complete_by = w.complete_by,
                     not_before = w.not_before, input = w.input, output = w.output, last_error = w.last_error,
-                    updated_at = w.updated_at, warn_at = w.warn_at
+                    updated_at = w.updated_at, warn_at = w.warn_at, callback_digest = w.callback_digest
                FROM unnest({steps}, {step_state}, {step_attempt})
                     AS w(task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error,
-                         updated_at, warn_at, expected_state, expected_attempt)
+                         updated_at, warn_at, callback_digest, expected_state, expected_attempt)
               WHERE s.task_id = w.task_id AND s.name = w.name AND s.state = w.expected_state AND s.attempt = w.expected_attempt
           RETURNING s.task_id),
          completed AS (

@@ -238,6 +238,11 @@ CREATE INDEX tasks_finished ON rota.tasks (updated_at) WHERE state IN ('processe
 ALTER TABLE rota.tasks ADD COLUMN submitter TEXT;
 CREATE INDEX tasks_submitter ON rota.tasks (submitter, created_seq) WHERE submitter IS NOT NULL;
 "#,
+    r#"
+-- Callback steps: the SHA-256 of the current attempt's callback token
+-- (NULL: none, or already used).
+ALTER TABLE rota.steps ADD COLUMN callback_digest TEXT;
+"#,
 ];
 
 /// How many migrations this build knows.

@@ -70,6 +70,7 @@ fn step_from(row: &PgRow, prefix: &str) -> Result<Step> {
         complete_by: row.try_get::<Option<i64>, _>(&*column("complete_by"))?.map(Timestamp::from_millis),
         warn_at: row.try_get::<Option<i64>, _>(&*column("warn_at"))?.map(Timestamp::from_millis),
         not_before: Timestamp::from_millis(row.try_get(&*column("not_before"))?),
+        callback_digest: row.try_get(&*column("callback_digest"))?,
         input: row.try_get::<Option<String>, _>(&*column("input"))?.map(|i| parse_json("step input", i)).transpose()?,
         output: row.try_get::<Option<String>, _>(&*column("output"))?.map(|o| parse_json("step output", o)).transpose()?,
         last_error: row.try_get(&*column("last_error"))?,
@@ -82,7 +83,8 @@ pub(crate) async fn get_task(conn: &mut PgConnection, n: &Names, id: &TaskId) ->
     let rows = sqlx::query(n.sql(
         "SELECT t.*, s.task_id AS s_task_id, s.name AS s_name, s.position AS s_position, s.state AS s_state, s.attempt AS s_attempt,
                 s.complete_by AS s_complete_by, s.not_before AS s_not_before, s.input AS s_input, s.output AS s_output,
-                s.last_error AS s_last_error, s.updated_at AS s_updated_at, s.warn_at AS s_warn_at
+                s.last_error AS s_last_error, s.updated_at AS s_updated_at, s.warn_at AS s_warn_at,
+                s.callback_digest AS s_callback_digest
            FROM rota.tasks AS t LEFT JOIN rota.steps AS s ON s.task_id = t.id
           WHERE t.id = $1
           ORDER BY s.position, s.name",
@@ -106,7 +108,8 @@ pub(crate) async fn get_tasks(conn: &mut PgConnection, n: &Names, ids: &[TaskId]
     let rows = sqlx::query(n.sql(
         "SELECT t.*, s.task_id AS s_task_id, s.name AS s_name, s.position AS s_position, s.state AS s_state, s.attempt AS s_attempt,
                 s.complete_by AS s_complete_by, s.not_before AS s_not_before, s.input AS s_input, s.output AS s_output,
-                s.last_error AS s_last_error, s.updated_at AS s_updated_at, s.warn_at AS s_warn_at
+                s.last_error AS s_last_error, s.updated_at AS s_updated_at, s.warn_at AS s_warn_at,
+                s.callback_digest AS s_callback_digest
            FROM rota.tasks AS t LEFT JOIN rota.steps AS s ON s.task_id = t.id
           WHERE t.id = ANY($1::text[])
           ORDER BY t.id, s.position, s.name",

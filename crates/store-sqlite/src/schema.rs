@@ -223,6 +223,11 @@ CREATE INDEX tasks_finished ON tasks (updated_at) WHERE state IN ('processed', '
 ALTER TABLE tasks ADD COLUMN submitter TEXT;
 CREATE INDEX tasks_submitter ON tasks (submitter) WHERE submitter IS NOT NULL;
 "#,
+    r#"
+-- Callback steps: the SHA-256 of the current attempt's callback token
+-- (NULL: none, or already used).
+ALTER TABLE steps ADD COLUMN callback_digest TEXT;
+"#,
 ];
 
 /// Runs the migrations that have not run yet.

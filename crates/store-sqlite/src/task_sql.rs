@@ -17,7 +17,7 @@ const TASK_COLUMNS: &str = "id, workflow, workflow_version, input, state, locked
                             failure_count, reply_to, output, error, created_at, updated_at, warn_at, at_risk_since, reply_queue, \
                             submitter";
 const STEP_COLUMNS: &str =
-    "task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error, updated_at, warn_at";
+    "task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error, updated_at, warn_at, callback_digest";
 
 fn json_text(value: &Value) -> String {
     value.to_string()
@@ -117,6 +117,7 @@ struct StepRow {
     last_error: Option<String>,
     updated_at: i64,
     warn_at: Option<i64>,
+    callback_digest: Option<String>,
 }
 
 fn step_row(row: &Row<'_>) -> rusqlite::Result<StepRow> {
@@ -133,6 +134,7 @@ fn step_row(row: &Row<'_>) -> rusqlite::Result<StepRow> {
         last_error: row.get(9)?,
         updated_at: row.get(10)?,
         warn_at: row.get(11)?,
+        callback_digest: row.get(12)?,
     })
 }
 
@@ -147,6 +149,7 @@ impl StepRow {
             complete_by: self.complete_by.map(Timestamp::from_millis),
             warn_at: self.warn_at.map(Timestamp::from_millis),
             not_before: Timestamp::from_millis(self.not_before),
+            callback_digest: self.callback_digest,
             input: self.input.map(|i| parse_json("step input", i)).transpose()?,
             output: self.output.map(|o| parse_json("step output", o)).transpose()?,
             last_error: self.last_error,
@@ -183,7 +186,7 @@ fn bind_task(stmt: &mut rusqlite::Statement<'_>, task: &Task) -> rusqlite::Resul
     stmt.raw_bind_parameter(16, task.warn_at.map(Timestamp::as_millis))
 }
 
-/// Binds a step's columns, in `STEP_COLUMNS` order, to parameters ?1..?12.
+/// Binds a step's columns, in `STEP_COLUMNS` order, to parameters ?1..?13.
 fn bind_step(stmt: &mut rusqlite::Statement<'_>, step: &Step) -> rusqlite::Result<()> {
     stmt.raw_bind_parameter(1, step.task_id.as_str())?;
     stmt.raw_bind_parameter(2, step.name.as_str())?;
@@ -196,7 +199,8 @@ fn bind_step(stmt: &mut rusqlite::Statement<'_>, step: &Step) -> rusqlite::Resul
     stmt.raw_bind_parameter(9, step.output.as_ref().map(json_text))?;
     stmt.raw_bind_parameter(10, step.last_error.as_deref())?;
     stmt.raw_bind_parameter(11, step.updated_at.as_millis())?;
-    stmt.raw_bind_parameter(12, step.warn_at.map(Timestamp::as_millis))
+    stmt.raw_bind_parameter(12, step.warn_at.map(Timestamp::as_millis))?;
+    stmt.raw_bind_parameter(13, step.callback_digest.as_deref())
 }
 
 pub(crate) fn insert_task(conn: &Connection, task: &Task) -> Result<()> {
@@ -214,7 +218,7 @@ pub(crate) fn insert_task(conn: &Connection, task: &Task) -> Result<()> {
 }
 
 pub(crate) fn insert_step(conn: &Connection, step: &Step) -> Result<()> {
-    conn.prepare_cached(&format!("INSERT INTO steps ({STEP_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"))
+    conn.prepare_cached(&format!("INSERT INTO steps ({STEP_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"))
         .and_then(|mut stmt| {
             bind_step(&mut stmt, step)?;
             stmt.raw_execute()
@@ -279,13 +283,13 @@ pub(crate) fn write_step(conn: &Connection, write: &StepWrite) -> Result<()> {
     let updated = conn
         .prepare_cached(
             "UPDATE steps SET position = ?3, state = ?4, attempt = ?5, complete_by = ?6, not_before = ?7, input = ?8,
-                              output = ?9, last_error = ?10, updated_at = ?11, warn_at = ?12
-              WHERE task_id = ?1 AND name = ?2 AND state = ?13 AND attempt = ?14",
+                              output = ?9, last_error = ?10, updated_at = ?11, warn_at = ?12, callback_digest = ?13
+              WHERE task_id = ?1 AND name = ?2 AND state = ?14 AND attempt = ?15",
         )
         .and_then(|mut stmt| {
             bind_step(&mut stmt, step)?;
-            stmt.raw_bind_parameter(13, write.expected_state.as_str())?;
-            stmt.raw_bind_parameter(14, write.expected_attempt)?;
+            stmt.raw_bind_parameter(14, write.expected_state.as_str())?;
+            stmt.raw_bind_parameter(15, write.expected_attempt)?;
             stmt.raw_execute()
         })
         .map_err(sql_error)?;

@@ -108,6 +108,7 @@ macro_rules! conformance_suite {
             commit_to_a_missing_record_is_not_found,
             expired_finds_tasks_and_steps_past_their_deadline,
             warnings_are_due_once_per_attempt_and_lease,
+            a_step_keeps_its_callback_digest,
             a_warning_for_work_that_moved_on_writes_nothing,
             history_and_events_after_page_in_order,
             leader_lease_elects_one_holder,
@@ -1981,6 +1982,54 @@ pub async fn warnings_are_due_once_per_attempt_and_lease(harness: &dyn Harness) 
     assert_eq!(listed(TaskFilter { locked_by: Some(owner.clone()), ..at_risk.clone() }).await, ["slow"]);
     assert!(listed(TaskFilter { before: Some(slow.id.clone()), ..at_risk.clone() }).await.is_empty(), "nothing older is at risk");
     assert_eq!(listed(TaskFilter { before: Some(task_id("plain")), ..at_risk }).await, ["slow"], "paging by `before`");
+}
+
+/// A step's `callback_digest` is stored by the creation and by fenced
+/// commits, reads back, and is cleared by a commit that clears it; a
+/// commit on a stale attempt changes nothing, digest included.
+pub async fn a_step_keeps_its_callback_digest(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let owner = instance("scheduler-1");
+    let t0 = clock.now();
+    create(&store, new_task("cb", "order", &["charge"], t0)).await;
+    assert_eq!(step_of(&stored(&store, &task_id("cb")).await, "charge").callback_digest, None, "none until an attempt starts");
+    let claimed = claim_only(&store, &owner, Duration::from_secs(60), &task_id("cb")).await;
+    let fence = claimed.fence().unwrap();
+    let record = stored(&store, &claimed.id).await;
+    let charge = step_of(&record, "charge").clone();
+    let mut started = ok(charge.start(json!({}), t0, Duration::from_secs(20)), "start");
+    started.callback_digest = Some("a".repeat(64));
+    let mut renewed = ok(claimed.renew(fence, t0, Duration::from_secs(60)), "renew");
+    renewed.lease_epoch += 1;
+    let changes = Changes {
+        tasks: vec![TaskWrite::replacing(&claimed, renewed.clone())],
+        steps: vec![StepWrite::replacing(&charge, started.clone())],
+        ..Changes::default()
+    };
+    commit(&store, changes, "start charge with a digest").await;
+    let record = stored(&store, &claimed.id).await;
+    assert_eq!(step_of(&record, "charge"), &started, "the digest reads back with the rest of the step");
+
+    // A write expecting an earlier attempt loses, and the digest stays.
+    let mut stale = started.clone();
+    stale.callback_digest = None;
+    let stale_write = StepWrite { step: stale, expected_state: StepState::NotStarted, expected_attempt: 0 };
+    let lost = store.commit(Changes { steps: vec![stale_write], ..Changes::default() }).await;
+    assert!(lost.is_err(), "a stale step write is refused: {lost:?}");
+    assert_eq!(step_of(&stored(&store, &claimed.id).await, "charge").callback_digest, started.callback_digest, "unchanged");
+
+    let mut used = started.clone();
+    used.callback_digest = None;
+    let mut moved = renewed.clone();
+    moved.lease_epoch += 1;
+    let changes = Changes {
+        tasks: vec![TaskWrite::replacing(&renewed, moved)],
+        steps: vec![StepWrite::replacing(&started, used.clone())],
+        ..Changes::default()
+    };
+    commit(&store, changes, "clear the digest").await;
+    assert_eq!(step_of(&stored(&store, &claimed.id).await, "charge"), &used, "cleared");
 }
 
 /// A warning whose record moved on between `warnings_due` and

@@ -222,6 +222,10 @@ pub enum EventKind {
     /// A step's attempt or the task's lease passed its warning point
     /// (`warn_after`) with its complete-by still ahead.
     AtRisk,
+    /// A callback step's callback arrived (its detail says whether it
+    /// succeeded or failed, and who sent it), or its agent's request was
+    /// accepted and the step now waits for its callback (`accepted`).
+    Callback,
 }
 
 impl EventKind {
@@ -246,11 +250,12 @@ impl EventKind {
             EventKind::Alert => "alert",
             EventKind::Signal => "signal",
             EventKind::AtRisk => "at_risk",
+            EventKind::Callback => "callback",
         }
     }
 
     /// Every kind.
-    pub const ALL: [EventKind; 18] = [
+    pub const ALL: [EventKind; 19] = [
         EventKind::Received,
         EventKind::Claimed,
         EventKind::StepStarted,
@@ -269,6 +274,7 @@ impl EventKind {
         EventKind::Signal,
         EventKind::AtRisk,
         EventKind::StepSkipped,
+        EventKind::Callback,
     ];
 
     /// The kind named `name`, if any.

@@ -154,6 +154,13 @@ impl StepBuilder {
         self
     }
 
+    /// Makes the step complete by a callback rather than by its agent's
+    /// reply; see [`crate::StepDef::completes_by_callback`].
+    pub fn callback(mut self) -> Self {
+        self.spec.callback = Some(true);
+        self
+    }
+
     /// The retry policy (default [`RetryPolicy::default`]).
     pub fn retry(mut self, retry: RetryPolicy) -> Self {
         self.spec.retry = Some(retry);

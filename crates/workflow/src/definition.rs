@@ -81,6 +81,7 @@ pub const SCHEDULES_MAX: usize = 100;
 pub struct StepDef {
     pub(crate) name: StepName,
     pub(crate) action: StepAction,
+    pub(crate) callback: bool,
     pub(crate) with: Value,
     pub(crate) timeout: Duration,
     pub(crate) warn_after: Option<Duration>,
@@ -198,6 +199,15 @@ impl StepDef {
             StepAction::Wait(signal) => Some(signal),
             StepAction::Call(_) => None,
         }
+    }
+
+    /// Whether the step completes by a callback: its agent's reply only
+    /// says that the request was accepted, and the remote service completes
+    /// the step later with the attempt's callback token (`{{ callback.token }}`
+    /// in the input template, and the `Rota-Callback-Token` header of an
+    /// `http` request), within the step's timeout.
+    pub fn completes_by_callback(&self) -> bool {
+        self.callback
     }
 
     /// The input template, rendered with [`crate::render`] when the step's

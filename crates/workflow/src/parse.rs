@@ -35,7 +35,8 @@ pub const NESTING_MAX: usize = 32;
 const WORKFLOW_FIELDS: &[&str] =
     &["name", "version", "deadline", "warn_after", "retention", "on_exhausted", "max_failures", "steps", "schedules"];
 const SCHEDULE_FIELDS: &[&str] = &["name", "cron", "timezone", "input", "overlap", "catch_up"];
-const STEP_FIELDS: &[&str] = &["name", "agent", "wait", "when", "with", "timeout", "warn_after", "retry", "compensate", "depends_on"];
+const STEP_FIELDS: &[&str] =
+    &["name", "agent", "wait", "when", "callback", "with", "timeout", "warn_after", "retry", "compensate", "depends_on"];
 const RETRY_FIELDS: &[&str] = &["attempts", "backoff", "max_backoff", "multiplier", "jitter"];
 const COMPENSATE_FIELDS: &[&str] = &["agent", "with", "timeout", "retry"];
 
@@ -319,6 +320,16 @@ impl Decoder<'_> {
         }
     }
 
+    fn boolean(&mut self, node: &Node, prefix: &str, what: &str) -> Option<bool> {
+        match &node.value {
+            NodeValue::Bool(b) => Some(*b),
+            other => {
+                self.problem(node.pos, format!("{prefix}`{what}` must be true or false, found {}", other.kind()));
+                None
+            }
+        }
+    }
+
     fn unsigned(&mut self, node: &Node, prefix: &str, what: &str) -> Option<u32> {
         let number = match &node.value {
             NodeValue::Unsigned(n) => Some(*n),
@@ -566,6 +577,7 @@ impl Decoder<'_> {
                 "agent" => spec.agent = self.string(value, &prefix, key),
                 "wait" => spec.wait = self.string(value, &prefix, key),
                 "when" => spec.when = self.string(value, &prefix, key),
+                "callback" => spec.callback = self.boolean(value, &prefix, key),
                 "with" => spec.with = self.json(value, &field_at, &prefix),
                 "timeout" => spec.timeout = self.duration(value, &prefix, key),
                 "warn_after" => spec.warn_after = self.duration(value, &prefix, key),
@@ -910,6 +922,41 @@ mod tests {
     }
 
     #[test]
+    fn a_callback_step_is_read_checked_and_stored() {
+        let workflow = valid(
+            "name: w\nversion: 1\nsteps:\n  - name: a\n    agent: http\n    callback: true\n\
+             \x20   with: { token: \"{{ callback.token }}\" }\n  - name: b\n    agent: http\n    callback: false\n",
+        );
+        assert!(workflow.steps()[0].completes_by_callback());
+        assert!(!workflow.steps()[1].completes_by_callback());
+        // Stored with `callback` only where it is true, and read back equal.
+        let json = workflow.to_json();
+        assert_eq!(json.matches(r#""callback":true"#).count(), 1, "{json}");
+        assert!(!json.contains(r#""callback":false"#), "{json}");
+        assert_eq!(Workflow::from_json(&json).unwrap(), workflow);
+
+        let step = |body: &str| check(&format!("name: w\nversion: 1\nsteps:\n  - name: a\n{body}"));
+        assert_eq!(
+            step("    agent: http\n    with: { t: \"{{ callback.token }}\" }\n"),
+            ["wf.yaml:6:16: step `a`: template `{{ callback.token }}`: only a step with `callback: true` has a callback token"]
+        );
+        assert_eq!(
+            step("    agent: http\n    callback: true\n    compensate: { agent: http, with: \"{{ callback.token }}\" }\n"),
+            [
+                "wf.yaml:7:38: step `a`: compensation template `{{ callback.token }}`: only a step with `callback: true` has a callback token"
+            ]
+        );
+        assert_eq!(
+            step("    wait: ok\n    timeout: 1s\n    callback: true\n"),
+            ["wf.yaml:7:15: step `a`: a step that waits for a signal is completed by the signal, so no `callback`"]
+        );
+        assert_eq!(
+            step("    agent: http\n    callback: yes\n"),
+            ["wf.yaml:6:15: step `a`: `callback` must be true or false, found a string"]
+        );
+    }
+
+    #[test]
     fn syntax_errors_stop_the_parse_with_their_position() {
         assert_eq!(check("name: w\nversion: 1\nsteps: [\n"), ["wf.yaml:3:8: unclosed bracket '['"]);
         assert_eq!(check("name: w\nname: v\n"), ["wf.yaml:2:1: duplicate mapping key `name` is not allowed here"]);
@@ -921,7 +968,7 @@ mod tests {
         assert_eq!(
             check("name: w\nversion: 1\nsteps:\n  - name: a\n    agent: http\n    colour: red\n"),
             [
-                "wf.yaml:6:5: step `a`: unknown field `colour` (expected one of: name, agent, wait, when, with, timeout, warn_after, retry, compensate, depends_on)"
+                "wf.yaml:6:5: step `a`: unknown field `colour` (expected one of: name, agent, wait, when, callback, with, timeout, warn_after, retry, compensate, depends_on)"
             ]
         );
         assert_eq!(
@@ -1106,7 +1153,7 @@ mod tests {
                 "name: w\nversion: 1\nsteps:\n  - name: a\n    agent: http\n    with:\n      x: [1, \"id {{ env.HOME }}\"]\n      y: \"{{ input.a\"\n      z: \"{{ }}\"\n"
             ),
             [
-                "wf.yaml:7:14: step `a`: template: `{{ env.HOME }}` is not a reference: templates may refer only to input.*, steps.<name>.output*, task.id, task.workflow and attempt",
+                "wf.yaml:7:14: step `a`: template: `{{ env.HOME }}` is not a reference: templates may refer only to input.*, steps.<name>.output*, task.id, task.workflow, attempt and callback.token",
                 "wf.yaml:8:10: step `a`: template: unterminated `{{` in \"{{ input.a\"",
                 "wf.yaml:9:10: step `a`: template: empty template expression `{{ }}`",
             ]
@@ -1172,7 +1219,7 @@ mod tests {
                 "wf.yaml:2:10: `version` must be at least 1",
                 "wf.yaml:5:12: step `a`: unknown agent `htp` (known agents: delay, exec, http, ledger)",
                 "wf.yaml:6:14: step `a`: invalid duration \"5 parsecs\" for `timeout`: unknown time unit \"parsecs\", supported units: ns, us/µs, ms, sec, min, hours, days, weeks, months, years (and few variations)",
-                "wf.yaml:7:5: step `a`: unknown field `colour` (expected one of: name, agent, wait, when, with, timeout, warn_after, retry, compensate, depends_on)",
+                "wf.yaml:7:5: step `a`: unknown field `colour` (expected one of: name, agent, wait, when, callback, with, timeout, warn_after, retry, compensate, depends_on)",
                 "wf.yaml:10:21: step `b`: depends on unknown step `ghost`",
                 "wf.yaml:11:16: step `b`: template `{{ steps.c.output }}` refers to step `c`, which is not upstream (add it to `depends_on`)",
                 "wf.yaml:14:18: dependency cycle: `c` depends on `c`",

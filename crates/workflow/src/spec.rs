@@ -48,6 +48,9 @@ pub(crate) struct StepSpec {
     pub agent: Option<String>,
     /// The signal a waiting step waits for (instead of calling an agent).
     pub wait: Option<String>,
+    /// An agent step completed by a callback (`callback: true`) rather
+    /// than by its agent's reply.
+    pub callback: Option<bool>,
     pub with: Value,
     pub timeout: Option<Duration>,
     pub warn_after: Option<Duration>,

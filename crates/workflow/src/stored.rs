@@ -78,6 +78,9 @@ struct StepRepr {
     agent: Option<AgentName>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     wait: Option<SignalName>,
+    /// Written only when true, for the same reason.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    callback: bool,
     with: Value,
     timeout_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -129,6 +132,7 @@ impl From<Workflow> for WorkflowRepr {
                         StepAction::Call(_) => None,
                     },
                     name: s.name,
+                    callback: s.callback,
                     with: s.with,
                     timeout_ms: millis(s.timeout),
                     warn_after_ms: s.warn_after.map(millis),
@@ -170,6 +174,7 @@ impl TryFrom<WorkflowRepr> for Workflow {
                         retry: if s.wait.is_some() { None } else { Some(s.retry) },
                         agent: s.agent.map(Into::into),
                         wait: s.wait.map(Into::into),
+                        callback: s.callback.then_some(true),
                         with: s.with,
                         timeout: Some(Duration::from_millis(s.timeout_ms)),
                         warn_after: s.warn_after_ms.map(Duration::from_millis),

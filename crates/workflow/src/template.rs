@@ -1,6 +1,7 @@
 //! Input templates: JSON values whose strings may hold `{{ expr }}`
 //! references to the task input, earlier step outputs, the task id, the
-//! workflow name and the attempt number.
+//! workflow name, the attempt number and, in a callback step, the
+//! attempt's callback token.
 //!
 //! The language is deliberately tiny: an expression is a dotted path and
 //! nothing else (no filters, no arithmetic, no defaults), so every reference
@@ -20,6 +21,7 @@
 //!     task_id: &TaskId::new("t1").unwrap(),
 //!     workflow: &WorkflowName::new("order").unwrap(),
 //!     attempt: 2,
+//!     callback_token: None,
 //! };
 //! let template = json!({ "hold": "{{ steps.reserve.output.hold_id }}", "note": "order {{ input.order_id }}" });
 //! assert_eq!(render(&template, &ctx).unwrap(), json!({ "hold": 7, "note": "order A-1" }));
@@ -48,7 +50,7 @@ pub enum TemplateError {
     Empty,
     /// An expression that is not one of the allowed references.
     #[error(
-        "`{{{{ {expr} }}}}` is not a reference: templates may refer only to input.*, steps.<name>.output*, task.id, task.workflow and attempt"
+        "`{{{{ {expr} }}}}` is not a reference: templates may refer only to input.*, steps.<name>.output*, task.id, task.workflow, attempt and callback.token"
     )]
     Unsupported {
         /// The expression, trimmed.
@@ -87,6 +89,9 @@ pub enum Target {
     Workflow,
     /// `attempt`: the step's attempt number, from 1.
     Attempt,
+    /// `callback.token`: the token a callback step's remote service
+    /// completes the step with (only in a step with `callback: true`).
+    CallbackToken,
 }
 
 /// One `{{ expr }}` found in a template.
@@ -134,6 +139,8 @@ pub struct TemplateContext<'a> {
     pub workflow: &'a WorkflowName,
     /// The attempt number of the step being rendered, from 1.
     pub attempt: u32,
+    /// The attempt's callback token, in a step completed by a callback.
+    pub callback_token: Option<&'a str>,
 }
 
 /// Renders `template` against `ctx`.
@@ -247,6 +254,7 @@ fn parse_expr(expr: &str) -> Result<Target, TemplateError> {
         ["task", "id"] => Ok(Target::TaskId),
         ["task", "workflow"] => Ok(Target::Workflow),
         ["attempt"] => Ok(Target::Attempt),
+        ["callback", "token"] => Ok(Target::CallbackToken),
         ["steps", rest @ ..] => {
             // Step names may contain dots, so the name is everything before
             // the first `output` segment.
@@ -293,6 +301,9 @@ fn lookup<'v>(expr: &str, ctx: &TemplateContext<'v>) -> Result<Cow<'v, Value>, T
         Target::TaskId => Ok(Cow::Owned(Value::String(ctx.task_id.to_string()))),
         Target::Workflow => Ok(Cow::Owned(Value::String(ctx.workflow.to_string()))),
         Target::Attempt => Ok(Cow::Owned(Value::from(ctx.attempt))),
+        Target::CallbackToken => ctx.callback_token.map(|token| Cow::Owned(Value::String(token.to_owned()))).ok_or_else(|| {
+            TemplateError::Missing { path: expr.to_owned(), why: "only a step with `callback: true` has a callback token".into() }
+        }),
     }
 }
 
@@ -339,7 +350,8 @@ mod tests {
         let outputs = BTreeMap::from([(step("reserve"), json!({ "hold_id": 7, "ok": true })), (step("v1.fetch"), json!("raw"))]);
         let task_id = TaskId::new("task-1").unwrap();
         let workflow = WorkflowName::new("order").unwrap();
-        let ctx = TemplateContext { input: &input, outputs: &outputs, task_id: &task_id, workflow: &workflow, attempt: 2 };
+        let ctx =
+            TemplateContext { input: &input, outputs: &outputs, task_id: &task_id, workflow: &workflow, attempt: 2, callback_token: None };
         render(&template, &ctx)
     }
 
@@ -355,6 +367,27 @@ mod tests {
         assert_eq!(check(json!("{{ task.workflow }}")), Ok(json!("order")));
         assert_eq!(check(json!("{{ input.items.1.sku }}")), Ok(json!("y")));
         assert_eq!(check(json!("{{ steps.v1.fetch.output }}")), Ok(json!("raw")), "dotted step names resolve");
+    }
+
+    #[test]
+    fn a_callback_token_renders_only_where_there_is_one() {
+        let err = check(json!("{{ callback.token }}")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "template refers to `callback.token`, which is missing: only a step with `callback: true` has a callback token"
+        );
+        let (input, outputs) = (json!({}), BTreeMap::new());
+        let (task_id, workflow) = (TaskId::new("task-1").unwrap(), WorkflowName::new("order").unwrap());
+        let ctx = TemplateContext {
+            input: &input,
+            outputs: &outputs,
+            task_id: &task_id,
+            workflow: &workflow,
+            attempt: 1,
+            callback_token: Some("tok"),
+        };
+        let template = json!({ "token": "{{ callback.token }}", "url": "https://rota.example/v1/callbacks/{{ callback.token }}" });
+        assert_eq!(render(&template, &ctx), Ok(json!({ "token": "tok", "url": "https://rota.example/v1/callbacks/tok" })));
     }
 
     #[test]
@@ -403,7 +436,7 @@ mod tests {
         }
         assert_eq!(
             TemplateError::Unsupported { expr: "env.HOME".into() }.to_string(),
-            "`{{ env.HOME }}` is not a reference: templates may refer only to input.*, steps.<name>.output*, task.id, task.workflow and attempt"
+            "`{{ env.HOME }}` is not a reference: templates may refer only to input.*, steps.<name>.output*, task.id, task.workflow, attempt and callback.token"
         );
     }
 

@@ -79,6 +79,7 @@ struct WorkflowFields {
 struct StepFields {
     name: Option<StepName>,
     action: Option<StepAction>,
+    callback: bool,
     timeout: Duration,
     warn_after: Option<Duration>,
     /// `None` also where a problem was reported.
@@ -246,6 +247,11 @@ impl Check<'_> {
             (Some(agent), None) => self.agent(&format!("{at}/agent"), label, Some(agent)).map(StepAction::Call),
             (None, Some(signal)) => self.wait(&at, label, step, signal, deadline).map(StepAction::Wait),
         };
+        let callback = step.callback == Some(true);
+        if callback && step.wait.is_some() {
+            let message = format!("{label}: a step that waits for a signal is completed by the signal, so no `callback`");
+            self.report(&format!("{at}/callback"), message);
+        }
         let timeout = step.timeout.unwrap_or(TIMEOUT_DEFAULT);
         self.duration(&format!("{at}/timeout"), &format!("{label}: `timeout`"), timeout);
         self.warn_after(&format!("{at}/warn_after"), &format!("{label}: `warn_after`"), step.warn_after, ("`timeout`", timeout));
@@ -253,7 +259,7 @@ impl Check<'_> {
         self.retry(&format!("{at}/retry"), label, &retry);
         let compensate = step.compensate.as_ref().map(|c| self.compensate(&format!("{at}/compensate"), label, c, timeout, &retry));
         let when = step.when.as_deref().and_then(|source| self.condition(&format!("{at}/when"), label, source));
-        StepFields { name, action, timeout, warn_after: step.warn_after, when, retry, compensate }
+        StepFields { name, action, callback, timeout, warn_after: step.warn_after, when, retry, compensate }
     }
 
     /// A condition parses and names only `input` and `steps.NAME`; each
@@ -434,10 +440,10 @@ impl Check<'_> {
     fn templates(&mut self, steps: &[StepSpec], index: &HashMap<&str, usize>, labels: &[String], deps: &[Vec<usize>]) {
         for (i, step) in steps.iter().enumerate() {
             let upstream = dag::upstream_indices(deps, i);
-            let step_refs = Refs { label: &labels[i], index, what: "" };
+            let step_refs = Refs { label: &labels[i], index, what: "", callback: step.callback == Some(true) };
             self.template_refs(&format!("/steps/{i}/with"), &step.with, &step_refs, |j| upstream[j]);
             if let Some(compensate) = &step.compensate {
-                let compensation_refs = Refs { label: &labels[i], index, what: "compensation " };
+                let compensation_refs = Refs { label: &labels[i], index, what: "compensation ", callback: false };
                 self.template_refs(&format!("/steps/{i}/compensate/with"), &compensate.with, &compensation_refs, |j| j == i || upstream[j]);
             }
         }
@@ -455,6 +461,7 @@ fn assemble(top: WorkflowFields, steps: Vec<StepSpec>, fields: Vec<StepFields>, 
         .map(|((spec, fields), its_deps)| StepDef {
             name: fields.name.expect("validated step name"),
             action: fields.action.expect("validated agent or signal"),
+            callback: fields.callback,
             with: spec.with,
             timeout: fields.timeout,
             warn_after: fields.warn_after,
@@ -503,6 +510,9 @@ struct Refs<'a> {
     index: &'a HashMap<&'a str, usize>,
     /// "" for a step's input, "compensation " for its compensation's.
     what: &'a str,
+    /// Whether the template is a callback step's input, the only one with
+    /// a callback token.
+    callback: bool,
 }
 
 impl Check<'_> {
@@ -584,7 +594,7 @@ impl Check<'_> {
     }
 
     fn template_refs(&mut self, pointer: &str, template: &Value, refs: &Refs<'_>, allowed: impl Fn(usize) -> bool) {
-        let Refs { label, index, what } = refs;
+        let Refs { label, index, what, callback } = refs;
         for reference in references(template) {
             let at = format!("{pointer}{}", reference.pointer);
             let step = match reference.target {
@@ -593,6 +603,14 @@ impl Check<'_> {
                     continue;
                 }
                 Ok(Target::StepOutput { step, .. }) => step,
+                Ok(Target::CallbackToken) if !callback => {
+                    let message = format!(
+                        "{label}: {what}template `{{{{ {} }}}}`: only a step with `callback: true` has a callback token",
+                        reference.expr
+                    );
+                    self.report(&at, message);
+                    continue;
+                }
                 Ok(_) => continue,
             };
             let expr = &reference.expr;

@@ -18,5 +18,6 @@ pub fn request(step: &str, attempt: u32, input: Value, complete_by: Timestamp) -
         compensate: false,
         input,
         complete_by,
+        callback_token: None,
     }
 }

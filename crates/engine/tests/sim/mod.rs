@@ -43,6 +43,8 @@ pub const STEP_TIMEOUT: Duration = Duration::from_secs(2);
 /// The step of `approve` that waits, and the signal it waits for.
 pub const WAIT_STEP: &str = "approval";
 pub const SIGNAL: &str = "ok";
+/// The step of `payout` that a callback completes.
+pub const CALLBACK_STEP: &str = "transfer";
 /// How long it waits.
 const WAIT_TIMEOUT: Duration = Duration::from_secs(3);
 /// The condition of `choose`'s `express` step, on `quote`'s output.
@@ -117,6 +119,16 @@ pub fn workflows() -> Vec<Workflow> {
             .step(step("deliver").with_input(json!({ "quote": "{{ steps.quote.output.key }}" })))
             .build(&catalog)
             .expect("choose is valid"),
+        // A step the service completes by a callback, which the driver
+        // posts at random moments (before the request was accepted, while
+        // the step waits, after its attempt timed out or was retried, twice);
+        // the step after it reads the callback's output.
+        base("payout", ExhaustedPolicy::Compensate)
+            .step(step("lock").compensate(undo()))
+            .step(step(CALLBACK_STEP).callback().with_input(json!({ "token": "{{ callback.token }}" })).compensate(undo()))
+            .step(step("settle").with_input(json!({ "paid": "{{ steps.transfer.output.n }}" })))
+            .build(&catalog)
+            .expect("payout is valid"),
     ]
 }
 
@@ -179,6 +191,9 @@ pub enum Action {
     Resubmit,
     /// Someone sends a signal to a task (or a signal no step waits for).
     Signal,
+    /// The remote service posts a callback with a token it was given (the
+    /// current one, an earlier attempt's, or one it used already).
+    Callback,
     /// A Scheduler dies after leasing inbox messages, before handling them.
     CrashMidInbox,
     /// A Scheduler dies between its claim's commit and the start's.
@@ -236,6 +251,7 @@ impl Profile {
             (Action::Inspect, 3),
             (Action::Resubmit, some(&[0, 0, 2])),
             (Action::Signal, some(&[2, 6])),
+            (Action::Callback, some(&[3, 8])),
             (Action::CrashMidInbox, some(&[0, 0, 1])),
             (Action::CrashMidClaim, some(&[0, 0, 1])),
         ];
@@ -346,6 +362,9 @@ pub struct Counts {
     /// What became of the signals sent: completed a waiting step, kept for
     /// later, refused (by reason), or lost a race.
     pub signals: BTreeMap<String, u64>,
+    /// What became of the callbacks posted: taken (by outcome), or refused
+    /// (by reason).
+    pub callbacks: BTreeMap<String, u64>,
     pub late_delivered: u64,
     pub slow_lost_lease: u64,
     pub scheduler_crashes: u64,
@@ -371,6 +390,7 @@ impl Counts {
             (&mut self.conditions, &other.conditions),
             (&mut self.handled, &other.handled),
             (&mut self.signals, &other.signals),
+            (&mut self.callbacks, &other.callbacks),
         ] {
             for (k, v) in theirs {
                 *mine.entry(k.clone()).or_default() += v;
@@ -422,6 +442,17 @@ pub struct World {
     pub ignored_successes: Vec<IgnoredSuccess>,
     /// The data of every signal the engine accepted, by task.
     pub signals: BTreeMap<TaskId, Value>,
+    /// Every callback token the service was given, in order.
+    pub tokens: Vec<String>,
+    /// The answer the service gave to each token it called back with
+    /// (`true`: success).
+    answered: BTreeMap<String, bool>,
+    /// The keys (task, step) whose work the service accepted and has not
+    /// answered with a failure.
+    pending: BTreeSet<(TaskId, StepName)>,
+    /// Every callback the engine took: by (task, step, attempt), its
+    /// outcome's output (`None` for a failure).
+    pub callbacks: BTreeMap<(TaskId, StepName, u32), Option<Value>>,
     /// Tasks found stalled (see `find_stalls`).
     pub stalls: Vec<String>,
     trace: Vec<String>,
@@ -489,6 +520,10 @@ impl World {
             succeeded: BTreeSet::new(),
             ignored_successes: Vec::new(),
             signals: BTreeMap::new(),
+            tokens: Vec::new(),
+            answered: BTreeMap::new(),
+            pending: BTreeSet::new(),
+            callbacks: BTreeMap::new(),
             stalls: Vec::new(),
             trace: Vec::new(),
             trace_all: std::env::var_os("ROTA_SIM_TRACE").is_some(),
@@ -702,6 +737,15 @@ impl World {
                     let id = approvals[self.rng.random_range(0..approvals.len())].clone();
                     let name = if self.rng.random_bool(0.1) { "nobody-waits" } else { SIGNAL };
                     self.signal(&id, name).await?;
+                }
+            }
+            Action::Callback => {
+                if !self.tokens.is_empty() {
+                    // Mostly the newest tokens; sometimes any earlier one.
+                    let newest = self.tokens.len().saturating_sub(3);
+                    let from = if self.rng.random_bool(0.8) { newest } else { 0 };
+                    let token = self.tokens[self.rng.random_range(from..self.tokens.len())].clone();
+                    self.callback(&token, true).await?;
                 }
             }
             Action::Cancel => {
@@ -926,6 +970,77 @@ impl World {
         Ok(())
     }
 
+    /// The service posts a callback with `token`: mostly a success with
+    /// output unique to the seed and the moment, sometimes a failure. The
+    /// driver knows beforehand whether the engine must take it (the token's
+    /// attempt is running, unused, before its complete-by, and its task has
+    /// not ended): taking one it must refuse, or refusing one it must take,
+    /// fails the seed.
+    pub async fn callback(&mut self, text: &str, faulty: bool) -> Result<bool, Fail> {
+        let token = rota_engine::callback::Token::parse(text).ok_or_else(|| format!("the service got a malformed token {text:?}"))?;
+        let (task, step, attempt) = (token.task().clone(), token.step().clone(), token.attempt());
+        let record = self.store.task(&task).await.map_err(|e| format!("reading {task}: {e}"))?.ok_or("a token of no task")?;
+        let now = self.clock.now();
+        let current = record.steps.iter().find(|s| s.name == step).is_some_and(|s| {
+            s.state == StepState::Running && s.attempt == attempt && s.callback_digest.is_some() && s.complete_by.is_some_and(|at| at > now)
+        });
+        let must_take = current && !record.task.state.is_terminal();
+        // The service does the work when it calls back, once per
+        // idempotency key: a repeat reports the result of the first, and
+        // only work it never did can fail. It posts the same answer again
+        // for a token it answered before.
+        let applied = self.service.applied(&task, &step, false);
+        let roll = match self.answered.get(text) {
+            Some(true) => 9,
+            Some(false) => 1,
+            None if faulty && !applied => self.rng.random_range(0..10),
+            None => 9,
+        };
+        let outcome = match roll {
+            0 => rota_engine::callback::Outcome::Failed { error: "the payout bounced".into(), retryable: true },
+            1 => rota_engine::callback::Outcome::Failed { error: "the account is closed".into(), retryable: false },
+            _ => {
+                let output = json!({ "n": self.elapsed_ms() });
+                let effect = self.service.effects.entry((task.clone(), step.clone(), false)).or_insert(Effect { attempt, output });
+                rota_engine::callback::Outcome::Succeeded { output: effect.output.clone() }
+            }
+        };
+        self.answered.insert(text.to_owned(), roll >= 2);
+        if roll < 2 {
+            self.pending.remove(&(task.clone(), step.clone()));
+        }
+        let output = match &outcome {
+            rota_engine::callback::Outcome::Succeeded { output } => Some(output.clone()),
+            rota_engine::callback::Outcome::Failed { .. } => None,
+        };
+        let what = format!("callback of {task}/{step} attempt {attempt}");
+        match self.client.callback(text, outcome, "sim").await {
+            Ok(accepted) => {
+                let kind = if accepted.completed { "taken: completed" } else { "taken: failed" };
+                *self.counts.callbacks.entry(kind.to_owned()).or_default() += 1;
+                self.note(format!("{what}: {kind}"));
+                if !must_take {
+                    return Err(format!("{what} was taken, but that attempt was not waiting for it"));
+                }
+                if self.callbacks.insert((task, step, attempt), output).is_some() {
+                    return Err(format!("{what} was taken twice"));
+                }
+                return Ok(true);
+            }
+            Err(ops::Error::Callback(why)) => {
+                let reason = format!("{why:?}");
+                let kind = reason.split([' ', '{']).next().unwrap_or_default();
+                *self.counts.callbacks.entry(format!("refused: {kind}")).or_default() += 1;
+                self.note(format!("{what} refused: {why}"));
+                if must_take {
+                    return Err(format!("{what} was refused, but that attempt was waiting for it: {why}"));
+                }
+            }
+            Err(err) => return Err(format!("{what}: {err}")),
+        }
+        Ok(false)
+    }
+
     /// An operator resubmits `id`, which ended in Error.
     pub async fn resubmit(&mut self, id: &TaskId) -> Result<(), Fail> {
         match self.client.resubmit(id, None).await {
@@ -973,10 +1088,23 @@ impl World {
             _ => false,
         });
         let fate = if fate == Fate::FailPermanent && in_flight { Fate::FailRetryable } else { fate };
+        // Work it accepted for this key and has not answered yet is in
+        // flight too: it cannot decline the key now, it accepts it again.
+        let pending = call.callback_token.is_some() && self.pending.contains(&(call.task_id.clone(), call.step.clone()));
+        let (fate, declined) = if pending { (Fate::Succeed, false) } else { (fate, declined) };
         match fate {
             Fate::FailPermanent if !applied => ReplyOutcome::Failed { error: "declined by the service".into(), retryable: false },
             Fate::FailRetryable => ReplyOutcome::Failed { error: "the service is unavailable".into(), retryable: true },
             _ if declined => ReplyOutcome::Failed { error: "declined by the service".into(), retryable: false },
+            _ if call.callback_token.is_some() => {
+                // The service keeps the token, whatever becomes of the
+                // reply, and accepts the work: it does it when it calls
+                // back (see `callback`).
+                self.tokens.push(call.callback_token.clone().unwrap_or_default());
+                self.pending.insert((call.task_id.clone(), call.step.clone()));
+                self.succeeded.insert((call.task_id.clone(), call.step.clone(), call.compensate, call.attempt));
+                ReplyOutcome::Succeeded { output: json!({ "accepted": true }) }
+            }
             _ => {
                 let output = self.service.call(request);
                 self.succeeded.insert((call.task_id.clone(), call.step.clone(), call.compensate, call.attempt));
@@ -1083,9 +1211,19 @@ impl World {
     pub async fn quiet_phase(&mut self, rounds_max: u32) -> Result<bool, Fail> {
         self.note("quiet phase".into());
         self.release_all().await?;
+        // The service calls back for every request it still owes an answer.
+        for token in self.tokens.clone() {
+            self.callback(&token, false).await?;
+        }
         for _ in 0..rounds_max {
             self.counts.quiet_rounds += 1;
+            let posted = self.tokens.len();
             let mut busy = self.agent(100, false).await?;
+            // The service calls back for every request it was just given.
+            let given: Vec<String> = self.tokens[posted..].to_vec();
+            for token in given {
+                busy += usize::from(self.callback(&token, false).await?);
+            }
             for i in 0..self.schedulers.len() {
                 loop {
                     let handled = self.inbox(i, 50).await?;
