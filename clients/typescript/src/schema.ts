@@ -61,6 +61,32 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/callbacks/{token}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Complete or fail a callback step's attempt.
+         * @description The body is `{"output": …}` for a success (the step's output; `{}` is
+         *     a success with a `null` output), or `{"error": "…", "retryable": false}`
+         *     for a failure: a permanent one by default, counted against the task's
+         *     `max_failures` and tried again as a new attempt with `"retryable": true`.
+         *     Refused, changing nothing, when the token's attempt is no longer
+         *     waiting: it completed, failed or timed out, a later attempt replaced
+         *     it, or the token was used already.
+         */
+        post: operations["callback"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/events": {
         parameters: {
             query?: never;
@@ -780,6 +806,35 @@ export interface components {
             /** @description `closed`, `open` or `half_open` (`unknown` if the report has none). */
             state: string;
         };
+        /** @description What a callback did. */
+        CallbackAccepted: {
+            /**
+             * Format: int32
+             * @description The attempt the token was for.
+             */
+            attempt: number;
+            /**
+             * @description Whether it completed the step (a success), rather than failing the
+             *     attempt.
+             */
+            completed: boolean;
+            /** @description The step. */
+            step: string;
+            /** @description The task. */
+            task_id: string;
+        };
+        /**
+         * @description A callback's outcome: `output` for a success, `error` (and
+         *     `retryable`) for a failure.
+         */
+        CallbackRequest: {
+            /** @description What went wrong (a failure). */
+            error?: string | null;
+            /** @description The step's output (a success; absent or `null`: a `null` output). */
+            output?: unknown;
+            /** @description Whether another attempt may succeed (a failure only; default false). */
+            retryable?: boolean | null;
+        };
         /** @description A step request succeeded. */
         CompleteRequest: {
             /** @description The lease token from `receive`. */
@@ -857,8 +912,9 @@ export interface components {
              * @description What happened: received, claimed, step_started, step_completed,
              *     step_failed, expired, processed, error, compensation_started,
              *     step_compensated, step_skipped, compensated, cancelled, resubmitted, released, alert,
-             *     at_risk (a deadline warning: `detail` has its `reason`, `warn_at`,
-             *     `complete_by` and `remaining_ms`).
+             *     signal, at_risk (a deadline warning: `detail` has its `reason`, `warn_at`,
+             *     `complete_by` and `remaining_ms`), callback (`detail.outcome`: `accepted`,
+             *     `succeeded` or `failed`).
              * @example step_completed
              */
             kind: string;
@@ -1217,6 +1273,11 @@ export interface components {
              */
             attempt: number;
             /**
+             * @description Whether a callback completes it (`callback: true`): while it runs,
+             *     its agent's request was sent and the remote service calls back.
+             */
+            callback?: boolean;
+            /**
              * Format: int64
              * @description When the current attempt's time runs out, epoch ms.
              */
@@ -1542,6 +1603,13 @@ export interface components {
              * @description The Scheduler's attempt number of the step (1-based).
              */
             attempt: number;
+            /**
+             * @description For a step completed by a callback: the attempt's one-time token.
+             *     Pass it to the remote service, which completes the step with
+             *     `POST /v1/callbacks/{token}`; the worker's own `complete` then only
+             *     says that the request was accepted.
+             */
+            callback_token?: string | null;
             /** @description Whether this is the step's compensating action. */
             compensate: boolean;
             /**
@@ -1586,6 +1654,8 @@ export interface components {
         WorkflowStepView: {
             /** @description The agent that runs it (absent for a step that waits for a signal). */
             agent?: string | null;
+            /** @description Whether a callback completes it. */
+            callback?: boolean;
             /** @description Whether it has a compensation. */
             compensated: boolean;
             /** @description The steps it waits for. */
@@ -1772,6 +1842,100 @@ export interface operations {
             };
             /** @description Out of scope */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Store unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    callback: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The token the step's request carried (`Rota-Callback-Token`, or
+                 *     `{{ callback.token }}` in its input).
+                 */
+                token: string;
+            };
+            cookie?: never;
+        };
+        /** @description The outcome */
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CallbackRequest"];
+            };
+        };
+        responses: {
+            /** @description Taken: the step completed, or its failure was handed to the task's Scheduler */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CallbackAccepted"];
+                };
+            };
+            /** @description Malformed JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No step waits for this token */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The token's attempt is no longer waiting, or the token was used */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Body too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not JSON */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Both `output` and `error`, `retryable` without `error`, or an output too large */
+            422: {
                 headers: {
                     [name: string]: unknown;
                 };

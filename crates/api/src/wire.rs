@@ -411,8 +411,9 @@ pub struct EventView {
     /// What happened: received, claimed, step_started, step_completed,
     /// step_failed, expired, processed, error, compensation_started,
     /// step_compensated, step_skipped, compensated, cancelled, resubmitted, released, alert,
-    /// at_risk (a deadline warning: `detail` has its `reason`, `warn_at`,
-    /// `complete_by` and `remaining_ms`).
+    /// signal, at_risk (a deadline warning: `detail` has its `reason`, `warn_at`,
+    /// `complete_by` and `remaining_ms`), callback (`detail.outcome`: `accepted`,
+    /// `succeeded` or `failed`).
     #[schema(example = "step_completed")]
     pub kind: String,
     /// The step concerned, if any.
@@ -872,7 +873,7 @@ pub struct EventsQuery {
     pub workflow: Option<String>,
     /// Only events of these kinds, comma-separated (`step_completed,processed`).
     #[param(
-        pattern = r"^(received|claimed|step_started|step_completed|step_skipped|step_failed|expired|processed|error|compensation_started|step_compensated|compensated|cancelled|resubmitted|released|alert)(,(received|claimed|step_started|step_completed|step_skipped|step_failed|expired|processed|error|compensation_started|step_compensated|compensated|cancelled|resubmitted|released|alert))*$"
+        pattern = r"^(received|claimed|step_started|step_completed|step_skipped|step_failed|expired|processed|error|compensation_started|step_compensated|compensated|cancelled|resubmitted|released|alert|signal|at_risk|callback)(,(received|claimed|step_started|step_completed|step_skipped|step_failed|expired|processed|error|compensation_started|step_compensated|compensated|cancelled|resubmitted|released|alert|signal|at_risk|callback))*$"
     )]
     pub kind: Option<String>,
     /// Start after this event seq (as `Last-Event-ID` does; the header wins).
