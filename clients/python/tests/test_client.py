@@ -222,7 +222,8 @@ class Errors(unittest.TestCase):
             (lambda: client.tasks(limit=0), 400, "invalid_query", "limit"),
             (lambda: client.resubmit(fresh("none"), step="x"), 404, "not_found", "none"),
             (lambda: Client(server.url, token="not-a-token-of-this-server").tasks(), 401, "unauthorized", ""),
-            (lambda: Client(server.url, token=support.SUBMIT_TOKEN).tasks(), 403, "forbidden", ""),
+            # A submit token lists its own tasks, but may not cancel.
+            (lambda: Client(server.url, token=support.SUBMIT_TOKEN).cancel("no-such-task"), 403, "forbidden", ""),
         ]
         for call, status, code, named in cases:
             with self.subTest(code=code, named=named):

@@ -186,7 +186,8 @@ describe("errors", () => {
       [() => client.tasks({ limit: 0 }), 400, "invalid_query", "limit"],
       [() => client.tasks({ before: "no-such-task" }), 400, "invalid_query", "before"],
       [() => new Client({ url: server.url, token: "not-a-token-of-this-server" }).tasks(), 401, "unauthorized", ""],
-      [() => new Client({ url: server.url, token: SUBMIT_TOKEN }).tasks(), 403, "forbidden", ""],
+      // A submit token lists its own tasks, but may not cancel.
+      [() => new Client({ url: server.url, token: SUBMIT_TOKEN }).cancel("no-such-task"), 403, "forbidden", ""],
     ];
     for (const [call, status, code, named] of cases) {
       const error = await call().then(
