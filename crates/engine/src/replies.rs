@@ -7,7 +7,9 @@
 //!
 //! Every commit the engine makes goes through [`commit`] (and every
 //! submission through [`attach_new`], in `Client::prepare`), which adds the messages for the
-//! events it carries: an event site cannot forget them. Which kinds are
+//! events it carries: an event site cannot forget them. Deadline warnings,
+//! which write no task, get theirs from [`for_warning`], sent by the store
+//! in the transaction that appends the `at_risk` event. Which kinds are
 //! status events is one `match` ([`is_status`]).
 //!
 //! Deliberately left out: events the store writes by itself (`claimed`,
@@ -39,12 +41,11 @@ pub const RESERVED_PREFIXES: [&str; 2] = ["rota.", "agent."];
 pub fn is_status(kind: EventKind) -> bool {
     use EventKind::*;
     match kind {
-        Received | StepCompleted | StepSkipped | Processed | Error | Compensated | Cancelled => true,
-        // A deadline warning (`at_risk`) is raised by the Supervisor's
-        // `raise_warning`, which writes no task and sends nothing: it reaches
-        // applications through webhooks and event streams.
+        // A deadline warning (`at_risk`) writes no task: its messages are
+        // made by [`for_warning`] and sent by `Tasks::raise_warning`.
+        Received | StepCompleted | StepSkipped | Processed | Error | Compensated | Cancelled | AtRisk => true,
         Claimed | StepStarted | StepFailed | Expired | CompensationStarted | StepCompensated | Resubmitted | Released | Alert | Signal
-        | AtRisk | Callback => false,
+        | Callback => false,
     }
 }
 
@@ -139,6 +140,19 @@ pub fn attach(changes: &mut Changes) {
         }
     }
     changes.send.extend(messages);
+}
+
+/// The messages for the status events among a deadline warning's
+/// `events` about `task` (as read when the warning was found), for
+/// `Tasks::raise_warning` to send in the transaction that appends the
+/// events: a warning writes no task, so [`attach`] never sees it.
+pub fn for_warning(task: &Task, events: &[Event]) -> Vec<(QueueName, Outgoing)> {
+    let Some(queue) = &task.reply_queue else { return Vec::new() };
+    events
+        .iter()
+        .filter(|e| is_status(e.kind) && e.task_id == task.id)
+        .map(|e| (queue.clone(), StatusMessage::new(task, e).outgoing()))
+        .collect()
 }
 
 /// As [`attach`], for a task's creation.

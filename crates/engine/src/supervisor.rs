@@ -263,7 +263,15 @@ impl Supervisor {
         for warning in self.store.warnings_due(self.config.batch).await? {
             let now = self.clock.now();
             let events = warning_events(&warning, now);
-            match self.store.raise_warning(&warning, events).await {
+            let send = match &warning {
+                Warning::Task(task) => replies::for_warning(task, &events),
+                // A step's warning carries no task: read it for its reply queue.
+                Warning::Step(step) => match self.store.task(&step.task_id).await? {
+                    Some(record) => replies::for_warning(&record.task, &events),
+                    None => Vec::new(),
+                },
+            };
+            match self.store.raise_warning(&warning, events, send).await {
                 Ok(true) => {
                     round.warnings_raised += 1;
                     metrics::counter!(telemetry::WARNINGS_RAISED, "of" => warning_of(&warning)).increment(1);

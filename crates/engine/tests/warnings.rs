@@ -14,10 +14,11 @@ use std::time::Duration;
 
 use rota_agent::{Agent, Request, StepError};
 use rota_engine::engine::Config;
+use rota_engine::replies::StatusMessage;
 use rota_engine::supervisor::{self, Supervisor};
 use rota_engine::{Client, Completions, Engine, Roles, Shutdown, Submission, Workflows};
-use rota_model::{Clock, InstanceId, ManualClock, RetryPolicy, StepState, TaskId, TaskState, Timestamp, WorkflowName};
-use rota_store::{Event, EventKind, SharedStore, TaskFilter};
+use rota_model::{Clock, InstanceId, ManualClock, QueueName, RetryPolicy, StepState, TaskId, TaskState, Timestamp, WorkflowName};
+use rota_store::{Event, EventKind, Receive, SharedStore, TaskFilter};
 use rota_workflow::{AgentCatalog, AgentName, StepDef, Workflow};
 use serde_json::{Value, json};
 
@@ -285,8 +286,80 @@ async fn a_task_past_its_warning_point_raises_one_warning(backend: Backend) {
     rig.finish(&id).await;
 }
 
+/// Every message waiting in `queue`, completed as read.
+async fn drain(store: &SharedStore, queue: &QueueName) -> Vec<StatusMessage> {
+    let mut all = Vec::new();
+    loop {
+        let batch = store.receive(queue, Receive::up_to(100)).await.unwrap();
+        if batch.is_empty() {
+            return all;
+        }
+        for delivery in batch {
+            all.push(serde_json::from_str(delivery.body.get()).unwrap());
+            store.complete(queue, delivery.lease_token).await.unwrap();
+        }
+    }
+}
+
+/// A task with a reply queue gets its `at_risk` events there, a step's and
+/// the task's own, each once and in history order among its other status
+/// events, as the application reads them after the task ended.
+async fn a_warning_is_sent_to_the_reply_queue(backend: Backend) {
+    let Some(rig) = Rig::new(backend).await else { return };
+    let replies = QueueName::new("app.status").unwrap();
+    for (workflow, id) in [("steps-warned", "r-steps"), ("task-warned", "r-task")] {
+        let submission = Submission::new(WorkflowName::new(workflow).unwrap(), json!({}))
+            .with_id(TaskId::new(id).unwrap())
+            .with_reply_queue(replies.clone());
+        rig.client.submit(submission).await.unwrap();
+    }
+    let (steps, task) = (TaskId::new("r-steps").unwrap(), TaskId::new("r-task").unwrap());
+    rig.running(&steps, "a", 1).await;
+    rig.running(&task, "only", 1).await;
+    rig.clock.advance(Duration::from_secs(11));
+    assert_eq!(rig.round().await, 2, "step a's attempt and r-task's lease passed their warning points");
+    assert_eq!(rig.round().await, 0);
+    rig.gate.answer("only", 1, Answer::Succeed);
+    rig.gate.answer("a", 1, Answer::Succeed);
+    rig.running(&steps, "b", 1).await;
+    rig.gate.answer("b", 1, Answer::Succeed);
+    assert_eq!(rig.client.wait(&task, PATIENCE).await.unwrap(), TaskState::Processed);
+
+    let messages = drain(&rig.store, &replies).await;
+    let of = |id: &TaskId| messages.iter().filter(|m| &m.correlation_id == id).collect::<Vec<_>>();
+    let kinds = |id: &TaskId| of(id).iter().map(|m| (m.event.clone(), m.step.clone(), m.attempt)).collect::<Vec<_>>();
+    let kind = |event: &str, step: Option<&str>, attempt: Option<u32>| (event.to_owned(), step.map(str::to_owned), attempt);
+    assert_eq!(
+        kinds(&steps),
+        [
+            kind("received", None, None),
+            kind("at_risk", Some("a"), Some(1)),
+            kind("step_completed", Some("a"), Some(1)),
+            kind("step_completed", Some("b"), Some(1)),
+            kind("processed", None, None),
+        ]
+    );
+    assert_eq!(
+        kinds(&task),
+        [
+            kind("received", None, None),
+            kind("at_risk", None, None),
+            kind("step_completed", Some("only"), Some(1)),
+            kind("processed", None, None)
+        ]
+    );
+    for id in [&steps, &task] {
+        let at_risk = of(id).into_iter().find(|m| m.event == "at_risk").unwrap();
+        let event = of_kind(&rig.history(id).await, EventKind::AtRisk)[0].clone();
+        assert_eq!((at_risk.at, &at_risk.detail), (event.at.as_millis(), &event.detail), "{id}: the message carries the event");
+        assert_eq!(at_risk.state, TaskState::Processing, "{id}");
+    }
+    rig.finish(&steps).await;
+}
+
 on_each_backend!(
     a_step_past_its_warning_point_raises_one_warning,
     a_retried_attempt_warns_again,
     a_task_past_its_warning_point_raises_one_warning,
+    a_warning_is_sent_to_the_reply_queue,
 );

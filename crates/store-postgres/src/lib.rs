@@ -976,9 +976,25 @@ impl Tasks for PgStore {
         with_connection!(self, conn => { task_sql::warnings_due(&mut conn, &self.names, limit, now).await? })
     }
 
-    async fn raise_warning(&self, warning: &Warning, events: Vec<Event>) -> Result<bool, Error> {
+    async fn raise_warning(&self, warning: &Warning, events: Vec<Event>, send: Vec<(QueueName, Outgoing)>) -> Result<bool, Error> {
+        for (_, message) in &send {
+            message.check(self.config.body_bytes_max)?;
+        }
         let now = self.clock.now();
-        with_connection!(self, conn => { task_sql::raise_warning(&mut conn, &self.names, warning, &events, now).await? })
+        let mut queues: Vec<&QueueName> = send.iter().map(|(queue, _)| queue).collect();
+        queues.dedup();
+        self.ensure_queues(&queues).await?;
+        let ids: Vec<MessageId> = send.iter().map(|(_, message)| Self::message_id(message)).collect();
+        // Never handed to a parked receiver: those hand-offs are planned
+        // before a commit that always sends, and this one may send nothing.
+        let leases: Vec<Option<handoff::Lease>> = send.iter().map(|_| None).collect();
+        let (raised, sent_to) = in_transaction!(self, tx => {
+            let raised = task_sql::raise_warning(&mut tx, &self.names, warning, &events, now).await?;
+            let sent_to = if raised && !send.is_empty() { self.send_all(&mut tx, &send, &ids, &leases, now).await?.1 } else { Vec::new() };
+            (raised, sent_to)
+        })?;
+        self.announce(sent_to);
+        Ok(raised)
     }
 
     async fn history(&self, id: &TaskId) -> Result<Vec<Event>, Error> {

@@ -314,11 +314,10 @@ pub(crate) async fn warnings_due(conn: &mut PgConnection, n: &Names, limit: u32,
 }
 
 /// Raises a warning found by [`warnings_due`] (see `Tasks::raise_warning`)
-/// in one transaction: the task row first, as a holder's commit locks it,
-/// then the step, then the events (under the event writer's lock).
-pub(crate) async fn raise_warning(conn: &mut PgConnection, n: &Names, warning: &Warning, events: &[Event], now: Timestamp) -> Result<bool> {
-    use sqlx::Connection;
-    let mut tx = conn.begin().await?;
+/// inside the caller's transaction: the task row first, as a holder's
+/// commit locks it, then the step, then the events (under the event
+/// writer's lock).
+pub(crate) async fn raise_warning(tx: &mut PgConnection, n: &Names, warning: &Warning, events: &[Event], now: Timestamp) -> Result<bool> {
     let live = match warning {
         Warning::Task(task) => {
             let Some(warn_at) = task.warn_at else { return Ok(false) };
@@ -383,7 +382,6 @@ pub(crate) async fn raise_warning(conn: &mut PgConnection, n: &Names, warning: &
         .execute(&mut *tx)
         .await?;
     }
-    tx.commit().await?;
     Ok(live)
 }
 

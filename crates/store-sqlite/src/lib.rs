@@ -669,9 +669,23 @@ impl Tasks for SqliteStore {
         self.read(move |conn, now| task_sql::warnings_due(conn, limit, now)).await
     }
 
-    async fn raise_warning(&self, warning: &Warning, events: Vec<Event>) -> Result<bool> {
+    async fn raise_warning(&self, warning: &Warning, events: Vec<Event>, send: Vec<(QueueName, Outgoing)>) -> Result<bool> {
+        for (_, message) in &send {
+            message.check(self.config.body_bytes_max)?;
+        }
         let warning = warning.clone();
-        self.write(move |conn, now| task_sql::raise_warning(conn, &warning, &events, now)).await
+        let ids: Vec<MessageId> = send.iter().map(|(_, m)| Self::message_id(m)).collect();
+        self.write(move |conn, now| {
+            let raised = task_sql::raise_warning(conn, &warning, &events, now)?;
+            if raised {
+                for ((queue, message), id) in send.iter().zip(ids) {
+                    let row = queue_sql::ensure_queue(conn, queue, now)?;
+                    queue_sql::send(conn, &row, message, id, now)?;
+                }
+            }
+            Ok(raised)
+        })
+        .await
     }
 
     async fn history(&self, id: &TaskId) -> Result<Vec<Event>> {

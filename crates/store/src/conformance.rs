@@ -1863,7 +1863,7 @@ async fn at_risk_ids(store: &SharedStore) -> Vec<String> {
 /// `warnings_due` finds a running step past its `warn_at` and a leased task
 /// past its own, earliest first, until `raise_warning` raised it: once per
 /// attempt (a new attempt is due again) and once per lease. Raising appends
-/// the events, sets `at_risk_since` (kept by the holder's writes, cleared
+/// the events, sends its messages (once), sets `at_risk_since` (kept by the holder's writes, cleared
 /// by the write that ends the lease), and never makes the holder's next
 /// fenced commit fail. `list_tasks` with `at_risk` lists exactly the held
 /// tasks warned during their lease.
@@ -1910,9 +1910,16 @@ pub async fn warnings_are_due_once_per_attempt_and_lease(harness: &dyn Harness) 
     let due = ok(store.warnings_due(10).await, "due");
     assert_eq!(due, [Warning::Step(first.clone())], "at its warn_at, the running attempt is due (the completed step is not)");
     let raised_at = clock.now();
-    assert!(ok(store.raise_warning(&due[0], warning_events(&due[0], raised_at)).await, "raise"), "a due warning is raised");
+    let replies = queue("app.status");
+    let status = || vec![(replies.clone(), labelled("slow at risk"))];
+    assert!(ok(store.raise_warning(&due[0], warning_events(&due[0], raised_at), status()).await, "raise"), "a due warning is raised");
     assert!(ok(store.warnings_due(10).await, "due").is_empty(), "a raised warning is not due again");
-    assert!(!ok(store.raise_warning(&due[0], warning_events(&due[0], raised_at)).await, "raise again"), "raising it twice writes nothing");
+    assert!(
+        !ok(store.raise_warning(&due[0], warning_events(&due[0], raised_at), status()).await, "raise again"),
+        "raising it twice writes nothing"
+    );
+    let sent = receive_one(&store, &replies, "the raised warning's message, sent once").await;
+    assert_eq!(label(&sent), "slow at risk");
     let kinds = history_kinds(&store, &slow.id).await;
     assert_eq!(kinds[kinds.len() - 2..], [EventKind::AtRisk, EventKind::Alert], "the events were appended once: {kinds:?}");
     assert_eq!(kinds.iter().filter(|k| **k == EventKind::AtRisk).count(), 1, "once: {kinds:?}");
@@ -1946,7 +1953,7 @@ pub async fn warnings_are_due_once_per_attempt_and_lease(harness: &dyn Harness) 
     assert_eq!(due, [Warning::Step(second_stored), Warning::Task(stored(&store, &slow.id).await.task)], "earliest warn_at first");
     assert_eq!(ok(store.warnings_due(1).await, "due limit 1"), due[..1], "the limit is honoured");
     for warning in &due {
-        assert!(ok(store.raise_warning(warning, warning_events(warning, clock.now())).await, "raise"), "{warning:?} is raised");
+        assert!(ok(store.raise_warning(warning, warning_events(warning, clock.now()), Vec::new()).await, "raise"), "{warning:?} is raised");
     }
     assert!(ok(store.warnings_due(10).await, "due").is_empty(), "each is raised once");
     let kinds = history_kinds(&store, &slow.id).await;
@@ -1968,7 +1975,7 @@ pub async fn warnings_are_due_once_per_attempt_and_lease(harness: &dyn Harness) 
     let due = ok(store.warnings_due(10).await, "due");
     assert_eq!(due.len(), 1, "the new lease is due: {due:?}");
     assert!(matches!(&due[0], Warning::Task(t) if t.id == slow.id));
-    assert!(ok(store.raise_warning(&due[0], warning_events(&due[0], clock.now())).await, "raise"), "the new lease warns again");
+    assert!(ok(store.raise_warning(&due[0], warning_events(&due[0], clock.now()), Vec::new()).await, "raise"), "the new lease warns again");
     assert_eq!(at_risk_ids(&store).await, ["slow"]);
     // The filter combines with the others.
     let listed = |filter: TaskFilter| {
@@ -2033,9 +2040,9 @@ pub async fn a_step_keeps_its_callback_digest(harness: &dyn Harness) {
 }
 
 /// A warning whose record moved on between `warnings_due` and
-/// `raise_warning` writes no event: a step that completed, a task that
-/// finished, a step whose task was cancelled (marked anyway, so that it is
-/// not found again).
+/// `raise_warning` writes no event and sends no message: a step that
+/// completed, a task that finished, a step whose task was cancelled
+/// (marked anyway, so that it is not found again).
 pub async fn a_warning_for_work_that_moved_on_writes_nothing(harness: &dyn Harness) {
     let store = harness.open().await;
     let clock = harness.clock();
@@ -2082,11 +2089,15 @@ pub async fn a_warning_for_work_that_moved_on_writes_nothing(harness: &dyn Harne
     commit(&store, Changes { tasks: vec![TaskWrite::replacing(task, cancelled)], ..Changes::default() }, "cancel").await;
 
     let before: Vec<Vec<EventKind>> = histories_of(&store, &running).await;
+    let replies = queue("app.status");
     for warning in &due {
         let is_held_task = matches!(warning, Warning::Task(t) if t.id.as_str() == "completes");
-        let raised = ok(store.raise_warning(warning, warning_events(warning, now)).await, "raise");
+        let status = vec![(replies.clone(), labelled(warning.task_id().as_str()))];
+        let raised = ok(store.raise_warning(warning, warning_events(warning, now), status).await, "raise");
         assert_eq!(raised, is_held_task, "{warning:?}: only the task still held and unfinished is warned");
     }
+    let sent = receive_one(&store, &replies, "only the raised warning's message").await;
+    assert_eq!(label(&sent), "completes");
     let after: Vec<Vec<EventKind>> = histories_of(&store, &running).await;
     assert_eq!(after[1..], before[1..], "no event for a finished or cancelled task");
     assert_eq!(after[0].len(), before[0].len() + 2, "the held task's own warning only: {:?}", after[0]);

@@ -450,8 +450,9 @@ pub trait Tasks: Send + Sync {
     /// warning raised for the lease (a task: same `warn_at`, still leased)
     /// or the attempt (a step: same attempt, still running) it was found
     /// for, so it is never due again, and, if the task is still unfinished
-    /// and leased, sets the task's `at_risk_since` (unless already set) and
-    /// appends `events`. Returns whether the events were appended: `false`
+    /// and leased, sets the task's `at_risk_since` (unless already set),
+    /// appends `events` and sends `send` (the task's status messages), in
+    /// the same transaction. Returns whether the events were appended: `false`
     /// when the record moved on (finished, retried, released) or its task is
     /// no longer held, in which case a step that is still running is marked
     /// anyway, so that it is not found again.
@@ -459,7 +460,7 @@ pub trait Tasks: Send + Sync {
     /// It writes nothing a holder's fenced write compares (state, lease
     /// epoch, attempt), and a holder's writes never undo it, so the holder
     /// of the task is not disturbed.
-    async fn raise_warning(&self, warning: &Warning, events: Vec<Event>) -> Result<bool>;
+    async fn raise_warning(&self, warning: &Warning, events: Vec<Event>, send: Vec<(QueueName, Outgoing)>) -> Result<bool>;
 
     /// A task's history, oldest first.
     async fn history(&self, id: &TaskId) -> Result<Vec<Event>>;
