@@ -423,9 +423,11 @@ function taskPage([id]) {
   };
 }
 
-// Who does a step's work: its agent, or the signal it waits for.
+// Who does a step's work: its agent (and, for a callback step, the
+// service completing it later), or the signal it waits for.
 function stepDoer(step) {
   if (step.waits_for) return `waits for ${step.waits_for}`;
+  if (step.callback) return `${step.agent}, then its callback`;
   return step.agent ?? '—';
 }
 
