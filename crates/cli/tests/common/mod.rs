@@ -24,6 +24,17 @@ impl Rota {
         Rota { dir, url }
     }
 
+    /// Runs against `url` instead of a fresh file (the temporary directory is
+    /// still made, for the test's own files).
+    pub fn with_store(url: &str) -> Rota {
+        Rota { dir: tempfile::tempdir().expect("a temporary directory"), url: url.to_owned() }
+    }
+
+    /// The temporary directory.
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
     pub fn url(&self) -> &str {
         &self.url
     }
@@ -132,5 +143,70 @@ pub fn assert_one_error_line(stderr: &str, needles: &[&str]) {
     assert!(lines[0].starts_with("error: "), "{stderr}");
     for needle in needles {
         assert!(lines[0].contains(needle), "stderr does not mention {needle:?}: {stderr}");
+    }
+}
+
+/// How long a `rota serve` may take to log that it started.
+pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A running `rota serve` (SIGKILLed when dropped), with its log kept.
+pub struct Serve {
+    pub child: std::process::Child,
+    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Serve {
+    /// `rota --store STORE serve ARGS…` at `RUST_LOG=info`, once it has logged
+    /// that it started (the test fails with its log if it does not).
+    pub fn start(store: &str, args: &[&str]) -> Serve {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_rota"));
+        command.args(["--store", store, "serve"]).args(args);
+        command.env_remove("ROTA_STORE").env("RUST_LOG", "info").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+        let mut child = command.spawn().expect("rota serve starts");
+        let lines = lines_of(child.stderr.take().unwrap());
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let deadline = std::time::Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            match lines.recv_timeout(Duration::from_millis(200)) {
+                Ok(line) => {
+                    let started = line.contains("rota serve started");
+                    log.lock().unwrap().push(line);
+                    if started {
+                        break;
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) if std::time::Instant::now() < deadline => {}
+                Err(_) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!("rota serve {args:?} did not start:\n{}", log.lock().unwrap().join("\n"));
+                }
+            }
+        }
+        // Keep draining, so that the child never blocks on a full pipe.
+        let kept = log.clone();
+        thread::spawn(move || {
+            for line in lines {
+                kept.lock().unwrap().push(line);
+            }
+        });
+        Serve { child, log }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// What it logged so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        // A stopped process dies of SIGKILL too; nothing is left behind.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
