@@ -172,15 +172,30 @@ impl std::fmt::Debug for SqliteStore {
     }
 }
 
+/// How a disk-full error starts (see [`naming_the_file`]).
+const DISK_FULL: &str = "disk full: ";
+
 pub(crate) fn sql_error(err: rusqlite::Error) -> Error {
     use rusqlite::ErrorCode;
     match err.sqlite_error_code() {
         Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
             Error::Unavailable(format!("the database is locked by another process: {err}"))
         }
-        Some(ErrorCode::DiskFull) => Error::Backend(format!("disk full: {err}")),
+        Some(ErrorCode::DiskFull) => Error::Backend(format!("{DISK_FULL}{err}")),
         Some(ErrorCode::CannotOpen | ErrorCode::PermissionDenied | ErrorCode::ReadOnly) => Error::Unavailable(err.to_string()),
         _ => Error::Backend(err.to_string()),
+    }
+}
+
+/// A disk-full error made to name the database file written, which is the
+/// first thing an operator needs (the statement that hit it does not know).
+pub(crate) fn naming_the_file(err: Error, conn: &Connection) -> Error {
+    match err {
+        Error::Backend(message) if message.starts_with(DISK_FULL) && !message.contains(" cannot write SQLite database ") => {
+            let path = conn.path().unwrap_or("(in memory)");
+            Error::Backend(format!("{DISK_FULL}cannot write SQLite database {path} ({})", &message[DISK_FULL.len()..]))
+        }
+        other => other,
     }
 }
 
@@ -384,7 +399,7 @@ impl SqliteStore {
     {
         let (reply, answer) = oneshot::channel();
         let job: Job = Box::new(move |conn, now| {
-            let result = op(conn, now);
+            let result = op(conn, now).map_err(|err| naming_the_file(err, conn));
             let ok = result.is_ok();
             let settle: Settle = Box::new(move |commit_error| {
                 let result = match commit_error {

@@ -242,7 +242,12 @@ impl Writer {
             Ok(())
         });
         self.stats.jobs.fetch_add(settles.len() as u64, Ordering::Relaxed);
-        let failure = outcome.err().map(|e| e.to_string());
+        // Passed on inside another error: its message alone, without the
+        // "store backend error" of its kind.
+        let failure = outcome.err().map(|err| match err {
+            Error::Backend(message) => message,
+            other => other.to_string(),
+        });
         if failure.is_none() {
             self.stats.commits.fetch_add(1, Ordering::Relaxed);
             metrics::counter!(COMMITS_METRIC).increment(1);
@@ -336,6 +341,7 @@ impl Writer {
     fn transaction(&mut self, body: impl FnOnce(&mut Writer) -> Result<()>) -> Result<()> {
         self.conn.execute_batch("BEGIN IMMEDIATE").map_err(crate::sql_error)?;
         let result = body(self).and_then(|()| self.conn.execute_batch("COMMIT").map_err(crate::sql_error));
+        let result = result.map_err(|err| crate::naming_the_file(err, &self.conn));
         if result.is_err()
             && !self.conn.is_autocommit()
             && let Err(err) = self.conn.execute_batch("ROLLBACK")
