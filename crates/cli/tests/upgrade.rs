@@ -107,7 +107,11 @@ fn check_upgrade(label: &str, rota: &Rota) {
     assert_eq!(rota.stats("fixture.replies")["ready"], 3, "{label}: done-2's received, step_completed and processed");
 
     let hourly = rota.json(&["schedules", "show", "hourly", "--json"]);
-    assert_eq!((&hourly["paused"], &hourly["cron"], &hourly["workflow"]), (&json!(true), &json!("0 0 * * * *"), &json!("quick")), "{label}");
+    assert_eq!(
+        (&hourly["paused"], &hourly["cron"], &hourly["workflow"]),
+        (&json!(true), &json!("0 0 * * * *"), &json!("quick")),
+        "{label}"
+    );
     let nightly = rota.json(&["schedules", "show", "nightly", "--json"]);
     assert_eq!((&nightly["timezone"], &nightly["catch_up"]), (&json!("Europe/Paris"), &json!("none")), "{label}: {nightly}");
     assert!(nightly["next_fire_at"].is_number(), "{label}: the upgraded schedule has a next fire: {nightly}");
@@ -158,7 +162,11 @@ fn check_upgrade(label: &str, rota: &Rota) {
     assert_eq!(by_id.keys().copied().collect::<Vec<_>>(), ["m-leased", "m-ready-1", "m-ready-2"], "{label}: {received}");
     assert_eq!(by_id["m-ready-1"]["body"], json!({"k": "ready-1"}), "{label}");
     assert_eq!(by_id["m-ready-1"]["ordering_key"], "order-7", "{label}");
-    assert_eq!((&by_id["m-ready-2"]["reply_to"], &by_id["m-ready-2"]["correlation_id"]), (&json!("fixture.answers"), &json!("c-2")), "{label}");
+    assert_eq!(
+        (&by_id["m-ready-2"]["reply_to"], &by_id["m-ready-2"]["correlation_id"]),
+        (&json!("fixture.answers"), &json!("c-2")),
+        "{label}"
+    );
     assert_eq!(by_id["m-leased"]["delivery_count"], 2, "{label}: {received}");
     drop(serve);
 }
@@ -208,7 +216,10 @@ fn postgres_stores_of_earlier_versions_open_and_finish_their_tasks() {
         runtime.block_on(async {
             use sqlx::Connection;
             let mut conn = sqlx::PgConnection::connect(&schema.url).await.unwrap();
-            sqlx::raw_sql(sqlx::AssertSqlSafe(dump)).execute(&mut conn).await.unwrap_or_else(|err| panic!("{label}: loading the dump: {err}"));
+            sqlx::raw_sql(sqlx::AssertSqlSafe(dump))
+                .execute(&mut conn)
+                .await
+                .unwrap_or_else(|err| panic!("{label}: loading the dump: {err}"));
         });
         let rota = Rota::with_store(&format!("{}?schema={}&connections=4", schema.url, schema.name));
         check_upgrade(&label, &rota);
