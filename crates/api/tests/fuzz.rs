@@ -74,9 +74,13 @@ fn json_value() -> impl Strategy<Value = Value> {
     })
 }
 
+/// 256 cases per target, or `ROTA_FUZZ_CASES` for a longer run (see
+/// docs/reliability.md).
 fn config() -> Config {
+    let cases = std::env::var("ROTA_FUZZ_CASES")
+        .map(|text| text.parse().unwrap_or_else(|_| panic!("ROTA_FUZZ_CASES must be a number of cases, got {text:?}")));
     Config {
-        cases: 256,
+        cases: cases.unwrap_or(256),
         failure_persistence: Some(Box::new(FileFailurePersistence::SourceParallel("proptest-regressions"))),
         ..Config::default()
     }

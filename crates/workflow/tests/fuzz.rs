@@ -88,12 +88,19 @@ const FRAGMENTS: &[&str] = &[
     "<<: *a",
 ];
 
+/// `cases` per target, or `ROTA_FUZZ_CASES` for a longer run (see
+/// docs/reliability.md).
 fn config(cases: u32) -> Config {
     Config {
-        cases,
+        cases: fuzz_cases().unwrap_or(cases),
         failure_persistence: Some(Box::new(FileFailurePersistence::SourceParallel("proptest-regressions"))),
         ..Config::default()
     }
+}
+
+fn fuzz_cases() -> Option<u32> {
+    let text = std::env::var("ROTA_FUZZ_CASES").ok()?;
+    Some(text.parse().unwrap_or_else(|_| panic!("ROTA_FUZZ_CASES must be a number of cases, got {text:?}")))
 }
 
 /// `SEED` with a few edits: a byte range cut, a fragment inserted, a line
