@@ -3,7 +3,9 @@ events, cancel, resubmit, and how errors arrive."""
 
 from __future__ import annotations
 
+import http.server
 import json
+import queue
 import subprocess
 import sys
 import threading
@@ -164,6 +166,55 @@ class SubmitAndWait(unittest.TestCase):
         client.signal(other, "approved")  # without data: JSON null
         approval = client.wait(other, timeout=30)["steps"][0]
         self.assertEqual((approval["state"], approval["output"]), ("completed", None))
+
+    def test_a_callback_completes_or_fails_the_step_whose_request_carried_its_token(self) -> None:
+        # A remote service that accepts each request and keeps its token.
+        tokens: queue.Queue[str] = queue.Queue()
+
+        class Service(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                tokens.put(self.headers.get("Rota-Callback-Token") or "")
+                self.send_response(202)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        service = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Service)
+        threading.Thread(target=service.serve_forever, daemon=True).start()
+        self.addCleanup(service.shutdown)
+        url = f"http://127.0.0.1:{service.server_address[1]}/payouts"
+        payout = {"name": "payout", "version": 1, "on_exhausted": "error", "max_failures": 1, "steps": [
+            {"name": "payout", "agent": "http", "callback": True, "timeout": "5m", "with": {"method": "POST", "url": url}},
+        ]}  # fmt: skip
+        admin = Client(server.url, token=support.ADMIN_TOKEN)
+        admin._http.call("POST", "/v1/workflows", payout)
+
+        # The service's client needs no API token: the callback token is the credential.
+        service_client = Client(server.url)
+        paid = fresh("payout")
+        admin.submit("payout", id=paid)
+        token = tokens.get(timeout=30)
+        accepted = service_client.complete_callback(token, {"payout_id": "po-1"})
+        self.assertEqual(accepted, {"task_id": paid, "step": "payout", "attempt": 1, "completed": True})
+        done = admin.wait(paid, timeout=30)
+        self.assertEqual((done["state"], done["output"]), ("processed", {"payout": {"payout_id": "po-1"}}))
+        with self.assertRaises(ApiError) as used:
+            service_client.complete_callback(token)
+        self.assertEqual(used.exception.code, "refused")
+        with self.assertRaises(ApiError) as forged:
+            service_client.fail_callback("not-a-token", "declined")
+        self.assertEqual(forged.exception.code, "unknown_callback")
+
+        declined = fresh("payout")
+        admin.submit("payout", id=declined)
+        accepted = service_client.fail_callback(tokens.get(timeout=30), "card declined")
+        self.assertFalse(accepted["completed"])
+        failed = admin.wait(declined, timeout=30)
+        self.assertEqual(failed["state"], "error")
+        self.assertIn("card declined", failed["error"] or "")
 
     def test_wait_gives_up_after_its_timeout(self) -> None:
         client = Client(server.url, token=support.ADMIN_TOKEN)

@@ -19,6 +19,8 @@ export type Event = components["schemas"]["EventView"];
 export type WorkRequest = components["schemas"]["WorkRequest"];
 /** What a signal did: the step it went to, and whether it completed it now or is kept until the task gets there. */
 export type SignalDelivery = components["schemas"]["SignalDelivery"];
+/** What a callback did: the step and attempt its token named, and whether it completed the step. */
+export type CallbackAccepted = components["schemas"]["CallbackAccepted"];
 
 /** The server when neither the `url` option nor `ROTA_URL` names one. */
 export const DEFAULT_URL = "http://127.0.0.1:7878";
@@ -190,6 +192,38 @@ export class Client {
     const answer = await this.api.fetch.POST("/v1/tasks/{id}/signals/{name}", {
       params: { path: { id, name } },
       body: data as never,
+      signal: this.api.deadline(),
+    });
+    return unwrap(answer);
+  }
+
+  /**
+   * Completes the attempt of a callback step (`callback: true`) that
+   * `token` names, with `output` as the step's output: what the remote
+   * service that got the step's request does when its work is done. The
+   * token is the request's `Rota-Callback-Token` header (or
+   * `{{ callback.token }}` in its input) and is the credential: no API
+   * token is needed. An `ApiError` `unknown_callback` for a token that
+   * names no waiting step, `refused` when its attempt is over or the
+   * token was used; either way nothing changed.
+   */
+  async completeCallback(token: string, output: unknown = null): Promise<CallbackAccepted> {
+    return this.callback(token, { output });
+  }
+
+  /**
+   * Fails the attempt `token` names (see `completeCallback`): for good
+   * unless `retryable`, in which case the step is tried again as a new
+   * attempt with a new token, counted against the task's `max_failures`.
+   */
+  async failCallback(token: string, error: string, options: { retryable?: boolean } = {}): Promise<CallbackAccepted> {
+    return this.callback(token, { error, retryable: options.retryable ?? false });
+  }
+
+  private async callback(token: string, body: { output?: unknown; error?: string; retryable?: boolean }): Promise<CallbackAccepted> {
+    const answer = await this.api.fetch.POST("/v1/callbacks/{token}", {
+      params: { path: { token } },
+      body: body as never,
       signal: this.api.deadline(),
     });
     return unwrap(answer);

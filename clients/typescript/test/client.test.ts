@@ -2,6 +2,8 @@
 // events, cancel, resubmit, and how errors arrive.
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
+import { createServer } from "node:http";
+import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 
@@ -60,6 +62,65 @@ describe("submit and wait", () => {
     await client.signal(other, "approved"); // without data: JSON null
     const approval = (await client.wait(other, { timeoutMs: 30_000 })).steps[0]!;
     assert.deepEqual([approval.state, approval.output], ["completed", null]);
+  });
+
+  test("a callback completes or fails the step whose request carried its token", async () => {
+    // A remote service that accepts each request and keeps its token.
+    const tokens: string[] = [];
+    const service = createServer((request, response) => {
+      request.resume();
+      request.on("end", () => {
+        tokens.push(String(request.headers["rota-callback-token"] ?? ""));
+        response.writeHead(202).end();
+      });
+    });
+    await new Promise<void>((resolve) => service.listen(0, "127.0.0.1", resolve));
+    try {
+      const { port } = service.address() as AddressInfo;
+      const payout = {
+        name: "payout",
+        version: 1,
+        on_exhausted: "error",
+        max_failures: 1,
+        steps: [{ name: "payout", agent: "http", callback: true, timeout: "5m", with: { method: "POST", url: `http://127.0.0.1:${port}/payouts` } }],
+      };
+      const registered = await fetch(`${server.url}/v1/workflows`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${ADMIN_TOKEN}`, "content-type": "application/json" },
+        body: JSON.stringify(payout),
+      });
+      assert.ok(registered.ok, await registered.text());
+      const nextToken = async (count: number) => {
+        const deadline = Date.now() + 30_000;
+        while (tokens.length < count) {
+          assert.ok(Date.now() < deadline, "the service got no request");
+          await new Promise((resolve) => setTimeout(resolve, 20));
+        }
+        return tokens[count - 1]!;
+      };
+
+      // The service's client needs no API token: the callback token is the credential.
+      const serviceClient = new Client({ url: server.url });
+      const paid = fresh("cb");
+      await admin().submit("payout", {}, { id: paid });
+      const token = await nextToken(1);
+      const accepted = await serviceClient.completeCallback(token, { payout_id: "po-1" });
+      assert.deepEqual(accepted, { task_id: paid, step: "payout", attempt: 1, completed: true });
+      const done = await admin().wait(paid, { timeoutMs: 30_000 });
+      assert.deepEqual([done.state, done.output], ["processed", { payout: { payout_id: "po-1" } }]);
+      await assert.rejects(serviceClient.completeCallback(token), (err: ApiError) => err.code === "refused");
+      await assert.rejects(serviceClient.failCallback("not-a-token", "declined"), (err: ApiError) => err.code === "unknown_callback");
+
+      const declined = fresh("cb");
+      await admin().submit("payout", {}, { id: declined });
+      const failed = await serviceClient.failCallback(await nextToken(2), "card declined");
+      assert.equal(failed.completed, false);
+      const ended = await admin().wait(declined, { timeoutMs: 30_000 });
+      assert.equal(ended.state, "error");
+      assert.ok(ended.error?.includes("card declined"), ended.error ?? "no error");
+    } finally {
+      service.close();
+    }
   });
 
   test("a task submitted with a reply queue keeps it", async () => {

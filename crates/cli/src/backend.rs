@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 use rota_api::wire::{
-    AlertView, BreakerView, Count, DeadLetterView, EventView, QueueView, ScheduleRequest, ScheduleView, SignalDelivery, TaskStateChange,
-    TaskSummary, TaskView, WorkflowView,
+    AlertView, BreakerView, CallbackAccepted, Count, DeadLetterView, EventView, QueueView, ScheduleRequest, ScheduleView, SignalDelivery,
+    TaskStateChange, TaskSummary, TaskView, WorkflowView,
 };
 use rota_engine::{Client, Submission, Workflows, ops};
 use rota_model::{QueueName, ScheduleName, SignalName, StepName, SystemClock, TaskId, TaskState, WorkflowName};
@@ -103,7 +103,9 @@ fn local_error(asked: impl FnOnce() -> String, err: ops::Error) -> anyhow::Error
 /// the rule's text as their reason.
 fn remote_error(asked: impl FnOnce() -> String, err: anyhow::Error) -> anyhow::Error {
     match remote::code_of(&err) {
-        Some("not_found" | "unknown_workflow" | "refused" | "invalid_signal" | "schedule_exists" | "invalid_body") => err,
+        Some("not_found" | "unknown_workflow" | "refused" | "invalid_signal" | "unknown_callback" | "schedule_exists" | "invalid_body") => {
+            err
+        }
         _ => err.context(asked()),
     }
 }
@@ -294,6 +296,37 @@ impl Backend {
                 let (_, delivery) =
                     server.post::<SignalDelivery, _>(&segments, Some(&data)).await.map_err(|err| remote_error(asked, err))?;
                 Ok(delivery)
+            }
+        }
+    }
+
+    /// Completes or fails the attempt of a callback step that `token`
+    /// names. On a local store the history records the OS user who ran
+    /// the command as its sender.
+    pub async fn callback(&self, token: &str, outcome: rota_engine::callback::Outcome) -> anyhow::Result<CallbackAccepted> {
+        let asked = || "cannot take the callback".to_owned();
+        match self {
+            Backend::Local(store) => {
+                let accepted = client(store).callback(token, outcome, &local_sender()).await.map_err(|err| local_error(asked, err))?;
+                Ok(CallbackAccepted {
+                    task_id: accepted.task.to_string(),
+                    step: accepted.step.to_string(),
+                    attempt: accepted.attempt,
+                    completed: accepted.completed,
+                })
+            }
+            Backend::Remote(server) => {
+                let body = match outcome {
+                    rota_engine::callback::Outcome::Succeeded { output } => serde_json::json!({ "output": output }),
+                    rota_engine::callback::Outcome::Failed { error, retryable } => {
+                        serde_json::json!({ "error": error, "retryable": retryable })
+                    }
+                };
+                let (_, accepted) = server
+                    .post::<CallbackAccepted, _>(&["v1", "callbacks", token], Some(&body))
+                    .await
+                    .map_err(|err| remote_error(asked, err))?;
+                Ok(accepted)
             }
         }
     }

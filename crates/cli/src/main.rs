@@ -129,6 +129,8 @@ enum Command {
     Cancel(tasks::CancelArgs),
     /// Send a signal to a task: it completes the step that waits for it (now, or when the task gets there).
     Signal(tasks::SignalArgs),
+    /// Complete (--output) or fail (--error) a callback step's attempt with the token its request carried.
+    Callback(tasks::CallbackArgs),
     /// List the registered workflows (latest version of each).
     Workflows(tasks::WorkflowsArgs),
     /// Cron schedules that start tasks: create, list (with next fire times), show, pause, resume, trigger, delete.
@@ -195,6 +197,7 @@ fn main() -> ExitCode {
         Command::Resubmit(args) => run_async(async move { tasks::resubmit(&store, args).await }),
         Command::Cancel(args) => run_async(async move { tasks::cancel(&store, args).await }),
         Command::Signal(args) => run_async(async move { tasks::signal(&store, args).await }),
+        Command::Callback(args) => run_async(async move { tasks::callback(&store, args).await }),
         Command::Workflows(args) => run_async(async move { tasks::workflows(&store, args).await }),
         Command::Schedules(command) => run_async(schedules::run(store, command)),
         Command::Prune(args) => run_async(async move { prune::run(&store, args).await }),

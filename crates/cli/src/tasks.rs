@@ -183,6 +183,39 @@ pub async fn signal(store: &StoreArgs, args: SignalArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Arguments of `callback`.
+#[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("outcome").required(true).args(["output", "error"])))]
+pub struct CallbackArgs {
+    /// The token the step's request carried (its `Rota-Callback-Token`
+    /// header, or `{{ callback.token }}` in its input).
+    token: String,
+    /// Complete the step with this output: a JSON document, or @FILE to
+    /// read one from a file.
+    #[arg(long, value_name = "JSON")]
+    output: Option<String>,
+    /// Fail the attempt with this error instead.
+    #[arg(long, value_name = "TEXT")]
+    error: Option<String>,
+    /// With --error: the failure is transient, so the step is tried again
+    /// (counted against the task's max_failures) with a new token.
+    #[arg(long, requires = "error")]
+    retryable: bool,
+}
+
+/// `rota callback`: prints the step and attempt and what the callback did.
+pub async fn callback(store: &StoreArgs, args: CallbackArgs) -> anyhow::Result<()> {
+    let outcome = match (args.output, args.error) {
+        (Some(output), _) => rota_engine::callback::Outcome::Succeeded { output: parse_json_arg("--output", &output)? },
+        (None, Some(error)) => rota_engine::callback::Outcome::Failed { error, retryable: args.retryable },
+        (None, None) => bail!("give --output JSON or --error TEXT"),
+    };
+    let accepted = store.backend().await?.callback(&args.token, outcome).await?;
+    let what = if accepted.completed { "completed" } else { "failed" };
+    output::line(&format!("task {} step {} attempt {}: {what}", accepted.task_id, accepted.step, accepted.attempt))?;
+    Ok(())
+}
+
 /// `rota submit`.
 pub async fn submit(store: &StoreArgs, args: SubmitArgs) -> anyhow::Result<()> {
     let input = parse_input(&args.input)?;

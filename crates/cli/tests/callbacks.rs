@@ -273,4 +273,31 @@ fn an_outside_service_completes_a_callback_step_once_and_only_while_it_waits() {
     let failed = wait_state(&rota, "p-2", "error");
     assert!(failed["error"].as_str().unwrap().contains("account closed"), "{failed}");
     assert_eq!(http.callback(&token, &json!({ "output": 1 })).0, 409, "the token was used by the failure");
+
+    // `rota callback` does the same, on the store itself and through the
+    // server, and says why it refuses.
+    rota.ok(&["submit", "payout", "--id", "p-3", "--input", "{}"]);
+    let token = service.requests_for("p-3", 1).remove(0).header_token;
+    let said = rota.ok(&["callback", &token, "--output", r#"{"payout_id": "po-cli"}"#]);
+    assert_eq!(said.trim(), "task p-3 step payout attempt 1: completed");
+    let done = wait_state(&rota, "p-3", "processed");
+    assert_eq!(step(&done, "receipt")["output"], json!({ "payout": "po-cli" }));
+    let by = callbacks_in(&done).iter().find(|e| e["detail"]["outcome"] == "succeeded").unwrap()["detail"]["sent_by"].clone();
+    assert!(by.as_str().unwrap().starts_with("cli"), "a local callback is sent by the command line: {by}");
+    let (code, stderr) = rota.fails(&["callback", &token, "--output", "1"]);
+    assert!(code != 0 && stderr.contains("the callback changes nothing"), "{code} {stderr}");
+    let (code, stderr) = rota.fails(&["callback", "not-a-token", "--error", "x"]);
+    assert!(code != 0 && stderr.contains("no step waits for this callback token"), "{code} {stderr}");
+
+    rota.ok(&["submit", "payout", "--id", "p-4", "--input", "{}"]);
+    let token = service.requests_for("p-4", 1).remove(0).header_token;
+    let remote = ["--server", server.url.as_str(), "--token", ADMIN_TOKEN];
+    let said = rota.ok(&[&remote[..], &["callback", &token, "--error", "account frozen"]].concat());
+    assert_eq!(said.trim(), "task p-4 step payout attempt 1: failed");
+    let failed = wait_state(&rota, "p-4", "error");
+    assert!(failed["error"].as_str().unwrap().contains("account frozen"), "{failed}");
+    let (code, stderr) = rota.fails(&[&remote[..], &["callback", &token, "--output", "1"]].concat());
+    assert!(code != 0 && stderr.contains("the callback changes nothing"), "through the server too: {code} {stderr}");
+    let (code, stderr) = rota.fails(&["callback", &token]);
+    assert!(code != 0 && stderr.contains("--output"), "an outcome is required: {stderr}");
 }

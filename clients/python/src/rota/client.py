@@ -12,7 +12,7 @@ from typing import cast
 
 from . import sse
 from ._http import JSON_NULL, Transport, quote
-from .types import Event, Json, SignalDelivery, Task, TaskState, TaskSummary
+from .types import CallbackAccepted, Event, Json, SignalDelivery, Task, TaskState, TaskSummary
 
 #: The server when neither the ``url`` argument nor ``ROTA_URL`` names one.
 DEFAULT_URL = "http://127.0.0.1:7878"
@@ -143,6 +143,28 @@ class Client:
         body = JSON_NULL if data is None else data
         answer = self._http.call("POST", f"/v1/tasks/{quote(task_id)}/signals/{quote(name)}", body)
         return cast(SignalDelivery, answer)
+
+    def complete_callback(self, token: str, output: Json = None) -> CallbackAccepted:
+        """Completes the attempt of a callback step (``callback: true``) that
+        ``token`` names, with ``output`` as the step's output: what the
+        remote service that got the step's request does when its work is
+        done. The token is the request's ``Rota-Callback-Token`` header (or
+        ``{{ callback.token }}`` in its input) and is the credential: no
+        API token is needed. ``ApiError`` ``unknown_callback`` for a token
+        that names no waiting step, ``refused`` when its attempt is over
+        or the token was used; either way nothing changed."""
+        return self._callback(token, {"output": output})
+
+    def fail_callback(self, token: str, error: str, retryable: bool = False) -> CallbackAccepted:
+        """Fails the attempt ``token`` names (see :meth:`complete_callback`):
+        for good unless ``retryable``, in which case the step is tried again
+        as a new attempt with a new token, counted against the task's
+        ``max_failures``."""
+        return self._callback(token, {"error": error, "retryable": retryable})
+
+    def _callback(self, token: str, body: dict[str, Json]) -> CallbackAccepted:
+        answer = self._http.call("POST", f"/v1/callbacks/{quote(token)}", body)
+        return cast(CallbackAccepted, answer)
 
     def resubmit(self, task_id: str, step: str | None = None) -> TaskState:
         """Runs a task that ended in ``error`` again (its failed steps, or

@@ -104,6 +104,16 @@ class WorkRequest(TypedDict):
     retry: RetryPolicy
 
 
+class CallbackAccepted(TypedDict):
+    """What a callback did: the step and attempt its token named, and
+    whether it completed the step (rather than failing the attempt)."""
+
+    task_id: str
+    step: str
+    attempt: int
+    completed: bool
+
+
 class SignalDelivery(TypedDict):
     """What a signal did: the step it went to, and whether it completed it
     now (it was waiting) or is kept until the task reaches it."""
