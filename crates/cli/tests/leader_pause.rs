@@ -10,14 +10,14 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Rota, Serve};
+use common::{Rota, Serve, history_violations};
 use rota_model::{Clock, InstanceId, SystemClock};
-use rota_store::{Event, EventKind, SharedStore, TaskFilter};
+use rota_store::{EventKind, SharedStore, TaskFilter};
 use rota_store_postgres::{Config, PgStore};
 use rota_testkit::postgres::TestSchema;
 
@@ -45,58 +45,6 @@ const STALL: &str = "name: stall\nversion: 1\ndeadline: 3s\nmax_failures: 2\non_
 /// The instance holding the Supervisors' leader lease, if any.
 fn leader(runtime: &tokio::runtime::Runtime, store: &SharedStore) -> Option<InstanceId> {
     runtime.block_on(store.leader("supervisor")).unwrap().map(|lease| lease.holder)
-}
-
-/// What must hold of one task's history, as a list of violations.
-fn violations(id: &str, history: &[Event]) -> Vec<String> {
-    let mut found = Vec::new();
-    let received = history.iter().filter(|e| e.kind == EventKind::Received).count();
-    if received != 1 {
-        found.push(format!("{id}: received {received} times"));
-    }
-    // At most one expiry per lease, by the lease's holder's successor.
-    let mut holder: Option<String> = None;
-    let mut expired_this_lease = false;
-    // Each attempt ends once; each step completes once.
-    let mut attempt_ends: BTreeMap<(String, u32), usize> = BTreeMap::new();
-    let mut completions: BTreeMap<String, usize> = BTreeMap::new();
-    for event in history {
-        match event.kind {
-            EventKind::Claimed => {
-                holder = event.detail["owner"].as_str().map(str::to_owned);
-                expired_this_lease = false;
-            }
-            EventKind::Expired => {
-                let previous = event.detail["previous_holder"].as_str().map(str::to_owned);
-                if expired_this_lease {
-                    found.push(format!("{id}: lease of {holder:?} expired twice (seq {})", event.seq));
-                }
-                if previous != holder {
-                    found.push(format!("{id}: expired a lease of {previous:?} while {holder:?} held it (seq {})", event.seq));
-                }
-                expired_this_lease = true;
-            }
-            EventKind::StepCompleted | EventKind::StepFailed => {
-                let step = event.step.as_ref().map(|s| s.to_string()).unwrap_or_default();
-                *attempt_ends.entry((step.clone(), event.attempt.unwrap_or(0))).or_default() += 1;
-                if event.kind == EventKind::StepCompleted {
-                    *completions.entry(step).or_default() += 1;
-                }
-            }
-            _ => {}
-        }
-    }
-    for ((step, attempt), ends) in attempt_ends {
-        if ends > 1 {
-            found.push(format!("{id}: step {step} attempt {attempt} ended {ends} times"));
-        }
-    }
-    for (step, count) in completions {
-        if count > 1 {
-            found.push(format!("{id}: step {step} completed {count} times"));
-        }
-    }
-    found
 }
 
 #[test]
@@ -189,7 +137,7 @@ fn postgres_supervisor_leader_paused_past_its_lease_then_resumed() {
     let mut fires = BTreeSet::new();
     for task in &tasks {
         let history = runtime.block_on(store.history(&task.id)).unwrap();
-        problems.extend(violations(task.id.as_str(), &history));
+        problems.extend(history_violations(task.id.as_str(), &history));
         expired_from_paused +=
             history.iter().filter(|e| e.kind == EventKind::Expired && e.detail["previous_holder"] == paused.as_str()).count();
         if task.id.as_str().starts_with("tick@") {

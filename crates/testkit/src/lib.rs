@@ -8,3 +8,4 @@
 //! stores and engine.
 
 pub mod postgres;
+pub mod proxy;

@@ -3,12 +3,14 @@
 
 #![allow(dead_code)] // Each test file uses a different part of this.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
+use rota_store::{Event, EventKind};
 use serde_json::Value;
 
 /// A store in a temporary directory, and the binary to run against it.
@@ -209,4 +211,59 @@ impl Drop for Serve {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// What must hold of one task's history whatever faults it met, as a list
+/// of violations: received once, at most one expiry per lease and only of
+/// the lease's holder, each step attempt ended once, each step completed
+/// once.
+pub fn history_violations(id: &str, history: &[Event]) -> Vec<String> {
+    let mut found = Vec::new();
+    let received = history.iter().filter(|e| e.kind == EventKind::Received).count();
+    if received != 1 {
+        found.push(format!("{id}: received {received} times"));
+    }
+    // At most one expiry per lease, by the lease's holder's successor.
+    let mut holder: Option<String> = None;
+    let mut expired_this_lease = false;
+    // Each attempt ends once; each step completes once.
+    let mut attempt_ends: BTreeMap<(String, u32), usize> = BTreeMap::new();
+    let mut completions: BTreeMap<String, usize> = BTreeMap::new();
+    for event in history {
+        match event.kind {
+            EventKind::Claimed => {
+                holder = event.detail["owner"].as_str().map(str::to_owned);
+                expired_this_lease = false;
+            }
+            EventKind::Expired => {
+                let previous = event.detail["previous_holder"].as_str().map(str::to_owned);
+                if expired_this_lease {
+                    found.push(format!("{id}: lease of {holder:?} expired twice (seq {})", event.seq));
+                }
+                if previous != holder {
+                    found.push(format!("{id}: expired a lease of {previous:?} while {holder:?} held it (seq {})", event.seq));
+                }
+                expired_this_lease = true;
+            }
+            EventKind::StepCompleted | EventKind::StepFailed => {
+                let step = event.step.as_ref().map(|s| s.to_string()).unwrap_or_default();
+                *attempt_ends.entry((step.clone(), event.attempt.unwrap_or(0))).or_default() += 1;
+                if event.kind == EventKind::StepCompleted {
+                    *completions.entry(step).or_default() += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    for ((step, attempt), ends) in attempt_ends {
+        if ends > 1 {
+            found.push(format!("{id}: step {step} attempt {attempt} ended {ends} times"));
+        }
+    }
+    for (step, count) in completions {
+        if count > 1 {
+            found.push(format!("{id}: step {step} completed {count} times"));
+        }
+    }
+    found
 }
