@@ -10,14 +10,10 @@
 mod common;
 
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Rota, Serve, history_violations};
-use rota_model::{Clock, SystemClock};
+use common::{Serve, Submitter, history_violations, open_postgres};
 use rota_store::{EventKind, SharedStore, TaskFilter};
-use rota_store_postgres::{Config, PgStore};
 use rota_testkit::postgres::TestSchema;
 use rota_testkit::proxy::{FaultProxy, Mode};
 
@@ -68,32 +64,13 @@ fn postgres_stalled_then_cut_past_a_lease_loses_nothing_and_doubles_nothing() {
     std::fs::create_dir_all(&workflows).unwrap();
     std::fs::write(workflows.join("work.yaml"), WORK).unwrap();
 
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let store: SharedStore = runtime.block_on(async {
-        let mut config = Config::new(schema.url.clone());
-        config.schema = schema.name.clone();
-        config.connections_max = 2;
-        Arc::new(PgStore::open(config, clock.clone()).await.expect("open the store"))
-    });
+    let store = open_postgres(&runtime, &schema);
     let args = ["--workflows", workflows.to_str().unwrap(), "--instance-id", "solo", "--supervisor-interval", "200ms", "--listen", "none"];
     let mut serve = Serve::start(&proxied_url, &args);
 
     // Submissions straight to the database, before, during and after the
     // outages, as an API process elsewhere would take them.
-    let stop = Arc::new(AtomicBool::new(false));
-    let submitter = {
-        let (stop, url) = (stop.clone(), direct_url.clone());
-        std::thread::spawn(move || {
-            let rota = Rota::with_store(&url);
-            let mut submitted = 0;
-            while !stop.load(Ordering::Relaxed) {
-                rota.ok(&["submit", "work", "--id", &format!("work-{submitted}")]);
-                submitted += 1;
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            submitted
-        })
-    };
+    let submitter = Submitter::start(&direct_url, |_| "work");
 
     let mut faults = Vec::new();
     for mode in [Mode::Stall, Mode::Cut] {
@@ -121,8 +98,7 @@ fn postgres_stalled_then_cut_past_a_lease_loses_nothing_and_doubles_nothing() {
         faults.push(format!("{mode:?} for {OUTAGE:?} with {in_flight} unfinished"));
         std::thread::sleep(Duration::from_secs(2));
     }
-    stop.store(true, Ordering::Relaxed);
-    let submitted = submitter.join().unwrap();
+    let submitted = submitter.stop();
 
     let recovery_started = Instant::now();
     loop {

@@ -11,14 +11,11 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Rota, Serve, history_violations};
-use rota_model::{Clock, InstanceId, SystemClock};
+use common::{Serve, Submitter, history_violations, open_postgres};
+use rota_model::InstanceId;
 use rota_store::{EventKind, SharedStore, TaskFilter};
-use rota_store_postgres::{Config, PgStore};
 use rota_testkit::postgres::TestSchema;
 
 /// Supervisor rounds every 200 ms: its leader lease lasts 1 s.
@@ -58,13 +55,7 @@ fn postgres_supervisor_leader_paused_past_its_lease_then_resumed() {
     std::fs::write(workflows.join("stall.yaml"), STALL).unwrap();
 
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let store: SharedStore = runtime.block_on(async {
-        let mut config = Config::new(schema.url.clone());
-        config.schema = schema.name.clone();
-        config.connections_max = 2;
-        Arc::new(PgStore::open(config, clock.clone()).await.expect("open the store"))
-    });
+    let store = open_postgres(&runtime, &schema);
     let serve = |id: &str| {
         let args = ["--workflows", workflows.to_str().unwrap(), "--instance-id", id, "--supervisor-interval", SUPERVISOR_INTERVAL];
         Serve::start(&store_url, &[&args[..], &["--listen", "none"]].concat())
@@ -72,21 +63,7 @@ fn postgres_supervisor_leader_paused_past_its_lease_then_resumed() {
     let serves = [("a", serve("a")), ("b", serve("b"))];
 
     // A steady stream of tasks, so that the leader holds some when stopped.
-    let stop = Arc::new(AtomicBool::new(false));
-    let submitter = {
-        let (stop, url) = (stop.clone(), store_url.clone());
-        std::thread::spawn(move || {
-            let rota = Rota::with_store(&url);
-            let mut submitted = 0;
-            while !stop.load(Ordering::Relaxed) {
-                let workflow = if submitted % 4 == 3 { "stall" } else { "work" };
-                rota.ok(&["submit", workflow, "--id", &format!("{workflow}-{submitted}")]);
-                submitted += 1;
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            submitted
-        })
-    };
+    let submitter = Submitter::start(&store_url, |n| if n % 4 == 3 { "stall" } else { "work" });
 
     // Stop the leader while it holds tasks, so that their leases run out.
     let deadline = Instant::now() + TAKEOVER_TIMEOUT;
@@ -115,8 +92,7 @@ fn postgres_supervisor_leader_paused_past_its_lease_then_resumed() {
     assert_eq!(leader(&runtime, &store).map(|holder| holder.to_string()).as_deref(), Some(other), "{other} leads to the end of the pause");
     assert_eq!(unsafe { libc::kill(paused_serve.pid(), libc::SIGCONT) }, 0);
     std::thread::sleep(Duration::from_secs(3));
-    stop.store(true, Ordering::Relaxed);
-    let submitted = submitter.join().unwrap();
+    let submitted = submitter.stop();
 
     // Every task ends.
     let filter = TaskFilter { limit: 10_000, ..TaskFilter::default() };

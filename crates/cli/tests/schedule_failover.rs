@@ -9,6 +9,8 @@
 //! the killed leader did not get to is fired by the next leader, and one it
 //! started and did not record is found already created (same derived id).
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -19,7 +21,6 @@ use std::time::{Duration, Instant};
 use rota_model::schedule::rfc3339_seconds;
 use rota_model::{Clock, InstanceId, ScheduleName, SystemClock, Timestamp};
 use rota_store::{EventKind, SharedStore, TaskFilter};
-use rota_store_postgres::{Config, PgStore};
 use rota_testkit::postgres::TestSchema;
 
 /// How long a process may take to log that it started.
@@ -103,12 +104,7 @@ fn postgres_two_serves_fire_every_second_once_across_leader_sigkills() {
 
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let store: SharedStore = runtime.block_on(async {
-        let mut config = Config::new(schema.url.clone());
-        config.schema = schema.name.clone();
-        config.connections_max = 2;
-        Arc::new(PgStore::open(config, clock.clone()).await.expect("open the store"))
-    });
+    let store = common::open_postgres(&runtime, &schema);
 
     let started = Instant::now();
     let mut serves = vec![("a", Serve::start(&store_url, &workflows, "a")), ("b", Serve::start(&store_url, &workflows, "b"))];

@@ -15,7 +15,7 @@ use rota_engine::engine::Config;
 use rota_engine::replies::{StatusMessage, is_status};
 use rota_engine::{Engine, Error, Shutdown, Start, Submission};
 use rota_model::{ExhaustedPolicy, InstanceId, QueueName, RetryPolicy, SystemClock, TaskId, TaskState, WorkflowName};
-use rota_store::{Receive, SharedStore};
+use rota_store::SharedStore;
 use rota_workflow::{AgentCatalog, CompensateDef, StepDef, Workflow};
 use serde_json::{Value, json};
 
@@ -56,25 +56,6 @@ fn workflow(name: &str, policy: ExhaustedPolicy) -> Workflow {
 
 fn replies() -> QueueName {
     QueueName::new("shop.replies").unwrap()
-}
-
-/// Every message of the queue, received and completed, oldest first.
-async fn drain(store: &SharedStore, queue: &QueueName) -> Vec<StatusMessage> {
-    let mut all = Vec::new();
-    loop {
-        let batch = store.receive(queue, Receive::up_to(100)).await.unwrap();
-        if batch.is_empty() {
-            return all;
-        }
-        for delivery in batch {
-            assert_eq!(
-                delivery.ordering_key.as_deref(),
-                Some(serde_json::from_str::<StatusMessage>(delivery.body.get()).unwrap().correlation_id.as_str())
-            );
-            all.push(serde_json::from_str(delivery.body.get()).unwrap());
-            store.complete(queue, delivery.lease_token).await.unwrap();
-        }
-    }
 }
 
 /// The status events of `id`'s history, as (kind, step, attempt, detail).
@@ -129,7 +110,7 @@ async fn every_status_event_waits_in_the_reply_queue_in_order(backend: Backend) 
     running.await.unwrap().unwrap();
 
     // Read only now, as an application that was down all along.
-    let messages = drain(&store, &replies()).await;
+    let messages = common::drain_status(&store, &replies()).await;
     let mut per_task: BTreeMap<String, Vec<StatusMessage>> = BTreeMap::new();
     for message in messages {
         per_task.entry(message.correlation_id.to_string()).or_default().push(message);

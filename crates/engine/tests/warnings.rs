@@ -14,11 +14,10 @@ use std::time::Duration;
 
 use rota_agent::{Agent, Request, StepError};
 use rota_engine::engine::Config;
-use rota_engine::replies::StatusMessage;
 use rota_engine::supervisor::{self, Supervisor};
 use rota_engine::{Client, Completions, Engine, Roles, Shutdown, Submission, Workflows};
 use rota_model::{Clock, InstanceId, ManualClock, QueueName, RetryPolicy, StepState, TaskId, TaskState, Timestamp, WorkflowName};
-use rota_store::{Event, EventKind, Receive, SharedStore, TaskFilter};
+use rota_store::{Event, EventKind, SharedStore, TaskFilter};
 use rota_workflow::{AgentCatalog, AgentName, StepDef, Workflow};
 use serde_json::{Value, json};
 
@@ -286,21 +285,6 @@ async fn a_task_past_its_warning_point_raises_one_warning(backend: Backend) {
     rig.finish(&id).await;
 }
 
-/// Every message waiting in `queue`, completed as read.
-async fn drain(store: &SharedStore, queue: &QueueName) -> Vec<StatusMessage> {
-    let mut all = Vec::new();
-    loop {
-        let batch = store.receive(queue, Receive::up_to(100)).await.unwrap();
-        if batch.is_empty() {
-            return all;
-        }
-        for delivery in batch {
-            all.push(serde_json::from_str(delivery.body.get()).unwrap());
-            store.complete(queue, delivery.lease_token).await.unwrap();
-        }
-    }
-}
-
 /// A task with a reply queue gets its `at_risk` events there, a step's and
 /// the task's own, each once and in history order among its other status
 /// events, as the application reads them after the task ended.
@@ -325,7 +309,7 @@ async fn a_warning_is_sent_to_the_reply_queue(backend: Backend) {
     rig.gate.answer("b", 1, Answer::Succeed);
     assert_eq!(rig.client.wait(&task, PATIENCE).await.unwrap(), TaskState::Processed);
 
-    let messages = drain(&rig.store, &replies).await;
+    let messages = common::drain_status(&rig.store, &replies).await;
     let of = |id: &TaskId| messages.iter().filter(|m| &m.correlation_id == id).collect::<Vec<_>>();
     let kinds = |id: &TaskId| of(id).iter().map(|m| (m.event.clone(), m.step.clone(), m.attempt)).collect::<Vec<_>>();
     let kind = |event: &str, step: Option<&str>, attempt: Option<u32>| (event.to_owned(), step.map(str::to_owned), attempt);

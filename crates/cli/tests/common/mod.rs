@@ -267,3 +267,48 @@ pub fn history_violations(id: &str, history: &[Event]) -> Vec<String> {
     }
     found
 }
+
+/// A store on the test schema `schema`, to read what the processes under
+/// test wrote.
+pub fn open_postgres(runtime: &tokio::runtime::Runtime, schema: &rota_testkit::postgres::TestSchema) -> rota_store::SharedStore {
+    let clock: std::sync::Arc<dyn rota_model::Clock> = std::sync::Arc::new(rota_model::SystemClock);
+    runtime.block_on(async {
+        let mut config = rota_store_postgres::Config::new(schema.url.clone());
+        config.schema = schema.name.clone();
+        config.connections_max = 2;
+        std::sync::Arc::new(rota_store_postgres::PgStore::open(config, clock).await.expect("open the store"))
+    })
+}
+
+/// Submits a task through the CLI every 50 ms on its own thread, until
+/// stopped: the task of submission `n` runs workflow `workflow_of(n)` with
+/// the id `<workflow>-<n>`.
+pub struct Submitter {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: thread::JoinHandle<usize>,
+}
+
+impl Submitter {
+    pub fn start(store_url: &str, workflow_of: fn(usize) -> &'static str) -> Submitter {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (stopped, url) = (stop.clone(), store_url.to_owned());
+        let thread = thread::spawn(move || {
+            let rota = Rota::with_store(&url);
+            let mut submitted = 0;
+            while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                let workflow = workflow_of(submitted);
+                rota.ok(&["submit", workflow, "--id", &format!("{workflow}-{submitted}")]);
+                submitted += 1;
+                thread::sleep(Duration::from_millis(50));
+            }
+            submitted
+        });
+        Submitter { stop, thread }
+    }
+
+    /// Stops it; how many tasks it submitted.
+    pub fn stop(self) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().expect("the submitter ran")
+    }
+}

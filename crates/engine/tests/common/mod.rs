@@ -5,8 +5,9 @@
 
 use std::sync::Arc;
 
-use rota_model::Clock;
-use rota_store::SharedStore;
+use rota_engine::replies::StatusMessage;
+use rota_model::{Clock, QueueName};
+use rota_store::{Receive, SharedStore};
 use rota_testkit::postgres::TestSchema;
 
 /// Which store a test runs on.
@@ -65,4 +66,23 @@ macro_rules! on_each_backend {
             )*
         }
     };
+}
+
+/// Every status message waiting in a response queue, received and
+/// completed, oldest first; each must carry its task id as ordering key.
+#[allow(dead_code)] // Only the tests of response queues read them.
+pub async fn drain_status(store: &SharedStore, queue: &QueueName) -> Vec<StatusMessage> {
+    let mut all = Vec::new();
+    loop {
+        let batch = store.receive(queue, Receive::up_to(100)).await.unwrap();
+        if batch.is_empty() {
+            return all;
+        }
+        for delivery in batch {
+            let message: StatusMessage = serde_json::from_str(delivery.body.get()).unwrap();
+            assert_eq!(delivery.ordering_key.as_deref(), Some(message.correlation_id.as_str()), "keyed by its task");
+            all.push(message);
+            store.complete(queue, delivery.lease_token).await.unwrap();
+        }
+    }
 }
