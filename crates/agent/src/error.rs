@@ -12,6 +12,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use rota_model::FailureClass;
+
 /// The result of setting up an agent.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -38,6 +40,9 @@ pub enum StepError {
         /// How long the remote side asked us to wait (`Retry-After`, an open
         /// circuit). The retry loop waits at least this long.
         retry_after: Option<Duration>,
+        /// What the failure was (a status, a timeout…), when the agent
+        /// knows: a retry policy may list it as not worth retrying.
+        class: Option<FailureClass>,
     },
     /// A fault that repeating the same request cannot fix: a 404, a bad
     /// input, a declined card. The agent replies at once with an error.
@@ -51,12 +56,29 @@ pub enum StepError {
 impl StepError {
     /// A transient fault with no hint about when to come back.
     pub fn retryable(message: impl Into<String>) -> Self {
-        StepError::Retryable { message: message.into(), retry_after: None }
+        StepError::Retryable { message: message.into(), retry_after: None, class: None }
     }
 
     /// A transient fault the remote side asked us to retry after `wait`.
     pub fn retryable_after(message: impl Into<String>, wait: Duration) -> Self {
-        StepError::Retryable { message: message.into(), retry_after: Some(wait) }
+        StepError::Retryable { message: message.into(), retry_after: Some(wait), class: None }
+    }
+
+    /// The same error, saying what kind of failure it was. A permanent
+    /// error stays as it is: it fails at once whatever the class.
+    pub fn with_class(mut self, failure: FailureClass) -> Self {
+        if let StepError::Retryable { class, .. } = &mut self {
+            *class = Some(failure);
+        }
+        self
+    }
+
+    /// What kind of transient failure this was, if the agent said.
+    pub fn class(&self) -> Option<FailureClass> {
+        match self {
+            StepError::Retryable { class, .. } => *class,
+            StepError::Permanent { .. } => None,
+        }
     }
 
     /// A fault that retrying cannot fix.
@@ -139,5 +161,12 @@ mod tests {
         let err = StepError::retryable_after("slow down", Duration::from_secs(2));
         assert_eq!(err.retry_after(), Some(Duration::from_secs(2)));
         assert_eq!(StepError::permanent("no").retry_after(), None);
+    }
+
+    #[test]
+    fn only_transient_errors_carry_a_class() {
+        let err = StepError::retryable("503").with_class(FailureClass::Status(503));
+        assert_eq!(err.class(), Some(FailureClass::Status(503)));
+        assert_eq!(StepError::permanent("404").with_class(FailureClass::Status(404)).class(), None);
     }
 }

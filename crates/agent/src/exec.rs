@@ -32,6 +32,10 @@
 //! | cannot start: not found, not executable     | permanent                                  |
 //! | cannot start: anything else (EAGAIN, …)     | retryable                                  |
 //!
+//! The transient failures carry their class, which a step's
+//! `retry.non_retryable` may list to fail at once instead: `timeout`,
+//! `exit_tempfail` (exit 75), `killed` (a signal) and `start_failed`.
+//!
 //! Only 75 is retryable among exit codes: it is the one sysexits.h code that
 //! means "try again later", and a script author can choose it on purpose.
 //! Error messages carry the last lines of stderr.
@@ -50,7 +54,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rota_model::{Clock, json};
+use rota_model::{Clock, FailureClass, FailureKind, json};
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
@@ -224,7 +228,8 @@ impl Agent for ExecAgent {
         match finished {
             Err(_elapsed) => {
                 running.kill_group().await;
-                Err(StepError::retryable(format!("`{program}` timed out after {}; killed", humantime::format_duration(timeout))))
+                let message = format!("`{program}` timed out after {}; killed", humantime::format_duration(timeout));
+                Err(StepError::retryable(message).with_class(FailureClass::Kind(FailureKind::Timeout)))
             }
             Ok(Err(e)) if e.kind() == io::ErrorKind::FileTooLarge => {
                 running.kill_group().await;
@@ -340,10 +345,14 @@ fn classify(program: &str, status: ExitStatus, stdout: &[u8], stderr: &[u8]) -> 
             })
         }
         (Some(EXIT_TEMPFAIL), _) => {
-            Err(StepError::retryable(with_stderr(format!("`{program}` exited {EXIT_TEMPFAIL} (temporary failure)"))))
+            let message = with_stderr(format!("`{program}` exited {EXIT_TEMPFAIL} (temporary failure)"));
+            Err(StepError::retryable(message).with_class(FailureClass::Kind(FailureKind::ExitTempfail)))
         }
         (Some(code), _) => Err(StepError::permanent(with_stderr(format!("`{program}` exited {code}")))),
-        (None, Some(signal)) => Err(StepError::retryable(with_stderr(format!("`{program}` was killed by signal {signal}")))),
+        (None, Some(signal)) => {
+            let message = with_stderr(format!("`{program}` was killed by signal {signal}"));
+            Err(StepError::retryable(message).with_class(FailureClass::Kind(FailureKind::Killed)))
+        }
         (None, None) => Err(StepError::retryable(with_stderr(format!("`{program}` ended with {status}")))),
     }
 }
@@ -361,7 +370,7 @@ fn spawn_error(program: &str, error: io::Error) -> StepError {
     let message = format!("cannot run `{program}`: {error}");
     match error.kind() {
         io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied | io::ErrorKind::InvalidInput => StepError::permanent(message),
-        _ => StepError::retryable(message),
+        _ => StepError::retryable(message).with_class(FailureClass::Kind(FailureKind::StartFailed)),
     }
 }
 
@@ -432,9 +441,13 @@ mod tests {
         assert_eq!(check(exit(0), r#"{"ok":true}"#, ""), Ok(json!({"ok": true})));
         assert_eq!(check(exit(0), " \n", ""), Ok(Value::Null));
         assert!(!check(exit(0), "done", "").unwrap_err().is_retryable());
-        assert_eq!(check(exit(75), "", "db locked\n"), Err(StepError::retryable("`job` exited 75 (temporary failure): db locked")));
+        assert_eq!(
+            check(exit(75), "", "db locked\n"),
+            Err(StepError::retryable("`job` exited 75 (temporary failure): db locked").with_class(FailureClass::Kind(FailureKind::ExitTempfail)))
+        );
         assert_eq!(check(exit(1), "", "a\nb\n\nc\nd\ne\nf\n"), Err(StepError::permanent("`job` exited 1: b | c | d | e | f")));
         assert!(check(9, "", "").unwrap_err().is_retryable(), "SIGKILL from outside");
+        assert_eq!(check(9, "", "").unwrap_err().class(), Some(FailureClass::Kind(FailureKind::Killed)));
     }
 
     #[test]

@@ -21,6 +21,11 @@
 //! | bad input, body over the size bound         | permanent                                | —        |
 //! | host refused by the egress allow-list       | permanent, naming the host and the setting | —      |
 //!
+//! A transient failure carries its class, which a step's
+//! `retry.non_retryable` may list to fail at once instead: the status for a
+//! 5xx, 429 or 408, `timeout`, `connection`, and `circuit_open` for a call
+//! the breaker refused.
+//!
 //! A 4xx counts as a success for the breaker: the endpoint answered, it is
 //! the request that is wrong. A timeout caused by the step's own deadline
 //! (rather than the input's `timeout`) does not count: a short deadline says
@@ -39,7 +44,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use async_trait::async_trait;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use reqwest::{Method, StatusCode, Url};
-use rota_model::{Clock, Timestamp};
+use rota_model::{Clock, FailureClass, FailureKind, Timestamp};
 use serde_json::{Value, json};
 
 use crate::breaker::{BreakerConfig, BreakerSnapshot, Breakers, Refusal};
@@ -179,13 +184,15 @@ impl HttpAgent {
                 (Err(StepError::permanent(format!("{target}: {refused}"))), Health::Unknown)
             } else if e.is_timeout() {
                 let health = if cut_by_deadline { Health::Unknown } else { Health::Failing };
-                (Err(StepError::retryable(format!("{target}: timed out after {}", humantime::format_duration(timeout)))), health)
+                let message = format!("{target}: timed out after {}", humantime::format_duration(timeout));
+                (Err(StepError::retryable(message).with_class(FailureClass::Kind(FailureKind::Timeout))), health)
             } else if e.is_builder() || e.is_redirect() {
                 (Err(StepError::permanent(format!("{target}: {}", error_chain(&e)))), Health::Up)
             } else {
                 // Refused or reset connections, DNS failures, bodies cut off
                 // mid-way: the network or the endpoint, worth another try.
-                (Err(StepError::retryable(format!("{target}: {}", error_chain(&e)))), Health::Failing)
+                let message = format!("{target}: {}", error_chain(&e));
+                (Err(StepError::retryable(message).with_class(FailureClass::Kind(FailureKind::Connection))), Health::Failing)
             }
         };
         let mut response = match builder.send().await {
@@ -334,14 +341,15 @@ fn classify(target: Target<'_>, status: StatusCode, body: &[u8], retry_after: Op
         };
         return (Ok(output), Health::Up);
     }
+    let class = FailureClass::Status(status.as_u16());
     if status.is_server_error() {
-        return (Err(StepError::Retryable { message: failed(), retry_after }), Health::Failing);
+        return (Err(StepError::Retryable { message: failed(), retry_after, class: Some(class) }), Health::Failing);
     }
     if status == StatusCode::TOO_MANY_REQUESTS {
-        return (Err(StepError::Retryable { message: failed(), retry_after }), Health::Up);
+        return (Err(StepError::Retryable { message: failed(), retry_after, class: Some(class) }), Health::Up);
     }
     if status == StatusCode::REQUEST_TIMEOUT {
-        return (Err(StepError::retryable(failed())), Health::Up);
+        return (Err(StepError::retryable(failed()).with_class(class)), Health::Up);
     }
     (Err(StepError::permanent(failed())), Health::Up)
 }
@@ -368,8 +376,10 @@ fn refused(endpoint: &str, refusal: Refusal, now: Timestamp) -> StepError {
                 format!("circuit open for {endpoint} until {} (in {})", httpdate::fmt_http_date(at), humantime::format_duration(wait)),
                 wait,
             )
+            .with_class(FailureClass::Kind(FailureKind::CircuitOpen))
         }
-        Refusal::ProbeInFlight => StepError::retryable(format!("circuit half-open for {endpoint}: a probe call is in flight")),
+        Refusal::ProbeInFlight => StepError::retryable(format!("circuit half-open for {endpoint}: a probe call is in flight"))
+            .with_class(FailureClass::Kind(FailureKind::CircuitOpen)),
     }
 }
 
@@ -417,11 +427,15 @@ mod tests {
         assert_eq!(
             result.unwrap_err(),
             StepError::retryable_after("POST https://pay.example:8443/charge: 503 Service Unavailable: busy", Duration::from_secs(3))
+                .with_class(FailureClass::Status(503))
         );
         assert_eq!(health, Health::Failing);
         let (result, health) = check(429, "", Some(Duration::from_secs(1)));
         assert_eq!((result.unwrap_err().retry_after(), health), (Some(Duration::from_secs(1)), Health::Up));
         assert!(check(408, "", None).0.unwrap_err().is_retryable());
+        for status in [503, 429, 408] {
+            assert_eq!(check(status, "", None).0.unwrap_err().class(), Some(FailureClass::Status(status)), "{status}");
+        }
         let (result, health) = check(404, &"x".repeat(1_000), None);
         let err = result.unwrap_err();
         assert!(!err.is_retryable());

@@ -62,6 +62,9 @@ impl Outcome {
 /// Runs `request` on `agent` until it succeeds, fails permanently, uses up
 /// `policy.attempts_max()` tries, or reaches `request.complete_by`.
 ///
+/// - A transient error whose class the policy lists as `non_retryable`
+///   counts as permanent: the loop stops at once with a failure that is not
+///   retryable, its message naming the class.
 /// - Each try is wrapped in a timeout of the time left before the deadline,
 ///   read from `clock`, so a hanging call is cancelled (its future dropped)
 ///   at the deadline.
@@ -133,6 +136,12 @@ pub async fn run_until_deadline(
             Err(StepError::Permanent { message }) => return Outcome::Failed { message, attempts, retryable: false },
             Err(error) => error,
         };
+        if let Some(class) = error.class().filter(|class| policy.is_non_retryable(*class)) {
+            // The policy says this failure will not pass: fail now, and say
+            // why, so that the history explains the missing retries.
+            let message = format!("{}; not retried: {class} is listed in retry.non_retryable", error.message());
+            return Outcome::Failed { message, attempts, retryable: false };
+        }
         if !policy.allows_after(attempts) {
             return Outcome::Failed { message: error.message().to_owned(), attempts, retryable: true };
         }
@@ -163,7 +172,7 @@ mod tests {
     use async_trait::async_trait;
     use rand::SeedableRng;
     use rand::rngs::StdRng;
-    use rota_model::{StepName, TaskId, Timestamp};
+    use rota_model::{FailureClass, FailureKind, StepName, TaskId, Timestamp};
     use serde_json::json;
     use tokio::time::Instant;
 
@@ -287,6 +296,27 @@ mod tests {
         let outcome = check(&fake, &policy(5), Duration::from_secs(30), 1).await;
         assert_eq!(outcome, Outcome::Failed { message: "card declined".into(), attempts: 1, retryable: false });
         assert!(outcome.should_reply());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_non_retryable_class_fails_at_once_and_says_why() {
+        let unavailable = || Script::Fail(StepError::retryable("503 from upstream").with_class(FailureClass::Status(503)));
+        let listed = policy(5).with_non_retryable([FailureClass::Status(503)]);
+        let fake = Fake::new([unavailable(), Script::Ok(json!(1))]);
+        let outcome = check(&fake, &listed, Duration::from_secs(30), 1).await;
+        assert_eq!(
+            outcome,
+            Outcome::Failed {
+                message: "503 from upstream; not retried: HTTP status 503 is listed in retry.non_retryable".into(),
+                attempts: 1,
+                retryable: false
+            }
+        );
+        // Another class, or none, is retried as before.
+        let other = policy(5).with_non_retryable([FailureClass::Status(404), FailureClass::Kind(FailureKind::Timeout)]);
+        let fake = Fake::new([unavailable(), retryable(), Script::Ok(json!(1))]);
+        assert_eq!(check(&fake, &other, Duration::from_secs(30), 1).await, Outcome::Succeeded(json!(1)));
+        assert_eq!(fake.gaps().len(), 2);
     }
 
     #[tokio::test(start_paused = true)]

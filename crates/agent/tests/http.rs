@@ -9,7 +9,7 @@ use std::time::Duration;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rota_agent::{Agent, BreakerConfig, BreakerState, Egress, HttpAgent, HttpConfig, Outcome, Request, run_until_deadline};
-use rota_model::{Clock, ManualClock, RetryPolicy, SystemClock};
+use rota_model::{Clock, FailureClass, FailureKind, ManualClock, RetryPolicy, SystemClock};
 use serde_json::{Value, json};
 use wiremock::matchers::{body_json, header, method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
@@ -153,6 +153,25 @@ async fn a_429_retry_after_is_honoured_by_the_retry_loop() {
 }
 
 #[tokio::test]
+async fn a_status_listed_as_non_retryable_fails_at_the_first_answer() {
+    let server = MockServer::start().await;
+    Mock::given(path("/charge")).respond_with(ResponseTemplate::new(503).set_body_string("down")).mount(&server).await;
+    let clock = Arc::new(SystemClock);
+    let agent = agent(clock.clone());
+    let request = request(post(&server, json!({})), clock.as_ref(), Duration::from_secs(10));
+    let listed = fast_retries(4).with_non_retryable([FailureClass::Status(503)]);
+    let outcome = run_until_deadline(&agent, &request, &listed, clock.as_ref(), &mut StdRng::seed_from_u64(1)).await;
+    let Outcome::Failed { message, attempts: 1, retryable: false } = outcome else { panic!("{outcome:?}") };
+    assert!(message.ends_with("503 Service Unavailable: down; not retried: HTTP status 503 is listed in retry.non_retryable"), "{message}");
+    assert_eq!(hits(&server).await, 1);
+    // Listing other classes leaves a 503 retried to the end of the policy.
+    let others = fast_retries(4).with_non_retryable([FailureClass::Status(404), FailureClass::Kind(FailureKind::Timeout)]);
+    let outcome = run_until_deadline(&agent, &request, &others, clock.as_ref(), &mut StdRng::seed_from_u64(1)).await;
+    assert!(matches!(outcome, Outcome::Failed { attempts: 4, retryable: true, .. }), "{outcome:?}");
+    assert_eq!(hits(&server).await, 5);
+}
+
+#[tokio::test]
 async fn connection_refused_is_retryable() {
     // Bind a port, then free it: nothing listens there now.
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -160,6 +179,7 @@ async fn connection_refused_is_retryable() {
     let input = json!({ "method": "GET", "url": format!("http://127.0.0.1:{port}/x") });
     let err = agent(clock.clone()).call(&request(input, clock.as_ref(), Duration::from_secs(5))).await.unwrap_err();
     assert!(err.is_retryable(), "{err}");
+    assert_eq!(err.class(), Some(FailureClass::Kind(FailureKind::Connection)));
     assert!(err.message().starts_with(&format!("GET http://127.0.0.1:{port}/x: ")), "{err}");
 }
 
@@ -175,6 +195,7 @@ async fn a_slow_endpoint_times_out_as_retryable() {
     let err = agent.call(&request(input, clock.as_ref(), Duration::from_secs(10))).await.unwrap_err();
     assert!(err.is_retryable());
     assert!(err.message().contains("timed out after 150ms"), "{err}");
+    assert_eq!(err.class(), Some(FailureClass::Kind(FailureKind::Timeout)));
     assert!(started.elapsed() < Duration::from_secs(2));
     assert_eq!(agent.breakers()[0].consecutive_failures, 1, "the input's own timeout counts against the endpoint");
 }

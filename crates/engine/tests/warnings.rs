@@ -59,7 +59,7 @@ impl Agent for Gate {
             match answer {
                 Some(Answer::Succeed) => return Ok(json!({ "attempt": request.attempt })),
                 Some(Answer::FailTransiently) => {
-                    return Err(StepError::Retryable { message: "busy".into(), retry_after: None });
+                    return Err(StepError::retryable("busy"));
                 }
                 None => tokio::time::sleep(Duration::from_millis(10)).await,
             }

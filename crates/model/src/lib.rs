@@ -21,7 +21,7 @@ pub mod task;
 
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use ids::{IdError, InstanceId, LeaseToken, MessageId, QueueName, ScheduleName, SignalName, StepName, TaskId, WorkflowName};
-pub use retry::{RetryPolicy, RetryPolicyError};
+pub use retry::{FailureClass, FailureKind, RetryPolicy, RetryPolicyError};
 pub use schedule::{CatchUp, Cron, Overlap, ScheduleError};
 pub use step::{Step, StepState};
 pub use task::{ExhaustedPolicy, Task, TaskFence, TaskState, TransitionError};

@@ -1,10 +1,13 @@
-//! The retry policy: how many attempts a step gets and how long to wait
-//! between them (exponential backoff with a cap and seeded jitter).
+//! The retry policy: how many attempts a step gets, how long to wait
+//! between them (exponential backoff with a cap and seeded jitter), and
+//! which failures are not worth another attempt at all
+//! ([`FailureClass`], `non_retryable`).
 //!
 //! The base delay and the jitter are separate functions so that tests can
 //! check each alone, and so that the randomness always comes from an
 //! injected, seedable RNG.
 
+use std::fmt;
 use std::time::Duration;
 
 use rand::Rng;
@@ -34,6 +37,111 @@ pub enum RetryPolicyError {
     /// The jitter fraction is outside 0..=1.
     #[error("jitter must be between 0 and 1, got {0}")]
     Jitter(f64),
+    /// A `non_retryable` status outside [`HTTP_STATUS_RANGE`].
+    #[error("non_retryable: HTTP status must be between 100 and 599, got {0}")]
+    Status(u16),
+}
+
+/// The lowest and highest HTTP status a [`FailureClass::Status`] may name.
+pub const HTTP_STATUS_RANGE: std::ops::RangeInclusive<u16> = 100..=599;
+
+/// A transient failure an agent reports, besides an HTTP status: the words
+/// a policy's `non_retryable` list may use.
+///
+/// Only failures the agents would otherwise retry carry a kind: a permanent
+/// failure (a bad input, a 404, an exit code other than 75) fails at once
+/// whatever the policy says, so naming it would change nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureKind {
+    /// The call or the command did not finish within its own timeout.
+    Timeout,
+    /// The connection failed: refused, reset, a DNS failure, a body cut off.
+    Connection,
+    /// The endpoint's circuit breaker refused the call (open or probing).
+    CircuitOpen,
+    /// A command exited 75 (`EX_TEMPFAIL`, "try again later").
+    ExitTempfail,
+    /// A command was killed by a signal.
+    Killed,
+    /// A command could not start for a reason that may pass (`EAGAIN`…).
+    StartFailed,
+}
+
+impl FailureKind {
+    /// Every kind, in the order the docs list them.
+    pub const ALL: [FailureKind; 6] = [
+        FailureKind::Timeout,
+        FailureKind::Connection,
+        FailureKind::CircuitOpen,
+        FailureKind::ExitTempfail,
+        FailureKind::Killed,
+        FailureKind::StartFailed,
+    ];
+
+    /// The kind's name in workflow files and messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureKind::Timeout => "timeout",
+            FailureKind::Connection => "connection",
+            FailureKind::CircuitOpen => "circuit_open",
+            FailureKind::ExitTempfail => "exit_tempfail",
+            FailureKind::Killed => "killed",
+            FailureKind::StartFailed => "start_failed",
+        }
+    }
+
+    /// The kind named `name`, if there is one.
+    pub fn parse(name: &str) -> Option<FailureKind> {
+        FailureKind::ALL.into_iter().find(|kind| kind.as_str() == name)
+    }
+}
+
+/// What a transient failure was, for matching against a policy's
+/// `non_retryable` list: an HTTP status (written as a number) or a
+/// [`FailureKind`] (written as its name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(untagged, try_from = "FailureClassField")]
+pub enum FailureClass {
+    /// The response's HTTP status, within [`HTTP_STATUS_RANGE`].
+    Status(u16),
+    /// A failure other than a status.
+    Kind(FailureKind),
+}
+
+/// The serialized shape of a [`FailureClass`]; deserializing checks the
+/// status range.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum FailureClassField {
+    Status(u16),
+    Kind(FailureKind),
+}
+
+impl TryFrom<FailureClassField> for FailureClass {
+    type Error = RetryPolicyError;
+    fn try_from(field: FailureClassField) -> Result<Self, RetryPolicyError> {
+        match field {
+            FailureClassField::Status(status) => FailureClass::status(status),
+            FailureClassField::Kind(kind) => Ok(FailureClass::Kind(kind)),
+        }
+    }
+}
+
+impl FailureClass {
+    /// An HTTP status, refused outside [`HTTP_STATUS_RANGE`].
+    pub fn status(status: u16) -> Result<FailureClass, RetryPolicyError> {
+        if HTTP_STATUS_RANGE.contains(&status) { Ok(FailureClass::Status(status)) } else { Err(RetryPolicyError::Status(status)) }
+    }
+}
+
+impl fmt::Display for FailureClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FailureClass::Status(status) => write!(f, "HTTP status {status}"),
+            FailureClass::Kind(kind) => write!(f, "`{}`", kind.as_str()),
+        }
+    }
 }
 
 /// How often to try, and how long to wait between tries.
@@ -43,6 +151,10 @@ pub enum RetryPolicyError {
 /// down by up to `jitter` of itself ("equal jitter": with the default 0.5 the
 /// delay lands in `[base/2, base]`), which spreads retries of many tasks that
 /// failed together without ever exceeding the cap.
+///
+/// A transient failure whose [`FailureClass`] the policy lists as
+/// `non_retryable` is treated as permanent: the agent stops at once and the
+/// step fails without a further attempt.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "RetryPolicyFields", into = "RetryPolicyFields")]
 pub struct RetryPolicy {
@@ -51,6 +163,7 @@ pub struct RetryPolicy {
     backoff_max: Duration,
     multiplier: f64,
     jitter: f64,
+    non_retryable: Vec<FailureClass>,
 }
 
 /// The serialized shape of a [`RetryPolicy`]; deserializing validates it.
@@ -61,6 +174,10 @@ struct RetryPolicyFields {
     backoff_max_ms: u64,
     multiplier: f64,
     jitter: f64,
+    // Left out when empty, so that the stored form of a definition without
+    // it (and with it its version's canonical text) stays as it was.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    non_retryable: Vec<FailureClass>,
 }
 
 impl TryFrom<RetryPolicyFields> for RetryPolicy {
@@ -69,6 +186,7 @@ impl TryFrom<RetryPolicyFields> for RetryPolicy {
         RetryPolicy::new(f.attempts_max, Duration::from_millis(f.backoff_initial_ms), Duration::from_millis(f.backoff_max_ms))?
             .with_multiplier(f.multiplier)?
             .with_jitter_fraction(f.jitter)
+            .map(|policy| policy.with_non_retryable(f.non_retryable))
     }
 }
 
@@ -80,6 +198,7 @@ impl From<RetryPolicy> for RetryPolicyFields {
             backoff_max_ms: u64::try_from(p.backoff_max.as_millis()).unwrap_or(u64::MAX),
             multiplier: p.multiplier,
             jitter: p.jitter,
+            non_retryable: p.non_retryable,
         }
     }
 }
@@ -93,6 +212,7 @@ impl Default for RetryPolicy {
             backoff_max: Duration::from_secs(10),
             multiplier: 2.0,
             jitter: 0.5,
+            non_retryable: Vec::new(),
         }
     }
 }
@@ -125,6 +245,28 @@ impl RetryPolicy {
         }
         self.jitter = jitter;
         Ok(self)
+    }
+
+    /// The same policy with the failures that must not be retried
+    /// (duplicates dropped, order kept).
+    pub fn with_non_retryable(mut self, classes: impl IntoIterator<Item = FailureClass>) -> Self {
+        self.non_retryable.clear();
+        for class in classes {
+            if !self.non_retryable.contains(&class) {
+                self.non_retryable.push(class);
+            }
+        }
+        self
+    }
+
+    /// The failures that fail a step at once.
+    pub fn non_retryable(&self) -> &[FailureClass] {
+        &self.non_retryable
+    }
+
+    /// Whether a transient failure of class `class` must not be retried.
+    pub fn is_non_retryable(&self, class: FailureClass) -> bool {
+        self.non_retryable.contains(&class)
     }
 
     /// The most attempts, the first included.
@@ -209,6 +351,33 @@ mod tests {
         assert_eq!(serde_json::from_str::<RetryPolicy>(&json).unwrap(), p);
         let bad = r#"{"attempts_max":0,"backoff_initial_ms":1,"backoff_max_ms":2,"multiplier":2.0,"jitter":0.5}"#;
         assert!(serde_json::from_str::<RetryPolicy>(bad).is_err());
+    }
+
+    #[test]
+    fn non_retryable_classes_are_numbers_and_names() {
+        let p = RetryPolicy::default().with_non_retryable([
+            FailureClass::Status(404),
+            FailureClass::Kind(FailureKind::Timeout),
+            FailureClass::Status(404),
+        ]);
+        assert_eq!(p.non_retryable(), [FailureClass::Status(404), FailureClass::Kind(FailureKind::Timeout)], "duplicates dropped");
+        assert!(p.is_non_retryable(FailureClass::Status(404)));
+        assert!(!p.is_non_retryable(FailureClass::Status(503)));
+        let json = serde_json::to_value(&p).unwrap();
+        assert_eq!(json["non_retryable"], serde_json::json!([404, "timeout"]));
+        assert_eq!(serde_json::from_value::<RetryPolicy>(json.clone()).unwrap(), p);
+        let mut bad = json.clone();
+        bad["non_retryable"] = serde_json::json!([700]);
+        assert!(serde_json::from_value::<RetryPolicy>(bad).is_err(), "a status out of range");
+        bad = json;
+        bad["non_retryable"] = serde_json::json!(["teapot"]);
+        assert!(serde_json::from_value::<RetryPolicy>(bad).is_err(), "an unknown kind");
+        assert!(!serde_json::to_string(&RetryPolicy::default()).unwrap().contains("non_retryable"), "left out when empty");
+        assert_eq!(FailureClass::status(99), Err(RetryPolicyError::Status(99)));
+        for kind in FailureKind::ALL {
+            assert_eq!(FailureKind::parse(kind.as_str()), Some(kind));
+            assert_eq!(serde_json::to_value(kind).unwrap(), serde_json::json!(kind.as_str()));
+        }
     }
 
     #[test]

@@ -430,6 +430,22 @@ impl Step {
         Ok(next)
     }
 
+    /// An operator runs the step again from the start, after changing the
+    /// task's input: whatever it did (completed, failed, was skipped, or was
+    /// left running when the task failed), it goes back to NotStarted
+    /// without output, error or resolved input, so that its input template
+    /// and its `when` are decided again on the new input. A compensation's
+    /// states are refused (a task being undone is resumed as a whole). The
+    /// attempt number keeps counting, so replies to old attempts stay fenced.
+    pub fn rerun(&self, now: Timestamp) -> Result<Step, TransitionError> {
+        if matches!(self.state, StepState::Compensating | StepState::Compensated) {
+            return Err(TransitionError::NotAllowed { record: "step", action: "run again", state: self.state.as_str() });
+        }
+        let mut next = Step::new(self.task_id.clone(), self.name.clone(), self.position, now);
+        next.attempt = self.attempt;
+        Ok(next)
+    }
+
     /// An operator resubmits a failed step: it may start again at once. The
     /// attempt number keeps counting, so replies to old attempts stay fenced.
     pub fn resubmit(&self, now: Timestamp) -> Result<Step, TransitionError> {
@@ -450,6 +466,7 @@ mod tests {
     use proptest::prelude::*;
     use rand::SeedableRng;
     use rand::rngs::StdRng;
+    use serde_json::json;
 
     const TIMEOUT: Duration = Duration::from_secs(5);
     const WARN_AFTER: Duration = Duration::from_secs(4);
@@ -535,6 +552,19 @@ mod tests {
         assert!(running.skip(at(1)).is_err());
         let retrying = running.fail(1, "503".into(), Some(Duration::ZERO), at(1)).unwrap();
         assert!(retrying.skip(at(2)).is_err(), "the condition was decided before the first attempt");
+    }
+
+    #[test]
+    fn a_rerun_starts_over_but_keeps_counting_attempts() {
+        let done = step().start(json!({"a": 1}), at(0), TIMEOUT).unwrap().complete(1, json!({"ok": true}), at(1)).unwrap();
+        for before in [done.clone(), step().skip(at(1)).unwrap(), step().start(Value::Null, at(0), TIMEOUT).unwrap()] {
+            let again = before.rerun(at(5)).unwrap();
+            assert_eq!((again.state, again.attempt, again.not_before), (StepState::NotStarted, before.attempt, at(5)));
+            assert_eq!((again.input, again.output, again.last_error, again.complete_by), (None, None, None, None));
+        }
+        let compensated = done.begin_compensation(at(2), TIMEOUT).unwrap();
+        assert!(compensated.rerun(at(3)).is_err(), "a compensation is resumed as a whole");
+        assert!(compensated.compensated(2, at(3)).unwrap().rerun(at(4)).is_err());
     }
 
     #[derive(Debug, Clone)]

@@ -55,6 +55,21 @@ impl Workflow {
             .collect()
     }
 
+    /// Every step that waits for `name` (its dependents, theirs, and so
+    /// on), without `name` itself, in definition order. Empty for an
+    /// unknown name.
+    pub fn downstream(&self, name: &StepName) -> Vec<&StepName> {
+        let mut found: BTreeSet<&StepName> = BTreeSet::new();
+        // A step's dependencies come before it in topological order, so one
+        // pass in that order sees every dependent after what it waits for.
+        for step in self.topological_order() {
+            if step.depends_on.iter().any(|dep| dep == name || found.contains(dep)) {
+                found.insert(&step.name);
+            }
+        }
+        self.steps().iter().map(|step| &step.name).filter(|step| found.contains(step)).collect()
+    }
+
     /// Every step that must complete before `name` can start (its
     /// dependencies, theirs, and so on), without `name` itself. Empty for an
     /// unknown name.
@@ -308,5 +323,11 @@ mod workflow_tests {
         assert_eq!(up, ["early", "late", "mid"]);
         assert!(w.upstream(&name("early")).is_empty());
         assert!(w.upstream(&name("nope")).is_empty());
+        let down: Vec<&str> = w.downstream(&name("early")).into_iter().map(StepName::as_str).collect();
+        assert_eq!(down, ["late", "mid", "end"], "definition order");
+        let down: Vec<&str> = w.downstream(&name("mid")).into_iter().map(StepName::as_str).collect();
+        assert_eq!(down, ["end"]);
+        assert!(w.downstream(&name("end")).is_empty());
+        assert!(w.downstream(&name("nope")).is_empty());
     }
 }

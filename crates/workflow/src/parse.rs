@@ -11,7 +11,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use rota_model::{ExhaustedPolicy, RetryPolicy, RetryPolicyError};
+use rota_model::{ExhaustedPolicy, FailureClass, FailureKind, RetryPolicy, RetryPolicyError};
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Number, Value};
 
@@ -37,7 +37,7 @@ const WORKFLOW_FIELDS: &[&str] =
 const SCHEDULE_FIELDS: &[&str] = &["name", "cron", "timezone", "input", "overlap", "catch_up"];
 const STEP_FIELDS: &[&str] =
     &["name", "agent", "wait", "when", "callback", "with", "timeout", "warn_after", "retry", "compensate", "depends_on"];
-const RETRY_FIELDS: &[&str] = &["attempts", "backoff", "max_backoff", "multiplier", "jitter"];
+const RETRY_FIELDS: &[&str] = &["attempts", "backoff", "max_backoff", "multiplier", "jitter", "non_retryable"];
 const COMPENSATE_FIELDS: &[&str] = &["agent", "with", "timeout", "retry"];
 
 /// Parses and validates one workflow definition.
@@ -596,8 +596,8 @@ impl Decoder<'_> {
         let defaults = RetryPolicy::default();
         let (mut attempts, mut backoff, mut backoff_max) =
             (Some(defaults.attempts_max()), Some(defaults.backoff_initial()), Some(defaults.backoff_max()));
-        let (mut multiplier, mut jitter) = (None, None);
-        let mut positions = [None; 5];
+        let (mut multiplier, mut jitter, mut non_retryable) = (None, None, Vec::new());
+        let mut positions = [None; RETRY_FIELDS.len()];
         for Field { key, value } in &fields {
             let name = format!("{what}.{key}");
             match *key {
@@ -606,6 +606,7 @@ impl Decoder<'_> {
                 "max_backoff" => backoff_max = self.duration(value, prefix, &name),
                 "multiplier" => multiplier = Some(self.float(value, prefix, &name)),
                 "jitter" => jitter = Some(self.float(value, prefix, &name)),
+                "non_retryable" => non_retryable = self.non_retryable(value, &child(at, key), prefix, &name),
                 _ => unreachable!("`fields` only returns allowed keys"),
             }
             let slot = RETRY_FIELDS.iter().position(|f| f == key).expect("allowed key");
@@ -631,7 +632,7 @@ impl Decoder<'_> {
             policy = policy.and_then(|policy| policy.with_jitter_fraction(jitter));
         }
         match policy {
-            Ok(policy) => Some(policy),
+            Ok(policy) => Some(policy.with_non_retryable(non_retryable)),
             Err(err) => {
                 // Point at the field the error is about, or at `retry`
                 // itself when that field took its default.
@@ -641,11 +642,44 @@ impl Decoder<'_> {
                     RetryPolicyError::CapBelowInitial { .. } => 1,
                     RetryPolicyError::Multiplier(_) => 3,
                     RetryPolicyError::Jitter(_) => 4,
+                    RetryPolicyError::Status(_) => 5,
                 };
                 self.problem(positions[slot].unwrap_or(node.pos), format!("{prefix}invalid retry policy: {err}"));
                 None
             }
         }
+    }
+
+    /// A `non_retryable` list: HTTP statuses as numbers, failure kinds as
+    /// names. Every bad entry is reported at its own position; the good
+    /// ones are kept.
+    fn non_retryable(&mut self, node: &Node, at: &str, prefix: &str, what: &str) -> Vec<FailureClass> {
+        let NodeValue::List(items) = &node.value else {
+            self.problem(node.pos, format!("{prefix}`{what}` must be a list of HTTP statuses and failure kinds, found {}", node.value.kind()));
+            return Vec::new();
+        };
+        let mut classes = Vec::with_capacity(items.len());
+        for item in items {
+            let class = match &item.value {
+                NodeValue::Unsigned(n) => u16::try_from(*n).ok().and_then(|n| FailureClass::status(n).ok()).ok_or_else(|| {
+                    format!("`{what}`: HTTP status must be between 100 and 599, found {n}")
+                }),
+                NodeValue::Signed(n) => Err(format!("`{what}`: HTTP status must be between 100 and 599, found {n}")),
+                NodeValue::String(name) => FailureKind::parse(name).map(FailureClass::Kind).ok_or_else(|| {
+                    let known: Vec<&str> = FailureKind::ALL.iter().map(|k| k.as_str()).collect();
+                    format!("`{what}`: unknown failure kind `{}` (expected an HTTP status or one of: {})", name.escape_debug(), known.join(", "))
+                }),
+                other => Err(format!("`{what}` entries must be HTTP statuses or failure kinds, found {}", other.kind())),
+            };
+            match class {
+                Ok(class) => {
+                    self.record(child(at, &classes.len().to_string()), item.pos);
+                    classes.push(class);
+                }
+                Err(message) => self.problem(item.pos, format!("{prefix}{message}")),
+            }
+        }
+        classes
     }
 
     fn compensate(&mut self, node: &Node, at: &str, prefix: &str) -> Option<CompensateSpec> {
@@ -977,7 +1011,7 @@ mod tests {
             ),
             [
                 "wf.yaml:3:1: unknown field `owner` (expected one of: name, version, deadline, warn_after, retention, on_exhausted, max_failures, steps, schedules)",
-                "wf.yaml:7:14: step `a`: unknown field `tries` in `retry` (expected one of: attempts, backoff, max_backoff, multiplier, jitter)",
+                "wf.yaml:7:14: step `a`: unknown field `tries` in `retry` (expected one of: attempts, backoff, max_backoff, multiplier, jitter, non_retryable)",
                 "wf.yaml:8:32: step `a`: unknown field `when` in `compensate` (expected one of: agent, with, timeout, retry)",
             ]
         );
@@ -1183,6 +1217,41 @@ mod tests {
             ["wf.yaml:6:23: step `a`: `retry.backoff` must be a whole number of milliseconds, got 1ms 500us"]
         );
         assert_eq!(step("[3]"), ["wf.yaml:6:12: step `a`: expected a mapping in `retry`, found a list"]);
+    }
+
+    #[test]
+    fn non_retryable_lists_statuses_and_kinds() {
+        let text = "name: w\nversion: 1\nsteps:\n  - name: a\n    agent: http\n    retry: { attempts: 3, non_retryable: [404, 503, timeout, 404] }\n\
+                    \x20   compensate: { agent: http, retry: { non_retryable: [circuit_open] } }\n";
+        let workflow = valid(text);
+        let [a] = workflow.steps() else { panic!("one step") };
+        assert_eq!(a.retry().attempts_max(), 3);
+        assert_eq!(
+            a.retry().non_retryable(),
+            [FailureClass::Status(404), FailureClass::Status(503), FailureClass::Kind(FailureKind::Timeout)]
+        );
+        assert_eq!(a.compensate().unwrap().retry().non_retryable(), [FailureClass::Kind(FailureKind::CircuitOpen)]);
+        // The stored form keeps the list, and a definition without one reads as before.
+        let stored = workflow.to_json();
+        assert!(stored.contains(r#""non_retryable":[404,503,"timeout"]"#), "{stored}");
+        assert!(!valid(MINIMAL).to_json().contains("non_retryable"));
+
+        let step = |list: &str| check(&format!("name: w\nversion: 1\nsteps:\n  - name: a\n    agent: http\n    retry: {{ non_retryable: {list} }}\n"));
+        assert_eq!(
+            step("[404, 600, teapot, 99, -1, [1]]"),
+            [
+                "wf.yaml:6:35: step `a`: `retry.non_retryable`: HTTP status must be between 100 and 599, found 600",
+                "wf.yaml:6:40: step `a`: `retry.non_retryable`: unknown failure kind `teapot` (expected an HTTP status or one of: \
+                 timeout, connection, circuit_open, exit_tempfail, killed, start_failed)",
+                "wf.yaml:6:48: step `a`: `retry.non_retryable`: HTTP status must be between 100 and 599, found 99",
+                "wf.yaml:6:52: step `a`: `retry.non_retryable`: HTTP status must be between 100 and 599, found -1",
+                "wf.yaml:6:56: step `a`: `retry.non_retryable` entries must be HTTP statuses or failure kinds, found a list",
+            ]
+        );
+        assert_eq!(
+            step("404"),
+            ["wf.yaml:6:29: step `a`: `retry.non_retryable` must be a list of HTTP statuses and failure kinds, found an integer"]
+        );
     }
 
     #[test]

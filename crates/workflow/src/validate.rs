@@ -7,7 +7,10 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use rota_model::{CatchUp, Cron, ExhaustedPolicy, Overlap, RetryPolicy, ScheduleError, ScheduleName, SignalName, StepName, WorkflowName};
+use rota_model::retry::HTTP_STATUS_RANGE;
+use rota_model::{
+    CatchUp, Cron, ExhaustedPolicy, FailureClass, Overlap, RetryPolicy, ScheduleError, ScheduleName, SignalName, StepName, WorkflowName,
+};
 use serde_json::Value;
 
 use crate::agent::{AgentCatalog, AgentName};
@@ -552,6 +555,18 @@ impl Check<'_> {
                         "{label}: `retry.{field}` must be a whole number of milliseconds, got {}",
                         humantime::format_duration(duration)
                     ),
+                );
+            }
+        }
+        // The parser checks the statuses it reads; a builder's policy may
+        // hold any `u16`.
+        for (i, class) in retry.non_retryable().iter().enumerate() {
+            if let FailureClass::Status(status) = class
+                && !HTTP_STATUS_RANGE.contains(status)
+            {
+                self.report(
+                    &format!("{pointer}/non_retryable/{i}"),
+                    format!("{label}: `retry.non_retryable`: HTTP status must be between 100 and 599, found {status}"),
                 );
             }
         }
