@@ -443,7 +443,8 @@ mod tests {
         assert!(!check(exit(0), "done", "").unwrap_err().is_retryable());
         assert_eq!(
             check(exit(75), "", "db locked\n"),
-            Err(StepError::retryable("`job` exited 75 (temporary failure): db locked").with_class(FailureClass::Kind(FailureKind::ExitTempfail)))
+            Err(StepError::retryable("`job` exited 75 (temporary failure): db locked")
+                .with_class(FailureClass::Kind(FailureKind::ExitTempfail)))
         );
         assert_eq!(check(exit(1), "", "a\nb\n\nc\nd\ne\nf\n"), Err(StepError::permanent("`job` exited 1: b | c | d | e | f")));
         assert!(check(9, "", "").unwrap_err().is_retryable(), "SIGKILL from outside");

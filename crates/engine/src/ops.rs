@@ -13,7 +13,9 @@
 //!   Error; the transitions of `rota-model` decide, and a refusal is
 //!   [`Error::Refused`];
 //! - a step named by a resubmit must be one of the task's
-//!   ([`Error::StepNotFound`]), whatever state the task is in;
+//!   ([`Error::StepNotFound`]), whatever state the task is in; a resubmit
+//!   with a new input starts that step and its dependents over, and is
+//!   refused for a task that failed while being undone;
 //! - a submission names a registered workflow ([`Error::from_submit`]);
 //! - a schedule's request names an existing schedule
 //!   ([`Error::ScheduleNotFound`]); creating one checks its cron expression
@@ -34,7 +36,8 @@ use std::time::Duration;
 use rota_model::{StepName, StepState, Task, TaskId, TaskState, TransitionError, WorkflowName};
 use rota_store::{Changes, Event, EventKind, StepWrite, TaskFilter, TaskRecord, TaskWrite};
 use rota_workflow::Workflow;
-use serde_json::json;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 
 use crate::client::{Client, doorbell};
 use crate::replies;
@@ -363,6 +366,60 @@ impl Client {
         Ok(TaskRecord { task: next, steps })
     }
 
+    /// Resubmits a task that ended in Error from step `step`, with a new
+    /// input: the task's input is replaced, and `step` and every step that
+    /// depends on it (directly or not) start over ([`rota_model::Step::rerun`]:
+    /// whatever they did, they run again, their templates and conditions
+    /// decided on the new input). Other steps keep what they did. The
+    /// history's `resubmitted` event records the old and the new input (each
+    /// as a digest when over [`HISTORY_INPUT_BYTES_MAX`]) and `by`, who asked.
+    ///
+    /// Refused like [`Client::resubmit`]: a task not in Error, a step the
+    /// task does not have, and a task that failed while being undone (its
+    /// compensation resumes as a whole).
+    pub async fn resubmit_with_input(&self, id: &TaskId, step: &StepName, input: Value, by: &str) -> Result<TaskDetail> {
+        let record = self.retrying(|| self.try_resubmit_with_input(id, step, &input, by)).await?;
+        let definition = self.workflows.get(&record.task.workflow, Some(record.task.workflow_version)).await.ok();
+        Ok(TaskDetail { record, definition })
+    }
+
+    async fn try_resubmit_with_input(&self, id: &TaskId, step: &StepName, input: &Value, by: &str) -> Result<TaskRecord> {
+        let record = self.record(id).await?;
+        if !record.steps.iter().any(|s| &s.name == step) {
+            let steps = record.steps.iter().map(|s| s.name.clone()).collect();
+            return Err(Error::StepNotFound { task: id.clone(), step: step.clone(), steps });
+        }
+        let refuse = |refusal| refused(Action::Resubmit, refusal);
+        if self.failed_while_compensating(&record).await? {
+            return Err(refuse(Refusal::StepOfCompensation { task: id.clone() }));
+        }
+        let now = self.clock.now();
+        let mut next = record.task.resubmit(now).map_err(|why| refuse(Refusal::Task { task: id.clone(), why }))?;
+        next.input = input.clone();
+        let workflow = self.workflows.get(&record.task.workflow, Some(record.task.workflow_version)).await?;
+        let mut again: Vec<&StepName> = vec![step];
+        again.extend(workflow.downstream(step));
+        let mut changes = Changes::default();
+        let mut steps = record.steps.clone();
+        for current in steps.iter_mut().filter(|s| again.contains(&&s.name) && s.state != StepState::NotStarted) {
+            let rerun = current.rerun(now).map_err(|why| refuse(Refusal::Step { task: id.clone(), step: current.name.clone(), why }))?;
+            changes.steps.push(StepWrite::replacing(current, rerun.clone()));
+            *current = rerun;
+        }
+        let detail = json!({
+            "step": step.as_str(),
+            "compensation": false,
+            "steps": again.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+            "input": { "old": input_in_history(&record.task.input), "new": input_in_history(input) },
+            "by": by,
+        });
+        changes.events.push(Event::task(id, now, EventKind::Resubmitted, detail));
+        changes.tasks.push(TaskWrite::replacing(&record.task, next.clone()));
+        changes.send.push(doorbell(id));
+        replies::commit(&self.store, changes).await?;
+        Ok(TaskRecord { task: next, steps })
+    }
+
     /// Whether the task's last run (since its last resubmit) reached compensation.
     async fn failed_while_compensating(&self, record: &TaskRecord) -> Result<bool> {
         if record.task.state != TaskState::Error {
@@ -404,6 +461,22 @@ impl Client {
     }
 }
 
+/// The largest task input a `resubmitted` event records as it is; a
+/// larger one is recorded as its SHA-256 digest and size, so that the
+/// history (and the status message sent with it to a reply queue) stays
+/// small whatever the inputs.
+pub const HISTORY_INPUT_BYTES_MAX: usize = 4 * 1024;
+
+/// An input as a `resubmitted` event records it.
+fn input_in_history(input: &Value) -> Value {
+    let text = input.to_string();
+    if text.len() <= HISTORY_INPUT_BYTES_MAX {
+        return input.clone();
+    }
+    let digest: String = Sha256::digest(text.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+    json!({ "sha256": digest, "bytes": text.len() })
+}
+
 fn refused(action: Action, refusal: Refusal) -> Error {
     Error::Refused { action, refusal }
 }
@@ -437,6 +510,20 @@ mod tests {
             "step nope of task t-1 (its steps: a, b) not found",
         );
         check(Error::TaskNotFound(id()), "task t-1 not found");
+    }
+
+    #[test]
+    fn a_large_input_is_recorded_as_its_digest() {
+        let small = json!({ "n": 7 });
+        assert_eq!(input_in_history(&small), small);
+        let large = json!({ "blob": "x".repeat(HISTORY_INPUT_BYTES_MAX) });
+        let recorded = input_in_history(&large);
+        let bytes = large.to_string().len();
+        assert_eq!(recorded["bytes"], json!(bytes));
+        let digest = recorded["sha256"].as_str().unwrap();
+        assert_eq!(digest.len(), 64);
+        assert_eq!(input_in_history(&large), recorded, "the same input, the same digest");
+        assert_ne!(input_in_history(&json!({ "blob": "y".repeat(HISTORY_INPUT_BYTES_MAX) }))["sha256"], json!(digest));
     }
 
     #[test]

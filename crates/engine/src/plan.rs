@@ -9,7 +9,10 @@
 //!   in the same commit that records the step as running.
 //! * A reply for any attempt but the current one changes nothing.
 //! * A permanent error ends the task in Error with an alert, or starts the
-//!   compensation, per the workflow's `on_exhausted`.
+//!   compensation, per the workflow's `on_exhausted`, without counting
+//!   against `max_failures`. A transient failure the step's retry policy
+//!   lists as `non_retryable` arrives as a permanent one (the agent turned
+//!   it), so it ends the step's retries the same way.
 //! * A transient failure (retries used up inside the deadline, or a
 //!   timeout reported by the Supervisor) counts against the task's
 //!   `failure_count`; below `max_failures` the step is retried after a

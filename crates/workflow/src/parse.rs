@@ -655,19 +655,27 @@ impl Decoder<'_> {
     /// ones are kept.
     fn non_retryable(&mut self, node: &Node, at: &str, prefix: &str, what: &str) -> Vec<FailureClass> {
         let NodeValue::List(items) = &node.value else {
-            self.problem(node.pos, format!("{prefix}`{what}` must be a list of HTTP statuses and failure kinds, found {}", node.value.kind()));
+            self.problem(
+                node.pos,
+                format!("{prefix}`{what}` must be a list of HTTP statuses and failure kinds, found {}", node.value.kind()),
+            );
             return Vec::new();
         };
         let mut classes = Vec::with_capacity(items.len());
         for item in items {
             let class = match &item.value {
-                NodeValue::Unsigned(n) => u16::try_from(*n).ok().and_then(|n| FailureClass::status(n).ok()).ok_or_else(|| {
-                    format!("`{what}`: HTTP status must be between 100 and 599, found {n}")
-                }),
+                NodeValue::Unsigned(n) => u16::try_from(*n)
+                    .ok()
+                    .and_then(|n| FailureClass::status(n).ok())
+                    .ok_or_else(|| format!("`{what}`: HTTP status must be between 100 and 599, found {n}")),
                 NodeValue::Signed(n) => Err(format!("`{what}`: HTTP status must be between 100 and 599, found {n}")),
                 NodeValue::String(name) => FailureKind::parse(name).map(FailureClass::Kind).ok_or_else(|| {
                     let known: Vec<&str> = FailureKind::ALL.iter().map(|k| k.as_str()).collect();
-                    format!("`{what}`: unknown failure kind `{}` (expected an HTTP status or one of: {})", name.escape_debug(), known.join(", "))
+                    format!(
+                        "`{what}`: unknown failure kind `{}` (expected an HTTP status or one of: {})",
+                        name.escape_debug(),
+                        known.join(", ")
+                    )
                 }),
                 other => Err(format!("`{what}` entries must be HTTP statuses or failure kinds, found {}", other.kind())),
             };
@@ -1236,7 +1244,9 @@ mod tests {
         assert!(stored.contains(r#""non_retryable":[404,503,"timeout"]"#), "{stored}");
         assert!(!valid(MINIMAL).to_json().contains("non_retryable"));
 
-        let step = |list: &str| check(&format!("name: w\nversion: 1\nsteps:\n  - name: a\n    agent: http\n    retry: {{ non_retryable: {list} }}\n"));
+        let step = |list: &str| {
+            check(&format!("name: w\nversion: 1\nsteps:\n  - name: a\n    agent: http\n    retry: {{ non_retryable: {list} }}\n"))
+        };
         assert_eq!(
             step("[404, 600, teapot, 99, -1, [1]]"),
             [
