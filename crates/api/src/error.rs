@@ -9,7 +9,7 @@
 //! Details of server-side failures go to the log, never to the client.
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
-use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::extract::{FromRequest, FromRequestParts, OptionalFromRequest, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -214,8 +214,31 @@ where
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let axum::Json(value) = axum::Json::<T>::from_request(request, state).await?;
+        let axum::Json(value) = <axum::Json<T> as FromRequest<S>>::from_request(request, state).await?;
         Ok(ApiJson(value))
+    }
+}
+
+/// An optional JSON body: none when the body is empty (whatever the
+/// `Content-Type` says, so that a client sending a bodiless POST with a
+/// JSON type reads as before the body existed). A body that is there must
+/// be JSON: without a JSON `Content-Type` it is refused (415), never
+/// ignored.
+impl<T, S> OptionalFromRequest<S> for ApiJson<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Option<Self>, Self::Rejection> {
+        let headers = request.headers();
+        let length = headers.get(header::CONTENT_LENGTH).and_then(|length| length.to_str().ok()?.parse::<u64>().ok());
+        let chunked = headers.get(header::TRANSFER_ENCODING).is_some();
+        if length.unwrap_or(0) == 0 && !chunked {
+            return Ok(None);
+        }
+        <ApiJson<T> as FromRequest<S>>::from_request(request, state).await.map(Some)
     }
 }
 

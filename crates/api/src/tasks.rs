@@ -19,8 +19,8 @@ use crate::ApiState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody};
 use crate::wire::{
-    AlertView, EventView, LimitQuery, SignalDelivery, SignalPath, StepPath, SubmitRequest, TaskCounts, TaskCountsQuery, TaskListQuery,
-    TaskPath, TaskStateChange, TaskSummary, TaskView,
+    AlertView, EventView, LimitQuery, ResubmitRequest, SignalDelivery, SignalPath, StepPath, SubmitRequest, TaskCounts, TaskCountsQuery,
+    TaskListQuery, TaskPath, TaskStateChange, TaskSummary, TaskView,
 };
 
 /// A task id from the path.
@@ -327,22 +327,40 @@ pub async fn resubmit(State(state): State<ApiState>, ApiPath(TaskPath { id }): A
     resubmit_task(&state, &id, None).await
 }
 
-/// Resubmit one step of a task that ended in `error`.
+/// Resubmit one step of a task that ended in `error`; with an `input`,
+/// from that step on with a new input: the task's input is replaced, and
+/// the step and every step that depends on it run again.
 #[utoipa::path(
     post, path = "/v1/tasks/{id}/steps/{step}/resubmit", tag = "tasks",
     params(StepPath),
+    request_body(content = Option<ResubmitRequest>, description = "Optional: a new input", content_type = "application/json"),
     responses(
         (status = 200, description = "The task after the resubmit", body = TaskView),
-        (status = 400, description = "Invalid id or step name", body = ErrorBody),
+        (status = 400, description = "Invalid id or step name, or a malformed body", body = ErrorBody),
         (status = 404, description = "No such task or step", body = ErrorBody),
         (status = 409, description = "The task or step cannot be resubmitted, or changed concurrently", body = ErrorBody),
+        (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 415, description = "Not JSON", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
-pub async fn resubmit_step(State(state): State<ApiState>, ApiPath(StepPath { id, step }): ApiPath<StepPath>) -> ApiResult<Json<TaskView>> {
+pub async fn resubmit_step(
+    State(state): State<ApiState>,
+    caller: Option<Extension<Caller>>,
+    ApiPath(StepPath { id, step }): ApiPath<StepPath>,
+    body: Option<ApiJson<ResubmitRequest>>,
+) -> ApiResult<Json<TaskView>> {
     let id = task_id(id)?;
     let step = StepName::new(step).map_err(|err| ApiError::invalid_path("step", err))?;
-    resubmit_task(&state, &id, Some(&step)).await
+    match body.and_then(|ApiJson(body)| body.input) {
+        Some(input) => {
+            let by = caller_of(caller).to_string();
+            let resubmitted =
+                state.client().resubmit_with_input(&id, &step, input, &by).await.map_err(|err| ApiError::ops("resubmit", err))?;
+            Ok(Json(TaskView::from(&resubmitted)))
+        }
+        None => resubmit_task(&state, &id, Some(&step)).await,
+    }
 }
 
 async fn resubmit_task(state: &ApiState, id: &TaskId, step: Option<&StepName>) -> ApiResult<Json<TaskView>> {

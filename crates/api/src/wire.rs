@@ -477,6 +477,19 @@ pub struct TaskStateChange {
     pub state: TaskStateView,
 }
 
+/// The optional body of a step's resubmit.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResubmitRequest {
+    /// A new input for the task (any JSON), replacing the one it has: the
+    /// step and every step that depends on it then run again from the
+    /// start, on the new input. The history's `resubmitted` event records
+    /// the old and the new input (each as a SHA-256 digest and size when
+    /// over 4 KiB) and who asked. Without it, only the failed step runs
+    /// again, on the input the task has.
+    pub input: Option<Value>,
+}
+
 /// What a signal did.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct SignalDelivery {

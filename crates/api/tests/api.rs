@@ -356,6 +356,52 @@ async fn a_failed_task_raises_an_alert_and_can_be_resubmitted_whole_or_by_step()
     server.post("/v1/tasks/q-1/cancel").await.assert_error(409, "refused");
 }
 
+/// `first` sleeps as long as the input says, `second` as long as `first`
+/// slept: an input that is not a number fails `first` for good.
+fn sleepy() -> rota_workflow::Workflow {
+    use rota_workflow::{AgentCatalog, StepDef, Workflow};
+    Workflow::builder("sleepy", 1)
+        .step(StepDef::new("first", "delay").with_input(json!({ "ms": "{{ input.ms }}" })))
+        .step(StepDef::new("second", "delay").with_input(json!({ "ms": "{{ steps.first.output.slept_ms }}" })))
+        .build(&AgentCatalog::builtin())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_is_resubmitted_with_a_new_input() {
+    let server = start(Options { workflows: vec![sleepy()], ..Options::default() }).await;
+    let submitted = server.post_json("/v1/tasks", &json!({ "workflow": "sleepy", "id": "z-1", "input": { "ms": "soon" } })).await;
+    assert_eq!(submitted.status, StatusCode::CREATED, "{}", submitted.text);
+    assert_eq!(server.wait_terminal("z-1").await["state"], "error");
+
+    // A body that is not a resubmit request is refused and changes nothing.
+    server.post_json("/v1/tasks/z-1/steps/first/resubmit", &json!({ "inputs": {} })).await.assert_error(422, "invalid_body");
+    let not_json = server.send(server.request(Method::POST, "/v1/tasks/z-1/steps/first/resubmit").body("{}")).await;
+    assert_eq!(not_json.status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{}", not_json.text);
+    assert_eq!(server.get("/v1/tasks/z-1").await.body["state"], "error");
+
+    let resubmitted = server.post_json("/v1/tasks/z-1/steps/first/resubmit", &json!({ "input": { "ms": 5 } })).await;
+    assert_eq!(resubmitted.status, StatusCode::OK, "{}", resubmitted.text);
+    assert_eq!(resubmitted.body["input"], json!({ "ms": 5 }));
+    let done = server.wait_terminal("z-1").await;
+    assert_eq!(done["state"], "processed", "{done}");
+    assert_eq!(done["output"]["second"], json!({ "slept_ms": 5 }), "the later step saw the new input through the first's output");
+    let history = server.get("/v1/tasks/z-1/history").await.body;
+    let resubmit = history.as_array().unwrap().iter().find(|e| e["kind"] == "resubmitted").expect("recorded");
+    assert_eq!(resubmit["detail"]["input"], json!({ "old": { "ms": "soon" }, "new": { "ms": 5 } }));
+    assert_eq!(resubmit["detail"]["by"], "api without authentication");
+    assert_eq!(resubmit["detail"]["steps"], json!(["first", "second"]));
+
+    // A finished task is refused, and keeps its input.
+    let reason =
+        server.post_json("/v1/tasks/z-1/steps/first/resubmit", &json!({ "input": { "ms": 1 } })).await.assert_error(409, "refused");
+    assert!(reason.contains("z-1"), "{reason}");
+    assert_eq!(server.get("/v1/tasks/z-1").await.body["input"], json!({ "ms": 5 }));
+    // An empty body is no body: the resubmit without a new input.
+    let empty = server.post_json("/v1/tasks/z-1/steps/first/resubmit", &json!({})).await;
+    empty.assert_error(409, "refused");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_task_is_cancelled() {
     let server = start(Options::default()).await;

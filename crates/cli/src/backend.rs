@@ -81,8 +81,9 @@ fn client(store: &SharedStore) -> Client {
     Client::new(store.clone(), Arc::new(SystemClock), Workflows::new(store.clone()), None)
 }
 
-/// Who sends a signal from the command line on a local store, as the
-/// task's history shows it: the OS user, as the login shell names it.
+/// Who sends a signal (or resubmits with a new input) from the command
+/// line on a local store, as the task's history shows it: the OS user, as
+/// the login shell names it.
 fn local_sender() -> String {
     match std::env::var("USER").or_else(|_| std::env::var("LOGNAME")) {
         Ok(user) if !user.is_empty() => format!("cli, user {user}"),
@@ -257,6 +258,26 @@ impl Backend {
                     None => vec!["v1", "tasks", id.as_str(), "resubmit"],
                 };
                 let (_, view) = server.post::<TaskView, ()>(&segments, None).await.map_err(|err| remote_error(asked, err))?;
+                Ok(view)
+            }
+        }
+    }
+
+    /// Resubmits a task in Error from `step` with a new input: the step and
+    /// its dependents run again on it. On a local store the history records
+    /// the OS user who ran the command.
+    pub async fn resubmit_with_input(&self, id: &TaskId, step: &StepName, input: serde_json::Value) -> anyhow::Result<TaskView> {
+        let asked = || format!("cannot resubmit task {id}");
+        match self {
+            Backend::Local(store) => {
+                let resubmitted =
+                    client(store).resubmit_with_input(id, step, input, &local_sender()).await.map_err(|err| local_error(asked, err))?;
+                Ok(TaskView::from(&resubmitted))
+            }
+            Backend::Remote(server) => {
+                let segments = ["v1", "tasks", id.as_str(), "steps", step.as_str(), "resubmit"];
+                let body = serde_json::json!({ "input": input });
+                let (_, view) = server.post::<TaskView, _>(&segments, Some(&body)).await.map_err(|err| remote_error(asked, err))?;
                 Ok(view)
             }
         }

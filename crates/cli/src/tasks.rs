@@ -128,6 +128,10 @@ pub struct ResubmitArgs {
     /// Run only this step again [default: every failed step].
     #[arg(long, value_name = "STEP")]
     step: Option<StepName>,
+    /// Replace the task's input (a JSON document, or @FILE to read one)
+    /// and run the `--step` and every step that depends on it again on it.
+    #[arg(long, value_name = "JSON", requires = "step")]
+    input: Option<String>,
 }
 
 /// Arguments of `cancel`.
@@ -527,9 +531,14 @@ pub async fn alerts(store: &StoreArgs, args: AlertsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `rota resubmit`: prints the task's state afterwards.
+/// `rota resubmit`: prints the task's state afterwards. With `--input`
+/// (which needs `--step`), the task's input is replaced first.
 pub async fn resubmit(store: &StoreArgs, args: ResubmitArgs) -> anyhow::Result<()> {
-    let task = store.backend().await?.resubmit(&args.id, args.step.as_ref()).await?;
+    let backend = store.backend().await?;
+    let task = match (args.input, args.step) {
+        (Some(input), Some(step)) => backend.resubmit_with_input(&args.id, &step, parse_input(&input)?).await?,
+        (_, step) => backend.resubmit(&args.id, step.as_ref()).await?,
+    };
     output::line(TaskState::from(task.state).as_str())?;
     Ok(())
 }

@@ -429,7 +429,7 @@ fn a_refused_request_reads_the_same_on_the_store_and_over_http() {
     rota.ok(&["submit", "pipeline", "--id", "done-1", "--input", r#"{"order": 1}"#, "--wait"]);
     let unregistered = "workflow: workflow unregistered (any version) is not registered; `rota workflows` lists the registered ones, \
                         and `rota serve --workflows DIR` registers a directory of definitions";
-    let refusals: [(&[&str], &str); 8] = [
+    let refusals: [(&[&str], &str); 10] = [
         (
             &["signal", "done-1", "approved"],
             "signal approved: no step of task done-1 (workflow pipeline@1) waits for it (it waits for no signal)",
@@ -440,6 +440,8 @@ fn a_refused_request_reads_the_same_on_the_store_and_over_http() {
         (&["resubmit", "done-1"], "resubmit: task done-1: cannot resubmit a task that is processed"),
         (&["cancel", "nope"], "task nope not found"),
         (&["resubmit", "nope", "--step", "pause"], "task nope not found"),
+        (&["resubmit", "done-1", "--step", "pause", "--input", "{}"], "resubmit: task done-1: cannot resubmit a task that is processed"),
+        (&["resubmit", "done-1", "--step", "nope", "--input", "{}"], "step nope of task done-1 (its steps: pause, echo) not found"),
         (&["submit", "unregistered"], unregistered),
     ];
     for (args, line) in refusals {

@@ -657,6 +657,56 @@ steps:
     assert_one_error_line(&stderr, &["resubmit: task m-1: "]);
 }
 
+#[test]
+fn resubmit_with_a_new_input_runs_the_step_and_its_dependents_again() {
+    let rota = Rota::new();
+    let files = Files::new();
+    files.workflow(
+        "greet.yaml",
+        r#"
+name: greet
+version: 1
+steps:
+  - name: echo
+    agent: exec
+    with: { command: ["cat"], stdin: "{{ input.name }}" }
+  - name: check
+    agent: exec
+    with: { command: ["sh", "-c", "test \"$(cat)\" = '\"ok\"' && echo '{\"checked\": true}'"], stdin: "{{ steps.echo.output }}" }
+"#,
+    );
+    let _serve = Serve::start(&rota, &files.workflows(), "greet-1", &[]);
+    let output = rota.command(&["submit", "greet", "--id", "g-1", "--input", r#"{"name": "bad"}"#, "--wait"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(1), "{}", stderr_of(&output));
+
+    // --input needs --step, and must be JSON.
+    let (code, stderr) = rota.fails(&["resubmit", "g-1", "--input", "{}"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("--step"), "{stderr}");
+    let (code, stderr) = rota.fails(&["resubmit", "g-1", "--step", "echo", "--input", "{name}"]);
+    assert_eq!(code, 1);
+    assert_one_error_line(&stderr, &["--input is not valid JSON: "]);
+    assert_eq!(rota.json(&["status", "g-1", "--json"])["input"], json!({ "name": "bad" }), "nothing changed");
+
+    let input = files.path("input.json");
+    std::fs::write(&input, r#"{"name": "ok"}"#).unwrap();
+    assert_eq!(rota.ok(&["resubmit", "g-1", "--step", "echo", "--input", &format!("@{}", input.display())]), "pending\n");
+    let status = wait_for_state(&rota, "g-1", "processed", Duration::from_secs(10));
+    assert_eq!(status["input"], json!({ "name": "ok" }));
+    assert_eq!(status["output"], json!({ "echo": "ok", "check": { "checked": true } }));
+    assert_eq!((&status["steps"][0]["attempts"], &status["steps"][1]["attempts"]), (&json!(2), &json!(2)), "{status:#}");
+    let history = status["history"].as_array().unwrap();
+    let resubmitted = history.iter().find(|event| event["kind"] == "resubmitted").expect("recorded");
+    assert_eq!(resubmitted["detail"]["input"], json!({ "old": { "name": "bad" }, "new": { "name": "ok" } }));
+    assert!(resubmitted["detail"]["by"].as_str().unwrap().starts_with("cli"), "{resubmitted:#}");
+
+    // A processed task is refused, and keeps its input.
+    let (code, stderr) = rota.fails(&["resubmit", "g-1", "--step", "echo", "--input", "{}"]);
+    assert_eq!(code, 1);
+    assert_one_error_line(&stderr, &["resubmit: task g-1: cannot resubmit a task that is processed"]);
+    assert_eq!(rota.json(&["status", "g-1", "--json"])["input"], json!({ "name": "ok" }));
+}
+
 // -------------------------------------------------------- circuit breakers
 
 #[test]
