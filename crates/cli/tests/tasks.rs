@@ -274,6 +274,34 @@ fn validate_prints_every_problem_with_its_position() {
     let stdout = rota.ok(&["validate", example.to_str().unwrap()]);
     assert!(stdout.trim_end().ends_with("approval.yaml: ok (workflow approval version 1, 3 steps)"), "{stdout}");
 
+    // A retry policy's non_retryable list: HTTP statuses and failure kinds.
+    let policy = files
+        .workflow(
+            "policy.yaml",
+            "name: p\nversion: 1\nsteps:\n  - name: call\n    agent: http\n    retry: { non_retryable: [404, 503, timeout] }\n",
+        )
+        .display()
+        .to_string();
+    assert_eq!(rota.ok(&["validate", &policy]), format!("{policy}: ok (workflow p version 1, 1 step)\n"));
+    let policy = files
+        .workflow("policy.yaml", "name: p\nversion: 1\nsteps:\n  - name: call\n    agent: http\n    retry: { non_retryable: [404, 700, teapot] }\n")
+        .display()
+        .to_string();
+    let (code, stderr) = rota.fails(&["validate", &policy]);
+    assert_eq!(code, 1);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            format!("{policy}:6:35: step `call`: `retry.non_retryable`: HTTP status must be between 100 and 599, found 700"),
+            format!(
+                "{policy}:6:40: step `call`: `retry.non_retryable`: unknown failure kind `teapot` (expected an HTTP status or one of: \
+                 timeout, connection, circuit_open, exit_tempfail, killed, start_failed)"
+            ),
+            "error: 2 problems in 1 of 1 workflow file".to_owned(),
+        ]
+    );
+
     // A missing file is a problem of its own, without a position.
     let missing = files.path("missing.yaml").display().to_string();
     let (code, stderr) = rota.fails(&["validate", &missing]);
