@@ -263,6 +263,44 @@ class SubmitAndWait(unittest.TestCase):
             thread.join(30)
 
 
+class ResubmitWithInput(unittest.TestCase):
+    def test_a_step_runs_again_on_a_new_input(self) -> None:
+        client = Client(server.url, token=support.ADMIN_TOKEN)
+        worker = Worker(server.url, token=support.WORKER_TOKEN, wait_ms=500)
+
+        @worker.step("payments")
+        def charge(step: Step) -> dict[str, str]:
+            if step.input["card"] == "expired":
+                raise Permanent("card expired")
+            return {"charged": step.input["card"]}
+
+        thread = threading.Thread(target=worker.run, kwargs={"handle_signals": False})
+        thread.start()
+        try:
+            task_id = fresh("new-input")
+            client.submit("pay", {"card": "expired", "flaky": False}, id=task_id)
+            self.assertEqual(client.wait(task_id, timeout=30)["state"], "error")
+            with self.assertRaises(ValueError):
+                client.resubmit(task_id, input={"card": "new"})
+            state = client.resubmit(task_id, step="charge", input={"card": "renewed", "flaky": False})
+            self.assertIn(state, ("pending", "processing"))
+            done = client.wait(task_id, timeout=30)
+            self.assertEqual((done["state"], done["input"]), ("processed", {"card": "renewed", "flaky": False}))
+            self.assertEqual(done["output"], {"charge": {"charged": "renewed"}})
+            [resubmitted] = [event for event in client.history(task_id) if event["kind"] == "resubmitted"]
+            self.assertEqual(
+                resubmitted["detail"]["input"],
+                {"old": {"card": "expired", "flaky": False}, "new": {"card": "renewed", "flaky": False}},
+            )
+            with self.assertRaises(ApiError) as refused:
+                client.resubmit(task_id, step="charge", input={"card": "again"})
+            self.assertEqual(refused.exception.code, "refused")
+            self.assertEqual(client.status(task_id)["input"], {"card": "renewed", "flaky": False})
+        finally:
+            worker.stop()
+            thread.join(30)
+
+
 class Errors(unittest.TestCase):
     def test_every_error_is_an_api_error_with_the_servers_code_and_reason(self) -> None:
         client = Client(server.url, token=support.ADMIN_TOKEN)

@@ -229,13 +229,25 @@ export class Client {
     return unwrap(answer);
   }
 
-  /** Runs a task that ended in `error` again (its failed steps, or just `step`); returns its new state. */
-  async resubmit(id: string, step?: string): Promise<TaskState> {
+  /**
+   * Runs a task that ended in `error` again (its failed steps, or just `step`); returns its new state.
+   * With `options.input` (which needs `step`), the task's input is replaced first, and `step` and every
+   * step that depends on it run again on it; the history records the old and the new input.
+   */
+  async resubmit(id: string, step?: string, options: { input?: unknown } = {}): Promise<TaskState> {
+    const { input } = options;
+    if (input !== undefined && step === undefined) {
+      throw new TypeError("a new input needs the step to resubmit from");
+    }
     const signal = this.api.deadline();
     const answer =
       step === undefined
         ? await this.api.fetch.POST("/v1/tasks/{id}/resubmit", { params: { path: { id } }, signal })
-        : await this.api.fetch.POST("/v1/tasks/{id}/steps/{step}/resubmit", { params: { path: { id, step } }, signal });
+        : await this.api.fetch.POST("/v1/tasks/{id}/steps/{step}/resubmit", {
+            params: { path: { id, step } },
+            ...(input === undefined ? {} : { body: { input } }),
+            signal,
+          });
     return unwrap(answer).state;
   }
 }

@@ -531,7 +531,11 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Resubmit one step of a task that ended in `error`. */
+        /**
+         * Resubmit one step of a task that ended in `error`; with an `input`,
+         *     from that step on with a new input: the task's input is replaced, and
+         *     the step and every step that depends on it run again.
+         */
         post: operations["resubmit_step"];
         delete?: never;
         options?: never;
@@ -1122,6 +1126,18 @@ export interface components {
             step: string;
             /** @description The task. */
             task_id: string;
+        };
+        /** @description The optional body of a step's resubmit. */
+        ResubmitRequest: {
+            /**
+             * @description A new input for the task (any JSON), replacing the one it has: the
+             *     step and every step that depends on it then run again from the
+             *     start, on the new input. The history's `resubmitted` event records
+             *     the old and the new input (each as a SHA-256 digest and size when
+             *     over 4 KiB) and who asked. Without it, only the failed step runs
+             *     again, on the input the task has.
+             */
+            input?: unknown;
         };
         /** @description The retry policy an agent follows within one attempt's deadline. */
         RetryView: {
@@ -3824,7 +3840,12 @@ export interface operations {
             };
             cookie?: never;
         };
-        requestBody?: never;
+        /** @description Optional: a new input */
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["ResubmitRequest"] | null;
+            };
+        };
         responses: {
             /** @description The task after the resubmit */
             200: {
@@ -3835,7 +3856,7 @@ export interface operations {
                     "application/json": components["schemas"]["TaskView"];
                 };
             };
-            /** @description Invalid id or step name */
+            /** @description Invalid id or step name, or a malformed body */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -3873,6 +3894,24 @@ export interface operations {
             };
             /** @description The task or step cannot be resubmitted, or changed concurrently */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Body too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not JSON */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };

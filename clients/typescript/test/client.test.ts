@@ -235,6 +235,35 @@ describe("submit and wait", () => {
       await running;
     }
   });
+
+  test("a step runs again on a new input", async () => {
+    const client = admin();
+    const worker = new Worker({ url: server.url, token: WORKER_TOKEN, waitMs: 500, log: () => {} });
+    worker.step<{ card: string }>("payments", (step) => {
+      if (step.input.card === "expired") throw new Permanent("card expired");
+      return { charged: step.input.card };
+    });
+    const running = worker.run({ handleSignals: false });
+    try {
+      const id = fresh("new-input");
+      await client.submit("pay", { card: "expired", flaky: false }, { id });
+      assert.equal((await client.wait(id, { timeoutMs: 30_000 })).state, "error");
+      await assert.rejects(client.resubmit(id, undefined, { input: { card: "new" } }), TypeError);
+
+      const renewed = { card: "renewed", flaky: false };
+      assert.ok(["pending", "processing"].includes(await client.resubmit(id, "charge", { input: renewed })));
+      const done = await client.wait(id, { timeoutMs: 30_000 });
+      assert.deepEqual([done.state, done.input, done.output], ["processed", renewed, { charge: { charged: "renewed" } }]);
+      const resubmitted = (await client.history(id)).filter((event) => event.kind === "resubmitted");
+      assert.equal(resubmitted.length, 1);
+      assert.deepEqual((resubmitted[0]!.detail as { input: unknown }).input, { old: { card: "expired", flaky: false }, new: renewed });
+      await assert.rejects(client.resubmit(id, "charge", { input: { card: "again" } }), { code: "refused" });
+      assert.deepEqual((await client.status(id)).input, renewed);
+    } finally {
+      worker.stop();
+      await running;
+    }
+  });
 });
 
 describe("errors", () => {

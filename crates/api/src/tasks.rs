@@ -348,11 +348,11 @@ pub async fn resubmit_step(
     State(state): State<ApiState>,
     caller: Option<Extension<Caller>>,
     ApiPath(StepPath { id, step }): ApiPath<StepPath>,
-    body: Option<ApiJson<ResubmitRequest>>,
+    body: Option<ApiJson<Option<ResubmitRequest>>>,
 ) -> ApiResult<Json<TaskView>> {
     let id = task_id(id)?;
     let step = StepName::new(step).map_err(|err| ApiError::invalid_path("step", err))?;
-    match body.and_then(|ApiJson(body)| body.input) {
+    match body.and_then(|ApiJson(body)| body?.input) {
         Some(input) => {
             let by = caller_of(caller).to_string();
             let resubmitted =

@@ -397,9 +397,13 @@ async fn a_step_is_resubmitted_with_a_new_input() {
         server.post_json("/v1/tasks/z-1/steps/first/resubmit", &json!({ "input": { "ms": 1 } })).await.assert_error(409, "refused");
     assert!(reason.contains("z-1"), "{reason}");
     assert_eq!(server.get("/v1/tasks/z-1").await.body["input"], json!({ "ms": 5 }));
-    // An empty body is no body: the resubmit without a new input.
-    let empty = server.post_json("/v1/tasks/z-1/steps/first/resubmit", &json!({})).await;
-    empty.assert_error(409, "refused");
+    // An empty body, `null` or `{}` is the resubmit without a new input.
+    for body in [json!({}), json!(null)] {
+        server.post_json("/v1/tasks/z-1/steps/first/resubmit", &body).await.assert_error(409, "refused");
+    }
+    let bodiless =
+        server.send(server.request(Method::POST, "/v1/tasks/z-1/steps/first/resubmit").header("content-type", "application/json")).await;
+    bodiless.assert_error(409, "refused");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -284,7 +284,10 @@ fn validate_prints_every_problem_with_its_position() {
         .to_string();
     assert_eq!(rota.ok(&["validate", &policy]), format!("{policy}: ok (workflow p version 1, 1 step)\n"));
     let policy = files
-        .workflow("policy.yaml", "name: p\nversion: 1\nsteps:\n  - name: call\n    agent: http\n    retry: { non_retryable: [404, 700, teapot] }\n")
+        .workflow(
+            "policy.yaml",
+            "name: p\nversion: 1\nsteps:\n  - name: call\n    agent: http\n    retry: { non_retryable: [404, 700, teapot] }\n",
+        )
         .display()
         .to_string();
     let (code, stderr) = rota.fails(&["validate", &policy]);

@@ -166,12 +166,17 @@ class Client:
         answer = self._http.call("POST", f"/v1/callbacks/{quote(token)}", body)
         return cast(CallbackAccepted, answer)
 
-    def resubmit(self, task_id: str, step: str | None = None) -> TaskState:
+    def resubmit(self, task_id: str, step: str | None = None, *, input: Json = None) -> TaskState:
         """Runs a task that ended in ``error`` again (its failed steps, or
-        just ``step``); returns its new state. ``ApiError`` ``refused`` for a
-        task that did not fail."""
+        just ``step``); returns its new state. With ``input`` (which needs
+        ``step``), the task's input is replaced first, and ``step`` and every
+        step that depends on it run again on it; the history records the old
+        and the new input. ``ApiError`` ``refused`` for a task that did not
+        fail."""
+        if input is not None and step is None:
+            raise ValueError("a new input needs the step to resubmit from (step=...)")
         path = f"/v1/tasks/{quote(task_id)}" + (f"/steps/{quote(step)}" if step is not None else "") + "/resubmit"
-        answer = self._http.call("POST", path)
+        answer = self._http.call("POST", path, None if input is None else {"input": input})
         return cast(TaskState, answer["state"])
 
     def _follow(self, task_id: str, after: int | None, deadline: float | None) -> Iterator[Event]:
