@@ -39,10 +39,11 @@ pub enum StepState {
     /// moves it on; without a reply it stays here until the Supervisor finds
     /// `complete_by` passed.
     Running,
-    /// The agent replied with an output. Compensation may later undo it.
+    /// The agent replied with an output. Compensation may later undo it;
+    /// an operator's resubmit with a new input ([`Step::rerun`]) starts it over.
     Completed,
     /// A permanent error, or retries used up. Terminal; an operator's
-    /// resubmit moves it back to NotStarted.
+    /// resubmit (or [`Step::rerun`]) moves it back to NotStarted.
     Failed,
     /// Its compensation request (`attempt`) is with an agent until `complete_by`.
     Compensating,
@@ -50,8 +51,9 @@ pub enum StepState {
     Compensated,
     /// Its `when` condition was false when it became ready: it never ran,
     /// has no output and nothing to undo. It satisfies the steps that
-    /// depend on it like a completed step. Terminal, and final: nothing,
-    /// not even a resubmit, moves it again.
+    /// depend on it like a completed step. Terminal: only an operator's
+    /// resubmit with a new input ([`Step::rerun`]) moves it again, so that
+    /// its condition is decided again on that input.
     Skipped,
 }
 
