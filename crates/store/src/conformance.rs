@@ -95,6 +95,7 @@ macro_rules! conformance_suite {
             create_task_writes_everything_once,
             a_task_keeps_its_reply_queue,
             a_task_keeps_its_submitter_and_lists_by_it,
+            an_operator_write_replaces_the_input_and_starts_steps_over,
             list_tasks_filters_newest_first,
             list_tasks_pages_with_before,
             count_tasks_counts_every_state,
@@ -1229,6 +1230,58 @@ pub async fn a_task_keeps_its_submitter_and_lists_by_it(harness: &dyn Harness) {
     after.updated_at = now.add(MILLI);
     commit(&store, Changes { tasks: vec![TaskWrite::replacing(mine, after)], ..Changes::default() }, "a fenced write").await;
     assert_eq!(stored(&store, &task_id("t-3")).await.task.submitter.as_deref(), Some("shop"), "a commit never changes it");
+}
+
+/// A task write replaces the task's input (an operator's resubmit with a
+/// new input), and step writes put completed and failed steps back to
+/// NotStarted without output, error or resolved input, keeping their
+/// attempt; a write fenced on the epoch before it is refused and the input
+/// stays.
+pub async fn an_operator_write_replaces_the_input_and_starts_steps_over(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let id = task_id("again-1");
+    create(&store, new_task(id.as_str(), "order", &["check", "pack"], clock.now())).await;
+    let claimed = claim_only(&store, &instance("scheduler-in"), LEASE_DEFAULT, &id).await;
+    let record = stored(&store, &id).await;
+    let (check, pack) = (step_of(&record, "check").clone(), step_of(&record, "pack").clone());
+    let started = ok(check.start(json!({ "n": 1 }), clock.now(), SECOND), "model start");
+    let checked = ok(started.complete(1, json!({ "n": 1 }), clock.now()), "model complete");
+    let packing = ok(pack.start(json!({ "n": 1 }), clock.now(), SECOND), "model start");
+    let declined = ok(packing.fail(1, "declined".into(), None, clock.now()), "model fail");
+    let failed = ok(claimed.fail(claimed.fence().unwrap(), "declined".into(), ExhaustedPolicy::Error, clock.now()), "model fail");
+    let changes = Changes {
+        tasks: vec![TaskWrite::replacing(&claimed, failed.clone())],
+        steps: vec![StepWrite::replacing(&check, checked.clone()), StepWrite::replacing(&pack, declined.clone())],
+        ..Changes::default()
+    };
+    commit(&store, changes, "the task fails").await;
+
+    clock.advance(SECOND);
+    let mut again = ok(failed.resubmit(clock.now()), "model resubmit");
+    again.input = json!({ "n": 7, "note": "fixed" });
+    let (check_again, pack_again) = (ok(checked.rerun(clock.now()), "rerun"), ok(declined.rerun(clock.now()), "rerun"));
+    let changes = Changes {
+        tasks: vec![TaskWrite::replacing(&failed, again.clone())],
+        steps: vec![StepWrite::replacing(&checked, check_again), StepWrite::replacing(&declined, pack_again)],
+        ..Changes::default()
+    };
+    commit(&store, changes, "the resubmit").await;
+    let after = stored(&store, &id).await;
+    assert_eq!(after.task, again, "the task reads back with its new input");
+    assert_eq!(after.task.input, json!({ "n": 7, "note": "fixed" }));
+    for name in ["check", "pack"] {
+        let step = step_of(&after, name);
+        assert_eq!((step.state, step.attempt), (StepState::NotStarted, 1), "{name} starts over, its attempt kept");
+        assert_eq!((&step.input, &step.output, &step.last_error), (&None, &None, &None), "{name} keeps nothing of its run");
+    }
+
+    // A write fenced on the failed task's epoch lost to the resubmit.
+    let mut stale = failed.clone();
+    stale.input = json!({ "n": 99 });
+    let write = Changes { tasks: vec![TaskWrite::replacing(&failed, stale)], ..Changes::default() };
+    assert_err!(store.commit(write).await, Error::Conflict(_), "a write fenced on the epoch before the resubmit");
+    assert_eq!(stored(&store, &id).await.task.input, json!({ "n": 7, "note": "fixed" }), "the input stays");
 }
 
 /// `create_task` writes the task, its steps, its messages and its events
