@@ -67,6 +67,9 @@ pub struct CommitStats {
     pub jobs: AtomicU64,
     /// Receives served (with or without messages).
     pub receives: AtomicU64,
+    /// Transactions committed for the periodic sweep of expired message
+    /// ids alone (no job, no receive, no give-back).
+    pub sweeps: AtomicU64,
 }
 
 /// A snapshot of [`CommitStats`].
@@ -78,6 +81,9 @@ pub struct CommitCounts {
     pub jobs: u64,
     /// Receives served.
     pub receives: u64,
+    /// Transactions that only swept expired message ids (counted in
+    /// `commits` too).
+    pub sweeps: u64,
 }
 
 impl CommitStats {
@@ -86,6 +92,7 @@ impl CommitStats {
             commits: self.commits.load(Ordering::Relaxed),
             jobs: self.jobs.load(Ordering::Relaxed),
             receives: self.receives.load(Ordering::Relaxed),
+            sweeps: self.sweeps.load(Ordering::Relaxed),
         }
     }
 }
@@ -219,6 +226,7 @@ impl Writer {
             return;
         }
 
+        let sweep_only = jobs.is_empty() && !worth_serving && self.orphaned.is_empty();
         let mut settles: Vec<Settle> = Vec::with_capacity(jobs.len());
         let mut served: Vec<(Parked, Result<Vec<Delivery>>)> = Vec::new();
         let outcome = self.transaction(|writer| {
@@ -250,6 +258,9 @@ impl Writer {
         });
         if failure.is_none() {
             self.stats.commits.fetch_add(1, Ordering::Relaxed);
+            if sweep_only {
+                self.stats.sweeps.fetch_add(1, Ordering::Relaxed);
+            }
             metrics::counter!(COMMITS_METRIC).increment(1);
             metrics::histogram!(COMMIT_JOBS_METRIC).record(settles.len() as f64);
         } else {
