@@ -450,6 +450,9 @@ pub struct World {
     /// The keys (task, step) whose work the service accepted and has not
     /// answered with a failure.
     pending: BTreeSet<(TaskId, StepName)>,
+    /// The complete-by of the attempt each token was given for: the
+    /// service does no work for a token past it.
+    deadlines: BTreeMap<String, Timestamp>,
     /// Every callback the engine took: by (task, step, attempt), its
     /// outcome's output (`None` for a failure).
     pub callbacks: BTreeMap<(TaskId, StepName, u32), Option<Value>>,
@@ -523,6 +526,7 @@ impl World {
             tokens: Vec::new(),
             answered: BTreeMap::new(),
             pending: BTreeSet::new(),
+            deadlines: BTreeMap::new(),
             callbacks: BTreeMap::new(),
             stalls: Vec::new(),
             trace: Vec::new(),
@@ -990,9 +994,13 @@ impl World {
         // only work it never did can fail. It posts the same answer again
         // for a token it answered before.
         let applied = self.service.applied(&task, &step, false);
+        // Past the attempt's complete-by the service does no work, as
+        // agents go silent then; it may still post, and must be refused.
+        let too_late = self.deadlines.get(text).is_some_and(|by| now >= *by);
         let roll = match self.answered.get(text) {
             Some(true) => 9,
             Some(false) => 1,
+            None if too_late && !applied => 1,
             None if faulty && !applied => self.rng.random_range(0..10),
             None => 9,
         };
@@ -1006,7 +1014,8 @@ impl World {
             }
         };
         self.answered.insert(text.to_owned(), roll >= 2);
-        if roll < 2 {
+        // A stale token's late answer says nothing of the key's work.
+        if roll < 2 && !too_late {
             self.pending.remove(&(task.clone(), step.clone()));
         }
         let output = match &outcome {
@@ -1101,6 +1110,7 @@ impl World {
                 // reply, and accepts the work: it does it when it calls
                 // back (see `callback`).
                 self.tokens.push(call.callback_token.clone().unwrap_or_default());
+                self.deadlines.insert(call.callback_token.clone().unwrap_or_default(), request.complete_by());
                 self.pending.insert((call.task_id.clone(), call.step.clone()));
                 self.succeeded.insert((call.task_id.clone(), call.step.clone(), call.compensate, call.attempt));
                 ReplyOutcome::Succeeded { output: json!({ "accepted": true }) }
