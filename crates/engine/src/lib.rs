@@ -35,6 +35,7 @@ pub mod consumer;
 pub mod engine;
 pub mod long_poll;
 pub mod ops;
+pub mod pause;
 pub mod plan;
 pub mod protocol;
 pub mod replies;

@@ -12,6 +12,8 @@
 //! - cancel applies to a task that has not finished, resubmit to a task in
 //!   Error; the transitions of `rota-model` decide, and a refusal is
 //!   [`Error::Refused`];
+//! - pause applies to a task that has not finished and is not paused,
+//!   resume to a paused task (see [`crate::pause`]);
 //! - a step named by a resubmit must be one of the task's
 //!   ([`Error::StepNotFound`]), whatever state the task is in; a resubmit
 //!   with a new input starts that step and its dependents over, and is
@@ -60,6 +62,10 @@ pub enum Action {
     Signal,
     /// Complete or fail a callback step's attempt.
     Callback,
+    /// Hold a task's own moves (no new step).
+    Pause,
+    /// Release a paused task's moves.
+    Resume,
 }
 
 impl Action {
@@ -70,6 +76,8 @@ impl Action {
             Action::Resubmit => "resubmit",
             Action::Signal => "signal",
             Action::Callback => "callback",
+            Action::Pause => "pause",
+            Action::Resume => "resume",
         }
     }
 }
@@ -110,6 +118,15 @@ pub enum Error {
     #[error("{field}: {why}")]
     InvalidSubmission {
         /// The field (`start_at`).
+        field: &'static str,
+        /// Its bounds and the value given.
+        why: String,
+    },
+    /// An operator's request has a field outside its bounds. The text
+    /// starts with the field it is about.
+    #[error("{field}: {why}")]
+    InvalidRequest {
+        /// The field (`reason`).
         field: &'static str,
         /// Its bounds and the value given.
         why: String,
@@ -477,7 +494,7 @@ fn input_in_history(input: &Value) -> Value {
     json!({ "sha256": digest, "bytes": text.len() })
 }
 
-fn refused(action: Action, refusal: Refusal) -> Error {
+pub(crate) fn refused(action: Action, refusal: Refusal) -> Error {
     Error::Refused { action, refusal }
 }
 

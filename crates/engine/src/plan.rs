@@ -32,6 +32,10 @@
 //!   failure of the step. A skipped step has no output (it is left out of
 //!   the task's output, and a template reading it fails) and nothing to
 //!   compensate.
+//! * A paused task starts no step (nor compensation, nor its end): its
+//!   steps in flight finish and are recorded, and once none is in flight
+//!   its holder gives it back (`released`, `paused: true`); it is not
+//!   claimed again until resumed.
 //! * Compensation undoes completed steps one at a time, in reverse order of
 //!   completion, and waits for steps still in flight to settle first. A step
 //!   whose attempt timed out while the task is being undone is "in doubt"
@@ -400,12 +404,36 @@ impl<'a> Draft<'a> {
     }
 
     /// Moves the task on: starts every ready step, or finishes it; while
-    /// compensating, undoes the next completed step, or finishes.
+    /// compensating, undoes the next completed step, or finishes. A paused
+    /// task is held instead.
     fn advance(&mut self, fence: rota_model::TaskFence) {
+        if self.task.paused {
+            self.hold(fence);
+            return;
+        }
         match self.task.state {
             TaskState::Processing => self.advance_processing(fence),
             TaskState::Compensating => self.advance_compensating(fence),
             _ => {}
+        }
+    }
+
+    /// A paused task starts nothing, not even its end (it finishes once
+    /// resumed). While a step of it is in flight its holder keeps the
+    /// lease, to record the step's answer; after that it gives the task
+    /// back, so that a pause costs no lease, no deadline and no Scheduler
+    /// while it lasts. A step backing off before another attempt is retried
+    /// by whoever claims the task after the resume.
+    fn hold(&mut self, fence: rota_model::TaskFence) {
+        if self.steps.values().any(|s| matches!(s.state, StepState::Running | StepState::Compensating)) {
+            return;
+        }
+        match self.task.release(fence, self.cx.now) {
+            Ok(released) => {
+                self.task = released;
+                self.event(EventKind::Released, json!({ "by": self.cx.me.as_str(), "paused": true }));
+            }
+            Err(err) => tracing::error!("giving back paused task {}: {err}", self.task.id),
         }
     }
 

@@ -46,6 +46,9 @@ pub fn is_status(kind: EventKind) -> bool {
         Received | StepCompleted | StepSkipped | Processed | Error | Compensated | Cancelled | AtRisk => true,
         Claimed | StepStarted | StepFailed | Expired | CompensationStarted | StepCompensated | Resubmitted | Released | Alert | Signal
         | Callback => false,
+        // An operator's pause and resume hold and release the task's own
+        // moves; like a resubmit, they are no news of its progress.
+        Paused | Resumed => false,
     }
 }
 

@@ -11,6 +11,12 @@
 //!  any non-terminal ──cancel──► Cancelled (or Compensating when there is work to undo)
 //! ```
 //!
+//! Beside the state, a task may be *paused* by an operator ([`Task::pause`],
+//! [`Task::resume`]): a paused task is not claimed, and its holder starts
+//! no new step (the steps in flight finish and are recorded) and gives it
+//! back once nothing is in flight. Pausing changes no state; it only holds
+//! the task's own moves until it is resumed.
+//!
 //! Every move is a pure function from the current record and `now` to the
 //! next record. Moves made by a lease holder take a [`TaskFence`]: when the
 //! lease has since been taken by someone else (or rescued by the Supervisor),
@@ -212,6 +218,11 @@ pub struct Task {
     /// submission, never changed.
     #[serde(default)]
     pub submitter: Option<String>,
+    /// Whether an operator paused it ([`Task::pause`]): no Scheduler claims
+    /// it, and its holder starts no new step, until it is resumed. Written
+    /// by pause and resume only; every other move keeps it.
+    #[serde(default)]
+    pub paused: bool,
     /// The final result, once Processed.
     pub output: Option<Value>,
     /// The reason for Error (or the last failure).
@@ -241,6 +252,7 @@ impl Task {
             reply_to: None,
             reply_queue: None,
             submitter: None,
+            paused: false,
             output: None,
             error: None,
             created_at: now,
@@ -276,7 +288,10 @@ impl Task {
 
     /// Whether a Scheduler may claim it at `now`.
     pub fn is_claimable(&self, now: Timestamp) -> bool {
-        matches!(self.state, TaskState::Pending | TaskState::Compensating) && self.locked_by.is_none() && self.not_before <= now
+        matches!(self.state, TaskState::Pending | TaskState::Compensating)
+            && self.locked_by.is_none()
+            && self.not_before <= now
+            && !self.paused
     }
 
     /// A Scheduler takes the lease until `now + lease`. Pending becomes
@@ -284,6 +299,9 @@ impl Task {
     pub fn claim(&self, owner: InstanceId, now: Timestamp, lease: Duration) -> Result<(Task, TaskFence), TransitionError> {
         if !matches!(self.state, TaskState::Pending | TaskState::Compensating) || self.locked_by.is_some() {
             return Err(self.refuse("claim"));
+        }
+        if self.paused {
+            return Err(TransitionError::NotAllowed { record: "task", action: "claim", state: "paused" });
         }
         if self.not_before > now {
             return Err(TransitionError::NotDue { record: "task", until: self.not_before });
@@ -485,6 +503,39 @@ impl Task {
         Ok(next)
     }
 
+    /// An operator pauses a task that has not finished: no Scheduler claims
+    /// it, and its holder (which keeps its lease) starts no new step until
+    /// [`Task::resume`]. The new epoch fences out a decision its holder took
+    /// on the record before the pause: it is taken again on one that says
+    /// paused.
+    pub fn pause(&self, now: Timestamp) -> Result<Task, TransitionError> {
+        if self.state.is_terminal() {
+            return Err(self.refuse("pause"));
+        }
+        if self.paused {
+            return Err(TransitionError::NotAllowed { record: "task", action: "pause", state: "paused" });
+        }
+        let mut next = self.clone();
+        next.paused = true;
+        next.lease_epoch += 1;
+        next.updated_at = now;
+        Ok(next)
+    }
+
+    /// An operator resumes a paused task, in any state (a task paused and
+    /// then cancelled or failed loses the mark, so that a resubmit runs it).
+    /// Like [`Task::pause`], it bumps the epoch.
+    pub fn resume(&self, now: Timestamp) -> Result<Task, TransitionError> {
+        if !self.paused {
+            return Err(TransitionError::NotAllowed { record: "task", action: "resume", state: "not paused" });
+        }
+        let mut next = self.clone();
+        next.paused = false;
+        next.lease_epoch += 1;
+        next.updated_at = now;
+        Ok(next)
+    }
+
     /// A copy without lease and with a new epoch, for moves made by someone
     /// other than the holder (the Supervisor, an operator). The new epoch is
     /// what makes the holder's next compare-and-set fail even where the
@@ -538,6 +589,32 @@ mod tests {
         assert_eq!(t.state, TaskState::Processed);
         assert_eq!(t.locked_by, None);
         assert_eq!(t.complete_by, None);
+    }
+
+    #[test]
+    fn a_paused_task_is_not_claimed_keeps_its_lease_and_is_fenced() {
+        let paused = task().pause(at(1)).unwrap();
+        assert!(paused.paused);
+        assert_eq!(paused.state, TaskState::Pending);
+        assert!(!paused.is_claimable(at(2)));
+        assert!(matches!(paused.claim(owner("s1"), at(2), LEASE), Err(TransitionError::NotAllowed { state: "paused", .. })));
+        assert_eq!(paused.pause(at(2)).unwrap_err().to_string(), "cannot pause a task that is paused");
+        let resumed = paused.resume(at(3)).unwrap();
+        assert!(!resumed.paused && resumed.is_claimable(at(3)));
+        assert_eq!(resumed.resume(at(4)).unwrap_err().to_string(), "cannot resume a task that is not paused");
+
+        // A held task keeps its lease, but its holder's fence no longer matches.
+        let (held, fence) = resumed.claim(owner("s1"), at(5), LEASE).unwrap();
+        let paused = held.pause(at(6)).unwrap();
+        assert_eq!((paused.state, paused.locked_by.clone()), (TaskState::Processing, Some(owner("s1"))));
+        assert!(matches!(paused.check_fence(fence), Err(TransitionError::LeaseLost { .. })));
+        // Every other move keeps the mark.
+        let released = paused.release(paused.fence().unwrap(), at(7)).unwrap();
+        assert!(released.paused && !released.is_claimable(at(7)));
+        let cancelled = released.cancel(false, at(8)).unwrap();
+        assert!(cancelled.paused);
+        assert_eq!(cancelled.pause(at(9)).unwrap_err().to_string(), "task is cancelled, which is terminal");
+        assert!(!cancelled.resume(at(9)).unwrap().paused, "a finished task may lose the mark");
     }
 
     #[test]

@@ -82,7 +82,7 @@ impl<'a> Sends<'a> {
 
 /// The columns of `rota.tasks`, in the table's order, as array parameters
 /// (both the creation and the commit statement take them so).
-struct TaskArrays([Array; 16]);
+struct TaskArrays([Array; 17]);
 
 impl TaskArrays {
     fn push(params: &mut Params, tasks: &[&Task]) -> Result<TaskArrays> {
@@ -103,6 +103,7 @@ impl TaskArrays {
             params.array(tasks.iter().map(|t| t.created_at.as_millis()).collect::<Vec<_>>(), "bigint[]")?,
             params.array(tasks.iter().map(|t| t.updated_at.as_millis()).collect::<Vec<_>>(), "bigint[]")?,
             params.array(tasks.iter().map(|t| t.warn_at.map(Timestamp::as_millis)).collect::<Vec<_>>(), "bigint[]")?,
+            params.array(tasks.iter().map(|t| t.paused).collect::<Vec<_>>(), "bool[]")?,
         ]))
     }
 
@@ -268,16 +269,16 @@ fn create_sql(p: &CreateParams) -> String {
         "WITH
          inserted AS (
              INSERT INTO rota.tasks (id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
-                                     failure_count, reply_to, output, error, created_at, updated_at, warn_at, reply_queue,
-                                     submitter)
+                                     failure_count, reply_to, output, error, created_at, updated_at, warn_at, paused,
+                                     reply_queue, submitter)
              SELECT t.id, t.workflow, t.workflow_version, t.input, t.state, t.locked_by, t.lease_epoch, t.complete_by, t.not_before,
-                    t.failure_count, t.reply_to, t.output, t.error, t.created_at, t.updated_at, t.warn_at, t.reply_queue,
-                    t.submitter
+                    t.failure_count, t.reply_to, t.output, t.error, t.created_at, t.updated_at, t.warn_at, t.paused,
+                    t.reply_queue, t.submitter
                FROM unnest({tasks}, {reply_queue}, {submitter})
                     WITH ORDINALITY
                     AS t(id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
-                         failure_count, reply_to, output, error, created_at, updated_at, warn_at, reply_queue, submitter,
-                         position)
+                         failure_count, reply_to, output, error, created_at, updated_at, warn_at, paused, reply_queue,
+                         submitter, position)
               ORDER BY t.position
              ON CONFLICT (id) DO NOTHING
           RETURNING id),
@@ -422,12 +423,13 @@ fn commit_sql(p: &CommitParams) -> String {
                 SET workflow = w.workflow, workflow_version = w.workflow_version, input = w.input, state = w.state,
                     locked_by = w.locked_by, lease_epoch = w.lease_epoch, complete_by = w.complete_by, not_before = w.not_before,
                     failure_count = w.failure_count, reply_to = w.reply_to, output = w.output, error = w.error,
-                    created_at = w.created_at, updated_at = w.updated_at, warn_at = w.warn_at,
+                    created_at = w.created_at, updated_at = w.updated_at, warn_at = w.warn_at, paused = w.paused,
                     warned_at = CASE WHEN w.locked_by IS NULL THEN NULL ELSE t.warned_at END,
                     at_risk_since = CASE WHEN w.locked_by IS NULL THEN NULL ELSE t.at_risk_since END
                FROM unnest({tasks}, {task_state}, {task_epoch})
                     AS w(id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
-                         failure_count, reply_to, output, error, created_at, updated_at, warn_at, expected_state, expected_epoch)
+                         failure_count, reply_to, output, error, created_at, updated_at, warn_at, paused, expected_state,
+                         expected_epoch)
               WHERE t.id = w.id AND t.state = w.expected_state AND t.lease_epoch = w.expected_epoch
           RETURNING t.id),
          step_writes AS (

@@ -243,6 +243,14 @@ CREATE INDEX tasks_submitter ON rota.tasks (submitter, created_seq) WHERE submit
 -- (NULL: none, or already used).
 ALTER TABLE rota.steps ADD COLUMN callback_digest TEXT;
 "#,
+    r#"
+-- Paused tasks (an operator's pause): not claimed until resumed. The claim
+-- index leaves them out, so a store full of paused tasks costs a claim
+-- nothing.
+ALTER TABLE rota.tasks ADD COLUMN paused BOOLEAN NOT NULL DEFAULT false;
+DROP INDEX rota.tasks_claimable;
+CREATE INDEX tasks_claimable ON rota.tasks (not_before) WHERE state IN ('pending', 'compensating') AND locked_by IS NULL AND NOT paused;
+"#,
 ];
 
 /// How many migrations this build knows.

@@ -50,6 +50,7 @@ fn task_from(row: &PgRow) -> Result<Task> {
             .transpose()
             .map_err(|e| corrupt("reply_queue", e))?,
         submitter: row.try_get("submitter")?,
+        paused: row.try_get("paused")?,
         output: row.try_get::<Option<String>, _>("output")?.map(|o| parse_json("task output", o)).transpose()?,
         error: row.try_get("error")?,
         created_at: Timestamp::from_millis(row.try_get("created_at")?),
@@ -223,7 +224,7 @@ pub(crate) async fn claim_tasks(
              SELECT pg_advisory_xact_lock_shared($5 + (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM rota.event_seq))),
          picked AS (
              SELECT id FROM rota.tasks
-              WHERE state IN ('pending', 'compensating') AND locked_by IS NULL AND not_before <= $3
+              WHERE state IN ('pending', 'compensating') AND locked_by IS NULL AND NOT paused AND not_before <= $3
               ORDER BY not_before LIMIT $4
               FOR UPDATE SKIP LOCKED),
          claimed AS (

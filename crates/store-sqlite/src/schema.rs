@@ -228,6 +228,14 @@ CREATE INDEX tasks_submitter ON tasks (submitter) WHERE submitter IS NOT NULL;
 -- (NULL: none, or already used).
 ALTER TABLE steps ADD COLUMN callback_digest TEXT;
 "#,
+    r#"
+-- Paused tasks (an operator's pause): not claimed until resumed. The claim
+-- index leaves them out, so a store full of paused tasks costs a claim
+-- nothing.
+ALTER TABLE tasks ADD COLUMN paused INTEGER NOT NULL DEFAULT 0;
+DROP INDEX tasks_claimable;
+CREATE INDEX tasks_claimable ON tasks (not_before) WHERE state IN ('pending', 'compensating') AND locked_by IS NULL AND paused = 0;
+"#,
 ];
 
 /// Runs the migrations that have not run yet.

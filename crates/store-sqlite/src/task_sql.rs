@@ -15,7 +15,7 @@ use crate::sql_error;
 
 const TASK_COLUMNS: &str = "id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before, \
                             failure_count, reply_to, output, error, created_at, updated_at, warn_at, at_risk_since, reply_queue, \
-                            submitter";
+                            submitter, paused";
 const STEP_COLUMNS: &str =
     "task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error, updated_at, warn_at, callback_digest";
 
@@ -52,6 +52,7 @@ struct TaskRow {
     at_risk_since: Option<i64>,
     reply_queue: Option<String>,
     submitter: Option<String>,
+    paused: bool,
 }
 
 fn task_row(row: &Row<'_>) -> rusqlite::Result<TaskRow> {
@@ -75,6 +76,7 @@ fn task_row(row: &Row<'_>) -> rusqlite::Result<TaskRow> {
         at_risk_since: row.get(16)?,
         reply_queue: row.get(17)?,
         submitter: row.get(18)?,
+        paused: row.get(19)?,
     })
 }
 
@@ -96,6 +98,7 @@ impl TaskRow {
             reply_to: self.reply_to,
             reply_queue: self.reply_queue.map(QueueName::new).transpose().map_err(|e| corrupt("reply_queue", e))?,
             submitter: self.submitter,
+            paused: self.paused,
             output: self.output.map(|o| parse_json("task output", o)).transpose()?,
             error: self.error,
             created_at: Timestamp::from_millis(self.created_at),
@@ -164,9 +167,10 @@ pub(crate) fn task_exists(conn: &Connection, id: &TaskId) -> Result<bool> {
         .map_err(sql_error)
 }
 
-/// Binds a task's columns, in `TASK_COLUMNS` order, to parameters ?1..?16:
-/// all but `at_risk_since`, which only [`raise_warning`] writes, and
-/// `reply_queue` and `submitter`, which only the insert writes (they never change).
+/// Binds a task's columns, in `TASK_COLUMNS` order, to parameters ?1..?16
+/// and ?20 (`paused`): all but `at_risk_since`, which only
+/// [`raise_warning`] writes, and `reply_queue` and `submitter`, which only
+/// the insert writes (they never change).
 fn bind_task(stmt: &mut rusqlite::Statement<'_>, task: &Task) -> rusqlite::Result<()> {
     stmt.raw_bind_parameter(1, task.id.as_str())?;
     stmt.raw_bind_parameter(2, task.workflow.as_str())?;
@@ -183,7 +187,8 @@ fn bind_task(stmt: &mut rusqlite::Statement<'_>, task: &Task) -> rusqlite::Resul
     stmt.raw_bind_parameter(13, task.error.as_deref())?;
     stmt.raw_bind_parameter(14, task.created_at.as_millis())?;
     stmt.raw_bind_parameter(15, task.updated_at.as_millis())?;
-    stmt.raw_bind_parameter(16, task.warn_at.map(Timestamp::as_millis))
+    stmt.raw_bind_parameter(16, task.warn_at.map(Timestamp::as_millis))?;
+    stmt.raw_bind_parameter(20, task.paused)
 }
 
 /// Binds a step's columns, in `STEP_COLUMNS` order, to parameters ?1..?13.
@@ -205,7 +210,7 @@ fn bind_step(stmt: &mut rusqlite::Statement<'_>, step: &Step) -> rusqlite::Resul
 
 pub(crate) fn insert_task(conn: &Connection, task: &Task) -> Result<()> {
     conn.prepare_cached(&format!(
-        "INSERT INTO tasks ({TASK_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, NULL, ?18, ?19)"
+        "INSERT INTO tasks ({TASK_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, NULL, ?18, ?19, ?20)"
     ))
     .and_then(|mut stmt| {
         bind_task(&mut stmt, task)?;
@@ -253,7 +258,7 @@ pub(crate) fn write_task(conn: &Connection, write: &TaskWrite) -> Result<()> {
         .prepare_cached(
             "UPDATE tasks SET workflow = ?2, workflow_version = ?3, input = ?4, state = ?5, locked_by = ?6, lease_epoch = ?7,
                               complete_by = ?8, not_before = ?9, failure_count = ?10, reply_to = ?11, output = ?12,
-                              error = ?13, created_at = ?14, updated_at = ?15, warn_at = ?16,
+                              error = ?13, created_at = ?14, updated_at = ?15, warn_at = ?16, paused = ?20,
                               warned_at = CASE WHEN ?6 IS NULL THEN NULL ELSE warned_at END,
                               at_risk_since = CASE WHEN ?6 IS NULL THEN NULL ELSE at_risk_since END
               WHERE id = ?1 AND state = ?17 AND lease_epoch = ?18",
@@ -438,7 +443,8 @@ pub(crate) fn claim_tasks(conn: &Connection, owner: &InstanceId, lease: Duration
                 SET state = CASE state WHEN 'pending' THEN 'processing' ELSE state END,
                     locked_by = ?1, lease_epoch = lease_epoch + 1, complete_by = ?2, updated_at = ?3
               WHERE rowid IN (SELECT rowid FROM tasks
-                               WHERE state IN ('pending', 'compensating') AND locked_by IS NULL AND not_before <= ?3
+                               WHERE state IN ('pending', 'compensating') AND locked_by IS NULL AND paused = 0
+                                 AND not_before <= ?3
                                ORDER BY not_before LIMIT ?4)
           RETURNING {TASK_COLUMNS}"
         ))

@@ -101,6 +101,7 @@ macro_rules! conformance_suite {
             count_tasks_counts_every_state,
             tasks_reads_several_with_their_steps,
             claim_tasks_leases_due_pending_and_unleased_compensating,
+            a_paused_task_is_never_claimed_and_keeps_its_mark,
             concurrent_claims_never_share_a_task,
             commit_applies_fenced_writes_and_messages_together,
             a_skipped_step_is_stored_and_fenced_like_any_state,
@@ -1533,6 +1534,78 @@ pub async fn claim_tasks_leases_due_pending_and_unleased_compensating(harness: &
     let mut held: Vec<&str> = held.iter().map(|t| t.id.as_str()).collect();
     held.sort();
     assert_eq!(held, ["p1", "p2", "p3"], "every task s2 holds, and only those");
+}
+
+/// A task's `paused` mark is written by creation and by commits and read
+/// back by every read of the task (look-up, several at once, listing,
+/// claim, expiry, after a reopen); a paused task is never claimed, Pending
+/// or unleased Compensating, whatever its `not_before`, and is claimable
+/// again once a commit clears the mark. A held task keeps its lease when
+/// paused.
+pub async fn a_paused_task_is_never_claimed_and_keeps_its_mark(harness: &dyn Harness) {
+    let clock = harness.clock();
+    let owner = instance("scheduler-pause");
+    {
+        let store = harness.open().await;
+        let now = clock.now();
+        let mut born_paused = new_task("pz-born", "order", &["charge"], now);
+        born_paused.task.paused = true;
+        create(&store, born_paused).await;
+        create(&store, new_task("pz-pending", "order", &["charge"], now)).await;
+        create(&store, new_task("pz-held", "order", &["charge"], now)).await;
+        let pending = stored(&store, &task_id("pz-pending")).await.task;
+        let paused = ok(pending.pause(now), "model pause");
+        commit(&store, Changes { tasks: vec![TaskWrite::replacing(&pending, paused)], ..Changes::default() }, "pause pz-pending").await;
+
+        let claimed = claim(&store, &owner, SECOND, 10).await;
+        assert_eq!(task_ids(&claimed), ["pz-held"], "only the task without the mark is claimed");
+        assert!(!claimed[0].paused);
+        let held = &claimed[0];
+        let paused = ok(held.pause(now), "model pause");
+        commit(&store, Changes { tasks: vec![TaskWrite::replacing(held, paused.clone())], ..Changes::default() }, "pause pz-held").await;
+        let read = stored(&store, &held.id).await.task;
+        assert_eq!(read, paused, "a held task keeps its lease and state when paused");
+        assert!(read.paused && read.locked_by.as_ref() == Some(&owner));
+
+        // Given back by its holder, it stays unclaimed, as does an unleased
+        // Compensating one.
+        let released = ok(read.release(read.fence().expect("held"), now), "model release");
+        commit(&store, Changes { tasks: vec![TaskWrite::replacing(&read, released.clone())], ..Changes::default() }, "release").await;
+        assert!(stored(&store, &held.id).await.task.paused, "a commit keeps the mark");
+        let mut compensating = new_task("pz-undo", "order", &["charge"], now);
+        compensating.task.state = TaskState::Compensating;
+        compensating.task.paused = true;
+        create(&store, compensating).await;
+        clock.advance(SECOND * 3);
+        assert!(claim(&store, &owner, SECOND, 10).await.is_empty(), "no paused task is claimed, Pending or Compensating");
+    }
+
+    let store = harness.open().await;
+    let ids = [task_id("pz-born"), task_id("pz-pending"), task_id("pz-held"), task_id("pz-undo")];
+    let several = ok(store.tasks(&ids).await, "tasks");
+    assert!(several.iter().all(|r| r.task.paused), "tasks() reads the mark, after a reopen: {several:?}");
+    let listed = ok(store.list_tasks(&TaskFilter::default()).await, "list_tasks");
+    assert_eq!(listed.iter().filter(|t| t.paused).count(), 4, "list_tasks reads the mark");
+    assert!(claim(&store, &owner, SECOND, 10).await.is_empty(), "still none claimable after a reopen");
+
+    let pending = stored(&store, &task_id("pz-pending")).await.task;
+    let resumed = ok(pending.resume(clock.now()), "model resume");
+    commit(&store, Changes { tasks: vec![TaskWrite::replacing(&pending, resumed)], ..Changes::default() }, "resume").await;
+    let claimed = claim(&store, &owner, SECOND, 10).await;
+    assert_eq!(task_ids(&claimed), ["pz-pending"], "a resumed task is claimable again");
+    assert!(!claimed[0].paused, "claim_tasks returns the cleared mark");
+
+    // A held paused task expires like any other, and the expiry reads the mark.
+    let held = &claimed[0];
+    let paused = ok(held.pause(clock.now()), "model pause");
+    commit(&store, Changes { tasks: vec![TaskWrite::replacing(held, paused)], ..Changes::default() }, "pause again").await;
+    clock.advance(SECOND * 2);
+    let expired = ok(store.expired(10).await, "expired");
+    let found = expired.iter().find_map(|e| match e {
+        Expired::Task(task) if task.id.as_str() == "pz-pending" => Some(task.paused),
+        _ => None,
+    });
+    assert_eq!(found, Some(true), "expired() returns the mark: {expired:?}");
 }
 
 /// Four concurrent claimers over 100 Pending tasks claim each exactly once.

@@ -226,6 +226,12 @@ pub enum EventKind {
     /// succeeded or failed, and who sent it), or its agent's request was
     /// accepted and the step now waits for its callback (`accepted`).
     Callback,
+    /// An operator paused the task (its detail says who, and why when
+    /// given): it starts no new step until resumed.
+    Paused,
+    /// An operator resumed the paused task (its detail says who, and why
+    /// when given).
+    Resumed,
 }
 
 impl EventKind {
@@ -251,11 +257,13 @@ impl EventKind {
             EventKind::Signal => "signal",
             EventKind::AtRisk => "at_risk",
             EventKind::Callback => "callback",
+            EventKind::Paused => "paused",
+            EventKind::Resumed => "resumed",
         }
     }
 
     /// Every kind.
-    pub const ALL: [EventKind; 19] = [
+    pub const ALL: [EventKind; 21] = [
         EventKind::Received,
         EventKind::Claimed,
         EventKind::StepStarted,
@@ -275,6 +283,8 @@ impl EventKind {
         EventKind::AtRisk,
         EventKind::StepSkipped,
         EventKind::Callback,
+        EventKind::Paused,
+        EventKind::Resumed,
     ];
 
     /// The kind named `name`, if any.
