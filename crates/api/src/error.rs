@@ -139,7 +139,7 @@ impl ApiError {
             E::InvalidSchedule { .. } => ApiError::invalid_body(reason),
             E::UnknownWorkflow(_) => ApiError::new(StatusCode::NOT_FOUND, "unknown_workflow", reason),
             E::BeforeNotFound(id) => ApiError::invalid_query("before", format!("task {id} not found")),
-            E::InvalidSubmission { .. } => ApiError::invalid_body(reason),
+            E::InvalidSubmission { .. } | E::InvalidRequest { .. } => ApiError::invalid_body(reason),
             E::Refused { .. } => ApiError::new(StatusCode::CONFLICT, "refused", reason),
             E::Signal { why, .. } if why.is_invalid_request() => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_signal", reason),
             E::Signal { .. } => ApiError::new(StatusCode::CONFLICT, "refused", reason),

@@ -26,7 +26,7 @@ use crate::{ApiState, callbacks, events, queues, schedules, status, tasks, worke
     components(schemas(crate::error::ErrorBody)),
     modifiers(&BearerAuth),
     tags(
-        (name = "tasks", description = "Submit, inspect, cancel and resubmit tasks; alerts"),
+        (name = "tasks", description = "Submit, inspect, cancel, resubmit, pause and resume tasks; alerts"),
         (name = "events", description = "Live task events (server-sent events)"),
         (name = "workflows", description = "The workflow registry"),
         (name = "schedules", description = "Cron schedules that start tasks: list with next fire times, create, pause, resume, trigger, delete"),
@@ -68,6 +68,8 @@ pub(crate) fn routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(tasks::get))
         .routes(routes!(tasks::history))
         .routes(routes!(tasks::cancel))
+        .routes(routes!(tasks::pause_task))
+        .routes(routes!(tasks::resume_task))
         .routes(routes!(tasks::signal))
         .routes(routes!(tasks::resubmit))
         .routes(routes!(tasks::resubmit_step))

@@ -1,6 +1,6 @@
 //! The task endpoints: submit (the task id is the idempotency
-//! key), status with steps, listing with filters, history, alerts, cancel
-//! and resubmit. Each goes through [`rota_engine::Client`], whose operator
+//! key), status with steps, listing with filters, history, alerts, cancel,
+//! resubmit, pause and resume. Each goes through [`rota_engine::Client`], whose operator
 //! requests ([`rota_engine::ops`]) hold the rules, so that these handlers
 //! only read the request and translate the answer: the same rules and the
 //! same texts as the CLI on a local store.
@@ -19,8 +19,8 @@ use crate::ApiState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody};
 use crate::wire::{
-    AlertView, EventView, LimitQuery, ResubmitRequest, SignalDelivery, SignalPath, StepPath, SubmitRequest, TaskCounts, TaskCountsQuery,
-    TaskListQuery, TaskPath, TaskStateChange, TaskSummary, TaskView,
+    AlertView, EventView, LimitQuery, PauseRequest, ResubmitRequest, SignalDelivery, SignalPath, StepPath, SubmitRequest, TaskCounts,
+    TaskCountsQuery, TaskListQuery, TaskPath, TaskStateChange, TaskSummary, TaskView,
 };
 
 /// A task id from the path.
@@ -307,6 +307,66 @@ pub async fn signal(
         step: delivered.step.to_string(),
         completed: delivered.completed,
     }))
+}
+
+/// Pause a task that has not finished: it starts no new step until
+/// resumed. Steps in flight finish and are recorded; once none is, its
+/// Scheduler gives it back, and no Scheduler claims it while it is paused.
+/// Who paused it (the caller) and why (`reason`, optional) are recorded in
+/// its history. The body may be left out.
+#[utoipa::path(
+    post, path = "/v1/tasks/{id}/pause", tag = "tasks",
+    params(TaskPath),
+    request_body(content = Option<PauseRequest>, description = "Why (optional); the body may be left out", content_type = "application/json"),
+    responses(
+        (status = 200, description = "The task after the pause", body = TaskView),
+        (status = 400, description = "Invalid id, or a reason too long", body = ErrorBody),
+        (status = 404, description = "No such task", body = ErrorBody),
+        (status = 409, description = "The task has finished or is paused already, or changed concurrently", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn pause_task(
+    State(state): State<ApiState>,
+    caller: Option<Extension<Caller>>,
+    ApiPath(TaskPath { id }): ApiPath<TaskPath>,
+    request: Option<ApiJson<PauseRequest>>,
+) -> ApiResult<Json<TaskView>> {
+    let id = task_id(id)?;
+    let by = caller_of(caller).to_string();
+    let request = request.map(|ApiJson(request)| request).unwrap_or_default();
+    let operator = rota_engine::pause::Operator { by: &by, reason: request.reason.as_deref() };
+    let paused = state.client().pause(&id, operator).await.map_err(|err| ApiError::ops("pause", err))?;
+    Ok(Json(TaskView::from(&paused)))
+}
+
+/// Resume a paused task: a Scheduler takes it up again (at once when
+/// nobody holds it). Who resumed it and why are recorded in its history.
+/// The body may be left out.
+#[utoipa::path(
+    post, path = "/v1/tasks/{id}/resume", tag = "tasks",
+    params(TaskPath),
+    request_body(content = Option<PauseRequest>, description = "Why (optional); the body may be left out", content_type = "application/json"),
+    responses(
+        (status = 200, description = "The task after the resume", body = TaskView),
+        (status = 400, description = "Invalid id, or a reason too long", body = ErrorBody),
+        (status = 404, description = "No such task", body = ErrorBody),
+        (status = 409, description = "The task is not paused, or changed concurrently", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn resume_task(
+    State(state): State<ApiState>,
+    caller: Option<Extension<Caller>>,
+    ApiPath(TaskPath { id }): ApiPath<TaskPath>,
+    request: Option<ApiJson<PauseRequest>>,
+) -> ApiResult<Json<TaskView>> {
+    let id = task_id(id)?;
+    let by = caller_of(caller).to_string();
+    let request = request.map(|ApiJson(request)| request).unwrap_or_default();
+    let operator = rota_engine::pause::Operator { by: &by, reason: request.reason.as_deref() };
+    let resumed = state.client().resume(&id, operator).await.map_err(|err| ApiError::ops("resume", err))?;
+    Ok(Json(TaskView::from(&resumed)))
 }
 
 /// Resubmit a task that ended in `error`: its failed steps run again (or

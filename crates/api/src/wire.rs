@@ -203,6 +203,9 @@ pub struct TaskSummary {
     pub error: Option<String>,
     /// Who submitted it (the API token's id), when known.
     pub submitter: Option<String>,
+    /// Whether an operator paused it: it starts no new step until resumed.
+    #[serde(default)]
+    pub paused: bool,
     /// When it was created, epoch ms.
     pub created_at: i64,
     /// When it last changed, epoch ms.
@@ -223,6 +226,7 @@ impl From<&Task> for TaskSummary {
             at_risk_since: task.at_risk_since.map(|t| t.as_millis()),
             error: task.error.clone(),
             submitter: task.submitter.clone(),
+            paused: task.paused,
             created_at: task.created_at.as_millis(),
             updated_at: task.updated_at.as_millis(),
         }
@@ -274,6 +278,10 @@ pub struct TaskView {
     /// the start of its digest); absent when not known (authentication off,
     /// the CLI on a store, a schedule).
     pub submitter: Option<String>,
+    /// Whether an operator paused it: no Scheduler claims it and it starts
+    /// no new step until resumed (steps in flight finish).
+    #[serde(default)]
+    pub paused: bool,
     /// When it was created, epoch ms.
     pub created_at: i64,
     /// When it last changed, epoch ms.
@@ -305,6 +313,7 @@ impl TaskView {
             callback_url: task.reply_to.clone(),
             reply_queue: task.reply_queue.as_ref().map(ToString::to_string),
             submitter: task.submitter.clone(),
+            paused: task.paused,
             created_at: task.created_at.as_millis(),
             updated_at: task.updated_at.as_millis(),
             steps: steps
@@ -413,7 +422,8 @@ pub struct EventView {
     /// step_compensated, step_skipped, compensated, cancelled, resubmitted, released, alert,
     /// signal, at_risk (a deadline warning: `detail` has its `reason`, `warn_at`,
     /// `complete_by` and `remaining_ms`), callback (`detail.outcome`: `accepted`,
-    /// `succeeded` or `failed`).
+    /// `succeeded` or `failed`), paused and resumed (an operator's: `detail`
+    /// has `by` and `reason`).
     #[schema(example = "step_completed")]
     pub kind: String,
     /// The step concerned, if any.
@@ -466,6 +476,16 @@ impl From<&Event> for AlertView {
             detail: event.detail.clone(),
         }
     }
+}
+
+/// An operator's pause or resume of a task; the body may be left out.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PauseRequest {
+    /// Why, kept in the task's history with who did it (at most 1000
+    /// characters).
+    #[serde(default)]
+    pub reason: Option<String>,
 }
 
 /// The state a task moved to.
@@ -886,7 +906,7 @@ pub struct EventsQuery {
     pub workflow: Option<String>,
     /// Only events of these kinds, comma-separated (`step_completed,processed`).
     #[param(
-        pattern = r"^(received|claimed|step_started|step_completed|step_skipped|step_failed|expired|processed|error|compensation_started|step_compensated|compensated|cancelled|resubmitted|released|alert|signal|at_risk|callback)(,(received|claimed|step_started|step_completed|step_skipped|step_failed|expired|processed|error|compensation_started|step_compensated|compensated|cancelled|resubmitted|released|alert|signal|at_risk|callback))*$"
+        pattern = r"^(received|claimed|step_started|step_completed|step_skipped|step_failed|expired|processed|error|compensation_started|step_compensated|compensated|cancelled|resubmitted|released|alert|signal|at_risk|callback|paused|resumed)(,(received|claimed|step_started|step_completed|step_skipped|step_failed|expired|processed|error|compensation_started|step_compensated|compensated|cancelled|resubmitted|released|alert|signal|at_risk|callback|paused|resumed))*$"
     )]
     pub kind: Option<String>,
     /// Start after this event seq (as `Last-Event-ID` does; the header wins).

@@ -419,6 +419,54 @@ async fn a_running_task_is_cancelled() {
     server.post("/v1/tasks/s-1/cancel").await.assert_error(409, "refused");
 }
 
+/// `hold` (300 ms) then `next`: a pause while `hold` runs stops before `next`.
+fn held() -> rota_workflow::Workflow {
+    use rota_workflow::{AgentCatalog, StepDef, Workflow};
+    Workflow::builder("held", 1)
+        .step(StepDef::new("hold", "delay").with_input(json!({ "ms": 300 })))
+        .step(StepDef::new("next", "delay").with_input(json!({ "ms": 10 })))
+        .build(&AgentCatalog::builtin())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_task_starts_no_new_step_until_resumed() {
+    let server = start(Options { workflows: vec![held()], ..Options::default() }).await;
+    server.submit("held", "h-1").await;
+    let paused = server.post_json("/v1/tasks/h-1/pause", &json!({ "reason": "the payment service is down" })).await;
+    assert_eq!(paused.status, StatusCode::OK, "{}", paused.text);
+    assert_eq!(paused.body["paused"], true, "{}", paused.text);
+    let given_back = server.wait_until("h-1", |task| task["steps"][0]["state"] == "completed" && task["locked_by"].is_null()).await;
+    assert_eq!((given_back["state"].as_str(), given_back["paused"].as_bool()), (Some("pending"), Some(true)), "{given_back}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let still = server.get("/v1/tasks/h-1").await.body;
+    assert_eq!((still["state"].as_str(), still["steps"][1]["state"].as_str()), (Some("pending"), Some("not_started")), "{still}");
+    let listed = server.get("/v1/tasks").await.body;
+    assert_eq!(listed[0]["paused"], true, "listings show it: {listed}");
+    let again = server.post("/v1/tasks/h-1/pause").await;
+    assert_eq!(again.assert_error(409, "refused"), "pause: task h-1: cannot pause a task that is paused");
+
+    let resumed = server.post("/v1/tasks/h-1/resume").await;
+    assert_eq!(resumed.status, StatusCode::OK, "a resume needs no body: {}", resumed.text);
+    assert_eq!(resumed.body["paused"], false);
+    assert_eq!(server.wait_terminal("h-1").await["state"], "processed");
+    let history = server.get("/v1/tasks/h-1/history").await.body;
+    let of = |kind: &str| history.as_array().unwrap().iter().find(|e| e["kind"] == kind).unwrap()["detail"].clone();
+    assert_eq!(of("paused"), json!({ "by": "api without authentication", "reason": "the payment service is down" }));
+    assert_eq!(of("resumed"), json!({ "by": "api without authentication", "reason": null }));
+
+    // Refusals.
+    server.post("/v1/tasks/nope/pause").await.assert_error(404, "not_found");
+    server.post("/v1/tasks/h-1/resume").await.assert_error(409, "refused");
+    let finished = server.post("/v1/tasks/h-1/pause").await;
+    assert_eq!(finished.assert_error(409, "refused"), "pause: task h-1: task is processed, which is terminal");
+    let long = server.post_json("/v1/tasks/h-1/pause", &json!({ "reason": "x".repeat(1001) })).await;
+    assert!(long.assert_error(422, "invalid_body").starts_with("reason: is 1001 characters long"), "{}", long.text);
+    server.post_json("/v1/tasks/h-1/pause", &json!({ "why": "typo" })).await.assert_error(422, "invalid_body");
+    let malformed = server.request(Method::POST, "/v1/tasks/h-1/pause").header("content-type", "application/json").body("{");
+    server.send(malformed).await.assert_error(400, "malformed_json");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ids_with_slashes_and_spaces_travel_url_encoded() {
     let server = start(Options::default()).await;

@@ -76,6 +76,8 @@ fn endpoints() -> Vec<Endpoint> {
         (Method::GET, "/v1/tasks/t-1/history", None, None, ReadTask),
         (Method::GET, "/v1/tasks/t-1/events", None, None, ReadTask),
         (Method::POST, "/v1/tasks/t-1/cancel", None, None, Operate),
+        (Method::POST, "/v1/tasks/t-1/pause", None, None, Operate),
+        (Method::POST, "/v1/tasks/t-1/resume", Some(json!({ "reason": "done" })), None, Operate),
         (Method::POST, "/v1/tasks/t-1/signals/approved", Some(json!({ "by": "ann" })), None, Signal),
         (Method::POST, "/v1/tasks/t-1/resubmit", None, None, Operate),
         (Method::POST, "/v1/tasks/t-1/steps/first/resubmit", None, None, Operate),

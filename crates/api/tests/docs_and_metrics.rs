@@ -18,6 +18,8 @@ const OPERATIONS: &[(&str, &str)] = &[
     ("get", "/v1/tasks/{id}/history"),
     ("get", "/v1/tasks/{id}/events"),
     ("post", "/v1/tasks/{id}/cancel"),
+    ("post", "/v1/tasks/{id}/pause"),
+    ("post", "/v1/tasks/{id}/resume"),
     ("post", "/v1/tasks/{id}/resubmit"),
     ("post", "/v1/tasks/{id}/signals/{name}"),
     ("post", "/v1/tasks/{id}/steps/{step}/resubmit"),

@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 use rota_api::wire::{
-    AlertView, BreakerView, CallbackAccepted, Count, DeadLetterView, EventView, QueueView, ScheduleRequest, ScheduleView, SignalDelivery,
-    TaskStateChange, TaskSummary, TaskView, WorkflowView,
+    AlertView, BreakerView, CallbackAccepted, Count, DeadLetterView, EventView, PauseRequest, QueueView, ScheduleRequest, ScheduleView,
+    SignalDelivery, TaskStateChange, TaskSummary, TaskView, WorkflowView,
 };
 use rota_engine::{Client, Submission, Workflows, ops};
 use rota_model::{QueueName, ScheduleName, SignalName, StepName, SystemClock, TaskId, TaskState, WorkflowName};
@@ -81,9 +81,9 @@ fn client(store: &SharedStore) -> Client {
     Client::new(store.clone(), Arc::new(SystemClock), Workflows::new(store.clone()), None)
 }
 
-/// Who sends a signal (or resubmits with a new input) from the command
-/// line on a local store, as the task's history shows it: the OS user, as
-/// the login shell names it.
+/// Who sends a signal (or resubmits with a new input, pauses or resumes a
+/// task) from the command line on a local store, as the task's history
+/// shows it: the OS user, as the login shell names it.
 fn local_sender() -> String {
     match std::env::var("USER").or_else(|_| std::env::var("LOGNAME")) {
         Ok(user) if !user.is_empty() => format!("cli, user {user}"),
@@ -294,6 +294,39 @@ impl Backend {
                     .await
                     .map_err(|err| remote_error(asked, err))?;
                 Ok(change.state.into())
+            }
+        }
+    }
+
+    /// Pauses a task, with an optional reason; the task afterwards. On a
+    /// local store the history records the OS user who ran the command.
+    pub async fn pause_task(&self, id: &TaskId, reason: Option<&str>) -> anyhow::Result<TaskView> {
+        self.pause_or_resume(id, reason, true).await
+    }
+
+    /// Resumes a paused task, with an optional reason; the task afterwards.
+    pub async fn resume_task(&self, id: &TaskId, reason: Option<&str>) -> anyhow::Result<TaskView> {
+        self.pause_or_resume(id, reason, false).await
+    }
+
+    async fn pause_or_resume(&self, id: &TaskId, reason: Option<&str>, pause: bool) -> anyhow::Result<TaskView> {
+        let verb = if pause { "pause" } else { "resume" };
+        let asked = || format!("cannot {verb} task {id}");
+        match self {
+            Backend::Local(store) => {
+                let by = local_sender();
+                let operator = rota_engine::pause::Operator { by: &by, reason };
+                let client = client(store);
+                let moved = if pause { client.pause(id, operator).await } else { client.resume(id, operator).await };
+                Ok(TaskView::from(&moved.map_err(|err| local_error(asked, err))?))
+            }
+            Backend::Remote(server) => {
+                let body = PauseRequest { reason: reason.map(str::to_owned) };
+                let (_, view) = server
+                    .post::<TaskView, _>(&["v1", "tasks", id.as_str(), verb], Some(&body))
+                    .await
+                    .map_err(|err| remote_error(asked, err))?;
+                Ok(view)
             }
         }
     }

@@ -18,7 +18,7 @@
 //! - `backend`: where the operator commands act: the store (`--store`) or a
 //!   remote server's HTTP API (`--server`, through `remote`).
 //! - `tasks`: `rota submit`, `status`, `tasks`, `alerts`, `resubmit`,
-//!   `cancel` and `workflows`.
+//!   `cancel`, `pause`, `resume` and `workflows`.
 //! - `validate`: `rota validate`, workflow files checked without a store.
 //! - `prune`: `rota prune`, finished tasks deleted by hand (or counted).
 //! - `config_file`: `--config FILE`, settings for any command's flags.
@@ -83,7 +83,7 @@ struct Cli {
     durability: DurabilityArg,
 
     /// Run the operator commands (status, tasks, alerts, submit, resubmit,
-    /// cancel, workflows, queue stats/pause/resume, dlq) against this
+    /// cancel, pause, resume, workflows, queue stats/pause/resume, dlq) against this
     /// server's HTTP API instead of --store, e.g. http://rota.internal:7878.
     #[arg(long = "server", env = "ROTA_SERVER", value_name = "URL", global = true)]
     server_url: Option<String>,
@@ -131,6 +131,10 @@ enum Command {
     Signal(tasks::SignalArgs),
     /// Complete (--output) or fail (--error) a callback step's attempt with the token its request carried.
     Callback(tasks::CallbackArgs),
+    /// Pause a task: it starts no new step until resumed (steps in flight finish); prints its state.
+    Pause(tasks::PauseArgs),
+    /// Resume a paused task; prints its state.
+    Resume(tasks::PauseArgs),
     /// List the registered workflows (latest version of each).
     Workflows(tasks::WorkflowsArgs),
     /// Cron schedules that start tasks: create, list (with next fire times), show, pause, resume, trigger, delete.
@@ -198,6 +202,8 @@ fn main() -> ExitCode {
         Command::Cancel(args) => run_async(async move { tasks::cancel(&store, args).await }),
         Command::Signal(args) => run_async(async move { tasks::signal(&store, args).await }),
         Command::Callback(args) => run_async(async move { tasks::callback(&store, args).await }),
+        Command::Pause(args) => run_async(async move { tasks::pause(&store, args).await }),
+        Command::Resume(args) => run_async(async move { tasks::resume(&store, args).await }),
         Command::Workflows(args) => run_async(async move { tasks::workflows(&store, args).await }),
         Command::Schedules(command) => run_async(schedules::run(store, command)),
         Command::Prune(args) => run_async(async move { prune::run(&store, args).await }),

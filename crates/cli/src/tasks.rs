@@ -1,5 +1,5 @@
 //! The task commands: `submit`, `status`, `tasks`, `alerts`,
-//! `resubmit`, `cancel` and `workflows`. Each checks its arguments, opens
+//! `resubmit`, `cancel`, `pause`, `resume` and `workflows`. Each checks its arguments, opens
 //! its [`Backend`] (the store, with no engine in this process: a `rota
 //! serve` somewhere does the work; or a server's API with `--server`),
 //! makes its calls, and prints the result: a table for people, `--json` for
@@ -139,6 +139,16 @@ pub struct ResubmitArgs {
 pub struct CancelArgs {
     /// The task id.
     id: TaskId,
+}
+
+/// Arguments of `pause` and `resume`.
+#[derive(clap::Args)]
+pub struct PauseArgs {
+    /// The task id.
+    id: TaskId,
+    /// Why, kept in the task's history with who did it.
+    #[arg(long, value_name = "TEXT")]
+    reason: Option<String>,
 }
 
 /// Arguments of `workflows`.
@@ -370,7 +380,8 @@ fn status_text(status: &StatusJson) -> String {
     let mut fields = vec![
         ("task", status.id.to_owned()),
         ("workflow", format!("{}@{}", status.workflow, status.version)),
-        ("state", status.state.to_string()),
+        // A paused task says so beside its state, which pausing leaves as it is.
+        ("state", if status.paused { format!("{}, paused", status.state) } else { status.state.to_string() }),
         ("locked_by", or_dash(status.locked_by)),
         ("complete_by", or_dash(status.complete_by.as_deref())),
         ("at_risk_since", or_dash(status.at_risk_since.as_deref())),
@@ -491,7 +502,9 @@ pub async fn list(store: &StoreArgs, args: ListArgs) -> anyhow::Result<()> {
         .map(|task| {
             let state = TaskState::from(task.state);
             // A Pending task that may not start yet says until when.
-            let state = if state == TaskState::Pending && task.not_before > now {
+            let state = if task.paused {
+                format!("{state}, paused")
+            } else if state == TaskState::Pending && task.not_before > now {
                 format!("{state} until {}", rfc3339_millis(task.not_before))
             } else if let Some(since) = task.at_risk_since {
                 // A deadline warning was raised during its current lease.
@@ -547,6 +560,21 @@ pub async fn resubmit(store: &StoreArgs, args: ResubmitArgs) -> anyhow::Result<(
 pub async fn cancel(store: &StoreArgs, args: CancelArgs) -> anyhow::Result<()> {
     let state = store.backend().await?.cancel(&args.id).await?;
     output::line(state.as_str())?;
+    Ok(())
+}
+
+/// `rota pause`: prints `paused` and the task's state. The task starts no
+/// new step until `rota resume`; steps in flight finish.
+pub async fn pause(store: &StoreArgs, args: PauseArgs) -> anyhow::Result<()> {
+    let task = store.backend().await?.pause_task(&args.id, args.reason.as_deref()).await?;
+    output::line(&format!("paused ({})", TaskState::from(task.state)))?;
+    Ok(())
+}
+
+/// `rota resume`: prints `resumed` and the task's state.
+pub async fn resume(store: &StoreArgs, args: PauseArgs) -> anyhow::Result<()> {
+    let task = store.backend().await?.resume_task(&args.id, args.reason.as_deref()).await?;
+    output::line(&format!("resumed ({})", TaskState::from(task.state)))?;
     Ok(())
 }
 

@@ -377,6 +377,14 @@ fn operator_commands_over_http_print_what_they_print_locally() {
     // Changes: cancel a task stuck in a long step, pause and resume a queue, redrive and purge dead letters.
     assert_eq!(stdout(&remote(&rota, &server, ADMIN_TOKEN, &["submit", "slow", "--id", "s-1"])), "s-1\n");
     wait_for_state(&http, "s-1", "processing", ADMIN_TOKEN);
+    let paused = remote(&rota, &server, ADMIN_TOKEN, &["pause", "s-1", "--reason", "maintenance"]);
+    assert_eq!(stdout(&paused), "paused (processing)\n", "{}", String::from_utf8_lossy(&paused.stderr));
+    let status = rota.json(&["status", "s-1", "--json"]);
+    assert_eq!(status["paused"], true, "{status:#}");
+    let event = status["history"].as_array().unwrap().iter().find(|e| e["kind"] == "paused").cloned().unwrap();
+    assert!(event["detail"]["by"].as_str().unwrap().starts_with("api token with scope admin"), "who paused it: {event}");
+    assert_eq!(event["detail"]["reason"], "maintenance");
+    assert_eq!(stdout(&remote(&rota, &server, ADMIN_TOKEN, &["resume", "s-1"])), "resumed (processing)\n");
     assert_eq!(stdout(&remote(&rota, &server, ADMIN_TOKEN, &["cancel", "s-1"])), "cancelled\n");
     let output = remote(&rota, &server, ADMIN_TOKEN, &["cancel", "s-1"]);
     assert_eq!(output.status.code(), Some(1));
@@ -429,7 +437,7 @@ fn a_refused_request_reads_the_same_on_the_store_and_over_http() {
     rota.ok(&["submit", "pipeline", "--id", "done-1", "--input", r#"{"order": 1}"#, "--wait"]);
     let unregistered = "workflow: workflow unregistered (any version) is not registered; `rota workflows` lists the registered ones, \
                         and `rota serve --workflows DIR` registers a directory of definitions";
-    let refusals: [(&[&str], &str); 10] = [
+    let refusals: [(&[&str], &str); 13] = [
         (
             &["signal", "done-1", "approved"],
             "signal approved: no step of task done-1 (workflow pipeline@1) waits for it (it waits for no signal)",
@@ -443,6 +451,9 @@ fn a_refused_request_reads_the_same_on_the_store_and_over_http() {
         (&["resubmit", "done-1", "--step", "pause", "--input", "{}"], "resubmit: task done-1: cannot resubmit a task that is processed"),
         (&["resubmit", "done-1", "--step", "nope", "--input", "{}"], "step nope of task done-1 (its steps: pause, echo) not found"),
         (&["submit", "unregistered"], unregistered),
+        (&["pause", "done-1"], "pause: task done-1: task is processed, which is terminal"),
+        (&["resume", "done-1"], "resume: task done-1: cannot resume a task that is not paused"),
+        (&["pause", "nope", "--reason", "why"], "task nope not found"),
     ];
     for (args, line) in refusals {
         let (code, local) = rota.fails(args);

@@ -581,7 +581,7 @@ fn operator_errors_are_one_clear_line() {
     let (code, stderr) = rota.fails(&["status", "nope"]);
     assert_eq!(code, 1);
     assert_one_error_line(&stderr, &["task nope not found"]);
-    for command in [["cancel", "nope"], ["resubmit", "nope"]] {
+    for command in [["cancel", "nope"], ["resubmit", "nope"], ["pause", "nope"], ["resume", "nope"]] {
         let (code, stderr) = rota.fails(&command);
         assert_eq!(code, 1);
         assert_one_error_line(&stderr, &["task nope not found"]);
@@ -963,6 +963,52 @@ steps:
     let (status, took, stderr) = serve.terminate();
     assert_eq!(status.code(), Some(0), "{stderr}");
     assert!(took < Duration::from_secs(15), "stopping took {took:?}");
+}
+
+#[test]
+fn a_paused_task_finishes_its_step_and_waits_for_resume() {
+    let rota = Rota::new();
+    let files = Files::new();
+    files.workflow(
+        "held.yaml",
+        r#"
+name: held
+version: 1
+steps:
+  - name: hold
+    agent: delay
+    with: { for: "1s" }
+  - name: next
+    agent: delay
+    with: { ms: 1 }
+"#,
+    );
+    let _serve = Serve::start(&rota, &files.workflows(), "pause-1", &[]);
+    rota.ok(&["submit", "held", "--id", "h-1"]);
+    wait_for_step(&rota, "h-1", "hold", "running");
+    assert_eq!(rota.ok(&["pause", "h-1", "--reason", "the payment service is down"]), "paused (processing)\n");
+    let given_back = wait_for_state(&rota, "h-1", "pending", Duration::from_secs(20));
+    assert_eq!((&given_back["paused"], &given_back["locked_by"]), (&json!(true), &Value::Null), "{given_back:#}");
+    assert_eq!(given_back["steps"][0]["state"], "completed", "the step in flight finished: {given_back:#}");
+    thread::sleep(Duration::from_millis(500));
+    let status = rota.json(&["status", "h-1", "--json"]);
+    assert_eq!((&status["state"], &status["steps"][1]["state"]), (&json!("pending"), &json!("not_started")), "{status:#}");
+    let paused = status["history"].as_array().unwrap().iter().find(|e| e["kind"] == "paused").cloned().unwrap();
+    assert!(paused["detail"]["by"].as_str().unwrap().starts_with("cli"), "who paused it: {paused}");
+    assert_eq!(paused["detail"]["reason"], "the payment service is down");
+    assert!(rota.ok(&["status", "h-1"]).contains("pending, paused"), "status says so");
+    assert!(rota.ok(&["tasks"]).contains("pending, paused"), "the listing says so");
+    assert_eq!(rota.json(&["tasks", "--json"])[0]["paused"], true);
+    let (code, stderr) = rota.fails(&["pause", "h-1"]);
+    assert_eq!(code, 1);
+    assert_one_error_line(&stderr, &["pause: task h-1: cannot pause a task that is paused"]);
+
+    assert_eq!(rota.ok(&["resume", "h-1"]), "resumed (pending)\n");
+    let done = wait_for_state(&rota, "h-1", "processed", Duration::from_secs(20));
+    assert_eq!(done["paused"], false);
+    let (code, stderr) = rota.fails(&["resume", "h-1"]);
+    assert_eq!(code, 1);
+    assert_one_error_line(&stderr, &["resume: task h-1: cannot resume a task that is not paused"]);
 }
 
 // ------------------------------------------------------ real processes
