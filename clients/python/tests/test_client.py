@@ -1,5 +1,5 @@
 """The client against a real server: submit, wait, status, list, history,
-events, cancel, resubmit, and how errors arrive."""
+events, cancel, resubmit, pause and resume, and how errors arrive."""
 
 from __future__ import annotations
 
@@ -116,6 +116,25 @@ class SubmitAndWait(unittest.TestCase):
         self.assertNotIn(finished, naps)
         self.assertEqual(len(client.tasks(limit=1)), 1)
         client.cancel(sleeping)
+
+    def test_a_paused_task_says_so_until_resumed(self) -> None:
+        client = Client(server.url, token=support.ADMIN_TOKEN)
+        task_id = fresh("paused")
+        client.submit("nap", id=task_id)
+        self.assertTrue(client.pause(task_id, reason="maintenance")["paused"])
+        with self.assertRaises(ApiError) as refused:
+            client.pause(task_id)
+        self.assertEqual((refused.exception.status, refused.exception.code), (409, "refused"))
+        self.assertTrue(client.status(task_id)["paused"])
+        self.assertFalse(client.resume(task_id)["paused"])
+        history = client.history(task_id)
+        paused = [event["detail"] for event in history if event["kind"] == "paused"]
+        self.assertEqual(paused, [{"by": "api token with scope admin (admin)", "reason": "maintenance"}])
+        self.assertEqual([event["detail"]["reason"] for event in history if event["kind"] == "resumed"], [None])
+        with self.assertRaises(ApiError) as missing:
+            client.pause(fresh("no-such-task"))
+        self.assertEqual((missing.exception.status, missing.exception.code), (404, "not_found"))
+        client.cancel(task_id)
 
     def test_tasks_page_with_before(self) -> None:
         client = Client(server.url, token=support.ADMIN_TOKEN)

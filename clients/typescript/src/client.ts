@@ -1,4 +1,4 @@
-/** The client: submit tasks, read them, wait for them, follow their events, cancel and resubmit them. */
+/** The client: submit tasks, read them, wait for them, follow their events, cancel, resubmit, pause and resume them. */
 
 import createClient, { type Client as FetchClient } from "openapi-fetch";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -182,6 +182,29 @@ export class Client {
   async cancel(id: string): Promise<TaskState> {
     const answer = unwrap(await this.api.fetch.POST("/v1/tasks/{id}/cancel", { params: { path: { id } }, signal: this.api.deadline() }));
     return answer.state;
+  }
+
+  /**
+   * Pauses a task that has not finished: it starts no new step until resumed (steps in flight finish). `reason` is
+   * kept in its history with who paused it. Returns the task (`paused: true`).
+   */
+  async pause(id: string, options: { reason?: string } = {}): Promise<Task> {
+    const answer = await this.api.fetch.POST("/v1/tasks/{id}/pause", {
+      params: { path: { id } },
+      body: { reason: options.reason ?? null },
+      signal: this.api.deadline(),
+    });
+    return unwrap(answer);
+  }
+
+  /** Resumes a paused task; `reason` is kept in its history. Returns the task (`paused: false`). */
+  async resume(id: string, options: { reason?: string } = {}): Promise<Task> {
+    const answer = await this.api.fetch.POST("/v1/tasks/{id}/resume", {
+      params: { path: { id } },
+      body: { reason: options.reason ?? null },
+      signal: this.api.deadline(),
+    });
+    return unwrap(answer);
   }
 
   /**

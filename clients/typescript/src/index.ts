@@ -1,7 +1,7 @@
 /**
  * A client for rota's HTTP API, and a helper to write workers in TypeScript.
  *
- * `Client` submits, reads, waits for, follows, cancels, resubmits and signals tasks;
+ * `Client` submits, reads, waits for, follows, cancels, resubmits, pauses, resumes and signals tasks;
  * `Worker` runs the steps of remote agents (`worker.step("agent", fn)`).
  * Every error the API answers is an `ApiError` with its `code` and `reason`.
  * The types come from the server's `/openapi.json` (`schema.ts`, generated);

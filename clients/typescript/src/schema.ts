@@ -478,6 +478,29 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/tasks/{id}/pause": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Pause a task that has not finished: it starts no new step until
+         *     resumed. Steps in flight finish and are recorded; once none is, its
+         *     Scheduler gives it back, and no Scheduler claims it while it is paused.
+         *     Who paused it (the caller) and why (`reason`, optional) are recorded in
+         *     its history. The body may be left out.
+         */
+        post: operations["pause_task"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/tasks/{id}/resubmit": {
         parameters: {
             query?: never;
@@ -492,6 +515,27 @@ export interface paths {
          *     its compensation resumes, if it failed while being undone).
          */
         post: operations["resubmit"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/tasks/{id}/resume": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Resume a paused task: a Scheduler takes it up again (at once when
+         *     nobody holds it). Who resumed it and why are recorded in its history.
+         *     The body may be left out.
+         */
+        post: operations["resume_task"];
         delete?: never;
         options?: never;
         head?: never;
@@ -918,7 +962,8 @@ export interface components {
              *     step_compensated, step_skipped, compensated, cancelled, resubmitted, released, alert,
              *     signal, at_risk (a deadline warning: `detail` has its `reason`, `warn_at`,
              *     `complete_by` and `remaining_ms`), callback (`detail.outcome`: `accepted`,
-             *     `succeeded` or `failed`).
+             *     `succeeded` or `failed`), paused and resumed (an operator's: `detail`
+             *     has `by` and `reason`).
              * @example step_completed
              */
             kind: string;
@@ -1020,6 +1065,14 @@ export interface components {
              * @description When it runs out unless renewed, epoch ms.
              */
             until: number;
+        };
+        /** @description An operator's pause or resume of a task; the body may be left out. */
+        PauseRequest: {
+            /**
+             * @description Why, kept in the task's history with who did it (at most 1000
+             *     characters).
+             */
+            reason?: string | null;
         };
         /** @description One problem of a workflow definition. */
         ProblemView: {
@@ -1501,6 +1554,8 @@ export interface components {
              *     or the backoff after a failure.
              */
             not_before: number;
+            /** @description Whether an operator paused it: it starts no new step until resumed. */
+            paused?: boolean;
             /** @description Where it is. */
             state: components["schemas"]["TaskStateView"];
             /** @description Who submitted it (the API token's id), when known. */
@@ -1570,6 +1625,11 @@ export interface components {
             not_before: number;
             /** @description The result, once processed. */
             output?: unknown;
+            /**
+             * @description Whether an operator paused it: no Scheduler claims it and it starts
+             *     no new step until resumed (steps in flight finish).
+             */
+            paused?: boolean;
             /** @description The queue its status events are sent to, if it was submitted with one. */
             reply_queue?: string | null;
             /** @description Where it is. */
@@ -3640,6 +3700,88 @@ export interface operations {
             };
         };
     };
+    pause_task: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The task id, URL-encoded (up to 200 bytes; see `SubmitRequest.id`). */
+                id: string;
+            };
+            cookie?: never;
+        };
+        /** @description Why (optional); the body may be left out */
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["PauseRequest"] | null;
+            };
+        };
+        responses: {
+            /** @description The task after the pause */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TaskView"];
+                };
+            };
+            /** @description Invalid id, or a reason too long */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Out of scope */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such task */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The task has finished or is paused already, or changed concurrently */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Store unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     resubmit: {
         parameters: {
             query?: never;
@@ -3698,6 +3840,88 @@ export interface operations {
                 };
             };
             /** @description The task is not in error, or changed concurrently */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Store unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    resume_task: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The task id, URL-encoded (up to 200 bytes; see `SubmitRequest.id`). */
+                id: string;
+            };
+            cookie?: never;
+        };
+        /** @description Why (optional); the body may be left out */
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["PauseRequest"] | null;
+            };
+        };
+        responses: {
+            /** @description The task after the resume */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TaskView"];
+                };
+            };
+            /** @description Invalid id, or a reason too long */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Out of scope */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such task */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The task is not paused, or changed concurrently */
             409: {
                 headers: {
                     [name: string]: unknown;

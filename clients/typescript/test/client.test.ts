@@ -208,6 +208,25 @@ describe("submit and wait", () => {
     assert.equal((await client.wait(id, { timeoutMs: 30_000 })).state, "cancelled");
   });
 
+  test("a paused task says so until resumed", async () => {
+    const client = admin();
+    const id = fresh("paused");
+    await client.submit("nap", undefined, { id });
+    const paused = await client.pause(id, { reason: "maintenance" });
+    assert.equal(paused.paused, true);
+    await assert.rejects(client.pause(id), { status: 409, code: "refused" });
+    assert.equal((await client.status(id)).paused, true);
+    const resumed = await client.resume(id);
+    assert.equal(resumed.paused, false);
+    await assert.rejects(client.resume(id), { status: 409, code: "refused" });
+    const history = await client.history(id);
+    const kinds = history.map((event) => event.kind).filter((kind) => kind === "paused" || kind === "resumed");
+    assert.deepEqual(kinds, ["paused", "resumed"]);
+    assert.deepEqual(history.find((event) => event.kind === "paused")!.detail, { by: "api token with scope admin (admin)", reason: "maintenance" });
+    await assert.rejects(client.pause("no-such-task"), { status: 404, code: "not_found" });
+    assert.equal(await client.cancel(id), "cancelled");
+  });
+
   test("a task in error runs again when resubmitted", async () => {
     const client = admin();
     let declined = true;

@@ -134,6 +134,21 @@ class Client:
         answer = self._http.call("POST", f"/v1/tasks/{quote(task_id)}/cancel")
         return cast(TaskState, answer["state"])
 
+    def pause(self, task_id: str, reason: str | None = None) -> Task:
+        """Pauses a task that has not finished: it starts no new step until
+        resumed (steps in flight finish). ``reason`` is kept in its history
+        with who paused it. Returns the task (``paused`` true). ``ApiError``
+        ``refused`` for a finished or already paused task."""
+        answer = self._http.call("POST", f"/v1/tasks/{quote(task_id)}/pause", {"reason": reason})
+        return cast(Task, answer)
+
+    def resume(self, task_id: str, reason: str | None = None) -> Task:
+        """Resumes a paused task; ``reason`` is kept in its history. Returns
+        the task (``paused`` false). ``ApiError`` ``refused`` for a task that
+        is not paused."""
+        answer = self._http.call("POST", f"/v1/tasks/{quote(task_id)}/resume", {"reason": reason})
+        return cast(Task, answer)
+
     def signal(self, task_id: str, name: str, data: Json = None) -> SignalDelivery:
         """Sends the signal ``name`` with ``data`` to a task: it completes the
         step that waits for it (``wait: name``), now or when the task gets

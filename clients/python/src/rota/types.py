@@ -50,6 +50,8 @@ class TaskSummary(TypedDict):
     failure_count: int
     error: str | None
     submitter: str | None
+    #: Whether an operator paused it: it starts no new step until resumed.
+    paused: bool
     created_at: int
     updated_at: int
 
