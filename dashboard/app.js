@@ -70,6 +70,11 @@ function badge(state, title) {
   return h('span', { class: `badge state-${state}`, title: title ?? null }, state);
 }
 
+/** "paused" beside a task's state while an operator's pause holds it. */
+function pausedBadge(task) {
+  return task.paused ? h('span', { class: 'badge paused', title: 'Paused: it starts no new step until resumed' }, 'paused') : null;
+}
+
 /** "at risk" beside a task's state while a deadline warning of its lease stands. */
 function atRisk(task) {
   return task.at_risk_since === null || task.at_risk_since === undefined ? null
@@ -352,7 +357,7 @@ function tasksPage(params, query) {
         : `${number(matching)} ${matching === 1 ? 'task' : 'tasks'}${state ? ` in state ${state}` : ''}${workflow ? ` of workflow ${workflow}` : ''}`;
       list.replaceChildren(table('Tasks', ['Id', 'Workflow', 'State', 'Failures', 'Created', 'Updated'], tasks.map((task) => h('tr', null,
         h('td', null, taskLink(task.id)), h('td', null, h('a', { href: `/ui/workflows/${encodeURIComponent(task.workflow)}` }, task.workflow)),
-        h('td', null, badge(task.state), atRisk(task), task.state === 'pending' && task.not_before > Date.now() ? h('span', { class: 'hint' }, ' waits until ', time(task.not_before)) : null),
+        h('td', null, badge(task.state), pausedBadge(task), atRisk(task), task.state === 'pending' && task.not_before > Date.now() ? h('span', { class: 'hint' }, ' waits until ', time(task.not_before)) : null),
         h('td', { class: 'n' }, task.failure_count), h('td', null, time(task.created_at)), h('td', null, time(task.updated_at)))),
       'No task matches.'));
       const link = (label, target, rel) => target === null
@@ -386,10 +391,16 @@ function taskPage([id]) {
       const actions = h('div', { class: 'actions' },
         ended ? null : action('Cancel', `Cancel task ${taskId}? Its steps in flight are not waited for, and completed steps are compensated if the workflow says so.`,
           () => api(`/v1/tasks/${encodeURIComponent(taskId)}/cancel`, { method: 'POST' }), () => 'Cancelled.'),
+        task.paused
+          ? action('Resume', `Resume task ${taskId}? A Scheduler takes it up again and starts its next steps.`,
+            () => api(`/v1/tasks/${encodeURIComponent(taskId)}/resume`, { method: 'POST' }), () => 'Resumed.')
+          : task.state === 'error' || ended ? null
+            : action('Pause', `Pause task ${taskId}? Its steps in flight finish, and no new step starts until it is resumed.`,
+              () => api(`/v1/tasks/${encodeURIComponent(taskId)}/pause`, { method: 'POST' }), () => 'Paused.'),
         action('Resubmit', `Resubmit task ${taskId} from its first unfinished step?`,
           () => api(`/v1/tasks/${encodeURIComponent(taskId)}/resubmit`, { method: 'POST' }), () => 'Resubmitted.'));
       body.replaceChildren(
-        h('p', { class: 'subtitle' }, badge(task.state), atRisk(task), ' ', 'workflow ',
+        h('p', { class: 'subtitle' }, badge(task.state), pausedBadge(task), atRisk(task), ' ', 'workflow ',
           h('a', { href: `/ui/workflows/${encodeURIComponent(task.workflow)}` }, task.workflow), ` version ${task.version}`),
         actions,
         section('Workflow', dag(definition?.steps ?? task.steps.map((step, i) => ({ name: step.name, depends_on: i ? [task.steps[i - 1].name] : [] })), task.steps)),

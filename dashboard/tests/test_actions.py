@@ -42,6 +42,27 @@ class Actions(support.BrowserTest):
         self.assertEqual(server.wait_task("act-cancel", {"cancelled"}, timeout=10)["state"], "cancelled")
         self.status_says_something(page)
 
+    def test_pause_and_resume_ask_then_change_the_task(self) -> None:
+        server.cli("submit", "nap", "--id", "act-pause")
+        server.wait_task("act-pause", {"processing"})
+        page, _ = self.open("/ui/tasks/act-pause")
+        support.confirm(
+            page, page.get_by_role("button", name="Pause", exact=True),
+            check_unchanged=lambda: self.assertFalse(server.task("act-pause")["paused"], "Back paused"),
+        )  # fmt: skip
+        support.eventually(lambda: server.task("act-pause")["paused"], what="the task paused")
+        self.status_says_something(page)
+        expect(page.locator(".subtitle .badge.paused"), "the page shows the Paused badge").to_have_text("paused")
+        expect(page.get_by_role("button", name="Pause", exact=True), "a paused task offers Resume instead").to_have_count(0)
+        paused = [e for e in server.history("act-pause") if e["kind"] == "paused"]
+        self.assertEqual(len(paused), 1)
+        self.assertTrue(paused[0]["detail"]["by"].startswith("dashboard session") or paused[0]["detail"]["by"].startswith("api"), paused)
+        support.confirm(page, page.get_by_role("button", name="Resume", exact=True), back_first=False)
+        support.eventually(lambda: not server.task("act-pause")["paused"], what="the task resumed")
+        expect(page.locator(".subtitle .badge.paused"), "the badge goes with the pause").to_have_count(0)
+        expect(page.get_by_role("button", name="Pause", exact=True)).to_be_visible()
+        server.cli("cancel", "act-pause")
+
     def test_resubmit_asks_then_resubmits_the_failed_task(self) -> None:
         server.cli("submit", "fail", "--id", "act-resubmit")
         server.wait_task("act-resubmit", {"error"})
