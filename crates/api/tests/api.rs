@@ -419,11 +419,11 @@ async fn a_running_task_is_cancelled() {
     server.post("/v1/tasks/s-1/cancel").await.assert_error(409, "refused");
 }
 
-/// `hold` (300 ms) then `next`: a pause while `hold` runs stops before `next`.
+/// `hold` (1 s) then `next`: a pause while `hold` runs stops before `next`.
 fn held() -> rota_workflow::Workflow {
     use rota_workflow::{AgentCatalog, StepDef, Workflow};
     Workflow::builder("held", 1)
-        .step(StepDef::new("hold", "delay").with_input(json!({ "ms": 300 })))
+        .step(StepDef::new("hold", "delay").with_input(json!({ "ms": 1000 })))
         .step(StepDef::new("next", "delay").with_input(json!({ "ms": 10 })))
         .build(&AgentCatalog::builtin())
         .unwrap()
@@ -433,6 +433,7 @@ fn held() -> rota_workflow::Workflow {
 async fn a_paused_task_starts_no_new_step_until_resumed() {
     let server = start(Options { workflows: vec![held()], ..Options::default() }).await;
     server.submit("held", "h-1").await;
+    server.wait_until("h-1", |task| task["steps"][0]["state"] == "running").await;
     let paused = server.post_json("/v1/tasks/h-1/pause", &json!({ "reason": "the payment service is down" })).await;
     assert_eq!(paused.status, StatusCode::OK, "{}", paused.text);
     assert_eq!(paused.body["paused"], true, "{}", paused.text);
