@@ -421,7 +421,7 @@ function taskPage([id]) {
           field('Complete by', time(task.complete_by)), field('Warn at', time(task.warn_at)), field('At risk since', time(task.at_risk_since)),
           field('Not before', time(task.not_before)),
           field('Failure count', task.max_failures === null || task.max_failures === undefined ? task.failure_count : `${task.failure_count} of ${task.max_failures}`),
-          field('Error', task.error ?? '—'), field('Callback URL', task.callback_url ?? '—'),
+          field('Error', task.error ?? '—'), field('Callback URL', task.callback_url ?? '—'), field('Reply queue', task.reply_queue ?? '—'),
           field('Submitted by', task.submitter ?? '—'),
           field('Created', time(task.created_at)), field('Updated', time(task.updated_at)))),
         section('Input', json(task.input)),

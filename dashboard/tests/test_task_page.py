@@ -18,7 +18,7 @@ chromium: support.Chromium
 def setUpModule() -> None:
     global server, chromium
     server, chromium = support.start()
-    server.cli("submit", "greet", "--input", '{"name": "ada"}', "--id", "page-done")
+    server.cli("submit", "greet", "--input", '{"name": "ada"}', "--id", "page-done", "--reply-queue", "page.replies")
     server.cli("submit", "refund", "--input", '{"order": 17}', "--id", "page-undone")
     server.cli("submit", "fail", "--id", "page-error")
     server.cli("submit", "hang", "--id", "page-timeout")
@@ -141,6 +141,12 @@ class TaskPage(support.BrowserTest):
         self.assertEqual(shown["Lease epoch"], str(task["lease_epoch"]))
         self.assertRegex(shown["Failure count"], rf"^{task['failure_count']}\b")
         self.assertEqual(shown["Locked by"] in ("", "—", "-"), task["locked_by"] is None, shown["Locked by"])
+
+    def test_the_fields_name_the_reply_queue(self) -> None:
+        _, task = self.shows("page-done")
+        page, _ = self.open("/ui/tasks/page-done")
+        shown = fields(support.region(page, "Fields").locator("dl"))
+        self.assertEqual((task["reply_queue"], shown["Reply queue"]), ("page.replies", "page.replies"))
 
     def test_the_history_has_every_event(self) -> None:
         page, _ = self.shows("page-undone")
