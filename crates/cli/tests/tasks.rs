@@ -1126,8 +1126,28 @@ fn sigkill_mid_run_then_restart_runs_no_completed_step_again() {
     assert!(recovered > 0, "no task was recovered by the Supervisor");
 }
 
+/// Two `rota serve` on one SQLite file, 30 tasks: each claimed once, each
+/// step run once, none recovered. Which process gets how many is up to the
+/// race; a round where one process took everything (seen under heavy load,
+/// the other starved of CPU) exercised no competition, so it is run again,
+/// up to three rounds, and one of them must show both processes claiming.
 #[test]
 fn two_serve_processes_on_one_store_never_run_a_task_twice() {
+    const ROUNDS: usize = 3;
+    let mut seen = Vec::new();
+    for _ in 0..ROUNDS {
+        let claims_by = two_serve_processes_round();
+        if claims_by.len() == 2 {
+            return;
+        }
+        eprintln!("one process claimed every task: {claims_by:?}; another round");
+        seen.push(claims_by);
+    }
+    panic!("in {ROUNDS} rounds one process claimed every task: {seen:?}");
+}
+
+/// One round of the test above: its checks, and the claims per instance.
+fn two_serve_processes_round() -> BTreeMap<String, usize> {
     const TASKS: usize = 30;
     const STEPS: usize = 3;
     let rota = Rota::new();
@@ -1163,14 +1183,14 @@ fn two_serve_processes_on_one_store_never_run_a_task_twice() {
     let repeated: Vec<_> = runs.iter().filter(|(_, count)| **count > 1).collect();
     assert!(repeated.is_empty(), "steps ran more than once: {repeated:?}");
     eprintln!("claims by instance: {claims_by:?}; step runs by process: {runs_by:?}");
-    // Submissions come one at a time, each with its doorbell, so both
-    // Schedulers get some (in practice between a sixth and a half each).
-    assert_eq!(claims_by.len(), 2, "one process claimed every task: {claims_by:?}");
 
     for serve in [a, b] {
         let (status, _, stderr) = serve.terminate();
         assert_eq!(status.code(), Some(0), "{stderr}");
     }
+    // Submissions come one at a time, each with its doorbell, so both
+    // Schedulers mostly get some (from a tenth to a half each, seen).
+    claims_by
 }
 
 // ---------------------------------------------------------- response queues
