@@ -3771,6 +3771,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description A body with a field the request does not have, or of the wrong type */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Store unavailable */
             503: {
                 headers: {
@@ -3923,6 +3932,15 @@ export interface operations {
             };
             /** @description The task is not paused, or changed concurrently */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A body with a field the request does not have, or of the wrong type */
+            422: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4136,6 +4154,15 @@ export interface operations {
             };
             /** @description Not JSON */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A body with a field the request does not have, or of the wrong type */
+            422: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -323,6 +323,7 @@ pub async fn signal(
         (status = 400, description = "Invalid id, or a reason too long", body = ErrorBody),
         (status = 404, description = "No such task", body = ErrorBody),
         (status = 409, description = "The task has finished or is paused already, or changed concurrently", body = ErrorBody),
+        (status = 422, description = "A body with a field the request does not have, or of the wrong type", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -352,6 +353,7 @@ pub async fn pause_task(
         (status = 400, description = "Invalid id, or a reason too long", body = ErrorBody),
         (status = 404, description = "No such task", body = ErrorBody),
         (status = 409, description = "The task is not paused, or changed concurrently", body = ErrorBody),
+        (status = 422, description = "A body with a field the request does not have, or of the wrong type", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -401,6 +403,7 @@ pub async fn resubmit(State(state): State<ApiState>, ApiPath(TaskPath { id }): A
         (status = 409, description = "The task or step cannot be resubmitted, or changed concurrently", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
         (status = 415, description = "Not JSON", body = ErrorBody),
+        (status = 422, description = "A body with a field the request does not have, or of the wrong type", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
