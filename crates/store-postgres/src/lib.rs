@@ -1063,6 +1063,11 @@ impl Tasks for PgStore {
         with_connection!(self, conn => { prune_sql::count_prunable(&mut conn, &self.names, prune).await? })
     }
 
+    async fn prunable_tasks(&self, prune: &Prune) -> Result<Vec<TaskId>, Error> {
+        prune.check()?;
+        with_connection!(self, conn => { prune_sql::prunable_tasks(&mut conn, &self.names, prune).await? })
+    }
+
     async fn delete_statuses(&self, prefix: &str, reported_before: Timestamp) -> Result<u64, Error> {
         with_connection!(self, conn => { prune_sql::delete_statuses(&mut conn, &self.names, prefix, reported_before).await? })
     }

@@ -17,31 +17,56 @@ macro_rules! selection {
     () => {
         "t.state IN ('processed', 'error', 'compensated', 'cancelled') AND t.state = ANY($1) AND t.updated_at < $2
          AND ($3::text IS NULL OR t.workflow = $3) AND NOT (t.workflow = ANY($4))
+         AND ($5::text[] IS NULL OR t.id = ANY($5))
          AND NOT EXISTS (SELECT 1 FROM rota.schedules s
              WHERE left(t.id, length(s.name) + 1) = s.name || '@'
              AND t.updated_at >= LEAST(s.fired_through, COALESCE(s.buffered_fire_at, s.fired_through)))"
     };
 }
 
-/// The parameters `$1`..`$4` of [`selection!`].
-fn parameters(prune: &Prune) -> (Vec<String>, i64, Option<String>, Vec<String>) {
+/// The parameters `$1`..`$5` of [`selection!`].
+type Parameters = (Vec<String>, i64, Option<String>, Vec<String>, Option<Vec<String>>);
+
+/// The parameters `$1`..`$5` of [`selection!`].
+fn parameters(prune: &Prune) -> Parameters {
     let states = prune.state_names().into_iter().map(str::to_owned).collect();
     let (only, except) = match &prune.workflows {
         PruneWorkflows::All => (None, Vec::new()),
         PruneWorkflows::Only(name) => (Some(name.to_string()), Vec::new()),
         PruneWorkflows::Except(names) => (None, names.iter().map(ToString::to_string).collect()),
     };
-    (states, prune.finished_before.as_millis(), only, except)
+    let ids = prune.only.as_ref().map(|ids| ids.iter().map(ToString::to_string).collect());
+    (states, prune.finished_before.as_millis(), only, except, ids)
+}
+
+fn task_ids(ids: Vec<String>) -> Result<Vec<TaskId>> {
+    ids.into_iter().map(|id| TaskId::new(id).map_err(|e| Fail::from(Error::Backend(format!("stored task id is invalid: {e}"))))).collect()
+}
+
+/// The next batch, as `prune_tasks` would choose it (without its row locks).
+pub(crate) async fn prunable_tasks(conn: &mut PgConnection, n: &Names, prune: &Prune) -> Result<Vec<TaskId>> {
+    let (states, before, only, except, ids) = parameters(prune);
+    let chosen: Vec<String> =
+        sqlx::query_scalar(n.sql(concat!("SELECT t.id FROM rota.tasks t WHERE ", selection!(), " ORDER BY t.updated_at, t.id LIMIT $6")))
+            .bind(states)
+            .bind(before)
+            .bind(only)
+            .bind(except)
+            .bind(ids)
+            .bind(i64::from(prune.limit))
+            .fetch_all(&mut *conn)
+            .await?;
+    task_ids(chosen)
 }
 
 /// One statement: the batch is chosen (skipping tasks an operator is
 /// resubmitting right now) and deleted with its steps and events.
 pub(crate) async fn prune_tasks(conn: &mut PgConnection, n: &Names, prune: &Prune) -> Result<Pruned> {
-    let (states, before, only, except) = parameters(prune);
+    let (states, before, only, except, chosen) = parameters(prune);
     let (events, steps, ids): (i64, i64, Vec<String>) = sqlx::query_as(n.sql(concat!(
         "WITH doomed AS (SELECT t.id, t.updated_at FROM rota.tasks t WHERE ",
         selection!(),
-        " ORDER BY t.updated_at LIMIT $5 FOR UPDATE OF t SKIP LOCKED),
+        " ORDER BY t.updated_at, t.id LIMIT $6 FOR UPDATE OF t SKIP LOCKED),
          gone_events AS (DELETE FROM rota.events WHERE task_id IN (SELECT id FROM doomed) RETURNING 1),
          gone_steps AS (DELETE FROM rota.steps WHERE task_id IN (SELECT id FROM doomed) RETURNING 1),
          gone AS (DELETE FROM rota.tasks WHERE id IN (SELECT id FROM doomed) RETURNING id)
@@ -52,23 +77,22 @@ pub(crate) async fn prune_tasks(conn: &mut PgConnection, n: &Names, prune: &Prun
     .bind(before)
     .bind(only)
     .bind(except)
+    .bind(chosen)
     .bind(i64::from(prune.limit))
     .fetch_one(&mut *conn)
     .await?;
-    let tasks = ids
-        .into_iter()
-        .map(|id| TaskId::new(id).map_err(|e| Fail::from(Error::Backend(format!("stored task id is invalid: {e}")))))
-        .collect::<Result<Vec<_>>>()?;
+    let tasks = task_ids(ids)?;
     Ok(Pruned { tasks, steps: u64::try_from(steps).unwrap_or(0), events: u64::try_from(events).unwrap_or(0) })
 }
 
 pub(crate) async fn count_prunable(conn: &mut PgConnection, n: &Names, prune: &Prune) -> Result<u64> {
-    let (states, before, only, except) = parameters(prune);
+    let (states, before, only, except, ids) = parameters(prune);
     let count: i64 = sqlx::query_scalar(n.sql(concat!("SELECT count(*) FROM rota.tasks t WHERE ", selection!())))
         .bind(states)
         .bind(before)
         .bind(only)
         .bind(except)
+        .bind(ids)
         .fetch_one(&mut *conn)
         .await?;
     Ok(u64::try_from(count).unwrap_or(0))

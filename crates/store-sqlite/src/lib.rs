@@ -774,6 +774,12 @@ impl Tasks for SqliteStore {
         self.read(move |conn, _| prune_sql::count_prunable(conn, &prune)).await
     }
 
+    async fn prunable_tasks(&self, prune: &Prune) -> Result<Vec<TaskId>> {
+        prune.check()?;
+        let prune = prune.clone();
+        self.read(move |conn, _| prune_sql::prunable_tasks(conn, &prune)).await
+    }
+
     async fn delete_statuses(&self, prefix: &str, reported_before: Timestamp) -> Result<u64> {
         let prefix = prefix.to_owned();
         self.write(move |conn, _| prune_sql::delete_statuses(conn, &prefix, reported_before)).await

@@ -34,20 +34,38 @@ fn selection(prune: &Prune) -> (String, Vec<Sql>) {
             values.extend(names.iter().map(|name| Sql::Text(name.to_string())));
         }
     }
+    if let Some(only) = &prune.only {
+        let first = values.len() + 1;
+        let marks = (0..only.len()).map(|i| format!("?{}", first + i)).collect::<Vec<_>>().join(", ");
+        sql.push_str(&format!(" AND t.id IN ({marks})"));
+        values.extend(only.iter().map(|id| Sql::Text(id.to_string())));
+    }
     (sql, values)
+}
+
+/// The ids of the next batch, oldest end first: what `prune_tasks` deletes.
+fn batch(conn: &Connection, prune: &Prune) -> Result<Vec<String>> {
+    let (selection, mut values) = selection(prune);
+    let limit_mark = values.len() + 1;
+    values.push(Sql::Integer(i64::from(prune.limit)));
+    let sql = format!("SELECT t.id FROM tasks t WHERE {selection} ORDER BY t.updated_at, t.id LIMIT ?{limit_mark}");
+    conn.prepare_cached(&sql)
+        .and_then(|mut stmt| stmt.query_map(params_from_iter(values.iter()), |row| row.get(0))?.collect())
+        .map_err(sql_error)
+}
+
+fn task_id(id: &str) -> Result<TaskId> {
+    TaskId::new(id).map_err(|e| Error::Backend(format!("stored task id is invalid: {e}")))
+}
+
+pub(crate) fn prunable_tasks(conn: &Connection, prune: &Prune) -> Result<Vec<TaskId>> {
+    batch(conn, prune)?.iter().map(|id| task_id(id)).collect()
 }
 
 /// Deletes one batch, then gives back up to `vacuum_pages` free pages of
 /// the file (`PRAGMA incremental_vacuum`), inside the writer's transaction.
 pub(crate) fn prune_tasks(conn: &Connection, prune: &Prune, vacuum_pages: u32) -> Result<Pruned> {
-    let (selection, mut values) = selection(prune);
-    let limit_mark = values.len() + 1;
-    values.push(Sql::Integer(i64::from(prune.limit)));
-    let sql = format!("SELECT t.id FROM tasks t WHERE {selection} ORDER BY t.updated_at LIMIT ?{limit_mark}");
-    let ids: Vec<String> = conn
-        .prepare_cached(&sql)
-        .and_then(|mut stmt| stmt.query_map(params_from_iter(values.iter()), |row| row.get(0))?.collect())
-        .map_err(sql_error)?;
+    let ids = batch(conn, prune)?;
     let mut pruned = Pruned::default();
     for id in &ids {
         pruned.events +=
@@ -55,7 +73,7 @@ pub(crate) fn prune_tasks(conn: &Connection, prune: &Prune, vacuum_pages: u32) -
         pruned.steps +=
             conn.prepare_cached("DELETE FROM steps WHERE task_id = ?1").and_then(|mut s| s.execute([id])).map_err(sql_error)? as u64;
         conn.prepare_cached("DELETE FROM tasks WHERE id = ?1").and_then(|mut s| s.execute([id])).map_err(sql_error)?;
-        pruned.tasks.push(TaskId::new(id.as_str()).map_err(|e| Error::Backend(format!("stored task id is invalid: {e}")))?);
+        pruned.tasks.push(task_id(id)?);
     }
     if vacuum_pages > 0 {
         incremental_vacuum(conn, vacuum_pages)?;

@@ -128,6 +128,7 @@ macro_rules! conformance_suite {
             // Retention.
             prune_deletes_finished_tasks_oldest_first_in_batches,
             prune_selects_by_state_and_workflow_and_counts_without_deleting,
+            prunable_tasks_names_the_next_batch_and_only_prunes_just_those,
             prune_keeps_the_tasks_of_fires_a_schedule_has_not_recorded,
             sweep_instance_deletes_only_what_nobody_needs,
         }
@@ -2733,6 +2734,37 @@ pub async fn prune_selects_by_state_and_workflow_and_counts_without_deleting(har
     let nothing_left_out = Prune { workflows: PruneWorkflows::Except(Vec::new()), limit: 10, ..all };
     assert_eq!(pruned_ids(&ok(store.prune_tasks(&nothing_left_out).await, "prune the rest")), ["order-done"], "an empty exception list");
     assert_eq!(ok(store.count_prunable(&nothing_left_out).await, "count none"), 0);
+}
+
+/// `prunable_tasks` names the batch `prune_tasks` would delete next (same
+/// order and limit) and deletes nothing; a prune restricted to named tasks
+/// (`Prune::only`, how an archive deletes what it wrote) deletes only
+/// those, and only those the rest of the selection still matches: one
+/// resubmitted in between is kept.
+pub async fn prunable_tasks_names_the_next_batch_and_only_prunes_just_those(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    for (id, state) in [("first", TaskState::Processed), ("second", TaskState::Error), ("third", TaskState::Processed)] {
+        task_in_state(&store, &clock, id, "order", state).await;
+        clock.advance(SECOND);
+    }
+    let all = Prune::finished_before(clock.now(), 2);
+    let named = ok(store.prunable_tasks(&all).await, "the next batch");
+    assert_eq!(named.iter().map(TaskId::as_str).collect::<Vec<_>>(), ["first", "second"], "oldest end first, at most the limit");
+    assert_eq!(ok(store.count_prunable(&all).await, "count"), 3, "naming deletes nothing");
+
+    let failed = stored(&store, &task_id("second")).await.task;
+    let again = ok(failed.resubmit(clock.now()), "resubmit");
+    commit(&store, Changes { tasks: vec![TaskWrite::replacing(&failed, again)], ..Changes::default() }, "resubmit").await;
+    let only = Prune { only: Some(named), limit: 10, ..all.clone() };
+    assert_eq!(ok(store.count_prunable(&only).await, "count the named"), 1, "the resubmitted one no longer matches");
+    let pruned = ok(store.prune_tasks(&only).await, "prune the named");
+    assert_eq!(pruned_ids(&pruned), ["first"], "only the named tasks the selection still matches");
+    assert!(stored(&store, &task_id("third")).await.task.state.is_terminal(), "a task not named is kept");
+    assert_eq!(stored(&store, &task_id("second")).await.task.state, TaskState::Pending, "the resubmitted one is kept");
+    let none = Prune { only: Some(Vec::new()), ..all.clone() };
+    assert!(ok(store.prune_tasks(&none).await, "prune none").tasks.is_empty(), "an empty list names nothing");
+    assert_err!(store.prunable_tasks(&Prune { limit: 0, ..all }).await, Error::Invalid(_), "the same checks as a prune");
 }
 
 /// A schedule's task (id `NAME@…`) that finished at or after the

@@ -19,10 +19,14 @@
 //! has not recorded yet, and deleting it would let the fire start twice.
 //! Every fire at or before `fired_through` is never submitted again.
 //!
-//! Deliberately left out: archiving what is deleted (an export before the
-//! prune is the operator's), and messages that still name a deleted task
-//! (a finished task has none in flight; a late one is dropped by its
-//! consumer like any message for a task it cannot find).
+//! Archiving before deleting reads the batch first
+//! ([`crate::Tasks::prunable_tasks`]), writes it out, then deletes exactly
+//! those tasks ([`Prune::only`]): a task that changed in between (an
+//! operator resubmitted it) no longer matches the selection and is kept.
+//!
+//! Deliberately left out: messages that still name a deleted task (a
+//! finished task has none in flight; a late one is dropped by its consumer
+//! like any message for a task it cannot find).
 
 use rota_model::{InstanceId, QueueName, TaskId, TaskState, Timestamp, WorkflowName};
 
@@ -53,6 +57,9 @@ pub struct Prune {
     pub workflows: PruneWorkflows,
     /// At most this many tasks per call (one transaction).
     pub limit: u32,
+    /// Only these tasks (those an archive has written), when set; each is
+    /// still deleted only if the rest of the selection matches it.
+    pub only: Option<Vec<TaskId>>,
 }
 
 impl Prune {
@@ -65,13 +72,13 @@ impl Prune {
     /// Every finished task older than `finished_before`, in batches of `limit`.
     pub fn finished_before(finished_before: Timestamp, limit: u32) -> Self {
         let states = TaskState::ALL.into_iter().filter(|state| state.is_terminal()).collect();
-        Prune { finished_before, states, workflows: PruneWorkflows::All, limit }
+        Prune { finished_before, states, workflows: PruneWorkflows::All, limit, only: None }
     }
 
     /// Refuses, as every backend does before touching anything, a prune
     /// without states or naming an unfinished one (a running task is never
     /// deleted), a limit outside 1..=[`Prune::LIMIT_MAX`], or too long an
-    /// exception list.
+    /// exception list or list of tasks.
     pub fn check(&self) -> Result<()> {
         if self.states.is_empty() {
             return Err(Error::Invalid("prune: name at least one finished state".into()));
@@ -86,6 +93,11 @@ impl Prune {
             && names.len() > Self::EXCEPT_MAX
         {
             return Err(Error::Invalid(format!("prune: at most {} workflows may be left out, got {}", Self::EXCEPT_MAX, names.len())));
+        }
+        if let Some(only) = &self.only
+            && only.len() > Self::LIMIT_MAX as usize
+        {
+            return Err(Error::Invalid(format!("prune: at most {} tasks may be named, got {}", Self::LIMIT_MAX, only.len())));
         }
         Ok(())
     }

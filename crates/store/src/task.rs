@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use rota_model::{
     InstanceId, LeaseToken, QueueName, ScheduleName, Step, StepName, StepState, Task, TaskId, TaskState, Timestamp, WorkflowName,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::Result;
@@ -180,7 +180,7 @@ impl Changes {
 }
 
 /// What happened to a task, in its append-only history.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EventKind {
     /// The task was submitted.
@@ -294,7 +294,7 @@ impl EventKind {
 }
 
 /// One entry of a task's history.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
     /// Its position in the store's global event order (0 before it is stored).
     pub seq: i64,
@@ -531,6 +531,12 @@ pub trait Tasks: Send + Sync {
     /// How many tasks [`Tasks::prune_tasks`] would delete with `prune` if
     /// its limit were unbounded; deletes nothing (a dry run).
     async fn count_prunable(&self, prune: &Prune) -> Result<u64>;
+
+    /// The tasks [`Tasks::prune_tasks`] would delete next with `prune`
+    /// (the same selection, order and limit); deletes nothing. An archive
+    /// reads them, writes them out, then prunes exactly these
+    /// ([`Prune::only`]).
+    async fn prunable_tasks(&self, prune: &Prune) -> Result<Vec<TaskId>>;
 
     /// Deletes the statuses whose key starts with `prefix` and that were
     /// last reported strictly before `reported_before` (circuit breakers
