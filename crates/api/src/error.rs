@@ -118,7 +118,7 @@ impl ApiError {
         use rota_engine::Error as E;
         match err {
             E::Store(err) => ApiError::store(request, err),
-            E::Workflow(detail) | E::Config(detail) => ApiError::internal(request, detail),
+            E::Workflow(detail) | E::Config(detail) | E::Export(detail) => ApiError::internal(request, detail),
             err @ E::OutOfBounds { .. } => ApiError::internal(request, err),
             err @ E::InvalidSubmission { .. } => ApiError::invalid_body(err.to_string()),
         }

@@ -39,6 +39,7 @@ mod config_file;
 mod consume;
 mod demo;
 mod dlq;
+mod export;
 mod instance_id;
 mod man;
 mod output;
@@ -142,6 +143,10 @@ enum Command {
     Schedules(schedules::Command),
     /// Delete finished tasks (with their steps and history) that ended longer ago than --older-than; --dry-run counts them.
     Prune(prune::Args),
+    /// Write tasks (with steps and history) as JSON lines to stdout, newest first; the filters of `rota tasks` apply.
+    Export(export::ExportArgs),
+    /// Read exported tasks (files, archive directories, or - for stdin) into an empty store, for inspection.
+    Import(export::ImportArgs),
     /// Check workflow definition files; prints every problem as FILE:LINE:COL: message.
     Validate(validate::Args),
     /// Send, receive and settle messages; create, pause and inspect queues.
@@ -207,6 +212,8 @@ fn main() -> ExitCode {
         Command::Workflows(args) => run_async(async move { tasks::workflows(&store, args).await }),
         Command::Schedules(command) => run_async(schedules::run(store, command)),
         Command::Prune(args) => run_async(async move { prune::run(&store, args).await }),
+        Command::Export(args) => run_async(async move { export::export(&store, args).await }),
+        Command::Import(args) => run_async(async move { export::import(&store, args).await }),
         Command::Validate(args) => validate::run(args),
         Command::Completions(args) => completions::run(args, Cli::command()),
         Command::Man(args) => man::run(args, Cli::command()),

@@ -2,12 +2,16 @@
 //! hand, in the same small batches as the Supervisor leader's retention
 //! passes (`rota_engine::retention::prune`); `--dry-run` counts them.
 //! Each batch is one transaction, so stopping it midway loses nothing but
-//! the batches not yet run.
+//! the batches not yet run. With `--archive DIR` each batch is first
+//! written to a new file there and fsynced (`rota_engine::archive`).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::bail;
 use rota_engine::Shutdown;
+use rota_engine::archive::Archive;
+use rota_engine::retention::Batches;
 use rota_model::{Clock, SystemClock, TaskState, WorkflowName};
 use rota_store::{Prune, PruneWorkflows};
 
@@ -39,6 +43,11 @@ pub struct Args {
     /// The pause between two batches, which lets a running engine's writes through.
     #[arg(long, value_name = "DURATION", default_value = "50ms", value_parser = humantime::parse_duration)]
     pause: Duration,
+    /// Write each batch to a new file in this directory (one task per
+    /// line, the format of `rota export`), fsynced, before deleting it.
+    /// Created if missing.
+    #[arg(long, value_name = "DIR")]
+    archive: Option<PathBuf>,
 }
 
 /// Runs `rota prune`.
@@ -50,6 +59,10 @@ pub async fn run(store: &StoreArgs, args: Args) -> anyhow::Result<()> {
     if !(1..=Prune::LIMIT_MAX).contains(&args.batch) {
         bail!("--batch must be between 1 and {}, got {}", Prune::LIMIT_MAX, args.batch);
     }
+    let archive = match &args.archive {
+        Some(dir) if !args.dry_run => Some(Archive::open(dir).map_err(|e| anyhow::anyhow!("--archive: {e}"))?),
+        _ => None,
+    };
     let Backend::Local(store) = store.backend().await? else { unreachable!("local_only refused --server") };
     let before = SystemClock.now().sub(args.older_than);
     let mut prune = Prune::finished_before(before, args.batch);
@@ -65,13 +78,17 @@ pub async fn run(store: &StoreArgs, args: Args) -> anyhow::Result<()> {
         println!("would delete {count} {what}");
         return Ok(());
     }
-    let pass = rota_engine::retention::prune(&store, &prune, args.pause, u32::MAX, &Shutdown::new(), |pruned| {
+    let batches = Batches { pause: args.pause, max: u32::MAX, archive: archive.as_ref(), clock: &SystemClock };
+    let pass = rota_engine::retention::prune(&store, &prune, &batches, &Shutdown::new(), |pruned| {
         if !pruned.tasks.is_empty() {
             tracing::debug!("deleted a batch of {} task(s)", pruned.tasks.len());
         }
     })
     .await?;
     println!("deleted {} {what}, with {} step(s) and {} event(s), in {} batch(es)", pass.tasks, pass.steps, pass.events, pass.batches);
+    if let Some(archive) = &archive {
+        println!("archived them to {}", archive.dir().display());
+    }
     Ok(())
 }
 

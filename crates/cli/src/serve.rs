@@ -221,6 +221,12 @@ pub struct SupervisorArgs {
     /// process reports is deleted (at least 1m).
     #[arg(long, value_name = "DURATION", default_value = "1day", value_parser = humantime::parse_duration)]
     instances_gone_after: Duration,
+    /// Archive finished tasks to this directory before retention deletes
+    /// them: each batch is written (one task per line, the format of `rota
+    /// export`) to a new file and fsynced before its tasks are deleted.
+    /// Created if missing.
+    #[arg(long, value_name = "DIR")]
+    archive: Option<std::path::PathBuf>,
 }
 
 impl Default for SupervisorArgs {
@@ -236,6 +242,7 @@ impl Default for SupervisorArgs {
             retention_batch: retention.batch,
             retention_pause: retention.pause,
             instances_gone_after: retention.instances_gone_after,
+            archive: retention.archive,
         }
     }
 }
@@ -497,8 +504,12 @@ fn engine_config(args: &RunArgs, instance: InstanceId, clock: &dyn Clock) -> any
         batch: args.supervisor.retention_batch,
         pause: args.supervisor.retention_pause,
         instances_gone_after: args.supervisor.instances_gone_after,
+        archive: args.supervisor.archive.clone(),
         ..rota_engine::retention::Config::default()
     };
+    if let Some(dir) = &args.supervisor.archive {
+        rota_engine::archive::Archive::open(dir).map_err(|e| anyhow::anyhow!("--archive: {e}"))?;
+    }
     config.shutdown_grace = args.process.shutdown_grace;
     config.seed = seed(&instance, clock);
     match config.validate() {

@@ -82,9 +82,10 @@ pub struct StatusArgs {
     json: bool,
 }
 
-/// Arguments of `tasks`.
+/// The filters that select tasks, shared by `rota tasks` and `rota
+/// export` (a filter added here serves both).
 #[derive(clap::Args)]
-pub struct ListArgs {
+pub struct FilterArgs {
     /// Only tasks in this state: pending, processing, processed, error,
     /// compensating, compensated or cancelled.
     #[arg(long, value_name = "STATE")]
@@ -101,6 +102,27 @@ pub struct ListArgs {
     /// whose last task it is.
     #[arg(long, value_name = "ID")]
     before: Option<TaskId>,
+}
+
+impl FilterArgs {
+    /// The store's filter, `limit` tasks per page.
+    pub fn filter(self, limit: u32) -> TaskFilter {
+        TaskFilter {
+            state: self.state,
+            workflow: self.workflow,
+            at_risk: self.at_risk,
+            before: self.before,
+            limit,
+            ..TaskFilter::default()
+        }
+    }
+}
+
+/// Arguments of `tasks`.
+#[derive(clap::Args)]
+pub struct ListArgs {
+    #[command(flatten)]
+    filters: FilterArgs,
     /// The most tasks to list, newest first.
     #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=i64::from(LIST_LIMIT_MAX)))]
     limit: u32,
@@ -478,16 +500,7 @@ fn status_text(status: &StatusJson) -> String {
 /// `rota tasks`.
 pub async fn list(store: &StoreArgs, args: ListArgs) -> anyhow::Result<()> {
     let backend = store.backend().await?;
-    let tasks = backend
-        .tasks(TaskFilter {
-            state: args.state,
-            workflow: args.workflow,
-            at_risk: args.at_risk,
-            before: args.before,
-            limit: args.limit,
-            ..TaskFilter::default()
-        })
-        .await?;
+    let tasks = backend.tasks(args.filters.filter(args.limit)).await?;
     if args.json {
         let json: Vec<TaskSummaryJson> = tasks.iter().map(TaskSummaryJson::from).collect();
         return output::json(&json);

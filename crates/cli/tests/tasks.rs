@@ -483,6 +483,71 @@ fn prune_deletes_finished_tasks_by_hand_and_counts_them_in_a_dry_run() {
     drop(serve);
 }
 
+/// Export lines by task id, without the store's own event sequence
+/// numbers (an import numbers the events anew, in the same order).
+fn comparable(lines: &str) -> Vec<Value> {
+    let mut lines: Vec<Value> = lines.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    for line in &mut lines {
+        line["history"].as_array_mut().unwrap().iter_mut().for_each(|event| event["seq"] = json!(0));
+    }
+    lines.sort_by(|a, b| a["task"]["id"].as_str().cmp(&b["task"]["id"].as_str()));
+    lines
+}
+
+#[test]
+fn export_import_and_prune_with_an_archive_keep_every_task_and_its_history() {
+    let rota = Rota::new();
+    let files = Files::new();
+    files.workflow("pipeline.yaml", PIPELINE);
+    let serve = Serve::start(&rota, &files.workflows(), "export-1", &[]);
+    for id in ["done-1", "done-2", "waiting"] {
+        rota.ok(&["submit", "pipeline", "--id", id, "--delay", "1h"]);
+    }
+    rota.ok(&["cancel", "done-1"]);
+    rota.ok(&["cancel", "done-2"]);
+    drop(serve);
+
+    let exported = rota.ok(&["export", "--page", "2"]);
+    let ids: Vec<String> =
+        exported.lines().map(|line| serde_json::from_str::<Value>(line).unwrap()["task"]["id"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(ids, ["waiting", "done-2", "done-1"], "one line per task, newest first");
+    let first: Value = serde_json::from_str(exported.lines().last().unwrap()).unwrap();
+    assert_eq!(first["rota_export"], 1, "every line says its format's version");
+    let kinds: Vec<&str> = first["history"].as_array().unwrap().iter().map(|event| event["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds.first(), Some(&"received"));
+    assert_eq!(kinds.last(), Some(&"cancelled"), "the whole history: {kinds:?}");
+    let cancelled = rota.ok(&["export", "--state", "cancelled"]);
+    assert_eq!(cancelled.lines().count(), 2, "the filters of `rota tasks`");
+    let export_file = rota.dir().join("tasks.jsonl");
+    std::fs::write(&export_file, &exported).unwrap();
+
+    let copy = Rota::new();
+    let imported = copy.ok(&["import", export_file.to_str().unwrap()]);
+    assert_eq!(imported.trim(), "imported 3 task(s) from 1 file(s)");
+    assert_eq!(comparable(&copy.ok(&["export"])), comparable(&exported), "the imported store exports the same tasks");
+    let status = copy.json(&["status", "done-1", "--json"]);
+    assert_eq!(status["state"], "cancelled");
+    let (code, stderr) = copy.fails(&["import", export_file.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert_one_error_line(&stderr, &["the store is not empty", "only into an empty store"]);
+    let bad = rota.dir().join("bad.jsonl");
+    std::fs::write(&bad, format!("{}\n{{\"rota_export\": 2}}\n", exported.lines().next().unwrap())).unwrap();
+    let (_, stderr) = Rota::new().fails(&["import", bad.to_str().unwrap()]);
+    assert_one_error_line(&stderr, &[&format!("{}:2: rota_export version 2 is not one this rota reads", bad.display())]);
+
+    let archive = rota.dir().join("archive");
+    let pruned = rota.ok(&["prune", "--older-than", "0s", "--batch", "1", "--archive", archive.to_str().unwrap()]);
+    assert!(pruned.contains("deleted 2 finished task(s)") && pruned.contains("archived them to"), "{pruned}");
+    assert_eq!(std::fs::read_dir(&archive).unwrap().count(), 2, "a file per batch of one");
+    let restored = Rota::new();
+    let imported = restored.ok(&["import", archive.to_str().unwrap()]);
+    assert_eq!(imported.trim(), "imported 2 task(s) from 2 file(s)");
+    let archived: Vec<Value> = comparable(&exported).into_iter().filter(|line| line["task"]["id"] != "waiting").collect();
+    assert_eq!(comparable(&restored.ok(&["export"])), archived, "the archive holds the deleted tasks as they were");
+    let (_, stderr) = rota.fails(&["status", "done-1"]);
+    assert_one_error_line(&stderr, &["done-1"]);
+}
+
 #[test]
 fn serve_with_a_retention_deletes_finished_tasks_and_validate_checks_the_field() {
     let rota = Rota::new();
@@ -493,12 +558,22 @@ fn serve_with_a_retention_deletes_finished_tasks_and_validate_checks_the_field()
     let (_, stderr) = rota.fails(&["validate", bad.to_str().unwrap()]);
     assert!(stderr.starts_with(&format!("{}:3:12: invalid duration \"forever\" for `retention`", bad.display())), "{stderr}");
 
-    let mut serve = Serve::start_with(&rota, &files.workflows(), "retention-1", &[], &["--retention-interval", "1s"]);
+    let archive = rota.dir().join("archive");
+    let flags = ["--retention-interval", "1s", "--archive", archive.to_str().unwrap()];
+    let mut serve = Serve::start_with(&rota, &files.workflows(), "retention-1", &[], &flags);
     rota.ok(&["submit", "pipeline", "--id", "short-lived", "--delay", "1h"]);
     rota.ok(&["cancel", "short-lived"]);
     serve.wait_for_line("retention: deleted 1 finished task(s)", Duration::from_secs(15));
     let (_, stderr) = rota.fails(&["status", "short-lived"]);
     assert_one_error_line(&stderr, &["short-lived"]);
+    let archived: Vec<String> =
+        std::fs::read_dir(&archive).unwrap().map(|entry| std::fs::read_to_string(entry.unwrap().path()).unwrap()).collect();
+    assert_eq!(archived.len(), 1, "one batch, one file");
+    assert!(archived[0].starts_with(r#"{"rota_export":1,"task":{"id":"short-lived""#), "{}", archived[0]);
+
+    let not_a_dir = files.path("bad.yaml");
+    let (_, stderr) = rota.fails(&["serve", "--workflows", files.workflows().to_str().unwrap(), "--archive", not_a_dir.to_str().unwrap()]);
+    assert_one_error_line(&stderr, &["--archive: archive directory", "bad.yaml"]);
 }
 
 /// reserve → wait for `approved` → charge, whose input names the approver;

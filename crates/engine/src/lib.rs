@@ -28,11 +28,13 @@
 
 pub mod activity;
 pub mod agent_worker;
+pub mod archive;
 pub mod callback;
 pub mod client;
 pub mod completions;
 pub mod consumer;
 pub mod engine;
+pub mod export;
 pub mod long_poll;
 pub mod ops;
 pub mod pause;
@@ -95,4 +97,7 @@ pub enum Error {
     /// A workflow definition could not be used.
     #[error("workflow: {0}")]
     Workflow(String),
+    /// An export, import or archive could not read or write its lines.
+    #[error("{0}")]
+    Export(String),
 }

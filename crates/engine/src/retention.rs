@@ -16,18 +16,25 @@
 //! schedule's task that may belong to an unrecorded fire). Which instances:
 //! see [`Retention::sweep`].
 //!
-//! Deliberately left out: archiving before deleting, and pruning the
-//! events of tasks that are still running (a task's history goes with it).
+//! With an archive ([`crate::archive`]), each batch is first written to a
+//! durable file of the archive directory, and only the tasks written are
+//! then deleted.
+//!
+//! Deliberately left out: pruning the events of tasks that are still
+//! running (a task's history goes with it).
 
 use std::sync::Arc;
 use std::time::Duration;
+
+use std::path::PathBuf;
 
 use rota_model::{Clock, InstanceId, Timestamp, WorkflowName};
 use rota_store::{InstanceSweep, Prune, PruneWorkflows, Pruned, SharedStore};
 use rota_workflow::Workflow;
 
+use crate::archive::Archive;
 use crate::supervisor::human;
-use crate::{Error, Result, Shutdown, protocol, status, telemetry};
+use crate::{Error, Result, Shutdown, export, protocol, status, telemetry};
 
 /// How retention runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +57,9 @@ pub struct Config {
     /// reports is kept. Far longer than a restart, so that an instance that
     /// comes back with the same id finds its inbox.
     pub instances_gone_after: Duration,
+    /// The directory finished tasks are archived to before they are
+    /// deleted (created if missing), if any.
+    pub archive: Option<PathBuf>,
 }
 
 impl Config {
@@ -110,6 +120,7 @@ impl Default for Config {
             pause: Duration::from_millis(50),
             batches_per_pass: 1000,
             instances_gone_after: status::INSTANCES_LISTED_FOR,
+            archive: None,
         }
     }
 }
@@ -161,17 +172,32 @@ impl Pass {
     }
 }
 
-/// Deletes what `prune` selects in batches of `prune.limit`, `pause` apart,
-/// at most `batches_max` batches, stopping early at `shutdown`; `each` sees
-/// every batch. What the Supervisor leader's passes and `rota prune` run.
+/// How a prune runs its batches.
+#[derive(Debug, Clone)]
+pub struct Batches<'a> {
+    /// The wait between two batches.
+    pub pause: Duration,
+    /// The most batches.
+    pub max: u32,
+    /// Where each batch is archived before it is deleted, if anywhere.
+    pub archive: Option<&'a Archive>,
+    /// The clock that names the archive's files.
+    pub clock: &'a dyn Clock,
+}
+
+/// Deletes what `prune` selects in batches of `prune.limit`, `batches.pause`
+/// apart, at most `batches.max` batches, stopping early at `shutdown`;
+/// `each` sees every batch. With an archive, a batch is first written to it
+/// (durably) and then exactly its tasks are deleted. What the Supervisor
+/// leader's passes and `rota prune` run.
 pub async fn prune(
     store: &SharedStore,
     prune: &Prune,
-    pause: Duration,
-    batches_max: u32,
+    batches: &Batches<'_>,
     shutdown: &Shutdown,
     mut each: impl FnMut(&Pruned),
 ) -> Result<Pass> {
+    let (pause, batches_max) = (batches.pause, batches.max);
     let mut pass = Pass::default();
     while pass.batches < batches_max && !shutdown.is_triggered() {
         if pass.batches > 0 && !pause.is_zero() {
@@ -180,7 +206,10 @@ pub async fn prune(
                 () = shutdown.triggered() => break,
             }
         }
-        let pruned = store.prune_tasks(prune).await?;
+        let pruned = match batches.archive {
+            None => store.prune_tasks(prune).await?,
+            Some(archive) => archive_then_prune(store, prune, archive, batches.clock).await?,
+        };
         pass.add(&pruned);
         each(&pruned);
         if pruned.tasks.is_empty() {
@@ -194,19 +223,34 @@ pub async fn prune(
     Ok(pass)
 }
 
+/// One archived batch: the tasks the prune would delete next are written
+/// to the archive, then those (and only those still selected) deleted.
+async fn archive_then_prune(store: &SharedStore, prune: &Prune, archive: &Archive, clock: &dyn Clock) -> Result<Pruned> {
+    let ids = store.prunable_tasks(prune).await?;
+    if ids.is_empty() {
+        return Ok(Pruned::default());
+    }
+    let lines = export::lines(store, &ids).await?;
+    let written: Vec<_> = lines.iter().map(|line| line.task.id.clone()).collect();
+    archive.write(lines, clock.now()).await?;
+    Ok(store.prune_tasks(&Prune { only: Some(written), ..prune.clone() }).await?)
+}
+
 /// The Supervisor leader's retention passes.
 #[derive(Clone)]
 pub struct Retention {
     store: SharedStore,
     clock: Arc<dyn Clock>,
     config: Config,
+    archive: Option<Archive>,
 }
 
 impl Retention {
     /// Passes over `store` with `config`.
     pub fn new(store: SharedStore, clock: Arc<dyn Clock>, config: Config) -> Result<Self> {
         config.validate()?;
-        Ok(Retention { store, clock, config })
+        let archive = config.archive.as_deref().map(Archive::open).transpose()?;
+        Ok(Retention { store, clock, config, archive })
     }
 
     /// The settings.
@@ -261,8 +305,13 @@ impl Retention {
                 limit: self.config.batch,
                 ..Prune::finished_before(now.sub(rule.keep), self.config.batch)
             };
-            let batches_left = self.config.batches_per_pass.saturating_sub(pass.batches);
-            let done = prune(&self.store, &selection, self.config.pause, batches_left, shutdown, |_| {}).await?;
+            let batches = Batches {
+                pause: self.config.pause,
+                max: self.config.batches_per_pass.saturating_sub(pass.batches),
+                archive: self.archive.as_ref(),
+                clock: &*self.clock,
+            };
+            let done = prune(&self.store, &selection, &batches, shutdown, |_| {}).await?;
             pass.tasks += done.tasks;
             pass.steps += done.steps;
             pass.events += done.events;

@@ -1,0 +1,102 @@
+//! `rota export` and `rota import`: tasks with their steps and history as
+//! JSON lines (the format is `rota_engine::export`'s), written to stdout
+//! page by page and read back into an empty store for inspection. Both
+//! work on a local store only (`--store`).
+
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use rota_engine::archive;
+use rota_engine::export::{self, Import, Line};
+
+use crate::backend::Backend;
+use crate::store_args::StoreArgs;
+use crate::tasks::FilterArgs;
+
+/// Arguments of `export`.
+#[derive(clap::Args)]
+pub struct ExportArgs {
+    #[command(flatten)]
+    filters: FilterArgs,
+    /// How many tasks are read from the store at a time (the memory an
+    /// export holds grows with it, not with the store).
+    #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=i64::from(export::PAGE_MAX)))]
+    page: u32,
+}
+
+/// Arguments of `import`.
+#[derive(clap::Args)]
+pub struct ImportArgs {
+    /// Files of export lines (`rota export`'s output), or directories of
+    /// them (`--archive`'s: their `.jsonl` files, by name); `-` reads stdin.
+    #[arg(value_name = "FILE", required = true)]
+    files: Vec<PathBuf>,
+}
+
+/// Runs `rota export`: every task the filters select, newest first, one
+/// line each, to stdout.
+pub async fn export(store: &StoreArgs, args: ExportArgs) -> anyhow::Result<()> {
+    store.local_only("export")?;
+    let Backend::Local(store) = store.backend().await? else { unreachable!("local_only refused --server") };
+    let mut out = BufWriter::new(io::stdout().lock());
+    let written = export::export(&store, args.filters.filter(args.page), |line| {
+        out.write_all(line.to_json().as_bytes())?;
+        out.write_all(b"\n")
+    })
+    .await?;
+    out.flush().context("cannot write to stdout")?;
+    eprintln!("exported {written} task(s)");
+    Ok(())
+}
+
+/// Runs `rota import`: every line of the files into the store, which must
+/// hold no task (it is created if missing).
+pub async fn import(store: &StoreArgs, args: ImportArgs) -> anyhow::Result<()> {
+    store.local_only("import")?;
+    let files = expand(&args.files)?;
+    let mut import = Import::start(store.open().await?).await?;
+    for file in &files {
+        let name = file.display().to_string();
+        let reader: Box<dyn BufRead> = if name == "-" {
+            Box::new(BufReader::new(io::stdin().lock()))
+        } else {
+            Box::new(BufReader::new(File::open(file).with_context(|| format!("cannot read {name}"))?))
+        };
+        for (n, text) in reader.lines().enumerate() {
+            let text = text.with_context(|| format!("cannot read {name}"))?;
+            if text.trim().is_empty() {
+                continue;
+            }
+            let line = Line::parse(&text).map_err(|why| anyhow::anyhow!("{name}:{}: {why}", n + 1))?;
+            import.write(line).await.with_context(|| format!("{name}:{}", n + 1))?;
+        }
+    }
+    let imported = import.finish();
+    let mut summary = format!("imported {} task(s) from {} file(s)", imported.tasks, files.len());
+    if imported.duplicates > 0 {
+        summary.push_str(&format!("; {} later line(s) of a task already imported were skipped", imported.duplicates));
+    }
+    println!("{summary}");
+    Ok(())
+}
+
+/// The files to read: each file named, and each directory's archive files.
+fn expand(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for path in paths {
+        if path.is_dir() {
+            let found = archive::files(path).with_context(|| format!("cannot list {}", path.display()))?;
+            if found.is_empty() {
+                bail!("{} holds no {} file", path.display(), archive::SUFFIX);
+            }
+            files.extend(found);
+        } else if path == Path::new("-") || path.is_file() {
+            files.push(path.clone());
+        } else {
+            bail!("{} does not exist", path.display());
+        }
+    }
+    Ok(files)
+}
