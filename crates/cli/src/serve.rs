@@ -120,6 +120,12 @@ pub struct AgentArgs {
     #[arg(long, visible_alias = "max-concurrent", value_name = "N", default_value_t = AGENT_CONCURRENCY_DEFAULT,
           value_parser = clap::value_parser!(u32).range(1..=Config::AGENT_CONCURRENCY_MAX as i64))]
     agent_concurrency: u32,
+    /// How often agents read whether the tasks of their calls in progress
+    /// have finished (an operator's cancel, made by any process), to stop
+    /// those calls: the `exec` command killed, the `http` request dropped.
+    /// A call is stopped at most twice this after the cancel (10ms..1m).
+    #[arg(long, value_name = "DURATION", default_value = "250ms", value_parser = humantime::parse_duration)]
+    agent_stop_check: Duration,
     /// The only hosts `http` steps and webhooks may reach, comma-separated:
     /// host names (api.example.com, *.example.com), networks (10.0.0.0/8)
     /// or addresses. A name not listed is allowed only when every address
@@ -144,6 +150,7 @@ impl Default for AgentArgs {
         AgentArgs {
             queues: Vec::new(),
             agent_concurrency: AGENT_CONCURRENCY_DEFAULT,
+            agent_stop_check: rota_engine::agent_worker::STOP_CHECK_DEFAULT,
             egress_allow: Vec::new(),
             exec_dir: None,
             exec_env: Vec::new(),
@@ -493,6 +500,7 @@ fn engine_config(args: &RunArgs, instance: InstanceId, clock: &dyn Clock) -> any
         supervisor: args.roles.contains(&Role::Supervisor),
     };
     config.agent_concurrency = args.agent.agent_concurrency as usize;
+    config.agent_stop_check = args.agent.agent_stop_check;
     config.supervisor = config.supervisor.every(args.supervisor.supervisor_interval);
     config.supervisor.schedules = rota_engine::schedules::Config {
         late_max: args.supervisor.schedule_late_max,
@@ -535,6 +543,7 @@ fn flag_of(field: &str) -> Option<&'static str> {
         "retention.instances_gone_after" => Some("--instances-gone-after"),
         "shutdown_grace" => Some("--shutdown-grace"),
         "agent_concurrency" => Some("--agent-concurrency"),
+        "agent_stop_check" => Some("--agent-stop-check"),
         _ => None,
     }
 }

@@ -8,21 +8,37 @@
 //! even an error: by then the Supervisor may already have asked for another
 //! attempt, and the Scheduler's fence would refuse the reply anyway.
 //!
+//! A call whose task has finished meanwhile (an operator cancelled it, or
+//! it ended otherwise) is stopped: nobody would read its reply. The task
+//! may have been cancelled through any process sharing the store, so the
+//! worker reads the tasks of its longer calls every
+//! [`Config::stop_check`] ([`STOP_CHECK_DEFAULT`]); a call found so is
+//! cancelled (its future dropped: the `exec` agent kills the command's
+//! process group, the `http` agent drops the connection), and its request
+//! is consumed without a reply together with a `call_stopped` event
+//! ([`commit_stop`]).
+//!
 //! The rules that every agent follows, built-in or external (the HTTP
 //! worker protocol of `rota-api` calls them too), are public functions:
-//! [`too_late`] (the deadline) and [`commit_reply`] (the reply message and
-//! its commit with the request's completion).
+//! [`too_late`] (the deadline), [`stop_reason`] and [`commit_stop`] (a
+//! finished task), and [`commit_reply`] (the reply message and its commit
+//! with the request's completion).
 
+use std::collections::{BTreeSet, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rota_agent::{Agent, Outcome as CallOutcome};
-use rota_model::{Clock, InstanceId, LeaseToken, QueueName, StepName, TaskId, Timestamp};
-use rota_store::{Changes, Delivery, Outgoing, SharedStore};
+use rota_model::{Clock, InstanceId, LeaseToken, QueueName, StepName, Task, TaskId, TaskState, Timestamp};
+use rota_store::{Changes, Delivery, Event, EventKind, Outgoing, SharedStore};
+use serde_json::json;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use crate::consumer::{self, Consumer, Handler, Outcome};
 use crate::protocol::{self, InboxEnvelope, InboxMessage, Reply, ReplyOutcome, StepRequest};
@@ -42,7 +58,20 @@ pub struct Config {
     /// How long calls in progress may take to finish at shutdown; then
     /// they are cancelled and their requests given back.
     pub shutdown_grace: Duration,
+    /// How often the tasks of the calls in progress are read to find those
+    /// that finished (a cancel). Calls running for less than this are not
+    /// read yet, so a call is stopped at most twice this after its task
+    /// finished, and short calls cost no read.
+    pub stop_check: Duration,
 }
+
+/// The default of [`Config::stop_check`]: a cancelled task's calls stop
+/// within half a second.
+pub const STOP_CHECK_DEFAULT: Duration = Duration::from_millis(250);
+/// The shortest [`Config::stop_check`] accepted.
+pub const STOP_CHECK_MIN: Duration = Duration::from_millis(10);
+/// The longest [`Config::stop_check`] accepted.
+pub const STOP_CHECK_MAX: Duration = Duration::from_secs(60);
 
 /// Runs one agent on its queue.
 pub struct AgentWorker {
@@ -51,26 +80,35 @@ pub struct AgentWorker {
     agent: Arc<dyn Agent>,
     queue: QueueName,
     config: Config,
+    in_flight: Arc<InFlight>,
 }
 
 impl AgentWorker {
     /// A worker for `agent`, consuming `agent.<name>`.
     pub fn new(store: SharedStore, clock: Arc<dyn Clock>, agent: Arc<dyn Agent>, config: Config) -> Self {
         let queue = protocol::agent_queue(agent.name());
-        AgentWorker { store, clock, agent, queue, config }
+        AgentWorker { store, clock, agent, queue, config, in_flight: Arc::default() }
     }
 
-    /// Consumes the agent's queue until `shutdown`.
+    /// Consumes the agent's queue until `shutdown`, stopping the calls
+    /// whose tasks finish meanwhile.
     pub async fn run(self, shutdown: Shutdown) -> Result<()> {
+        check_stop_check(self.config.stop_check)?;
         let consumer_config = consumer::Config::builder(self.queue.clone(), self.config.instance.clone())
             .max_concurrent(self.config.max_concurrent)
             .shutdown_grace(self.config.shutdown_grace)
             .build()?;
         let consumer = Consumer::new(self.store.clone(), consumer_config);
-        consumer.run(Arc::new(self), shutdown).await.map(|_| ())
+        // The watch runs until the consumer returns, through its shutdown
+        // grace too: a call may be stopped while the worker drains.
+        let watch = tokio::spawn(watch_for_stops(self.store.clone(), self.in_flight.clone(), self.config.stop_check));
+        let ran = consumer.run(Arc::new(self), shutdown).await.map(|_| ());
+        watch.abort();
+        ran
     }
 
-    /// Handles one request: calls the agent and replies (or stays silent).
+    /// Handles one request: calls the agent and replies (or stays silent,
+    /// or stops the call when its task finished meanwhile).
     pub async fn serve(&self, request: &StepRequest, delivery: &Delivery) -> Outcome {
         if too_late(request.complete_by(), self.clock.now()) {
             tracing::debug!("request {} arrived after its complete-by: dropped without reply", delivery.id);
@@ -78,7 +116,27 @@ impl AgentWorker {
         }
         let mut rng = StdRng::seed_from_u64(self.request_seed(request));
         let started = std::time::Instant::now();
-        let outcome = rota_agent::run_until_deadline(&*self.agent, &request.call, &request.retry, &*self.clock, &mut rng).await;
+        let mut watched = self.in_flight.watch(&request.call.task_id);
+        let call = rota_agent::run_until_deadline(&*self.agent, &request.call, &request.retry, &*self.clock, &mut rng);
+        let outcome = tokio::select! {
+            outcome = call => outcome,
+            Ok(reason) = &mut watched.stop => {
+                // Leaving the select dropped the call: the agent's work is
+                // cancelled at its current `.await`.
+                record_stopped(self.agent.name(), started.elapsed());
+                tracing::info!(reason, "the call was stopped: its task finished");
+                let address = ReplyAddress::of(request);
+                return match commit_stop(&self.store, &self.queue, delivery.lease_token, &address, self.agent.name(), &reason, self.clock.now()).await {
+                    Ok(()) | Err(rota_store::Error::LeaseLost(_)) => Outcome::Settled,
+                    // The request is consumed all the same: its task is over.
+                    Err(err) => {
+                        tracing::warn!("recording the stopped call failed: {err}");
+                        Outcome::Complete
+                    }
+                };
+            }
+        };
+        drop(watched);
         record_call(self.agent.name(), &outcome, started.elapsed());
         let reply_outcome = match outcome {
             CallOutcome::Succeeded(output) => ReplyOutcome::Succeeded { output },
@@ -113,6 +171,143 @@ fn record_call(agent: &str, outcome: &CallOutcome, took: Duration) {
     };
     metrics::counter!(telemetry::AGENT_CALLS, "agent" => agent.to_owned(), "outcome" => label).increment(1);
     metrics::histogram!(telemetry::AGENT_CALL_DURATION, "agent" => agent.to_owned(), "outcome" => label).record(took.as_secs_f64());
+}
+
+/// Records a call stopped because its task finished.
+fn record_stopped(agent: &str, took: Duration) {
+    metrics::counter!(telemetry::AGENT_CALLS, "agent" => agent.to_owned(), "outcome" => "stopped").increment(1);
+    metrics::histogram!(telemetry::AGENT_CALL_DURATION, "agent" => agent.to_owned(), "outcome" => "stopped").record(took.as_secs_f64());
+}
+
+/// Checks a [`Config::stop_check`] (the engine's `agent_stop_check`).
+pub fn check_stop_check(interval: Duration) -> Result<()> {
+    if (STOP_CHECK_MIN..=STOP_CHECK_MAX).contains(&interval) {
+        return Ok(());
+    }
+    let human = humantime::format_duration;
+    let why = format!("must be between {} and {}, got {}", human(STOP_CHECK_MIN), human(STOP_CHECK_MAX), human(interval));
+    Err(crate::Error::OutOfBounds { field: "agent_stop_check", why })
+}
+
+/// The calls in progress of one worker, each with the means to stop it.
+#[derive(Default)]
+struct InFlight {
+    calls: Mutex<HashMap<u64, Call>>,
+    next: AtomicU64,
+}
+
+/// One call in progress.
+struct Call {
+    task_id: TaskId,
+    started: Instant,
+    stop: oneshot::Sender<String>,
+}
+
+/// A call's registration: the receiver of its stop, and its removal when
+/// the call ends (dropped).
+struct Watched<'a> {
+    in_flight: &'a InFlight,
+    key: u64,
+    stop: oneshot::Receiver<String>,
+}
+
+impl InFlight {
+    fn watch(&self, task_id: &TaskId) -> Watched<'_> {
+        let key = self.next.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        let call = Call { task_id: task_id.clone(), started: Instant::now(), stop: tx };
+        self.calls.lock().expect("in-flight calls").insert(key, call);
+        Watched { in_flight: self, key, stop: rx }
+    }
+
+    /// The tasks of the calls running for at least `age` at `now`.
+    fn tasks_running_for(&self, age: Duration, now: Instant) -> Vec<TaskId> {
+        let calls = self.calls.lock().expect("in-flight calls");
+        let tasks: BTreeSet<&TaskId> = calls.values().filter(|c| now.duration_since(c.started) >= age).map(|c| &c.task_id).collect();
+        tasks.into_iter().cloned().collect()
+    }
+
+    /// Stops every call of `task_id`, saying `reason`.
+    fn stop(&self, task_id: &TaskId, reason: &str) {
+        let mut calls = self.calls.lock().expect("in-flight calls");
+        let keys: Vec<u64> = calls.iter().filter(|(_, c)| &c.task_id == task_id).map(|(k, _)| *k).collect();
+        for key in keys {
+            if let Some(call) = calls.remove(&key) {
+                let _ = call.stop.send(reason.to_owned());
+            }
+        }
+    }
+}
+
+impl Drop for Watched<'_> {
+    fn drop(&mut self) {
+        self.in_flight.calls.lock().expect("in-flight calls").remove(&self.key);
+    }
+}
+
+/// Every `interval`, reads the tasks of the calls that have run that long
+/// and stops the calls of those that finished. A failed read is tried
+/// again at the next round.
+async fn watch_for_stops(store: SharedStore, in_flight: Arc<InFlight>, interval: Duration) {
+    loop {
+        tokio::time::sleep(interval).await;
+        let ids = in_flight.tasks_running_for(interval, Instant::now());
+        if ids.is_empty() {
+            continue;
+        }
+        let records = match store.tasks(&ids).await {
+            Ok(records) => records,
+            Err(err) => {
+                tracing::warn!("reading the tasks of the calls in progress failed: {err}");
+                continue;
+            }
+        };
+        let found: HashMap<&TaskId, &Task> = records.iter().map(|r| (&r.task.id, &r.task)).collect();
+        for id in &ids {
+            if let Some(reason) = stop_reason(found.get(id).copied()) {
+                in_flight.stop(id, &reason);
+            }
+        }
+    }
+}
+
+/// Why a call for a task that reads as `task` (`None`: there is no such
+/// task) should stop, if it should: the task has finished, so whatever the
+/// call replies is ignored. A task being undone (Compensating) is not
+/// finished: it waits for its forward calls' replies to know what to undo.
+pub fn stop_reason(task: Option<&Task>) -> Option<String> {
+    match task {
+        None => Some("the task no longer exists".to_owned()),
+        Some(task) if task.state == TaskState::Cancelled => Some("the task was cancelled".to_owned()),
+        Some(task) if task.state.is_terminal() => Some(format!("the task ended ({})", task.state)),
+        Some(_) => None,
+    }
+}
+
+/// Consumes a request whose call was stopped, without a reply, and records
+/// a `call_stopped` event for its step and attempt, in one commit. Fails
+/// with [`rota_store::Error::LeaseLost`] when the request's lease ran out
+/// (then nothing is written).
+pub async fn commit_stop(
+    store: &SharedStore,
+    queue: &QueueName,
+    lease: LeaseToken,
+    address: &ReplyAddress,
+    agent: &str,
+    reason: &str,
+    now: Timestamp,
+) -> rota_store::Result<()> {
+    let event = Event {
+        seq: 0,
+        task_id: address.task_id.clone(),
+        at: now,
+        kind: EventKind::CallStopped,
+        step: Some(address.step.clone()),
+        attempt: Some(address.attempt),
+        detail: json!({ "agent": agent, "reason": reason, "compensate": address.compensate }),
+    };
+    let changes = Changes { complete: vec![(queue.clone(), lease)], events: vec![event], ..Changes::default() };
+    crate::replies::commit(store, changes).await
 }
 
 /// Whether a request due by `complete_by` is too late to answer at `now`:
@@ -201,5 +396,49 @@ impl Handler for AgentWorker {
             }
             Err(err) => Outcome::DeadLetter { reason: format!("not a step request: {err}") },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rota_model::WorkflowName;
+
+    use super::*;
+
+    fn task_in(state: TaskState) -> Task {
+        let mut task = Task::new(TaskId::new("t-1").unwrap(), WorkflowName::new("w").unwrap(), 1, json!({}), Timestamp::from_millis(1_000));
+        task.state = state;
+        task
+    }
+
+    #[test]
+    fn a_call_stops_only_once_its_task_has_finished() {
+        assert_eq!(stop_reason(Some(&task_in(TaskState::Cancelled))).as_deref(), Some("the task was cancelled"));
+        assert_eq!(stop_reason(Some(&task_in(TaskState::Error))).as_deref(), Some("the task ended (error)"));
+        assert_eq!(stop_reason(Some(&task_in(TaskState::Compensated))).as_deref(), Some("the task ended (compensated)"));
+        assert_eq!(stop_reason(None).as_deref(), Some("the task no longer exists"));
+        // A task being undone waits for its forward calls' replies to know
+        // what to compensate; its compensations must run too.
+        for going_on in [TaskState::Pending, TaskState::Processing, TaskState::Compensating] {
+            assert_eq!(stop_reason(Some(&task_in(going_on))), None, "{going_on}");
+        }
+    }
+
+    #[test]
+    fn only_calls_running_for_the_interval_are_read_and_a_stop_reaches_every_call_of_the_task() {
+        let in_flight = InFlight::default();
+        let (a, b) = (TaskId::new("a").unwrap(), TaskId::new("b").unwrap());
+        let mut first = in_flight.watch(&a);
+        let mut second = in_flight.watch(&a);
+        let young = in_flight.watch(&b);
+        let later = Instant::now() + Duration::from_millis(300);
+        in_flight.calls.lock().unwrap().get_mut(&young.key).unwrap().started = later - Duration::from_millis(100);
+        let interval = Duration::from_millis(250);
+        assert_eq!(in_flight.tasks_running_for(interval, later), std::slice::from_ref(&a), "one read per task, none for the young call");
+        in_flight.stop(&a, "the task was cancelled");
+        assert_eq!(first.stop.try_recv().unwrap(), "the task was cancelled");
+        assert_eq!(second.stop.try_recv().unwrap(), "the task was cancelled");
+        drop(young);
+        assert!(in_flight.calls.lock().unwrap().is_empty(), "a call is forgotten once stopped or ended");
     }
 }

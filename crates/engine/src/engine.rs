@@ -47,6 +47,9 @@ pub struct Config {
     pub supervisor: supervisor::Config,
     /// How many requests each agent runs at once.
     pub agent_concurrency: usize,
+    /// How often agents read whether the tasks of their calls in progress
+    /// finished, to stop those calls (`agent_worker::Config::stop_check`).
+    pub agent_stop_check: Duration,
     /// The seed of every jitter in this process.
     pub seed: u64,
     /// How long work in progress (agent calls, replies being handled) may
@@ -70,6 +73,7 @@ impl Config {
             instance,
             roles: Roles::ALL,
             agent_concurrency: 16,
+            agent_stop_check: agent_worker::STOP_CHECK_DEFAULT,
             seed: 0,
             shutdown_grace: crate::consumer::Config::SHUTDOWN_GRACE_DEFAULT,
             workflow_latest_refresh: crate::workflows::LATEST_REFRESH_DEFAULT,
@@ -88,6 +92,7 @@ impl Config {
             let why = format!("must be between 1 and {}, got {}", Self::AGENT_CONCURRENCY_MAX, self.agent_concurrency);
             return Err(Error::OutOfBounds { field: "agent_concurrency", why });
         }
+        agent_worker::check_stop_check(self.agent_stop_check)?;
         Ok(())
     }
 }
@@ -174,6 +179,7 @@ impl Engine {
                     max_concurrent: config.agent_concurrency,
                     seed: config.seed,
                     shutdown_grace: config.shutdown_grace,
+                    stop_check: config.agent_stop_check,
                 };
                 let worker = AgentWorker::new(self.store.clone(), self.clock.clone(), agent.clone(), worker_config);
                 roles.spawn(worker.run(shutdown.clone()));
@@ -223,6 +229,7 @@ mod tests {
         assert_eq!(refused(|c| c.supervisor.batch = 0), "supervisor.batch must be at least 1, got 0");
         assert_eq!(refused(|c| c.shutdown_grace = Duration::from_secs(7200)), "shutdown_grace must be at most 1h, got 2h");
         assert_eq!(refused(|c| c.agent_concurrency = 0), "agent_concurrency must be between 1 and 1024, got 0");
+        assert_eq!(refused(|c| c.agent_stop_check = Duration::from_millis(5)), "agent_stop_check must be between 10ms and 1m, got 5ms");
         let every = config().supervisor.every(Duration::from_millis(200));
         assert_eq!((every.interval, every.leader_ttl), (Duration::from_millis(200), Duration::from_secs(1)));
     }

@@ -49,6 +49,8 @@ pub fn is_status(kind: EventKind) -> bool {
         // An operator's pause and resume hold and release the task's own
         // moves; like a resubmit, they are no news of its progress.
         Paused | Resumed => false,
+        // The task had already finished (its end was the news).
+        CallStopped => false,
     }
 }
 

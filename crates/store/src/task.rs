@@ -232,6 +232,10 @@ pub enum EventKind {
     /// An operator resumed the paused task (its detail says who, and why
     /// when given).
     Resumed,
+    /// An agent stopped a step's call in progress because its task had
+    /// finished (cancelled, or ended otherwise): nobody would read the
+    /// reply. Its detail names the agent and the reason; no reply was sent.
+    CallStopped,
 }
 
 impl EventKind {
@@ -259,11 +263,12 @@ impl EventKind {
             EventKind::Callback => "callback",
             EventKind::Paused => "paused",
             EventKind::Resumed => "resumed",
+            EventKind::CallStopped => "call_stopped",
         }
     }
 
     /// Every kind.
-    pub const ALL: [EventKind; 21] = [
+    pub const ALL: [EventKind; 22] = [
         EventKind::Received,
         EventKind::Claimed,
         EventKind::StepStarted,
@@ -285,6 +290,7 @@ impl EventKind {
         EventKind::Callback,
         EventKind::Paused,
         EventKind::Resumed,
+        EventKind::CallStopped,
     ];
 
     /// The kind named `name`, if any.

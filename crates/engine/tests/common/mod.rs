@@ -45,6 +45,25 @@ pub async fn open(backend: Backend, clock: Arc<dyn Clock>) -> Option<TestStore> 
     }
 }
 
+impl TestStore {
+    /// Another store on the same database, as another process would open
+    /// it: on PostgreSQL a second `PgStore` on the same schema (its own
+    /// connections and listener); on SQLite, where one process owns the
+    /// file, the same store.
+    #[allow(dead_code)] // Only the tests of work across processes use it.
+    pub async fn another_process(&self, clock: Arc<dyn Clock>) -> SharedStore {
+        match &self._schema {
+            None => self.store.clone(),
+            Some(schema) => {
+                let mut config = rota_store_postgres::Config::new(schema.url.clone());
+                config.schema = schema.name.clone();
+                config.connections_max = 4;
+                Arc::new(rota_store_postgres::PgStore::open(config, clock).await.expect("open a second PostgreSQL store"))
+            }
+        }
+    }
+}
+
 /// Runs each `async fn $name(backend: Backend)` of the file as two tests.
 #[macro_export]
 macro_rules! on_each_backend {
