@@ -154,6 +154,27 @@ class Leases(unittest.TestCase):
             done = admin().wait(task_id, timeout=60)
         self.assertEqual(done["output"], {"work": {"delivery_count": 1}}, "delivered once: the lease was kept")
 
+    def test_a_step_of_a_cancelled_task_is_abandoned_at_its_next_renewal(self) -> None:
+        worker = Worker(server.url, token=support.WORKER_TOKEN, wait_ms=500, lease_ms=600)
+        started, abandoned = threading.Event(), threading.Event()
+
+        @worker.step("slow")
+        def work(step: Step) -> Json:
+            started.set()
+            if step.abandoned.wait(step.input["sleep_s"]):
+                abandoned.set()
+            return {"finished": True}
+
+        task_id = fresh("cancelled")
+        with running(worker):
+            admin().submit("slow", {"sleep_s": 30}, id=task_id)
+            self.assertTrue(started.wait(20), "the step started")
+            self.assertEqual(admin().cancel(task_id), "cancelled")
+            self.assertTrue(abandoned.wait(20), "the renewal told the worker to stop")
+        stopped = [event for event in admin().history(task_id) if event["kind"] == "call_stopped"]
+        self.assertEqual([(event["step"], event["detail"]["agent"]) for event in stopped], [("work", "slow")])
+        self.assertEqual(admin().status(task_id)["state"], "cancelled")
+
     def test_no_more_steps_run_at_once_than_the_concurrency(self) -> None:
         lock = threading.Lock()
         now, most = 0, 0

@@ -599,7 +599,8 @@ export interface paths {
         /**
          * Answer a request with the step's output.
          * @description Commits the reply together with the request's completion, as a built-in
-         *     agent does. Past the deadline the reply is dropped (410).
+         *     agent does. Past the deadline, or when the task has finished (an
+         *     operator cancelled it), the reply is dropped (410).
          */
         post: operations["complete"];
         delete?: never;
@@ -663,7 +664,9 @@ export interface paths {
         /**
          * Extend the lease of a request being worked on.
          * @description The lease runs to now + `lease_ms`, cut at the step's deadline. Past
-         *     the deadline the request is dropped (410).
+         *     the deadline the request is dropped (410 `deadline_passed`); when the
+         *     task has finished (an operator cancelled it), the call is stopped (410
+         *     `task_finished`).
          */
         post: operations["renew"];
         delete?: never;
@@ -963,7 +966,9 @@ export interface components {
              *     signal, at_risk (a deadline warning: `detail` has its `reason`, `warn_at`,
              *     `complete_by` and `remaining_ms`), callback (`detail.outcome`: `accepted`,
              *     `succeeded` or `failed`), paused and resumed (an operator's: `detail`
-             *     has `by` and `reason`).
+             *     has `by` and `reason`), call_stopped (an agent stopped a call in
+             *     progress because its task had finished: `detail` has `agent` and
+             *     `reason`).
              * @example step_completed
              */
             kind: string;
@@ -4254,7 +4259,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `deadline_passed`: the reply was dropped */
+            /** @description `deadline_passed`: the reply was dropped, or `task_finished`: the task was cancelled (or ended), the reply was dropped and the call recorded as stopped */
             410: {
                 headers: {
                     [name: string]: unknown;
@@ -4374,7 +4379,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `deadline_passed`: the reply was dropped */
+            /** @description `deadline_passed`: the reply was dropped, or `task_finished`: the task was cancelled (or ended), the reply was dropped and the call recorded as stopped */
             410: {
                 headers: {
                     [name: string]: unknown;
@@ -4587,7 +4592,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `deadline_passed`: the request was dropped; stop and send nothing */
+            /** @description `deadline_passed`: the request was dropped, or `task_finished`: the task was cancelled (or ended) and the call is stopped; stop and send nothing */
             410: {
                 headers: {
                     [name: string]: unknown;

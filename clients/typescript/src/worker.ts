@@ -9,9 +9,11 @@
  * passes the step's deadline); retries a `Retryable` fault (or any other
  * error) with the request's retry policy inside the deadline, then fails the
  * attempt as retryable; fails a `Permanent` fault at once; completes the
- * step with what `fn` returns (any JSON value). Past the deadline, or once
- * the lease is lost (409 `lease_lost`, 410 `deadline_passed`), it sends
- * nothing and aborts `step.signal`: `fn` runs on, its result ignored.
+ * step with what `fn` returns (any JSON value). Past the deadline, once
+ * the lease is lost (409 `lease_lost`, 410 `deadline_passed`), or once the
+ * task was cancelled (410 `task_finished`, answered to the next renewal; the
+ * task's history says the call was stopped), it sends nothing and aborts
+ * `step.signal`: `fn` runs on, its result ignored.
  *
  * At most `concurrency` steps of each agent run at once. `run()` serves
  * until SIGTERM or SIGINT (or `stop()`): it asks for no more requests, lets
@@ -295,7 +297,8 @@ export class Worker {
       } catch (error) {
         if (error instanceof ApiError) {
           // 409 lease_lost: the request is someone else's now; 410
-          // deadline_passed: rota dropped it. Either way: drop the work.
+          // deadline_passed or task_finished (a cancel): rota dropped it.
+          // Either way: drop the work.
           step.abandon();
           this.log(`${step}: renewal refused (${error.code}); work dropped`);
           return;

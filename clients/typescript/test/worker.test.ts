@@ -113,6 +113,35 @@ describe("leases", () => {
     assert.deepEqual(done.output, { work: { delivery_count: 1 } }, "delivered once: the lease was kept");
   });
 
+  test("a step of a cancelled task is abandoned at its next renewal", async () => {
+    const worker = new Worker({ url: server.url, token: WORKER_TOKEN, waitMs: 500, leaseMs: 600, log: quiet });
+    let started!: () => void;
+    const running_ = new Promise<void>((resolve) => (started = resolve));
+    let abandoned = false;
+    worker.step<{ sleep_ms: number }>("slow", async (step) => {
+      started();
+      await sleep(step.input.sleep_ms, undefined, { signal: step.signal }).catch(() => {
+        abandoned = true;
+      });
+      return { finished: true };
+    });
+    const id = fresh("cancelled");
+    await running(worker, async () => {
+      await admin().submit("slow", { sleep_ms: 30_000 }, { id });
+      await running_;
+      assert.equal(await admin().cancel(id), "cancelled");
+      const since = Date.now();
+      while (!abandoned && Date.now() - since < 20_000) await sleep(20);
+    });
+    assert.ok(abandoned, "the renewal told the worker to stop");
+    const stopped = (await admin().history(id)).filter((event) => event.kind === "call_stopped");
+    assert.deepEqual(
+      stopped.map((event) => [event.step, (event.detail as { agent: string }).agent]),
+      [["work", "slow"]],
+    );
+    assert.equal((await admin().status(id)).state, "cancelled");
+  });
+
   test("no more steps run at once than the concurrency", async () => {
     let now = 0;
     let most = 0;

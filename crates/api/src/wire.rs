@@ -423,7 +423,9 @@ pub struct EventView {
     /// signal, at_risk (a deadline warning: `detail` has its `reason`, `warn_at`,
     /// `complete_by` and `remaining_ms`), callback (`detail.outcome`: `accepted`,
     /// `succeeded` or `failed`), paused and resumed (an operator's: `detail`
-    /// has `by` and `reason`).
+    /// has `by` and `reason`), call_stopped (an agent stopped a call in
+    /// progress because its task had finished: `detail` has `agent` and
+    /// `reason`).
     #[schema(example = "step_completed")]
     pub kind: String,
     /// The step concerned, if any.
@@ -906,7 +908,7 @@ pub struct EventsQuery {
     pub workflow: Option<String>,
     /// Only events of these kinds, comma-separated (`step_completed,processed`).
     #[param(
-        pattern = r"^(received|claimed|step_started|step_completed|step_skipped|step_failed|expired|processed|error|compensation_started|step_compensated|compensated|cancelled|resubmitted|released|alert|signal|at_risk|callback|paused|resumed)(,(received|claimed|step_started|step_completed|step_skipped|step_failed|expired|processed|error|compensation_started|step_compensated|compensated|cancelled|resubmitted|released|alert|signal|at_risk|callback|paused|resumed))*$"
+        pattern = r"^(received|claimed|step_started|step_completed|step_skipped|step_failed|expired|processed|error|compensation_started|step_compensated|compensated|cancelled|resubmitted|released|alert|signal|at_risk|callback|paused|resumed|call_stopped)(,(received|claimed|step_started|step_completed|step_skipped|step_failed|expired|processed|error|compensation_started|step_compensated|compensated|cancelled|resubmitted|released|alert|signal|at_risk|callback|paused|resumed|call_stopped))*$"
     )]
     pub kind: Option<String>,
     /// Start after this event seq (as `Last-Event-ID` does; the header wins).

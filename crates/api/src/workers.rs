@@ -14,6 +14,11 @@
 //!   deadline the reply is dropped (the request is consumed silently) and
 //!   the worker gets 410 `deadline_passed`; a lease that ran out or was
 //!   taken over is 409 `lease_lost`.
+//! - A renew or a reply for a task that has finished meanwhile (an
+//!   operator cancelled it) stops the call as a built-in agent's is
+//!   stopped: the request is consumed without a reply, a `call_stopped`
+//!   event is recorded ([`rota_engine::agent_worker::commit_stop`]), and
+//!   the worker gets 410 `task_finished`: stop and send nothing.
 //!
 //! The lease token handed to a worker is the store's lease together with
 //! what the reply needs (task, step, attempt, compensate, reply queue,
@@ -253,6 +258,32 @@ fn deadline_passed(claims: &Claims) -> ApiError {
     )
 }
 
+/// 410 `task_finished`.
+fn task_finished(claims: &Claims, reason: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::GONE,
+        "task_finished",
+        format!(
+            "task {} step {} attempt {}: {reason}; the call is stopped and the request dropped without a reply: stop and send nothing",
+            claims.t, claims.s, claims.a
+        ),
+    )
+}
+
+/// Stops the call when its task has finished (a cancel): consumes the
+/// request without a reply and records it, as a built-in agent does, and
+/// answers 410 `task_finished`. A task still going on passes.
+async fn stop_if_finished(state: &ApiState, agent: &AgentName, queue: &QueueName, claims: &Claims) -> ApiResult<()> {
+    let task = state.store().task(&claims.t).await.map_err(|err| ApiError::store("read the request's task", err))?;
+    let Some(reason) = agent_worker::stop_reason(task.as_ref().map(|record| &record.task)) else { return Ok(()) };
+    let now = state.clock().now();
+    match agent_worker::commit_stop(state.store(), queue, claims.lease(), &claims.address(), agent.as_str(), &reason, now).await {
+        Ok(()) => Err(task_finished(claims, &reason)),
+        Err(rota_store::Error::LeaseLost(_)) => Err(lease_lost(claims)),
+        Err(err) => Err(ApiError::store("stop a call of a finished task", err)),
+    }
+}
+
 /// The agent from the path: one of the configured remote agents, and its queue.
 fn remote_agent(state: &ApiState, raw: String) -> ApiResult<(AgentName, QueueName)> {
     let agent = AgentName::new(raw).map_err(|err| ApiError::invalid_path("agent", err))?;
@@ -398,7 +429,9 @@ fn work_request(state: &ApiState, delivery: &Delivery, request: StepRequest) -> 
 /// Extend the lease of a request being worked on.
 ///
 /// The lease runs to now + `lease_ms`, cut at the step's deadline. Past
-/// the deadline the request is dropped (410).
+/// the deadline the request is dropped (410 `deadline_passed`); when the
+/// task has finished (an operator cancelled it), the call is stopped (410
+/// `task_finished`).
 #[utoipa::path(
     post, path = "/v1/workers/{agent}/renew", tag = "workers", params(AgentPath), request_body = RenewRequest,
     responses(
@@ -408,7 +441,7 @@ fn work_request(state: &ApiState, delivery: &Delivery, request: StepRequest) -> 
         (status = 404, description = "Not a remote agent of this server", body = ErrorBody),
         (status = 415, description = "Not JSON", body = ErrorBody),
         (status = 409, description = "`lease_lost`: the lease ran out or was taken over; drop the work", body = ErrorBody),
-        (status = 410, description = "`deadline_passed`: the request was dropped; stop and send nothing", body = ErrorBody),
+        (status = 410, description = "`deadline_passed`: the request was dropped, or `task_finished`: the task was cancelled (or ended) and the call is stopped; stop and send nothing", body = ErrorBody),
         (status = 422, description = "`invalid_lease_token`, or lease_ms out of bounds", body = ErrorBody),
     ),
     security(("bearer" = []))
@@ -418,7 +451,7 @@ pub async fn renew(
     ApiPath(AgentPath { agent }): ApiPath<AgentPath>,
     ApiJson(request): ApiJson<RenewRequest>,
 ) -> ApiResult<Json<RenewResponse>> {
-    let (_agent, queue) = remote_agent(&state, agent)?;
+    let (agent, queue) = remote_agent(&state, agent)?;
     let claims = claims(&state, &queue, &request.lease_token)?;
     let asked = match request.lease_ms {
         None => state.config().workers.lease,
@@ -436,6 +469,7 @@ pub async fn renew(
         drop_request(&state, &queue, claims.lease()).await?;
         return Err(deadline_passed(&claims));
     }
+    stop_if_finished(&state, &agent, &queue, &claims).await?;
     match state.store().renew(&queue, claims.lease(), Some(asked.min(left))).await {
         Ok(until) => Ok(Json(RenewResponse { lease_until: until.as_millis() })),
         Err(rota_store::Error::LeaseLost(_)) => Err(lease_lost(&claims)),
@@ -446,7 +480,8 @@ pub async fn renew(
 /// Answer a request with the step's output.
 ///
 /// Commits the reply together with the request's completion, as a built-in
-/// agent does. Past the deadline the reply is dropped (410).
+/// agent does. Past the deadline, or when the task has finished (an
+/// operator cancelled it), the reply is dropped (410).
 #[utoipa::path(
     post, path = "/v1/workers/{agent}/complete", tag = "workers", params(AgentPath), request_body = CompleteRequest,
     responses(
@@ -456,7 +491,7 @@ pub async fn renew(
         (status = 404, description = "Not a remote agent of this server", body = ErrorBody),
         (status = 415, description = "Not JSON", body = ErrorBody),
         (status = 409, description = "`lease_lost`: the lease ran out or was taken over; the reply was not sent", body = ErrorBody),
-        (status = 410, description = "`deadline_passed`: the reply was dropped", body = ErrorBody),
+        (status = 410, description = "`deadline_passed`: the reply was dropped, or `task_finished`: the task was cancelled (or ended), the reply was dropped and the call recorded as stopped", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
         (status = 422, description = "`invalid_lease_token`, or an output the store refuses", body = ErrorBody),
     ),
@@ -467,9 +502,9 @@ pub async fn complete(
     ApiPath(AgentPath { agent }): ApiPath<AgentPath>,
     ApiJson(request): ApiJson<CompleteRequest>,
 ) -> ApiResult<Json<ReplyView>> {
-    let (_agent, queue) = remote_agent(&state, agent)?;
+    let (agent, queue) = remote_agent(&state, agent)?;
     let claims = claims(&state, &queue, &request.lease_token)?;
-    reply(&state, &queue, &claims, ReplyOutcome::Succeeded { output: request.output }).await
+    reply(&state, &agent, &queue, &claims, ReplyOutcome::Succeeded { output: request.output }).await
 }
 
 /// Answer a request with a failure: transient (`retryable: true`, the step
@@ -484,7 +519,7 @@ pub async fn complete(
         (status = 404, description = "Not a remote agent of this server", body = ErrorBody),
         (status = 415, description = "Not JSON", body = ErrorBody),
         (status = 409, description = "`lease_lost`: the lease ran out or was taken over; the reply was not sent", body = ErrorBody),
-        (status = 410, description = "`deadline_passed`: the reply was dropped", body = ErrorBody),
+        (status = 410, description = "`deadline_passed`: the reply was dropped, or `task_finished`: the task was cancelled (or ended), the reply was dropped and the call recorded as stopped", body = ErrorBody),
         (status = 422, description = "`invalid_lease_token`, or an empty message", body = ErrorBody),
     ),
     security(("bearer" = []))
@@ -494,22 +529,29 @@ pub async fn fail(
     ApiPath(AgentPath { agent }): ApiPath<AgentPath>,
     ApiJson(request): ApiJson<FailRequest>,
 ) -> ApiResult<Json<ReplyView>> {
-    let (_agent, queue) = remote_agent(&state, agent)?;
+    let (agent, queue) = remote_agent(&state, agent)?;
     let claims = claims(&state, &queue, &request.lease_token)?;
     if request.message.trim().is_empty() {
         return Err(ApiError::invalid_body("message: must say what went wrong"));
     }
     let outcome = ReplyOutcome::Failed { error: request.message, retryable: request.retryable };
-    reply(&state, &queue, &claims, outcome).await
+    reply(&state, &agent, &queue, &claims, outcome).await
 }
 
 /// Commits the reply with the request's completion (the engine's code), or
-/// drops it past the deadline.
-async fn reply(state: &ApiState, queue: &QueueName, claims: &Claims, outcome: ReplyOutcome) -> ApiResult<Json<ReplyView>> {
+/// drops it past the deadline or when the task has finished.
+async fn reply(
+    state: &ApiState,
+    agent: &AgentName,
+    queue: &QueueName,
+    claims: &Claims,
+    outcome: ReplyOutcome,
+) -> ApiResult<Json<ReplyView>> {
     if agent_worker::too_late(claims.complete_by(), state.clock().now()) {
         drop_request(state, queue, claims.lease()).await?;
         return Err(deadline_passed(claims));
     }
+    stop_if_finished(state, agent, queue, claims).await?;
     let status = match &outcome {
         ReplyOutcome::Succeeded { .. } => "succeeded",
         ReplyOutcome::Failed { .. } => "failed",

@@ -60,6 +60,14 @@ fn hurry() -> Workflow {
         .unwrap()
 }
 
+/// One step without a compensation and a long deadline.
+fn long() -> Workflow {
+    Workflow::builder("long", 1)
+        .step(StepDef::new("only", AGENT).with_input(json!({ "n": 1 })).timeout(Duration::from_secs(120)))
+        .build(&catalog())
+        .unwrap()
+}
+
 fn workers(lease: Duration) -> WorkerConfig {
     WorkerConfig { remote_agents: vec![AgentName::new(AGENT).unwrap(), AgentName::new("other").unwrap()], lease, ..WorkerConfig::default() }
 }
@@ -71,7 +79,7 @@ async fn server(lease: Duration) -> Server {
         token(WORKER_TOKEN, Scope::Agent { queues: vec![QueueName::new(format!("agent.{AGENT}")).unwrap()] }),
     ])
     .unwrap();
-    let options = Options { auth, workers: workers(lease), workflows: vec![pay(), pay_undo(), hurry()], ..Options::default() };
+    let options = Options { auth, workers: workers(lease), workflows: vec![pay(), pay_undo(), hurry(), long()], ..Options::default() };
     let mut server = start(options).await;
     server.token = Some(ADMIN_TOKEN.to_owned());
     server
@@ -241,6 +249,65 @@ async fn a_reply_after_the_deadline_is_dropped_and_the_step_is_tried_again() {
     assert_eq!(answered.status, StatusCode::OK, "{}", answered.text);
     let done = server.wait_terminal("h-1").await;
     assert_eq!((done["state"].as_str(), &done["output"]["only"]), (Some("processed"), &json!({ "late": false })));
+}
+
+/// The `call_stopped` events of a task's history.
+async fn stopped_calls(server: &Server, id: &str) -> Vec<Value> {
+    let history = server.get(&format!("/v1/tasks/{id}/history")).await.body;
+    history.as_array().unwrap().iter().filter(|e| e["kind"] == "call_stopped").cloned().collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_learns_of_a_cancel_on_its_next_renew_or_reply() {
+    let server = server(Duration::from_secs(30)).await;
+    submit(&server, "long", "c-1", json!({})).await;
+    submit(&server, "long", "c-2", json!({})).await;
+    let mut requests = [receive_one(&server, WORKER_TOKEN).await, receive_one(&server, WORKER_TOKEN).await];
+    requests.sort_by_key(|r| r["task_id"].as_str().unwrap().to_owned());
+    let [renewing, replying] = [&requests[0], &requests[1]];
+    for id in ["c-1", "c-2"] {
+        let cancelled = server.post_json(&format!("/v1/tasks/{id}/cancel"), &json!({})).await;
+        assert_eq!(cancelled.status, StatusCode::OK, "{}", cancelled.text);
+    }
+
+    // The renew stops the call: the request is consumed without a reply.
+    let reason = call(&server, "renew", json!({ "lease_token": renewing["lease_token"] })).await.assert_error(410, "task_finished");
+    assert!(reason.contains("c-1") && reason.contains("the task was cancelled"), "{reason}");
+    call(&server, "complete", json!({ "lease_token": renewing["lease_token"], "output": 1 })).await.assert_error(409, "lease_lost");
+    // So does a reply: it is dropped.
+    let reason =
+        call(&server, "complete", json!({ "lease_token": replying["lease_token"], "output": 1 })).await.assert_error(410, "task_finished");
+    assert!(reason.contains("c-2"), "{reason}");
+
+    for id in ["c-1", "c-2"] {
+        let stopped = stopped_calls(&server, id).await;
+        assert_eq!(stopped.len(), 1, "{stopped:?}");
+        assert_eq!((stopped[0]["step"].as_str(), stopped[0]["attempt"].as_u64()), (Some("only"), Some(1)));
+        assert_eq!(stopped[0]["detail"], json!({ "agent": AGENT, "reason": "the task was cancelled", "compensate": false }));
+        let task = server.get(&format!("/v1/tasks/{id}")).await.body;
+        assert_eq!(task["state"], "cancelled", "{task}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_of_a_task_being_undone_goes_on() {
+    // Cancelling `pay` while `reserve` (which has a compensation) runs undoes
+    // the task: its compensation waits for the call's reply, so the call is
+    // not stopped.
+    let server = server(Duration::from_secs(30)).await;
+    submit(&server, "pay", "u-1", json!({ "amount": 5, "card": "ok", "flaky": false, "slow_ms": 0 })).await;
+    let reserve = receive_one(&server, WORKER_TOKEN).await;
+    let cancelled = server.post_json("/v1/tasks/u-1/cancel", &json!({})).await;
+    assert_eq!(cancelled.status, StatusCode::OK, "{}", cancelled.text);
+    assert_eq!(server.get("/v1/tasks/u-1").await.body["state"], "compensating");
+    let renewed = call(&server, "renew", json!({ "lease_token": reserve["lease_token"] })).await;
+    assert_eq!(renewed.status, StatusCode::OK, "{}", renewed.text);
+    let answered = call(&server, "complete", json!({ "lease_token": reserve["lease_token"], "output": { "key": "hold-1" } })).await;
+    assert_eq!(answered.status, StatusCode::OK, "{}", answered.text);
+    let undo = receive_one(&server, WORKER_TOKEN).await;
+    assert_eq!((undo["step"].as_str(), undo["compensate"].as_bool()), (Some("reserve"), Some(true)), "{undo}");
+    assert_eq!(undo["input"]["hold"], "hold-1", "the compensation got the reply of the call that went on");
+    assert!(stopped_calls(&server, "u-1").await.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

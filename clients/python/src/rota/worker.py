@@ -12,8 +12,10 @@ workflows send to that (remote) agent. For each step request the worker:
   (the task ends in ``error`` or compensates);
 - completes the step with the function's return value (any JSON value);
 - once the deadline has passed, or the lease was lost (``409 lease_lost``,
-  ``410 deadline_passed``), stops and sends nothing: rota has given the
-  request to someone else or given up on this attempt. The function cannot
+  ``410 deadline_passed``), or the task was cancelled (``410
+  task_finished``, answered to the next renewal), stops and sends nothing:
+  rota has given the request to someone else or given up on this attempt
+  (a cancelled task's history says the call was stopped). The function cannot
   be killed: it runs on, its result ignored, and ``Step.abandoned`` is set
   so that a function that looks can stop early.
 
@@ -365,7 +367,8 @@ class Worker:
                 renew_at = _renewal_due(lease_until)
             except ApiError as error:
                 # 409 lease_lost: the request is someone else's now; 410
-                # deadline_passed: rota dropped it. Either way: drop the work.
+                # deadline_passed or task_finished (a cancel): rota dropped
+                # it. Either way: drop the work.
                 step.abandoned.set()
                 log.warning("%s: renewal refused (%s); work dropped", step, error.code)
                 return
