@@ -531,7 +531,7 @@ function dag(steps, stepStates) {
 // ended, drawn on one time axis with the step's and the task's complete-by.
 function attempts(task, history) {
   const byAttempt = new Map();
-  const outcome = { step_completed: 'replied', step_failed: 'failed', expired: 'timed out', step_compensated: 'compensated' };
+  const outcome = { step_completed: 'replied', step_failed: 'failed', expired: 'timed out', step_compensated: 'compensated', call_stopped: 'stopped' };
   for (const event of history) {
     if (!event.step) continue;
     const key = `${event.step}#${event.attempt ?? 0}`;
