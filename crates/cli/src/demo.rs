@@ -20,11 +20,17 @@
 //! is settled as failed and not compensated, though the service may have
 //! applied it (late, or with its answer lost).
 //!
-//! Deliberately left out: any flag beyond the size, the seed, the pace and
-//! where to keep the store. The fault rates are fixed (see
-//! [`service::Faults`]) so that most orders are processed, some are
-//! compensated, and a few are left for an operator.
+//! With `--chaos` ([`chaos`]) every role runs as its own `rota` process
+//! instead, on SQLite or PostgreSQL, while role processes are SIGKILLed and
+//! (on PostgreSQL) the database's connections are stalled, cut or the
+//! server restarted, for `--duration`; the same table and checks follow.
+//!
+//! Deliberately left out: any flag beyond the size, the seed, the pace,
+//! where to keep the store and the chaos settings. The fault rates are
+//! fixed (see [`service::Faults`]) so that most orders are processed, some
+//! are compensated, and a few are left for an operator.
 
+mod chaos;
 mod report;
 mod service;
 
@@ -62,11 +68,14 @@ const AGENT_DOWN_FOR: Duration = Duration::from_secs(1);
 /// How often progress is shown when stderr is not a terminal.
 const PLAIN_PROGRESS_EVERY: Duration = Duration::from_secs(2);
 
+/// Orders submitted per second unless `--rate` says otherwise.
+const RATE_DEFAULT: u32 = 50;
+
 /// Arguments of `rota demo`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// How many orders to submit.
-    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    /// How many orders to submit (with --chaos: --rate orders a second for --duration).
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u32).range(1..=100_000), conflicts_with = "chaos")]
     orders: u32,
 
     /// The seed of the orders and of the service's faults.
@@ -78,17 +87,21 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     keep: Option<PathBuf>,
 
-    /// Orders submitted per second.
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    rate: u32,
+    /// Orders submitted per second [default: 50; 10 with --chaos].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    rate: Option<u32>,
 
     /// How long the run may take before the demo fails.
-    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration, conflicts_with = "chaos")]
     timeout: Duration,
+
+    #[command(flatten)]
+    chaos: chaos::ChaosArgs,
 }
 
-/// Runs the demo: exit 0 when every check passed, 1 otherwise.
-pub fn run(args: Args) -> ExitCode {
+/// Runs the demo (on `store_url` with `--chaos`, when it names a
+/// PostgreSQL database): exit 0 when every check passed, 1 otherwise.
+pub fn run(args: Args, store_url: &str) -> ExitCode {
     crate::init_tracing();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
@@ -97,7 +110,7 @@ pub fn run(args: Args) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(demo(args));
+    let result = if args.chaos.chaos { runtime.block_on(chaos::run(args, store_url)) } else { runtime.block_on(demo(args)) };
     // Requests the service is still holding (hung on purpose) are cut here.
     runtime.shutdown_timeout(Duration::from_millis(200));
     match result {
@@ -191,6 +204,66 @@ pub fn order_workflow(base: &str) -> anyhow::Result<Workflow> {
         ))
         .build(&AgentCatalog::builtin())
         .map_err(|problems| anyhow::anyhow!("the demo's workflow is invalid: {problems}"))
+}
+
+/// The order workflow as a definition file (JSON), for `rota` processes
+/// that load it with `--workflows`: the same workflow as
+/// [`order_workflow`] (a test checks that they agree).
+pub fn order_definition(base: &str) -> Value {
+    let call = |path: &str, body: Value| json!({ "method": "POST", "url": format!("{base}/{path}"), "body": body });
+    let undo = |path: &str| json!({ "agent": "http", "with": call(path, json!({ "order": "{{ input.order_id }}" })) });
+    let step = |name: &str, body: Value, compensate: Option<Value>| {
+        let mut step = json!({
+            "name": name,
+            "agent": "http",
+            "with": call(name, body),
+            "timeout": humantime::format_duration(STEP_TIMEOUT).to_string(),
+            "retry": { "attempts": 3, "backoff": "50ms", "max_backoff": "500ms" },
+        });
+        if let Some(compensate) = compensate {
+            step["compensate"] = compensate;
+        }
+        step
+    };
+    json!({
+        "name": WORKFLOW,
+        "version": 1,
+        "deadline": humantime::format_duration(TASK_DEADLINE).to_string(),
+        "on_exhausted": "compensate",
+        "max_failures": 3,
+        "steps": [
+            step("reserve", json!({ "order": "{{ input.order_id }}" }), Some(undo("release"))),
+            step(
+                "charge",
+                json!({
+                    "order": "{{ input.order_id }}",
+                    "amount": "{{ input.amount }}",
+                    "card": "{{ input.card }}",
+                    "hold": "{{ steps.reserve.output.hold_id }}",
+                }),
+                Some(undo("refund")),
+            ),
+            step(
+                "ship",
+                json!({
+                    "order": "{{ input.order_id }}",
+                    "hold": "{{ steps.reserve.output.hold_id }}",
+                    "address": "{{ input.address }}",
+                }),
+                None,
+            ),
+            step(
+                "notify",
+                json!({
+                    "order": "{{ input.order_id }}",
+                    "email": "{{ input.email }}",
+                    "charge": "{{ steps.charge.output.charge_id }}",
+                    "tracking": "{{ steps.ship.output.tracking }}",
+                }),
+                None,
+            ),
+        ],
+    })
 }
 
 /// The orders: ids `order-0001`…, with a few declined cards, undeliverable
@@ -353,7 +426,7 @@ async fn demo(args: Args) -> anyhow::Result<bool> {
         Arc::new(SqliteStore::open(StoreConfig::new(&db), clock.clone()).with_context(|| format!("cannot open {}", db.display()))?);
     let service = start_service(&args, &db).await?;
     let mut roles = start_roles(&store, &clock, args.seed, order_workflow(&service.base)?).await?;
-    let submitter = submit(roles.client.clone(), orders(args.seed, args.orders), args.rate);
+    let submitter = submit(roles.client.clone(), orders(args.seed, args.orders), args.rate.unwrap_or(RATE_DEFAULT));
 
     let mut watch = Watch {
         args: &args,
@@ -385,26 +458,39 @@ async fn demo(args: Args) -> anyhow::Result<bool> {
 /// The simulated payment service, running.
 struct RunningService {
     service: Arc<Service>,
+    faults: Faults,
     base: String,
     server: JoinHandle<()>,
 }
 
-/// Starts the payment service with the demo's fault rates and says what
-/// the run will do.
+impl RunningService {
+    /// Starts the payment service with the demo's fault rates.
+    async fn start(seed: u64) -> anyhow::Result<RunningService> {
+        let faults = Faults { unavailable: 0.08, late: 0.015, lost: 0.015, hang: Duration::from_millis(1_500) };
+        let service = Service::new(seed, faults.clone());
+        let (addr, server) = service.start().await.context("cannot start the simulated payment service")?;
+        Ok(RunningService { service, faults, base: format!("http://{addr}"), server })
+    }
+
+    /// What the service does, in one line.
+    fn describe(&self) -> String {
+        format!(
+            "payment service on {}: {:.0}% of requests answer 503, {:.1}% hang past the step timeout then apply late, \
+             {:.1}% apply then answer too late; cards ending {DECLINED_CARD_SUFFIX} are declined",
+            self.base,
+            self.faults.unavailable * 100.0,
+            self.faults.late * 100.0,
+            self.faults.lost * 100.0
+        )
+    }
+}
+
+/// Starts the payment service and says what the run will do.
 async fn start_service(args: &Args, db: &std::path::Path) -> anyhow::Result<RunningService> {
-    let faults = Faults { unavailable: 0.08, late: 0.015, lost: 0.015, hang: Duration::from_millis(1_500) };
-    let service = Service::new(args.seed, faults.clone());
-    let (addr, server) = service.start().await.context("cannot start the simulated payment service")?;
-    let base = format!("http://{addr}");
+    let service = RunningService::start(args.seed).await?;
     println!("rota demo: {} orders, seed {}, store {}", args.orders, args.seed, db.display());
-    println!(
-        "payment service on {base}: {:.0}% of requests answer 503, {:.1}% hang past the step timeout then apply late, \
-         {:.1}% apply then answer too late; cards ending {DECLINED_CARD_SUFFIX} are declined",
-        faults.unavailable * 100.0,
-        faults.late * 100.0,
-        faults.lost * 100.0
-    );
-    Ok(RunningService { service, base, server })
+    println!("{}", service.describe());
+    Ok(service)
 }
 
 /// The demo's engines: a Scheduler and a Supervisor in one, the `http`
@@ -578,5 +664,13 @@ mod tests {
         let declined = a.iter().filter(|(_, input)| input["card"].as_str().unwrap().ends_with(DECLINED_CARD_SUFFIX)).count();
         assert!((2..25).contains(&declined), "{declined}");
         assert!(a.iter().all(|(_, input)| input["card"].as_str().unwrap().len() == 16));
+    }
+
+    #[test]
+    fn the_definition_file_is_the_same_workflow() {
+        let base = "http://127.0.0.1:1";
+        let text = serde_json::to_string_pretty(&order_definition(base)).unwrap();
+        let parsed = rota_workflow::parse("order.json", &text, &AgentCatalog::builtin()).unwrap();
+        assert_eq!(parsed.to_json(), order_workflow(base).unwrap().to_json());
     }
 }

@@ -177,7 +177,7 @@ fn main() -> ExitCode {
     let store = StoreArgs { url: cli.store_url, durability: cli.durability, server };
     let result = match cli.command {
         Command::Bench(args) => return bench::run(args, &store),
-        Command::Demo(args) => return demo::run(args),
+        Command::Demo(args) => return demo::run(args, &store.url),
         Command::Serve(args) => {
             let trace = args.process.trace.clone();
             run_server(serve::run(store, args.into()), &trace)

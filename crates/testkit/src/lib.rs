@@ -1,4 +1,5 @@
-//! Test support shared by rota's test suites (dev only).
+//! Test support shared by rota's test suites, and the fault-injecting TCP
+//! proxy ([`proxy`]) that `rota demo --chaos` also runs.
 //!
 //! Tests that need PostgreSQL read its URL from `ROTA_TEST_POSTGRES_URL`
 //! (`.ci/run` sets it and starts the server). Without it they print one

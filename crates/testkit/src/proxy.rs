@@ -1,4 +1,4 @@
-//! A fault-injecting TCP proxy for tests: put it between rota and its
+//! A fault-injecting TCP proxy for tests and `rota demo --chaos`: put it between rota and its
 //! database and switch it, at any moment, between passing bytes, stalling
 //! every connection (bytes are held, connections stay open: a database
 //! that hangs) and cutting them (open connections are closed, new ones are

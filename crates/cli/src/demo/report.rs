@@ -44,6 +44,8 @@ pub struct Report {
     out_of_order: Vec<String>,
     /// Orders whose ledger at the service disagrees with how their task ended.
     mismatches: Vec<String>,
+    /// Checks of the run itself (`--chaos`): label, figure, passed.
+    run_checks: Vec<(String, String, bool)>,
 }
 
 /// Reads everything the table needs.
@@ -174,18 +176,24 @@ fn describe(ledger: &service::OrderLedger) -> String {
     if applied.is_empty() { "nothing applied".into() } else { applied.join(", ") }
 }
 
-/// A reason without the service's address and attempt numbers, so that
-/// reasons group.
+/// A reason without the service's address, attempt numbers and times, so
+/// that reasons group.
 fn shorten(reason: &str, base: &str) -> String {
     let reason = reason.replace(base, "");
-    let mut out = String::with_capacity(reason.len());
-    let mut rest = reason.as_str();
-    while let Some(at) = rest.find("attempt ") {
-        let (head, tail) = rest.split_at(at + "attempt ".len());
+    let reason = numbers_after(&reason, "attempt ", "N");
+    numbers_after(&reason, "passed at ", "T")
+}
+
+/// `text` with the number after each `prefix` replaced by `placeholder`.
+fn numbers_after(text: &str, prefix: &str, placeholder: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(prefix) {
+        let (head, tail) = rest.split_at(at + prefix.len());
         out.push_str(head);
         let digits = tail.chars().take_while(char::is_ascii_digit).count();
         if digits > 0 {
-            out.push('N');
+            out.push_str(placeholder);
         }
         rest = &tail[digits..];
     }
@@ -201,6 +209,12 @@ impl Report {
             && self.completed_twice.is_empty()
             && self.out_of_order.is_empty()
             && self.mismatches.is_empty()
+            && self.run_checks.iter().all(|(_, _, passed)| *passed)
+    }
+
+    /// Adds a check of the run itself to the table and the verdict.
+    pub fn add_check(&mut self, label: impl Into<String>, figure: impl Into<String>, passed: bool) {
+        self.run_checks.push((label.into(), figure.into(), passed));
     }
 
     fn count(&self, state: TaskState) -> u32 {
@@ -273,6 +287,9 @@ impl Report {
             self.mismatches.len().to_string(),
             ok(self.mismatches.is_empty()),
         );
+        for (label, figure, passed) in &self.run_checks {
+            row(&mut out, label, figure.clone(), ok(*passed));
+        }
         for problem in self.completed_twice.iter().chain(&self.out_of_order).chain(&self.mismatches).take(20) {
             let _ = writeln!(out, "    {problem}");
         }
@@ -296,5 +313,6 @@ mod tests {
             shorten("step notify attempt 3 got no reply; POST http://127.0.0.1:4000/notify: 503", "http://127.0.0.1:4000"),
             "step notify attempt N got no reply; POST /notify: 503"
         );
+        assert_eq!(shorten("complete-by passed at 1795830722312 (failure 3 of 3)", ""), "complete-by passed at T (failure 3 of 3)");
     }
 }
