@@ -260,6 +260,10 @@ async fn invalid_submissions_are_4xx_naming_the_problem() {
     let reason =
         server.post_json("/v1/tasks", &json!({ "workflow": "quick", "reply_queue": "a b" })).await.assert_error(422, "invalid_body");
     assert!(reason.starts_with("reply_queue:"), "{reason}");
+    // An input past the client's bound (under the body limit of 1 MiB).
+    let big = json!({ "workflow": "quick", "id": "big", "input": { "blob": "x".repeat(rota_engine::client::INPUT_BYTES_MAX_DEFAULT) } });
+    let reason = server.post_json("/v1/tasks", &big).await.assert_error(422, "invalid_body");
+    assert!(reason.starts_with("input: is ") && reason.contains("(input_bytes_max)"), "{reason}");
     let reason =
         server.post_json("/v1/tasks", &json!({ "workflow": "quick", "reply_queue": "agent.x" })).await.assert_error(422, "invalid_body");
     assert!(reason.starts_with("reply_queue: \"agent.x\" is reserved"), "{reason}");

@@ -74,6 +74,11 @@ pub struct ListenArgs {
     /// token is configured (anyone who reaches the port may do everything).
     #[arg(long)]
     pub insecure_no_auth: bool,
+    /// The largest task input (and schedule input) a submission may carry,
+    /// in bytes of JSON; a larger one is refused with 422. At most 262144,
+    /// the limit of a step request, which carries the rendered input.
+    #[arg(long, value_name = "BYTES", default_value_t = rota_engine::client::INPUT_BYTES_MAX_DEFAULT)]
+    pub input_bytes_max: usize,
 }
 
 impl ListenArgs {
@@ -210,11 +215,13 @@ pub struct Args {
 /// a `rota serve` or `rota scheduler` somewhere does the work.
 pub async fn run(store_args: StoreArgs, args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(!args.listen.is_off(), "--listen {LISTEN_NONE}: `rota api` serves only the API; give it an address");
+    rota_engine::client::check_input_bytes_max(args.listen.input_bytes_max).map_err(|why| anyhow!("--input-bytes-max {why}"))?;
     let mut signals = Signals::new()?;
     let listening = bind(&args.listen, &args.remote).await?;
     let store = store_args.open().await?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let client = Client::new(store.clone(), clock.clone(), Workflows::new(store.clone()), None);
+    let client =
+        Client::new(store.clone(), clock.clone(), Workflows::new(store.clone()), None).with_input_bytes_max(args.listen.input_bytes_max);
     info!("rota api started: store {}", redacted(&store_args.url));
     let shutdown = Shutdown::new();
     let mut serving = tokio::spawn(listening.serve(store, client, clock, shutdown.clone()));
@@ -411,8 +418,12 @@ mod tests {
         if secret_env(TOKEN_ENV).is_some() || secret_env(WORKER_KEY_ENV).is_some() {
             return;
         }
-        let args =
-            |listen: &str, insecure: bool| ListenArgs { listen: Some(listen.to_owned()), auth_file: None, insecure_no_auth: insecure };
+        let args = |listen: &str, insecure: bool| ListenArgs {
+            listen: Some(listen.to_owned()),
+            auth_file: None,
+            insecure_no_auth: insecure,
+            input_bytes_max: rota_engine::client::INPUT_BYTES_MAX_DEFAULT,
+        };
         let no_remote = RemoteAgentArgs::default();
         let bound = bind(&args("127.0.0.1:0", false), &no_remote).await.unwrap();
         assert!(bound.address.ip().is_loopback() && bound.address.port() != 0);
@@ -427,7 +438,12 @@ mod tests {
         let err = bind(&args(&taken, false), &no_remote).await.err().unwrap();
         assert!(format!("{err:#}").starts_with(&format!("--listen {taken}: cannot listen")), "{err:#}");
         assert!(!args(&taken, false).is_default_in_use(&err));
-        let implicit = ListenArgs { listen: None, auth_file: None, insecure_no_auth: false };
+        let implicit = ListenArgs {
+            listen: None,
+            auth_file: None,
+            insecure_no_auth: false,
+            input_bytes_max: rota_engine::client::INPUT_BYTES_MAX_DEFAULT,
+        };
         assert!(implicit.is_default_in_use(&err));
     }
 }

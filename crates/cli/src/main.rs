@@ -105,7 +105,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the engine (Scheduler, agents, Supervisor) until SIGINT or SIGTERM.
-    Serve(serve::Args),
+    Serve(Box<serve::Args>),
     /// Run only the Scheduler role until SIGINT or SIGTERM (scale-out: any number of them).
     Scheduler(serve::ProcessArgs),
     /// Run only agents (all built-in ones, or those --queues names) until SIGINT or SIGTERM.
@@ -180,7 +180,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => return demo::run(args, &store.url),
         Command::Serve(args) => {
             let trace = args.process.trace.clone();
-            run_server(serve::run(store, args.into()), &trace)
+            run_server(serve::run(store, (*args).into()), &trace)
         }
         Command::Scheduler(args) => {
             let trace = args.trace.clone();

@@ -519,6 +519,9 @@ fn engine_config(args: &RunArgs, instance: InstanceId, clock: &dyn Clock) -> any
         rota_engine::archive::Archive::open(dir).map_err(|e| anyhow::anyhow!("--archive: {e}"))?;
     }
     config.shutdown_grace = args.process.shutdown_grace;
+    if let Some(listen) = &args.listen {
+        config.input_bytes_max = listen.input_bytes_max;
+    }
     config.seed = seed(&instance, clock);
     match config.validate() {
         Ok(()) => Ok(config),
@@ -544,6 +547,7 @@ fn flag_of(field: &str) -> Option<&'static str> {
         "shutdown_grace" => Some("--shutdown-grace"),
         "agent_concurrency" => Some("--agent-concurrency"),
         "agent_stop_check" => Some("--agent-stop-check"),
+        "input_bytes_max" => Some("--input-bytes-max"),
         _ => None,
     }
 }

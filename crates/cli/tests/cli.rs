@@ -229,6 +229,11 @@ fn errors_are_one_line_naming_the_problem() {
         (vec!["serve", "--listen", "none", "--egress-allow", "api.example.com,10.0.0.0/33"], vec!["--egress-allow", "\"10.0.0.0/33\""]),
         (vec!["agent", "--exec-dir", "/no/such/rota/dir"], vec!["--exec-dir /no/such/rota/dir: no such directory"]),
         (vec!["agent", "--exec-env", "A=B"], vec!["--exec-env", "\"A=B\" is not a variable name"]),
+        (
+            vec!["serve", "--listen", "127.0.0.1:0", "--input-bytes-max", "300000"],
+            vec!["--input-bytes-max must be between 1 and 262144, got 300000"],
+        ),
+        (vec!["api", "--listen", "127.0.0.1:0", "--input-bytes-max", "0"], vec!["--input-bytes-max must be between 1 and 262144, got 0"]),
     ] {
         let (code, stderr) = rota.fails(&args);
         assert_eq!(code, 1, "{args:?}: {stderr}");

@@ -85,6 +85,12 @@ pub fn parse_start_at(text: &str) -> std::result::Result<Timestamp, String> {
 /// wrong unit.
 pub const START_DELAY_MAX: Duration = Duration::from_secs(366 * 24 * 3600);
 
+/// The largest task input a client takes unless told otherwise, in bytes
+/// of JSON: half of a step request's limit ([`rota_store::BODY_BYTES_MAX`]),
+/// so that a step whose `with` renders the whole input still fits beside
+/// its other fields and earlier steps' outputs.
+pub const INPUT_BYTES_MAX_DEFAULT: usize = rota_store::BODY_BYTES_MAX / 2;
+
 impl Submission {
     /// A submission of the latest `workflow` with `input`.
     pub fn new(workflow: WorkflowName, input: Value) -> Self {
@@ -155,13 +161,41 @@ pub struct Client {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) workflows: Workflows,
     pub(crate) completions: Option<Completions>,
+    /// The largest input a submission may carry, in bytes of JSON.
+    pub(crate) input_bytes_max: usize,
 }
 
 impl Client {
     /// A client of `store`. With `completions` (an engine in this process),
-    /// [`Client::wait`] is notified; without, it polls the store.
+    /// [`Client::wait`] is notified; without, it polls the store. It takes
+    /// inputs up to [`INPUT_BYTES_MAX_DEFAULT`].
     pub fn new(store: SharedStore, clock: Arc<dyn Clock>, workflows: Workflows, completions: Option<Completions>) -> Self {
-        Client { store, clock, workflows, completions }
+        Client { store, clock, workflows, completions, input_bytes_max: INPUT_BYTES_MAX_DEFAULT }
+    }
+
+    /// Takes task inputs (and schedule inputs) of up to `bytes` of JSON,
+    /// refusing larger ones at submission (see [`check_input_bytes_max`]
+    /// for the bounds of `bytes`).
+    pub fn with_input_bytes_max(mut self, bytes: usize) -> Self {
+        self.input_bytes_max = bytes;
+        self
+    }
+
+    /// The largest input this client takes, in bytes of JSON.
+    pub fn input_bytes_max(&self) -> usize {
+        self.input_bytes_max
+    }
+
+    /// Refuses an input larger than this client takes; the error names the bound.
+    pub(crate) fn check_input(&self, input: &Value) -> std::result::Result<(), String> {
+        let bytes = serde_json::to_string(input).map_or(usize::MAX, |text| text.len());
+        if bytes > self.input_bytes_max {
+            return Err(format!(
+                "is {bytes} bytes of JSON, over the limit of {} bytes (input_bytes_max); pass large data by reference (a URL, a key)",
+                self.input_bytes_max
+            ));
+        }
+        Ok(())
     }
 
     /// The store behind this client.
@@ -206,6 +240,7 @@ impl Client {
         if let Some(queue) = &submission.reply_queue {
             replies::check_reply_queue(queue).map_err(|why| Error::InvalidSubmission { field: "reply_queue", why })?;
         }
+        self.check_input(&submission.input).map_err(|why| Error::InvalidSubmission { field: "input", why })?;
         let workflow = self.workflows.get(&submission.workflow, submission.version).await?;
         let now = self.clock.now();
         let id = match submission.id {
@@ -285,6 +320,15 @@ impl Client {
     async fn required(&self, id: &TaskId) -> Result<TaskRecord> {
         self.store.task(id).await?.ok_or_else(|| Error::Store(rota_store::Error::NotFound(format!("task {id}"))))
     }
+}
+
+/// Checks an input bound: at least 1 byte, at most [`rota_store::BODY_BYTES_MAX`]
+/// (no step request could carry a larger input whole).
+pub fn check_input_bytes_max(bytes: usize) -> std::result::Result<(), String> {
+    if !(1..=rota_store::BODY_BYTES_MAX).contains(&bytes) {
+        return Err(format!("must be between 1 and {}, got {bytes}", rota_store::BODY_BYTES_MAX));
+    }
+    Ok(())
 }
 
 pub(crate) fn doorbell(id: &TaskId) -> (rota_model::QueueName, Outgoing) {

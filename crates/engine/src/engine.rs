@@ -59,6 +59,9 @@ pub struct Config {
     /// read from the registry as the latest (see [`Workflows`]); versions
     /// registered through this engine are the latest at once.
     pub workflow_latest_refresh: Duration,
+    /// The largest task input this engine's clients take, in bytes of
+    /// JSON (see [`Client::with_input_bytes_max`]).
+    pub input_bytes_max: usize,
 }
 
 impl Config {
@@ -77,6 +80,7 @@ impl Config {
             seed: 0,
             shutdown_grace: crate::consumer::Config::SHUTDOWN_GRACE_DEFAULT,
             workflow_latest_refresh: crate::workflows::LATEST_REFRESH_DEFAULT,
+            input_bytes_max: crate::client::INPUT_BYTES_MAX_DEFAULT,
         }
     }
 
@@ -93,6 +97,7 @@ impl Config {
             return Err(Error::OutOfBounds { field: "agent_concurrency", why });
         }
         agent_worker::check_stop_check(self.agent_stop_check)?;
+        crate::client::check_input_bytes_max(self.input_bytes_max).map_err(|why| Error::OutOfBounds { field: "input_bytes_max", why })?;
         Ok(())
     }
 }
@@ -130,6 +135,7 @@ impl Engine {
     /// A client that submits, cancels, resubmits and waits, notified by this engine.
     pub fn client(&self) -> Client {
         Client::new(self.store.clone(), self.clock.clone(), self.workflows.clone(), Some(self.completions.clone()))
+            .with_input_bytes_max(self.config.input_bytes_max)
     }
 
     /// The engine's completion notices (for waiting on many tasks at once).
@@ -230,6 +236,7 @@ mod tests {
         assert_eq!(refused(|c| c.shutdown_grace = Duration::from_secs(7200)), "shutdown_grace must be at most 1h, got 2h");
         assert_eq!(refused(|c| c.agent_concurrency = 0), "agent_concurrency must be between 1 and 1024, got 0");
         assert_eq!(refused(|c| c.agent_stop_check = Duration::from_millis(5)), "agent_stop_check must be between 10ms and 1m, got 5ms");
+        assert_eq!(refused(|c| c.input_bytes_max = 0), "input_bytes_max must be between 1 and 262144, got 0");
         let every = config().supervisor.every(Duration::from_millis(200));
         assert_eq!((every.interval, every.leader_ttl), (Duration::from_millis(200), Duration::from_secs(1)));
     }

@@ -55,6 +55,11 @@ use serde_json::{Value, json};
 
 use crate::protocol::{self, Doorbell, InboxEnvelope, InboxMessage, Reply, ReplyOutcome, StepRequest};
 
+/// The largest step request (or compensation request) a Scheduler sends:
+/// the largest message body every store takes. A larger one fails its step
+/// for good, since it could never be committed.
+pub const REQUEST_BYTES_MAX: usize = rota_store::BODY_BYTES_MAX;
+
 /// The largest response to a callback step's request kept in the
 /// `callback` event that records it (a bigger one is left out): the
 /// response is an acknowledgement, the callback brings the output.
@@ -203,8 +208,11 @@ impl<'a> Draft<'a> {
                 input = issued.sent;
                 token = Some(issued.token.text());
             }
+            // The same request was sent before, so it fits (but for a
+            // longer attempt number at the very edge of the limit).
+            let send = self.request(&name, &reissued, compensate, input, token)?;
             self.steps.insert(name.clone(), reissued);
-            self.send_request(&name, compensate, input, token);
+            self.changes.send.push(send);
             self.step_event(&name, EventKind::StepStarted, json!({ "reissued": true, "compensate": compensate }));
         }
         // A step backing off before its next attempt was to be woken by a
@@ -524,8 +532,20 @@ impl<'a> Draft<'a> {
                         }
                         None => (input, None),
                     };
+                    let send = match self.request(&name, &started, false, sent, token) {
+                        Ok(send) => send,
+                        Err(reason) => {
+                            // Not started: the attempt was never recorded.
+                            self.step_event(&name, EventKind::StepFailed, json!({ "error": reason, "retryable": false }));
+                            if let Ok(failed) = self.task.fail(fence, reason.clone(), wf.on_exhausted(), now) {
+                                self.task = failed;
+                                self.after_unleased(&name, &reason);
+                            }
+                            return false;
+                        }
+                    };
                     self.steps.insert(name.clone(), started);
-                    self.send_request(&name, false, sent, token);
+                    self.changes.send.push(send);
                     let attempt = self.steps[&name].attempt;
                     self.step_event(&name, EventKind::StepStarted, json!({ "attempt": attempt }));
                 }
@@ -680,8 +700,18 @@ impl<'a> Draft<'a> {
         match self.steps[&name].begin_compensation(now, compensation.timeout()) {
             Ok(mut started) => {
                 started.input = Some(input.clone());
+                let send = match self.request(&name, &started, true, input, None) {
+                    Ok(send) => send,
+                    Err(reason) => {
+                        if let Ok(failed) = self.task.fail(fence, reason.clone(), rota_model::ExhaustedPolicy::Error, now) {
+                            self.task = failed;
+                            self.after_unleased(&name, &reason);
+                        }
+                        return;
+                    }
+                };
                 self.steps.insert(name.clone(), started);
-                self.send_request(&name, true, input, None);
+                self.changes.send.push(send);
                 self.step_event(&name, EventKind::StepStarted, json!({ "compensate": true }));
             }
             Err(err) => tracing::error!("compensating step {name} of task {}: {err}", self.task.id),
@@ -703,18 +733,25 @@ impl<'a> Draft<'a> {
         }
     }
 
-    fn send_request(&mut self, name: &StepName, compensate: bool, input: Value, callback_token: Option<String>) {
+    /// The request of `step` (the attempt about to be recorded) to its
+    /// agent's queue, or why it cannot be sent: a request larger than a
+    /// message may be ([`REQUEST_BYTES_MAX`]) would fail the commit that
+    /// records the attempt, every time, so it fails the step instead.
+    fn request(
+        &self,
+        name: &StepName,
+        step: &Step,
+        compensate: bool,
+        input: Value,
+        callback_token: Option<String>,
+    ) -> Result<(QueueName, Outgoing), String> {
         let def = self.cx.workflow.step(name).expect("requests are for workflow steps");
-        let step = &self.steps[name];
         let (agent, retry) = match (compensate, def.compensate(), def.agent()) {
             (true, Some(c), _) => (c.agent().as_str(), c.retry().clone()),
             (_, _, Some(agent)) => (agent.as_str(), def.retry().clone()),
-            (_, _, None) => {
-                // Unreachable by construction: waiting steps are started by
-                // `start_waiting` and never reissued or compensated.
-                tracing::error!("step {name} of task {} waits for a signal: it has no request to send", self.task.id);
-                return;
-            }
+            // Unreachable by construction: waiting steps are started by
+            // `start_waiting` and never reissued or compensated.
+            (_, _, None) => return Err(format!("step {name} waits for a signal: it has no request to send")),
         };
         let request = StepRequest {
             call: Request {
@@ -735,7 +772,15 @@ impl<'a> Draft<'a> {
         // No message id (duplicate detection) is needed: the request is sent
         // by the commit that records the attempt, which happens once.
         let message = Outgoing::json(&request).expect("requests serialize");
-        self.changes.send.push((protocol::agent_queue(agent), message));
+        let bytes = message.body.get().len();
+        if bytes > REQUEST_BYTES_MAX {
+            let what = if compensate { "compensation request" } else { "request" };
+            return Err(format!(
+                "step {name}: its {what} is {bytes} bytes of JSON, over the limit of {REQUEST_BYTES_MAX} bytes of a message; \
+                 pass large data by reference (a URL, a key) rather than in the input or an output"
+            ));
+        }
+        Ok((protocol::agent_queue(agent), message))
     }
 
     fn send_retry(&mut self, name: &StepName, after: Duration) {

@@ -321,6 +321,7 @@ impl Client {
     /// this request created it.
     pub async fn create_schedule(&self, new: &NewSchedule) -> ops::Result<(ScheduleDetail, bool)> {
         new.spec.parse_cron().map_err(|err| ops::Error::InvalidSchedule { field: err.field(), why: err.to_string() })?;
+        self.check_input(&new.spec.input).map_err(|why| ops::Error::InvalidSchedule { field: "input", why })?;
         self.workflows.get(&new.spec.workflow, None).await.map_err(ops::Error::from_submit)?;
         // Only to tell the two answers apart: the store's create decides.
         let existed = self.store.schedule(&new.name).await?.is_some();

@@ -179,7 +179,10 @@ impl Supervisor {
     pub fn new(store: SharedStore, clock: Arc<dyn Clock>, workflows: Workflows, completions: Completions, config: Config) -> Result<Self> {
         config.validate()?;
         let rng = Mutex::new(StdRng::seed_from_u64(config.seed));
-        let client = Client::new(store.clone(), clock.clone(), workflows.clone(), Some(completions.clone()));
+        // A schedule's input was checked against the bound of the client
+        // that created it; a fire must not be refused by another bound.
+        let client =
+            Client::new(store.clone(), clock.clone(), workflows.clone(), Some(completions.clone())).with_input_bytes_max(usize::MAX);
         let firing = Firing::new(client, config.schedules)?;
         let retention = Retention::new(store.clone(), clock.clone(), config.retention.clone())?;
         Ok(Supervisor { store, clock, workflows, completions, config, rng, firing, retention })
