@@ -307,12 +307,23 @@ function instancesTable(instances) {
   'No instance has reported a heartbeat.');
 }
 
+/** A task's tags, each a link to the tasks that have it. */
+function tagLinks(tags) {
+  const entries = Object.entries(tags ?? {});
+  if (entries.length === 0) return '—';
+  return entries.map(([key, value]) =>
+    h('a', { class: 'tag', href: `/ui/tasks${q({ tag: `${key}=${value}` })}`, title: `Tasks tagged ${key}=${value}` }, `${key}=${value}`));
+}
+
 function tasksPage(params, query) {
   const state = query.get('state') ?? '';
   const workflow = query.get('workflow') ?? '';
   const before = query.get('before') ?? '';
   // Only the tasks at risk: a deadline warning raised during their lease.
   const risky = query.get('at_risk') === 'true' ? 'true' : '';
+  // A label (`key=value`) and the start of the ids, typed by the operator.
+  const tag = query.get('tag') ?? '';
+  const idPrefix = query.get('id_prefix') ?? '';
   const trail = (query.get('trail') ?? '').split(',').filter(Boolean);
   const workflowSelect = h('select', { id: 'filter-workflow', name: 'workflow' }, h('option', { value: '' }, 'any workflow'));
   const filters = h('form', { method: 'get', action: '/ui/tasks', class: 'filters' },
@@ -323,7 +334,11 @@ function tasksPage(params, query) {
     h('label', { for: 'filter-at-risk', class: 'check' },
       h('input', { id: 'filter-at-risk', name: 'at_risk', type: 'checkbox', value: 'true', checked: risky === 'true',
         onchange: (event) => event.target.form.requestSubmit() }), ' At risk'),
-    h('noscript', null, h('button', { type: 'submit' }, 'Filter')));
+    h('label', { for: 'filter-tag' }, 'Tag'),
+    h('input', { id: 'filter-tag', name: 'tag', type: 'search', placeholder: 'key=value', value: tag, autocomplete: 'off' }),
+    h('label', { for: 'filter-id-prefix' }, 'Id starts with'),
+    h('input', { id: 'filter-id-prefix', name: 'id_prefix', type: 'search', value: idPrefix, autocomplete: 'off' }),
+    h('button', { type: 'submit' }, 'Filter'));
   workflowSelect.addEventListener('change', () => filters.requestSubmit());
   const find = h('form', { class: 'find', onsubmit: (event) => {
     event.preventDefault();
@@ -340,8 +355,8 @@ function tasksPage(params, query) {
     title: 'Tasks', nav: '/ui/tasks', body,
     async update() {
       const [tasks, counts, workflows] = await Promise.all([
-        api(`/v1/tasks${q({ state, workflow, at_risk: risky, before, limit: PAGE_SIZE })}`),
-        api(`/v1/tasks/counts${q({ workflow })}`),
+        api(`/v1/tasks${q({ state, workflow, at_risk: risky, tag, id_prefix: idPrefix, before, limit: PAGE_SIZE })}`),
+        api(`/v1/tasks/counts${q({ workflow, tag, id_prefix: idPrefix })}`),
         workflowsLoaded ? null : api('/v1/workflows'),
       ]);
       if (workflows) {
@@ -351,20 +366,22 @@ function tasksPage(params, query) {
         append(workflowSelect, [...names].sort().map((name) => h('option', { value: name, selected: name === workflow }, name)));
       }
       const matching = state ? counts.counts[state] ?? 0 : counts.total;
+      const which = `${state ? ` in state ${state}` : ''}${workflow ? ` of workflow ${workflow}` : ''}${tag ? ` tagged ${tag}` : ''}${idPrefix ? ` with ids starting ${idPrefix}` : ''}`;
       // The counts are by state: at risk, the page says what it lists instead.
       summary.textContent = risky
-        ? `Tasks at risk${state ? ` in state ${state}` : ''}${workflow ? ` of workflow ${workflow}` : ''}: a deadline warning was raised during their lease`
-        : `${number(matching)} ${matching === 1 ? 'task' : 'tasks'}${state ? ` in state ${state}` : ''}${workflow ? ` of workflow ${workflow}` : ''}`;
-      list.replaceChildren(table('Tasks', ['Id', 'Workflow', 'State', 'Failures', 'Created', 'Updated'], tasks.map((task) => h('tr', null,
+        ? `Tasks at risk${which}: a deadline warning was raised during their lease`
+        : `${number(matching)} ${matching === 1 ? 'task' : 'tasks'}${which}`;
+      list.replaceChildren(table('Tasks', ['Id', 'Workflow', 'State', 'Failures', 'Tags', 'Created', 'Updated'], tasks.map((task) => h('tr', null,
         h('td', null, taskLink(task.id)), h('td', null, h('a', { href: `/ui/workflows/${encodeURIComponent(task.workflow)}` }, task.workflow)),
         h('td', null, badge(task.state), pausedBadge(task), atRisk(task), task.state === 'pending' && task.not_before > Date.now() ? h('span', { class: 'hint' }, ' waits until ', time(task.not_before)) : null),
-        h('td', { class: 'n' }, task.failure_count), h('td', null, time(task.created_at)), h('td', null, time(task.updated_at)))),
+        h('td', { class: 'n' }, task.failure_count), h('td', null, tagLinks(task.tags)), h('td', null, time(task.created_at)), h('td', null, time(task.updated_at)))),
       'No task matches.'));
       const link = (label, target, rel) => target === null
         ? h('span', { class: 'disabled', 'aria-disabled': 'true' }, label)
         : h('a', { href: `/ui/tasks${q(target)}`, rel }, label);
-      const newer = before ? { state, workflow, at_risk: risky, before: trail[trail.length - 1], trail: trail.slice(0, -1).join(',') } : null;
-      const older = tasks.length === PAGE_SIZE ? { state, workflow, at_risk: risky, before: tasks[tasks.length - 1].id, trail: [...trail, before].filter(Boolean).join(',') } : null;
+      const filter = { state, workflow, at_risk: risky, tag, id_prefix: idPrefix };
+      const newer = before ? { ...filter, before: trail[trail.length - 1], trail: trail.slice(0, -1).join(',') } : null;
+      const older = tasks.length === PAGE_SIZE ? { ...filter, before: tasks[tasks.length - 1].id, trail: [...trail, before].filter(Boolean).join(',') } : null;
       // The first page is reached with no cursor at all.
       if (newer && !newer.before) delete newer.before;
       paging.replaceChildren(link('Newer', newer, 'prev'), link('Older', older, 'next'));
@@ -422,7 +439,7 @@ function taskPage([id]) {
           field('Not before', time(task.not_before)),
           field('Failure count', task.max_failures === null || task.max_failures === undefined ? task.failure_count : `${task.failure_count} of ${task.max_failures}`),
           field('Error', task.error ?? '—'), field('Callback URL', task.callback_url ?? '—'), field('Reply queue', task.reply_queue ?? '—'),
-          field('Submitted by', task.submitter ?? '—'),
+          field('Submitted by', task.submitter ?? '—'), field('Tags', tagLinks(task.tags)),
           field('Created', time(task.created_at)), field('Updated', time(task.updated_at)))),
         section('Input', json(task.input)),
         section('Output', json(task.output), task.steps.filter((step) => step.output !== null && step.output !== undefined).map((step) =>

@@ -1,5 +1,5 @@
-"""The tasks list: what the CLI submitted, the State and Workflow filters,
-Find by id, and paging through 120 tasks 50 at a time."""
+"""The tasks list: what the CLI submitted, the State, Workflow, Tag and Id
+filters, Find by id, and paging through 120 tasks 50 at a time."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ chromium: support.Chromium
 
 GREET = ["list-greet-1", "list-greet-2", "list-greet-3"]
 FAIL = ["list-fail-1", "list-fail-2"]
+#: The tags of the greet tasks.
+CUSTOMER_OF = {"list-greet-1": "ada", "list-greet-2": "bob", "list-greet-3": "ada"}
 #: The paged list.
 TICKS = [f"tick-{n:03}" for n in range(120)]
 
@@ -28,7 +30,8 @@ def setUpModule() -> None:
     for task_id in TICKS:
         server.submit("tick", task_id)
     for task_id in GREET:
-        server.cli("submit", "greet", "--input", '{"name": "ada"}', "--id", task_id)
+        customer = CUSTOMER_OF[task_id]
+        server.cli("submit", "greet", "--input", '{"name": "ada"}', "--id", task_id, "--tag", f"customer={customer}", "--tag", "region=eu")
     for task_id in FAIL:
         server.cli("submit", "fail", "--id", task_id)
     for task_id in GREET + FAIL + TICKS:
@@ -54,7 +57,7 @@ class TasksList(support.BrowserTest):
     def test_the_list_shows_the_tasks_submitted_from_the_cli_with_their_columns(self) -> None:
         page, _ = self.open("/ui/tasks")
         table = page.get_by_role("table", name="Tasks")
-        for column in ["Id", "Workflow", "State", "Failures", "Created", "Updated"]:
+        for column in ["Id", "Workflow", "State", "Failures", "Tags", "Created", "Updated"]:
             expect(table.get_by_role("columnheader", name=column, exact=True)).to_have_count(1)
         for task_id in GREET + FAIL:
             with self.subTest(task_id):
@@ -72,6 +75,29 @@ class TasksList(support.BrowserTest):
         expect(support.rows(page.get_by_role("table", name="Tasks"))).to_have_count(len(FAIL))
         self.assertEqual(sorted(listed(page)), sorted(FAIL))
         expect(page.get_by_label("State")).to_have_value("error")
+
+    def test_the_tag_filter_and_a_tags_link_list_the_tasks_with_that_tag(self) -> None:
+        page, _ = self.open("/ui/tasks")
+        page.get_by_label("Tag").fill("customer=ada")
+        page.get_by_label("Tag").press("Enter")
+        expect(page).to_have_url(re.compile(r"[?&]tag=customer%3Dada(&|$)"))
+        expect(page.locator("p.total")).to_have_text("2 tasks tagged customer=ada")
+        self.assertEqual(listed(page), ["list-greet-3", "list-greet-1"])
+        # A tag shown in a row leads to the tasks that have it.
+        page, _ = self.open("/ui/tasks?workflow=greet")
+        row = support.rows(page.get_by_role("table", name="Tasks")).filter(has=page.get_by_role("link", name="list-greet-2", exact=True))
+        row.get_by_role("link", name="customer=bob", exact=True).click()
+        expect(page).to_have_url(re.compile(r"[?&]tag=customer%3Dbob(&|$)"))
+        self.assertEqual(listed(page), ["list-greet-2"])
+        expect(page.get_by_label("Tag")).to_have_value("customer=bob")
+
+    def test_the_id_filter_lists_the_tasks_whose_ids_start_so(self) -> None:
+        page, _ = self.open("/ui/tasks")
+        page.get_by_label("Id starts with").fill("list-fail")
+        page.get_by_role("button", name="Filter").click()
+        expect(page).to_have_url(re.compile(r"[?&]id_prefix=list-fail(&|$)"))
+        expect(page.locator("p.total")).to_have_text("2 tasks with ids starting list-fail")
+        self.assertEqual(sorted(listed(page)), sorted(FAIL))
 
     def test_the_workflow_filter_lists_only_that_workflows_tasks(self) -> None:
         page, _ = self.open("/ui/tasks")

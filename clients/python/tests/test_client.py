@@ -117,6 +117,32 @@ class SubmitAndWait(unittest.TestCase):
         self.assertEqual(len(client.tasks(limit=1)), 1)
         client.cancel(sleeping)
 
+    def test_tasks_are_found_and_counted_by_tags_times_and_id_prefix(self) -> None:
+        client = Client(server.url, token=support.ADMIN_TOKEN)
+        prefix = fresh("tagged")
+        customer = fresh("customer")
+        for n, region in enumerate(["eu", "us", "eu"]):
+            task = client.submit("nap", id=f"{prefix}-{n}", tags={"customer": customer, "region": region})
+            self.assertEqual(task["tags"], {"customer": customer, "region": region})
+        both = [task["id"] for task in client.tasks(tags={"customer": customer, "region": "eu"})]
+        self.assertEqual(both, [f"{prefix}-2", f"{prefix}-0"])
+        self.assertEqual([task["id"] for task in client.tasks(id_prefix=f"{prefix}-1")], [f"{prefix}-1"])
+        recent = client.tasks(tags={"customer": customer}, created_after="2000-01-01T00:00:00Z", limit=2)
+        self.assertEqual(len(recent), 2)
+        older = client.tasks(tags={"customer": customer}, before=recent[-1]["id"])
+        self.assertEqual([task["id"] for task in older], [f"{prefix}-0"])
+        client.cancel(f"{prefix}-1")
+        ended = client.tasks(tags={"customer": customer}, ended_after="2000-01-01T00:00:00Z")
+        self.assertEqual([task["id"] for task in ended], [f"{prefix}-1"])
+        counts = client.task_counts(tags={"customer": customer})
+        self.assertEqual((counts["total"], counts["counts"]["cancelled"]), (3, 1))
+        self.assertEqual(client.task_counts(id_prefix=prefix, workflow="greet")["total"], 0)
+        with self.assertRaises(ApiError) as refused:
+            client.tasks(created_after="yesterday")
+        self.assertEqual((refused.exception.status, refused.exception.code), (400, "invalid_query"))
+        for n in (0, 2):
+            client.cancel(f"{prefix}-{n}")
+
     def test_a_paused_task_says_so_until_resumed(self) -> None:
         client = Client(server.url, token=support.ADMIN_TOKEN)
         task_id = fresh("paused")

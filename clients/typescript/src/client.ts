@@ -11,6 +11,33 @@ import { messages } from "./sse.js";
 export type Task = components["schemas"]["TaskView"];
 /** A task as listings show it. */
 export type TaskSummary = components["schemas"]["TaskSummary"];
+/** Exact task counts by state, and their total. */
+export type TaskCounts = components["schemas"]["TaskCounts"];
+
+/** The search filters that `tasks` and `taskCounts` share. */
+export interface TaskFilter {
+  workflow?: string;
+  /** Tasks having every one of these tags. */
+  tags?: Record<string, string>;
+  createdAfter?: string;
+  createdBefore?: string;
+  endedAfter?: string;
+  endedBefore?: string;
+  idPrefix?: string;
+}
+
+/** A filter as query parameters: one `tag=key=value` per tag. */
+function searchQuery(filter: TaskFilter) {
+  return {
+    workflow: filter.workflow,
+    tag: filter.tags === undefined ? undefined : Object.entries(filter.tags).map(([key, value]) => `${key}=${value}`),
+    created_after: filter.createdAfter,
+    created_before: filter.createdBefore,
+    ended_after: filter.endedAfter,
+    ended_before: filter.endedBefore,
+    id_prefix: filter.idPrefix,
+  };
+}
 /** `pending`, `processing`, `processed`, `error`, `compensating`, `compensated`, `cancelled`. */
 export type TaskState = components["schemas"]["TaskStateView"];
 /** One entry of a task's history: a server-sent event's data, a webhook's body. */
@@ -87,7 +114,15 @@ export class Client {
   async submit(
     workflow: string,
     input?: unknown,
-    options: { id?: string; version?: number; callbackUrl?: string; replyQueue?: string; startAt?: string; delay?: string } = {},
+    options: {
+      id?: string;
+      version?: number;
+      callbackUrl?: string;
+      replyQueue?: string;
+      startAt?: string;
+      delay?: string;
+      tags?: Record<string, string>;
+    } = {},
   ): Promise<Task> {
     const body = {
       workflow,
@@ -98,6 +133,7 @@ export class Client {
       reply_queue: options.replyQueue,
       start_at: options.startAt,
       delay: options.delay,
+      tags: options.tags,
     };
     return unwrap(await this.api.fetch.POST("/v1/tasks", { body, signal: this.api.deadline() }));
   }
@@ -113,14 +149,26 @@ export class Client {
   }
 
   /**
-   * Tasks, newest first, filtered by state, workflow and holder. `before`
-   * pages: the tasks created before that task (pass a page's last id).
+   * Tasks, newest first, that match every filter given: state, workflow,
+   * holder, every one of `tags`, creation and end times (RFC 3339; `…After`
+   * inclusive, `…Before` exclusive; an end time selects finished tasks) and
+   * id prefix. `before` pages: the tasks created before that task (pass a
+   * page's last id).
    */
-  async tasks(
-    filter: { state?: TaskState; workflow?: string; lockedBy?: string; before?: string; limit?: number } = {},
-  ): Promise<TaskSummary[]> {
-    const query = { state: filter.state, workflow: filter.workflow, locked_by: filter.lockedBy, before: filter.before, limit: filter.limit };
+  async tasks(filter: TaskFilter & { state?: TaskState; lockedBy?: string; before?: string; limit?: number } = {}): Promise<TaskSummary[]> {
+    const query = {
+      ...searchQuery(filter),
+      state: filter.state,
+      locked_by: filter.lockedBy,
+      before: filter.before,
+      limit: filter.limit,
+    };
     return unwrap(await this.api.fetch.GET("/v1/tasks", { params: { query }, signal: this.api.deadline() }));
+  }
+
+  /** Exact counts, by state, of the tasks matching the filters (as `tasks` takes them). */
+  async taskCounts(filter: TaskFilter = {}): Promise<TaskCounts> {
+    return unwrap(await this.api.fetch.GET("/v1/tasks/counts", { params: { query: searchQuery(filter) }, signal: this.api.deadline() }));
   }
 
   /**

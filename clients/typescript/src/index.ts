@@ -9,7 +9,18 @@
  */
 
 export { Api, Client, DEFAULT_URL, TERMINAL_STATES, unwrap } from "./client.js";
-export type { CallbackAccepted, ClientOptions, Event, SignalDelivery, Task, TaskState, TaskSummary, WorkRequest } from "./client.js";
+export type {
+  CallbackAccepted,
+  ClientOptions,
+  Event,
+  SignalDelivery,
+  Task,
+  TaskCounts,
+  TaskFilter,
+  TaskState,
+  TaskSummary,
+  WorkRequest,
+} from "./client.js";
 export { ApiError } from "./errors.js";
 export type { components, paths } from "./schema.js";
 export { Permanent, Retryable, Step, Worker, backoffMs } from "./worker.js";

@@ -1453,6 +1453,20 @@ export interface components {
              */
             start_at?: string | null;
             /**
+             * @description Labels to find the task by (`GET /v1/tasks?tag=customer=c-42`): at
+             *     most 16, keys of 1 to 64 characters of `A-Z a-z 0-9 _ - . / :`,
+             *     values of at most 256 bytes without control characters. Kept with
+             *     the task, never changed; a second submit with the same id does not
+             *     change them.
+             * @example {
+             *       "customer": "c-42",
+             *       "region": "eu"
+             *     }
+             */
+            tags?: {
+                [key: string]: string;
+            } | null;
+            /**
              * Format: int32
              * @description Its version; the latest registered when absent.
              */
@@ -1565,6 +1579,10 @@ export interface components {
             state: components["schemas"]["TaskStateView"];
             /** @description Who submitted it (the API token's id), when known. */
             submitter?: string | null;
+            /** @description Its labels, by key (empty when it has none). */
+            tags?: {
+                [key: string]: string;
+            };
             /**
              * Format: int64
              * @description When it last changed, epoch ms.
@@ -1647,6 +1665,10 @@ export interface components {
              *     the CLI on a store, a schedule).
              */
             submitter?: string | null;
+            /** @description Its labels, by key (empty when it has none). */
+            tags?: {
+                [key: string]: string;
+            };
             /**
              * Format: int64
              * @description When it last changed, epoch ms.
@@ -3184,9 +3206,37 @@ export interface operations {
                  */
                 at_risk?: boolean;
                 /**
-                 * @description Only tasks created before this task (keyset paging: pass the id of
-                 *     the last task of a page to get the next page). An id that names no
-                 *     task is refused (400 `invalid_query`).
+                 * @description Only tasks with this tag, written `key=value`; repeat the parameter
+                 *     for tasks having every one given.
+                 */
+                tag?: string[];
+                /**
+                 * @description Only tasks created at or after this time (RFC 3339).
+                 * @example 2026-11-28T00:00:00Z
+                 */
+                created_after?: string;
+                /**
+                 * @description Only tasks created strictly before this time (RFC 3339).
+                 * @example 2026-11-29T00:00:00Z
+                 */
+                created_before?: string;
+                /**
+                 * @description Only finished tasks (processed, error, compensated, cancelled) that
+                 *     ended at or after this time (RFC 3339).
+                 * @example 2026-11-28T00:00:00Z
+                 */
+                ended_after?: string;
+                /**
+                 * @description Only finished tasks that ended strictly before this time (RFC 3339).
+                 * @example 2026-11-29T00:00:00Z
+                 */
+                ended_before?: string;
+                /** @description Only tasks whose id starts with this text. */
+                id_prefix?: string;
+                /**
+                 * @description Only tasks created before this task: the cursor of keyset paging
+                 *     (pass the id of the last task of a page to get the next page). An id
+                 *     that names no task is refused (400 `invalid_query`).
                  */
                 before?: string;
                 /** @description The most tasks to return, newest first (default 100, at most the configured maximum, 1000 by default). */
@@ -3364,6 +3414,34 @@ export interface operations {
             query?: {
                 /** @description Only tasks of this workflow. */
                 workflow?: string;
+                /**
+                 * @description Only tasks with this tag, written `key=value`; repeat the parameter
+                 *     for tasks having every one given.
+                 */
+                tag?: string[];
+                /**
+                 * @description Only tasks created at or after this time (RFC 3339).
+                 * @example 2026-11-28T00:00:00Z
+                 */
+                created_after?: string;
+                /**
+                 * @description Only tasks created strictly before this time (RFC 3339).
+                 * @example 2026-11-29T00:00:00Z
+                 */
+                created_before?: string;
+                /**
+                 * @description Only finished tasks (processed, error, compensated, cancelled) that
+                 *     ended at or after this time (RFC 3339).
+                 * @example 2026-11-28T00:00:00Z
+                 */
+                ended_after?: string;
+                /**
+                 * @description Only finished tasks that ended strictly before this time (RFC 3339).
+                 * @example 2026-11-29T00:00:00Z
+                 */
+                ended_before?: string;
+                /** @description Only tasks whose id starts with this text. */
+                id_prefix?: string;
             };
             header?: never;
             path?: never;

@@ -167,6 +167,33 @@ describe("submit and wait", () => {
     await client.cancel(sleeping);
   });
 
+  test("tasks are found and counted by tags, times and id prefix", async () => {
+    const client = admin();
+    const prefix = fresh("tagged");
+    const customer = fresh("customer");
+    for (const [n, region] of ["eu", "us", "eu"].entries()) {
+      const task = await client.submit("nap", undefined, { id: `${prefix}-${n}`, tags: { customer, region } });
+      assert.deepEqual(task.tags, { customer, region });
+    }
+    const both = (await client.tasks({ tags: { customer, region: "eu" } })).map((task) => task.id);
+    assert.deepEqual(both, [`${prefix}-2`, `${prefix}-0`]);
+    assert.deepEqual((await client.tasks({ idPrefix: `${prefix}-1` })).map((task) => task.id), [`${prefix}-1`]);
+    const recent = await client.tasks({ tags: { customer }, createdAfter: "2000-01-01T00:00:00Z", limit: 2 });
+    assert.equal(recent.length, 2);
+    await client.cancel(`${prefix}-1`);
+    const ended = (await client.tasks({ tags: { customer }, endedAfter: "2000-01-01T00:00:00Z" })).map((task) => task.id);
+    assert.deepEqual(ended, [`${prefix}-1`]);
+    const counts = await client.taskCounts({ tags: { customer } });
+    assert.deepEqual([counts.total, counts.counts.cancelled], [3, 1]);
+    assert.equal((await client.taskCounts({ idPrefix: prefix, workflow: "greet" })).total, 0);
+    await assert.rejects(client.tasks({ createdAfter: "yesterday" }), (error: unknown) => {
+      return error instanceof ApiError && error.status === 400 && error.code === "invalid_query";
+    });
+    for (const n of [0, 2]) {
+      await client.cancel(`${prefix}-${n}`);
+    }
+  });
+
   test("tasks page with before", async () => {
     const client = admin();
     const ids = [fresh("page"), fresh("page"), fresh("page")];

@@ -8,7 +8,7 @@
 //!
 //! Details of server-side failures go to the log, never to the client.
 
-use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{FromRequest, FromRequestParts, OptionalFromRequest, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -189,12 +189,6 @@ impl From<JsonRejection> for ApiError {
     }
 }
 
-impl From<QueryRejection> for ApiError {
-    fn from(rejection: QueryRejection) -> Self {
-        ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", rejection.body_text())
-    }
-}
-
 impl From<PathRejection> for ApiError {
     fn from(rejection: PathRejection) -> Self {
         let status = if rejection.status().is_server_error() { StatusCode::BAD_REQUEST } else { rejection.status() };
@@ -242,7 +236,9 @@ where
     }
 }
 
-/// Query parameters, rejected as an [`ApiError`].
+/// Query parameters, rejected as an [`ApiError`]. A parameter given more
+/// than once fills a `Vec` field (`?tag=a=1&tag=b=2`), as OpenAPI's
+/// exploded form arrays are sent.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ApiQuery<T>(pub T);
 
@@ -253,9 +249,16 @@ where
 {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        let axum::extract::Query(value) = axum::extract::Query::<T>::from_request_parts(parts, state).await?;
-        Ok(ApiQuery(value))
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let query = parts.uri.query().unwrap_or_default();
+        // The error names the parameter it is about.
+        serde_path_to_error::deserialize(serde_html_form::Deserializer::from_bytes(query.as_bytes())).map(ApiQuery).map_err(|err| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_query",
+                format!("Failed to deserialize query string: {}: {}", err.path(), err.inner()),
+            )
+        })
     }
 }
 

@@ -206,7 +206,7 @@ struct Snapshot {
 
 async fn snapshot(state: &ApiState) -> rota_store::Result<Snapshot> {
     let store = state.store();
-    let tasks = store.count_tasks(None).await?;
+    let tasks = store.count_tasks(&rota_store::TaskFilter::default()).await?;
     let queues = store.stats().await?;
     let breakers = rota_engine::status::breakers(store)
         .await?

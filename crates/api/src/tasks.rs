@@ -10,8 +10,9 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use rota_engine::{Start, Submission, ops};
-use rota_model::{InstanceId, QueueName, SignalName, StepName, TaskId, TaskState, WorkflowName};
-use rota_store::TaskFilter;
+use rota_model::tags::{TAGS_PER_TASK_MAX, parse_tag};
+use rota_model::{InstanceId, QueueName, SignalName, StepName, Tags, TaskId, TaskState, WorkflowName};
+use rota_store::{TaskFilter, TimeRange};
 use serde_json::json;
 use tracing::Instrument;
 
@@ -116,6 +117,7 @@ async fn submit_traced(state: ApiState, caller: Caller, request: SubmitRequest) 
         ),
         (None, None) => Start::Now,
     };
+    let tags = Tags::new(request.tags.unwrap_or_default()).map_err(|err| ApiError::invalid_body(format!("tags: {err}")))?;
     let input = request.input.unwrap_or_else(|| json!({}));
     let submission = Submission {
         workflow,
@@ -127,6 +129,7 @@ async fn submit_traced(state: ApiState, caller: Caller, request: SubmitRequest) 
         start,
         fired_by: None,
         submitter: caller.submitter().map(str::to_owned),
+        tags,
     };
     let submitted = state.client().submit(submission).await.map_err(|err| ApiError::ops("submit", ops::Error::from_submit(err)))?;
     let status = if submitted.created { StatusCode::CREATED } else { StatusCode::OK };
@@ -181,6 +184,14 @@ pub async fn list(
     ApiQuery(query): ApiQuery<TaskListQuery>,
 ) -> ApiResult<Json<Vec<TaskSummary>>> {
     let caller = caller_of(caller);
+    let search = Search {
+        tag: query.tag,
+        created_after: query.created_after,
+        created_before: query.created_before,
+        ended_after: query.ended_after,
+        ended_before: query.ended_before,
+        id_prefix: query.id_prefix,
+    };
     let filter = TaskFilter {
         submitter: caller.confined_to().map(str::to_owned),
         state: query.state.as_deref().map(str::parse::<TaskState>).transpose().map_err(|err| ApiError::invalid_query("state", err))?,
@@ -189,6 +200,7 @@ pub async fn list(
         at_risk: query.at_risk.unwrap_or(false),
         before: query.before.map(TaskId::new).transpose().map_err(|err| ApiError::invalid_query("before", err))?,
         limit: state.limit(query.limit)?,
+        ..search.filter()?
     };
     let tasks = state.client().tasks(&filter).await.map_err(|err| ApiError::ops("list tasks", err))?;
     Ok(Json(tasks.iter().map(TaskSummary::from).collect()))
@@ -203,10 +215,67 @@ pub async fn list(
     ),
     security(("bearer" = []))
 )]
-pub async fn counts(State(state): State<ApiState>, ApiQuery(query): ApiQuery<TaskCountsQuery>) -> ApiResult<Json<TaskCounts>> {
-    let workflow = query.workflow.map(WorkflowName::new).transpose().map_err(|err| ApiError::invalid_query("workflow", err))?;
-    let counted = state.client().task_counts(workflow.as_ref()).await.map_err(|err| ApiError::ops("count tasks", err))?;
+pub async fn counts(
+    State(state): State<ApiState>,
+    caller: Option<Extension<Caller>>,
+    ApiQuery(query): ApiQuery<TaskCountsQuery>,
+) -> ApiResult<Json<TaskCounts>> {
+    let search = Search {
+        tag: query.tag,
+        created_after: query.created_after,
+        created_before: query.created_before,
+        ended_after: query.ended_after,
+        ended_before: query.ended_before,
+        id_prefix: query.id_prefix,
+    };
+    let filter = TaskFilter {
+        submitter: caller_of(caller).confined_to().map(str::to_owned),
+        workflow: query.workflow.map(WorkflowName::new).transpose().map_err(|err| ApiError::invalid_query("workflow", err))?,
+        ..search.filter()?
+    };
+    let counted = state.client().task_counts(&filter).await.map_err(|err| ApiError::ops("count tasks", err))?;
     Ok(Json(TaskCounts::from(counted.as_slice())))
+}
+
+/// The search conditions the listing and the counts share, as sent.
+struct Search {
+    tag: Vec<String>,
+    created_after: Option<String>,
+    created_before: Option<String>,
+    ended_after: Option<String>,
+    ended_before: Option<String>,
+    id_prefix: Option<String>,
+}
+
+impl Search {
+    /// The conditions as a filter, or a 400 naming the parameter.
+    fn filter(self) -> ApiResult<TaskFilter> {
+        if self.tag.len() > TAGS_PER_TASK_MAX {
+            return Err(ApiError::invalid_query("tag", format!("at most {TAGS_PER_TASK_MAX} tags, got {}", self.tag.len())));
+        }
+        let tags = self
+            .tag
+            .iter()
+            .map(|text| parse_tag(text))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|err| ApiError::invalid_query("tag", err))?;
+        let time = |name: &str, text: Option<String>| {
+            text.map(|text| rota_engine::client::parse_start_at(&text)).transpose().map_err(|why| ApiError::invalid_query(name, why))
+        };
+        let id_prefix = match self.id_prefix {
+            Some(prefix) if prefix.is_empty() || prefix.len() > rota_model::ids::ID_BYTES_MAX => {
+                return Err(ApiError::invalid_query("id_prefix", "must be 1 to 200 bytes"));
+            }
+            prefix => prefix,
+        };
+        Ok(TaskFilter {
+            tags,
+            created: TimeRange { from: time("created_after", self.created_after)?, until: time("created_before", self.created_before)? },
+            ended: TimeRange { from: time("ended_after", self.ended_after)?, until: time("ended_before", self.ended_before)? },
+            id_prefix,
+            ..TaskFilter::default()
+        })
+    }
 }
 
 /// A task's history, oldest first.

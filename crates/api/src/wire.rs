@@ -5,6 +5,8 @@
 //! Times are integers: milliseconds since the Unix epoch (UTC), as the
 //! stores keep them.
 
+use std::collections::BTreeMap;
+
 use rota_engine::ops::TaskDetail;
 use rota_model::{Step, StepState, Task, TaskState};
 use rota_store::{ComponentStatus, DeadLetter, Event, QueueStats, WorkflowEntry};
@@ -66,6 +68,14 @@ pub struct SubmitRequest {
     /// submission (`90s`, `10m`, `2h 30m`). Not with `start_at`.
     #[schema(example = "10m", max_length = 64)]
     pub delay: Option<String>,
+    /// Labels to find the task by (`GET /v1/tasks?tag=customer=c-42`): at
+    /// most 16, keys of 1 to 64 characters of `A-Z a-z 0-9 _ - . / :`,
+    /// values of at most 256 bytes without control characters. Kept with
+    /// the task, never changed; a second submit with the same id does not
+    /// change them.
+    #[schema(example = json!({"customer": "c-42", "region": "eu"}))]
+    #[serde(default)]
+    pub tags: Option<BTreeMap<String, String>>,
 }
 
 /// A JSON number that is a whole `u32`, written `1` or `1.0` (JSON does not
@@ -206,6 +216,9 @@ pub struct TaskSummary {
     /// Whether an operator paused it: it starts no new step until resumed.
     #[serde(default)]
     pub paused: bool,
+    /// Its labels, by key (empty when it has none).
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
     /// When it was created, epoch ms.
     pub created_at: i64,
     /// When it last changed, epoch ms.
@@ -227,10 +240,16 @@ impl From<&Task> for TaskSummary {
             error: task.error.clone(),
             submitter: task.submitter.clone(),
             paused: task.paused,
+            tags: tags_of(task),
             created_at: task.created_at.as_millis(),
             updated_at: task.updated_at.as_millis(),
         }
     }
+}
+
+/// A task's tags as the API shows them.
+fn tags_of(task: &Task) -> BTreeMap<String, String> {
+    task.tags.iter().map(|(key, value)| (key.to_owned(), value.to_owned())).collect()
 }
 
 /// A task with its input, output and steps.
@@ -282,6 +301,9 @@ pub struct TaskView {
     /// no new step until resumed (steps in flight finish).
     #[serde(default)]
     pub paused: bool,
+    /// Its labels, by key (empty when it has none).
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
     /// When it was created, epoch ms.
     pub created_at: i64,
     /// When it last changed, epoch ms.
@@ -314,6 +336,7 @@ impl TaskView {
             reply_queue: task.reply_queue.as_ref().map(ToString::to_string),
             submitter: task.submitter.clone(),
             paused: task.paused,
+            tags: tags_of(task),
             created_at: task.created_at.as_millis(),
             updated_at: task.updated_at.as_millis(),
             steps: steps
@@ -821,9 +844,30 @@ pub struct TaskListQuery {
     /// listed until the lease ends (finished, failed, expired, released).
     /// `false` or absent: no such filter.
     pub at_risk: Option<bool>,
-    /// Only tasks created before this task (keyset paging: pass the id of
-    /// the last task of a page to get the next page). An id that names no
-    /// task is refused (400 `invalid_query`).
+    /// Only tasks with this tag, written `key=value`; repeat the parameter
+    /// for tasks having every one given.
+    #[param(value_type = Option<Vec<String>>, max_items = 16, explode = true, style = Form)]
+    #[serde(default)]
+    pub tag: Vec<String>,
+    /// Only tasks created at or after this time (RFC 3339).
+    #[param(example = "2026-11-28T00:00:00Z", max_length = 64)]
+    pub created_after: Option<String>,
+    /// Only tasks created strictly before this time (RFC 3339).
+    #[param(example = "2026-11-29T00:00:00Z", max_length = 64)]
+    pub created_before: Option<String>,
+    /// Only finished tasks (processed, error, compensated, cancelled) that
+    /// ended at or after this time (RFC 3339).
+    #[param(example = "2026-11-28T00:00:00Z", max_length = 64)]
+    pub ended_after: Option<String>,
+    /// Only finished tasks that ended strictly before this time (RFC 3339).
+    #[param(example = "2026-11-29T00:00:00Z", max_length = 64)]
+    pub ended_before: Option<String>,
+    /// Only tasks whose id starts with this text.
+    #[param(max_length = 200)]
+    pub id_prefix: Option<String>,
+    /// Only tasks created before this task: the cursor of keyset paging
+    /// (pass the id of the last task of a page to get the next page). An id
+    /// that names no task is refused (400 `invalid_query`).
     #[param(pattern = r"^[^\s\x00-\x1f\x7f-\x9f](?:[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f])?$", max_length = 200)]
     pub before: Option<String>,
     /// The most tasks to return, newest first (default 100, at most the configured maximum, 1000 by default).
@@ -839,10 +883,31 @@ pub struct TaskCountsQuery {
     /// Only tasks of this workflow.
     #[param(pattern = r"^[A-Za-z0-9._:-]{1,100}$")]
     pub workflow: Option<String>,
+    /// Only tasks with this tag, written `key=value`; repeat the parameter
+    /// for tasks having every one given.
+    #[param(value_type = Option<Vec<String>>, max_items = 16, explode = true, style = Form)]
+    #[serde(default)]
+    pub tag: Vec<String>,
+    /// Only tasks created at or after this time (RFC 3339).
+    #[param(example = "2026-11-28T00:00:00Z", max_length = 64)]
+    pub created_after: Option<String>,
+    /// Only tasks created strictly before this time (RFC 3339).
+    #[param(example = "2026-11-29T00:00:00Z", max_length = 64)]
+    pub created_before: Option<String>,
+    /// Only finished tasks (processed, error, compensated, cancelled) that
+    /// ended at or after this time (RFC 3339).
+    #[param(example = "2026-11-28T00:00:00Z", max_length = 64)]
+    pub ended_after: Option<String>,
+    /// Only finished tasks that ended strictly before this time (RFC 3339).
+    #[param(example = "2026-11-29T00:00:00Z", max_length = 64)]
+    pub ended_before: Option<String>,
+    /// Only tasks whose id starts with this text.
+    #[param(max_length = 200)]
+    pub id_prefix: Option<String>,
 }
 
 /// How many tasks are in each state: every state, zeros included.
-#[derive(Debug, Clone, Default, Serialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 pub struct TaskCountsByState {
     /// Waiting for a Scheduler.
     pub pending: u64,
@@ -861,7 +926,7 @@ pub struct TaskCountsByState {
 }
 
 /// Exact task counts by state, and their total.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct TaskCounts {
     /// Every state, by the names `state` takes in a task.
     pub counts: TaskCountsByState,
@@ -885,6 +950,22 @@ impl From<&[(TaskState, u64)]> for TaskCounts {
             *slot += count;
         }
         TaskCounts { total: counted.iter().map(|(_, count)| count).sum(), counts }
+    }
+}
+
+impl TaskCounts {
+    /// How many are in `state`.
+    pub fn of(&self, state: TaskState) -> u64 {
+        let counts = &self.counts;
+        match state {
+            TaskState::Pending => counts.pending,
+            TaskState::Processing => counts.processing,
+            TaskState::Processed => counts.processed,
+            TaskState::Error => counts.error,
+            TaskState::Compensating => counts.compensating,
+            TaskState::Compensated => counts.compensated,
+            TaskState::Cancelled => counts.cancelled,
+        }
     }
 }
 

@@ -150,6 +150,60 @@ async fn task_counts_list_every_state_with_a_total() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_are_searched_by_tags_times_and_id_prefix_and_counted() {
+    let server = start(Options { engine: false, ..Options::default() }).await;
+    for (id, customer, region) in [("o-1", "c1", "eu"), ("o-2", "c2", "eu"), ("o-3", "c1", "us"), ("x-4", "c1", "eu")] {
+        let body = json!({ "workflow": "quick", "id": id, "tags": { "customer": customer, "region": region } });
+        let reply = server.post_json("/v1/tasks", &body).await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+        assert_eq!(reply.body["tags"], json!({ "customer": customer, "region": region }));
+    }
+    server.submit("quick", "untagged").await;
+    let ids = |reply: &common::Reply| -> Vec<String> {
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+        reply.body.as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap().to_owned()).collect()
+    };
+    assert_eq!(ids(&server.get("/v1/tasks?tag=customer%3Dc1").await), ["x-4", "o-3", "o-1"]);
+    assert_eq!(ids(&server.get("/v1/tasks?tag=customer%3Dc1&tag=region%3Deu").await), ["x-4", "o-1"], "every tag given");
+    assert_eq!(ids(&server.get("/v1/tasks?tag=customer%3Dc1&id_prefix=o-").await), ["o-3", "o-1"]);
+    assert_eq!(ids(&server.get("/v1/tasks?tag=customer%3Dc1&limit=1&before=o-3").await), ["o-1"], "paged");
+    let listed = server.get("/v1/tasks?id_prefix=o-2").await;
+    assert_eq!(listed.body[0]["tags"], json!({ "customer": "c2", "region": "eu" }), "summaries show the tags");
+    assert_eq!(ids(&server.get("/v1/tasks?created_after=2000-01-01T00:00:00Z&created_before=2000-01-02T00:00:00Z").await).len(), 0);
+    assert_eq!(ids(&server.get("/v1/tasks?created_after=2000-01-01T00:00:00Z").await).len(), 5);
+    assert_eq!(ids(&server.get("/v1/tasks?ended_after=2000-01-01T00:00:00Z").await).len(), 0, "none has ended");
+    assert_eq!(server.post("/v1/tasks/o-3/cancel").await.status, StatusCode::OK);
+    assert_eq!(ids(&server.get("/v1/tasks?ended_after=2000-01-01T00:00:00Z&tag=customer%3Dc1").await), ["o-3"]);
+
+    let counts = server.get("/v1/tasks/counts?tag=customer%3Dc1").await;
+    assert_eq!(counts.status, StatusCode::OK, "{}", counts.text);
+    assert_eq!(
+        (&counts.body["counts"]["pending"], &counts.body["counts"]["cancelled"], &counts.body["total"]),
+        (&json!(2), &json!(1), &json!(3))
+    );
+    assert_eq!(server.get("/v1/tasks/counts?id_prefix=x-&workflow=quick").await.body["total"], 1);
+
+    for (query, named) in [
+        ("tag=nokey", "tag"),
+        ("tag=bad%20key%3D1", "tag"),
+        ("created_after=yesterday", "created_after"),
+        ("ended_before=2026-13-01T00:00:00Z", "ended_before"),
+        ("id_prefix=", "id_prefix"),
+    ] {
+        let reason = server.get(&format!("/v1/tasks?{query}")).await.assert_error(400, "invalid_query");
+        assert!(reason.contains(named), "{query}: {reason}");
+        server.get(&format!("/v1/tasks/counts?{query}")).await.assert_error(400, "invalid_query");
+    }
+    let too_many: String = (0..17).map(|i| format!("tag=k{i}%3Dv&")).collect();
+    server.get(&format!("/v1/tasks?{too_many}")).await.assert_error(400, "invalid_query");
+    for tags in [json!({ "bad key": "x" }), json!({ "k": "v".repeat(257) }), json!({ "k": 1 }), json!(["k=v"])] {
+        let reply = server.post_json("/v1/tasks", &json!({ "workflow": "quick", "tags": tags })).await;
+        assert!(reply.status.is_client_error(), "tags {tags}: {}", reply.text);
+        assert!(reply.text.contains("tag"), "the error names the tags: {}", reply.text);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_show_their_heartbeats_and_the_supervisor_leader() {
     let server = start(Options::default()).await;
     let heartbeat = |instance: &str, stopped: bool| {

@@ -22,14 +22,15 @@ use std::time::Duration;
 use anyhow::{Context, anyhow};
 use rota_api::wire::{
     AlertView, BreakerView, CallbackAccepted, Count, DeadLetterView, EventView, PauseRequest, QueueView, ScheduleRequest, ScheduleView,
-    SignalDelivery, TaskStateChange, TaskSummary, TaskView, WorkflowView,
+    SignalDelivery, TaskCounts, TaskStateChange, TaskSummary, TaskView, WorkflowView,
 };
 use rota_engine::{Client, Submission, Workflows, ops};
-use rota_model::{QueueName, ScheduleName, SignalName, StepName, SystemClock, TaskId, TaskState, WorkflowName};
+use rota_model::{QueueName, ScheduleName, SignalName, StepName, SystemClock, Tags, TaskId, TaskState, WorkflowName};
 use rota_store::{Redrive, SharedStore, TaskFilter};
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::output;
 use crate::remote::{self, Server};
 
 /// The store, or a server's API.
@@ -63,6 +64,17 @@ struct SubmitBody<'a> {
     delay: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     reply_queue: Option<&'a str>,
+    #[serde(skip_serializing_if = "Tags::is_empty")]
+    tags: &'a Tags,
+}
+
+/// How a task is submitted, beyond what it runs: when it starts, where its
+/// status events go, its tags.
+#[derive(Clone, Copy)]
+pub struct SubmitHow<'a> {
+    pub start: &'a Start,
+    pub reply_queue: Option<&'a QueueName>,
+    pub tags: &'a Tags,
 }
 
 /// When a submitted task may start, as the command line says it.
@@ -119,9 +131,9 @@ impl Backend {
         version: Option<u32>,
         input: Value,
         id: Option<TaskId>,
-        start: &Start,
-        reply_queue: Option<&QueueName>,
+        how: &SubmitHow<'_>,
     ) -> anyhow::Result<Submitted> {
+        let SubmitHow { start, reply_queue, tags } = *how;
         match self {
             Backend::Local(store) => {
                 let client = client(store);
@@ -143,6 +155,7 @@ impl Backend {
                     start,
                     fired_by: None,
                     submitter: None,
+                    tags: tags.clone(),
                 };
                 let submitted = client.submit(submission).await.map_err(|err| anyhow::Error::new(ops::Error::from_submit(err)))?;
                 let detail =
@@ -163,6 +176,7 @@ impl Backend {
                     start_at,
                     delay,
                     reply_queue: reply_queue.map(QueueName::as_str),
+                    tags,
                 };
                 let (status, view) = server.post::<TaskView, _>(&["v1", "tasks"], Some(&body)).await?;
                 Ok(Submitted { view, created: status == reqwest::StatusCode::CREATED })
@@ -212,7 +226,8 @@ impl Backend {
                 Ok(tasks.iter().map(TaskSummary::from).collect())
             }
             Backend::Remote(server) => {
-                let mut params = vec![("limit", filter.limit.to_string())];
+                let mut params = search_params(&filter);
+                params.push(("limit", filter.limit.to_string()));
                 if let Some(state) = filter.state {
                     params.push(("state", state.as_str().to_owned()));
                 }
@@ -225,10 +240,35 @@ impl Backend {
                 if filter.at_risk {
                     params.push(("at_risk", "true".to_owned()));
                 }
-                if let Some(before) = filter.before {
+                if let Some(before) = &filter.before {
                     params.push(("before", before.to_string()));
                 }
                 server.get(&["v1", "tasks"], &params).await.context("cannot list tasks")
+            }
+        }
+    }
+
+    /// How many tasks match `filter` (its `before` and `limit` aside), by
+    /// state.
+    pub async fn task_counts(&self, filter: &TaskFilter) -> anyhow::Result<TaskCounts> {
+        match self {
+            Backend::Local(store) => {
+                let counted =
+                    client(store).task_counts(filter).await.map_err(|err| local_error(|| "cannot count tasks".to_owned(), err))?;
+                Ok(TaskCounts::from(counted.as_slice()))
+            }
+            Backend::Remote(server) => {
+                let mut params = search_params(filter);
+                if let Some(state) = filter.state {
+                    // The counts have every state; the others are zero.
+                    let counts: TaskCounts = server.get(&["v1", "tasks", "counts"], &params).await.context("cannot count tasks")?;
+                    let only = [(state, counts.of(state))];
+                    return Ok(TaskCounts::from(only.as_slice()));
+                }
+                if let Some(workflow) = &filter.workflow {
+                    params.push(("workflow", workflow.to_string()));
+                }
+                server.get(&["v1", "tasks", "counts"], &params).await.context("cannot count tasks")
             }
         }
     }
@@ -583,4 +623,21 @@ impl Backend {
             Backend::Remote(server) => server.delete(&["v1", "schedules", name.as_str()]).await.map_err(|err| remote_error(asked, err)),
         }
     }
+}
+
+/// The query parameters of `filter`'s search conditions (tags, time
+/// ranges, id prefix), as `GET /v1/tasks` and `/v1/tasks/counts` take them.
+fn search_params(filter: &TaskFilter) -> Vec<(&'static str, String)> {
+    let mut params: Vec<(&'static str, String)> = filter.tags.iter().map(|(key, value)| ("tag", format!("{key}={value}"))).collect();
+    let times = [
+        ("created_after", filter.created.from),
+        ("created_before", filter.created.until),
+        ("ended_after", filter.ended.from),
+        ("ended_before", filter.ended.until),
+    ];
+    params.extend(times.into_iter().filter_map(|(name, at)| Some((name, output::rfc3339(at?)))));
+    if let Some(prefix) = &filter.id_prefix {
+        params.push(("id_prefix", prefix.clone()));
+    }
+    params
 }

@@ -41,7 +41,7 @@ pub async fn export(store: &StoreArgs, args: ExportArgs) -> anyhow::Result<()> {
     store.local_only("export")?;
     let Backend::Local(store) = store.backend().await? else { unreachable!("local_only refused --server") };
     let mut out = BufWriter::new(io::stdout().lock());
-    let written = export::export(&store, args.filters.filter(args.page), |line| {
+    let written = export::export(&store, args.filters.filter(args.page)?, |line| {
         out.write_all(line.to_json().as_bytes())?;
         out.write_all(b"\n")
     })

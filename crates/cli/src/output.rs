@@ -9,6 +9,7 @@
 //! except that `status` prints its text from its JSON shape, so that both
 //! show the same fields.
 
+use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -137,6 +138,7 @@ pub struct TaskSummaryJson<'a> {
     at_risk_since: Option<String>,
     paused: bool,
     error: Option<&'a str>,
+    tags: &'a BTreeMap<String, String>,
     created_at: String,
     updated_at: String,
 }
@@ -154,6 +156,7 @@ impl<'a> From<&'a TaskSummary> for TaskSummaryJson<'a> {
             at_risk_since: task.at_risk_since.map(rfc3339_millis),
             paused: task.paused,
             error: task.error.as_deref(),
+            tags: &task.tags,
             created_at: rfc3339_millis(task.created_at),
             updated_at: rfc3339_millis(task.updated_at),
         }
@@ -183,6 +186,7 @@ pub struct StatusJson<'a> {
     pub reply_to: Option<&'a str>,
     pub reply_queue: Option<&'a str>,
     pub submitter: Option<&'a str>,
+    pub tags: &'a BTreeMap<String, String>,
     pub created_at: String,
     pub updated_at: String,
     pub steps: Vec<StepJson<'a>>,
@@ -237,6 +241,7 @@ impl<'a> StatusJson<'a> {
             reply_to: task.callback_url.as_deref(),
             reply_queue: task.reply_queue.as_deref(),
             submitter: task.submitter.as_deref(),
+            tags: &task.tags,
             created_at: rfc3339_millis(task.created_at),
             updated_at: rfc3339_millis(task.updated_at),
             steps: task.steps.iter().map(StepJson::from).collect(),

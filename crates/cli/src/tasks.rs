@@ -18,11 +18,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 use rota_api::wire::TaskView;
-use rota_model::{Clock, QueueName, SignalName, StepName, StepState, SystemClock, TaskId, TaskState, WorkflowName};
-use rota_store::TaskFilter;
+use rota_model::{Clock, QueueName, SignalName, StepName, StepState, SystemClock, Tags, TaskId, TaskState, Timestamp, WorkflowName};
+use rota_store::{TaskFilter, TimeRange};
 use serde_json::Value;
 
-use crate::backend::{Backend, Start};
+use crate::backend::{Backend, Start, SubmitHow};
 use crate::output::{self, AlertJson, BreakerJson, StatusJson, TaskSummaryJson, WorkflowJson, rfc3339_millis};
 use crate::store_args::StoreArgs;
 
@@ -63,6 +63,11 @@ pub struct SubmitArgs {
     /// with `rota queue receive QUEUE`. Not a `rota.` or `agent.` queue.
     #[arg(long, value_name = "QUEUE")]
     reply_queue: Option<QueueName>,
+    /// Label the task (repeat for more): find it later with
+    /// `rota tasks --tag key=value`. Keys: 1 to 64 of A-Z a-z 0-9 _ - . / :;
+    /// values: at most 256 bytes; at most 16 tags.
+    #[arg(long = "tag", value_name = "KEY=VALUE", value_parser = parse_tag_arg)]
+    tags: Vec<(String, String)>,
     /// Wait for the task to end, showing its steps' progress on stderr; exit
     /// 0 only if it ends Processed.
     #[arg(long)]
@@ -98,23 +103,56 @@ pub struct FilterArgs {
     /// for the task or one of its steps.
     #[arg(long)]
     at_risk: bool,
-    /// Only tasks created before this one: the next page after a listing
-    /// whose last task it is.
-    #[arg(long, value_name = "ID")]
-    before: Option<TaskId>,
+    /// Only tasks with this tag (repeat: with every one given).
+    #[arg(long = "tag", value_name = "KEY=VALUE", value_parser = parse_tag_arg)]
+    tags: Vec<(String, String)>,
+    /// Only tasks created at or after TIME: RFC 3339
+    /// (2026-11-28T09:00:00Z), or a duration ago (90m, 2h, 7d).
+    #[arg(long, value_name = "TIME", value_parser = parse_time_arg)]
+    created_after: Option<TimeArg>,
+    /// Only tasks created before TIME (RFC 3339, or a duration ago).
+    #[arg(long, value_name = "TIME", value_parser = parse_time_arg)]
+    created_before: Option<TimeArg>,
+    /// Only finished tasks that ended at or after TIME (RFC 3339, or a
+    /// duration ago).
+    #[arg(long, value_name = "TIME", value_parser = parse_time_arg)]
+    ended_after: Option<TimeArg>,
+    /// Only finished tasks that ended before TIME (RFC 3339, or a duration
+    /// ago).
+    #[arg(long, value_name = "TIME", value_parser = parse_time_arg)]
+    ended_before: Option<TimeArg>,
+    /// Only tasks whose id starts with PREFIX.
+    #[arg(long, value_name = "PREFIX")]
+    id_prefix: Option<String>,
+    /// The page after CURSOR: the tasks listed after it, that is created
+    /// before it. A full page ends with the cursor of the next.
+    #[arg(long, visible_alias = "before", value_name = "CURSOR")]
+    after: Option<TaskId>,
 }
 
 impl FilterArgs {
-    /// The store's filter, `limit` tasks per page.
-    pub fn filter(self, limit: u32) -> TaskFilter {
-        TaskFilter {
+    /// The store's filter, `limit` tasks per page; times given as a
+    /// duration ago count back from now.
+    pub fn filter(self, limit: u32) -> anyhow::Result<TaskFilter> {
+        if let Some(prefix) = &self.id_prefix
+            && (prefix.is_empty() || prefix.len() > rota_model::ids::ID_BYTES_MAX)
+        {
+            bail!("--id-prefix: must be 1 to {} bytes", rota_model::ids::ID_BYTES_MAX);
+        }
+        let now = SystemClock.now();
+        let time = |arg: Option<TimeArg>| arg.map(|arg| arg.at(now));
+        Ok(TaskFilter {
             state: self.state,
             workflow: self.workflow,
             at_risk: self.at_risk,
-            before: self.before,
+            tags: self.tags,
+            created: TimeRange { from: time(self.created_after), until: time(self.created_before) },
+            ended: TimeRange { from: time(self.ended_after), until: time(self.ended_before) },
+            id_prefix: self.id_prefix,
+            before: self.after,
             limit,
             ..TaskFilter::default()
-        }
+        })
     }
 }
 
@@ -126,9 +164,43 @@ pub struct ListArgs {
     /// The most tasks to list, newest first.
     #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=i64::from(LIST_LIMIT_MAX)))]
     limit: u32,
-    /// Print a JSON array instead of a table.
+    /// Print how many tasks match, by state, instead of listing them.
+    #[arg(long, conflicts_with_all = ["after", "at_risk"])]
+    count: bool,
+    /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+}
+
+/// A `--tag KEY=VALUE`.
+fn parse_tag_arg(text: &str) -> Result<(String, String), String> {
+    rota_model::tags::parse_tag(text).map_err(|err| err.to_string())
+}
+
+/// A time on the command line: a point, or a duration before the command
+/// runs.
+#[derive(Debug, Clone, Copy)]
+pub enum TimeArg {
+    At(Timestamp),
+    Ago(Duration),
+}
+
+impl TimeArg {
+    fn at(self, now: Timestamp) -> Timestamp {
+        match self {
+            TimeArg::At(at) => at,
+            TimeArg::Ago(ago) => Timestamp::from_millis(now.as_millis() - i64::try_from(ago.as_millis()).unwrap_or(i64::MAX)),
+        }
+    }
+}
+
+fn parse_time_arg(text: &str) -> Result<TimeArg, String> {
+    if let Ok(ago) = humantime::parse_duration(text.trim()) {
+        return Ok(TimeArg::Ago(ago));
+    }
+    rota_engine::client::parse_start_at(text)
+        .map(TimeArg::At)
+        .map_err(|_| format!("expected an RFC 3339 time (2026-11-28T09:00:00Z) or a duration ago (90m, 2h, 7d), got {text:?}"))
 }
 
 /// Arguments of `alerts`.
@@ -255,14 +327,23 @@ pub async fn callback(store: &StoreArgs, args: CallbackArgs) -> anyhow::Result<(
 /// `rota submit`.
 pub async fn submit(store: &StoreArgs, args: SubmitArgs) -> anyhow::Result<()> {
     let input = parse_input(&args.input)?;
+    let tags = Tags::new(args.tags).map_err(|err| anyhow!("--tag: {err}"))?;
     let backend = store.backend().await?;
     let start = match (args.at, args.delay) {
         (Some(at), _) => Start::At(at),
         (None, Some(delay)) => Start::After(delay),
         (None, None) => Start::Now,
     };
-    let submitted =
-        backend.submit(&args.workflow, args.version, input, args.id, &start, args.reply_queue.as_ref()).await.map_err(|err| {
+    let submitted = backend
+        .submit(
+            &args.workflow,
+            args.version,
+            input,
+            args.id,
+            &SubmitHow { start: &start, reply_queue: args.reply_queue.as_ref(), tags: &tags },
+        )
+        .await
+        .map_err(|err| {
             let hint =
                 "; `rota workflows` lists the registered ones, and `rota serve --workflows DIR` registers a directory of definitions";
             if err.to_string().contains("is not registered") { anyhow!("{err}{hint}") } else { err.context("cannot submit") }
@@ -419,6 +500,10 @@ fn status_text(status: &StatusJson) -> String {
     if let Some(submitter) = status.submitter {
         fields.push(("submitter", submitter.to_owned()));
     }
+    if !status.tags.is_empty() {
+        let tags: Vec<String> = status.tags.iter().map(|(key, value)| format!("{key}={value}")).collect();
+        fields.push(("tags", tags.join(" ")));
+    }
     if let Some(error) = status.error {
         fields.push(("error", error.replace('\n', " ")));
     }
@@ -500,7 +585,19 @@ fn status_text(status: &StatusJson) -> String {
 /// `rota tasks`.
 pub async fn list(store: &StoreArgs, args: ListArgs) -> anyhow::Result<()> {
     let backend = store.backend().await?;
-    let tasks = backend.tasks(args.filters.filter(args.limit)).await?;
+    let filter = args.filters.filter(args.limit)?;
+    if args.count {
+        let counts = backend.task_counts(&filter).await?;
+        if args.json {
+            return output::json(&counts);
+        }
+        let mut rows: Vec<Vec<String>> =
+            TaskState::ALL.iter().map(|state| vec![state.to_string(), counts.of(*state).to_string()]).collect();
+        rows.push(vec!["total".to_owned(), counts.total.to_string()]);
+        output::line(&output::table(&["STATE", "TASKS"], &rows))?;
+        return Ok(());
+    }
+    let tasks = backend.tasks(filter).await?;
     if args.json {
         let json: Vec<TaskSummaryJson> = tasks.iter().map(TaskSummaryJson::from).collect();
         return output::json(&json);
@@ -509,6 +606,7 @@ pub async fn list(store: &StoreArgs, args: ListArgs) -> anyhow::Result<()> {
         eprintln!("no tasks");
         return Ok(());
     }
+    let full_page = tasks.len() == args.limit as usize;
     let now = SystemClock.now().as_millis();
     let rows: Vec<Vec<String>> = tasks
         .iter()
@@ -537,7 +635,19 @@ pub async fn list(store: &StoreArgs, args: ListArgs) -> anyhow::Result<()> {
         })
         .collect();
     output::line(&output::table(&["ID", "WORKFLOW", "STATE", "FAILURES", "LOCKED BY", "UPDATED", "ERROR"], &rows))?;
+    if full_page && let Some(last) = tasks.last() {
+        eprintln!("more may follow: add --after {}", shell_word(&last.id));
+    }
     Ok(())
+}
+
+/// `text` as one shell word: as is when it is plain, else single-quoted.
+fn shell_word(text: &str) -> String {
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:/@%+=,".contains(&b)) {
+        text.to_owned()
+    } else {
+        format!("'{}'", text.replace('\'', "'\\''"))
+    }
 }
 
 /// `rota alerts`.

@@ -341,14 +341,19 @@ fn operator_commands_over_http_print_what_they_print_locally() {
     let http = Http::new(&server);
 
     // submit (and --wait) over HTTP.
-    let output = remote(&rota, &server, ADMIN_TOKEN, &["submit", "pipeline", "--id", "r-1", "--input", r#"{"order": 1}"#, "--wait"]);
+    let output = remote(
+        &rota,
+        &server,
+        ADMIN_TOKEN,
+        &["submit", "pipeline", "--id", "r-1", "--input", r#"{"order": 1}"#, "--tag", "customer=c1", "--tag", "region=eu", "--wait"],
+    );
     assert_eq!(stdout(&output), "r-1\n");
     let progress = String::from_utf8_lossy(&output.stderr);
     assert!(progress.contains("step echo: completed (attempt 1)") && progress.contains("task r-1: processed"), "{progress}");
     let output = remote(&rota, &server, ADMIN_TOKEN, &["submit", "pipeline", "--id", "r-1"]);
     assert_eq!(stdout(&output), "r-1\n");
     assert!(String::from_utf8_lossy(&output.stderr).contains("(existing) task r-1 already exists (pipeline@1, processed)"));
-    rota.ok(&["submit", "pipeline", "--id", "r-2", "--input", r#"{"order": 2}"#, "--wait"]);
+    rota.ok(&["submit", "pipeline", "--id", "r-2", "--input", r#"{"order": 2}"#, "--tag", "customer=c2", "--wait"]);
 
     // A dead letter to list (the API has no send: put it there on the store).
     rota.ok(&["queue", "send", "jobs", "--body", r#"{"n": 1}"#]);
@@ -361,6 +366,11 @@ fn operator_commands_over_http_print_what_they_print_locally() {
         vec!["status", "r-1"],
         vec!["tasks", "--json"],
         vec!["tasks", "--state", "processed", "--workflow", "pipeline", "--limit", "1"],
+        vec!["tasks", "--tag", "customer=c1", "--json"],
+        vec!["tasks", "--tag", "customer=c2", "--tag", "region=eu"],
+        vec!["tasks", "--id-prefix", "r-", "--created-after", "2020-01-01T00:00:00Z", "--ended-before", "2100-01-01T00:00:00Z"],
+        vec!["tasks", "--count", "--tag", "customer=c1"],
+        vec!["tasks", "--count", "--state", "processed", "--json"],
         vec!["alerts", "--json"],
         vec!["workflows", "--json"],
         vec!["workflows"],

@@ -451,6 +451,59 @@ fn a_task_submitted_with_a_delay_waits_pending_and_says_when_it_starts() {
 }
 
 #[test]
+fn tasks_are_tagged_searched_counted_and_paged() {
+    let rota = Rota::new();
+    let files = Files::new();
+    files.workflow("pipeline.yaml", PIPELINE);
+    let serve = Serve::start(&rota, &files.workflows(), "search-1", &[]);
+    for (id, customer) in [("o-1", "c1"), ("o-2", "c2"), ("o-3", "c1"), ("x-4", "c1")] {
+        rota.ok(&["submit", "pipeline", "--id", id, "--delay", "1h", "--tag", &format!("customer={customer}"), "--tag", "region=eu"]);
+    }
+    rota.ok(&["cancel", "o-1"]);
+    let status = rota.json(&["status", "o-3", "--json"]);
+    assert_eq!(status["tags"], json!({ "customer": "c1", "region": "eu" }));
+    assert!(rota.ok(&["status", "o-3"]).contains("tags           customer=c1 region=eu"));
+
+    let ids = |args: &[&str]| -> Vec<String> {
+        let mut full = vec!["tasks", "--json"];
+        full.extend_from_slice(args);
+        rota.json(&full).as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap().to_owned()).collect()
+    };
+    assert_eq!(ids(&["--tag", "customer=c1"]), ["x-4", "o-3", "o-1"]);
+    assert_eq!(ids(&["--tag", "customer=c1", "--id-prefix", "o-"]), ["o-3", "o-1"]);
+    assert_eq!(ids(&["--tag", "customer=c1", "--state", "pending"]), ["x-4", "o-3"]);
+    assert_eq!(ids(&["--created-after", "1h"]).len(), 4, "a duration means that long ago");
+    assert!(ids(&["--created-before", "1h"]).is_empty());
+    assert_eq!(ids(&["--ended-after", "2020-01-01T00:00:00Z"]), ["o-1"]);
+
+    // A full page says how to get the next; the cursor gets it.
+    let output = rota.command(&["tasks", "--tag", "customer=c1", "--limit", "2"]).output().unwrap();
+    assert!(stderr_of(&output).contains("more may follow: add --after o-3"), "{}", stderr_of(&output));
+    assert_eq!(ids(&["--tag", "customer=c1", "--limit", "2", "--after", "o-3"]), ["o-1"]);
+
+    let counted = rota.ok(&["tasks", "--count", "--tag", "customer=c1"]);
+    let lines: Vec<&str> =
+        counted.lines().filter(|l| l.starts_with("pending") || l.starts_with("cancelled") || l.starts_with("total")).collect();
+    let words: Vec<Vec<&str>> = lines.iter().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(words, [vec!["pending", "2"], vec!["cancelled", "1"], vec!["total", "3"]], "{counted}");
+    assert_eq!(rota.json(&["tasks", "--count", "--id-prefix", "x", "--json"])["total"], 1);
+
+    let (code, stderr) = rota.fails(&["submit", "pipeline", "--tag", "no-equals"]);
+    assert!(code == 2 && stderr.contains("expected a tag as key=value"), "{stderr}");
+    let (code, stderr) = rota.fails(&["tasks", "--created-after", "last week"]);
+    assert!(code == 2 && stderr.contains("expected an RFC 3339 time"), "{stderr}");
+    let many: Vec<String> = (0..17).map(|i| format!("k{i}=v")).collect();
+    let mut args = vec!["submit", "pipeline"];
+    for tag in &many {
+        args.extend(["--tag", tag.as_str()]);
+    }
+    let (code, stderr) = rota.fails(&args);
+    assert_eq!(code, 1);
+    assert_one_error_line(&stderr, &["--tag: a task has at most 16 tags, got 17"]);
+    drop(serve);
+}
+
+#[test]
 fn prune_deletes_finished_tasks_by_hand_and_counts_them_in_a_dry_run() {
     let rota = Rota::new();
     let files = Files::new();

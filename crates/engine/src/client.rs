@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rota_model::{Clock, QueueName, Step, Task, TaskId, TaskState, Timestamp, WorkflowName};
+use rota_model::{Clock, QueueName, Step, Tags, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{Created, Event, EventKind, NewTask, Outgoing, SharedStore, TaskRecord};
 use serde_json::{Value, json};
 
@@ -44,6 +44,8 @@ pub struct Submission {
     /// Who submits it ([`rota_model::Task::submitter`]), when known: the
     /// API's caller.
     pub submitter: Option<String>,
+    /// Its labels, by which operators find it ([`rota_model::Task::tags`]).
+    pub tags: Tags,
 }
 
 /// The schedule fire behind a submission.
@@ -104,6 +106,7 @@ impl Submission {
             start: Start::Now,
             fired_by: None,
             submitter: None,
+            tags: Tags::default(),
         }
     }
 
@@ -133,6 +136,12 @@ impl Submission {
     /// Submitted by `submitter`.
     pub fn submitted_by(mut self, submitter: impl Into<String>) -> Self {
         self.submitter = Some(submitter.into());
+        self
+    }
+
+    /// Labelled with `tags`.
+    pub fn with_tags(mut self, tags: Tags) -> Self {
+        self.tags = tags;
         self
     }
 
@@ -261,6 +270,7 @@ impl Client {
         task.reply_to = submission.reply_to;
         task.reply_queue = submission.reply_queue;
         task.submitter = submission.submitter;
+        task.tags = submission.tags;
         // Claims skip the task until then, and its doorbell rings then.
         let mut ring = doorbell(&id);
         if let Some(at) = start_at {

@@ -35,7 +35,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rota_model::{StepName, StepState, Task, TaskId, TaskState, TransitionError, WorkflowName};
+use rota_model::{StepName, StepState, Task, TaskId, TaskState, TransitionError};
 use rota_store::{Changes, Event, EventKind, StepWrite, TaskFilter, TaskRecord, TaskWrite};
 use rota_workflow::Workflow;
 use serde_json::{Value, json};
@@ -272,10 +272,10 @@ impl Client {
         Ok(tasks)
     }
 
-    /// How many tasks (of `workflow`, when given) are in each state, every
-    /// state listed.
-    pub async fn task_counts(&self, workflow: Option<&WorkflowName>) -> Result<Vec<(TaskState, u64)>> {
-        Ok(self.store.count_tasks(workflow).await?)
+    /// How many tasks matching `filter` (its `before` and `limit` aside)
+    /// are in each state, every state listed.
+    pub async fn task_counts(&self, filter: &TaskFilter) -> Result<Vec<(TaskState, u64)>> {
+        Ok(self.store.count_tasks(filter).await?)
     }
 
     /// The latest `limit` alerts, newest first.

@@ -17,6 +17,7 @@ pub mod json;
 pub mod retry;
 pub mod schedule;
 pub mod step;
+pub mod tags;
 pub mod task;
 
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
@@ -24,4 +25,5 @@ pub use ids::{IdError, InstanceId, LeaseToken, MessageId, QueueName, ScheduleNam
 pub use retry::{FailureClass, FailureKind, RetryPolicy, RetryPolicyError};
 pub use schedule::{CatchUp, Cron, Overlap, ScheduleError};
 pub use step::{Step, StepState};
+pub use tags::{TagError, Tags};
 pub use task::{ExhaustedPolicy, Task, TaskFence, TaskState, TransitionError};

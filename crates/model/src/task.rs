@@ -31,6 +31,7 @@ use serde_json::Value;
 
 use crate::clock::Timestamp;
 use crate::ids::{InstanceId, QueueName, TaskId, WorkflowName};
+use crate::tags::Tags;
 
 /// Where a task is in its lifecycle. The doc comment of each state says who
 /// moves a task out of it.
@@ -223,6 +224,10 @@ pub struct Task {
     /// by pause and resume only; every other move keeps it.
     #[serde(default)]
     pub paused: bool,
+    /// Its `key=value` labels, given at submission and never changed, by
+    /// which operators find it (the stores index them).
+    #[serde(default, skip_serializing_if = "Tags::is_empty")]
+    pub tags: Tags,
     /// The final result, once Processed.
     pub output: Option<Value>,
     /// The reason for Error (or the last failure).
@@ -253,6 +258,7 @@ impl Task {
             reply_queue: None,
             submitter: None,
             paused: false,
+            tags: Tags::default(),
             output: None,
             error: None,
             created_at: now,

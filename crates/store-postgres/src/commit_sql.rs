@@ -224,6 +224,7 @@ pub(crate) async fn create_tasks(
         tasks: TaskArrays::push(&mut params, &tasks)?,
         reply_queue: params.array(tasks.iter().map(|t| t.reply_queue.as_ref().map(QueueName::as_str)).collect::<Vec<_>>(), "text[]")?,
         submitter: params.array(tasks.iter().map(|t| t.submitter.as_deref()).collect::<Vec<_>>(), "text[]")?,
+        tags: params.array(tasks.iter().map(|t| (!t.tags.is_empty()).then(|| t.tags.to_json())).collect::<Vec<_>>(), "text[]")?,
         steps: StepArrays::push(&mut params, &steps)?,
         events: EventArrays::push(&mut params, &events.iter().map(|(_, event)| *event).collect::<Vec<_>>())?,
         lock_base: params.push(n.event_lock_base())?,
@@ -246,6 +247,9 @@ struct CreateParams {
     reply_queue: Array,
     /// Each task's submitter: written at creation only, like `reply_queue`.
     submitter: Array,
+    /// Each task's tags as a JSON object (NULL: none): written at creation
+    /// only, with one `task_tags` row each.
+    tags: Array,
     steps: StepArrays,
     events: EventArrays,
     /// The event-writer lock base (see `Names::event_lock_base`).
@@ -263,25 +267,30 @@ struct CreateParams {
 fn create_sql(p: &CreateParams) -> String {
     let (tasks, steps, events) = (list(&p.tasks.0), list(&p.steps.0), list(&p.events.0));
     let (lock_base, now, event_owner, send_owner) = (p.lock_base, p.now, p.event_owner, p.send_owner);
-    let (reply_queue, submitter) = (p.reply_queue, p.submitter);
+    let (reply_queue, submitter, tags) = (p.reply_queue, p.submitter, p.tags);
     let SendArrays { queue_id, id, keyed, body, ordering_key, visible_at, reply_to, correlation_id } = &p.sends;
     format!(
         "WITH
          inserted AS (
              INSERT INTO rota.tasks (id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
                                      failure_count, reply_to, output, error, created_at, updated_at, warn_at, paused,
-                                     reply_queue, submitter)
+                                     reply_queue, submitter, tags)
              SELECT t.id, t.workflow, t.workflow_version, t.input, t.state, t.locked_by, t.lease_epoch, t.complete_by, t.not_before,
                     t.failure_count, t.reply_to, t.output, t.error, t.created_at, t.updated_at, t.warn_at, t.paused,
-                    t.reply_queue, t.submitter
-               FROM unnest({tasks}, {reply_queue}, {submitter})
+                    t.reply_queue, t.submitter, t.tags
+               FROM unnest({tasks}, {reply_queue}, {submitter}, {tags})
                     WITH ORDINALITY
                     AS t(id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
                          failure_count, reply_to, output, error, created_at, updated_at, warn_at, paused, reply_queue,
-                         submitter, position)
+                         submitter, tags, position)
               ORDER BY t.position
              ON CONFLICT (id) DO NOTHING
-          RETURNING id),
+          RETURNING id, created_seq, tags),
+         tagged AS (
+             INSERT INTO rota.task_tags (key, value, created_seq)
+             SELECT kv.key, kv.value, i.created_seq
+               FROM inserted AS i, jsonb_each_text(i.tags::jsonb) AS kv
+              WHERE i.tags IS NOT NULL),
          step_rows AS (
              INSERT INTO rota.steps (task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error,
                                      updated_at, warn_at, callback_digest)

@@ -98,6 +98,11 @@ pub struct Config {
     /// workflows/s (three to six interleaved runs each): fewer, fuller
     /// statements leave the server more of its CPU.
     pub commits_in_flight: usize,
+    /// Below this many matches of a time range, a task listing reads that
+    /// range's own index and sorts what it finds; from it on, it walks the
+    /// tasks newest first and tests each. The default suits pages of a
+    /// hundred on ten million tasks.
+    pub sparse_matches_max: u32,
 }
 
 impl Config {
@@ -114,6 +119,7 @@ impl Config {
             application_name: "rota".into(),
             commit_batch_max: 64,
             commits_in_flight: 2,
+            sparse_matches_max: task_sql::SPARSE_MATCHES_MAX,
         }
     }
 
@@ -917,11 +923,11 @@ impl Tasks for PgStore {
     }
 
     async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<Task>, Error> {
-        with_connection!(self, conn => { task_sql::list_tasks(&mut conn, &self.names, filter).await? })
+        with_connection!(self, conn => { task_sql::list_tasks(&mut conn, &self.names, filter, self.config.sparse_matches_max).await? })
     }
 
-    async fn count_tasks(&self, workflow: Option<&WorkflowName>) -> Result<Vec<(TaskState, u64)>, Error> {
-        with_connection!(self, conn => { task_sql::count_tasks(&mut conn, &self.names, workflow).await? })
+    async fn count_tasks(&self, filter: &TaskFilter) -> Result<Vec<(TaskState, u64)>, Error> {
+        with_connection!(self, conn => { task_sql::count_tasks(&mut conn, &self.names, filter, self.config.sparse_matches_max).await? })
     }
 
     async fn claim_tasks(&self, owner: &InstanceId, lease: Duration, max: u32) -> Result<Vec<Task>, Error> {

@@ -69,6 +69,10 @@ pub(crate) async fn prune_tasks(conn: &mut PgConnection, n: &Names, prune: &Prun
         " ORDER BY t.updated_at, t.id LIMIT $6 FOR UPDATE OF t SKIP LOCKED),
          gone_events AS (DELETE FROM rota.events WHERE task_id IN (SELECT id FROM doomed) RETURNING 1),
          gone_steps AS (DELETE FROM rota.steps WHERE task_id IN (SELECT id FROM doomed) RETURNING 1),
+         gone_tags AS (DELETE FROM rota.task_tags AS g
+                         USING rota.tasks AS t, jsonb_each_text(t.tags::jsonb) AS kv
+                         WHERE t.id IN (SELECT id FROM doomed) AND t.tags IS NOT NULL
+                           AND g.key = kv.key AND g.value = kv.value AND g.created_seq = t.created_seq),
          gone AS (DELETE FROM rota.tasks WHERE id IN (SELECT id FROM doomed) RETURNING id)
          SELECT (SELECT count(*) FROM gone_events), (SELECT count(*) FROM gone_steps),
                 ARRAY(SELECT d.id FROM doomed d JOIN gone g ON g.id = d.id ORDER BY d.updated_at, d.id)"

@@ -251,6 +251,20 @@ ALTER TABLE rota.tasks ADD COLUMN paused BOOLEAN NOT NULL DEFAULT false;
 DROP INDEX rota.tasks_claimable;
 CREATE INDEX tasks_claimable ON rota.tasks (not_before) WHERE state IN ('pending', 'compensating') AND locked_by IS NULL AND NOT paused;
 "#,
+    r#"
+-- Search: a task's tags (a JSON object, NULL: none) and one row per tag in
+-- `task_tags`, whose key ends with the task's `created_seq` so that one
+-- tag's tasks are walked newest first with no sort. Listings by creation
+-- time read `tasks_created`.
+ALTER TABLE rota.tasks ADD COLUMN tags TEXT;
+CREATE TABLE rota.task_tags (
+    key         TEXT   NOT NULL,
+    value       TEXT   NOT NULL,
+    created_seq BIGINT NOT NULL,
+    PRIMARY KEY (key, value, created_seq)
+);
+CREATE INDEX tasks_created ON rota.tasks (created_at);
+"#,
 ];
 
 /// How many migrations this build knows.

@@ -4,8 +4,10 @@
 
 use std::time::Duration;
 
-use rota_model::{InstanceId, QueueName, Step, StepName, StepState, Task, TaskId, TaskState, Timestamp, WorkflowName};
-use rota_store::{ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, TaskFilter, TaskRecord, Warning, WorkflowEntry};
+use rota_model::{InstanceId, QueueName, Step, StepName, StepState, Tags, Task, TaskId, TaskState, Timestamp, WorkflowName};
+use rota_store::{
+    ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, TaskFilter, TaskRecord, TimeRange, Warning, WorkflowEntry,
+};
 use serde_json::Value;
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
@@ -51,6 +53,13 @@ fn task_from(row: &PgRow) -> Result<Task> {
             .map_err(|e| corrupt("reply_queue", e))?,
         submitter: row.try_get("submitter")?,
         paused: row.try_get("paused")?,
+        tags: row
+            .try_get::<Option<String>, _>("tags")?
+            .as_deref()
+            .map(Tags::from_json)
+            .transpose()
+            .map_err(|e| corrupt("tags", e))?
+            .unwrap_or_default(),
         output: row.try_get::<Option<String>, _>("output")?.map(|o| parse_json("task output", o)).transpose()?,
         error: row.try_get("error")?,
         created_at: Timestamp::from_millis(row.try_get("created_at")?),
@@ -138,70 +147,216 @@ pub(crate) async fn get_tasks(conn: &mut PgConnection, n: &Names, ids: &[TaskId]
     Ok(ordered)
 }
 
-/// The listing's statement for the filters `filter` sets, and the values
-/// to bind in order: one text per combination, naming only the conditions
-/// that apply, because the connections plan generically (see
-/// `PLANNER_SETTINGS`) and a generic plan of `($1 IS NULL OR state = $1)`
-/// can use no index. Each combination is served by an index ending with
-/// `created_seq` (`tasks_state`, `tasks_workflow`, `tasks_workflow_state`,
-/// `tasks_locked_by`, `tasks_submitter`, `tasks_at_risk`, or the unique index of `created_seq` itself), walked
-/// backwards with no sort; `before` is a range on the same column.
-fn list_tasks_sql(filter: &TaskFilter) -> (String, Vec<&str>) {
-    let mut conditions = Vec::new();
-    let mut values = Vec::new();
-    let named: [(&str, Option<&str>); 5] = [
-        ("state = ${}", filter.state.map(TaskState::as_str)),
-        ("workflow = ${}", filter.workflow.as_ref().map(WorkflowName::as_str)),
-        ("locked_by = ${}", filter.locked_by.as_ref().map(InstanceId::as_str)),
-        ("submitter = ${}", filter.submitter.as_deref()),
-        ("created_seq < (SELECT created_seq FROM rota.tasks WHERE id = ${})", filter.before.as_ref().map(TaskId::as_str)),
-    ];
-    for (condition, value) in named {
-        if let Some(value) = value {
-            values.push(value);
-            conditions.push(condition.replace("{}", &values.len().to_string()));
-        }
-    }
-    let conditions = if conditions.is_empty() { String::new() } else { format!("WHERE {}", conditions.join(" AND ")) };
-    // Tasks at risk are few: they are read whole from their partial index
-    // and the other conditions applied to them, rather than walking a larger
-    // index (`tasks_state` on every task processing) that a generic plan
-    // of an empty table would choose.
-    let from = if filter.at_risk {
-        "(SELECT * FROM rota.tasks WHERE at_risk_since IS NOT NULL AND locked_by IS NOT NULL OFFSET 0) AS tasks"
-    } else {
-        "rota.tasks"
-    };
-    (format!("SELECT * FROM {from} {conditions} ORDER BY created_seq DESC LIMIT ${}", values.len() + 1), values)
+/// The default of `Config::sparse_matches_max`: below this many matches of
+/// a time range, a listing reads the range's own index and sorts what it
+/// finds; at or above it, it walks the tasks newest first and tests each.
+/// About sqrt(page × tasks) for pages of 100 on ten million tasks.
+pub(crate) const SPARSE_MATCHES_MAX: u32 = 20_000;
+
+/// A value a listing binds.
+enum Bind {
+    Text(String),
+    Int(i64),
 }
 
-pub(crate) async fn list_tasks(conn: &mut PgConnection, n: &Names, filter: &TaskFilter) -> Result<Vec<Task>> {
-    let (text, values) = list_tasks_sql(filter);
-    let text = n.qualify(&text);
-    let mut query = sqlx::query(n.raw(&text));
-    for value in values {
-        query = query.bind(value);
+/// The index a listing reads first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Driver {
+    /// The index serving the equality conditions (each ends with
+    /// `created_seq`), or `created_seq`'s own, walked backwards.
+    Newest,
+    /// The first tag's entries in `task_tags`, which end with `created_seq`
+    /// too: walked backwards, joined to their tasks.
+    Tag,
+    /// `tasks_finished`, by end time; the matches are sorted.
+    Ended,
+    /// `tasks_created`, by creation time; the matches are sorted.
+    Created,
+}
+
+/// A statement's source, conditions and values, in binding order. The
+/// connections plan generically (see `PLANNER_SETTINGS`), so each
+/// combination of conditions is its own text naming only those that
+/// apply: a generic plan of `($1 IS NULL OR state = $1)` can use no index.
+struct Selection {
+    from: String,
+    /// The column that orders the listing (the driving index's last).
+    order: &'static str,
+    conditions: Vec<String>,
+    values: Vec<Bind>,
+}
+
+impl Selection {
+    fn push(&mut self, condition: &str, values: impl IntoIterator<Item = Bind>) {
+        let mut condition = condition.to_owned();
+        for value in values {
+            self.values.push(value);
+            condition = condition.replacen("$_", &format!("${}", self.values.len()), 1);
+        }
+        self.conditions.push(condition);
     }
-    let rows = query.bind(i64::from(filter.limit)).fetch_all(&mut *conn).await?;
+
+    fn where_clause(&self) -> String {
+        if self.conditions.is_empty() { String::new() } else { format!("WHERE {}", self.conditions.join(" AND ")) }
+    }
+
+    fn query(&self, text: sqlx::AssertSqlSafe<String>) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
+        let mut query = sqlx::query(text);
+        for value in &self.values {
+            query = match value {
+                Bind::Text(text) => query.bind(text.clone()),
+                Bind::Int(int) => query.bind(*int),
+            };
+        }
+        query
+    }
+}
+
+fn text(value: &str) -> Bind {
+    Bind::Text(value.to_owned())
+}
+
+/// `filter`'s conditions read through `driver`'s index. A range that does
+/// not drive is written `(column + 0)`, which no index serves, so that the
+/// generic plan keeps to the driving one.
+fn selection(filter: &TaskFilter, driver: Driver) -> Selection {
+    const FINISHED: &str = "state IN ('processed', 'error', 'compensated', 'cancelled')";
+    let range = |column: &str, range: &TimeRange| {
+        let mut conditions = Vec::new();
+        if range.from.is_some() {
+            conditions.push(format!("{column} >= $_"));
+        }
+        if range.until.is_some() {
+            conditions.push(format!("{column} < $_"));
+        }
+        conditions.join(" AND ")
+    };
+    let range_values = |range: &TimeRange| [range.from, range.until].into_iter().flatten().map(|at| Bind::Int(at.as_millis()));
+    let mut s = Selection { from: String::new(), order: "t.created_seq", conditions: Vec::new(), values: Vec::new() };
+    // The driving source first: its values come first.
+    match driver {
+        _ if filter.at_risk => {
+            // Tasks at risk are few: read whole from their partial index and
+            // the other conditions applied to them, rather than walking a
+            // larger index (`tasks_state` on every task processing) that a
+            // generic plan of an empty table would choose.
+            s.from = "(SELECT * FROM rota.tasks WHERE at_risk_since IS NOT NULL AND locked_by IS NOT NULL OFFSET 0) AS t".into();
+        }
+        Driver::Tag => {
+            let (key, value) = &filter.tags[0];
+            s.from = "rota.task_tags AS g JOIN rota.tasks AS t ON t.created_seq = g.created_seq".into();
+            s.order = "g.created_seq";
+            s.push("g.key = $_ AND g.value = $_", [text(key), text(value)]);
+        }
+        Driver::Ended | Driver::Created => {
+            let (column, range_of, only) = if driver == Driver::Ended {
+                ("updated_at", &filter.ended, format!("{FINISHED} AND "))
+            } else {
+                ("created_at", &filter.created, String::new())
+            };
+            let mut inner = Selection { from: String::new(), order: "", conditions: Vec::new(), values: Vec::new() };
+            inner.push(&format!("{only}{}", range(column, range_of)), range_values(range_of));
+            s.from = format!("(SELECT * FROM rota.tasks {} OFFSET 0) AS t", inner.where_clause());
+            s.values = inner.values;
+        }
+        Driver::Newest => s.from = "rota.tasks AS t".into(),
+    }
+    if let Some(state) = filter.state {
+        s.push("t.state = $_", [text(state.as_str())]);
+    }
+    if let Some(workflow) = &filter.workflow {
+        s.push("t.workflow = $_", [text(workflow.as_str())]);
+    }
+    if let Some(owner) = &filter.locked_by {
+        s.push("t.locked_by = $_", [text(owner.as_str())]);
+    }
+    if let Some(submitter) = &filter.submitter {
+        s.push("t.submitter = $_", [text(submitter)]);
+    }
+    let driven_tags = usize::from(driver == Driver::Tag && !filter.at_risk);
+    for (key, value) in filter.tags.iter().skip(driven_tags) {
+        s.push(
+            "EXISTS (SELECT 1 FROM rota.task_tags AS o WHERE o.key = $_ AND o.value = $_ AND o.created_seq = t.created_seq)",
+            [text(key), text(value)],
+        );
+    }
+    if filter.created.is_set() && driver != Driver::Created {
+        s.push(&range("(t.created_at + 0)", &filter.created), range_values(&filter.created));
+    }
+    if filter.ended.is_set() && driver != Driver::Ended {
+        s.push(&format!("t.{FINISHED} AND {}", range("(t.updated_at + 0)", &filter.ended)), range_values(&filter.ended));
+    }
+    if let Some(prefix) = &filter.id_prefix {
+        // An exact test in byte order whatever the database's collation;
+        // no index serves it, so it filters whatever drives.
+        s.push("starts_with(t.id, $_)", [text(prefix)]);
+    }
+    s
+}
+
+/// The index a listing or count of `filter` reads first: its first tag's
+/// when it has tags (walked in order, it needs no sort however many match);
+/// else a time range's, when that range matches fewer than `sparse` tasks;
+/// else the newest-first walk.
+async fn driver(conn: &mut PgConnection, n: &Names, filter: &TaskFilter, sparse: u32) -> Result<Driver> {
+    if filter.at_risk {
+        return Ok(Driver::Newest);
+    }
+    if !filter.tags.is_empty() {
+        return Ok(Driver::Tag);
+    }
+    if sparse == 0 {
+        return Ok(Driver::Newest);
+    }
+    let mut best = (Driver::Newest, i64::from(sparse));
+    for candidate in [Driver::Ended, Driver::Created] {
+        let range = if candidate == Driver::Ended { &filter.ended } else { &filter.created };
+        if !range.is_set() {
+            continue;
+        }
+        let only = TaskFilter {
+            ended: if candidate == Driver::Ended { filter.ended } else { TimeRange::default() },
+            created: if candidate == Driver::Created { filter.created } else { TimeRange::default() },
+            ..TaskFilter::default()
+        };
+        let s = selection(&only, candidate);
+        let text = n.qualify(&format!("SELECT count(*) FROM (SELECT 1 FROM {} LIMIT {sparse}) AS probe", s.from));
+        let matches: i64 = s.query(n.raw(&text)).fetch_one(&mut *conn).await?.try_get(0)?;
+        if matches < best.1 {
+            best = (candidate, matches);
+        }
+    }
+    Ok(best.0)
+}
+
+/// Tasks matching `filter`, newest first (by `created_seq`); `before` is a
+/// range on the same column.
+pub(crate) async fn list_tasks(conn: &mut PgConnection, n: &Names, filter: &TaskFilter, sparse: u32) -> Result<Vec<Task>> {
+    let mut s = selection(filter, driver(conn, n, filter, sparse).await?);
+    if let Some(before) = &filter.before {
+        let condition = format!("{} < (SELECT created_seq FROM rota.tasks WHERE id = $_)", s.order);
+        s.push(&condition, [text(before.as_str())]);
+    }
+    s.values.push(Bind::Int(i64::from(filter.limit)));
+    let text = n.qualify(&format!("SELECT t.* FROM {} {} ORDER BY {} DESC LIMIT ${}", s.from, s.where_clause(), s.order, s.values.len()));
+    let rows = s.query(n.raw(&text)).fetch_all(&mut *conn).await?;
     rows.iter().map(task_from).collect()
 }
 
-/// How many tasks (of `workflow`, when given) are in each state, every
-/// state listed; each form reads one index (`tasks_state`,
-/// `tasks_workflow_state`).
-pub(crate) async fn count_tasks(conn: &mut PgConnection, n: &Names, workflow: Option<&WorkflowName>) -> Result<Vec<(TaskState, u64)>> {
-    let rows: Vec<(String, i64)> = match workflow {
-        None => sqlx::query_as(n.sql("SELECT state, COUNT(*) FROM rota.tasks GROUP BY state")).fetch_all(&mut *conn).await?,
-        Some(workflow) => {
-            sqlx::query_as(n.sql("SELECT state, COUNT(*) FROM rota.tasks WHERE workflow = $1 GROUP BY state"))
-                .bind(workflow.as_str())
-                .fetch_all(&mut *conn)
-                .await?
-        }
-    };
+/// How many tasks matching `filter` (`before` and `limit` aside) are in
+/// each state, every state listed. With no condition, or a workflow only,
+/// it reads one index (`tasks_state`, `tasks_workflow_state`).
+pub(crate) async fn count_tasks(conn: &mut PgConnection, n: &Names, filter: &TaskFilter, sparse: u32) -> Result<Vec<(TaskState, u64)>> {
+    let s = selection(filter, driver(conn, n, filter, sparse).await?);
+    let text = n.qualify(&format!("SELECT t.state, count(*) FROM {} {} GROUP BY t.state", s.from, s.where_clause()));
+    let rows = s.query(n.raw(&text)).fetch_all(&mut *conn).await?;
     let counted = rows
-        .into_iter()
-        .map(|(state, count)| Ok((state.parse::<TaskState>().map_err(|e| corrupt("task state", e))?, u64::try_from(count).unwrap_or(0))))
+        .iter()
+        .map(|row| {
+            let state: String = row.try_get(0)?;
+            let count: i64 = row.try_get(1)?;
+            Ok((state.parse::<TaskState>().map_err(|e| corrupt("task state", e))?, u64::try_from(count).unwrap_or(0)))
+        })
         .collect::<Result<Vec<_>>>()?;
     Ok(rota_store::counts_of_every_state(counted))
 }

@@ -72,6 +72,13 @@ pub(crate) fn prune_tasks(conn: &Connection, prune: &Prune, vacuum_pages: u32) -
             conn.prepare_cached("DELETE FROM events WHERE task_id = ?1").and_then(|mut s| s.execute([id])).map_err(sql_error)? as u64;
         pruned.steps +=
             conn.prepare_cached("DELETE FROM steps WHERE task_id = ?1").and_then(|mut s| s.execute([id])).map_err(sql_error)? as u64;
+        // Each tag row by its key, through the tags the task keeps.
+        conn.prepare_cached(
+            "DELETE FROM task_tags WHERE (key, value, task_id) IN \
+             (SELECT j.key, j.value, t.id FROM tasks AS t, json_each(t.tags) AS j WHERE t.id = ?1)",
+        )
+        .and_then(|mut s| s.execute([id]))
+        .map_err(sql_error)?;
         conn.prepare_cached("DELETE FROM tasks WHERE id = ?1").and_then(|mut s| s.execute([id])).map_err(sql_error)?;
         pruned.tasks.push(task_id(id)?);
     }

@@ -236,6 +236,19 @@ ALTER TABLE tasks ADD COLUMN paused INTEGER NOT NULL DEFAULT 0;
 DROP INDEX tasks_claimable;
 CREATE INDEX tasks_claimable ON tasks (not_before) WHERE state IN ('pending', 'compensating') AND locked_by IS NULL AND paused = 0;
 "#,
+    r#"
+-- Search: a task's tags (a JSON object, NULL: none) and one row per tag in
+-- `task_tags`, keyed by the task id rather than its rowid (a VACUUM may
+-- renumber rowids). Listings by creation time read `tasks_created`.
+ALTER TABLE tasks ADD COLUMN tags TEXT;
+CREATE TABLE task_tags (
+    key     TEXT NOT NULL,
+    value   TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    PRIMARY KEY (key, value, task_id)
+) WITHOUT ROWID;
+CREATE INDEX tasks_created ON tasks (created_at);
+"#,
 ];
 
 /// Runs the migrations that have not run yet.

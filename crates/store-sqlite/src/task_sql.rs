@@ -3,19 +3,20 @@
 
 use std::time::Duration;
 
-use rota_model::{InstanceId, QueueName, Step, StepName, StepState, Task, TaskId, TaskState, Timestamp, WorkflowName};
+use rota_model::{InstanceId, QueueName, Step, StepName, StepState, Tags, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{
-    Changes, ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, Result, StepWrite, TaskFilter, TaskRecord, TaskWrite, Warning,
-    WorkflowEntry,
+    Changes, ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, Result, StepWrite, TaskFilter, TaskRecord, TaskWrite,
+    TimeRange, Warning, WorkflowEntry, prefix_upper_bound,
 };
-use rusqlite::{Connection, OptionalExtension, Row, params};
+use rusqlite::types::Value as Sql;
+use rusqlite::{Connection, OptionalExtension, Row, params, params_from_iter};
 use serde_json::Value;
 
 use crate::sql_error;
 
 const TASK_COLUMNS: &str = "id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before, \
                             failure_count, reply_to, output, error, created_at, updated_at, warn_at, at_risk_since, reply_queue, \
-                            submitter, paused";
+                            submitter, paused, tags";
 const STEP_COLUMNS: &str =
     "task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error, updated_at, warn_at, callback_digest";
 
@@ -53,6 +54,7 @@ struct TaskRow {
     reply_queue: Option<String>,
     submitter: Option<String>,
     paused: bool,
+    tags: Option<String>,
 }
 
 fn task_row(row: &Row<'_>) -> rusqlite::Result<TaskRow> {
@@ -77,6 +79,7 @@ fn task_row(row: &Row<'_>) -> rusqlite::Result<TaskRow> {
         reply_queue: row.get(17)?,
         submitter: row.get(18)?,
         paused: row.get(19)?,
+        tags: row.get(20)?,
     })
 }
 
@@ -99,6 +102,7 @@ impl TaskRow {
             reply_queue: self.reply_queue.map(QueueName::new).transpose().map_err(|e| corrupt("reply_queue", e))?,
             submitter: self.submitter,
             paused: self.paused,
+            tags: self.tags.as_deref().map(Tags::from_json).transpose().map_err(|e| corrupt("tags", e))?.unwrap_or_default(),
             output: self.output.map(|o| parse_json("task output", o)).transpose()?,
             error: self.error,
             created_at: Timestamp::from_millis(self.created_at),
@@ -169,8 +173,8 @@ pub(crate) fn task_exists(conn: &Connection, id: &TaskId) -> Result<bool> {
 
 /// Binds a task's columns, in `TASK_COLUMNS` order, to parameters ?1..?16
 /// and ?20 (`paused`): all but `at_risk_since`, which only
-/// [`raise_warning`] writes, and `reply_queue` and `submitter`, which only
-/// the insert writes (they never change).
+/// [`raise_warning`] writes, and `reply_queue`, `submitter` and `tags`,
+/// which only the insert writes (they never change).
 fn bind_task(stmt: &mut rusqlite::Statement<'_>, task: &Task) -> rusqlite::Result<()> {
     stmt.raw_bind_parameter(1, task.id.as_str())?;
     stmt.raw_bind_parameter(2, task.workflow.as_str())?;
@@ -210,15 +214,21 @@ fn bind_step(stmt: &mut rusqlite::Statement<'_>, step: &Step) -> rusqlite::Resul
 
 pub(crate) fn insert_task(conn: &Connection, task: &Task) -> Result<()> {
     conn.prepare_cached(&format!(
-        "INSERT INTO tasks ({TASK_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, NULL, ?18, ?19, ?20)"
+        "INSERT INTO tasks ({TASK_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, NULL, ?18, ?19, ?20, ?21)"
     ))
     .and_then(|mut stmt| {
         bind_task(&mut stmt, task)?;
         stmt.raw_bind_parameter(18, task.reply_queue.as_ref().map(QueueName::as_str))?;
         stmt.raw_bind_parameter(19, task.submitter.as_deref())?;
+        stmt.raw_bind_parameter(21, (!task.tags.is_empty()).then(|| task.tags.to_json()))?;
         stmt.raw_execute()
     })
     .map_err(sql_error)?;
+    for (key, value) in task.tags.iter() {
+        conn.prepare_cached("INSERT INTO task_tags (key, value, task_id) VALUES (?1, ?2, ?3)")
+            .and_then(|mut stmt| stmt.execute([key, value, task.id.as_str()]))
+            .map_err(sql_error)?;
+    }
     Ok(())
 }
 
@@ -344,89 +354,203 @@ pub(crate) fn get_task(conn: &Connection, id: &TaskId) -> Result<Option<TaskReco
     Ok(Some(TaskRecord { task, steps }))
 }
 
-/// The listing's statement for the filters `filter` sets: one text per
-/// combination, naming only the conditions that apply, so that SQLite picks
-/// the index that serves them (`tasks_state`, `tasks_workflow`,
-/// `tasks_workflow_state`, `tasks_locked_by`, `tasks_submitter`, whose entries end with the
-/// rowid, or the rowid itself) and walks it newest first, with no sort
-/// (except `at_risk`, served by the small `tasks_at_risk`); `before` is a range on
-/// the same rowid. Parameters: ?1 state, ?2 workflow, ?3 locked_by,
-/// ?4 before, ?5 limit, ?6 submitter.
-fn list_tasks_sql(filter: &TaskFilter) -> String {
-    let mut conditions = Vec::new();
-    if filter.state.is_some() {
-        conditions.push("state = ?1");
+/// The default of `Config::sparse_matches_max`: below this many matches of
+/// a sparse condition (a tag, an id prefix, a creation or end time range),
+/// a listing reads that condition's own index and sorts what it finds; at
+/// or above it, the matches are dense enough that walking the tasks newest
+/// first and testing each finds a page sooner. About sqrt(page × tasks)
+/// for pages of 100 on ten million tasks.
+pub(crate) const SPARSE_MATCHES_MAX: u32 = 20_000;
+
+/// The states of a finished task, as the partial index `tasks_finished`
+/// names them (word for word, which is how SQLite knows it applies).
+const FINISHED: &str = "t.state IN ('processed', 'error', 'compensated', 'cancelled')";
+
+/// The condition whose index a listing reads first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Driver {
+    /// Whatever index serves the equality conditions (state, workflow,
+    /// owner, submitter: each ends with the rowid), or the rowid itself,
+    /// walked newest first with no sort.
+    Newest,
+    /// The n-th tag's entries in `task_tags`.
+    Tag(usize),
+    /// `tasks_finished`, by end time.
+    Ended,
+    /// `tasks_created`, by creation time.
+    Created,
+    /// The id's own index, by prefix.
+    IdPrefix,
+}
+
+/// A statement's conditions and the values they bind, in order.
+struct Selection {
+    from: &'static str,
+    conditions: Vec<String>,
+    values: Vec<Sql>,
+}
+
+impl Selection {
+    fn push(&mut self, condition: &str, values: impl IntoIterator<Item = Sql>) {
+        let mut condition = condition.to_owned();
+        for value in values {
+            self.values.push(value);
+            condition = condition.replacen("?_", &format!("?{}", self.values.len()), 1);
+        }
+        self.conditions.push(condition);
     }
-    if filter.workflow.is_some() {
-        conditions.push("workflow = ?2");
+
+    fn where_clause(&self) -> String {
+        if self.conditions.is_empty() { String::new() } else { format!("WHERE {}", self.conditions.join(" AND ")) }
     }
-    if filter.locked_by.is_some() {
-        conditions.push("locked_by = ?3");
-    }
-    if filter.submitter.is_some() {
-        conditions.push("submitter = ?6");
-    }
-    if filter.at_risk {
-        conditions.push("at_risk_since IS NOT NULL AND locked_by IS NOT NULL");
-    }
-    if filter.before.is_some() {
-        conditions.push("rowid < (SELECT rowid FROM tasks WHERE id = ?4)");
-    }
-    let conditions = if conditions.is_empty() { String::new() } else { format!("WHERE {}", conditions.join(" AND ")) };
+}
+
+fn text(value: &str) -> Sql {
+    Sql::Text(value.to_owned())
+}
+
+/// `filter`'s conditions, with `driver`'s served by its index and the
+/// other sparse ones kept off theirs (a unary `+` stops SQLite from
+/// choosing an index for a term).
+fn selection(filter: &TaskFilter, driver: Driver) -> Selection {
     // Tasks at risk are few: their partial index is read whole and sorted,
     // whatever else the filter names, rather than walking a larger index.
     // One submitter's tasks are walked on their own index: with a state or
     // workflow too, SQLite might otherwise pick an index of every task.
-    let indexed = match (filter.at_risk, filter.submitter.is_some()) {
-        (true, _) => "INDEXED BY tasks_at_risk",
-        (false, true) => "INDEXED BY tasks_submitter",
-        (false, false) => "",
+    let from = match (driver, filter.at_risk, filter.submitter.is_some()) {
+        (_, true, _) => "tasks AS t INDEXED BY tasks_at_risk",
+        (Driver::Ended, false, _) => "tasks AS t INDEXED BY tasks_finished",
+        (Driver::Created, false, _) => "tasks AS t INDEXED BY tasks_created",
+        (Driver::Newest, false, true) => "tasks AS t INDEXED BY tasks_submitter",
+        _ => "tasks AS t",
     };
-    format!("SELECT {TASK_COLUMNS} FROM tasks {indexed} {conditions} ORDER BY rowid DESC LIMIT ?5")
+    let mut s = Selection { from, conditions: Vec::new(), values: Vec::new() };
+    if let Some(state) = filter.state {
+        s.push("t.state = ?_", [text(state.as_str())]);
+    }
+    if let Some(workflow) = &filter.workflow {
+        s.push("t.workflow = ?_", [text(workflow.as_str())]);
+    }
+    if let Some(owner) = &filter.locked_by {
+        s.push("t.locked_by = ?_", [text(owner.as_str())]);
+    }
+    if let Some(submitter) = &filter.submitter {
+        s.push("t.submitter = ?_", [text(submitter)]);
+    }
+    if filter.at_risk {
+        s.push("t.at_risk_since IS NOT NULL AND t.locked_by IS NOT NULL", []);
+    }
+    for (index, (key, value)) in filter.tags.iter().enumerate() {
+        let condition = if driver == Driver::Tag(index) {
+            "t.id IN (SELECT g.task_id FROM task_tags AS g WHERE g.key = ?_ AND g.value = ?_)"
+        } else {
+            "EXISTS (SELECT 1 FROM task_tags AS g WHERE g.key = ?_ AND g.value = ?_ AND g.task_id = t.id)"
+        };
+        s.push(condition, [text(key), text(value)]);
+    }
+    let plus = |served: bool| if served { "" } else { "+" };
+    let range = |s: &mut Selection, column: &str, served: bool, range: &TimeRange| {
+        if let Some(from) = range.from {
+            s.push(&format!("{}{column} >= ?_", plus(served)), [Sql::Integer(from.as_millis())]);
+        }
+        if let Some(until) = range.until {
+            s.push(&format!("{}{column} < ?_", plus(served)), [Sql::Integer(until.as_millis())]);
+        }
+    };
+    range(&mut s, "t.created_at", driver == Driver::Created, &filter.created);
+    if filter.ended.is_set() {
+        s.push(FINISHED, []);
+        range(&mut s, "t.updated_at", driver == Driver::Ended, &filter.ended);
+    }
+    if let Some(prefix) = &filter.id_prefix {
+        let condition = format!("{0}t.id >= ?_ AND {0}t.id < ?_", plus(driver == Driver::IdPrefix));
+        s.push(&condition, [text(prefix), text(&prefix_upper_bound(prefix))]);
+    }
+    s
 }
 
-pub(crate) fn list_tasks(conn: &Connection, filter: &TaskFilter) -> Result<Vec<Task>> {
-    let state = filter.state.map(TaskState::as_str);
-    let workflow = filter.workflow.as_ref().map(WorkflowName::as_str);
-    let locked_by = filter.locked_by.as_ref().map(InstanceId::as_str);
-    let before = filter.before.as_ref().map(TaskId::as_str);
-    let submitter = filter.submitter.as_deref();
+/// Picks the index a listing or count of `filter` reads first: the
+/// sparsest of its sparse conditions when it matches fewer than `sparse`
+/// tasks, else the newest-first walk. Each probe counts at most that many
+/// entries of one index.
+fn driver(conn: &Connection, filter: &TaskFilter, sparse: u32) -> Result<Driver> {
+    if filter.at_risk || sparse == 0 {
+        return Ok(Driver::Newest);
+    }
+    let mut candidates: Vec<Driver> = (0..filter.tags.len()).map(Driver::Tag).collect();
+    if filter.ended.is_set() {
+        candidates.push(Driver::Ended);
+    }
+    if filter.created.is_set() {
+        candidates.push(Driver::Created);
+    }
+    if filter.id_prefix.is_some() {
+        candidates.push(Driver::IdPrefix);
+    }
+    let mut best = (Driver::Newest, i64::from(sparse));
+    for candidate in candidates {
+        let matches = probe(conn, filter, candidate, sparse)?;
+        if matches < best.1 {
+            best = (candidate, matches);
+        }
+    }
+    Ok(best.0)
+}
+
+/// How many tasks match `driver`'s condition alone, counted up to
+/// `sparse` on its index.
+fn probe(conn: &Connection, filter: &TaskFilter, driver: Driver, sparse: u32) -> Result<i64> {
+    let (sql, values): (String, Vec<Sql>) = match driver {
+        Driver::Newest => return Ok(i64::from(sparse)),
+        Driver::Tag(index) => {
+            let (key, value) = &filter.tags[index];
+            ("SELECT 1 FROM task_tags WHERE key = ?1 AND value = ?2".into(), vec![text(key), text(value)])
+        }
+        Driver::Ended | Driver::Created | Driver::IdPrefix => {
+            let only = TaskFilter {
+                created: if driver == Driver::Created { filter.created } else { TimeRange::default() },
+                ended: if driver == Driver::Ended { filter.ended } else { TimeRange::default() },
+                id_prefix: if driver == Driver::IdPrefix { filter.id_prefix.clone() } else { None },
+                ..TaskFilter::default()
+            };
+            let s = selection(&only, driver);
+            (format!("SELECT 1 FROM {} {}", s.from, s.where_clause()), s.values)
+        }
+    };
+    let sql = format!("SELECT count(*) FROM ({sql} LIMIT {sparse})");
+    conn.prepare_cached(&sql).and_then(|mut stmt| stmt.query_row(params_from_iter(values.iter()), |row| row.get(0))).map_err(sql_error)
+}
+
+/// Tasks matching `filter`, newest first (by rowid: the order of creation).
+/// `before` is a range on the rowid.
+pub(crate) fn list_tasks(conn: &Connection, filter: &TaskFilter, sparse: u32) -> Result<Vec<Task>> {
+    let mut s = selection(filter, driver(conn, filter, sparse)?);
+    if let Some(before) = &filter.before {
+        s.push("t.rowid < (SELECT rowid FROM tasks WHERE id = ?_)", [text(before.as_str())]);
+    }
+    s.values.push(Sql::Integer(i64::from(filter.limit)));
+    let sql = format!("SELECT {TASK_COLUMNS} FROM {} {} ORDER BY t.rowid DESC LIMIT ?{}", s.from, s.where_clause(), s.values.len());
     let rows = conn
-        .prepare_cached(&list_tasks_sql(filter))
-        .and_then(|mut stmt| {
-            // Bind only the parameters the statement names.
-            let values: [(usize, Option<&str>); 5] = [(1, state), (2, workflow), (3, locked_by), (4, before), (6, submitter)];
-            for (index, value) in values {
-                if let Some(value) = value {
-                    stmt.raw_bind_parameter(index, value)?;
-                }
-            }
-            stmt.raw_bind_parameter(5, filter.limit)?;
-            let mut rows = stmt.raw_query();
-            let mut tasks = Vec::new();
-            while let Some(row) = rows.next()? {
-                tasks.push(task_row(row)?);
-            }
-            Ok(tasks)
-        })
+        .prepare_cached(&sql)
+        .and_then(|mut stmt| stmt.query_map(params_from_iter(s.values.iter()), task_row)?.collect::<rusqlite::Result<Vec<_>>>())
         .map_err(sql_error)?;
     rows.into_iter().map(TaskRow::into_task).collect()
 }
 
-/// How many tasks (of `workflow`, when given) are in each state, every
-/// state listed. Each form counts entries of one index (`tasks_state`,
-/// `tasks_workflow_state`) without reading the table.
-pub(crate) fn count_tasks(conn: &Connection, workflow: Option<&WorkflowName>) -> Result<Vec<(TaskState, u64)>> {
-    let count_row = |row: &Row<'_>| Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?));
-    let rows = match workflow {
-        None => conn
-            .prepare_cached("SELECT state, COUNT(*) FROM tasks GROUP BY state")
-            .and_then(|mut stmt| stmt.query_map([], count_row)?.collect::<rusqlite::Result<Vec<_>>>()),
-        Some(workflow) => conn
-            .prepare_cached("SELECT state, COUNT(*) FROM tasks WHERE workflow = ?1 GROUP BY state")
-            .and_then(|mut stmt| stmt.query_map([workflow.as_str()], count_row)?.collect::<rusqlite::Result<Vec<_>>>()),
-    }
-    .map_err(sql_error)?;
+/// How many tasks matching `filter` (`before` and `limit` aside) are in
+/// each state, every state listed. With no condition, or a workflow only,
+/// it counts entries of one index (`tasks_state`, `tasks_workflow_state`)
+/// without reading the table.
+pub(crate) fn count_tasks(conn: &Connection, filter: &TaskFilter, sparse: u32) -> Result<Vec<(TaskState, u64)>> {
+    let s = selection(filter, driver(conn, filter, sparse)?);
+    let sql = format!("SELECT t.state, count(*) FROM {} {} GROUP BY t.state", s.from, s.where_clause());
+    let rows = conn
+        .prepare_cached(&sql)
+        .and_then(|mut stmt| {
+            stmt.query_map(params_from_iter(s.values.iter()), |row| Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?)))?
+                .collect::<rusqlite::Result<Vec<_>>>()
+        })
+        .map_err(sql_error)?;
     let counted = rows
         .into_iter()
         .map(|(state, count)| Ok((state.parse::<TaskState>().map_err(|e| corrupt("task state", e))?, u64::try_from(count).unwrap_or(0))))

@@ -25,14 +25,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rota_model::{
     CatchUp, Clock, ExhaustedPolicy, InstanceId, LeaseToken, ManualClock, MessageId, Overlap, QueueName, ScheduleName, Step, StepName,
-    StepState, Task, TaskId, TaskState, Timestamp, WorkflowName,
+    StepState, Tags, Task, TaskId, TaskState, Timestamp, WorkflowName,
 };
 use serde_json::{Value, json};
 
 use crate::{
     BODY_BYTES_MAX, Changes, Created, Delivery, Error, Event, EventKind, Expired, InstanceSweep, NewSchedule, NewTask, Outgoing, Prune,
     PruneWorkflows, QueueConfig, QueueStats, RECEIVE_MAX, Receive, Redrive, ScheduleProgress, ScheduleSource, ScheduleSpec, Sent,
-    SharedStore, StepWrite, Swept, TaskFilter, TaskRecord, TaskWrite, Warning,
+    SharedStore, StepWrite, Swept, TaskFilter, TaskRecord, TaskWrite, TimeRange, Warning,
 };
 
 /// What a backend provides to run the suite.
@@ -95,6 +95,7 @@ macro_rules! conformance_suite {
             create_task_writes_everything_once,
             a_task_keeps_its_reply_queue,
             a_task_keeps_its_submitter_and_lists_by_it,
+            tasks_are_found_by_tags_times_and_id_prefix,
             an_operator_write_replaces_the_input_and_starts_steps_over,
             list_tasks_filters_newest_first,
             list_tasks_pages_with_before,
@@ -1331,6 +1332,137 @@ pub async fn create_task_writes_everything_once(harness: &dyn Harness) {
     assert_eq!(ok(store.task(&task_id("no-such-task")).await, "task"), None, "an unknown id is None");
 }
 
+/// A task keeps its tags; `list_tasks` and `count_tasks` find tasks by
+/// tags (every one given), creation and end time ranges (half-open) and id
+/// prefix, with the other filters, newest first, paged with `before`. A
+/// pruned task leaves no tag behind: its id and tags can be used again.
+pub async fn tasks_are_found_by_tags_times_and_id_prefix(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let start = clock.now();
+    let tags_of = |i: u32| {
+        let region = if i.is_multiple_of(2) { "eu" } else { "us" };
+        Tags::new([("customer".to_owned(), format!("c{}", i % 3)), ("region".to_owned(), region.to_owned())]).unwrap()
+    };
+    // s02 and s03 finish at `first_end` (and a millisecond later), s05 at
+    // `second_end`, in Error. Each is claimable only from then: a claim
+    // takes the one meant.
+    let first_end = start + 12 * SECOND;
+    let second_end = first_end + 10 * SECOND;
+    let claimable_from = |id: &str| match id {
+        "s02" => start,
+        "s03" => first_end + MILLI,
+        "s05" => second_end,
+        _ => second_end + 3600 * SECOND,
+    };
+    // s01..s12, one second apart; s12 has no tags.
+    for i in 1..=12u32 {
+        let id = format!("s{i:02}");
+        let mut new = new_task(&id, "order", &["a", "b"], clock.now());
+        new.task.not_before = claimable_from(&id);
+        if i != 12 {
+            new.task.tags = tags_of(i);
+        }
+        create(&store, new).await;
+        clock.advance(SECOND);
+    }
+    for id in ["p%1", "p_1", "pa1"] {
+        let mut new = new_task(id, "other", &[], clock.now());
+        new.task.not_before = claimable_from(id);
+        create(&store, new).await;
+    }
+    assert_eq!(stored(&store, &task_id("s04")).await.task.tags, tags_of(4), "tags are kept");
+    assert!(stored(&store, &task_id("s12")).await.task.tags.is_empty());
+    assert_eq!(clock.now(), first_end);
+    move_to_state(&store, &task_id("s02"), TaskState::Processed, first_end).await;
+    clock.advance(MILLI);
+    move_to_state(&store, &task_id("s03"), TaskState::Processed, clock.now()).await;
+    clock.set(second_end);
+    move_to_state(&store, &task_id("s05"), TaskState::Error, second_end).await;
+
+    let tag = |key: &str, value: &str| (key.to_owned(), value.to_owned());
+    let at = |seconds: u64| Timestamp::from_millis(start.as_millis() + 1000 * seconds as i64);
+    let base = TaskFilter::default();
+    let cases: Vec<(&str, TaskFilter, Vec<&str>)> = vec![
+        ("one tag", TaskFilter { tags: vec![tag("customer", "c1")], ..base.clone() }, vec!["s10", "s07", "s04", "s01"]),
+        ("two tags", TaskFilter { tags: vec![tag("customer", "c1"), tag("region", "eu")], ..base.clone() }, vec!["s10", "s04"]),
+        ("a tag no task has", TaskFilter { tags: vec![tag("customer", "c9")], ..base.clone() }, vec![]),
+        (
+            "a tag and a state",
+            TaskFilter { tags: vec![tag("region", "us")], state: Some(TaskState::Processed), ..base.clone() },
+            vec!["s03"],
+        ),
+        (
+            "created in [3 s, 6 s)",
+            TaskFilter { created: TimeRange { from: Some(at(3)), until: Some(at(6)) }, ..base.clone() },
+            vec!["s06", "s05", "s04"],
+        ),
+        (
+            "created from 10 s",
+            TaskFilter { created: TimeRange { from: Some(at(10)), until: None }, ..base.clone() },
+            vec!["pa1", "p_1", "p%1", "s12", "s11"],
+        ),
+        ("created before 1 s", TaskFilter { created: TimeRange { from: None, until: Some(at(1)) }, ..base.clone() }, vec!["s01"]),
+        (
+            "ended at the first end",
+            TaskFilter { ended: TimeRange { from: Some(first_end), until: Some(second_end) }, ..base.clone() },
+            vec!["s03", "s02"],
+        ),
+        (
+            "ended since the second end",
+            TaskFilter { ended: TimeRange { from: Some(second_end), until: None }, ..base.clone() },
+            vec!["s05"],
+        ),
+        (
+            "ended, and a tag",
+            TaskFilter { ended: TimeRange { from: Some(start), until: None }, tags: vec![tag("region", "eu")], ..base.clone() },
+            vec!["s02"],
+        ),
+        ("an id prefix", TaskFilter { id_prefix: Some("s1".into()), ..base.clone() }, vec!["s12", "s11", "s10"]),
+        ("a prefix with a LIKE wildcard", TaskFilter { id_prefix: Some("p%".into()), ..base.clone() }, vec!["p%1"]),
+        ("a prefix with the other wildcard", TaskFilter { id_prefix: Some("p_".into()), ..base.clone() }, vec!["p_1"]),
+        (
+            "a prefix, a tag and a range",
+            TaskFilter {
+                id_prefix: Some("s0".into()),
+                tags: vec![tag("customer", "c2")],
+                created: TimeRange { from: Some(at(4)), until: None },
+                ..base.clone()
+            },
+            vec!["s08", "s05"],
+        ),
+    ];
+    for (what, filter, expected) in &cases {
+        let got = ok(store.list_tasks(filter).await, "list_tasks");
+        assert_eq!(task_ids(&got), *expected, "list_tasks, {what}");
+        let counted: u64 = ok(store.count_tasks(filter).await, "count_tasks").iter().map(|(_, n)| n).sum();
+        assert_eq!(counted, expected.len() as u64, "count_tasks, {what}");
+        // Paged one at a time, the pages are the listing.
+        let mut paged = Vec::new();
+        let mut before = None;
+        loop {
+            let page = ok(store.list_tasks(&TaskFilter { before: before.clone(), limit: 1, ..filter.clone() }).await, "list_tasks");
+            let Some(last) = page.last() else { break };
+            paged.push(last.id.to_string());
+            before = Some(last.id.clone());
+        }
+        assert_eq!(paged, *expected, "list_tasks paged by one, {what}");
+    }
+    let by_state = ok(store.count_tasks(&TaskFilter { tags: vec![tag("customer", "c2")], ..base.clone() }).await, "count_tasks");
+    let nonzero: Vec<_> = by_state.into_iter().filter(|(_, n)| *n > 0).collect();
+    assert_eq!(nonzero, [(TaskState::Pending, 2), (TaskState::Processed, 1), (TaskState::Error, 1)], "c2: s11, s08 pending; s02; s05");
+
+    // Pruned with its tags: the same id with the same tags is new again.
+    let pruned = ok(store.prune_tasks(&Prune::finished_before(clock.now() + SECOND, 10)).await, "prune");
+    assert_eq!(pruned_ids(&pruned), ["s02", "s03", "s05"]);
+    let eu = TaskFilter { tags: vec![tag("region", "eu")], ..base.clone() };
+    assert_eq!(task_ids(&ok(store.list_tasks(&eu).await, "list_tasks")), ["s10", "s08", "s06", "s04"], "pruned tasks are gone");
+    let mut again = new_task("s02", "order", &[], clock.now());
+    again.task.tags = tags_of(2);
+    create(&store, again).await;
+    assert_eq!(task_ids(&ok(store.list_tasks(&eu).await, "list_tasks")), ["s02", "s10", "s08", "s06", "s04"], "a new task, newest");
+}
+
 /// `list_tasks` filters by state and workflow, returns the newest first and
 /// honours the limit.
 pub async fn list_tasks_filters_newest_first(harness: &dyn Harness) {
@@ -1433,7 +1565,7 @@ pub async fn count_tasks_counts_every_state(harness: &dyn Harness) {
     let store = harness.open().await;
     let clock = harness.clock();
     let zeros: Vec<(TaskState, u64)> = TaskState::ALL.iter().map(|state| (*state, 0)).collect();
-    assert_eq!(ok(store.count_tasks(None).await, "count_tasks"), zeros, "an empty store counts zero in every state");
+    assert_eq!(ok(store.count_tasks(&TaskFilter::default()).await, "count_tasks"), zeros, "an empty store counts zero in every state");
     for id in ["count-1", "count-2", "count-3"] {
         create(&store, new_task(id, "order", &["charge"], clock.now())).await;
     }
@@ -1452,11 +1584,19 @@ pub async fn count_tasks_counts_every_state(harness: &dyn Harness) {
         .collect();
     let all: Vec<(TaskState, u64)> =
         expected.iter().map(|(state, count)| (*state, count + u64::from(*state == TaskState::Pending))).collect();
-    assert_eq!(ok(store.count_tasks(None).await, "count_tasks"), all, "three pending (one a refund), one claimed");
+    assert_eq!(ok(store.count_tasks(&TaskFilter::default()).await, "count_tasks"), all, "three pending (one a refund), one claimed");
     let order = WorkflowName::new("order").unwrap();
-    assert_eq!(ok(store.count_tasks(Some(&order)).await, "count_tasks"), expected, "of order: two pending, one claimed");
+    assert_eq!(
+        ok(store.count_tasks(&TaskFilter { workflow: Some(order.clone()), ..TaskFilter::default() }).await, "count_tasks"),
+        expected,
+        "of order: two pending, one claimed"
+    );
     let unknown = WorkflowName::new("unknown").unwrap();
-    assert_eq!(ok(store.count_tasks(Some(&unknown)).await, "count_tasks"), zeros, "an unknown workflow counts zero in every state");
+    assert_eq!(
+        ok(store.count_tasks(&TaskFilter { workflow: Some(unknown.clone()), ..TaskFilter::default() }).await, "count_tasks"),
+        zeros,
+        "an unknown workflow counts zero in every state"
+    );
 }
 
 /// `tasks` reads several tasks with their steps in the order asked, each
@@ -2612,9 +2752,14 @@ pub async fn declare_schedule_replaces_the_definition_and_keeps_progress(harness
 /// write, Cancelled by an operator's cancel, Processing by a claim (left
 /// leased), Pending as created.
 async fn task_in_state(store: &SharedStore, clock: &ManualClock, id: &str, workflow: &str, state: TaskState) {
-    let id = task_id(id);
-    create(store, new_task(id.as_str(), workflow, &["a", "b"], clock.now())).await;
-    let now = clock.now();
+    create(store, new_task(id, workflow, &["a", "b"], clock.now())).await;
+    move_to_state(store, &task_id(id), state, clock.now()).await;
+}
+
+/// Moves the created task `id`, at `now`, to `state`, as [`task_in_state`]
+/// says.
+async fn move_to_state(store: &SharedStore, id: &TaskId, state: TaskState, now: Timestamp) {
+    let id = id.clone();
     let next = match state {
         TaskState::Pending => return,
         TaskState::Cancelled => {

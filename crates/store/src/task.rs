@@ -72,7 +72,8 @@ pub enum Created {
     Existing(Box<TaskRecord>),
 }
 
-/// A filter for [`Tasks::list_tasks`].
+/// A filter for [`Tasks::list_tasks`] and [`Tasks::count_tasks`]: a task
+/// is selected when it matches every condition set.
 #[derive(Debug, Clone)]
 pub struct TaskFilter {
     /// Only tasks in this state.
@@ -87,6 +88,15 @@ pub struct TaskFilter {
     /// during their current lease, for the task or one of its steps
     /// (`at_risk_since` set). Served by an index of those tasks alone.
     pub at_risk: bool,
+    /// Only tasks having every one of these tags (key, value).
+    pub tags: Vec<(String, String)>,
+    /// Only tasks created in this range.
+    pub created: TimeRange,
+    /// Only finished tasks that ended in this range (a finished task's
+    /// `updated_at`: only a resubmit writes it again, and that unfinishes it).
+    pub ended: TimeRange,
+    /// Only tasks whose id starts with this text.
+    pub id_prefix: Option<String>,
     /// Only tasks created strictly before this one (keyset paging: pass the
     /// last task of a page to get the next). A task id that names no task
     /// selects nothing: the listing is empty, not an error, so that a
@@ -99,8 +109,48 @@ pub struct TaskFilter {
 
 impl Default for TaskFilter {
     fn default() -> Self {
-        TaskFilter { state: None, workflow: None, locked_by: None, submitter: None, at_risk: false, before: None, limit: 100 }
+        TaskFilter {
+            state: None,
+            workflow: None,
+            locked_by: None,
+            submitter: None,
+            at_risk: false,
+            tags: Vec::new(),
+            created: TimeRange::default(),
+            ended: TimeRange::default(),
+            id_prefix: None,
+            before: None,
+            limit: 100,
+        }
     }
+}
+
+/// A half-open range of times, `[from, until)`; an unset end is open.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TimeRange {
+    /// At or after this time.
+    pub from: Option<Timestamp>,
+    /// Strictly before this time.
+    pub until: Option<Timestamp>,
+}
+
+impl TimeRange {
+    /// Whether either end is set.
+    pub fn is_set(&self) -> bool {
+        self.from.is_some() || self.until.is_some()
+    }
+
+    /// Whether `at` is in the range.
+    pub fn contains(&self, at: Timestamp) -> bool {
+        self.from.is_none_or(|from| at >= from) && self.until.is_none_or(|until| at < until)
+    }
+}
+
+/// The exclusive upper bound of the texts starting with `prefix` in byte
+/// order: `prefix` followed by the greatest character sorts after every
+/// such text, so `prefix <= id < bound` selects them on an ordered index.
+pub fn prefix_upper_bound(prefix: &str) -> String {
+    format!("{prefix}\u{10FFFF}")
 }
 
 /// A fenced task update: written only if the stored task still has
@@ -431,10 +481,11 @@ pub trait Tasks: Send + Sync {
     /// Tasks matching `filter`, newest first.
     async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<Task>>;
 
-    /// How many tasks (of `workflow`, when given) are in each state: every
-    /// state of [`TaskState::ALL`], in that order, zeros included. Exact,
-    /// read from an index: its cost grows with the tasks counted.
-    async fn count_tasks(&self, workflow: Option<&WorkflowName>) -> Result<Vec<(TaskState, u64)>>;
+    /// How many tasks matching `filter` (its `before` and `limit` aside)
+    /// are in each state: every state of [`TaskState::ALL`], in that order,
+    /// zeros included. Exact, read from an index where one serves the
+    /// filter: its cost grows with the tasks counted.
+    async fn count_tasks(&self, filter: &TaskFilter) -> Result<Vec<(TaskState, u64)>>;
 
     /// Atomically claims up to `max` claimable tasks (as [`Task::claim`]
     /// decides: Pending or unleased Compensating, `not_before` passed),

@@ -14,7 +14,19 @@ Every error the API answers is an ``ApiError`` with its ``code`` and
 
 from .client import Client
 from .errors import ApiError
-from .types import TERMINAL_STATES, CallbackAccepted, Event, Json, SignalDelivery, StepView, Task, TaskState, TaskSummary, WorkRequest
+from .types import (
+    TERMINAL_STATES,
+    CallbackAccepted,
+    Event,
+    Json,
+    SignalDelivery,
+    StepView,
+    Task,
+    TaskCounts,
+    TaskState,
+    TaskSummary,
+    WorkRequest,
+)
 from .webhooks import InvalidSignature, verify_webhook
 from .worker import Permanent, Retryable, Step, Worker
 
@@ -32,6 +44,7 @@ __all__ = [
     "Step",
     "StepView",
     "Task",
+    "TaskCounts",
     "TaskState",
     "TaskSummary",
     "WorkRequest",

@@ -43,7 +43,7 @@ class Transport:
         path: str,
         body: Any = None,
         *,
-        query: dict[str, str] | None = None,
+        query: dict[str, str] | list[tuple[str, str]] | None = None,
         headers: dict[str, str] | None = None,
         timeout: float | None = None,
     ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
@@ -78,7 +78,7 @@ class Transport:
         path: str,
         body: Any = None,
         *,
-        query: dict[str, str] | None = None,
+        query: dict[str, str] | list[tuple[str, str]] | None = None,
         timeout: float | None = None,
     ) -> Any:
         """Sends a request and returns its JSON answer (``ApiError`` for an

@@ -7,12 +7,12 @@ import http.client
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import cast
 
 from . import sse
 from ._http import JSON_NULL, Transport, quote
-from .types import CallbackAccepted, Event, Json, SignalDelivery, Task, TaskState, TaskSummary
+from .types import CallbackAccepted, Event, Json, SignalDelivery, Task, TaskCounts, TaskState, TaskSummary
 
 #: The server when neither the ``url`` argument nor ``ROTA_URL`` names one.
 DEFAULT_URL = "http://127.0.0.1:7878"
@@ -52,6 +52,7 @@ class Client:
         reply_queue: str | None = None,
         start_at: str | None = None,
         delay: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> Task:
         """Submits a task of ``workflow`` (its latest version unless
         ``version`` says) and returns it. ``id`` is the idempotency key:
@@ -61,7 +62,8 @@ class Client:
         it waits Pending until then, and its ``not_before`` says when.
         ``reply_queue`` names a durable queue of the server's store that
         receives each status event of the task, in the commit that records
-        it, with the task id as ``correlation_id``."""
+        it, with the task id as ``correlation_id``. ``tags`` label the task
+        for :meth:`tasks` and :meth:`task_counts` to find it by."""
         body: dict[str, Json] = {"workflow": workflow}
         if input is not None:
             body["input"] = input
@@ -77,6 +79,8 @@ class Client:
             body["start_at"] = start_at
         if delay is not None:
             body["delay"] = delay
+        if tags:
+            body["tags"] = dict(tags)
         return cast(Task, self._http.call("POST", "/v1/tasks", body))
 
     def status(self, task_id: str) -> Task:
@@ -93,23 +97,47 @@ class Client:
         state: TaskState | None = None,
         workflow: str | None = None,
         locked_by: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        created_after: str | None = None,
+        created_before: str | None = None,
+        ended_after: str | None = None,
+        ended_before: str | None = None,
+        id_prefix: str | None = None,
         before: str | None = None,
         limit: int | None = None,
     ) -> list[TaskSummary]:
-        """Tasks, newest first, filtered by state, workflow and holder
-        (``limit``: at most 1000 by default on the server, 100 if not given).
-        ``before`` pages: only the tasks created before that task, so pass
-        the last id of a page to get the next one (an empty page is the end;
-        an id that names no task is a 400 ``invalid_query``)."""
-        query = {
-            "state": state,
-            "workflow": workflow,
-            "locked_by": locked_by,
-            "before": before,
-            "limit": None if limit is None else str(limit),
-        }
-        chosen = {key: value for key, value in query.items() if value is not None}
-        return cast("list[TaskSummary]", self._http.call("GET", "/v1/tasks", query=chosen))
+        """Tasks, newest first, that match every filter given: state,
+        workflow, holder, every one of ``tags``, creation and end times
+        (RFC 3339; ``*_after`` inclusive, ``*_before`` exclusive; an end
+        time selects finished tasks) and id prefix (``limit``: at most 1000
+        by default on the server, 100 if not given). ``before`` pages: only
+        the tasks created before that task, so pass the last id of a page to
+        get the next one (an empty page is the end; an id that names no task
+        is a 400 ``invalid_query``)."""
+        query = _search_query(tags, created_after, created_before, ended_after, ended_before, id_prefix)
+        chosen = {"state": state, "workflow": workflow, "locked_by": locked_by, "before": before}
+        query.extend((key, value) for key, value in chosen.items() if value is not None)
+        if limit is not None:
+            query.append(("limit", str(limit)))
+        return cast("list[TaskSummary]", self._http.call("GET", "/v1/tasks", query=query))
+
+    def task_counts(
+        self,
+        *,
+        workflow: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        created_after: str | None = None,
+        created_before: str | None = None,
+        ended_after: str | None = None,
+        ended_before: str | None = None,
+        id_prefix: str | None = None,
+    ) -> TaskCounts:
+        """Exact counts, by state, of the tasks matching the filters (as
+        :meth:`tasks` takes them)."""
+        query = _search_query(tags, created_after, created_before, ended_after, ended_before, id_prefix)
+        if workflow is not None:
+            query.append(("workflow", workflow))
+        return cast(TaskCounts, self._http.call("GET", "/v1/tasks/counts", query=query))
 
     def wait(self, task_id: str, timeout: float | None = None) -> Task:
         """Waits until the task is terminal (``processed``, ``error``,
@@ -234,3 +262,24 @@ class _Bounded:
                 raise TimeoutError("deadline passed")
             self._connection.sock.settimeout(min(STREAM_IDLE_S, left))
         return self._response.readline(limit)
+
+
+def _search_query(
+    tags: Mapping[str, str] | None,
+    created_after: str | None,
+    created_before: str | None,
+    ended_after: str | None,
+    ended_before: str | None,
+    id_prefix: str | None,
+) -> list[tuple[str, str]]:
+    """The search filters as query parameters: one ``tag=key=value`` per tag."""
+    query = [("tag", f"{key}={value}") for key, value in (tags or {}).items()]
+    named = {
+        "created_after": created_after,
+        "created_before": created_before,
+        "ended_after": ended_after,
+        "ended_before": ended_before,
+        "id_prefix": id_prefix,
+    }
+    query.extend((key, value) for key, value in named.items() if value is not None)
+    return query

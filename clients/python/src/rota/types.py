@@ -52,6 +52,8 @@ class TaskSummary(TypedDict):
     submitter: str | None
     #: Whether an operator paused it: it starts no new step until resumed.
     paused: bool
+    #: Its labels, by key (empty when it has none).
+    tags: dict[str, str]
     created_at: int
     updated_at: int
 
@@ -67,6 +69,25 @@ class Task(TaskSummary):
     callback_url: str | None
     reply_queue: str | None
     steps: list[StepView]
+
+
+class TaskCountsByState(TypedDict):
+    """How many tasks are in each state: every state, zeros included."""
+
+    pending: int
+    processing: int
+    processed: int
+    error: int
+    compensating: int
+    compensated: int
+    cancelled: int
+
+
+class TaskCounts(TypedDict):
+    """Exact task counts by state, and their total."""
+
+    counts: TaskCountsByState
+    total: int
 
 
 class Event(TypedDict):

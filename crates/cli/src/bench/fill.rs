@@ -68,7 +68,7 @@ pub(crate) async fn run(store_args: &StoreArgs, tasks: u64) -> anyhow::Result<()
         bail!("{} already exists: a fill starts from an empty store, so give a new file", path.display());
     }
     let store = store_args.open().await?;
-    let existing: u64 = store.count_tasks(None).await?.iter().map(|(_, n)| n).sum();
+    let existing: u64 = store.count_tasks(&rota_store::TaskFilter::default()).await?.iter().map(|(_, n)| n).sum();
     if existing > 0 {
         bail!("the store holds {existing} tasks already: a fill starts from an empty store");
     }
@@ -109,7 +109,7 @@ pub(crate) async fn run(store_args: &StoreArgs, tasks: u64) -> anyhow::Result<()
     }
     progress.finish_and_clear();
     let took = started.elapsed();
-    let counts = store.count_tasks(None).await?;
+    let counts = store.count_tasks(&rota_store::TaskFilter::default()).await?;
     let rate = tasks as f64 / took.as_secs_f64().max(1e-9);
     println!("{url}: {tasks} tasks created in {:.1} s ({rate:.0} tasks/s)", took.as_secs_f64());
     for (state, count) in counts {
