@@ -305,6 +305,7 @@ pub async fn commit_stop(
         step: Some(address.step.clone()),
         attempt: Some(address.attempt),
         detail: json!({ "agent": agent, "reason": reason, "compensate": address.compensate }),
+        hash: None,
     };
     let changes = Changes { complete: vec![(queue.clone(), lease)], events: vec![event], ..Changes::default() };
     crate::replies::commit(store, changes).await

@@ -265,6 +265,37 @@ CREATE TABLE rota.task_tags (
 );
 CREATE INDEX tasks_created ON rota.tasks (created_at);
 "#,
+    r#"
+-- The hash chain of each task's history (see `rota_store::chain`): the
+-- SHA-256 of the previous row's hash (by seq) and this row's content,
+-- computed by a trigger as every statement appends rows, so no writer
+-- makes an extra round trip. NULL for rows written before.
+--
+-- Appenders of one task are serialized on its row (the lock a fenced
+-- write takes anyway; a task being created has none yet, and no one else
+-- can append to it). Rows of the same statement see the ones before them.
+-- A row whose seq was drawn before a row that committed first is given a
+-- new seq, so that seq order stays chain order.
+ALTER TABLE rota.events ADD COLUMN hash BYTEA;
+CREATE FUNCTION rota.events_chain() RETURNS trigger LANGUAGE plpgsql AS $chain$
+DECLARE
+    previous_hash BYTEA;
+    previous_seq  BIGINT;
+BEGIN
+    PERFORM 1 FROM rota.tasks WHERE id = NEW.task_id FOR NO KEY UPDATE;
+    SELECT e.hash, e.seq INTO previous_hash, previous_seq
+      FROM rota.events e WHERE e.task_id = NEW.task_id ORDER BY e.seq DESC LIMIT 1;
+    IF previous_seq IS NOT NULL AND previous_seq > NEW.seq THEN
+        NEW.seq := nextval('rota.event_seq');
+    END IF;
+    NEW.hash := sha256(COALESCE(previous_hash, ''::bytea) || convert_to(
+        NEW.task_id || chr(31) || NEW.at::text || chr(31) || NEW.kind || chr(31) || COALESCE(NEW.step, '') || chr(31)
+        || COALESCE(NEW.attempt::text, '') || chr(31) || NEW.detail, 'UTF8'));
+    RETURN NEW;
+END
+$chain$;
+CREATE TRIGGER events_chain BEFORE INSERT ON rota.events FOR EACH ROW EXECUTE FUNCTION rota.events_chain();
+"#,
 ];
 
 /// How many migrations this build knows.

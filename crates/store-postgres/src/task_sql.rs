@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use rota_model::{InstanceId, QueueName, Step, StepName, StepState, Tags, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{
-    ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, TaskFilter, TaskRecord, TimeRange, Warning, WorkflowEntry,
+    ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, TaskFilter, TaskRecord, TimeRange, Warning, WorkflowEntry, chain,
 };
 use serde_json::Value;
 use sqlx::postgres::PgRow;
@@ -391,7 +391,7 @@ pub(crate) async fn claim_tasks(
           RETURNING t.*),
          appended AS (
              INSERT INTO rota.events (task_id, at, kind, detail)
-             SELECT c.id, $3, 'claimed', json_build_object('owner', $1::text, 'lease_epoch', c.lease_epoch)::text
+             SELECT c.id, $3, 'claimed', '{\"lease_epoch\":' || c.lease_epoch || ',\"owner\":' || to_json($1::text)::text || '}'
                FROM writer, claimed AS c
               ORDER BY c.not_before, c.id)
          SELECT * FROM claimed",
@@ -551,6 +551,7 @@ fn event_from(row: &PgRow) -> Result<Event> {
         step: row.try_get::<Option<String>, _>("step")?.map(StepName::new).transpose().map_err(|e| corrupt("event step", e))?,
         attempt: row.try_get::<Option<i64>, _>("attempt")?.map(count),
         detail: parse_json("event detail", row.try_get("detail")?)?,
+        hash: row.try_get::<Option<Vec<u8>>, _>("hash")?.map(|hash| chain::hex(&hash)),
     })
 }
 

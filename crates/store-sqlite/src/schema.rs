@@ -249,6 +249,12 @@ CREATE TABLE task_tags (
 ) WITHOUT ROWID;
 CREATE INDEX tasks_created ON tasks (created_at);
 "#,
+    r#"
+-- The hash chain of each task's history (see `rota_store::chain`): the
+-- SHA-256 of the previous row's hash and this row's content, computed by
+-- the writer as it appends the row. NULL for rows written before.
+ALTER TABLE events ADD COLUMN hash BLOB;
+"#,
 ];
 
 /// Runs the migrations that have not run yet.

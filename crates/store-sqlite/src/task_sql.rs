@@ -6,7 +6,7 @@ use std::time::Duration;
 use rota_model::{InstanceId, QueueName, Step, StepName, StepState, Tags, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{
     Changes, ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, Result, StepWrite, TaskFilter, TaskRecord, TaskWrite,
-    TimeRange, Warning, WorkflowEntry, prefix_upper_bound,
+    TimeRange, Warning, WorkflowEntry, chain, prefix_upper_bound,
 };
 use rusqlite::types::Value as Sql;
 use rusqlite::{Connection, OptionalExtension, Row, params, params_from_iter};
@@ -242,8 +242,17 @@ pub(crate) fn insert_step(conn: &Connection, step: &Step) -> Result<()> {
     Ok(())
 }
 
+/// Appends `event`, chained to its task's newest row (`rota_store::chain`):
+/// one lookup on the `events_task` index, inside the writer's transaction,
+/// so no other append of the task can come between.
 pub(crate) fn insert_event(conn: &Connection, event: &Event) -> Result<()> {
-    conn.prepare_cached("INSERT INTO events (task_id, at, kind, step, attempt, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
+    let previous: Option<Vec<u8>> = conn
+        .prepare_cached("SELECT hash FROM events WHERE task_id = ?1 ORDER BY seq DESC LIMIT 1")
+        .and_then(|mut stmt| stmt.query_row([event.task_id.as_str()], |row| row.get(0)).optional())
+        .map_err(sql_error)?
+        .flatten();
+    let hash = chain::link(previous.as_deref(), event);
+    conn.prepare_cached("INSERT INTO events (task_id, at, kind, step, attempt, detail, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)")
         .and_then(|mut stmt| {
             stmt.execute(params![
                 event.task_id.as_str(),
@@ -252,6 +261,7 @@ pub(crate) fn insert_event(conn: &Connection, event: &Event) -> Result<()> {
                 event.step.as_ref().map(StepName::as_str),
                 event.attempt,
                 json_text(&event.detail),
+                &hash[..],
             ])
         })
         .map_err(sql_error)?;
@@ -689,14 +699,14 @@ pub(crate) fn raise_warning(conn: &Connection, warning: &Warning, events: &[Even
     Ok(live)
 }
 
-/// An event row as read: seq, task id, at, kind, step, attempt, detail.
-type EventRow = (i64, String, i64, String, Option<String>, Option<u32>, String);
+/// An event row as read: seq, task id, at, kind, step, attempt, detail, hash.
+type EventRow = (i64, String, i64, String, Option<String>, Option<u32>, String, Option<Vec<u8>>);
 
 fn event_row(row: &Row<'_>) -> rusqlite::Result<EventRow> {
-    Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?, row.get(5)?, row.get(6)?))
+    Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?, row.get(5)?, row.get(6)?, row.get(7)?))
 }
 
-fn into_event((seq, task_id, at, kind, step, attempt, detail): EventRow) -> Result<Event> {
+fn into_event((seq, task_id, at, kind, step, attempt, detail, hash): EventRow) -> Result<Event> {
     Ok(Event {
         seq,
         task_id: TaskId::new(task_id).map_err(|e| corrupt("event task id", e))?,
@@ -705,12 +715,13 @@ fn into_event((seq, task_id, at, kind, step, attempt, detail): EventRow) -> Resu
         step: step.map(StepName::new).transpose().map_err(|e| corrupt("event step", e))?,
         attempt,
         detail: parse_json("event detail", detail)?,
+        hash: hash.map(|hash| chain::hex(&hash)),
     })
 }
 
 pub(crate) fn history(conn: &Connection, id: &TaskId) -> Result<Vec<Event>> {
     let rows = conn
-        .prepare_cached("SELECT seq, task_id, at, kind, step, attempt, detail FROM events WHERE task_id = ?1 ORDER BY seq")
+        .prepare_cached("SELECT seq, task_id, at, kind, step, attempt, detail, hash FROM events WHERE task_id = ?1 ORDER BY seq")
         .and_then(|mut stmt| stmt.query_map([id.as_str()], event_row)?.collect::<rusqlite::Result<Vec<_>>>())
         .map_err(sql_error)?;
     rows.into_iter().map(into_event).collect()
@@ -718,7 +729,7 @@ pub(crate) fn history(conn: &Connection, id: &TaskId) -> Result<Vec<Event>> {
 
 pub(crate) fn latest_events(conn: &Connection, limit: u32) -> Result<Vec<Event>> {
     let rows = conn
-        .prepare_cached("SELECT seq, task_id, at, kind, step, attempt, detail FROM events ORDER BY seq DESC LIMIT ?1")
+        .prepare_cached("SELECT seq, task_id, at, kind, step, attempt, detail, hash FROM events ORDER BY seq DESC LIMIT ?1")
         .and_then(|mut stmt| stmt.query_map([limit], event_row)?.collect::<rusqlite::Result<Vec<_>>>())
         .map_err(sql_error)?;
     rows.into_iter().map(into_event).collect()
@@ -726,7 +737,7 @@ pub(crate) fn latest_events(conn: &Connection, limit: u32) -> Result<Vec<Event>>
 
 pub(crate) fn events_after(conn: &Connection, after: i64, limit: u32) -> Result<Vec<Event>> {
     let rows = conn
-        .prepare_cached("SELECT seq, task_id, at, kind, step, attempt, detail FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2")
+        .prepare_cached("SELECT seq, task_id, at, kind, step, attempt, detail, hash FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2")
         .and_then(|mut stmt| stmt.query_map(params![after, limit], event_row)?.collect::<rusqlite::Result<Vec<_>>>())
         .map_err(sql_error)?;
     rows.into_iter().map(into_event).collect()
@@ -850,7 +861,9 @@ pub(crate) fn workflows(conn: &Connection) -> Result<Vec<WorkflowEntry>> {
 
 pub(crate) fn alerts(conn: &Connection, limit: u32) -> Result<Vec<Event>> {
     let rows = conn
-        .prepare_cached("SELECT seq, task_id, at, kind, step, attempt, detail FROM events WHERE kind = 'alert' ORDER BY seq DESC LIMIT ?1")
+        .prepare_cached(
+            "SELECT seq, task_id, at, kind, step, attempt, detail, hash FROM events WHERE kind = 'alert' ORDER BY seq DESC LIMIT ?1",
+        )
         .and_then(|mut stmt| stmt.query_map([limit], event_row)?.collect::<rusqlite::Result<Vec<_>>>())
         .map_err(sql_error)?;
     rows.into_iter().map(into_event).collect()

@@ -32,7 +32,7 @@ use serde_json::{Value, json};
 use crate::{
     BODY_BYTES_MAX, Changes, Created, Delivery, Error, Event, EventKind, Expired, InstanceSweep, NewSchedule, NewTask, Outgoing, Prune,
     PruneWorkflows, QueueConfig, QueueStats, RECEIVE_MAX, Receive, Redrive, ScheduleProgress, ScheduleSource, ScheduleSpec, Sent,
-    SharedStore, StepWrite, Swept, TaskFilter, TaskRecord, TaskWrite, TimeRange, Warning,
+    SharedStore, StepWrite, Swept, TaskFilter, TaskRecord, TaskWrite, TimeRange, Warning, chain,
 };
 
 /// What a backend provides to run the suite.
@@ -114,6 +114,7 @@ macro_rules! conformance_suite {
             a_step_keeps_its_callback_digest,
             a_warning_for_work_that_moved_on_writes_nothing,
             history_and_events_after_page_in_order,
+            every_history_row_is_chained_to_the_one_before,
             leader_lease_elects_one_holder,
             leader_reads_the_running_lease,
             latest_events_are_the_newest_first,
@@ -1314,7 +1315,7 @@ pub async fn create_task_writes_everything_once(harness: &dyn Harness) {
     assert_eq!(history.len(), 1, "{history:?}");
     assert_eq!(history[0].kind, EventKind::Received);
     assert!(history[0].seq > 0, "a stored event has a positive seq: {:?}", history[0]);
-    assert_eq!(Event { seq: 0, ..history[0].clone() }, new.events[0], "the event reads back as written");
+    assert_eq!(Event { seq: 0, hash: None, ..history[0].clone() }, new.events[0], "the event reads back as written");
 
     let mut again = new_task("order-1", "refund", &["other"], now);
     again.task.input = json!({ "different": true });
@@ -2381,6 +2382,48 @@ async fn histories_of(store: &SharedStore, running: &[(Task, Step)]) -> Vec<Vec<
     all
 }
 
+/// Every history row a backend appends carries its link in the task's hash
+/// chain (`crate::chain`): whatever appended it (a creation, a claim, a
+/// commit of several rows of several tasks, a warning), in `seq` order,
+/// the chain verifies; the hashes depend on the rows' content and order
+/// only, so the same history written into another store has the same ones.
+pub async fn every_history_row_is_chained_to_the_one_before(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let (a, b) = (task_id("chain-a"), task_id("chain-b"));
+    let mut first = new_task(a.as_str(), "order", &["charge"], clock.now());
+    first.events.push(Event::task(&a, clock.now(), EventKind::Alert, json!({ "nested": { "z": 1, "a": [1.5, null, "\u{1f}é"] } })));
+    create(&store, first).await;
+    let mut second = new_task(b.as_str(), "order", &[], clock.now());
+    second.task.not_before = clock.now().add(Duration::from_secs(3600));
+    create(&store, second).await;
+    clock.advance(SECOND);
+    let claimed = claim_only(&store, &instance("chainer"), 60 * SECOND, &a).await;
+    let step = stored(&store, &a).await.steps[0].clone();
+    let events = vec![
+        Event::step(&step, clock.now(), EventKind::StepStarted, json!({ "agent": "payments" })),
+        Event::task(&b, clock.now(), EventKind::Alert, json!({ "message": "stuck" })),
+        Event::step(&step, clock.now(), EventKind::StepCompleted, json!({ "n": 2 })),
+    ];
+    let finished = ok(claimed.finish_processed(claimed.fence().expect("fenced"), json!({}), clock.now()), "finish");
+    let changes = Changes { tasks: vec![TaskWrite::replacing(&claimed, finished)], events, ..Changes::default() };
+    commit(&store, changes, "three rows of two tasks").await;
+
+    for (id, rows) in [(&a, 5), (&b, 2)] {
+        let history = ok(store.history(id).await, "history");
+        assert_eq!(history.len(), rows, "{id}: {history:?}");
+        assert!(history.iter().all(|event| event.hash.is_some()), "{id}: every row has a hash");
+        assert_eq!(chain::verify(&history), Ok(chain::Whole { chained: rows, unchained: 0 }), "{id}'s chain holds");
+        let mut rewritten = history.clone();
+        rewritten.iter_mut().for_each(|event| (event.seq, event.hash) = (0, None));
+        chain::seal(None, &mut rewritten);
+        let hashes = |events: &[Event]| events.iter().map(|event| event.hash.clone()).collect::<Vec<_>>();
+        assert_eq!(hashes(&rewritten), hashes(&history), "{id}: the hashes depend on content and order only");
+    }
+    let newest = ok(store.latest_events(1).await, "latest");
+    assert_eq!(newest[0].hash, ok(store.history(&a).await, "history").last().unwrap().hash, "every read carries the hash");
+}
+
 /// `history` returns a task's events oldest first with increasing seq;
 /// `events_after` pages through every task's events in seq order.
 pub async fn history_and_events_after_page_in_order(harness: &dyn Harness) {
@@ -2401,8 +2444,8 @@ pub async fn history_and_events_after_page_in_order(harness: &dyn Harness) {
     let history = ok(store.history(&t1).await, "history");
     assert_eq!(history.iter().map(|e| e.kind).collect::<Vec<_>>(), [EventKind::Received, EventKind::StepStarted, EventKind::StepCompleted]);
     assert!(history.windows(2).all(|w| w[0].seq < w[1].seq), "seq increases: {history:?}");
-    assert_eq!(Event { seq: 0, ..history[1].clone() }, started, "an event reads back as written");
-    assert_eq!(Event { seq: 0, ..history[2].clone() }, completed, "an event reads back as written");
+    assert_eq!(Event { seq: 0, hash: None, ..history[1].clone() }, started, "an event reads back as written");
+    assert_eq!(Event { seq: 0, hash: None, ..history[2].clone() }, completed, "an event reads back as written");
     assert_eq!(ok(store.history(&t2).await, "history").iter().map(|e| e.kind).collect::<Vec<_>>(), [EventKind::Received, EventKind::Alert]);
     assert!(ok(store.history(&task_id("no-such-task")).await, "history").is_empty());
 

@@ -16,6 +16,7 @@
 //! it wakes waiting consumers. Those are the backend's business, observable
 //! only through latency and throughput.
 
+pub mod chain;
 pub mod conformance;
 mod error;
 pub mod prune;

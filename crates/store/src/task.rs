@@ -366,17 +366,31 @@ pub struct Event {
     pub attempt: Option<u32>,
     /// Details (an error message, an output summary, who acted).
     pub detail: Value,
+    /// Its link in the task's hash chain (see [`crate::chain`]), in
+    /// lower-case hex, as the store computed it when appending the row:
+    /// `None` before it is stored, and for rows written before the chain.
+    #[serde(default)]
+    pub hash: Option<String>,
 }
 
 impl Event {
     /// A new event about the task as a whole.
     pub fn task(task_id: &TaskId, at: Timestamp, kind: EventKind, detail: Value) -> Self {
-        Event { seq: 0, task_id: task_id.clone(), at, kind, step: None, attempt: None, detail }
+        Event { seq: 0, task_id: task_id.clone(), at, kind, step: None, attempt: None, detail, hash: None }
     }
 
     /// A new event about one attempt of a step.
     pub fn step(step: &Step, at: Timestamp, kind: EventKind, detail: Value) -> Self {
-        Event { seq: 0, task_id: step.task_id.clone(), at, kind, step: Some(step.name.clone()), attempt: Some(step.attempt), detail }
+        Event {
+            seq: 0,
+            task_id: step.task_id.clone(),
+            at,
+            kind,
+            step: Some(step.name.clone()),
+            attempt: Some(step.attempt),
+            detail,
+            hash: None,
+        }
     }
 }
 

@@ -153,6 +153,7 @@ fn filled(i: u64, created_at: Timestamp, now: Timestamp) -> NewTask {
         step: Some(StepName::new(STEP).expect("a valid step name")),
         attempt: Some(1),
         detail,
+        hash: None,
     };
     if state != TaskState::Pending && state != TaskState::Cancelled {
         events.push(Event::task(&id, at(5), EventKind::Claimed, json!({ "owner": HOLDER, "lease_epoch": 1 })));
