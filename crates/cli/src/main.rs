@@ -147,6 +147,8 @@ enum Command {
     Export(export::ExportArgs),
     /// Read exported tasks (files, archive directories, or - for stdin) into an empty store, for inspection.
     Import(export::ImportArgs),
+    /// Check the hash chains of task histories, in export files or archive directories, or in the store itself.
+    Verify(export::VerifyArgs),
     /// Check workflow definition files; prints every problem as FILE:LINE:COL: message.
     Validate(validate::Args),
     /// Send, receive and settle messages; create, pause and inspect queues.
@@ -214,6 +216,7 @@ fn main() -> ExitCode {
         Command::Prune(args) => run_async(async move { prune::run(&store, args).await }),
         Command::Export(args) => run_async(async move { export::export(&store, args).await }),
         Command::Import(args) => run_async(async move { export::import(&store, args).await }),
+        Command::Verify(args) => run_async(async move { export::verify(&store, args).await }),
         Command::Validate(args) => validate::run(args),
         Command::Completions(args) => completions::run(args, Cli::command()),
         Command::Man(args) => man::run(args, Cli::command()),

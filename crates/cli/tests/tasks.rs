@@ -602,6 +602,40 @@ fn export_import_and_prune_with_an_archive_keep_every_task_and_its_history() {
 }
 
 #[test]
+fn verify_finds_a_history_row_changed_by_hand_in_the_store_or_a_file() {
+    let rota = Rota::new();
+    let files = Files::new();
+    files.workflow("pipeline.yaml", PIPELINE);
+    let serve = Serve::start(&rota, &files.workflows(), "verify-1", &[]);
+    for id in ["done-1", "done-2"] {
+        rota.ok(&["submit", "pipeline", "--id", id, "--delay", "1h"]);
+        rota.ok(&["cancel", id]);
+    }
+    drop(serve);
+    assert_eq!(rota.ok(&["verify"]).trim(), "checked 2 task(s), 4 history row(s): every chain holds");
+    let exported = rota.ok(&["export"]);
+    let export_file = rota.dir().join("tasks.jsonl");
+    std::fs::write(&export_file, &exported).unwrap();
+    let file = export_file.to_str().unwrap();
+    assert_eq!(rota.ok(&["verify", file]).trim(), "checked 2 task(s), 4 history row(s) in 1 file(s): every chain holds");
+
+    std::fs::write(&export_file, exported.replacen(r#""compensate":false"#, r#""compensate":true"#, 1)).unwrap();
+    let output = rota.command(&["verify", file]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.starts_with(&format!("{file}:1: task done-2: row 2 (seq ")), "{stdout}");
+    assert_one_error_line(&String::from_utf8_lossy(&output.stderr), &["the history of 1 task(s) was changed after it was written"]);
+
+    let db = rusqlite::Connection::open(rota.dir().join("q.db")).unwrap();
+    let changed =
+        db.execute("UPDATE events SET detail = '{\"compensate\":true}' WHERE task_id = 'done-1' AND kind = 'cancelled'", []).unwrap();
+    assert_eq!(changed, 1);
+    let output = rota.command(&["verify"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.starts_with("task done-1: row 2 (seq ") && stdout.contains("this row was changed"), "{stdout}");
+}
+
+#[test]
 fn serve_with_a_retention_deletes_finished_tasks_and_validate_checks_the_field() {
     let rota = Rota::new();
     let files = Files::new();

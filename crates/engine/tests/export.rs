@@ -108,7 +108,7 @@ async fn an_export_imports_into_an_empty_store_as_it_was(backend: Backend) {
     let Some(copy) = Rig::new(backend).await else { return };
     let imported = import_all(&copy.store, exported.clone()).await;
     assert_eq!(imported, export::Imported { tasks: 5, duplicates: 0 });
-    assert_eq!(copy.lines(&ids).await, rig.lines(&ids).await, "the same tasks, steps and histories");
+    assert_eq!(copy.lines(&ids).await, rig.lines(&ids).await, "the same tasks, steps and histories, with the same hashes");
     let running = copy.store.task(&TaskId::new("order-3").unwrap()).await.unwrap().expect("imported");
     assert_eq!((running.task.state, running.task.locked_by.as_ref().map(InstanceId::as_str)), (TaskState::Processing, Some("sched-1")));
 
@@ -189,7 +189,37 @@ async fn an_archive_that_cannot_be_written_deletes_nothing(backend: Backend) {
     assert!(refused.starts_with(&format!("archive directory {}", dir.path().join("file").display())), "{refused}");
 }
 
+async fn a_history_row_changed_deleted_or_moved_by_hand_is_found(backend: Backend) {
+    let Some(rig) = Rig::new(backend).await else { return };
+    for (id, finished) in [("order-1", true), ("order-2", false), ("order-3", true), ("order-4", true)] {
+        rig.task(id, "order", finished).await;
+    }
+    let whole = export::verify(&rig.store, 2, |id, at| panic!("{id} is whole, yet {at}")).await.expect("verify");
+    assert_eq!(whole, export::Verified { tasks: 4, rows: 8, unchained_tasks: 0, broken: 0 });
+    let exported = export_all(&rig.store, TaskFilter::default()).await;
+    assert!(exported.iter().all(|line| line.verify().is_ok() && line.history.iter().all(|event| event.hash.is_some())), "{exported:?}");
+
+    let edits = [
+        "UPDATE rota.events SET detail = '{\"by\":\"someone else\"}' WHERE task_id = 'order-1' AND kind = 'cancelled'",
+        "DELETE FROM rota.events WHERE task_id = 'order-2' AND kind = 'received'",
+        "UPDATE rota.events SET seq = seq + 1000000 WHERE task_id = 'order-3' AND kind = 'received'",
+    ];
+    for edit in edits {
+        assert_eq!(rig._store.by_hand(edit).await, 1, "{edit}");
+    }
+    let mut found = Vec::new();
+    let verified = export::verify(&rig.store, 2, |id, at| found.push(format!("{id} row {}", at.row))).await.expect("verify");
+    assert_eq!((verified.tasks, verified.broken), (4, 3));
+    found.sort();
+    assert_eq!(found, ["order-1 row 2", "order-2 row 1", "order-3 row 1"], "the changed row, the row after the deleted one, the moved row");
+
+    let mut line = exported.into_iter().find(|line| line.task.id.as_str() == "order-4").expect("order-4");
+    line.history[0].at = Timestamp::from_millis(1);
+    assert_eq!(line.verify().expect_err("a changed line").row, 1, "a line changed in the file");
+}
+
 on_each_backend!(
+    a_history_row_changed_deleted_or_moved_by_hand_is_found,
     an_export_imports_into_an_empty_store_as_it_was,
     an_import_keeps_the_first_line_of_a_task_read_twice,
     retention_archives_each_batch_durably_before_deleting_it,

@@ -62,6 +62,25 @@ impl TestStore {
             }
         }
     }
+
+    /// Runs `sql` on the store's database behind the store's back, as an
+    /// operator editing it by hand would (`rota.` names the PostgreSQL
+    /// schema); returns the rows it changed.
+    #[allow(dead_code)] // Only the tests of the history's hash chain edit rows.
+    pub async fn by_hand(&self, sql: &str) -> u64 {
+        match &self._schema {
+            None => {
+                let conn = rusqlite::Connection::open(self._dir.path().join("test.db")).expect("open the SQLite file");
+                conn.execute(&sql.replace("rota.", ""), []).expect("run the hand edit") as u64
+            }
+            Some(schema) => {
+                use sqlx::Connection;
+                let mut conn = sqlx::PgConnection::connect(&schema.url).await.expect("connect to PostgreSQL");
+                let sql = sql.replace("rota.", &format!("{}.", schema.name));
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&mut conn).await.expect("run the hand edit").rows_affected()
+            }
+        }
+    }
 }
 
 /// Runs each `async fn $name(backend: Backend)` of the file as two tests.
