@@ -43,7 +43,7 @@
 //!   completed without output and compensated first. Compensations must
 //!   therefore be idempotent and accept that there may be nothing to undo.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use rand::Rng;
@@ -142,6 +142,8 @@ struct Draft<'a> {
     steps: BTreeMap<StepName, Step>,
     completed_in_order: Vec<StepName>,
     changes: Changes,
+    /// The steps this decision sends a Retry for.
+    retries: BTreeSet<StepName>,
 }
 
 impl<'a> Draft<'a> {
@@ -154,6 +156,7 @@ impl<'a> Draft<'a> {
             steps: record.steps.iter().map(|s| (s.name.clone(), s.clone())).collect(),
             completed_in_order: completed_in_order.to_vec(),
             changes: Changes::default(),
+            retries: BTreeSet::new(),
         }
     }
 
@@ -451,8 +454,34 @@ impl<'a> Draft<'a> {
     fn advance_processing(&mut self, fence: rota_model::TaskFence) {
         while self.task.state == TaskState::Processing {
             if !self.start_ready_steps(fence) {
-                return;
+                break;
             }
+        }
+        if self.task.state == TaskState::Processing {
+            self.wake_when_due();
+        }
+    }
+
+    /// Makes sure a held task with nothing in flight is woken: a step held
+    /// back only by its `not_before` gets a Retry for that time, unless
+    /// this decision sends one. A backoff sends its own Retry; this one is
+    /// for a `not_before` the clock fell behind when it was stepped back
+    /// (a step is due from when it became ready, and that time is ahead of
+    /// a clock stepped back past it), which nothing would wake until the
+    /// task's lease ran out.
+    fn wake_when_due(&mut self) {
+        let now = self.cx.now;
+        let in_flight = self.steps.values().any(|s| matches!(s.state, StepState::Running | StepState::Compensating));
+        if in_flight || !self.retries.is_empty() {
+            return;
+        }
+        let held = self.cx.workflow.ready(
+            |name| self.steps.get(name).is_some_and(|s| s.state.is_settled()),
+            |name| self.steps.get(name).is_some_and(|s| s.state == StepState::NotStarted && s.not_before > now),
+        );
+        let earliest = held.iter().filter_map(|def| self.steps.get(def.name())).min_by_key(|s| s.not_before);
+        if let Some((name, wait)) = earliest.map(|s| (s.name.clone(), s.not_before.since(now))) {
+            self.send_retry(&name, wait);
         }
     }
 
@@ -680,7 +709,14 @@ impl<'a> Draft<'a> {
             return;
         };
         if self.steps[&name].not_before > now {
-            return; // Backing off; a Retry message is on its way.
+            // Backing off, with a Retry on its way, unless the clock was
+            // stepped back past the time the step became due: then one is
+            // sent for that time (see `wake_when_due`).
+            if self.retries.is_empty() {
+                let wait = self.steps[&name].not_before.since(now);
+                self.send_retry(&name, wait);
+            }
+            return;
         }
         let def = wf.step(&name).expect("compensated steps come from the workflow");
         let compensation = def.compensate().expect("checked above");
@@ -784,6 +820,7 @@ impl<'a> Draft<'a> {
     }
 
     fn send_retry(&mut self, name: &StepName, after: Duration) {
+        self.retries.insert(name.clone());
         let message = InboxMessage::Retry { task_id: self.task.id.clone(), step: name.clone() };
         let envelope = InboxEnvelope { message, traceparent: self.cx.traceparent.map(str::to_owned) };
         let outgoing = Outgoing::json(&envelope).expect("inbox messages serialize").with_delay(after);

@@ -6,8 +6,9 @@
 //! out; transient and permanent failures; Schedulers that crash (their inbox
 //! abandoned) or restart under the same id; Supervisors that crash holding
 //! the leader lease; Schedulers that die between a claim and its start or
-//! holding inbox messages; operator cancels and resubmits; and clock jumps
-//! that expire step timeouts, task deadlines and message leases. After the
+//! holding inbox messages; operator cancels and resubmits; clock jumps
+//! that expire step timeouts, task deadlines and message leases; and the
+//! clock stepped back (up to 30 s). After the
 //! faults, a quiet phase lets every role work until every task has ended.
 //!
 //! Then each seed is checked against the task histories, the stored records
@@ -909,6 +910,48 @@ async fn scenario_world() -> World {
     world.tasks[0].workflow = rota_model::WorkflowName::new("seq").unwrap();
     world.tasks[0].id = id("t0-seq");
     world
+}
+
+/// The clock is stepped back 5 s while a task waits for its approval
+/// signal. The signal completes the wait and wakes the Scheduler, but the
+/// next step became due at the task's submission, which the clock now
+/// shows only 5 s later: the Scheduler sends itself a Retry for that time,
+/// and the step starts then, not when the task's 20 s lease runs out
+/// (nothing else would wake the task).
+#[tokio::test(flavor = "current_thread")]
+async fn a_clock_stepped_back_delays_the_next_step_until_it_is_due_again() {
+    let mut world = scenario_world().await;
+    let task = id("t0-approve");
+    world.tasks[0].workflow = rota_model::WorkflowName::new("approve").unwrap();
+    world.tasks[0].id = task.clone();
+    assert!(world.submit_next().await.unwrap());
+    assert_eq!(world.claim_with(0).await.unwrap(), 1);
+    let first = world.agent_once(Fate::Succeed).await.unwrap().expect("the hold request");
+    assert_eq!(first.call.step.as_str(), "hold");
+    assert_eq!(world.drain_inbox(0).await.unwrap(), 1, "the reply: the task now waits for its signal");
+
+    world.step_back(Duration::from_secs(5));
+    world.signal(&task, sim::SIGNAL).await.unwrap();
+    assert_eq!(world.drain_inbox(0).await.unwrap(), 1, "the Signalled notice");
+    let record = world.store.task(&task).await.unwrap().unwrap();
+    let states: Vec<(&str, StepState)> = record.steps.iter().map(|s| (s.name.as_str(), s.state)).collect();
+    assert_eq!(states, [("hold", StepState::Completed), ("approval", StepState::Completed), ("pay", StepState::NotStarted)]);
+    world.find_stalls_now().await.unwrap();
+    assert!(world.stalls.is_empty(), "a Retry is on its way: {:?}", world.stalls);
+
+    world.advance(Duration::from_millis(4_900));
+    assert_eq!(world.drain_inbox(0).await.unwrap(), 0, "not due yet");
+    world.advance(Duration::from_millis(100));
+    assert_eq!(world.drain_inbox(0).await.unwrap(), 1, "the Retry, once the clock is back at the submission");
+    let record = world.store.task(&task).await.unwrap().unwrap();
+    let pay = record.steps.iter().find(|s| s.name.as_str() == "pay").unwrap();
+    assert_eq!((pay.state, pay.attempt), (StepState::Running, 1), "pay started within the task's lease");
+    assert_eq!(record.task.failure_count, 0);
+    assert!(world.quiet_phase(100).await.unwrap());
+    assert_eq!(world.state(&task).await, TaskState::Processed);
+    let mut problems = Vec::new();
+    check(&mut world, &mut problems).await;
+    assert!(problems.is_empty(), "{problems:#?}");
 }
 
 /// An agent's reply to attempt 1 is held back past the step's timeout; the

@@ -171,6 +171,9 @@ pub enum Action {
     Supervise,
     /// The clock moves: mostly a little, sometimes past timeouts and deadlines.
     Advance,
+    /// The system clock is stepped back (an NTP correction, a VM restored):
+    /// mostly by under a second, sometimes by up to half a minute.
+    StepBack,
     /// A held reply arrives (or a slow agent finishes) ahead of its time.
     DeliverLate,
     /// A Scheduler's process dies; another instance may take its place.
@@ -241,6 +244,7 @@ impl Profile {
             (Action::Agent, 30),
             (Action::Supervise, some(&[4, 10])),
             (Action::Advance, 20),
+            (Action::StepBack, some(&[0, 1, 3])),
             (Action::DeliverLate, 6),
             (Action::CrashScheduler, some(&[0, 1, 3])),
             (Action::RestartScheduler, some(&[0, 1, 2])),
@@ -411,7 +415,10 @@ impl Counts {
     }
 }
 
-/// A live Scheduler, its instance id, and when this process of it started.
+/// A live Scheduler, its instance id, and when this process of it started
+/// (the latest time the clock had shown by then: a claim an earlier
+/// process made under the same id is not later, even when the clock was
+/// stepped back since).
 struct Live {
     id: InstanceId,
     scheduler: Scheduler,
@@ -424,6 +431,8 @@ pub struct World {
     rng: StdRng,
     pub profile: Profile,
     pub clock: Arc<ManualClock>,
+    /// The latest time the clock has shown (it may be stepped back).
+    latest: Timestamp,
     start: Timestamp,
     pub store: SharedStore,
     _dir: tempfile::TempDir,
@@ -506,6 +515,7 @@ impl World {
             seed,
             rng,
             profile,
+            latest: clock.now(),
             clock,
             start,
             store,
@@ -596,7 +606,7 @@ impl World {
         };
         let scheduler = Scheduler::new(self.store.clone(), self.clock.clone(), self.workflows.clone(), Completions::default(), config)
             .expect("a valid scheduler config");
-        self.schedulers.push(Live { id: id.clone(), scheduler, since: self.clock.now() });
+        self.schedulers.push(Live { id: id.clone(), scheduler, since: self.latest.max(self.clock.now()) });
         self.note(format!("scheduler {id} starts"));
         id
     }
@@ -635,7 +645,15 @@ impl World {
     /// Moves the clock.
     pub fn advance(&mut self, by: Duration) {
         self.clock.advance(by);
+        self.latest = self.latest.max(self.clock.now());
         self.note(format!("clock +{} ms", by.as_millis()));
+    }
+
+    /// Steps the clock back, as a system clock corrected backwards does.
+    pub fn step_back(&mut self, by: Duration) {
+        self.latest = self.latest.max(self.clock.now());
+        self.clock.set(self.clock.now().sub(by));
+        self.note(format!("clock -{} ms (stepped back)", by.as_millis()));
     }
 
     /// One tick of the fault phase.
@@ -667,6 +685,13 @@ impl World {
                     _ => Duration::from_millis(self.rng.random_range(3_000..25_000)),
                 };
                 self.advance(by);
+            }
+            Action::StepBack => {
+                let by = match self.rng.random_range(0..100) {
+                    0..70 => Duration::from_millis(self.rng.random_range(1..1_000)),
+                    _ => Duration::from_millis(self.rng.random_range(1_000..30_000)),
+                };
+                self.step_back(by);
             }
             Action::DeliverLate => {
                 if !self.held.is_empty() {
