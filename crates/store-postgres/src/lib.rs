@@ -52,7 +52,7 @@ use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, ScheduleNa
 use rota_store::{
     Changes, ComponentStatus, Created, DeadLetter, Delivery, Error, Event, Expired, InstanceSweep, LeaderLease, NewSchedule, NewTask,
     Outgoing, Prune, Pruned, QueueConfig, QueueStats, Queues, Receive, Redrive, ScheduleProgress, ScheduleRecord, Sent, Store, Swept,
-    TaskFilter, TaskRecord, Tasks, Warning, WorkflowEntry,
+    TaskFilter, TaskRecord, Tasks, Warning, WorkflowEntry, WorkflowPause,
 };
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -1044,6 +1044,14 @@ impl Tasks for PgStore {
 
     async fn workflows(&self) -> Result<Vec<WorkflowEntry>, Error> {
         with_connection!(self, conn => { task_sql::workflows(&mut conn, &self.names).await? })
+    }
+
+    async fn set_workflow_paused(&self, change: &WorkflowPause) -> Result<(), Error> {
+        with_connection!(self, conn => { task_sql::set_workflow_paused(&mut conn, &self.names, change).await? })
+    }
+
+    async fn workflow_pauses(&self) -> Result<Vec<WorkflowPause>, Error> {
+        with_connection!(self, conn => { task_sql::workflow_pauses(&mut conn, &self.names).await? })
     }
 
     async fn alerts(&self, limit: u32) -> Result<Vec<Event>, Error> {

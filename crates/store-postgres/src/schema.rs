@@ -296,6 +296,18 @@ END
 $chain$;
 CREATE TRIGGER events_chain BEFORE INSERT ON rota.events FOR EACH ROW EXECUTE FUNCTION rota.events_chain();
 "#,
+    r#"
+-- Paused workflows (an operator's pause of a workflow, by name): claims
+-- take none of their tasks. One row per workflow ever paused, holding the
+-- latest pause or resume with who made it, when and why.
+CREATE TABLE rota.workflow_pauses (
+    name       TEXT    PRIMARY KEY,
+    paused     BOOLEAN NOT NULL,
+    changed_by TEXT    NOT NULL,
+    reason     TEXT,
+    changed_at BIGINT  NOT NULL
+);
+"#,
 ];
 
 /// How many migrations this build knows.

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use rota_model::{InstanceId, QueueName, Step, StepName, StepState, Tags, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{
-    ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, TaskFilter, TaskRecord, TimeRange, Warning, WorkflowEntry, chain,
+    ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, TaskFilter, TaskRecord, TimeRange, Warning, WorkflowEntry,
+    WorkflowPause, chain,
 };
 use serde_json::Value;
 use sqlx::postgres::PgRow;
@@ -380,6 +381,7 @@ pub(crate) async fn claim_tasks(
          picked AS (
              SELECT id FROM rota.tasks
               WHERE state IN ('pending', 'compensating') AND locked_by IS NULL AND NOT paused AND not_before <= $3
+                AND NOT EXISTS (SELECT 1 FROM rota.workflow_pauses p WHERE p.name = rota.tasks.workflow AND p.paused)
               ORDER BY not_before LIMIT $4
               FOR UPDATE SKIP LOCKED),
          claimed AS (
@@ -731,6 +733,49 @@ pub(crate) async fn workflows(conn: &mut PgConnection, n: &Names) -> Result<Vec<
     .fetch_all(&mut *conn)
     .await?;
     rows.iter().map(workflow_from).collect()
+}
+
+/// A workflow's pause or resume, fenced on its paused state: a pause
+/// inserts or updates a row that is not paused, a resume updates one that
+/// is; nothing matched is a `Conflict`.
+pub(crate) async fn set_workflow_paused(conn: &mut PgConnection, n: &Names, change: &WorkflowPause) -> Result<()> {
+    let sql = if change.paused {
+        "INSERT INTO rota.workflow_pauses AS w (name, paused, changed_by, reason, changed_at) VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, changed_by = excluded.changed_by,
+                                          reason = excluded.reason, changed_at = excluded.changed_at
+          WHERE NOT w.paused"
+    } else {
+        "UPDATE rota.workflow_pauses SET paused = $2, changed_by = $3, reason = $4, changed_at = $5 WHERE name = $1 AND paused"
+    };
+    let changed = sqlx::query(n.sql(sql))
+        .bind(change.workflow.as_str())
+        .bind(change.paused)
+        .bind(&change.by)
+        .bind(&change.reason)
+        .bind(change.at.as_millis())
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+    if changed == 0 {
+        let already = if change.paused { "paused" } else { "not paused" };
+        return Err(Error::Conflict(format!("workflow {} is {already}", change.workflow)).into());
+    }
+    Ok(())
+}
+
+pub(crate) async fn workflow_pauses(conn: &mut PgConnection, n: &Names) -> Result<Vec<WorkflowPause>> {
+    let rows = sqlx::query(n.sql("SELECT * FROM rota.workflow_pauses ORDER BY name COLLATE \"C\"")).fetch_all(&mut *conn).await?;
+    rows.iter()
+        .map(|row| {
+            Ok(WorkflowPause {
+                workflow: WorkflowName::new(row.try_get::<String, _>("name")?).map_err(|e| corrupt("workflow name", e))?,
+                paused: row.try_get("paused")?,
+                by: row.try_get("changed_by")?,
+                reason: row.try_get("reason")?,
+                at: Timestamp::from_millis(row.try_get("changed_at")?),
+            })
+        })
+        .collect()
 }
 
 pub(crate) async fn alerts(conn: &mut PgConnection, n: &Names, limit: u32) -> Result<Vec<Event>> {

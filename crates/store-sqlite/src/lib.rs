@@ -30,7 +30,7 @@ use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, ScheduleNa
 use rota_store::{
     Changes, ComponentStatus, Created, DeadLetter, Delivery, Error, Event, Expired, InstanceSweep, LeaderLease, NewSchedule, NewTask,
     Outgoing, Prune, Pruned, QueueConfig, QueueStats, Queues, Receive, Redrive, Result, ScheduleProgress, ScheduleRecord, Sent, Store,
-    Swept, TaskFilter, TaskRecord, Tasks, Warning, WorkflowEntry,
+    Swept, TaskFilter, TaskRecord, Tasks, Warning, WorkflowEntry, WorkflowPause,
 };
 use rusqlite::{Connection, OpenFlags};
 use serde_json::Value;
@@ -752,6 +752,15 @@ impl Tasks for SqliteStore {
 
     async fn workflows(&self) -> Result<Vec<WorkflowEntry>> {
         self.read(|conn, _| task_sql::workflows(conn)).await
+    }
+
+    async fn set_workflow_paused(&self, change: &WorkflowPause) -> Result<()> {
+        let change = change.clone();
+        self.write(move |conn, _| task_sql::set_workflow_paused(conn, &change)).await
+    }
+
+    async fn workflow_pauses(&self) -> Result<Vec<WorkflowPause>> {
+        self.read(|conn, _| task_sql::workflow_pauses(conn)).await
     }
 
     async fn alerts(&self, limit: u32) -> Result<Vec<Event>> {

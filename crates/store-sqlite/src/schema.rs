@@ -255,6 +255,18 @@ CREATE INDEX tasks_created ON tasks (created_at);
 -- the writer as it appends the row. NULL for rows written before.
 ALTER TABLE events ADD COLUMN hash BLOB;
 "#,
+    r#"
+-- Paused workflows (an operator's pause of a workflow, by name): claims
+-- take none of their tasks. One row per workflow ever paused, holding the
+-- latest pause or resume with who made it, when and why.
+CREATE TABLE workflow_pauses (
+    name       TEXT    PRIMARY KEY,
+    paused     INTEGER NOT NULL,
+    changed_by TEXT    NOT NULL,
+    reason     TEXT,
+    changed_at INTEGER NOT NULL
+);
+"#,
 ];
 
 /// Runs the migrations that have not run yet.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use rota_model::{InstanceId, QueueName, Step, StepName, StepState, Tags, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{
     Changes, ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, Result, StepWrite, TaskFilter, TaskRecord, TaskWrite,
-    TimeRange, Warning, WorkflowEntry, chain, prefix_upper_bound,
+    TimeRange, Warning, WorkflowEntry, WorkflowPause, chain, prefix_upper_bound,
 };
 use rusqlite::types::Value as Sql;
 use rusqlite::{Connection, OptionalExtension, Row, params, params_from_iter};
@@ -579,6 +579,7 @@ pub(crate) fn claim_tasks(conn: &Connection, owner: &InstanceId, lease: Duration
               WHERE rowid IN (SELECT rowid FROM tasks
                                WHERE state IN ('pending', 'compensating') AND locked_by IS NULL AND paused = 0
                                  AND not_before <= ?3
+                                 AND NOT EXISTS (SELECT 1 FROM workflow_pauses p WHERE p.name = tasks.workflow AND p.paused = 1)
                                ORDER BY not_before LIMIT ?4)
           RETURNING {TASK_COLUMNS}"
         ))
@@ -857,6 +858,51 @@ pub(crate) fn workflows(conn: &Connection) -> Result<Vec<WorkflowEntry>> {
         .and_then(|mut stmt| stmt.query_map([], workflow_row)?.collect::<rusqlite::Result<Vec<_>>>())
         .map_err(sql_error)?;
     rows.into_iter().map(into_workflow).collect()
+}
+
+/// A workflow's pause or resume, fenced on its paused state: a pause
+/// inserts or updates a row that is not paused, a resume updates one that
+/// is; nothing matched is a `Conflict`.
+pub(crate) fn set_workflow_paused(conn: &Connection, change: &WorkflowPause) -> Result<()> {
+    let args = params![change.workflow.as_str(), change.paused, change.by, change.reason, change.at.as_millis()];
+    let sql = if change.paused {
+        "INSERT INTO workflow_pauses (name, paused, changed_by, reason, changed_at) VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, changed_by = excluded.changed_by,
+                                          reason = excluded.reason, changed_at = excluded.changed_at
+          WHERE workflow_pauses.paused = 0"
+    } else {
+        "UPDATE workflow_pauses SET paused = ?2, changed_by = ?3, reason = ?4, changed_at = ?5 WHERE name = ?1 AND paused = 1"
+    };
+    let changed = conn.prepare_cached(sql).and_then(|mut stmt| stmt.execute(args)).map_err(sql_error)?;
+    if changed == 0 {
+        let already = if change.paused { "paused" } else { "not paused" };
+        return Err(Error::Conflict(format!("workflow {} is {already}", change.workflow)));
+    }
+    Ok(())
+}
+
+pub(crate) fn workflow_pauses(conn: &Connection) -> Result<Vec<WorkflowPause>> {
+    let rows = conn
+        .prepare_cached("SELECT name, paused, changed_by, reason, changed_at FROM workflow_pauses ORDER BY name")
+        .and_then(|mut stmt| {
+            stmt.query_map([], |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, bool>(1)?,
+                    row.get::<_, String>(2)?,
+                    row.get::<_, Option<String>>(3)?,
+                    row.get::<_, i64>(4)?,
+                ))
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()
+        })
+        .map_err(sql_error)?;
+    rows.into_iter()
+        .map(|(name, paused, by, reason, at)| {
+            let workflow = WorkflowName::new(&name).map_err(|_| corrupt("workflow name", &name))?;
+            Ok(WorkflowPause { workflow, paused, by, reason, at: Timestamp::from_millis(at) })
+        })
+        .collect()
 }
 
 pub(crate) fn alerts(conn: &Connection, limit: u32) -> Result<Vec<Event>> {

@@ -32,7 +32,7 @@ use serde_json::{Value, json};
 use crate::{
     BODY_BYTES_MAX, Changes, Created, Delivery, Error, Event, EventKind, Expired, InstanceSweep, NewSchedule, NewTask, Outgoing, Prune,
     PruneWorkflows, QueueConfig, QueueStats, RECEIVE_MAX, Receive, Redrive, ScheduleProgress, ScheduleSource, ScheduleSpec, Sent,
-    SharedStore, StepWrite, Swept, TaskFilter, TaskRecord, TaskWrite, TimeRange, Warning, chain,
+    SharedStore, StepWrite, Swept, TaskFilter, TaskRecord, TaskWrite, TimeRange, Warning, WorkflowPause, chain,
 };
 
 /// What a backend provides to run the suite.
@@ -103,6 +103,7 @@ macro_rules! conformance_suite {
             tasks_reads_several_with_their_steps,
             claim_tasks_leases_due_pending_and_unleased_compensating,
             a_paused_task_is_never_claimed_and_keeps_its_mark,
+            a_paused_workflows_tasks_are_not_claimed_until_it_is_resumed,
             concurrent_claims_never_share_a_task,
             commit_applies_fenced_writes_and_messages_together,
             a_skipped_step_is_stored_and_fenced_like_any_state,
@@ -1748,6 +1749,73 @@ pub async fn a_paused_task_is_never_claimed_and_keeps_its_mark(harness: &dyn Har
         _ => None,
     });
     assert_eq!(found, Some(true), "expired() returns the mark: {expired:?}");
+}
+
+/// While a workflow is paused no claim takes a task of it, Pending or
+/// unleased Compensating, whether created before or during the pause,
+/// while other workflows' tasks are claimed; a task already held keeps its
+/// lease. A pause and a resume are compare-and-sets on the paused state,
+/// recorded with who, why and when, kept across a reopen; resumed, its
+/// tasks are claimable again.
+pub async fn a_paused_workflows_tasks_are_not_claimed_until_it_is_resumed(harness: &dyn Harness) {
+    let clock = harness.clock();
+    let owner = instance("scheduler-wf-pause");
+    let order = WorkflowName::new("order").expect("valid name");
+    let change = |paused: bool, by: &str, reason: Option<&str>| WorkflowPause {
+        workflow: order.clone(),
+        paused,
+        by: by.to_owned(),
+        reason: reason.map(str::to_owned),
+        at: clock.now(),
+    };
+    {
+        let store = harness.open().await;
+        assert!(ok(store.workflow_pauses().await, "workflow_pauses").is_empty(), "no workflow was ever paused");
+        let refused = store.set_workflow_paused(&change(false, "ann", None)).await;
+        assert!(matches!(refused, Err(Error::Conflict(_))), "resuming a workflow that is not paused: {refused:?}");
+
+        create(&store, new_task("wp-held", "order", &["charge"], clock.now())).await;
+        let held = claim(&store, &owner, SECOND * 60, 10).await;
+        assert_eq!(task_ids(&held), ["wp-held"]);
+        create(&store, new_task("wp-before", "order", &["charge"], clock.now())).await;
+        ok(store.set_workflow_paused(&change(true, "ann", Some("payments down"))).await, "pause");
+        let again = store.set_workflow_paused(&change(true, "bob", None)).await;
+        assert!(matches!(again, Err(Error::Conflict(_))), "pausing a paused workflow: {again:?}");
+        create(&store, new_task("wp-during", "order", &["charge"], clock.now())).await;
+        let mut undo = new_task("wp-undo", "order", &["charge"], clock.now());
+        undo.task.state = TaskState::Compensating;
+        create(&store, undo).await;
+        create(&store, new_task("other-1", "shipping", &["ship"], clock.now())).await;
+        clock.advance(SECOND);
+        let claimed = claim(&store, &owner, SECOND * 60, 10).await;
+        assert_eq!(task_ids(&claimed), ["other-1"], "only another workflow's task is claimed");
+        let still = stored(&store, &task_id("wp-held")).await.task;
+        assert_eq!(still.locked_by.as_ref(), Some(&owner), "a held task keeps its lease");
+    }
+
+    let store = harness.open().await;
+    let pauses = ok(store.workflow_pauses().await, "workflow_pauses");
+    assert_eq!(pauses.len(), 1, "{pauses:?}");
+    assert_eq!(
+        (pauses[0].workflow.as_str(), pauses[0].paused, pauses[0].by.as_str(), pauses[0].reason.as_deref()),
+        ("order", true, "ann", Some("payments down")),
+        "the pause is kept, with who and why, after a reopen"
+    );
+    assert!(claim(&store, &owner, SECOND * 60, 10).await.is_empty(), "still none claimed after a reopen");
+
+    clock.advance(SECOND);
+    let resumed_at = clock.now();
+    ok(store.set_workflow_paused(&change(false, "bob", Some("payments back"))).await, "resume");
+    let pauses = ok(store.workflow_pauses().await, "workflow_pauses");
+    assert_eq!(
+        (pauses[0].paused, pauses[0].by.as_str(), pauses[0].reason.as_deref(), pauses[0].at),
+        (false, "bob", Some("payments back"), resumed_at),
+        "the latest change is the resume"
+    );
+    let mut claimed = claim(&store, &owner, SECOND * 60, 10).await;
+    claimed.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
+    assert_eq!(task_ids(&claimed), ["wp-before", "wp-during", "wp-undo"], "resumed, its tasks are claimed");
+    ok(store.set_workflow_paused(&change(true, "cy", None)).await, "a resumed workflow can be paused again");
 }
 
 /// Four concurrent claimers over 100 Pending tasks claim each exactly once.

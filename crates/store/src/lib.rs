@@ -36,7 +36,7 @@ pub use queue::{
 pub use schedule::{NewSchedule, ScheduleProgress, ScheduleRecord, ScheduleSource, ScheduleSpec};
 pub use task::{
     Changes, ComponentStatus, Created, Event, EventKind, Expired, LeaderLease, NewTask, StepWrite, TaskFilter, TaskRecord, TaskWrite,
-    Tasks, TimeRange, Warning, WorkflowEntry, counts_of_every_state, prefix_upper_bound,
+    Tasks, TimeRange, Warning, WorkflowEntry, WorkflowPause, counts_of_every_state, prefix_upper_bound,
 };
 
 /// A complete store: durable queues and the task state store, sharing one

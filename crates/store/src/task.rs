@@ -458,6 +458,22 @@ pub struct WorkflowEntry {
     pub registered_at: Timestamp,
 }
 
+/// An operator's latest pause or resume of a workflow (by name, every
+/// version): while `paused`, no claim takes a task of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkflowPause {
+    /// The workflow.
+    pub workflow: WorkflowName,
+    /// Whether it is paused (the change was a pause) or not (a resume).
+    pub paused: bool,
+    /// Who made the change (a token's name, an OS user).
+    pub by: String,
+    /// Why, when given.
+    pub reason: Option<String>,
+    /// When.
+    pub at: Timestamp,
+}
+
 /// The last reported status of a component (a circuit breaker, an instance).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ComponentStatus {
@@ -579,6 +595,17 @@ pub trait Tasks: Send + Sync {
 
     /// The latest version of every registered workflow, sorted by name.
     async fn workflows(&self) -> Result<Vec<WorkflowEntry>>;
+
+    /// Pauses (`change.paused`) or resumes a workflow, recording who, why
+    /// and when: a compare-and-set on its paused state, so a pause of a
+    /// paused workflow, or a resume of one that is not paused, is a
+    /// `Conflict` and writes nothing. While a workflow is paused,
+    /// [`Tasks::claim_tasks`] takes none of its tasks.
+    async fn set_workflow_paused(&self, change: &WorkflowPause) -> Result<()>;
+
+    /// The latest pause or resume of every workflow that had one, sorted by
+    /// name (a workflow never paused has none).
+    async fn workflow_pauses(&self) -> Result<Vec<WorkflowPause>>;
 
     /// Operator alerts (history events of kind `Alert`), newest first.
     async fn alerts(&self, limit: u32) -> Result<Vec<Event>>;
