@@ -216,6 +216,15 @@ pub enum Refusal {
         /// The transition's reason.
         why: TransitionError,
     },
+    /// A workflow's pause state refused (a pause of a paused workflow, a
+    /// resume of one that is not paused).
+    #[error("workflow {workflow} {why}")]
+    Workflow {
+        /// The workflow.
+        workflow: rota_model::WorkflowName,
+        /// Why.
+        why: &'static str,
+    },
     /// A resubmit of one step of a task whose compensation failed: the
     /// compensation resumes as a whole.
     #[error("task {task} failed while being undone: resubmit resumes its compensation, not one step")]

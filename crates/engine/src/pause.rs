@@ -23,11 +23,17 @@
 //! mark: a paused task that is cancelled into compensation, or resubmitted,
 //! waits for the resume like any paused task.
 //!
-//! Deliberately left out: pausing a whole workflow, and a pause that ends
-//! by itself at a given time.
+//! A whole workflow can be paused too ([`Client::pause_workflow`]): no
+//! claim takes a task of it, so its new tasks, and those given back or
+//! reset, wait Pending (or Compensating) until it is resumed; tasks already
+//! held go on to their end (pause those one by one to hold them). The mark
+//! is a row of the store's own (`Tasks::set_workflow_paused`, a
+//! compare-and-set), with who, when and why of the latest pause or resume.
+//!
+//! Deliberately left out: a pause that ends by itself at a given time.
 
-use rota_model::{TaskId, TaskState};
-use rota_store::{Changes, Event, EventKind, TaskRecord, TaskWrite};
+use rota_model::{TaskId, TaskState, WorkflowName};
+use rota_store::{Changes, Event, EventKind, TaskFilter, TaskRecord, TaskWrite, WorkflowPause};
 use serde_json::json;
 
 use crate::client::{Client, doorbell};
@@ -63,13 +69,7 @@ impl Client {
     }
 
     async fn pause_or_resume(&self, id: &TaskId, action: Action, operator: Operator<'_>) -> Result<TaskDetail> {
-        if let Some(reason) = operator.reason {
-            let chars = reason.chars().count();
-            if chars > REASON_CHARS_MAX {
-                let why = format!("is {chars} characters long, more than the {REASON_CHARS_MAX} accepted");
-                return Err(Error::InvalidRequest { field: "reason", why });
-            }
-        }
+        check_reason(operator)?;
         let record = self.retrying(|| self.try_pause_or_resume(id, action, operator)).await?;
         let verb = if action == Action::Pause { "paused" } else { "resumed" };
         tracing::info!(task = %id, by = operator.by, "task {id} {verb} by {}", operator.by);
@@ -100,4 +100,71 @@ impl Client {
         replies::commit(&self.store, changes).await?;
         Ok(TaskRecord { task: next, steps: record.steps })
     }
+
+    /// Pauses workflow `name` (every version), which must be registered and
+    /// not paused: no claim takes a task of it until it is resumed; tasks
+    /// already held go on. Returns the pause as stored.
+    pub async fn pause_workflow(&self, name: &WorkflowName, operator: Operator<'_>) -> Result<WorkflowPause> {
+        self.pause_or_resume_workflow(name, Action::Pause, operator).await
+    }
+
+    /// Resumes workflow `name`, which must be paused, and rings a doorbell
+    /// for one of its Pending tasks so that a Scheduler takes them up at
+    /// once. Returns the resume as stored.
+    pub async fn resume_workflow(&self, name: &WorkflowName, operator: Operator<'_>) -> Result<WorkflowPause> {
+        let resumed = self.pause_or_resume_workflow(name, Action::Resume, operator).await?;
+        let waiting = TaskFilter { state: Some(TaskState::Pending), workflow: Some(name.clone()), limit: 1, ..TaskFilter::default() };
+        if let Some(task) = self.store.list_tasks(&waiting).await?.first() {
+            let (queue, ring) = doorbell(&task.id);
+            self.store.send(&queue, ring).await?;
+        }
+        Ok(resumed)
+    }
+
+    /// The latest pause or resume of every workflow that had one, by name.
+    pub async fn workflow_pauses(&self) -> Result<Vec<WorkflowPause>> {
+        Ok(self.store.workflow_pauses().await?)
+    }
+
+    /// Whether workflow `name` is paused now.
+    pub async fn workflow_paused(&self, name: &WorkflowName) -> Result<bool> {
+        Ok(self.store.workflow_pauses().await?.iter().any(|p| &p.workflow == name && p.paused))
+    }
+
+    async fn pause_or_resume_workflow(&self, name: &WorkflowName, action: Action, operator: Operator<'_>) -> Result<WorkflowPause> {
+        check_reason(operator)?;
+        if self.store.workflow(name, None).await?.is_none() {
+            return Err(Error::UnknownWorkflow(format!("{name} is not registered")));
+        }
+        let change = WorkflowPause {
+            workflow: name.clone(),
+            paused: action == Action::Pause,
+            by: operator.by.to_owned(),
+            reason: operator.reason.map(str::to_owned),
+            at: self.clock.now(),
+        };
+        match self.store.set_workflow_paused(&change).await {
+            Ok(()) => {}
+            Err(rota_store::Error::Conflict(_)) => {
+                let why = if change.paused { "is paused already" } else { "is not paused" };
+                return Err(refused(action, Refusal::Workflow { workflow: name.clone(), why }));
+            }
+            Err(err) => return Err(err.into()),
+        }
+        let verb = if change.paused { "paused" } else { "resumed" };
+        tracing::info!(workflow = %name, by = operator.by, reason = operator.reason, "workflow {name} {verb} by {}", operator.by);
+        Ok(change)
+    }
+}
+
+/// Refuses a reason longer than [`REASON_CHARS_MAX`].
+fn check_reason(operator: Operator<'_>) -> Result<()> {
+    if let Some(reason) = operator.reason {
+        let chars = reason.chars().count();
+        if chars > REASON_CHARS_MAX {
+            let why = format!("is {chars} characters long, more than the {REASON_CHARS_MAX} accepted");
+            return Err(Error::InvalidRequest { field: "reason", why });
+        }
+    }
+    Ok(())
 }

@@ -311,9 +311,53 @@ async fn refused_pauses_and_resumes_change_nothing(backend: Backend) {
     rig.finish(&id).await;
 }
 
+/// A paused workflow: its new task stays Pending and unclaimed (by the
+/// engine's claim loop and by another Scheduler), while its task already
+/// held goes on to its end; another pause is refused, an unknown workflow
+/// is not found. Resumed, the waiting task runs to its end. The pause and
+/// the resume are stored with who and why.
+async fn a_paused_workflows_new_tasks_wait_until_it_is_resumed(backend: Backend) {
+    let Some(rig) = Rig::new(backend).await else { return };
+    let workflow = WorkflowName::new("two-steps").unwrap();
+    let held = rig.submit("wf-held", Start::Now).await;
+    rig.running(&held, "a", 1).await;
+
+    let paused = rig.client.pause_workflow(&workflow, ops_user(Some("payments down"))).await.unwrap();
+    assert!(paused.paused);
+    let waiting = rig.submit("wf-new", Start::Now).await;
+    assert_eq!(rig.claimer.claim_once().await.unwrap(), 0, "no claim takes a task of a paused workflow");
+    rig.gate.succeed("a", 1);
+    rig.running(&held, "b", 1).await;
+    let record = rig.record(&waiting).await;
+    assert_eq!((record.task.state, record.task.locked_by.clone()), (TaskState::Pending, None), "{record:#?}");
+    assert!(!record.task.paused, "the task itself carries no mark");
+    assert_eq!(rig.gate.calls().iter().filter(|(step, _)| step == "a").count(), 1, "only the held task's step a ran");
+
+    let again = rig.client.pause_workflow(&workflow, ops_user(None)).await.unwrap_err();
+    assert!(matches!(again, ops::Error::Refused { action: Action::Pause, .. }), "{again:?}");
+    assert_eq!(again.to_string(), "pause: workflow two-steps is paused already");
+    let unknown = rig.client.pause_workflow(&WorkflowName::new("nope").unwrap(), ops_user(None)).await.unwrap_err();
+    assert!(matches!(unknown, ops::Error::UnknownWorkflow(_)), "{unknown:?}");
+    let pauses = rig.client.workflow_pauses().await.unwrap();
+    assert_eq!(
+        pauses.iter().map(|p| (p.workflow.as_str(), p.paused, p.by.as_str(), p.reason.as_deref())).collect::<Vec<_>>(),
+        [("two-steps", true, "ops-ann", Some("payments down"))]
+    );
+
+    rig.gate.succeed("b", 1);
+    assert_eq!(rig.client.wait(&held, PATIENCE).await.unwrap(), TaskState::Processed, "the held task went on to its end");
+    let resumed = rig.client.resume_workflow(&workflow, ops_user(None)).await.unwrap();
+    assert!(!resumed.paused);
+    let not_paused = rig.client.resume_workflow(&workflow, ops_user(None)).await.unwrap_err();
+    assert_eq!(not_paused.to_string(), "resume: workflow two-steps is not paused");
+    // The gate already lets attempt 1 of both steps through.
+    rig.finish(&waiting).await;
+}
+
 on_each_backend!(
     a_paused_task_finishes_its_step_in_flight_and_starts_no_other,
     a_paused_pending_task_is_not_claimed_until_resumed,
     a_timed_out_step_of_a_paused_task_is_retried_only_after_the_resume,
     refused_pauses_and_resumes_change_nothing,
+    a_paused_workflows_new_tasks_wait_until_it_is_resumed,
 );
