@@ -79,6 +79,8 @@ pub(crate) fn routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(workflows::register))
         .routes(routes!(workflows::latest))
         .routes(routes!(workflows::version))
+        .routes(routes!(workflows::pause))
+        .routes(routes!(workflows::resume))
         .routes(routes!(schedules::list, schedules::create))
         .routes(routes!(schedules::get, schedules::delete))
         .routes(routes!(schedules::pause))

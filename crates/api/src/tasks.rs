@@ -36,7 +36,9 @@ async fn view(state: &ApiState, caller: &Caller, request: &str, id: &TaskId) -> 
     if !caller.may_see(detail.record.task.submitter.as_deref()) {
         return Err(hidden(request, id));
     }
-    Ok(TaskView::from(&detail))
+    let mut view = TaskView::from(&detail);
+    view.workflow_paused = state.client().workflow_paused(&detail.record.task.workflow).await.map_err(|err| ApiError::ops(request, err))?;
+    Ok(view)
 }
 
 /// The answer about a task the caller may not see: the one about a task

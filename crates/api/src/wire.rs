@@ -304,6 +304,10 @@ pub struct TaskView {
     /// Its labels, by key (empty when it has none).
     #[serde(default)]
     pub tags: BTreeMap<String, String>,
+    /// Whether its workflow is paused: no Scheduler claims it while it
+    /// waits (only a task's own view says; listings leave it false).
+    #[serde(default)]
+    pub workflow_paused: bool,
     /// When it was created, epoch ms.
     pub created_at: i64,
     /// When it last changed, epoch ms.
@@ -337,6 +341,7 @@ impl TaskView {
             submitter: task.submitter.clone(),
             paused: task.paused,
             tags: tags_of(task),
+            workflow_paused: false,
             created_at: task.created_at.as_millis(),
             updated_at: task.updated_at.as_millis(),
             steps: steps
@@ -751,6 +756,41 @@ pub struct WorkflowView {
     pub steps: Vec<WorkflowStepView>,
     /// The resolved definition, in its canonical JSON form.
     pub definition: Value,
+    /// Whether an operator paused the workflow: no Scheduler claims its
+    /// tasks until it is resumed.
+    #[serde(default)]
+    pub paused: bool,
+    /// The latest pause or resume of the workflow, with who, why and when;
+    /// absent when it was never paused.
+    #[serde(default)]
+    pub pause: Option<WorkflowPauseView>,
+}
+
+/// An operator's pause or resume of a workflow.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct WorkflowPauseView {
+    /// The workflow.
+    pub workflow: String,
+    /// Whether it is paused (the change was a pause) or not (a resume).
+    pub paused: bool,
+    /// Who made the change (as a task's pause records it).
+    pub by: String,
+    /// Why, when given.
+    pub reason: Option<String>,
+    /// When, epoch ms.
+    pub at: i64,
+}
+
+impl From<&rota_store::WorkflowPause> for WorkflowPauseView {
+    fn from(pause: &rota_store::WorkflowPause) -> Self {
+        WorkflowPauseView {
+            workflow: pause.workflow.to_string(),
+            paused: pause.paused,
+            by: pause.by.clone(),
+            reason: pause.reason.clone(),
+            at: pause.at.as_millis(),
+        }
+    }
 }
 
 impl WorkflowView {
@@ -774,7 +814,19 @@ impl WorkflowView {
                 })
                 .collect(),
             definition: serde_json::to_value(workflow).unwrap_or(Value::Null),
+            paused: false,
+            pause: None,
         }
+    }
+
+    /// The view with the workflow's latest pause or resume, found among
+    /// `pauses` by name.
+    pub fn with_pause(mut self, pauses: &[rota_store::WorkflowPause]) -> Self {
+        if let Some(pause) = pauses.iter().find(|p| p.workflow.as_str() == self.name) {
+            self.paused = pause.paused;
+            self.pause = Some(WorkflowPauseView::from(pause));
+        }
+        self
     }
 
     /// The view of a registry entry; `None` when the stored definition is unreadable.

@@ -8,16 +8,20 @@
 //! immutable: registering the same definition again is a no-op (200), a
 //! different definition under an existing version is a 409.
 
-use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use rota_model::WorkflowName;
 use rota_workflow::{Diagnostics, Workflow};
 
 use crate::ApiState;
-use crate::error::{ApiError, ApiPath, ApiResult, ApiText, ErrorBody, ErrorDetail};
-use crate::wire::{InvalidWorkflowBody, ProblemView, ValidationView, WorkflowPath, WorkflowVersionPath, WorkflowView};
+use crate::auth::Caller;
+use crate::error::{ApiError, ApiJson, ApiPath, ApiResult, ApiText, ErrorBody, ErrorDetail};
+use crate::tasks::caller_of;
+use crate::wire::{
+    InvalidWorkflowBody, PauseRequest, ProblemView, ValidationView, WorkflowPath, WorkflowPauseView, WorkflowVersionPath, WorkflowView,
+};
 
 /// How diagnostics name the request body (its extension is not `.json` or
 /// `.yaml`, so the parser picks the format from the text).
@@ -47,7 +51,8 @@ fn view(request: &str, entry: &rota_store::WorkflowEntry) -> ApiResult<WorkflowV
 )]
 pub async fn list(State(state): State<ApiState>) -> ApiResult<Json<Vec<WorkflowView>>> {
     let entries = state.store().workflows().await.map_err(|err| ApiError::store("list workflows", err))?;
-    entries.iter().map(|entry| view("list workflows", entry)).collect::<ApiResult<Vec<_>>>().map(Json)
+    let pauses = state.store().workflow_pauses().await.map_err(|err| ApiError::store("list workflows", err))?;
+    entries.iter().map(|entry| Ok(view("list workflows", entry)?.with_pause(&pauses))).collect::<ApiResult<Vec<_>>>().map(Json)
 }
 
 /// The latest registered version of a workflow.
@@ -96,7 +101,68 @@ async fn show(state: &ApiState, name: &WorkflowName, version: Option<u32>) -> Ap
         Some(version) => ApiError::not_found(format!("workflow {name} version {version}")),
         None => ApiError::not_found(format!("workflow {name}")),
     })?;
-    Ok(Json(view("show workflow", &entry)?))
+    let pauses = state.store().workflow_pauses().await.map_err(|err| ApiError::store("show workflow", err))?;
+    Ok(Json(view("show workflow", &entry)?.with_pause(&pauses)))
+}
+
+/// Pause a workflow (every version): no Scheduler claims its tasks until it
+/// is resumed, so new ones wait `pending`; tasks already running go on to
+/// their end. Who paused it (the caller), why (`reason`, optional) and when
+/// are kept with it. The body may be left out.
+#[utoipa::path(
+    post, path = "/v1/workflows/{name}/pause", tag = "workflows", operation_id = "pause_workflow",
+    params(WorkflowPath),
+    request_body(content = Option<PauseRequest>, description = "Why (optional); the body may be left out", content_type = "application/json"),
+    responses(
+        (status = 200, description = "The pause as stored", body = WorkflowPauseView),
+        (status = 400, description = "Invalid name, or a reason too long", body = ErrorBody),
+        (status = 404, description = "Not registered", body = ErrorBody),
+        (status = 409, description = "The workflow is paused already", body = ErrorBody),
+        (status = 422, description = "A body with a field the request does not have, or of the wrong type", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn pause(
+    State(state): State<ApiState>,
+    caller: Option<Extension<Caller>>,
+    ApiPath(WorkflowPath { name }): ApiPath<WorkflowPath>,
+    request: Option<ApiJson<PauseRequest>>,
+) -> ApiResult<Json<WorkflowPauseView>> {
+    let name = workflow_name(name)?;
+    let by = caller_of(caller).to_string();
+    let request = request.map(|ApiJson(request)| request).unwrap_or_default();
+    let operator = rota_engine::pause::Operator { by: &by, reason: request.reason.as_deref() };
+    let paused = state.client().pause_workflow(&name, operator).await.map_err(|err| ApiError::ops("pause workflow", err))?;
+    Ok(Json(WorkflowPauseView::from(&paused)))
+}
+
+/// Resume a paused workflow: Schedulers claim its waiting tasks again (at
+/// once). Who resumed it and why are kept with it. The body may be left out.
+#[utoipa::path(
+    post, path = "/v1/workflows/{name}/resume", tag = "workflows", operation_id = "resume_workflow",
+    params(WorkflowPath),
+    request_body(content = Option<PauseRequest>, description = "Why (optional); the body may be left out", content_type = "application/json"),
+    responses(
+        (status = 200, description = "The resume as stored", body = WorkflowPauseView),
+        (status = 400, description = "Invalid name, or a reason too long", body = ErrorBody),
+        (status = 404, description = "Not registered", body = ErrorBody),
+        (status = 409, description = "The workflow is not paused", body = ErrorBody),
+        (status = 422, description = "A body with a field the request does not have, or of the wrong type", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn resume(
+    State(state): State<ApiState>,
+    caller: Option<Extension<Caller>>,
+    ApiPath(WorkflowPath { name }): ApiPath<WorkflowPath>,
+    request: Option<ApiJson<PauseRequest>>,
+) -> ApiResult<Json<WorkflowPauseView>> {
+    let name = workflow_name(name)?;
+    let by = caller_of(caller).to_string();
+    let request = request.map(|ApiJson(request)| request).unwrap_or_default();
+    let operator = rota_engine::pause::Operator { by: &by, reason: request.reason.as_deref() };
+    let resumed = state.client().resume_workflow(&name, operator).await.map_err(|err| ApiError::ops("resume workflow", err))?;
+    Ok(Json(WorkflowPauseView::from(&resumed)))
 }
 
 /// Check a definition (YAML or JSON) without registering it.

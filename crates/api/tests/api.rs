@@ -527,6 +527,43 @@ async fn a_paused_task_starts_no_new_step_until_resumed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_workflows_tasks_wait_until_it_is_resumed() {
+    let server = start(Options { workflows: vec![held()], ..Options::default() }).await;
+    let paused = server.post_json("/v1/workflows/held/pause", &json!({ "reason": "the payment service is down" })).await;
+    assert_eq!(paused.status, StatusCode::OK, "{}", paused.text);
+    let at = paused.body["at"].as_i64().expect("at");
+    assert_eq!(
+        paused.body,
+        json!({ "workflow": "held", "paused": true, "by": "api without authentication", "reason": "the payment service is down", "at": at })
+    );
+    let listed = server.get("/v1/workflows").await.body;
+    let held = listed.as_array().unwrap().iter().find(|w| w["name"] == "held").unwrap().clone();
+    assert_eq!((held["paused"].as_bool(), held["pause"]["reason"].as_str()), (Some(true), Some("the payment service is down")), "{held}");
+    assert_eq!(server.get("/v1/workflows/held").await.body["paused"], true);
+
+    server.submit("held", "wp-1").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let waiting = server.get("/v1/tasks/wp-1").await.body;
+    assert_eq!((waiting["state"].as_str(), waiting["workflow_paused"].as_bool()), (Some("pending"), Some(true)), "{waiting}");
+    assert!(waiting["locked_by"].is_null(), "{waiting}");
+    let again = server.post("/v1/workflows/held/pause").await;
+    assert_eq!(again.assert_error(409, "refused"), "pause: workflow held is paused already");
+
+    let resumed = server.post("/v1/workflows/held/resume").await;
+    assert_eq!(resumed.status, StatusCode::OK, "a resume needs no body: {}", resumed.text);
+    assert_eq!((resumed.body["paused"].as_bool(), resumed.body["reason"].is_null()), (Some(false), true), "{}", resumed.text);
+    assert_eq!(server.wait_terminal("wp-1").await["state"], "processed");
+    assert_eq!(server.get("/v1/tasks/wp-1").await.body["workflow_paused"], false);
+
+    // Refusals.
+    server.post("/v1/workflows/held/resume").await.assert_error(409, "refused");
+    server.post("/v1/workflows/nope/pause").await.assert_error(404, "unknown_workflow");
+    let long = server.post_json("/v1/workflows/held/pause", &json!({ "reason": "x".repeat(1001) })).await;
+    assert!(long.assert_error(422, "invalid_body").starts_with("reason: is 1001 characters long"), "{}", long.text);
+    server.post_json("/v1/workflows/held/pause", &json!({ "why": "typo" })).await.assert_error(422, "invalid_body");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ids_with_slashes_and_spaces_travel_url_encoded() {
     let server = start(Options::default()).await;
     server.submit("quick", "order 17/β").await;

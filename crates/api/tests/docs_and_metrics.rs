@@ -31,6 +31,8 @@ const OPERATIONS: &[(&str, &str)] = &[
     ("post", "/v1/workflows/validate"),
     ("get", "/v1/workflows/{name}"),
     ("get", "/v1/workflows/{name}/versions/{version}"),
+    ("post", "/v1/workflows/{name}/pause"),
+    ("post", "/v1/workflows/{name}/resume"),
     ("get", "/v1/schedules"),
     ("post", "/v1/schedules"),
     ("get", "/v1/schedules/{name}"),

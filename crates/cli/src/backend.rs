@@ -22,7 +22,7 @@ use std::time::Duration;
 use anyhow::{Context, anyhow};
 use rota_api::wire::{
     AlertView, BreakerView, CallbackAccepted, Count, DeadLetterView, EventView, PauseRequest, QueueView, ScheduleRequest, ScheduleView,
-    SignalDelivery, TaskCounts, TaskStateChange, TaskSummary, TaskView, WorkflowView,
+    SignalDelivery, TaskCounts, TaskStateChange, TaskSummary, TaskView, WorkflowPauseView, WorkflowView,
 };
 use rota_engine::{Client, Submission, Workflows, ops};
 use rota_model::{QueueName, ScheduleName, SignalName, StepName, SystemClock, Tags, TaskId, TaskState, WorkflowName};
@@ -188,8 +188,12 @@ impl Backend {
     pub async fn task(&self, id: &TaskId) -> anyhow::Result<TaskView> {
         match self {
             Backend::Local(store) => {
-                let detail = client(store).task(id).await.map_err(|err| local_error(|| format!("cannot read task {id}"), err))?;
-                Ok(TaskView::from(&detail))
+                let client = client(store);
+                let asked = || format!("cannot read task {id}");
+                let detail = client.task(id).await.map_err(|err| local_error(asked, err))?;
+                let mut view = TaskView::from(&detail);
+                view.workflow_paused = client.workflow_paused(&detail.record.task.workflow).await.map_err(|err| local_error(asked, err))?;
+                Ok(view)
             }
             Backend::Remote(server) => server.get(&["v1", "tasks", id.as_str()], &[]).await,
         }
@@ -338,6 +342,31 @@ impl Backend {
         }
     }
 
+    /// Pauses (`pause`) or resumes a workflow, with an optional reason; the
+    /// change as stored. On a local store it records the OS user who ran
+    /// the command.
+    pub async fn pause_workflow(&self, name: &WorkflowName, reason: Option<&str>, pause: bool) -> anyhow::Result<WorkflowPauseView> {
+        let verb = if pause { "pause" } else { "resume" };
+        let asked = || format!("cannot {verb} workflow {name}");
+        match self {
+            Backend::Local(store) => {
+                let by = local_sender();
+                let operator = rota_engine::pause::Operator { by: &by, reason };
+                let client = client(store);
+                let moved = if pause { client.pause_workflow(name, operator).await } else { client.resume_workflow(name, operator).await };
+                Ok(WorkflowPauseView::from(&moved.map_err(|err| local_error(asked, err))?))
+            }
+            Backend::Remote(server) => {
+                let body = PauseRequest { reason: reason.map(str::to_owned) };
+                let (_, view) = server
+                    .post::<WorkflowPauseView, _>(&["v1", "workflows", name.as_str(), verb], Some(&body))
+                    .await
+                    .map_err(|err| remote_error(asked, err))?;
+                Ok(view)
+            }
+        }
+    }
+
     /// Pauses a task, with an optional reason; the task afterwards. On a
     /// local store the history records the OS user who ran the command.
     pub async fn pause_task(&self, id: &TaskId, reason: Option<&str>) -> anyhow::Result<TaskView> {
@@ -425,17 +454,19 @@ impl Backend {
         }
     }
 
-    /// The latest version of each registered workflow.
+    /// The latest version of each registered workflow, with its pause.
     pub async fn workflows(&self) -> anyhow::Result<Vec<WorkflowView>> {
         match self {
             Backend::Local(store) => {
                 let entries = store.workflows().await.context("cannot list workflows")?;
+                let pauses = store.workflow_pauses().await.context("cannot list workflows")?;
                 entries
                     .iter()
                     .map(|entry| {
-                        WorkflowView::from_entry(entry).ok_or_else(|| {
+                        let view = WorkflowView::from_entry(entry).ok_or_else(|| {
                             anyhow!("the stored definition of workflow {} version {} is unreadable", entry.name, entry.version)
-                        })
+                        })?;
+                        Ok(view.with_pause(&pauses))
                     })
                     .collect()
             }

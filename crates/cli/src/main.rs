@@ -136,7 +136,7 @@ enum Command {
     Pause(tasks::PauseArgs),
     /// Resume a paused task; prints its state.
     Resume(tasks::PauseArgs),
-    /// List the registered workflows (latest version of each).
+    /// List the registered workflows (latest version of each); pause or resume one.
     Workflows(tasks::WorkflowsArgs),
     /// Cron schedules that start tasks: create, list (with next fire times), show, pause, resume, trigger, delete.
     #[command(subcommand)]

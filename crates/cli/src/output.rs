@@ -13,7 +13,9 @@ use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::time::{Duration, UNIX_EPOCH};
 
-use rota_api::wire::{AlertView, BreakerView, DeadLetterView, EventView, QueueView, StepView, TaskSummary, TaskView, WorkflowView};
+use rota_api::wire::{
+    AlertView, BreakerView, DeadLetterView, EventView, QueueView, StepView, TaskSummary, TaskView, WorkflowPauseView, WorkflowView,
+};
 use rota_model::{QueueName, StepState, TaskState, Timestamp};
 use rota_store::Delivery;
 use serde::Serialize;
@@ -172,6 +174,7 @@ pub struct StatusJson<'a> {
     pub version: u32,
     pub state: TaskState,
     pub paused: bool,
+    pub workflow_paused: bool,
     pub locked_by: Option<&'a str>,
     pub lease_epoch: u64,
     pub complete_by: Option<String>,
@@ -227,6 +230,7 @@ impl<'a> StatusJson<'a> {
             version: task.version,
             state: TaskState::from(task.state),
             paused: task.paused,
+            workflow_paused: task.workflow_paused,
             locked_by: task.locked_by.as_deref(),
             lease_epoch: task.lease_epoch,
             complete_by: task.complete_by.map(rfc3339_millis),
@@ -355,6 +359,24 @@ pub struct WorkflowJson<'a> {
     version: u32,
     registered_at: Option<String>,
     steps: Vec<WorkflowStepJson<'a>>,
+    paused: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pause: Option<WorkflowPauseJson<'a>>,
+}
+
+/// A workflow's latest pause or resume, in `workflows --json`.
+#[derive(Serialize)]
+pub struct WorkflowPauseJson<'a> {
+    paused: bool,
+    by: &'a str,
+    reason: Option<&'a str>,
+    at: String,
+}
+
+impl<'a> From<&'a WorkflowPauseView> for WorkflowPauseJson<'a> {
+    fn from(pause: &'a WorkflowPauseView) -> Self {
+        WorkflowPauseJson { paused: pause.paused, by: &pause.by, reason: pause.reason.as_deref(), at: rfc3339_millis(pause.at) }
+    }
 }
 
 /// One step of a workflow, in `workflows --json`.
@@ -390,6 +412,8 @@ impl<'a> From<&'a WorkflowView> for WorkflowJson<'a> {
                     depends_on: &step.depends_on,
                 })
                 .collect(),
+            paused: workflow.paused,
+            pause: workflow.pause.as_ref().map(WorkflowPauseJson::from),
         }
     }
 }

@@ -247,10 +247,34 @@ pub struct PauseArgs {
 
 /// Arguments of `workflows`.
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct WorkflowsArgs {
+    #[command(subcommand)]
+    action: Option<WorkflowsAction>,
     /// Print a JSON array instead of a table.
     #[arg(long)]
     json: bool,
+}
+
+/// What `workflows` does besides listing.
+#[derive(clap::Subcommand)]
+pub enum WorkflowsAction {
+    /// Pause a workflow (every version): no Scheduler claims its tasks
+    /// until it is resumed, so new ones wait pending; tasks already running
+    /// go on to their end.
+    Pause(WorkflowPauseArgs),
+    /// Resume a paused workflow: its waiting tasks are claimed again.
+    Resume(WorkflowPauseArgs),
+}
+
+/// Arguments of `workflows pause` and `workflows resume`.
+#[derive(clap::Args)]
+pub struct WorkflowPauseArgs {
+    /// The workflow's name.
+    name: WorkflowName,
+    /// Why, kept with the pause with who did it and when.
+    #[arg(long, value_name = "TEXT")]
+    reason: Option<String>,
 }
 
 /// Parses `--input`: JSON, or `@FILE`. serde_json's message ends with the
@@ -482,7 +506,8 @@ fn status_text(status: &StatusJson) -> String {
     };
     let mut fields = vec![
         ("task", status.id.to_owned()),
-        ("workflow", format!("{}@{}", status.workflow, status.version)),
+        // A task of a paused workflow waits for the resume: say why.
+        ("workflow", format!("{}@{}{}", status.workflow, status.version, if status.workflow_paused { " (paused)" } else { "" })),
         // A paused task says so beside its state, which pausing leaves as it is.
         ("state", if status.paused { format!("{}, paused", status.state) } else { status.state.to_string() }),
         ("locked_by", or_dash(status.locked_by)),
@@ -701,8 +726,18 @@ pub async fn resume(store: &StoreArgs, args: PauseArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `rota workflows`: the latest version of each registered workflow.
+/// `rota workflows`: the latest version of each registered workflow;
+/// `rota workflows pause|resume NAME` prints `paused` or `resumed`.
 pub async fn workflows(store: &StoreArgs, args: WorkflowsArgs) -> anyhow::Result<()> {
+    if let Some(action) = args.action {
+        let (args, pause) = match action {
+            WorkflowsAction::Pause(args) => (args, true),
+            WorkflowsAction::Resume(args) => (args, false),
+        };
+        store.backend().await?.pause_workflow(&args.name, args.reason.as_deref(), pause).await?;
+        output::line(if pause { "paused" } else { "resumed" })?;
+        return Ok(());
+    }
     let workflows = store.backend().await?.workflows().await?;
     if args.json {
         let json: Vec<WorkflowJson> = workflows.iter().map(WorkflowJson::from).collect();
@@ -727,11 +762,15 @@ pub async fn workflows(store: &StoreArgs, args: WorkflowsArgs) -> anyhow::Result
                 workflow.name.clone(),
                 workflow.version.to_string(),
                 workflow.registered_at.map(rfc3339_millis).unwrap_or_default(),
+                match workflow.pause.as_ref().filter(|pause| pause.paused) {
+                    Some(pause) => format!("paused by {}", pause.by),
+                    None => "-".to_owned(),
+                },
                 steps.join(", "),
             ]
         })
         .collect();
-    output::line(&output::table(&["NAME", "VERSION", "REGISTERED", "STEPS"], &rows))?;
+    output::line(&output::table(&["NAME", "VERSION", "REGISTERED", "PAUSED", "STEPS"], &rows))?;
     Ok(())
 }
 

@@ -1173,6 +1173,47 @@ steps:
     assert_one_error_line(&stderr, &["resume: task h-1: cannot resume a task that is not paused"]);
 }
 
+#[test]
+fn a_paused_workflows_tasks_wait_until_it_is_resumed() {
+    let rota = Rota::new();
+    let files = Files::new();
+    files.workflow(
+        "quick.yaml",
+        r#"
+name: quick
+version: 1
+steps:
+  - name: only
+    agent: delay
+    with: { ms: 1 }
+"#,
+    );
+    let _serve = Serve::start(&rota, &files.workflows(), "wf-pause-1", &[]);
+    assert_eq!(rota.ok(&["workflows", "pause", "quick", "--reason", "the payment service is down"]), "paused\n");
+    let listed = rota.ok(&["workflows"]);
+    assert!(listed.contains("paused by cli"), "the listing says so: {listed}");
+    let json = rota.json(&["workflows", "--json"]);
+    assert_eq!((&json[0]["paused"], &json[0]["pause"]["reason"]), (&json!(true), &json!("the payment service is down")), "{json:#}");
+    assert!(json[0]["pause"]["by"].as_str().unwrap().starts_with("cli"), "who paused it: {json:#}");
+
+    rota.ok(&["submit", "quick", "--id", "q-1"]);
+    thread::sleep(Duration::from_millis(500));
+    let status = rota.json(&["status", "q-1", "--json"]);
+    assert_eq!((&status["state"], &status["workflow_paused"]), (&json!("pending"), &json!(true)), "{status:#}");
+    assert!(rota.ok(&["status", "q-1"]).contains("quick@1 (paused)"), "status says why it waits");
+    let (code, stderr) = rota.fails(&["workflows", "pause", "quick"]);
+    assert_eq!(code, 1);
+    assert_one_error_line(&stderr, &["pause: workflow quick is paused already"]);
+    let (_, stderr) = rota.fails(&["workflows", "pause", "nope"]);
+    assert_one_error_line(&stderr, &["nope is not registered"]);
+
+    assert_eq!(rota.ok(&["workflows", "resume", "quick"]), "resumed\n");
+    let done = wait_for_state(&rota, "q-1", "processed", Duration::from_secs(20));
+    assert_eq!(done["workflow_paused"], false);
+    let (_, stderr) = rota.fails(&["workflows", "resume", "quick"]);
+    assert_one_error_line(&stderr, &["resume: workflow quick is not paused"]);
+}
+
 // ------------------------------------------------------ real processes
 
 /// A workflow of `steps` exec steps, each logging `$RUN <idempotency key>
