@@ -68,6 +68,15 @@ steps:
     agent: exec
     with: { command: ["cat"], stdin: { by: "{{ steps.approval.output.by }}" } }
 """,
+    # A quick step of a workflow the tests pause (no other test uses it).
+    "gated": """
+name: gated
+version: 1
+steps:
+  - name: pass
+    agent: delay
+    with: { ms: 1 }
+""",
     # A step that sleeps: a task to cancel, or to wait for in vain.
     "nap": """
 name: nap

@@ -162,6 +162,33 @@ class SubmitAndWait(unittest.TestCase):
         self.assertEqual((missing.exception.status, missing.exception.code), (404, "not_found"))
         client.cancel(task_id)
 
+    def test_a_paused_workflows_tasks_wait_until_it_is_resumed(self) -> None:
+        client = Client(server.url, token=support.ADMIN_TOKEN)
+        paused = client.pause_workflow("gated", reason="maintenance")
+        try:
+            self.assertEqual(
+                (paused["workflow"], paused["paused"], paused["by"], paused["reason"]),
+                ("gated", True, "api token with scope admin (admin)", "maintenance"),
+            )
+            listed = next(workflow for workflow in client.workflows() if workflow["name"] == "gated")
+            self.assertTrue(listed["paused"])
+            self.assertEqual(listed["pause"], paused)
+            with self.assertRaises(ApiError) as refused:
+                client.pause_workflow("gated")
+            self.assertEqual((refused.exception.status, refused.exception.code), (409, "refused"))
+            task_id = fresh("gated")
+            client.submit("gated", id=task_id)
+            time.sleep(0.5)
+            waiting = client.status(task_id)
+            self.assertEqual((waiting["state"], waiting["workflow_paused"]), ("pending", True))
+        finally:
+            resumed = client.resume_workflow("gated")
+        self.assertFalse(resumed["paused"])
+        self.assertEqual(client.wait(task_id, timeout=30)["state"], "processed")
+        with self.assertRaises(ApiError) as missing:
+            client.pause_workflow("no-such-workflow")
+        self.assertEqual((missing.exception.status, missing.exception.code), (404, "unknown_workflow"))
+
     def test_tasks_page_with_before(self) -> None:
         client = Client(server.url, token=support.ADMIN_TOKEN)
         ids = [fresh("page") for _ in range(3)]

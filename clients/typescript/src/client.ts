@@ -48,6 +48,10 @@ export type WorkRequest = components["schemas"]["WorkRequest"];
 export type SignalDelivery = components["schemas"]["SignalDelivery"];
 /** What a callback did: the step and attempt its token named, and whether it completed the step. */
 export type CallbackAccepted = components["schemas"]["CallbackAccepted"];
+/** The latest version of a registered workflow, and whether it is paused. */
+export type Workflow = components["schemas"]["WorkflowView"];
+/** An operator's pause or resume of a workflow: who, why and when. */
+export type WorkflowPause = components["schemas"]["WorkflowPauseView"];
 
 /** The server when neither the `url` option nor `ROTA_URL` names one. */
 export const DEFAULT_URL = "http://127.0.0.1:7878";
@@ -249,6 +253,35 @@ export class Client {
   async resume(id: string, options: { reason?: string } = {}): Promise<Task> {
     const answer = await this.api.fetch.POST("/v1/tasks/{id}/resume", {
       params: { path: { id } },
+      body: { reason: options.reason ?? null },
+      signal: this.api.deadline(),
+    });
+    return unwrap(answer);
+  }
+
+  /** The latest version of every registered workflow, sorted by name, each saying whether it is paused. */
+  async workflows(): Promise<Workflow[]> {
+    return unwrap(await this.api.fetch.GET("/v1/workflows", { signal: this.api.deadline() }));
+  }
+
+  /**
+   * Pauses a workflow (every version): no Scheduler claims its tasks until it is resumed, so new ones wait `pending`;
+   * tasks already running go on. `reason` is kept with who paused it. `ApiError` `refused` when it is paused already,
+   * `unknown_workflow` when it is not registered.
+   */
+  async pauseWorkflow(name: string, options: { reason?: string } = {}): Promise<WorkflowPause> {
+    const answer = await this.api.fetch.POST("/v1/workflows/{name}/pause", {
+      params: { path: { name } },
+      body: { reason: options.reason ?? null },
+      signal: this.api.deadline(),
+    });
+    return unwrap(answer);
+  }
+
+  /** Resumes a paused workflow: its waiting tasks are claimed again. `ApiError` `refused` when it is not paused. */
+  async resumeWorkflow(name: string, options: { reason?: string } = {}): Promise<WorkflowPause> {
+    const answer = await this.api.fetch.POST("/v1/workflows/{name}/resume", {
+      params: { path: { name } },
       body: { reason: options.reason ?? null },
       signal: this.api.deadline(),
     });

@@ -19,6 +19,8 @@ export type {
   TaskFilter,
   TaskState,
   TaskSummary,
+  Workflow,
+  WorkflowPause,
   WorkRequest,
 } from "./client.js";
 export { ApiError } from "./errors.js";

@@ -735,6 +735,48 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/workflows/{name}/pause": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Pause a workflow (every version): no Scheduler claims its tasks until it
+         *     is resumed, so new ones wait `pending`; tasks already running go on to
+         *     their end. Who paused it (the caller), why (`reason`, optional) and when
+         *     are kept with it. The body may be left out.
+         */
+        post: operations["pause_workflow"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/workflows/{name}/resume": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Resume a paused workflow: Schedulers claim its waiting tasks again (at
+         *     once). Who resumed it and why are kept with it. The body may be left out.
+         */
+        post: operations["resume_workflow"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/workflows/{name}/versions/{version}": {
         parameters: {
             query?: never;
@@ -1687,6 +1729,11 @@ export interface components {
             warn_at?: number | null;
             /** @description The workflow. */
             workflow: string;
+            /**
+             * @description Whether its workflow is paused: no Scheduler claims it while it
+             *     waits (only a task's own view says; listings leave it false).
+             */
+            workflow_paused?: boolean;
         };
         /** @description The outcome of validating a definition. */
         ValidationView: {
@@ -1753,6 +1800,22 @@ export interface components {
             /** @description The workflow and its version (`name@version`). */
             workflow: string;
         };
+        /** @description An operator's pause or resume of a workflow. */
+        WorkflowPauseView: {
+            /**
+             * Format: int64
+             * @description When, epoch ms.
+             */
+            at: number;
+            /** @description Who made the change (as a task's pause records it). */
+            by: string;
+            /** @description Whether it is paused (the change was a pause) or not (a resume). */
+            paused: boolean;
+            /** @description Why, when given. */
+            reason?: string | null;
+            /** @description The workflow. */
+            workflow: string;
+        };
         /** @description One step of a workflow definition, in a summary. */
         WorkflowStepView: {
             /** @description The agent that runs it (absent for a step that waits for a signal). */
@@ -1776,6 +1839,12 @@ export interface components {
             definition: unknown;
             /** @description Its name. */
             name: string;
+            pause?: components["schemas"]["WorkflowPauseView"] | null;
+            /**
+             * @description Whether an operator paused the workflow: no Scheduler claims its
+             *     tasks until it is resumed.
+             */
+            paused?: boolean;
             /**
              * Format: int64
              * @description When it was registered, epoch ms (absent for a definition that was only validated).
@@ -4963,6 +5032,188 @@ export interface operations {
             };
             /** @description Not registered */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Store unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    pause_workflow: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The workflow's name. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        /** @description Why (optional); the body may be left out */
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["PauseRequest"] | null;
+            };
+        };
+        responses: {
+            /** @description The pause as stored */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WorkflowPauseView"];
+                };
+            };
+            /** @description Invalid name, or a reason too long */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Out of scope */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not registered */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The workflow is paused already */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A body with a field the request does not have, or of the wrong type */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Store unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    resume_workflow: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The workflow's name. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        /** @description Why (optional); the body may be left out */
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["PauseRequest"] | null;
+            };
+        };
+        responses: {
+            /** @description The resume as stored */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WorkflowPauseView"];
+                };
+            };
+            /** @description Invalid name, or a reason too long */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Out of scope */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not registered */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The workflow is not paused */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A body with a field the request does not have, or of the wrong type */
+            422: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -5,6 +5,7 @@ import { readFileSync } from "node:fs";
 import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { join } from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
 import { after, before, describe, test } from "node:test";
 
 import { ApiError, Client, Permanent, Worker } from "rota-client";
@@ -252,6 +253,31 @@ describe("submit and wait", () => {
     assert.deepEqual(history.find((event) => event.kind === "paused")!.detail, { by: "api token with scope admin (admin)", reason: "maintenance" });
     await assert.rejects(client.pause("no-such-task"), { status: 404, code: "not_found" });
     assert.equal(await client.cancel(id), "cancelled");
+  });
+
+  test("a paused workflow's tasks wait until it is resumed", async () => {
+    const client = admin();
+    const id = fresh("gated");
+    try {
+      const paused = await client.pauseWorkflow("gated", { reason: "maintenance" });
+      assert.deepEqual(
+        [paused.workflow, paused.paused, paused.by, paused.reason],
+        ["gated", true, "api token with scope admin (admin)", "maintenance"],
+      );
+      const listed = (await client.workflows()).find((workflow) => workflow.name === "gated")!;
+      assert.equal(listed.paused, true);
+      assert.deepEqual(listed.pause, paused);
+      await assert.rejects(client.pauseWorkflow("gated"), { status: 409, code: "refused" });
+      await client.submit("gated", undefined, { id });
+      await sleep(500);
+      const waiting = await client.status(id);
+      assert.deepEqual([waiting.state, waiting.workflow_paused], ["pending", true]);
+    } finally {
+      const resumed = await client.resumeWorkflow("gated");
+      assert.equal(resumed.paused, false);
+    }
+    assert.equal((await client.wait(id, { timeoutMs: 30_000 })).state, "processed");
+    await assert.rejects(client.pauseWorkflow("no-such-workflow"), { status: 404, code: "unknown_workflow" });
   });
 
   test("a task in error runs again when resubmitted", async () => {

@@ -25,6 +25,8 @@ from .types import (
     TaskCounts,
     TaskState,
     TaskSummary,
+    Workflow,
+    WorkflowPause,
     WorkRequest,
 )
 from .webhooks import InvalidSignature, verify_webhook
@@ -49,5 +51,7 @@ __all__ = [
     "TaskSummary",
     "WorkRequest",
     "Worker",
+    "Workflow",
+    "WorkflowPause",
     "verify_webhook",
 ]

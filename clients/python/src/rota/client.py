@@ -12,7 +12,7 @@ from typing import cast
 
 from . import sse
 from ._http import JSON_NULL, Transport, quote
-from .types import CallbackAccepted, Event, Json, SignalDelivery, Task, TaskCounts, TaskState, TaskSummary
+from .types import CallbackAccepted, Event, Json, SignalDelivery, Task, TaskCounts, TaskState, TaskSummary, Workflow, WorkflowPause
 
 #: The server when neither the ``url`` argument nor ``ROTA_URL`` names one.
 DEFAULT_URL = "http://127.0.0.1:7878"
@@ -176,6 +176,26 @@ class Client:
         is not paused."""
         answer = self._http.call("POST", f"/v1/tasks/{quote(task_id)}/resume", {"reason": reason})
         return cast(Task, answer)
+
+    def workflows(self) -> list[Workflow]:
+        """The latest version of every registered workflow, sorted by name,
+        each saying whether it is paused."""
+        return cast(list[Workflow], self._http.call("GET", "/v1/workflows"))
+
+    def pause_workflow(self, name: str, reason: str | None = None) -> WorkflowPause:
+        """Pauses a workflow (every version): no Scheduler claims its tasks
+        until it is resumed, so new ones wait ``pending``; tasks already
+        running go on. ``reason`` is kept with who paused it. ``ApiError``
+        ``refused`` when it is paused already, ``unknown_workflow`` when it
+        is not registered."""
+        answer = self._http.call("POST", f"/v1/workflows/{quote(name)}/pause", {"reason": reason})
+        return cast(WorkflowPause, answer)
+
+    def resume_workflow(self, name: str, reason: str | None = None) -> WorkflowPause:
+        """Resumes a paused workflow: its waiting tasks are claimed again.
+        ``ApiError`` ``refused`` when it is not paused."""
+        answer = self._http.call("POST", f"/v1/workflows/{quote(name)}/resume", {"reason": reason})
+        return cast(WorkflowPause, answer)
 
     def signal(self, task_id: str, name: str, data: Json = None) -> SignalDelivery:
         """Sends the signal ``name`` with ``data`` to a task: it completes the

@@ -68,6 +68,8 @@ class Task(TaskSummary):
     output: Json
     callback_url: str | None
     reply_queue: str | None
+    #: Whether its workflow is paused: no Scheduler claims it meanwhile.
+    workflow_paused: bool
     steps: list[StepView]
 
 
@@ -145,3 +147,28 @@ class SignalDelivery(TypedDict):
     signal: str
     step: str
     completed: bool
+
+
+class WorkflowPause(TypedDict):
+    """An operator's pause or resume of a workflow: who, why and when."""
+
+    workflow: str
+    #: Whether it is paused (the change was a pause) or not (a resume).
+    paused: bool
+    by: str
+    reason: str | None
+    at: int
+
+
+class Workflow(TypedDict):
+    """The latest registered version of a workflow, and whether it is
+    paused (no Scheduler claims its tasks)."""
+
+    name: str
+    version: int
+    registered_at: int | None
+    steps: list[dict[str, Json]]
+    definition: Json
+    paused: bool
+    #: Its latest pause or resume; absent when it was never paused.
+    pause: WorkflowPause | None
