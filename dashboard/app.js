@@ -75,6 +75,31 @@ function pausedBadge(task) {
   return task.paused ? h('span', { class: 'badge paused', title: 'Paused: it starts no new step until resumed' }, 'paused') : null;
 }
 
+/** "workflow paused" beside a task's state while its workflow is paused (no claim takes it). */
+function workflowPausedBadge(task) {
+  return task.workflow_paused
+    ? h('span', { class: 'badge paused', title: 'Its workflow is paused: no Scheduler claims it until the workflow is resumed' }, 'workflow paused')
+    : null;
+}
+
+/** A workflow's Pause or Resume button; `describedBy` names its row. */
+function workflowPauseAction(workflow, describedBy) {
+  const path = `/v1/workflows/${encodeURIComponent(workflow.name)}`;
+  return workflow.paused
+    ? action('Resume', `Resume workflow ${workflow.name}? Schedulers claim its waiting tasks again.`,
+      () => api(`${path}/resume`, { method: 'POST' }), () => `${workflow.name} resumed.`, { describedBy })
+    : action('Pause', `Pause workflow ${workflow.name}? No Scheduler claims its tasks until it is resumed; tasks already running go on.`,
+      () => api(`${path}/pause`, { method: 'POST' }), () => `${workflow.name} paused.`, { describedBy });
+}
+
+/** "paused" with who paused the workflow, when and why. */
+function workflowPausedNote(workflow) {
+  if (!workflow.paused) return null;
+  const pause = workflow.pause;
+  const why = pause?.reason ? `: ${pause.reason}` : '';
+  return h('span', { class: 'badge paused', title: `Paused by ${pause?.by ?? '?'} at ${time(pause?.at)}${why}` }, 'paused');
+}
+
 /** "at risk" beside a task's state while a deadline warning of its lease stands. */
 function atRisk(task) {
   return task.at_risk_since === null || task.at_risk_since === undefined ? null
@@ -417,7 +442,7 @@ function taskPage([id]) {
         action('Resubmit', `Resubmit task ${taskId} from its first unfinished step?`,
           () => api(`/v1/tasks/${encodeURIComponent(taskId)}/resubmit`, { method: 'POST' }), () => 'Resubmitted.'));
       body.replaceChildren(
-        h('p', { class: 'subtitle' }, badge(task.state), pausedBadge(task), atRisk(task), ' ', 'workflow ',
+        h('p', { class: 'subtitle' }, badge(task.state), pausedBadge(task), workflowPausedBadge(task), atRisk(task), ' ', 'workflow ',
           h('a', { href: `/ui/workflows/${encodeURIComponent(task.workflow)}` }, task.workflow), ` version ${task.version}`),
         actions,
         section('Workflow', dag(definition?.steps ?? task.steps.map((step, i) => ({ name: step.name, depends_on: i ? [task.steps[i - 1].name] : [] })), task.steps)),
@@ -666,9 +691,12 @@ function workflowsPage() {
     title: 'Workflows', nav: '/ui/workflows', body,
     async update() {
       const workflows = await api('/v1/workflows');
-      body.replaceChildren(table('Workflows', ['Workflow', 'Latest version', 'Steps', 'Registered'], workflows.map((workflow) => h('tr', null,
-        h('td', null, h('a', { href: `/ui/workflows/${encodeURIComponent(workflow.name)}` }, workflow.name)), h('td', { class: 'n' }, workflow.version),
-        h('td', null, workflow.steps.map((step) => step.name).join(' → ')), h('td', null, time(workflow.registered_at)))), 'No workflow is registered.'));
+      body.replaceChildren(table('Workflows', ['Workflow', 'Latest version', 'Steps', 'Registered', 'State', ''], workflows.map((workflow, i) => h('tr', null,
+        h('th', { scope: 'row', id: `workflow-${i}` }, h('a', { href: `/ui/workflows/${encodeURIComponent(workflow.name)}` }, workflow.name)),
+        h('td', { class: 'n' }, workflow.version),
+        h('td', null, workflow.steps.map((step) => step.name).join(' → ')), h('td', null, time(workflow.registered_at)),
+        h('td', null, workflow.paused ? workflowPausedNote(workflow) : 'running'),
+        h('td', { class: 'actions' }, workflowPauseAction(workflow, `workflow-${i}`)))), 'No workflow is registered.'));
     },
   };
 }
@@ -687,7 +715,10 @@ function workflowPage([name], query) {
         h('select', { id: 'version', name: 'version', onchange: (event) => event.target.form.requestSubmit() },
           versions.map((v) => h('option', { value: v, selected: v === version }, `${v}${v === latest.version ? ' (latest)' : ''}`))));
       body.replaceChildren(picker,
-        h('p', { class: 'subtitle' }, 'registered ', time(shown.registered_at), ' · ', h('a', { href: `/ui/tasks${q({ workflow })}` }, 'its tasks')),
+        h('p', { class: 'subtitle' }, workflowPausedNote(latest), latest.paused ? ' ' : null, 'registered ', time(shown.registered_at), ' · ',
+          h('a', { href: `/ui/tasks${q({ workflow })}` }, 'its tasks'),
+          latest.paused && latest.pause?.reason ? ` · paused by ${latest.pause.by}: ${latest.pause.reason}` : null),
+        h('div', { class: 'actions' }, workflowPauseAction(latest, null)),
         section('Steps', dag(shown.steps, null),
           table('Steps', ['Step', 'Agent', 'After', 'When', 'Compensated'], shown.steps.map((step) => h('tr', null,
             h('td', null, step.name), h('td', null, stepDoer(step)), h('td', null, step.depends_on.join(', ') || '—'),

@@ -129,6 +129,15 @@ steps:
     agent: exec
     with: { command: ["cat"], stdin: { by: "{{ steps.approval.output.by }}" } }
 """,
+    # A quick step of a workflow a test pauses (no other test uses it).
+    "gate": """
+name: gate
+version: 1
+steps:
+  - name: pass
+    agent: delay
+    with: { ms: 1 }
+""",
     # A long step: a task to cancel, or that stays Processing.
     "nap": """
 name: nap

@@ -41,6 +41,9 @@ class Actions(support.BrowserTest):
         )  # fmt: skip
         self.assertEqual(server.wait_task("act-cancel", {"cancelled"}, timeout=10)["state"], "cancelled")
         self.status_says_something(page)
+        # The step's call in flight was stopped; its attempt says so.
+        support.eventually(lambda: [e for e in server.history("act-cancel") if e["kind"] == "call_stopped"], what="a call_stopped event")
+        expect(support.region(page, "Attempts"), "the attempt names the stopped call").to_contain_text("stopped")
 
     def test_pause_and_resume_ask_then_change_the_task(self) -> None:
         server.cli("submit", "nap", "--id", "act-pause")
@@ -62,6 +65,36 @@ class Actions(support.BrowserTest):
         expect(page.locator(".subtitle .badge.paused"), "the badge goes with the pause").to_have_count(0)
         expect(page.get_by_role("button", name="Pause", exact=True)).to_be_visible()
         server.cli("cancel", "act-pause")
+
+    def test_pause_and_resume_ask_then_change_the_workflow(self) -> None:
+        def paused() -> bool:
+            return bool(server.api("GET", "/v1/workflows/gate")["paused"])
+
+        page, _ = self.open("/ui/workflows")
+        row = support.rows(page.get_by_role("table", name="Workflows")).filter(has=page.get_by_role("link", name="gate", exact=True))
+        support.confirm(
+            page, row.get_by_role("button", name="Pause", exact=True),
+            check_unchanged=lambda: self.assertFalse(paused(), "Back paused"),
+        )  # fmt: skip
+        support.eventually(paused, what="the workflow paused")
+        self.status_says_something(page)
+        expect(row.locator(".badge.paused"), "the row shows the Paused badge").to_have_text("paused")
+        expect(row.get_by_role("button", name="Pause", exact=True), "a paused workflow offers Resume instead").to_have_count(0)
+        by = server.api("GET", "/v1/workflows/gate")["pause"]["by"]
+        self.assertTrue(by.startswith("dashboard session") or by.startswith("api"), by)
+
+        # A task of it waits, and its page says why.
+        server.cli("submit", "gate", "--id", "act-gated")
+        task, _ = self.open("/ui/tasks/act-gated")
+        expect(task.locator(".subtitle .badge.paused"), "the task page names the paused workflow").to_have_text("workflow paused")
+        self.assertEqual(server.task("act-gated")["state"], "pending")
+
+        page, _ = self.open("/ui/workflows/gate")
+        expect(page.locator(".subtitle .badge.paused")).to_have_text("paused")
+        support.confirm(page, page.get_by_role("button", name="Resume", exact=True), back_first=False)
+        support.eventually(lambda: not paused(), what="the workflow resumed")
+        expect(page.get_by_role("button", name="Pause", exact=True)).to_be_visible()
+        self.assertEqual(server.wait_task("act-gated", {"processed"}, timeout=30)["state"], "processed")
 
     def test_resubmit_asks_then_resubmits_the_failed_task(self) -> None:
         server.cli("submit", "fail", "--id", "act-resubmit")
