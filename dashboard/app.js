@@ -453,9 +453,7 @@ function taskPage([id]) {
             h('td', null, badge(step.state, step.when ? `when: ${step.when}` : null)),
             h('td', { class: 'n' }, step.attempt), h('td', null, time(step.complete_by)), h('td', { class: 'error-text' }, step.last_error ?? '—'),
             h('td', null, awaitsSignal(task, step) ? signalAction(taskId, step, label) : null,
-              action('Resubmit step', `Resubmit step ${step.name} of task ${taskId}? It runs again, with the steps after it.`,
-                () => api(`/v1/tasks/${encodeURIComponent(taskId)}/steps/${encodeURIComponent(step.name)}/resubmit`, { method: 'POST' }),
-                () => `Step ${step.name} resubmitted.`, { describedBy: label })));
+              resubmitStepAction(task, step, label)));
         }))),
         section('Attempts', attempts(task, history)),
         section('Fields', h('dl', { class: 'fields' },
@@ -513,6 +511,33 @@ function signalAction(taskId, step, describedBy) {
   return action('Send signal', `Send signal ${step.waits_for} to task ${taskId}? Step ${step.name} completes with its data.`, send,
     (delivery) => delivery.completed ? `Signal ${step.waits_for} sent: step ${delivery.step} completed.`
       : `Signal ${step.waits_for} sent: kept until the task reaches step ${delivery.step}.`, { describedBy, extra });
+}
+
+// Resubmit one step: the confirmation shows the task's input, which may be
+// changed to run the step (and those after it) on a new input. An unchanged
+// input resubmits as it is; a changed one must be JSON, checked before
+// anything is sent.
+function resubmitStepAction(task, step, describedBy) {
+  let input = null;
+  const shown = JSON.stringify(task.input, null, 2);
+  const extra = () => {
+    input = h('textarea', { class: 'signal-data', rows: 6, spellcheck: 'false', 'aria-label': `Input of task ${task.id} (JSON)` });
+    input.value = shown;
+    return h('label', { class: 'signal' }, 'The task\'s input (JSON); change it to run the step on a new input:', input);
+  };
+  const path = `/v1/tasks/${encodeURIComponent(task.id)}/steps/${encodeURIComponent(step.name)}/resubmit`;
+  const resubmit = () => {
+    if (input.value === shown) return api(path, { method: 'POST' });
+    let parsed;
+    try {
+      parsed = JSON.parse(input.value);
+    } catch (error) {
+      return Promise.reject(new ApiError(`resubmit step ${step.name}: the input is not valid JSON (${error.message}); nothing was sent`));
+    }
+    return api(path, { method: 'POST', body: { input: parsed } });
+  };
+  return action('Resubmit step', `Resubmit step ${step.name} of task ${task.id}? It runs again, with the steps after it.`, resubmit,
+    () => input.value === shown ? `Step ${step.name} resubmitted.` : `Step ${step.name} resubmitted with a new input.`, { describedBy, extra });
 }
 
 function field(name, value) {

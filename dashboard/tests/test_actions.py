@@ -122,6 +122,34 @@ class Actions(support.BrowserTest):
         self.assertEqual(found[0]["detail"].get("step"), "explode")
         self.status_says_something(page)
 
+    def test_resubmit_step_with_a_new_input_replaces_the_tasks_input(self) -> None:
+        server.cli("submit", "fail", "--id", "act-step-input", "--input", '{"n": 1}')
+        server.wait_task("act-step-input", {"error"})
+        page, _ = self.open("/ui/tasks/act-step-input")
+        row = support.rows(page.get_by_role("table", name="Steps")).filter(has_text="explode")
+        button = row.get_by_role("button", name="Resubmit step")
+        box = "Input of task act-step-input (JSON)"
+
+        # The confirmation shows the task's input; one that is not JSON is
+        # refused in the page and nothing is sent.
+        button.click()
+        dialog = page.locator("dialog[open]")
+        expect(dialog.get_by_role("textbox", name=box)).to_have_value('{\n  "n": 1\n}')
+        dialog.get_by_role("textbox", name=box).fill("{n: 2}")
+        dialog.get_by_role("button", name="Confirm", exact=True).click()
+        expect(page.locator("#problem")).to_contain_text("the input is not valid JSON")
+        self.assertEqual(resubmits("act-step-input"), [], "an invalid input was sent")
+
+        button.click()
+        dialog = page.locator("dialog[open]")
+        dialog.get_by_role("textbox", name=box).fill('{"n": 2}')
+        dialog.get_by_role("button", name="Confirm", exact=True).click()
+        expect(page.get_by_role("status")).to_have_text("Step explode resubmitted with a new input.")
+        found = support.eventually(lambda: resubmits("act-step-input"), what="a resubmitted event")
+        self.assertEqual(found[0]["detail"].get("step"), "explode")
+        self.assertEqual(found[0]["detail"]["input"]["new"], {"n": 2}, found[0])
+        self.assertEqual(server.task("act-step-input")["input"], {"n": 2})
+
     def test_send_signal_asks_for_its_data_then_completes_the_waiting_step(self) -> None:
         server.cli("submit", "approval", "--id", "act-signal")
         server.wait_task("act-signal", {"processing"})
