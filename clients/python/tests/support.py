@@ -98,6 +98,17 @@ steps:
     timeout: 30s
     retry: { attempts: 2, backoff: 20ms, max_backoff: 50ms }
 """,
+    # A remote step whose policy fails HTTP 503 at once.
+    "picky": """
+name: picky
+version: 1
+steps:
+  - name: call
+    agent: payments
+    with: { n: 1 }
+    timeout: 30s
+    retry: { attempts: 3, backoff: 20ms, max_backoff: 50ms, non_retryable: [503] }
+""",
     # One slow step for the workers killed or stopped in the middle of it.
     "slow": """
 name: slow

@@ -69,6 +69,24 @@ class Example(unittest.TestCase):
 
 
 class Faults(unittest.TestCase):
+    def test_a_fault_of_a_class_the_policy_lists_fails_the_step_at_once(self) -> None:
+        tries: list[str] = []
+
+        def call(step: Step) -> Json:
+            tries.append(step.task_id)
+            raise Retryable("503 from upstream", failure_class="503")
+
+        worker = Worker(server.url, token=support.WORKER_TOKEN, wait_ms=500)
+        worker.step("payments")(call)
+        task_id = fresh("picky")
+        with running(worker):
+            admin().submit("picky", id=task_id)
+            failed = admin().wait(task_id, timeout=60)
+        self.assertEqual(failed["state"], "error", failed)
+        self.assertEqual(tries, [task_id], "one try: the policy lists 503")
+        step = failed["steps"][0]
+        self.assertEqual(step["last_error"], "503 from upstream; not retried: HTTP status 503 is listed in retry.non_retryable")
+
     def test_retryable_faults_are_retried_and_permanent_ones_fail_the_task(self) -> None:
         tries: dict[str, int] = {}
 

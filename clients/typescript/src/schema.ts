@@ -1026,6 +1026,13 @@ export interface components {
         };
         /** @description A step request failed. */
         FailRequest: {
+            /**
+             * @description What the fault was, in the words of `retry.non_retryable`: an HTTP
+             *     status (`"503"`) or a kind (`"timeout"`). A retryable fault whose
+             *     class the step's policy lists fails the step at once, its message
+             *     saying so.
+             */
+            class?: string | null;
             /** @description The lease token from `receive`. */
             lease_token: string;
             /** @description What went wrong (kept in the step's history). */
@@ -1256,6 +1263,13 @@ export interface components {
              * @description The longest backoff, in ms.
              */
             backoff_max_ms: number;
+            /**
+             * @description The classes of transient failure not to retry but to fail at once
+             *     (the step's `retry.non_retryable`): HTTP statuses (`"503"`) and
+             *     kinds (`"timeout"`, `"connection"`, ...). A `fail` naming one of them
+             *     as its `class` fails the step for good.
+             */
+            non_retryable?: string[];
         };
         /** @description A request to create a schedule (`POST /v1/schedules`). */
         ScheduleRequest: {

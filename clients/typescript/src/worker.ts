@@ -33,6 +33,15 @@ import { ApiError } from "./errors.js";
 /** A fault that may go away: retried within the attempt, then reported as retryable. */
 export class Retryable extends Error {
   override name = "Retryable";
+  /**
+   * What the fault was, in the words of a step's `retry.non_retryable`: an HTTP status (`"503"`) or a kind
+   * (`"timeout"`, `"connection"`). When the step's policy lists it, the step fails at once instead of being retried.
+   */
+  readonly failureClass: string | undefined;
+  constructor(message?: string, options: { failureClass?: string } = {}) {
+    super(message);
+    this.failureClass = options.failureClass;
+  }
 }
 
 /** A fault that will not go away: reported at once; the task ends in `error` or compensates. */
@@ -120,7 +129,10 @@ const FATAL_STATUSES = new Set([400, 401, 403, 404, 422]);
 /** How much longer than its long-poll wait a receive may take on the wire. */
 const RECEIVE_SLACK_MS = 10_000;
 
-type Outcome = { kind: "complete"; output: unknown } | { kind: "fail"; message: string; retryable: boolean } | { kind: "silent" };
+type Outcome =
+  | { kind: "complete"; output: unknown }
+  | { kind: "fail"; message: string; retryable: boolean; failureClass?: string }
+  | { kind: "silent" };
 
 /** A counting semaphore whose waiters are released (with `false`) on stop. */
 class Slots {
@@ -326,7 +338,7 @@ export class Worker {
           unwrap(await this.api.fetch.POST("/v1/workers/{agent}/complete", { params: { path }, body, signal: this.api.deadline() }));
           this.log(`${step}: succeeded`);
         } else {
-          const body = { lease_token: token, message: outcome.message, retryable: outcome.retryable };
+          const body = { lease_token: token, message: outcome.message, retryable: outcome.retryable, class: outcome.failureClass ?? null };
           unwrap(await this.api.fetch.POST("/v1/workers/{agent}/fail", { params: { path }, body, signal: this.api.deadline() }));
           this.log(`${step}: failed (${outcome.retryable ? "retryable" : "permanent"}): ${outcome.message}`);
         }
@@ -368,7 +380,12 @@ async function attempt(fn: StepFunction<any>, step: Step<any>, log: (line: strin
       if (error instanceof Permanent) return { kind: "fail", message: error.message || "permanent failure", retryable: false };
       const message = error instanceof Retryable ? error.message : error instanceof Error ? `${error.name}: ${error.message}` : String(error);
       if (step.remainingMs() <= 0 || step.signal.aborted) return { kind: "silent" };
-      if (tries >= Math.max(1, retry.attempts_max)) return { kind: "fail", message, retryable: true };
+      const failureClass = error instanceof Retryable ? error.failureClass : undefined;
+      // The step's policy says this fault will not pass: no more tries here, and rota fails the step at once.
+      if (failureClass !== undefined && (retry.non_retryable ?? []).includes(failureClass)) {
+        return { kind: "fail", message, retryable: true, failureClass };
+      }
+      if (tries >= Math.max(1, retry.attempts_max)) return { kind: "fail", message, retryable: true, failureClass };
       const wait = backoffMs(retry, tries);
       if (wait >= step.remainingMs()) return { kind: "silent" };
       log(`${step}: try ${tries} failed (${message}); again in ${(wait / 1000).toFixed(2)}s`);

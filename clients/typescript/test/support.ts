@@ -71,6 +71,17 @@ steps:
     with: { for: "60s" }
     timeout: 2m
 `,
+  // A remote step whose policy fails HTTP 503 at once.
+  picky: `
+name: picky
+version: 1
+steps:
+  - name: call
+    agent: payments
+    with: { n: 1 }
+    timeout: 30s
+    retry: { attempts: 3, backoff: 20ms, max_backoff: 50ms, non_retryable: [503] }
+`,
   // Retryable and permanent faults.
   pay: `
 name: pay

@@ -98,6 +98,25 @@ describe("faults", () => {
   });
 });
 
+describe("non_retryable", () => {
+  test("a fault of a class the policy lists fails the step at once", async () => {
+    let tries = 0;
+    const worker = new Worker({ url: server.url, token: WORKER_TOKEN, waitMs: 500, log: quiet });
+    worker.step("payments", () => {
+      tries += 1;
+      throw new Retryable("503 from upstream", { failureClass: "503" });
+    });
+    const id = fresh("picky");
+    const failed = await running(worker, async () => {
+      await admin().submit("picky", undefined, { id });
+      return admin().wait(id, { timeoutMs: 60_000 });
+    });
+    assert.equal(failed.state, "error");
+    assert.equal(tries, 1, "one try: the policy lists 503");
+    assert.equal(failed.steps[0]!.last_error, "503 from upstream; not retried: HTTP status 503 is listed in retry.non_retryable");
+  });
+});
+
 describe("leases", () => {
   test("the lease is renewed while a step outlives it", async () => {
     const worker = new Worker({ url: server.url, token: WORKER_TOKEN, waitMs: 500, leaseMs: 600, log: quiet });

@@ -1207,6 +1207,12 @@ pub struct RetryView {
     pub backoff_initial_ms: u64,
     /// The longest backoff, in ms.
     pub backoff_max_ms: u64,
+    /// The classes of transient failure not to retry but to fail at once
+    /// (the step's `retry.non_retryable`): HTTP statuses (`"503"`) and
+    /// kinds (`"timeout"`, `"connection"`, ...). A `fail` naming one of them
+    /// as its `class` fails the step for good.
+    #[serde(default)]
+    pub non_retryable: Vec<String>,
 }
 
 /// Extend a lease.
@@ -1251,6 +1257,12 @@ pub struct FailRequest {
     /// deadline; the step stays recoverable and is retried after a backoff).
     /// `false`: a permanent fault (the task goes to `error` or compensates).
     pub retryable: bool,
+    /// What the fault was, in the words of `retry.non_retryable`: an HTTP
+    /// status (`"503"`) or a kind (`"timeout"`). A retryable fault whose
+    /// class the step's policy lists fails the step at once, its message
+    /// saying so.
+    #[serde(default)]
+    pub class: Option<String>,
 }
 
 /// The reply that was committed for a request.

@@ -46,7 +46,7 @@ use rand::RngCore;
 use rota_engine::agent_worker::{self, ReplyAddress};
 use rota_engine::long_poll;
 use rota_engine::protocol::{self, ReplyOutcome, StepRequest};
-use rota_model::{InstanceId, LeaseToken, QueueName, StepName, TaskId, Timestamp};
+use rota_model::{FailureClass, FailureKind, InstanceId, LeaseToken, QueueName, StepName, TaskId, Timestamp};
 use rota_store::{Delivery, QueueConfig, RECEIVE_MAX, Receive};
 use rota_workflow::AgentName;
 use serde::{Deserialize, Serialize};
@@ -172,6 +172,11 @@ struct Claims {
     r: QueueName,
     /// The step's deadline, ms since the epoch.
     d: i64,
+    /// The classes of transient failure the step's policy fails at once
+    /// (`retry.non_retryable`); left out when none, so tokens without it
+    /// read the same.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    n: Vec<FailureClass>,
 }
 
 impl Claims {
@@ -187,6 +192,7 @@ impl Claims {
             c: call.compensate,
             r: request.reply_to.clone(),
             d: call.complete_by.as_millis(),
+            n: request.retry.non_retryable().to_vec(),
         }
     }
 
@@ -407,6 +413,7 @@ fn work_request(state: &ApiState, delivery: &Delivery, request: StepRequest) -> 
         attempts_max: request.retry.attempts_max(),
         backoff_initial_ms: request.retry.backoff_initial().as_millis() as u64,
         backoff_max_ms: request.retry.backoff_max().as_millis() as u64,
+        non_retryable: request.retry.non_retryable().iter().map(|class| class_name(*class)).collect(),
     };
     let call = request.call;
     WorkRequest {
@@ -534,8 +541,38 @@ pub async fn fail(
     if request.message.trim().is_empty() {
         return Err(ApiError::invalid_body("message: must say what went wrong"));
     }
-    let outcome = ReplyOutcome::Failed { error: request.message, retryable: request.retryable };
+    let class = request.class.as_deref().map(parse_class).transpose()?;
+    let outcome = match class.filter(|class| request.retryable && claims.n.contains(class)) {
+        // The step's policy says this failure will not pass: fail now, as a
+        // built-in agent does, and say why.
+        Some(class) => ReplyOutcome::Failed {
+            error: format!("{}; not retried: {class} is listed in retry.non_retryable", request.message),
+            retryable: false,
+        },
+        None => ReplyOutcome::Failed { error: request.message, retryable: request.retryable },
+    };
     reply(&state, &agent, &queue, &claims, outcome).await
+}
+
+/// A class of failure as the worker protocol writes it: an HTTP status
+/// (`"503"`) or a kind (`"timeout"`), the words of `retry.non_retryable`.
+fn class_name(class: FailureClass) -> String {
+    match class {
+        FailureClass::Status(status) => status.to_string(),
+        FailureClass::Kind(kind) => kind.as_str().to_owned(),
+    }
+}
+
+/// The `class` of a failure: an HTTP status or a kind; 422 naming the
+/// field otherwise.
+fn parse_class(text: &str) -> ApiResult<FailureClass> {
+    let kinds = || FailureKind::ALL.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", ");
+    match text.parse::<u16>() {
+        Ok(status) => FailureClass::status(status).map_err(|err| ApiError::invalid_body(format!("class: {err}"))),
+        Err(_) => FailureKind::parse(text)
+            .map(FailureClass::Kind)
+            .ok_or_else(|| ApiError::invalid_body(format!("class: expected an HTTP status or one of {}, got {text:?}", kinds()))),
+    }
 }
 
 /// Commits the reply with the request's completion (the engine's code), or
@@ -580,7 +617,20 @@ mod tests {
             c: false,
             r: QueueName::new("rota.inbox.a").unwrap(),
             d: 1_795_000_000_000,
+            n: vec![FailureClass::Status(503), FailureClass::Kind(FailureKind::Timeout)],
         }
+    }
+
+    #[test]
+    fn a_token_without_non_retryable_classes_reads_as_none() {
+        let key = LeaseKey::random();
+        let mut plain = claims();
+        plain.n.clear();
+        let token = sign(&key, &plain);
+        assert_eq!(verify(&key, &token).unwrap(), plain);
+        let payload = token.split('.').nth(1).unwrap();
+        let json = String::from_utf8(URL_SAFE_NO_PAD.decode(payload).unwrap()).unwrap();
+        assert!(!json.contains("\"n\""), "an empty list is left out: {json}");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::time::Duration;
 use common::{Options, Server, start};
 use reqwest::StatusCode;
 use rota_api::{AuthConfig, Scope, Token, WorkerConfig};
-use rota_model::{ExhaustedPolicy, QueueName, RetryPolicy};
+use rota_model::{ExhaustedPolicy, FailureClass, FailureKind, QueueName, RetryPolicy};
 use rota_workflow::{AgentCatalog, AgentName, CompensateDef, StepDef, Workflow};
 use serde_json::{Value, json};
 
@@ -68,6 +68,18 @@ fn long() -> Workflow {
         .unwrap()
 }
 
+/// One step whose policy fails HTTP 503 and timeouts at once.
+fn picky() -> Workflow {
+    let policy = RetryPolicy::new(2, Duration::from_millis(20), Duration::from_millis(50))
+        .unwrap()
+        .with_non_retryable([FailureClass::status(503).unwrap(), FailureClass::Kind(FailureKind::Timeout)]);
+    Workflow::builder("picky", 1)
+        .max_failures(3)
+        .step(StepDef::new("only", AGENT).with_input(json!({ "n": 1 })).timeout(Duration::from_secs(60)).retry(policy))
+        .build(&catalog())
+        .unwrap()
+}
+
 fn workers(lease: Duration) -> WorkerConfig {
     WorkerConfig { remote_agents: vec![AgentName::new(AGENT).unwrap(), AgentName::new("other").unwrap()], lease, ..WorkerConfig::default() }
 }
@@ -79,7 +91,8 @@ async fn server(lease: Duration) -> Server {
         token(WORKER_TOKEN, Scope::Agent { queues: vec![QueueName::new(format!("agent.{AGENT}")).unwrap()] }),
     ])
     .unwrap();
-    let options = Options { auth, workers: workers(lease), workflows: vec![pay(), pay_undo(), hurry(), long()], ..Options::default() };
+    let options =
+        Options { auth, workers: workers(lease), workflows: vec![pay(), pay_undo(), hurry(), long(), picky()], ..Options::default() };
     let mut server = start(options).await;
     server.token = Some(ADMIN_TOKEN.to_owned());
     server
@@ -287,6 +300,36 @@ async fn a_worker_learns_of_a_cancel_on_its_next_renew_or_reply() {
         let task = server.get(&format!("/v1/tasks/{id}")).await.body;
         assert_eq!(task["state"], "cancelled", "{task}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_failure_of_a_class_the_policy_lists_fails_the_step_at_once() {
+    let server = server(Duration::from_secs(30)).await;
+    submit(&server, "picky", "nr-1", json!({})).await;
+    let first = receive_one(&server, WORKER_TOKEN).await;
+    assert_eq!(first["retry"]["non_retryable"], json!(["503", "timeout"]), "{first}");
+
+    // A class that is not a class is refused, and the request stays leased.
+    let reason =
+        call(&server, "fail", json!({ "lease_token": first["lease_token"], "message": "x", "retryable": true, "class": "teapot" }))
+            .await
+            .assert_error(422, "invalid_body");
+    assert!(reason.starts_with("class: expected an HTTP status or one of timeout"), "{reason}");
+    // A class the policy does not list is retried as before.
+    let other = json!({ "lease_token": first["lease_token"], "message": "404 from upstream", "retryable": true, "class": "404" });
+    assert_eq!(call(&server, "fail", other).await.status, StatusCode::OK);
+    let again = receive_one(&server, WORKER_TOKEN).await;
+    assert_eq!(again["attempt"], 2, "{again}");
+    // A listed one fails the step for good.
+    let listed = json!({ "lease_token": again["lease_token"], "message": "503 from upstream", "retryable": true, "class": "503" });
+    assert_eq!(call(&server, "fail", listed).await.status, StatusCode::OK);
+    let failed = server.wait_terminal("nr-1").await;
+    assert_eq!(failed["state"], "error", "{failed}");
+    assert_eq!(
+        step(&failed, "only")["last_error"],
+        "503 from upstream; not retried: HTTP status 503 is listed in retry.non_retryable",
+        "{failed}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -110,6 +110,9 @@ class RetryPolicy(TypedDict):
     attempts_max: int
     backoff_initial_ms: int
     backoff_max_ms: int
+    #: Classes of fault to fail at once rather than retry: HTTP statuses
+    #: (``"503"``) and kinds (``"timeout"``); see ``Retryable.failure_class``.
+    non_retryable: list[str]
 
 
 class WorkRequest(TypedDict):

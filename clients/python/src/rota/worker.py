@@ -76,7 +76,16 @@ RECEIVE_BACKOFF_MAX_S = 5.0
 
 class Retryable(Exception):
     """A fault that may go away: retried within the attempt (the request's
-    retry policy, inside its deadline), then reported as retryable."""
+    retry policy, inside its deadline), then reported as retryable.
+
+    ``failure_class`` says what the fault was, in the words of a step's
+    ``retry.non_retryable``: an HTTP status (``"503"``) or a kind
+    (``"timeout"``, ``"connection"``). When the step's policy lists it, the
+    step fails at once instead of being retried."""
+
+    def __init__(self, message: str = "", *, failure_class: str | None = None) -> None:
+        super().__init__(message)
+        self.failure_class = failure_class
 
 
 class Permanent(Exception):
@@ -168,6 +177,8 @@ class _Outcome:
     output: Json = None
     message: str = ""
     retryable: bool = False
+    #: The failure's class (``Retryable.failure_class``), sent with it.
+    failure_class: str | None = None
 
 
 def backoff(retry: RetryPolicy, tries: int) -> float:
@@ -394,6 +405,8 @@ class Worker:
             operation, body = "complete", {"lease_token": token, "output": outcome.output}
         else:
             operation, body = "fail", {"lease_token": token, "message": outcome.message, "retryable": outcome.retryable}
+            if outcome.failure_class is not None:
+                body["class"] = outcome.failure_class
         tries = 0
         while True:
             tries += 1
@@ -437,10 +450,15 @@ def _attempt(handler: Handler, step: Step) -> _Outcome:
             return _Outcome("fail", message=str(error) or "permanent failure", retryable=False)
         except Exception as error:  # any other exception counts as retryable
             message = str(error) if isinstance(error, Retryable) else f"{type(error).__name__}: {error}"
+            failure_class = error.failure_class if isinstance(error, Retryable) else None
             if step.remaining() <= 0 or step.abandoned.is_set():
                 return _Outcome("silent")
+            if failure_class is not None and failure_class in retry.get("non_retryable", []):
+                # The step's policy says it will not pass: no more tries here,
+                # and rota fails the step at once on this class.
+                return _Outcome("fail", message=message, retryable=True, failure_class=failure_class)
             if tries >= max(1, retry["attempts_max"]):
-                return _Outcome("fail", message=message, retryable=True)
+                return _Outcome("fail", message=message, retryable=True, failure_class=failure_class)
             wait = backoff(retry, tries)
             if wait >= step.remaining():
                 return _Outcome("silent")
