@@ -160,7 +160,9 @@ class SubmitAndWait(unittest.TestCase):
         with self.assertRaises(ApiError) as missing:
             client.pause(fresh("no-such-task"))
         self.assertEqual((missing.exception.status, missing.exception.code), (404, "not_found"))
-        client.cancel(task_id)
+        self.assertEqual(client.cancel(task_id, reason="not needed"), "cancelled")
+        cancelled = [event["detail"] for event in client.history(task_id) if event["kind"] == "cancelled"]
+        self.assertEqual(cancelled, [{"compensate": False, "by": "api token with scope admin (admin)", "reason": "not needed"}])
 
     def test_a_paused_workflows_tasks_wait_until_it_is_resumed(self) -> None:
         client = Client(server.url, token=support.ADMIN_TOKEN)
@@ -324,9 +326,11 @@ class SubmitAndWait(unittest.TestCase):
             self.assertEqual((refused.exception.status, refused.exception.code), (409, "refused"))
 
             declined.clear()
-            self.assertIn(client.resubmit(task_id), ("pending", "processing"))
+            self.assertIn(client.resubmit(task_id, reason="the card works now"), ("pending", "processing"))
             done = client.wait(task_id, timeout=30)
             self.assertEqual((done["state"], done["output"]), ("processed", {"charge": {"charged": "ok"}}))
+            [resubmitted] = [event["detail"] for event in client.history(task_id) if event["kind"] == "resubmitted"]
+            self.assertEqual((resubmitted["by"], resubmitted["reason"]), ("api token with scope admin (admin)", "the card works now"))
             with self.assertRaises(ApiError) as refused:
                 client.resubmit(task_id, step="charge")
             self.assertEqual(refused.exception.code, "refused")
@@ -354,7 +358,7 @@ class ResubmitWithInput(unittest.TestCase):
             self.assertEqual(client.wait(task_id, timeout=30)["state"], "error")
             with self.assertRaises(ValueError):
                 client.resubmit(task_id, input={"card": "new"})
-            state = client.resubmit(task_id, step="charge", input={"card": "renewed", "flaky": False})
+            state = client.resubmit(task_id, step="charge", input={"card": "renewed", "flaky": False}, reason="renewed card")
             self.assertIn(state, ("pending", "processing"))
             done = client.wait(task_id, timeout=30)
             self.assertEqual((done["state"], done["input"]), ("processed", {"card": "renewed", "flaky": False}))
@@ -364,6 +368,7 @@ class ResubmitWithInput(unittest.TestCase):
                 resubmitted["detail"]["input"],
                 {"old": {"card": "expired", "flaky": False}, "new": {"card": "renewed", "flaky": False}},
             )
+            self.assertEqual(resubmitted["detail"]["reason"], "renewed card")
             with self.assertRaises(ApiError) as refused:
                 client.resubmit(task_id, step="charge", input={"card": "again"})
             self.assertEqual(refused.exception.code, "refused")

@@ -230,10 +230,14 @@ export class Client {
     }
   }
 
-  /** Cancels a task that has not finished; returns the state it moved to. */
-  async cancel(id: string): Promise<TaskState> {
-    const answer = unwrap(await this.api.fetch.POST("/v1/tasks/{id}/cancel", { params: { path: { id } }, signal: this.api.deadline() }));
-    return answer.state;
+  /** Cancels a task that has not finished; returns the state it moved to. `reason` is kept in its history with who cancelled it. */
+  async cancel(id: string, options: { reason?: string } = {}): Promise<TaskState> {
+    const answer = await this.api.fetch.POST("/v1/tasks/{id}/cancel", {
+      params: { path: { id } },
+      body: { reason: options.reason ?? null },
+      signal: this.api.deadline(),
+    });
+    return unwrap(answer).state;
   }
 
   /**
@@ -336,20 +340,22 @@ export class Client {
   /**
    * Runs a task that ended in `error` again (its failed steps, or just `step`); returns its new state.
    * With `options.input` (which needs `step`), the task's input is replaced first, and `step` and every
-   * step that depends on it run again on it; the history records the old and the new input.
+   * step that depends on it run again on it; the history records the old and the new input. `options.reason` is kept
+   * in its history with who asked.
    */
-  async resubmit(id: string, step?: string, options: { input?: unknown } = {}): Promise<TaskState> {
+  async resubmit(id: string, step?: string, options: { input?: unknown; reason?: string } = {}): Promise<TaskState> {
     const { input } = options;
+    const reason = options.reason ?? null;
     if (input !== undefined && step === undefined) {
       throw new TypeError("a new input needs the step to resubmit from");
     }
     const signal = this.api.deadline();
     const answer =
       step === undefined
-        ? await this.api.fetch.POST("/v1/tasks/{id}/resubmit", { params: { path: { id } }, signal })
+        ? await this.api.fetch.POST("/v1/tasks/{id}/resubmit", { params: { path: { id } }, body: { reason }, signal })
         : await this.api.fetch.POST("/v1/tasks/{id}/steps/{step}/resubmit", {
             params: { path: { id, step } },
-            ...(input === undefined ? {} : { body: { input } }),
+            body: input === undefined ? { reason } : { input, reason },
             signal,
           });
     return unwrap(answer).state;

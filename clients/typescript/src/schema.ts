@@ -435,7 +435,9 @@ export interface paths {
         /**
          * Cancel a task that has not finished.
          * @description If a step with a compensation completed (or may have), the task is
-         *     compensated (`compensating`); otherwise it is `cancelled`.
+         *     compensated (`compensating`); otherwise it is `cancelled`. Who cancelled
+         *     it (the caller) and why (`reason`, optional) are recorded in its
+         *     history. The body may be left out.
          */
         post: operations["cancel"];
         delete?: never;
@@ -512,7 +514,9 @@ export interface paths {
         put?: never;
         /**
          * Resubmit a task that ended in `error`: its failed steps run again (or
-         *     its compensation resumes, if it failed while being undone).
+         *     its compensation resumes, if it failed while being undone). Who asked
+         *     (the caller) and why (`reason`, optional) are recorded in its history.
+         *     The body may be left out.
          */
         post: operations["resubmit"];
         delete?: never;
@@ -1120,6 +1124,14 @@ export interface components {
              */
             until: number;
         };
+        /** @description An operator's cancel or resubmit of a task; the body may be left out. */
+        OperatorRequest: {
+            /**
+             * @description Why, kept in the task's history with who did it (at most 1000
+             *     characters).
+             */
+            reason?: string | null;
+        };
         /** @description An operator's pause or resume of a task; the body may be left out. */
         PauseRequest: {
             /**
@@ -1245,6 +1257,11 @@ export interface components {
              *     again, on the input the task has.
              */
             input?: unknown;
+            /**
+             * @description Why, kept in the task's history with who asked (at most 1000
+             *     characters).
+             */
+            reason?: string | null;
         };
         /** @description The retry policy an agent follows within one attempt's deadline. */
         RetryView: {
@@ -3657,7 +3674,12 @@ export interface operations {
             };
             cookie?: never;
         };
-        requestBody?: never;
+        /** @description Why (optional); the body may be left out */
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["OperatorRequest"] | null;
+            };
+        };
         responses: {
             /** @description The state it moved to */
             200: {
@@ -3668,7 +3690,7 @@ export interface operations {
                     "application/json": components["schemas"]["TaskStateChange"];
                 };
             };
-            /** @description Invalid id */
+            /** @description Invalid id, or a reason too long */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -3706,6 +3728,15 @@ export interface operations {
             };
             /** @description The task has finished, or changed concurrently */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A body with a field the request does not have, or of the wrong type */
+            422: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3967,7 +3998,12 @@ export interface operations {
             };
             cookie?: never;
         };
-        requestBody?: never;
+        /** @description Why (optional); the body may be left out */
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["OperatorRequest"] | null;
+            };
+        };
         responses: {
             /** @description The task after the resubmit */
             200: {
@@ -3978,7 +4014,7 @@ export interface operations {
                     "application/json": components["schemas"]["TaskView"];
                 };
             };
-            /** @description Invalid id */
+            /** @description Invalid id, or a reason too long */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -4016,6 +4052,15 @@ export interface operations {
             };
             /** @description The task is not in error, or changed concurrently */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A body with a field the request does not have, or of the wrong type */
+            422: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4248,7 +4293,7 @@ export interface operations {
             };
             cookie?: never;
         };
-        /** @description Optional: a new input */
+        /** @description Optional: a new input, and why */
         requestBody?: {
             content: {
                 "application/json": components["schemas"]["ResubmitRequest"] | null;
@@ -4264,7 +4309,7 @@ export interface operations {
                     "application/json": components["schemas"]["TaskView"];
                 };
             };
-            /** @description Invalid id or step name, or a malformed body */
+            /** @description Invalid id or step name, a malformed body, or a reason too long */
             400: {
                 headers: {
                     [name: string]: unknown;

@@ -252,7 +252,9 @@ describe("submit and wait", () => {
     assert.deepEqual(kinds, ["paused", "resumed"]);
     assert.deepEqual(history.find((event) => event.kind === "paused")!.detail, { by: "api token with scope admin (admin)", reason: "maintenance" });
     await assert.rejects(client.pause("no-such-task"), { status: 404, code: "not_found" });
-    assert.equal(await client.cancel(id), "cancelled");
+    assert.equal(await client.cancel(id, { reason: "not needed" }), "cancelled");
+    const cancelled = (await client.history(id)).find((event) => event.kind === "cancelled")!;
+    assert.deepEqual(cancelled.detail, { compensate: false, by: "api token with scope admin (admin)", reason: "not needed" });
   });
 
   test("a paused workflow's tasks wait until it is resumed", async () => {
@@ -298,9 +300,11 @@ describe("submit and wait", () => {
       await assert.rejects(client.cancel(id), { status: 409, code: "refused" });
 
       declined = false;
-      assert.ok(["pending", "processing"].includes(await client.resubmit(id)));
+      assert.ok(["pending", "processing"].includes(await client.resubmit(id, undefined, { reason: "the card works now" })));
       const done = await client.wait(id, { timeoutMs: 30_000 });
       assert.deepEqual([done.state, done.output], ["processed", { charge: { charged: "ok" } }]);
+      const detail = (await client.history(id)).find((event) => event.kind === "resubmitted")!.detail as { by: string; reason: string };
+      assert.deepEqual([detail.by, detail.reason], ["api token with scope admin (admin)", "the card works now"]);
       await assert.rejects(client.resubmit(id, "charge"), { code: "refused" });
     } finally {
       worker.stop();
@@ -323,12 +327,13 @@ describe("submit and wait", () => {
       await assert.rejects(client.resubmit(id, undefined, { input: { card: "new" } }), TypeError);
 
       const renewed = { card: "renewed", flaky: false };
-      assert.ok(["pending", "processing"].includes(await client.resubmit(id, "charge", { input: renewed })));
+      assert.ok(["pending", "processing"].includes(await client.resubmit(id, "charge", { input: renewed, reason: "renewed card" })));
       const done = await client.wait(id, { timeoutMs: 30_000 });
       assert.deepEqual([done.state, done.input, done.output], ["processed", renewed, { charge: { charged: "renewed" } }]);
       const resubmitted = (await client.history(id)).filter((event) => event.kind === "resubmitted");
       assert.equal(resubmitted.length, 1);
       assert.deepEqual((resubmitted[0]!.detail as { input: unknown }).input, { old: { card: "expired", flaky: false }, new: renewed });
+      assert.equal((resubmitted[0]!.detail as { reason: string }).reason, "renewed card");
       await assert.rejects(client.resubmit(id, "charge", { input: { card: "again" } }), { code: "refused" });
       assert.deepEqual((await client.status(id)).input, renewed);
     } finally {

@@ -9,6 +9,7 @@ use axum::Extension;
 use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
+use rota_engine::ops::Operator;
 use rota_engine::{Start, Submission, ops};
 use rota_model::tags::{TAGS_PER_TASK_MAX, parse_tag};
 use rota_model::{InstanceId, QueueName, SignalName, StepName, Tags, TaskId, TaskState, WorkflowName};
@@ -20,8 +21,8 @@ use crate::ApiState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody};
 use crate::wire::{
-    AlertView, EventView, LimitQuery, PauseRequest, ResubmitRequest, SignalDelivery, SignalPath, StepPath, SubmitRequest, TaskCounts,
-    TaskCountsQuery, TaskListQuery, TaskPath, TaskStateChange, TaskSummary, TaskView,
+    AlertView, EventView, LimitQuery, OperatorRequest, PauseRequest, ResubmitRequest, SignalDelivery, SignalPath, StepPath, SubmitRequest,
+    TaskCounts, TaskCountsQuery, TaskListQuery, TaskPath, TaskStateChange, TaskSummary, TaskView,
 };
 
 /// A task id from the path.
@@ -320,21 +321,33 @@ pub async fn alerts(State(state): State<ApiState>, ApiQuery(query): ApiQuery<Lim
 /// Cancel a task that has not finished.
 ///
 /// If a step with a compensation completed (or may have), the task is
-/// compensated (`compensating`); otherwise it is `cancelled`.
+/// compensated (`compensating`); otherwise it is `cancelled`. Who cancelled
+/// it (the caller) and why (`reason`, optional) are recorded in its
+/// history. The body may be left out.
 #[utoipa::path(
     post, path = "/v1/tasks/{id}/cancel", tag = "tasks",
     params(TaskPath),
+    request_body(content = Option<OperatorRequest>, description = "Why (optional); the body may be left out", content_type = "application/json"),
     responses(
         (status = 200, description = "The state it moved to", body = TaskStateChange),
-        (status = 400, description = "Invalid id", body = ErrorBody),
+        (status = 400, description = "Invalid id, or a reason too long", body = ErrorBody),
         (status = 404, description = "No such task", body = ErrorBody),
         (status = 409, description = "The task has finished, or changed concurrently", body = ErrorBody),
+        (status = 422, description = "A body with a field the request does not have, or of the wrong type", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
-pub async fn cancel(State(state): State<ApiState>, ApiPath(TaskPath { id }): ApiPath<TaskPath>) -> ApiResult<Json<TaskStateChange>> {
+pub async fn cancel(
+    State(state): State<ApiState>,
+    caller: Option<Extension<Caller>>,
+    ApiPath(TaskPath { id }): ApiPath<TaskPath>,
+    request: Option<ApiJson<OperatorRequest>>,
+) -> ApiResult<Json<TaskStateChange>> {
     let id = task_id(id)?;
-    let moved = state.client().cancel(&id).await.map_err(|err| ApiError::ops("cancel", err))?;
+    let by = caller_of(caller).to_string();
+    let request = request.map(|ApiJson(request)| request).unwrap_or_default();
+    let operator = Operator { by: &by, reason: request.reason.as_deref() };
+    let moved = state.client().cancel(&id, operator).await.map_err(|err| ApiError::ops("cancel", err))?;
     Ok(Json(TaskStateChange { id: id.to_string(), state: moved.into() }))
 }
 
@@ -407,7 +420,7 @@ pub async fn pause_task(
     let id = task_id(id)?;
     let by = caller_of(caller).to_string();
     let request = request.map(|ApiJson(request)| request).unwrap_or_default();
-    let operator = rota_engine::pause::Operator { by: &by, reason: request.reason.as_deref() };
+    let operator = Operator { by: &by, reason: request.reason.as_deref() };
     let paused = state.client().pause(&id, operator).await.map_err(|err| ApiError::ops("pause", err))?;
     Ok(Json(TaskView::from(&paused)))
 }
@@ -437,27 +450,38 @@ pub async fn resume_task(
     let id = task_id(id)?;
     let by = caller_of(caller).to_string();
     let request = request.map(|ApiJson(request)| request).unwrap_or_default();
-    let operator = rota_engine::pause::Operator { by: &by, reason: request.reason.as_deref() };
+    let operator = Operator { by: &by, reason: request.reason.as_deref() };
     let resumed = state.client().resume(&id, operator).await.map_err(|err| ApiError::ops("resume", err))?;
     Ok(Json(TaskView::from(&resumed)))
 }
 
 /// Resubmit a task that ended in `error`: its failed steps run again (or
-/// its compensation resumes, if it failed while being undone).
+/// its compensation resumes, if it failed while being undone). Who asked
+/// (the caller) and why (`reason`, optional) are recorded in its history.
+/// The body may be left out.
 #[utoipa::path(
     post, path = "/v1/tasks/{id}/resubmit", tag = "tasks",
     params(TaskPath),
+    request_body(content = Option<OperatorRequest>, description = "Why (optional); the body may be left out", content_type = "application/json"),
     responses(
         (status = 200, description = "The task after the resubmit", body = TaskView),
-        (status = 400, description = "Invalid id", body = ErrorBody),
+        (status = 400, description = "Invalid id, or a reason too long", body = ErrorBody),
         (status = 404, description = "No such task", body = ErrorBody),
         (status = 409, description = "The task is not in error, or changed concurrently", body = ErrorBody),
+        (status = 422, description = "A body with a field the request does not have, or of the wrong type", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
-pub async fn resubmit(State(state): State<ApiState>, ApiPath(TaskPath { id }): ApiPath<TaskPath>) -> ApiResult<Json<TaskView>> {
+pub async fn resubmit(
+    State(state): State<ApiState>,
+    caller: Option<Extension<Caller>>,
+    ApiPath(TaskPath { id }): ApiPath<TaskPath>,
+    request: Option<ApiJson<OperatorRequest>>,
+) -> ApiResult<Json<TaskView>> {
     let id = task_id(id)?;
-    resubmit_task(&state, &id, None).await
+    let by = caller_of(caller).to_string();
+    let request = request.map(|ApiJson(request)| request).unwrap_or_default();
+    resubmit_task(&state, &id, None, Operator { by: &by, reason: request.reason.as_deref() }).await
 }
 
 /// Resubmit one step of a task that ended in `error`; with an `input`,
@@ -466,10 +490,10 @@ pub async fn resubmit(State(state): State<ApiState>, ApiPath(TaskPath { id }): A
 #[utoipa::path(
     post, path = "/v1/tasks/{id}/steps/{step}/resubmit", tag = "tasks",
     params(StepPath),
-    request_body(content = Option<ResubmitRequest>, description = "Optional: a new input", content_type = "application/json"),
+    request_body(content = Option<ResubmitRequest>, description = "Optional: a new input, and why", content_type = "application/json"),
     responses(
         (status = 200, description = "The task after the resubmit", body = TaskView),
-        (status = 400, description = "Invalid id or step name, or a malformed body", body = ErrorBody),
+        (status = 400, description = "Invalid id or step name, a malformed body, or a reason too long", body = ErrorBody),
         (status = 404, description = "No such task or step", body = ErrorBody),
         (status = 409, description = "The task or step cannot be resubmitted, or changed concurrently", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
@@ -486,18 +510,20 @@ pub async fn resubmit_step(
 ) -> ApiResult<Json<TaskView>> {
     let id = task_id(id)?;
     let step = StepName::new(step).map_err(|err| ApiError::invalid_path("step", err))?;
-    match body.and_then(|ApiJson(body)| body?.input) {
+    let by = caller_of(caller).to_string();
+    let ResubmitRequest { input, reason } = body.and_then(|ApiJson(body)| body).unwrap_or_default();
+    let operator = Operator { by: &by, reason: reason.as_deref() };
+    match input {
         Some(input) => {
-            let by = caller_of(caller).to_string();
             let resubmitted =
-                state.client().resubmit_with_input(&id, &step, input, &by).await.map_err(|err| ApiError::ops("resubmit", err))?;
+                state.client().resubmit_with_input(&id, &step, input, operator).await.map_err(|err| ApiError::ops("resubmit", err))?;
             Ok(Json(TaskView::from(&resubmitted)))
         }
-        None => resubmit_task(&state, &id, Some(&step)).await,
+        None => resubmit_task(&state, &id, Some(&step), operator).await,
     }
 }
 
-async fn resubmit_task(state: &ApiState, id: &TaskId, step: Option<&StepName>) -> ApiResult<Json<TaskView>> {
-    let resubmitted = state.client().resubmit(id, step).await.map_err(|err| ApiError::ops("resubmit", err))?;
+async fn resubmit_task(state: &ApiState, id: &TaskId, step: Option<&StepName>, operator: Operator<'_>) -> ApiResult<Json<TaskView>> {
+    let resubmitted = state.client().resubmit(id, step, operator).await.map_err(|err| ApiError::ops("resubmit", err))?;
     Ok(Json(TaskView::from(&resubmitted)))
 }

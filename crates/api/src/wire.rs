@@ -518,6 +518,16 @@ pub struct PauseRequest {
     pub reason: Option<String>,
 }
 
+/// An operator's cancel or resubmit of a task; the body may be left out.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OperatorRequest {
+    /// Why, kept in the task's history with who did it (at most 1000
+    /// characters).
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
 /// The state a task moved to.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct TaskStateChange {
@@ -538,6 +548,10 @@ pub struct ResubmitRequest {
     /// over 4 KiB) and who asked. Without it, only the failed step runs
     /// again, on the input the task has.
     pub input: Option<Value>,
+    /// Why, kept in the task's history with who asked (at most 1000
+    /// characters).
+    #[serde(default)]
+    pub reason: Option<String>,
 }
 
 /// What a signal did.

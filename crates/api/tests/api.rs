@@ -395,16 +395,26 @@ async fn a_failed_task_raises_an_alert_and_can_be_resubmitted_whole_or_by_step()
     assert!(reason.contains("its steps: only"), "{reason}");
     server.post("/v1/tasks/b-1/steps/a%20b/resubmit").await.assert_error(400, "invalid_path");
 
-    let resubmitted = server.post("/v1/tasks/b-1/resubmit").await;
+    let resubmitted = server.post_json("/v1/tasks/b-1/resubmit", &json!({ "reason": "try once more" })).await;
     assert_eq!(resubmitted.status, StatusCode::OK, "{}", resubmitted.text);
     assert_ne!(resubmitted.body["state"], "error", "a resubmitted task is pending again");
     server.wait_for("b-1", |state| state == "error").await;
-    let resubmitted = server.post("/v1/tasks/b-1/steps/only/resubmit").await;
+    let resubmitted = server.post_json("/v1/tasks/b-1/steps/only/resubmit", &json!({ "reason": "and that step" })).await;
     assert_eq!(resubmitted.status, StatusCode::OK, "{}", resubmitted.text);
     server.wait_for("b-1", |state| state == "error").await;
     let history = server.get("/v1/tasks/b-1/history").await;
-    let resubmits = history.body.as_array().unwrap().iter().filter(|e| e["kind"] == "resubmitted").count();
-    assert_eq!(resubmits, 2);
+    let resubmits: Vec<(Value, Value)> = history
+        .body
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "resubmitted")
+        .map(|e| (e["detail"]["by"].clone(), e["detail"]["reason"].clone()))
+        .collect();
+    let by = json!("api without authentication");
+    assert_eq!(resubmits, [(by.clone(), json!("try once more")), (by, json!("and that step"))], "who and why, each time");
+    let long = server.post_json("/v1/tasks/b-1/resubmit", &json!({ "reason": "x".repeat(1001) })).await;
+    assert!(long.assert_error(422, "invalid_body").starts_with("reason: is 1001 characters long"), "{}", long.text);
 
     // A task that did not fail cannot be resubmitted, nor a finished one cancelled.
     server.submit("quick", "q-1").await;
@@ -470,10 +480,16 @@ async fn a_running_task_is_cancelled() {
     server.submit("slow", "s-1").await;
     let running = server.wait_until("s-1", |task| task["steps"][0]["state"] == "running").await;
     assert_eq!(running["steps"][0]["owner"], common::INSTANCE, "the holder owns a step in flight: {running}");
-    let cancelled = server.post("/v1/tasks/s-1/cancel").await;
+    let long = server.post_json("/v1/tasks/s-1/cancel", &json!({ "reason": "x".repeat(1001) })).await;
+    assert!(long.assert_error(422, "invalid_body").starts_with("reason: is 1001 characters long"), "{}", long.text);
+    server.post_json("/v1/tasks/s-1/cancel", &json!({ "why": "typo" })).await.assert_error(422, "invalid_body");
+    let cancelled = server.post_json("/v1/tasks/s-1/cancel", &json!({ "reason": "the customer asked" })).await;
     assert_eq!(cancelled.status, StatusCode::OK, "{}", cancelled.text);
     assert_eq!(cancelled.body, json!({ "id": "s-1", "state": "cancelled" }));
     assert_eq!(server.get("/v1/tasks/s-1").await.body["state"], "cancelled");
+    let history = server.get("/v1/tasks/s-1/history").await.body;
+    let event = history.as_array().unwrap().iter().find(|e| e["kind"] == "cancelled").unwrap().clone();
+    assert_eq!(event["detail"], json!({ "compensate": false, "by": "api without authentication", "reason": "the customer asked" }));
     server.post("/v1/tasks/s-1/cancel").await.assert_error(409, "refused");
 }
 

@@ -21,9 +21,10 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 use rota_api::wire::{
-    AlertView, BreakerView, CallbackAccepted, Count, DeadLetterView, EventView, PauseRequest, QueueView, ScheduleRequest, ScheduleView,
-    SignalDelivery, TaskCounts, TaskStateChange, TaskSummary, TaskView, WorkflowPauseView, WorkflowView,
+    AlertView, BreakerView, CallbackAccepted, Count, DeadLetterView, EventView, OperatorRequest, PauseRequest, QueueView, ScheduleRequest,
+    ScheduleView, SignalDelivery, TaskCounts, TaskStateChange, TaskSummary, TaskView, WorkflowPauseView, WorkflowView,
 };
+use rota_engine::ops::Operator;
 use rota_engine::{Client, Submission, Workflows, ops};
 use rota_model::{QueueName, ScheduleName, SignalName, StepName, SystemClock, Tags, TaskId, TaskState, WorkflowName};
 use rota_store::{Redrive, SharedStore, TaskFilter};
@@ -288,12 +289,16 @@ impl Backend {
         }
     }
 
-    /// Resubmits a task in Error (or one of its steps); the task afterwards.
-    pub async fn resubmit(&self, id: &TaskId, step: Option<&StepName>) -> anyhow::Result<TaskView> {
+    /// Resubmits a task in Error (or one of its steps), with an optional
+    /// reason; the task afterwards. On a local store the history records
+    /// the OS user who ran the command.
+    pub async fn resubmit(&self, id: &TaskId, step: Option<&StepName>, reason: Option<&str>) -> anyhow::Result<TaskView> {
         let asked = || format!("cannot resubmit task {id}");
         match self {
             Backend::Local(store) => {
-                let resubmitted = client(store).resubmit(id, step).await.map_err(|err| local_error(asked, err))?;
+                let by = local_sender();
+                let operator = Operator { by: &by, reason };
+                let resubmitted = client(store).resubmit(id, step, operator).await.map_err(|err| local_error(asked, err))?;
                 Ok(TaskView::from(&resubmitted))
             }
             Backend::Remote(server) => {
@@ -301,7 +306,8 @@ impl Backend {
                     Some(step) => vec!["v1", "tasks", id.as_str(), "steps", step.as_str(), "resubmit"],
                     None => vec!["v1", "tasks", id.as_str(), "resubmit"],
                 };
-                let (_, view) = server.post::<TaskView, ()>(&segments, None).await.map_err(|err| remote_error(asked, err))?;
+                let body = OperatorRequest { reason: reason.map(str::to_owned) };
+                let (_, view) = server.post::<TaskView, _>(&segments, Some(&body)).await.map_err(|err| remote_error(asked, err))?;
                 Ok(view)
             }
         }
@@ -310,31 +316,44 @@ impl Backend {
     /// Resubmits a task in Error from `step` with a new input: the step and
     /// its dependents run again on it. On a local store the history records
     /// the OS user who ran the command.
-    pub async fn resubmit_with_input(&self, id: &TaskId, step: &StepName, input: serde_json::Value) -> anyhow::Result<TaskView> {
+    pub async fn resubmit_with_input(
+        &self,
+        id: &TaskId,
+        step: &StepName,
+        input: serde_json::Value,
+        reason: Option<&str>,
+    ) -> anyhow::Result<TaskView> {
         let asked = || format!("cannot resubmit task {id}");
         match self {
             Backend::Local(store) => {
+                let by = local_sender();
+                let operator = Operator { by: &by, reason };
                 let resubmitted =
-                    client(store).resubmit_with_input(id, step, input, &local_sender()).await.map_err(|err| local_error(asked, err))?;
+                    client(store).resubmit_with_input(id, step, input, operator).await.map_err(|err| local_error(asked, err))?;
                 Ok(TaskView::from(&resubmitted))
             }
             Backend::Remote(server) => {
                 let segments = ["v1", "tasks", id.as_str(), "steps", step.as_str(), "resubmit"];
-                let body = serde_json::json!({ "input": input });
+                let body = serde_json::json!({ "input": input, "reason": reason });
                 let (_, view) = server.post::<TaskView, _>(&segments, Some(&body)).await.map_err(|err| remote_error(asked, err))?;
                 Ok(view)
             }
         }
     }
 
-    /// Cancels a task; the state it moved to.
-    pub async fn cancel(&self, id: &TaskId) -> anyhow::Result<TaskState> {
+    /// Cancels a task, with an optional reason; the state it moved to. On
+    /// a local store the history records the OS user who ran the command.
+    pub async fn cancel(&self, id: &TaskId, reason: Option<&str>) -> anyhow::Result<TaskState> {
         let asked = || format!("cannot cancel task {id}");
         match self {
-            Backend::Local(store) => client(store).cancel(id).await.map_err(|err| local_error(asked, err)),
+            Backend::Local(store) => {
+                let by = local_sender();
+                client(store).cancel(id, Operator { by: &by, reason }).await.map_err(|err| local_error(asked, err))
+            }
             Backend::Remote(server) => {
+                let body = OperatorRequest { reason: reason.map(str::to_owned) };
                 let (_, change) = server
-                    .post::<TaskStateChange, ()>(&["v1", "tasks", id.as_str(), "cancel"], None)
+                    .post::<TaskStateChange, _>(&["v1", "tasks", id.as_str(), "cancel"], Some(&body))
                     .await
                     .map_err(|err| remote_error(asked, err))?;
                 Ok(change.state.into())
@@ -351,7 +370,7 @@ impl Backend {
         match self {
             Backend::Local(store) => {
                 let by = local_sender();
-                let operator = rota_engine::pause::Operator { by: &by, reason };
+                let operator = Operator { by: &by, reason };
                 let client = client(store);
                 let moved = if pause { client.pause_workflow(name, operator).await } else { client.resume_workflow(name, operator).await };
                 Ok(WorkflowPauseView::from(&moved.map_err(|err| local_error(asked, err))?))
@@ -384,7 +403,7 @@ impl Backend {
         match self {
             Backend::Local(store) => {
                 let by = local_sender();
-                let operator = rota_engine::pause::Operator { by: &by, reason };
+                let operator = Operator { by: &by, reason };
                 let client = client(store);
                 let moved = if pause { client.pause(id, operator).await } else { client.resume(id, operator).await };
                 Ok(TaskView::from(&moved.map_err(|err| local_error(asked, err))?))

@@ -226,6 +226,9 @@ pub struct ResubmitArgs {
     /// and run the `--step` and every step that depends on it again on it.
     #[arg(long, value_name = "JSON", requires = "step")]
     input: Option<String>,
+    /// Why, kept in the task's history with who did it.
+    #[arg(long, value_name = "TEXT")]
+    reason: Option<String>,
 }
 
 /// Arguments of `cancel`.
@@ -233,6 +236,9 @@ pub struct ResubmitArgs {
 pub struct CancelArgs {
     /// The task id.
     id: TaskId,
+    /// Why, kept in the task's history with who did it.
+    #[arg(long, value_name = "TEXT")]
+    reason: Option<String>,
 }
 
 /// Arguments of `pause` and `resume`.
@@ -697,8 +703,8 @@ pub async fn alerts(store: &StoreArgs, args: AlertsArgs) -> anyhow::Result<()> {
 pub async fn resubmit(store: &StoreArgs, args: ResubmitArgs) -> anyhow::Result<()> {
     let backend = store.backend().await?;
     let task = match (args.input, args.step) {
-        (Some(input), Some(step)) => backend.resubmit_with_input(&args.id, &step, parse_input(&input)?).await?,
-        (_, step) => backend.resubmit(&args.id, step.as_ref()).await?,
+        (Some(input), Some(step)) => backend.resubmit_with_input(&args.id, &step, parse_input(&input)?, args.reason.as_deref()).await?,
+        (_, step) => backend.resubmit(&args.id, step.as_ref(), args.reason.as_deref()).await?,
     };
     output::line(TaskState::from(task.state).as_str())?;
     Ok(())
@@ -706,7 +712,7 @@ pub async fn resubmit(store: &StoreArgs, args: ResubmitArgs) -> anyhow::Result<(
 
 /// `rota cancel`: prints the state the task moved to.
 pub async fn cancel(store: &StoreArgs, args: CancelArgs) -> anyhow::Result<()> {
-    let state = store.backend().await?.cancel(&args.id).await?;
+    let state = store.backend().await?.cancel(&args.id, args.reason.as_deref()).await?;
     output::line(state.as_str())?;
     Ok(())
 }

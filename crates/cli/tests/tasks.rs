@@ -609,9 +609,13 @@ fn verify_finds_a_history_row_changed_by_hand_in_the_store_or_a_file() {
     let serve = Serve::start(&rota, &files.workflows(), "verify-1", &[]);
     for id in ["done-1", "done-2"] {
         rota.ok(&["submit", "pipeline", "--id", id, "--delay", "1h"]);
-        rota.ok(&["cancel", id]);
+        assert_eq!(rota.ok(&["cancel", id, "--reason", "the customer asked"]), "cancelled\n");
     }
     drop(serve);
+    let status = rota.json(&["status", "done-1", "--json"]);
+    let cancelled = status["history"].as_array().unwrap().iter().find(|e| e["kind"] == "cancelled").cloned().unwrap();
+    assert!(cancelled["detail"]["by"].as_str().unwrap().starts_with("cli"), "who cancelled it: {cancelled}");
+    assert_eq!(cancelled["detail"]["reason"], "the customer asked");
     assert_eq!(rota.ok(&["verify"]).trim(), "checked 2 task(s), 4 history row(s): every chain holds");
     let exported = rota.ok(&["export"]);
     let export_file = rota.dir().join("tasks.jsonl");

@@ -42,6 +42,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::client::{Client, doorbell};
+pub use crate::pause::Operator;
 use crate::replies;
 use crate::telemetry;
 
@@ -295,9 +296,11 @@ impl Client {
     /// Cancels a task that has not finished. If some step that has a
     /// compensation completed (or may have: it is in flight, or an attempt
     /// of it was never confirmed), the task is compensated; otherwise it is
-    /// Cancelled. Returns the state it moved to.
-    pub async fn cancel(&self, id: &TaskId) -> Result<TaskState> {
-        let state = self.retrying(|| self.try_cancel(id)).await?;
+    /// Cancelled. The `cancelled` event records who and why. Returns the
+    /// state it moved to.
+    pub async fn cancel(&self, id: &TaskId, operator: Operator<'_>) -> Result<TaskState> {
+        operator.check()?;
+        let state = self.retrying(|| self.try_cancel(id, operator)).await?;
         if state.is_terminal()
             && let Some(completions) = &self.completions
         {
@@ -306,7 +309,7 @@ impl Client {
         Ok(state)
     }
 
-    async fn try_cancel(&self, id: &TaskId) -> Result<TaskState> {
+    async fn try_cancel(&self, id: &TaskId, operator: Operator<'_>) -> Result<TaskState> {
         let record = self.record(id).await?;
         let workflow = self.workflows.get(&record.task.workflow, Some(record.task.workflow_version)).await?;
         let compensate = record.steps.iter().any(|s| {
@@ -318,7 +321,12 @@ impl Client {
         let next = record.task.cancel(compensate, now).map_err(|why| refused(Action::Cancel, Refusal::Task { task: id.clone(), why }))?;
         let state = next.state;
         let mut changes = Changes::default();
-        changes.events.push(Event::task(id, now, EventKind::Cancelled, json!({ "compensate": compensate })));
+        changes.events.push(Event::task(
+            id,
+            now,
+            EventKind::Cancelled,
+            json!({ "compensate": compensate, "by": operator.by, "reason": operator.reason }),
+        ));
         if compensate {
             changes.events.push(Event::task(id, now, EventKind::CompensationStarted, json!({ "reason": "cancelled by an operator" })));
             changes.send.push(doorbell(id));
@@ -337,15 +345,18 @@ impl Client {
     /// is compensated again); otherwise its failed steps (or only `step`)
     /// run again. Completed steps are kept either way.
     ///
+    /// The `resubmitted` event records who and why.
+    ///
     /// Returns the task as the resubmit left it: read again afterwards, it
     /// could already show the Scheduler's next move.
-    pub async fn resubmit(&self, id: &TaskId, step: Option<&StepName>) -> Result<TaskDetail> {
-        let record = self.retrying(|| self.try_resubmit(id, step)).await?;
+    pub async fn resubmit(&self, id: &TaskId, step: Option<&StepName>, operator: Operator<'_>) -> Result<TaskDetail> {
+        operator.check()?;
+        let record = self.retrying(|| self.try_resubmit(id, step, operator)).await?;
         let definition = self.workflows.get(&record.task.workflow, Some(record.task.workflow_version)).await.ok();
         Ok(TaskDetail { record, definition })
     }
 
-    async fn try_resubmit(&self, id: &TaskId, step: Option<&StepName>) -> Result<TaskRecord> {
+    async fn try_resubmit(&self, id: &TaskId, step: Option<&StepName>, operator: Operator<'_>) -> Result<TaskRecord> {
         let record = self.record(id).await?;
         if let Some(step) = step
             && !record.steps.iter().any(|s| &s.name == step)
@@ -378,7 +389,12 @@ impl Client {
             }
             record.task.resubmit(now).map_err(task_refused)?
         };
-        let detail = json!({ "step": step.map(|s| s.as_str()), "compensation": next.state == TaskState::Compensating });
+        let detail = json!({
+            "step": step.map(|s| s.as_str()),
+            "compensation": next.state == TaskState::Compensating,
+            "by": operator.by,
+            "reason": operator.reason,
+        });
         changes.events.push(Event::task(id, now, EventKind::Resubmitted, detail));
         changes.tasks.push(TaskWrite::replacing(&record.task, next.clone()));
         changes.send.push(doorbell(id));
@@ -398,18 +414,20 @@ impl Client {
     /// whatever they did, they run again, their templates and conditions
     /// decided on the new input). Other steps keep what they did. The
     /// history's `resubmitted` event records the old and the new input (each
-    /// as a digest when over [`HISTORY_INPUT_BYTES_MAX`]) and `by`, who asked.
+    /// as a digest when over [`HISTORY_INPUT_BYTES_MAX`]), `by`, who asked,
+    /// and `reason`, why, when given.
     ///
     /// Refused like [`Client::resubmit`]: a task not in Error, a step the
     /// task does not have, and a task that failed while being undone (its
     /// compensation resumes as a whole).
-    pub async fn resubmit_with_input(&self, id: &TaskId, step: &StepName, input: Value, by: &str) -> Result<TaskDetail> {
-        let record = self.retrying(|| self.try_resubmit_with_input(id, step, &input, by)).await?;
+    pub async fn resubmit_with_input(&self, id: &TaskId, step: &StepName, input: Value, operator: Operator<'_>) -> Result<TaskDetail> {
+        operator.check()?;
+        let record = self.retrying(|| self.try_resubmit_with_input(id, step, &input, operator)).await?;
         let definition = self.workflows.get(&record.task.workflow, Some(record.task.workflow_version)).await.ok();
         Ok(TaskDetail { record, definition })
     }
 
-    async fn try_resubmit_with_input(&self, id: &TaskId, step: &StepName, input: &Value, by: &str) -> Result<TaskRecord> {
+    async fn try_resubmit_with_input(&self, id: &TaskId, step: &StepName, input: &Value, operator: Operator<'_>) -> Result<TaskRecord> {
         let record = self.record(id).await?;
         if !record.steps.iter().any(|s| &s.name == step) {
             let steps = record.steps.iter().map(|s| s.name.clone()).collect();
@@ -437,7 +455,8 @@ impl Client {
             "compensation": false,
             "steps": again.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
             "input": { "old": input_in_history(&record.task.input), "new": input_in_history(input) },
-            "by": by,
+            "by": operator.by,
+            "reason": operator.reason,
         });
         changes.events.push(Event::task(id, now, EventKind::Resubmitted, detail));
         changes.tasks.push(TaskWrite::replacing(&record.task, next.clone()));

@@ -40,11 +40,12 @@ use crate::client::{Client, doorbell};
 use crate::ops::{Action, Error, Refusal, Result, TaskDetail, refused};
 use crate::replies;
 
-/// The longest reason a pause or resume may give, in characters: a note
-/// for the next operator, kept in the task's history.
+/// The longest reason an operator's action may give, in characters: a
+/// note for the next operator, kept in the task's history.
 pub const REASON_CHARS_MAX: usize = 1_000;
 
-/// Who pauses or resumes a task, and why.
+/// Who acts on a task (pause, resume, cancel, resubmit) or a workflow
+/// (pause, resume), and why: both are recorded with what it did.
 #[derive(Debug, Clone, Copy)]
 pub struct Operator<'a> {
     /// Who (the API's caller, or the local user of the CLI), as the history
@@ -52,6 +53,20 @@ pub struct Operator<'a> {
     pub by: &'a str,
     /// Why, when given.
     pub reason: Option<&'a str>,
+}
+
+impl Operator<'_> {
+    /// Refuses a reason longer than [`REASON_CHARS_MAX`].
+    pub fn check(&self) -> Result<()> {
+        if let Some(reason) = self.reason {
+            let chars = reason.chars().count();
+            if chars > REASON_CHARS_MAX {
+                let why = format!("is {chars} characters long, more than the {REASON_CHARS_MAX} accepted");
+                return Err(Error::InvalidRequest { field: "reason", why });
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Client {
@@ -69,7 +84,7 @@ impl Client {
     }
 
     async fn pause_or_resume(&self, id: &TaskId, action: Action, operator: Operator<'_>) -> Result<TaskDetail> {
-        check_reason(operator)?;
+        operator.check()?;
         let record = self.retrying(|| self.try_pause_or_resume(id, action, operator)).await?;
         let verb = if action == Action::Pause { "paused" } else { "resumed" };
         tracing::info!(task = %id, by = operator.by, "task {id} {verb} by {}", operator.by);
@@ -132,7 +147,7 @@ impl Client {
     }
 
     async fn pause_or_resume_workflow(&self, name: &WorkflowName, action: Action, operator: Operator<'_>) -> Result<WorkflowPause> {
-        check_reason(operator)?;
+        operator.check()?;
         if self.store.workflow(name, None).await?.is_none() {
             return Err(Error::UnknownWorkflow(format!("{name} is not registered")));
         }
@@ -155,16 +170,4 @@ impl Client {
         tracing::info!(workflow = %name, by = operator.by, reason = operator.reason, "workflow {name} {verb} by {}", operator.by);
         Ok(change)
     }
-}
-
-/// Refuses a reason longer than [`REASON_CHARS_MAX`].
-fn check_reason(operator: Operator<'_>) -> Result<()> {
-    if let Some(reason) = operator.reason {
-        let chars = reason.chars().count();
-        if chars > REASON_CHARS_MAX {
-            let why = format!("is {chars} characters long, more than the {REASON_CHARS_MAX} accepted");
-            return Err(Error::InvalidRequest { field: "reason", why });
-        }
-    }
-    Ok(())
 }

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use rota_agent::{Agent, Request, StepError};
 use rota_engine::engine::Config;
+use rota_engine::ops::Operator;
 use rota_engine::supervisor::{self, Supervisor};
 use rota_engine::{Completions, Engine, Roles, Shutdown, Submission, Workflows};
 use rota_model::{ExhaustedPolicy, InstanceId, RetryPolicy, StepState, SystemClock, TaskId, TaskState, WorkflowName};
@@ -294,9 +295,16 @@ async fn cancel_compensates_what_completed_and_resubmit_runs_a_failed_task_again
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert_eq!(client.cancel(&id).await.unwrap(), TaskState::Compensating);
+        let too_long = "x".repeat(rota_engine::pause::REASON_CHARS_MAX + 1);
+        let refused = client.cancel(&id, Operator { by: "ana", reason: Some(&too_long) }).await.expect_err("a reason too long");
+        assert_eq!(refused.to_string(), "reason: is 1001 characters long, more than the 1000 accepted");
+        let cancelled = client.cancel(&id, Operator { by: "ana", reason: Some("customer asked") }).await.unwrap();
+        assert_eq!(cancelled, TaskState::Compensating);
         assert_eq!(client.wait(&id, Duration::from_secs(20)).await.unwrap(), TaskState::Compensated);
-        assert!(client.cancel(&id).await.is_err(), "a finished task cannot be cancelled");
+        let history = client.history(&id).await.unwrap();
+        let event = history.iter().find(|e| e.kind == EventKind::Cancelled).expect("a cancelled event");
+        assert_eq!(event.detail, json!({"compensate": true, "by": "ana", "reason": "customer asked"}), "who and why");
+        assert!(client.cancel(&id, Operator { by: "test", reason: None }).await.is_err(), "a finished task cannot be cancelled");
 
         // A task that failed (threshold 1) runs again once resubmitted.
         let failed = client.submit(Submission::new(flow(), json!({}))).await.unwrap().id;
@@ -304,11 +312,17 @@ async fn cancel_compensates_what_completed_and_resubmit_runs_a_failed_task_again
         agent.hang_always.lock().unwrap().clear();
         // The answer is the task as the resubmit left it, whatever the
         // Scheduler did since.
-        let resubmitted = client.resubmit(&failed, None).await.unwrap().record;
+        let resubmitted = client.resubmit(&failed, None, Operator { by: "bo", reason: Some("the service is back") }).await.unwrap().record;
         assert_eq!(resubmitted.task.state, TaskState::Pending);
         assert!(resubmitted.steps.iter().all(|step| step.state != StepState::Failed), "{:?}", resubmitted.steps);
         assert_eq!(client.wait(&failed, Duration::from_secs(20)).await.unwrap(), TaskState::Processed);
-        assert!(client.resubmit(&failed, None).await.is_err(), "only a failed task can be resubmitted");
+        let history = client.history(&failed).await.unwrap();
+        let event = history.iter().find(|e| e.kind == EventKind::Resubmitted).expect("a resubmitted event");
+        assert_eq!((&event.detail["by"], &event.detail["reason"]), (&json!("bo"), &json!("the service is back")), "who and why");
+        assert!(
+            client.resubmit(&failed, None, Operator { by: "test", reason: None }).await.is_err(),
+            "only a failed task can be resubmitted"
+        );
         failed
     })
     .await;

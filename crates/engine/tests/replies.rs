@@ -97,7 +97,10 @@ async fn every_status_event_waits_in_the_reply_queue_in_order(backend: Backend) 
     // Cancelled by an operator before it starts.
     let later = submit("cancelled", "plain", "").with_start(Start::After(Duration::from_secs(3600)));
     client.submit(later).await.unwrap();
-    assert_eq!(client.cancel(&TaskId::new("cancelled").unwrap()).await.unwrap(), TaskState::Cancelled);
+    assert_eq!(
+        client.cancel(&TaskId::new("cancelled").unwrap(), rota_engine::ops::Operator { by: "test", reason: None }).await.unwrap(),
+        TaskState::Cancelled
+    );
     // A task without a reply queue sends nothing anywhere.
     client.submit(Submission::new(WorkflowName::new("plain").unwrap(), json!({ "fail": "" }))).await.unwrap();
 

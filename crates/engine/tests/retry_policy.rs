@@ -234,7 +234,16 @@ async fn a_resubmit_with_a_new_input_runs_the_step_and_its_dependents_again(back
     assert_eq!(rig.echo.calls("label").len(), 1);
 
     let check = StepName::new("check").unwrap();
-    let detail = rig.client.resubmit_with_input(&id, &check, json!({ "n": 7, "fail": false }), "test, user ana").await.unwrap();
+    let detail = rig
+        .client
+        .resubmit_with_input(
+            &id,
+            &check,
+            json!({ "n": 7, "fail": false }),
+            rota_engine::ops::Operator { by: "test, user ana", reason: Some("the check was wrong") },
+        )
+        .await
+        .unwrap();
     assert_eq!(detail.record.task.state, TaskState::Pending);
     assert_eq!(detail.record.task.input, json!({ "n": 7, "fail": false }));
     // The approval waits for a signal: the task runs until then.
@@ -267,6 +276,7 @@ async fn a_resubmit_with_a_new_input_runs_the_step_and_its_dependents_again(back
             "steps": ["check", "pack", "approve"],
             "input": { "old": { "n": 1, "fail": true }, "new": { "n": 7, "fail": false } },
             "by": "test, user ana",
+            "reason": "the check was wrong",
         })
     );
     rig.stop().await;
@@ -289,11 +299,19 @@ async fn resubmitting_a_running_task_is_refused_and_changes_nothing(backend: Bac
     };
     let events = rig.history(&id).await.len();
     let check = StepName::new("check").unwrap();
-    let err = rig.client.resubmit_with_input(&id, &check, json!({ "n": 2 }), "test").await.unwrap_err();
+    let err = rig
+        .client
+        .resubmit_with_input(&id, &check, json!({ "n": 2 }), rota_engine::ops::Operator { by: "test", reason: None })
+        .await
+        .unwrap_err();
     assert!(matches!(err, ops::Error::Refused { .. }), "{err:?}");
     assert_eq!(err.to_string(), format!("resubmit: task {id}: cannot resubmit a task that is processing"));
     let nope = StepName::new("nope").unwrap();
-    let err = rig.client.resubmit_with_input(&id, &nope, json!({ "n": 2 }), "test").await.unwrap_err();
+    let err = rig
+        .client
+        .resubmit_with_input(&id, &nope, json!({ "n": 2 }), rota_engine::ops::Operator { by: "test", reason: None })
+        .await
+        .unwrap_err();
     assert!(matches!(err, ops::Error::StepNotFound { .. }), "{err:?}");
     let after = rig.store.task(&id).await.unwrap().unwrap();
     assert_eq!(after.task.input, json!({ "n": 1, "fail": false }));

@@ -180,7 +180,7 @@ async fn a_running_task_follows_the_overlap_policy(backend: Backend) {
     // The first tasks end: the buffered fire starts at the next round, with
     // its own fire time, and skip fires again at the next fire time.
     for first in [&fire_ids("buffer", &tens[..1])[0], &fire_ids("skip", &tens[..1])[0]] {
-        rig.client.cancel(&TaskId::new(first.as_str()).unwrap()).await.unwrap();
+        rig.client.cancel(&TaskId::new(first.as_str()).unwrap(), rota_engine::ops::Operator { by: "test", reason: None }).await.unwrap();
     }
     round(&rig).await;
     assert_eq!(ids("buffer@", task_ids(&rig.store).await), fire_ids("buffer", &tens[..2]), "the buffered fire starts");

@@ -222,7 +222,7 @@ async fn signals_no_step_can_take_are_refused_and_change_nothing(backend: Backen
     assert_eq!(setup.store.task(&id).await.unwrap().unwrap(), kept, "the first signal stands");
 
     // Cancelled (nothing ran, so nothing to undo): finished.
-    setup.client.cancel(&id).await.unwrap();
+    setup.client.cancel(&id, rota_engine::ops::Operator { by: "test", reason: None }).await.unwrap();
     let err = setup.client.signal(&id, &approved(), json!(null), "api").await.unwrap_err();
     assert_eq!(err.to_string(), "signal approved: task refusals is cancelled: it takes no more signals");
 }

@@ -91,7 +91,7 @@ impl Rig {
     async fn cancel_elsewhere(&self, id: &TaskId) -> TaskState {
         let elsewhere = self.db.another_process(self.clock.clone()).await;
         let client = Client::new(elsewhere.clone(), self.clock.clone(), Workflows::new(elsewhere), None);
-        client.cancel(id).await.unwrap()
+        client.cancel(id, rota_engine::ops::Operator { by: "test", reason: None }).await.unwrap()
     }
 
     /// Waits for the task's `call_stopped` event and returns it.

@@ -155,11 +155,12 @@ class Client:
         A dropped stream is opened again from the last event seen."""
         return self._follow(task_id, after, None)
 
-    def cancel(self, task_id: str) -> TaskState:
+    def cancel(self, task_id: str, reason: str | None = None) -> TaskState:
         """Cancels a task that has not finished; returns the state it moved
         to (``cancelled``, or ``compensating`` when completed steps are
-        undone). ``ApiError`` ``refused`` for a finished task."""
-        answer = self._http.call("POST", f"/v1/tasks/{quote(task_id)}/cancel")
+        undone). ``reason`` is kept in its history with who cancelled it.
+        ``ApiError`` ``refused`` for a finished task."""
+        answer = self._http.call("POST", f"/v1/tasks/{quote(task_id)}/cancel", {"reason": reason})
         return cast(TaskState, answer["state"])
 
     def pause(self, task_id: str, reason: str | None = None) -> Task:
@@ -229,17 +230,20 @@ class Client:
         answer = self._http.call("POST", f"/v1/callbacks/{quote(token)}", body)
         return cast(CallbackAccepted, answer)
 
-    def resubmit(self, task_id: str, step: str | None = None, *, input: Json = None) -> TaskState:
+    def resubmit(self, task_id: str, step: str | None = None, *, input: Json = None, reason: str | None = None) -> TaskState:
         """Runs a task that ended in ``error`` again (its failed steps, or
         just ``step``); returns its new state. With ``input`` (which needs
         ``step``), the task's input is replaced first, and ``step`` and every
         step that depends on it run again on it; the history records the old
-        and the new input. ``ApiError`` ``refused`` for a task that did not
-        fail."""
+        and the new input. ``reason`` is kept in its history with who asked.
+        ``ApiError`` ``refused`` for a task that did not fail."""
         if input is not None and step is None:
             raise ValueError("a new input needs the step to resubmit from (step=...)")
         path = f"/v1/tasks/{quote(task_id)}" + (f"/steps/{quote(step)}" if step is not None else "") + "/resubmit"
-        answer = self._http.call("POST", path, None if input is None else {"input": input})
+        body: dict[str, Json] = {"reason": reason}
+        if input is not None:
+            body["input"] = input
+        answer = self._http.call("POST", path, body)
         return cast(TaskState, answer["state"])
 
     def _follow(self, task_id: str, after: int | None, deadline: float | None) -> Iterator[Event]:

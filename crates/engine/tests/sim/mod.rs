@@ -951,7 +951,7 @@ impl World {
 
     /// An operator cancels `id` (a refusal is not a failure).
     pub async fn cancel(&mut self, id: &TaskId) -> Result<(), Fail> {
-        match self.client.cancel(id).await {
+        match self.client.cancel(id, rota_engine::ops::Operator { by: "test", reason: None }).await {
             Ok(state) => self.note(format!("operator cancels {id}: now {state}")),
             Err(ops::Error::Refused { refusal, .. }) => self.note(format!("operator cancel of {id} refused: {refusal}")),
             Err(ops::Error::Engine(EngineError::Store(err))) if err.is_lost_race() => {
@@ -1077,7 +1077,7 @@ impl World {
 
     /// An operator resubmits `id`, which ended in Error.
     pub async fn resubmit(&mut self, id: &TaskId) -> Result<(), Fail> {
-        match self.client.resubmit(id, None).await {
+        match self.client.resubmit(id, None, rota_engine::ops::Operator { by: "test", reason: None }).await {
             Ok(_) => self.note(format!("operator resubmits {id}")),
             Err(ops::Error::Refused { refusal, .. }) => self.note(format!("operator resubmit of {id} refused: {refusal}")),
             Err(ops::Error::Engine(EngineError::Store(err))) if err.is_lost_race() => {
