@@ -54,6 +54,7 @@
 #![warn(missing_docs)]
 
 pub mod auth;
+pub mod batches;
 pub mod callbacks;
 pub mod error;
 pub mod events;

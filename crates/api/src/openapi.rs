@@ -13,7 +13,7 @@ use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::{ApiState, callbacks, events, queues, schedules, status, tasks, workers, workflows};
+use crate::{ApiState, batches, callbacks, events, queues, schedules, status, tasks, workers, workflows};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -27,6 +27,7 @@ use crate::{ApiState, callbacks, events, queues, schedules, status, tasks, worke
     modifiers(&BearerAuth),
     tags(
         (name = "tasks", description = "Submit, inspect, cancel, resubmit, pause and resume tasks; alerts"),
+        (name = "batches", description = "Bulk actions: cancel or resubmit every task a filter selects, as a durable batch"),
         (name = "events", description = "Live task events (server-sent events)"),
         (name = "workflows", description = "The workflow registry"),
         (name = "schedules", description = "Cron schedules that start tasks: list with next fire times, create, pause, resume, trigger, delete"),
@@ -74,6 +75,9 @@ pub(crate) fn routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(tasks::resubmit))
         .routes(routes!(tasks::resubmit_step))
         .routes(routes!(tasks::alerts))
+        .routes(routes!(batches::list, batches::create))
+        .routes(routes!(batches::get))
+        .routes(routes!(batches::stop))
         .routes(routes!(events::task_events))
         .routes(routes!(workflows::list))
         .routes(routes!(workflows::register))

@@ -240,19 +240,20 @@ pub async fn counts(
     Ok(Json(TaskCounts::from(counted.as_slice())))
 }
 
-/// The search conditions the listing and the counts share, as sent.
-struct Search {
-    tag: Vec<String>,
-    created_after: Option<String>,
-    created_before: Option<String>,
-    ended_after: Option<String>,
-    ended_before: Option<String>,
-    id_prefix: Option<String>,
+/// The search conditions the listing, the counts and the batches share,
+/// as sent.
+pub(crate) struct Search {
+    pub tag: Vec<String>,
+    pub created_after: Option<String>,
+    pub created_before: Option<String>,
+    pub ended_after: Option<String>,
+    pub ended_before: Option<String>,
+    pub id_prefix: Option<String>,
 }
 
 impl Search {
     /// The conditions as a filter, or a 400 naming the parameter.
-    fn filter(self) -> ApiResult<TaskFilter> {
+    pub(crate) fn filter(self) -> ApiResult<TaskFilter> {
         if self.tag.len() > TAGS_PER_TASK_MAX {
             return Err(ApiError::invalid_query("tag", format!("at most {TAGS_PER_TASK_MAX} tags, got {}", self.tag.len())));
         }

@@ -1598,3 +1598,140 @@ pub struct SchedulePath {
     #[param(pattern = r"^[A-Za-z0-9._:-]{1,100}$")]
     pub name: String,
 }
+
+/// A bulk action to start: `POST /v1/batches`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchRequest {
+    /// What to do to each task: `cancel`, or `resubmit` (tasks in Error).
+    #[schema(value_type = String, example = "resubmit")]
+    pub action: String,
+    /// Which tasks: the filters of `GET /v1/tasks`, every one given must
+    /// match; at least one is required. A resubmit without `state` selects
+    /// the tasks in Error.
+    #[serde(default)]
+    pub filter: BatchFilterView,
+    /// Why (at most 1000 characters), kept with the batch.
+    #[schema(max_length = 1000)]
+    pub reason: Option<String>,
+}
+
+/// The filters of a batch, as `GET /v1/tasks` takes them.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchFilterView {
+    /// Only tasks in this state.
+    #[schema(value_type = Option<TaskStateView>)]
+    pub state: Option<String>,
+    /// Only tasks of this workflow.
+    #[schema(pattern = r"^[A-Za-z0-9._:-]{1,100}$")]
+    pub workflow: Option<String>,
+    /// Only tasks having every one of these tags (`key=value`).
+    #[serde(default)]
+    #[schema(max_items = 16)]
+    pub tag: Vec<String>,
+    /// Only tasks created at or after this time (RFC 3339).
+    #[schema(max_length = 64)]
+    pub created_after: Option<String>,
+    /// Only tasks created strictly before this time (RFC 3339).
+    #[schema(max_length = 64)]
+    pub created_before: Option<String>,
+    /// Only finished tasks that ended at or after this time (RFC 3339).
+    #[schema(max_length = 64)]
+    pub ended_after: Option<String>,
+    /// Only finished tasks that ended strictly before this time (RFC 3339).
+    #[schema(max_length = 64)]
+    pub ended_before: Option<String>,
+    /// Only tasks whose id starts with this text.
+    #[schema(max_length = 200)]
+    pub id_prefix: Option<String>,
+}
+
+/// A bulk action and how far it got.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct BatchView {
+    /// Its id.
+    pub id: String,
+    /// `cancel` or `resubmit`.
+    pub action: String,
+    /// The tasks it acts on (closed at its creation: later tasks are not
+    /// selected).
+    pub filter: BatchFilterView,
+    /// `running` (a runner holds it or the next takes it), `stopped` (by
+    /// an operator), `done`.
+    pub state: String,
+    /// How many tasks the filter selected when it was made.
+    pub total: u64,
+    /// Tasks acted on.
+    pub done: u64,
+    /// Tasks the action no longer applied to (already finished, no longer
+    /// in Error, deleted).
+    pub skipped: u64,
+    /// Tasks it failed on; `last_error` says the latest.
+    pub failed: u64,
+    /// The latest failure, naming its task.
+    pub last_error: Option<String>,
+    /// Who asked (the token's name, or the OS user of a local CLI).
+    pub requested_by: String,
+    /// Why, if they said.
+    pub reason: Option<String>,
+    /// The runner holding it.
+    pub locked_by: Option<String>,
+    /// Until when the runner holds it, epoch ms.
+    pub lease_until: Option<i64>,
+    /// When it was made, epoch ms.
+    pub created_at: i64,
+    /// When it last changed, epoch ms.
+    pub updated_at: i64,
+}
+
+fn rfc3339(at: rota_model::Timestamp) -> String {
+    let millis = u64::try_from(at.as_millis()).unwrap_or(0);
+    humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_millis(millis)).to_string()
+}
+
+impl From<&rota_store::TaskFilter> for BatchFilterView {
+    fn from(filter: &rota_store::TaskFilter) -> Self {
+        BatchFilterView {
+            state: filter.state.map(|s| s.as_str().to_owned()),
+            workflow: filter.workflow.as_ref().map(ToString::to_string),
+            tag: filter.tags.iter().map(|(key, value)| format!("{key}={value}")).collect(),
+            created_after: filter.created.from.map(rfc3339),
+            created_before: filter.created.until.map(rfc3339),
+            ended_after: filter.ended.from.map(rfc3339),
+            ended_before: filter.ended.until.map(rfc3339),
+            id_prefix: filter.id_prefix.clone(),
+        }
+    }
+}
+
+impl From<&rota_store::BatchRecord> for BatchView {
+    fn from(batch: &rota_store::BatchRecord) -> Self {
+        BatchView {
+            id: batch.id.clone(),
+            action: batch.action.to_string(),
+            filter: BatchFilterView::from(&batch.filter),
+            state: batch.state.to_string(),
+            total: batch.total,
+            done: batch.done,
+            skipped: batch.skipped,
+            failed: batch.failed,
+            last_error: batch.last_error.clone(),
+            requested_by: batch.requested_by.clone(),
+            reason: batch.reason.clone(),
+            locked_by: batch.locked_by.as_ref().map(ToString::to_string),
+            lease_until: batch.lease_until.map(|t| t.as_millis()),
+            created_at: batch.created_at.as_millis(),
+            updated_at: batch.updated_at.as_millis(),
+        }
+    }
+}
+
+/// A batch's id in a path.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct BatchPath {
+    /// The batch id.
+    #[param(max_length = 200)]
+    pub id: String,
+}

@@ -204,6 +204,56 @@ async fn tasks_are_searched_by_tags_times_and_id_prefix_and_counted() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_cancels_every_task_its_filter_selects_and_reports_its_progress() {
+    let server = start(Options::default()).await;
+    for n in 0..5 {
+        let body = json!({ "workflow": "slow", "id": format!("b-{n}"), "tags": { "batch": "one" } });
+        assert_eq!(server.post_json("/v1/tasks", &body).await.status, StatusCode::CREATED);
+    }
+    server.submit("slow", "other").await;
+    let created =
+        server.post_json("/v1/batches", &json!({ "action": "cancel", "filter": { "tag": ["batch=one"] }, "reason": "test" })).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.text);
+    assert_eq!((&created.body["total"], &created.body["state"], &created.body["reason"]), (&json!(5), &json!("running"), &json!("test")));
+    assert_eq!(created.body["filter"]["tag"], json!(["batch=one"]));
+    assert!(created.body["filter"]["created_before"].is_string(), "closed at its creation: {}", created.body);
+    let id = created.body["id"].as_str().unwrap().to_owned();
+    // The test engine's Supervisor leader runs it.
+    let started = std::time::Instant::now();
+    let done = loop {
+        let batch = server.get(&format!("/v1/batches/{id}")).await;
+        assert_eq!(batch.status, StatusCode::OK, "{}", batch.text);
+        if batch.body["state"] == "done" {
+            break batch.body;
+        }
+        assert!(started.elapsed() < common::WAIT_MAX, "the batch did not finish: {}", batch.text);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!((&done["done"], &done["skipped"], &done["failed"]), (&json!(5), &json!(0), &json!(0)), "{done}");
+    for n in 0..5 {
+        assert_eq!(server.get(&format!("/v1/tasks/b-{n}")).await.body["state"], "cancelled");
+    }
+    assert_ne!(server.get("/v1/tasks/other").await.body["state"], "cancelled", "a task the filter does not select");
+    let listed = server.get("/v1/batches").await;
+    assert_eq!(listed.body[0]["id"], json!(id));
+    assert_eq!(server.post(&format!("/v1/batches/{id}/stop")).await.body["state"], "done", "a done batch stays done");
+
+    for (body, named) in [
+        (json!({ "action": "delete", "filter": { "state": "error" } }), "action"),
+        (json!({ "action": "cancel" }), "filter"),
+        (json!({ "action": "cancel", "filter": { "tag": ["nokey"] } }), "filter.tag"),
+        (json!({ "action": "cancel", "filter": { "state": "sleepy" } }), "filter.state"),
+        (json!({ "action": "cancel", "filter": { "created_after": "then" } }), "filter.created_after"),
+        (json!({ "action": "cancel", "filter": { "state": "error" }, "reason": "x".repeat(1001) }), "reason"),
+    ] {
+        let reason = server.post_json("/v1/batches", &body).await.assert_error(422, "invalid_body");
+        assert!(reason.starts_with(named), "{body}: {reason}");
+    }
+    server.get("/v1/batches/nope").await.assert_error(404, "not_found");
+    server.post("/v1/batches/nope/stop").await.assert_error(404, "not_found");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_show_their_heartbeats_and_the_supervisor_leader() {
     let server = start(Options::default()).await;
     let heartbeat = |instance: &str, stopped: bool| {

@@ -21,13 +21,14 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 use rota_api::wire::{
-    AlertView, BreakerView, CallbackAccepted, Count, DeadLetterView, EventView, OperatorRequest, PauseRequest, QueueView, ScheduleRequest,
-    ScheduleView, SignalDelivery, TaskCounts, TaskStateChange, TaskSummary, TaskView, WorkflowPauseView, WorkflowView,
+    AlertView, BatchFilterView, BatchRequest, BatchView, BreakerView, CallbackAccepted, Count, DeadLetterView, EventView, OperatorRequest,
+    PauseRequest, QueueView, ScheduleRequest, ScheduleView, SignalDelivery, TaskCounts, TaskStateChange, TaskSummary, TaskView,
+    WorkflowPauseView, WorkflowView,
 };
 use rota_engine::ops::Operator;
 use rota_engine::{Client, Submission, Workflows, ops};
 use rota_model::{QueueName, ScheduleName, SignalName, StepName, SystemClock, Tags, TaskId, TaskState, WorkflowName};
-use rota_store::{Redrive, SharedStore, TaskFilter};
+use rota_store::{BatchAction, Redrive, SharedStore, TaskFilter};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -690,4 +691,65 @@ fn search_params(filter: &TaskFilter) -> Vec<(&'static str, String)> {
         params.push(("id_prefix", prefix.clone()));
     }
     params
+}
+
+impl Backend {
+    /// Stores a batch of `action` on the tasks `filter` selects.
+    pub async fn create_batch(&self, action: BatchAction, filter: &TaskFilter, reason: Option<&str>) -> anyhow::Result<BatchView> {
+        match self {
+            Backend::Local(store) => {
+                let batch = rota_engine::batch::create(&client(store), action, filter.clone(), &local_sender(), reason.map(str::to_owned))
+                    .await
+                    .map_err(|err| local_error(|| "cannot create the batch".to_owned(), err))?;
+                Ok(BatchView::from(&batch))
+            }
+            Backend::Remote(server) => {
+                let body =
+                    BatchRequest { action: action.to_string(), filter: BatchFilterView::from(filter), reason: reason.map(str::to_owned) };
+                let (_, view) = server.post::<BatchView, _>(&["v1", "batches"], Some(&body)).await?;
+                Ok(view)
+            }
+        }
+    }
+
+    /// A batch; "batch ID not found" when it does not exist.
+    pub async fn batch(&self, id: &str) -> anyhow::Result<BatchView> {
+        match self {
+            Backend::Local(store) => {
+                let batch = store.batch(id).await.with_context(|| format!("cannot read batch {id}"))?;
+                batch.map(|b| BatchView::from(&b)).ok_or_else(|| anyhow!("batch {id} not found"))
+            }
+            Backend::Remote(server) => server.get(&["v1", "batches", id], &[]).await,
+        }
+    }
+
+    /// The latest `limit` batches, newest first.
+    pub async fn batches(&self, limit: u32) -> anyhow::Result<Vec<BatchView>> {
+        match self {
+            Backend::Local(store) => {
+                let batches = store.batches(limit).await.context("cannot list batches")?;
+                Ok(batches.iter().map(BatchView::from).collect())
+            }
+            Backend::Remote(server) => server.get(&["v1", "batches"], &[("limit", limit.to_string())]).await.context("cannot list batches"),
+        }
+    }
+
+    /// Stops a batch; the batch afterwards.
+    pub async fn stop_batch(&self, id: &str) -> anyhow::Result<BatchView> {
+        match self {
+            Backend::Local(store) => {
+                let batch = store.stop_batch(id).await.with_context(|| format!("cannot stop batch {id}"))?;
+                batch.map(|b| BatchView::from(&b)).ok_or_else(|| anyhow!("batch {id} not found"))
+            }
+            Backend::Remote(server) => {
+                let (_, view) = server.post::<BatchView, ()>(&["v1", "batches", id, "stop"], None).await?;
+                Ok(view)
+            }
+        }
+    }
+}
+
+/// A client of a local store, for the commands that run engine code here.
+pub fn local_client(store: &SharedStore) -> Client {
+    client(store)
 }

@@ -33,6 +33,7 @@
 //! `--otlp-endpoint URL` or `OTEL_EXPORTER_OTLP_ENDPOINT`.
 mod api_server;
 mod backend;
+mod batches;
 mod bench;
 mod completions;
 mod config_file;
@@ -124,9 +125,9 @@ enum Command {
     Tasks(tasks::ListArgs),
     /// List operator alerts, newest first.
     Alerts(tasks::AlertsArgs),
-    /// Run a task that ended in Error again (its failed steps, or one step); prints its new state.
+    /// Run a task that ended in Error again (its failed steps, or one step); with filters instead of an id, every task they select, as a batch.
     Resubmit(tasks::ResubmitArgs),
-    /// Cancel a task (compensating its completed steps when the workflow says how); prints its new state.
+    /// Cancel a task (compensating its completed steps when the workflow says how); with filters instead of an id, every task they select, as a batch.
     Cancel(tasks::CancelArgs),
     /// Send a signal to a task: it completes the step that waits for it (now, or when the task gets there).
     Signal(tasks::SignalArgs),
@@ -138,6 +139,9 @@ enum Command {
     Resume(tasks::PauseArgs),
     /// List the registered workflows (latest version of each); pause or resume one.
     Workflows(tasks::WorkflowsArgs),
+    /// Bulk actions (`rota cancel` or `rota resubmit` with filters): list, show, stop, resume.
+    #[command(subcommand)]
+    Batches(batches::Command),
     /// Cron schedules that start tasks: create, list (with next fire times), show, pause, resume, trigger, delete.
     #[command(subcommand)]
     Schedules(schedules::Command),
@@ -213,6 +217,7 @@ fn main() -> ExitCode {
         Command::Resume(args) => run_async(async move { tasks::resume(&store, args).await }),
         Command::Workflows(args) => run_async(async move { tasks::workflows(&store, args).await }),
         Command::Schedules(command) => run_async(schedules::run(store, command)),
+        Command::Batches(command) => run_async(batches::run(store, command)),
         Command::Prune(args) => run_async(async move { prune::run(&store, args).await }),
         Command::Export(args) => run_async(async move { export::export(&store, args).await }),
         Command::Import(args) => run_async(async move { export::import(&store, args).await }),

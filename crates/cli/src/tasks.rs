@@ -19,10 +19,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow, bail};
 use rota_api::wire::TaskView;
 use rota_model::{Clock, QueueName, SignalName, StepName, StepState, SystemClock, Tags, TaskId, TaskState, Timestamp, WorkflowName};
-use rota_store::{TaskFilter, TimeRange};
+use rota_store::{BatchAction, TaskFilter, TimeRange};
 use serde_json::Value;
 
 use crate::backend::{Backend, Start, SubmitHow};
+use crate::batches::BulkArgs;
 use crate::output::{self, AlertJson, BreakerJson, StatusJson, TaskSummaryJson, WorkflowJson, rfc3339_millis};
 use crate::store_args::StoreArgs;
 
@@ -131,6 +132,20 @@ pub struct FilterArgs {
 }
 
 impl FilterArgs {
+    /// Whether any filter is given.
+    pub fn any_given(&self) -> bool {
+        self.state.is_some()
+            || self.workflow.is_some()
+            || self.at_risk
+            || !self.tags.is_empty()
+            || self.created_after.is_some()
+            || self.created_before.is_some()
+            || self.ended_after.is_some()
+            || self.ended_before.is_some()
+            || self.id_prefix.is_some()
+            || self.after.is_some()
+    }
+
     /// The store's filter, `limit` tasks per page; times given as a
     /// duration ago count back from now.
     pub fn filter(self, limit: u32) -> anyhow::Result<TaskFilter> {
@@ -217,8 +232,12 @@ pub struct AlertsArgs {
 /// Arguments of `resubmit`.
 #[derive(clap::Args)]
 pub struct ResubmitArgs {
-    /// The task id (a task in Error).
-    id: TaskId,
+    /// The task id (a task in Error); or, instead, filters that select the
+    /// tasks to resubmit as a batch (see `rota batches`).
+    #[arg(required_unless_present_any = BULK_FILTERS)]
+    id: Option<TaskId>,
+    #[command(flatten)]
+    bulk: BulkArgs,
     /// Run only this step again [default: every failed step].
     #[arg(long, value_name = "STEP")]
     step: Option<StepName>,
@@ -234,12 +253,20 @@ pub struct ResubmitArgs {
 /// Arguments of `cancel`.
 #[derive(clap::Args)]
 pub struct CancelArgs {
-    /// The task id.
-    id: TaskId,
-    /// Why, kept in the task's history with who did it.
+    /// The task id; or, instead, filters that select the tasks to cancel as
+    /// a batch (see `rota batches`).
+    #[arg(required_unless_present_any = BULK_FILTERS)]
+    id: Option<TaskId>,
+    #[command(flatten)]
+    bulk: BulkArgs,
+    /// Why, kept in the task's history (or the batch) with who did it.
     #[arg(long, value_name = "TEXT")]
     reason: Option<String>,
 }
+
+/// The filters that make `cancel` and `resubmit` bulk actions.
+const BULK_FILTERS: [&str; 9] =
+    ["state", "workflow", "tags", "created_after", "created_before", "ended_after", "ended_before", "id_prefix", "at_risk"];
 
 /// Arguments of `pause` and `resume`.
 #[derive(clap::Args)]
@@ -701,18 +728,39 @@ pub async fn alerts(store: &StoreArgs, args: AlertsArgs) -> anyhow::Result<()> {
 /// `rota resubmit`: prints the task's state afterwards. With `--input`
 /// (which needs `--step`), the task's input is replaced first.
 pub async fn resubmit(store: &StoreArgs, args: ResubmitArgs) -> anyhow::Result<()> {
+    let Some(id) = single(args.id, &args.bulk, "resubmit")? else {
+        if args.step.is_some() {
+            bail!("--step applies to one task: give its id");
+        }
+        return crate::batches::bulk(store, BatchAction::Resubmit, args.bulk, args.reason.as_deref()).await;
+    };
     let backend = store.backend().await?;
     let task = match (args.input, args.step) {
-        (Some(input), Some(step)) => backend.resubmit_with_input(&args.id, &step, parse_input(&input)?, args.reason.as_deref()).await?,
-        (_, step) => backend.resubmit(&args.id, step.as_ref(), args.reason.as_deref()).await?,
+        (Some(input), Some(step)) => backend.resubmit_with_input(&id, &step, parse_input(&input)?, args.reason.as_deref()).await?,
+        (_, step) => backend.resubmit(&id, step.as_ref(), args.reason.as_deref()).await?,
     };
     output::line(TaskState::from(task.state).as_str())?;
     Ok(())
 }
 
-/// `rota cancel`: prints the state the task moved to.
+/// The one task a command names, or `None` for a bulk action by filters;
+/// both at once is refused.
+fn single(id: Option<TaskId>, bulk: &BulkArgs, command: &str) -> anyhow::Result<Option<TaskId>> {
+    match id {
+        Some(_) if bulk.filters.any_given() || bulk.dry_run => {
+            bail!("{command}: give a task id or filters, not both")
+        }
+        id => Ok(id),
+    }
+}
+
+/// `rota cancel`: prints the state the task moved to; with filters, runs
+/// the batch and prints what it did.
 pub async fn cancel(store: &StoreArgs, args: CancelArgs) -> anyhow::Result<()> {
-    let state = store.backend().await?.cancel(&args.id, args.reason.as_deref()).await?;
+    let Some(id) = single(args.id, &args.bulk, "cancel")? else {
+        return crate::batches::bulk(store, BatchAction::Cancel, args.bulk, args.reason.as_deref()).await;
+    };
+    let state = store.backend().await?.cancel(&id, args.reason.as_deref()).await?;
     output::line(state.as_str())?;
     Ok(())
 }

@@ -23,6 +23,8 @@
 //! * The leader deletes finished tasks past their retention and sweeps the
 //!   leftovers of gone instances ([`crate::retention`]), in a spawned
 //!   future of its own, so that a backlog never delays a round.
+//! * The leader runs the bulk-action batches nobody holds ([`crate::batch`]),
+//!   in another such future.
 //!
 //! Several Supervisors may run; a leader lease in the store elects one per
 //! interval, and every write is a compare-and-set, so no failed task or step
@@ -37,6 +39,7 @@ use rota_model::{Clock, InstanceId, RetryPolicy, Step, Task, TaskState, Timestam
 use rota_store::{Changes, Event, EventKind, Expired, Outgoing, SharedStore, StepWrite, TaskWrite, Warning};
 use serde_json::json;
 
+use crate::batch::{self, Batches};
 use crate::client::Client;
 use crate::completions::Completions;
 use crate::protocol::{self, Doorbell, InboxMessage};
@@ -70,6 +73,8 @@ pub struct Config {
     pub schedules: schedules::Config,
     /// How the leader deletes finished tasks and sweeps gone instances.
     pub retention: retention::Config,
+    /// How the leader runs the bulk-action batches nobody holds.
+    pub batches: batch::Config,
 }
 
 impl Config {
@@ -91,6 +96,7 @@ impl Config {
             seed: 0,
             schedules: schedules::Config::default(),
             retention: retention::Config::default(),
+            batches: batch::Config::default(),
         }
     }
 
@@ -117,6 +123,7 @@ impl Config {
             return Err(Error::OutOfBounds { field: "supervisor.batch", why: "must be at least 1, got 0".into() });
         }
         self.schedules.validate()?;
+        self.batches.validate()?;
         self.retention.validate()
     }
 }
@@ -172,6 +179,7 @@ pub struct Supervisor {
     rng: Mutex<StdRng>,
     firing: Firing,
     retention: Retention,
+    batches: Batches,
 }
 
 impl Supervisor {
@@ -183,9 +191,10 @@ impl Supervisor {
         // that created it; a fire must not be refused by another bound.
         let client =
             Client::new(store.clone(), clock.clone(), workflows.clone(), Some(completions.clone())).with_input_bytes_max(usize::MAX);
+        let batches = Batches::new(client.clone(), config.instance.clone(), config.batches.clone());
         let firing = Firing::new(client, config.schedules)?;
         let retention = Retention::new(store.clone(), clock.clone(), config.retention.clone())?;
-        Ok(Supervisor { store, clock, workflows, completions, config, rng, firing, retention })
+        Ok(Supervisor { store, clock, workflows, completions, config, rng, firing, retention, batches })
     }
 
     /// Runs a round every interval, and at the next fire time of a
@@ -193,6 +202,7 @@ impl Supervisor {
     /// leadership.
     pub async fn run(self, shutdown: Shutdown) -> Result<()> {
         let retention = tokio::spawn(self.retention.clone().run(self.config.instance.clone(), shutdown.clone()));
+        let batches = tokio::spawn(self.batches.clone().run_free(shutdown.clone()));
         let mut ticks = tokio::time::interval(self.config.interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut next_fire: Option<Timestamp> = None;
@@ -213,6 +223,9 @@ impl Supervisor {
         }
         if let Err(err) = retention.await {
             tracing::warn!("the retention passes ended abnormally: {err}");
+        }
+        if let Err(err) = batches.await {
+            tracing::warn!("the batch runs ended abnormally: {err}");
         }
         if let Err(err) = self.store.release_leader(LEADER_LEASE, &self.config.instance).await {
             tracing::warn!("releasing supervisor leadership: {err}");

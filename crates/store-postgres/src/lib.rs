@@ -28,6 +28,7 @@
 //! Deliberately left out: SQL outside this crate, and `now()` in SQL.
 
 mod announce;
+mod batch_sql;
 mod commit_sql;
 mod connections;
 mod group_commit;
@@ -50,9 +51,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, ScheduleName, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{
-    Changes, ComponentStatus, Created, DeadLetter, Delivery, Error, Event, Expired, InstanceSweep, LeaderLease, NewSchedule, NewTask,
-    Outgoing, Prune, Pruned, QueueConfig, QueueStats, Queues, Receive, Redrive, ScheduleProgress, ScheduleRecord, Sent, Store, Swept,
-    TaskFilter, TaskRecord, Tasks, Warning, WorkflowEntry, WorkflowPause,
+    BatchProgress, BatchRecord, Changes, ComponentStatus, Created, DeadLetter, Delivery, Error, Event, Expired, InstanceSweep, LeaderLease,
+    NewBatch, NewSchedule, NewTask, Outgoing, Prune, Pruned, QueueConfig, QueueStats, Queues, Receive, Redrive, ScheduleProgress,
+    ScheduleRecord, Sent, Store, Swept, TaskFilter, TaskRecord, Tasks, Warning, WorkflowEntry, WorkflowPause,
 };
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -1095,6 +1096,40 @@ impl Tasks for PgStore {
             self.queue_ids.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(inbox);
         }
         Ok(swept)
+    }
+
+    async fn create_batch(&self, new: &NewBatch) -> Result<BatchRecord, Error> {
+        let now = self.clock.now();
+        with_connection!(self, conn => { batch_sql::create_batch(&mut conn, &self.names, new, now).await? })
+    }
+
+    async fn batch(&self, id: &str) -> Result<Option<BatchRecord>, Error> {
+        with_connection!(self, conn => { batch_sql::batch(&mut conn, &self.names, id).await? })
+    }
+
+    async fn batches(&self, limit: u32) -> Result<Vec<BatchRecord>, Error> {
+        with_connection!(self, conn => { batch_sql::batches(&mut conn, &self.names, limit).await? })
+    }
+
+    async fn claim_batch(&self, id: Option<&str>, owner: &InstanceId, lease: Duration) -> Result<Option<BatchRecord>, Error> {
+        let now = self.clock.now();
+        with_connection!(self, conn => { batch_sql::claim_batch(&mut conn, &self.names, id, owner, lease, now).await? })
+    }
+
+    async fn advance_batch(
+        &self,
+        id: &str,
+        owner: &InstanceId,
+        progress: &BatchProgress,
+        lease: Duration,
+    ) -> Result<Option<BatchRecord>, Error> {
+        let now = self.clock.now();
+        with_connection!(self, conn => { batch_sql::advance_batch(&mut conn, &self.names, id, owner, progress, lease, now).await? })
+    }
+
+    async fn stop_batch(&self, id: &str) -> Result<Option<BatchRecord>, Error> {
+        let now = self.clock.now();
+        with_connection!(self, conn => { batch_sql::stop_batch(&mut conn, &self.names, id, now).await? })
     }
 
     async fn create_schedule(&self, new: &NewSchedule) -> Result<ScheduleRecord, Error> {

@@ -308,6 +308,29 @@ CREATE TABLE rota.workflow_pauses (
     changed_at BIGINT  NOT NULL
 );
 "#,
+    r#"
+-- Bulk actions: each batch, its filter (JSON), how far its walk got
+-- (`cursor`: the last task handled) and the runner holding it.
+CREATE TABLE rota.batches (
+    id           TEXT PRIMARY KEY,
+    action       TEXT NOT NULL,
+    filter       TEXT NOT NULL,
+    total        BIGINT NOT NULL,
+    requested_by TEXT NOT NULL,
+    reason       TEXT,
+    state        TEXT NOT NULL,
+    cursor       TEXT,
+    done         BIGINT NOT NULL,
+    skipped      BIGINT NOT NULL,
+    failed       BIGINT NOT NULL,
+    last_error   TEXT,
+    locked_by    TEXT,
+    lease_until  BIGINT,
+    created_at   BIGINT NOT NULL,
+    updated_at   BIGINT NOT NULL
+);
+CREATE INDEX batches_running ON rota.batches (created_at) WHERE state = 'running';
+"#,
 ];
 
 /// How many migrations this build knows.

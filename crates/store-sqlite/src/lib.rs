@@ -13,6 +13,7 @@
 //!
 //! Deliberately left out: any SQL outside this crate.
 
+mod batch_sql;
 mod prune_sql;
 mod queue_sql;
 mod schedule_sql;
@@ -28,9 +29,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, ScheduleName, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{
-    Changes, ComponentStatus, Created, DeadLetter, Delivery, Error, Event, Expired, InstanceSweep, LeaderLease, NewSchedule, NewTask,
-    Outgoing, Prune, Pruned, QueueConfig, QueueStats, Queues, Receive, Redrive, Result, ScheduleProgress, ScheduleRecord, Sent, Store,
-    Swept, TaskFilter, TaskRecord, Tasks, Warning, WorkflowEntry, WorkflowPause,
+    BatchProgress, BatchRecord, Changes, ComponentStatus, Created, DeadLetter, Delivery, Error, Event, Expired, InstanceSweep, LeaderLease,
+    NewBatch, NewSchedule, NewTask, Outgoing, Prune, Pruned, QueueConfig, QueueStats, Queues, Receive, Redrive, Result, ScheduleProgress,
+    ScheduleRecord, Sent, Store, Swept, TaskFilter, TaskRecord, Tasks, Warning, WorkflowEntry, WorkflowPause,
 };
 use rusqlite::{Connection, OpenFlags};
 use serde_json::Value;
@@ -803,6 +804,35 @@ impl Tasks for SqliteStore {
     async fn sweep_instance(&self, sweep: &InstanceSweep) -> Result<Swept> {
         let sweep = sweep.clone();
         self.write(move |conn, _| prune_sql::sweep_instance(conn, &sweep)).await
+    }
+
+    async fn create_batch(&self, new: &NewBatch) -> Result<BatchRecord> {
+        let new = new.clone();
+        self.write(move |conn, now| batch_sql::create_batch(conn, &new, now)).await
+    }
+
+    async fn batch(&self, id: &str) -> Result<Option<BatchRecord>> {
+        let id = id.to_owned();
+        self.read(move |conn, _| batch_sql::batch(conn, &id)).await
+    }
+
+    async fn batches(&self, limit: u32) -> Result<Vec<BatchRecord>> {
+        self.read(move |conn, _| batch_sql::batches(conn, limit)).await
+    }
+
+    async fn claim_batch(&self, id: Option<&str>, owner: &InstanceId, lease: Duration) -> Result<Option<BatchRecord>> {
+        let (id, owner) = (id.map(str::to_owned), owner.clone());
+        self.write(move |conn, now| batch_sql::claim_batch(conn, id.as_deref(), &owner, lease, now)).await
+    }
+
+    async fn advance_batch(&self, id: &str, owner: &InstanceId, progress: &BatchProgress, lease: Duration) -> Result<Option<BatchRecord>> {
+        let (id, owner, progress) = (id.to_owned(), owner.clone(), progress.clone());
+        self.write(move |conn, now| batch_sql::advance_batch(conn, &id, &owner, &progress, lease, now)).await
+    }
+
+    async fn stop_batch(&self, id: &str) -> Result<Option<BatchRecord>> {
+        let id = id.to_owned();
+        self.write(move |conn, now| batch_sql::stop_batch(conn, &id, now)).await
     }
 
     async fn create_schedule(&self, new: &NewSchedule) -> Result<ScheduleRecord> {

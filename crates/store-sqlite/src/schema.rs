@@ -267,6 +267,29 @@ CREATE TABLE workflow_pauses (
     changed_at INTEGER NOT NULL
 );
 "#,
+    r#"
+-- Bulk actions: each batch, its filter (JSON), how far its walk got
+-- (`cursor`: the last task handled) and the runner holding it.
+CREATE TABLE batches (
+    id           TEXT PRIMARY KEY,
+    action       TEXT NOT NULL,
+    filter       TEXT NOT NULL,
+    total        INTEGER NOT NULL,
+    requested_by TEXT NOT NULL,
+    reason       TEXT,
+    state        TEXT NOT NULL,
+    cursor       TEXT,
+    done         INTEGER NOT NULL,
+    skipped      INTEGER NOT NULL,
+    failed       INTEGER NOT NULL,
+    last_error   TEXT,
+    locked_by    TEXT,
+    lease_until  INTEGER,
+    created_at   INTEGER NOT NULL,
+    updated_at   INTEGER NOT NULL
+);
+CREATE INDEX batches_running ON batches (created_at) WHERE state = 'running';
+"#,
 ];
 
 /// Runs the migrations that have not run yet.

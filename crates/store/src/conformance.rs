@@ -30,9 +30,10 @@ use rota_model::{
 use serde_json::{Value, json};
 
 use crate::{
-    BODY_BYTES_MAX, Changes, Created, Delivery, Error, Event, EventKind, Expired, InstanceSweep, NewSchedule, NewTask, Outgoing, Prune,
-    PruneWorkflows, QueueConfig, QueueStats, RECEIVE_MAX, Receive, Redrive, ScheduleProgress, ScheduleSource, ScheduleSpec, Sent,
-    SharedStore, StepWrite, Swept, TaskFilter, TaskRecord, TaskWrite, TimeRange, Warning, WorkflowPause, chain,
+    BODY_BYTES_MAX, BatchAction, BatchProgress, BatchState, Changes, Created, Delivery, Error, Event, EventKind, Expired, InstanceSweep,
+    NewBatch, NewSchedule, NewTask, Outgoing, Prune, PruneWorkflows, QueueConfig, QueueStats, RECEIVE_MAX, Receive, Redrive,
+    ScheduleProgress, ScheduleSource, ScheduleSpec, Sent, SharedStore, StepWrite, Swept, TaskFilter, TaskRecord, TaskWrite, TimeRange,
+    Warning, WorkflowPause, chain,
 };
 
 /// What a backend provides to run the suite.
@@ -96,6 +97,7 @@ macro_rules! conformance_suite {
             a_task_keeps_its_reply_queue,
             a_task_keeps_its_submitter_and_lists_by_it,
             tasks_are_found_by_tags_times_and_id_prefix,
+            a_batch_is_held_by_one_runner_advanced_taken_over_and_stopped,
             an_operator_write_replaces_the_input_and_starts_steps_over,
             list_tasks_filters_newest_first,
             list_tasks_pages_with_before,
@@ -1463,6 +1465,73 @@ pub async fn tasks_are_found_by_tags_times_and_id_prefix(harness: &dyn Harness) 
     again.task.tags = tags_of(2);
     create(&store, again).await;
     assert_eq!(task_ids(&ok(store.list_tasks(&eu).await, "list_tasks")), ["s02", "s10", "s08", "s06", "s04"], "a new task, newest");
+}
+
+/// A batch keeps its filter; one runner at a time holds it (the oldest
+/// free one is claimed first); only the holder advances it, renewing its
+/// lease; another takes it over once the lease ran out, from its cursor; a
+/// stopped batch is claimed and advanced by nobody; a finished one is Done
+/// and free.
+pub async fn a_batch_is_held_by_one_runner_advanced_taken_over_and_stopped(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let filter = TaskFilter {
+        state: Some(TaskState::Error),
+        tags: vec![("customer".into(), "c1".into())],
+        created: TimeRange { from: None, until: Some(clock.now()) },
+        ..TaskFilter::default()
+    };
+    let new = |id: &str| NewBatch {
+        id: id.into(),
+        action: BatchAction::Resubmit,
+        filter: filter.clone(),
+        total: 7,
+        requested_by: "ops".into(),
+        reason: Some("payments back".into()),
+    };
+    let first = ok(store.create_batch(&new("b1")).await, "create_batch");
+    assert_eq!((first.state, first.cursor.as_ref(), first.done, first.locked_by.as_ref()), (BatchState::Running, None, 0, None));
+    assert_eq!((&first.filter, first.total, first.reason.as_deref()), (&filter, 7, Some("payments back")), "kept as given");
+    assert_err!(store.create_batch(&new("b1")).await, Error::Conflict(_), "an id taken");
+    clock.advance(SECOND);
+    ok(store.create_batch(&new("b2")).await, "create_batch");
+
+    let (a, b) = (instance("runner-a"), instance("runner-b"));
+    let lease = 10 * SECOND;
+    let held = ok(store.claim_batch(None, &a, lease).await, "claim_batch").expect("a free batch");
+    assert_eq!((held.id.as_str(), held.locked_by.as_ref()), ("b1", Some(&a)), "the oldest free one");
+    let other = ok(store.claim_batch(None, &b, lease).await, "claim_batch").expect("the other is free");
+    assert_eq!(other.id, "b2");
+    assert_eq!(ok(store.claim_batch(Some("b1"), &b, lease).await, "claim_batch"), None, "held by a");
+    assert_eq!(ok(store.claim_batch(None, &b, lease).await, "claim_batch").map(|r| r.id), Some("b2".into()), "its own again");
+
+    let page = BatchProgress { cursor: Some(task_id("t-5")), done: 3, skipped: 1, failed: 0, last_error: None, finished: false };
+    assert_eq!(ok(store.advance_batch("b1", &b, &page, lease).await, "advance_batch"), None, "only the holder advances it");
+    let advanced = ok(store.advance_batch("b1", &a, &page, lease).await, "advance_batch").expect("a holds it");
+    assert_eq!((advanced.cursor.as_ref(), advanced.done, advanced.skipped), (Some(&task_id("t-5")), 3, 1));
+    assert_eq!(advanced.lease_until, Some(clock.now() + lease), "renewed");
+
+    // a goes silent: once its lease ran out, b goes on from the cursor.
+    clock.advance(lease);
+    let taken = ok(store.claim_batch(Some("b1"), &b, lease).await, "claim_batch").expect("the lease ran out");
+    assert_eq!((taken.locked_by.as_ref(), taken.cursor.as_ref(), taken.done), (Some(&b), Some(&task_id("t-5")), 3));
+    assert_eq!(ok(store.advance_batch("b1", &a, &page, lease).await, "advance_batch"), None, "a lost it");
+
+    let stopped = ok(store.stop_batch("b2").await, "stop_batch").expect("b2 exists");
+    assert_eq!((stopped.state, stopped.locked_by.as_ref()), (BatchState::Stopped, None));
+    assert_eq!(ok(store.advance_batch("b2", &b, &page, lease).await, "advance_batch"), None, "its runner stops");
+    assert_eq!(ok(store.claim_batch(Some("b2"), &b, lease).await, "claim_batch"), None, "a stopped batch runs no more");
+    assert_eq!(ok(store.stop_batch("nope").await, "stop_batch"), None);
+
+    let last =
+        BatchProgress { cursor: Some(task_id("t-1")), done: 6, skipped: 1, failed: 1, last_error: Some("boom".into()), finished: true };
+    let done = ok(store.advance_batch("b1", &b, &last, lease).await, "advance_batch").expect("b holds it");
+    assert_eq!((done.state, done.locked_by.as_ref(), done.failed, done.last_error.as_deref()), (BatchState::Done, None, 1, Some("boom")));
+    assert_eq!(ok(store.stop_batch("b1").await, "stop_batch").map(|r| r.state), Some(BatchState::Done), "a done batch stays done");
+    assert_eq!(ok(store.claim_batch(None, &a, lease).await, "claim_batch"), None, "nothing left to run");
+    let listed: Vec<String> = ok(store.batches(10).await, "batches").into_iter().map(|r| r.id).collect();
+    assert_eq!(listed, ["b2", "b1"], "newest first");
+    assert_eq!(ok(store.batch("b1").await, "batch"), Some(done));
 }
 
 /// `list_tasks` filters by state and workflow, returns the newest first and

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::Result;
+use crate::batch::{BatchProgress, BatchRecord, NewBatch};
 use crate::prune::{InstanceSweep, Prune, Pruned, Swept};
 use crate::queue::Outgoing;
 use crate::schedule::{NewSchedule, ScheduleProgress, ScheduleRecord};
@@ -73,8 +74,10 @@ pub enum Created {
 }
 
 /// A filter for [`Tasks::list_tasks`] and [`Tasks::count_tasks`]: a task
-/// is selected when it matches every condition set.
-#[derive(Debug, Clone)]
+/// is selected when it matches every condition set. Serialised as a
+/// batch keeps it ([`crate::batch`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct TaskFilter {
     /// Only tasks in this state.
     pub state: Option<TaskState>,
@@ -126,7 +129,7 @@ impl Default for TaskFilter {
 }
 
 /// A half-open range of times, `[from, until)`; an unset end is open.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TimeRange {
     /// At or after this time.
     pub from: Option<Timestamp>,
@@ -650,6 +653,32 @@ pub trait Tasks: Send + Sync {
     /// no message and no dead letter (something a Scheduler could still
     /// need, or an operator could still redrive). Otherwise deletes nothing.
     async fn sweep_instance(&self, sweep: &InstanceSweep) -> Result<Swept>;
+
+    /// Creates a batch, Running and unheld. A `Conflict` when the id exists.
+    async fn create_batch(&self, new: &NewBatch) -> Result<BatchRecord>;
+
+    /// A batch, if it exists.
+    async fn batch(&self, id: &str) -> Result<Option<BatchRecord>>;
+
+    /// The latest `limit` batches, newest first.
+    async fn batches(&self, limit: u32) -> Result<Vec<BatchRecord>>;
+
+    /// Takes a Running batch for `owner` until now + `lease`: the one named
+    /// `id`, or when `None` the oldest whose lease is free (never taken, run
+    /// out, or `owner`'s own). `None` when there is no such batch (another
+    /// runner holds it, it is not Running, or it does not exist).
+    async fn claim_batch(&self, id: Option<&str>, owner: &InstanceId, lease: Duration) -> Result<Option<BatchRecord>>;
+
+    /// Records a page of `owner`'s run: the progress, the lease renewed
+    /// until now + `lease`, and Done when `progress.finished`. Returns the
+    /// batch as written, or `None` when `owner` no longer holds it or it is
+    /// no longer Running (stopped: the runner stops too).
+    async fn advance_batch(&self, id: &str, owner: &InstanceId, progress: &BatchProgress, lease: Duration) -> Result<Option<BatchRecord>>;
+
+    /// Stops a Running batch (its runner stops at its next page). Returns
+    /// the batch, or `None` when it does not exist; a batch already Done or
+    /// Stopped is returned as it is.
+    async fn stop_batch(&self, id: &str) -> Result<Option<BatchRecord>>;
 
     /// Creates a schedule, unpaused, with nothing fired: its first fire is
     /// the first after now. If one of that name exists with the same

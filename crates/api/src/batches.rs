@@ -1,0 +1,146 @@
+//! The bulk-action endpoints: start a batch (cancel or resubmit every task
+//! a filter selects), list them, show one, stop one. The Supervisor leader
+//! runs a batch ([`rota_engine::batch`]); this only translates.
+
+use axum::Extension;
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use rota_model::{TaskState, WorkflowName};
+use rota_store::{BatchAction, TaskFilter};
+
+use crate::ApiState;
+use crate::auth::Caller;
+use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody};
+use crate::tasks::{Search, caller_of};
+use crate::wire::{BatchFilterView, BatchPath, BatchRequest, BatchView, LimitQuery};
+
+/// The longest reason kept with a batch.
+const REASON_CHARS_MAX: usize = 1000;
+
+/// A batch's filter as the store takes it, or a 422 naming the field.
+pub(crate) fn filter_of(view: BatchFilterView) -> ApiResult<TaskFilter> {
+    let search = Search {
+        tag: view.tag,
+        created_after: view.created_after,
+        created_before: view.created_before,
+        ended_after: view.ended_after,
+        ended_before: view.ended_before,
+        id_prefix: view.id_prefix,
+    };
+    // The search's refusal names its parameter: the field of `filter`.
+    let filter =
+        search.filter().map_err(|err| ApiError::invalid_body(format!("filter.{}", err.reason.trim_start_matches("query parameter "))))?;
+    Ok(TaskFilter {
+        state: view
+            .state
+            .as_deref()
+            .map(str::parse::<TaskState>)
+            .transpose()
+            .map_err(|err| ApiError::invalid_body(format!("filter.state: {err}")))?,
+        workflow: view
+            .workflow
+            .map(WorkflowName::new)
+            .transpose()
+            .map_err(|err| ApiError::invalid_body(format!("filter.workflow: {err}")))?,
+        ..filter
+    })
+}
+
+/// Whether `filter` selects by anything at all: a bulk action on every task
+/// must be asked for by naming what to select.
+pub(crate) fn selects_something(filter: &TaskFilter) -> bool {
+    filter.state.is_some()
+        || filter.workflow.is_some()
+        || !filter.tags.is_empty()
+        || filter.created.is_set()
+        || filter.ended.is_set()
+        || filter.id_prefix.is_some()
+}
+
+/// Start a bulk action: cancel or resubmit every task the filter selects.
+///
+/// The batch is stored with its filter, closed now (tasks created later
+/// are not selected), and the count of the tasks selected; the Supervisor
+/// leader runs it, a page at a time, and goes on from where it got after a
+/// restart. Follow it with `GET /v1/batches/{id}`.
+#[utoipa::path(
+    post, path = "/v1/batches", tag = "batches", operation_id = "create_batch", request_body = BatchRequest,
+    responses(
+        (status = 201, description = "Stored; the Supervisor leader runs it", body = BatchView),
+        (status = 400, description = "Malformed JSON", body = ErrorBody),
+        (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 415, description = "Not JSON", body = ErrorBody),
+        (status = 422, description = "Invalid field, or a filter that selects nothing in particular", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn create(
+    State(state): State<ApiState>,
+    caller: Option<Extension<Caller>>,
+    ApiJson(request): ApiJson<BatchRequest>,
+) -> ApiResult<(StatusCode, Json<BatchView>)> {
+    let action = request.action.parse::<BatchAction>().map_err(|why| ApiError::invalid_body(format!("action: {why}")))?;
+    let mut filter = filter_of(request.filter)?;
+    if !selects_something(&filter) {
+        return Err(ApiError::invalid_body("filter: give at least one of state, workflow, tag, a time or id_prefix"));
+    }
+    if action == BatchAction::Resubmit && filter.state.is_none() {
+        filter.state = Some(TaskState::Error);
+    }
+    if let Some(reason) = &request.reason
+        && reason.chars().count() > REASON_CHARS_MAX
+    {
+        return Err(ApiError::invalid_body(format!("reason: at most {REASON_CHARS_MAX} characters")));
+    }
+    let by = caller_of(caller).to_string();
+    let batch = rota_engine::batch::create(state.client(), action, filter, &by, request.reason)
+        .await
+        .map_err(|err| ApiError::ops("create batch", err))?;
+    Ok((StatusCode::CREATED, Json(BatchView::from(&batch))))
+}
+
+/// The latest batches, newest first.
+#[utoipa::path(
+    get, path = "/v1/batches", tag = "batches", operation_id = "list_batches", params(LimitQuery),
+    responses(
+        (status = 200, description = "Batches, newest first", body = [BatchView]),
+        (status = 400, description = "Invalid limit", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn list(State(state): State<ApiState>, ApiQuery(query): ApiQuery<LimitQuery>) -> ApiResult<Json<Vec<BatchView>>> {
+    let limit = state.limit(query.limit)?;
+    let batches = state.client().store().batches(limit).await.map_err(|err| ApiError::store("list batches", err))?;
+    Ok(Json(batches.iter().map(BatchView::from).collect()))
+}
+
+/// A batch and how far it got.
+#[utoipa::path(
+    get, path = "/v1/batches/{id}", tag = "batches", operation_id = "get_batch", params(BatchPath),
+    responses(
+        (status = 200, description = "The batch", body = BatchView),
+        (status = 404, description = "No such batch", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn get(State(state): State<ApiState>, ApiPath(BatchPath { id }): ApiPath<BatchPath>) -> ApiResult<Json<BatchView>> {
+    let batch = state.client().store().batch(&id).await.map_err(|err| ApiError::store("get batch", err))?;
+    batch.map(|b| Json(BatchView::from(&b))).ok_or_else(|| ApiError::not_found(format!("batch {id}")))
+}
+
+/// Stop a batch: its runner stops at its next page; the tasks it has not
+/// reached are left as they are. A batch already done or stopped is
+/// answered as it is.
+#[utoipa::path(
+    post, path = "/v1/batches/{id}/stop", tag = "batches", operation_id = "stop_batch", params(BatchPath),
+    responses(
+        (status = 200, description = "The batch, stopped (or already done)", body = BatchView),
+        (status = 404, description = "No such batch", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn stop(State(state): State<ApiState>, ApiPath(BatchPath { id }): ApiPath<BatchPath>) -> ApiResult<Json<BatchView>> {
+    let batch = state.client().store().stop_batch(&id).await.map_err(|err| ApiError::store("stop batch", err))?;
+    batch.map(|b| Json(BatchView::from(&b))).ok_or_else(|| ApiError::not_found(format!("batch {id}")))
+}
