@@ -143,6 +143,27 @@ class SubmitAndWait(unittest.TestCase):
         for n in (0, 2):
             client.cancel(f"{prefix}-{n}")
 
+    def test_a_batch_cancels_the_tasks_its_filter_selects(self) -> None:
+        client = Client(server.url, token=support.ADMIN_TOKEN)
+        customer = fresh("bulk")
+        ids = [fresh("bulk-task") for _ in range(3)]
+        for task_id in ids:
+            client.submit("nap", id=task_id, tags={"customer": customer})
+        batch = client.create_batch("cancel", {"tag": [f"customer={customer}"]}, reason="test")
+        self.assertEqual((batch["total"], batch["state"], batch["reason"]), (3, "running", "test"))
+        deadline = time.monotonic() + 30
+        while batch["state"] == "running":
+            self.assertLess(time.monotonic(), deadline, f"the batch did not finish: {batch}")
+            time.sleep(0.1)
+            batch = client.batch(batch["id"])
+        self.assertEqual((batch["state"], batch["done"], batch["failed"]), ("done", 3, 0))
+        self.assertEqual({client.status(task_id)["state"] for task_id in ids}, {"cancelled"})
+        self.assertIn(batch["id"], [b["id"] for b in client.batches(limit=50)])
+        self.assertEqual(client.stop_batch(batch["id"])["state"], "done")
+        with self.assertRaises(ApiError) as refused:
+            client.create_batch("cancel", {})
+        self.assertEqual((refused.exception.status, refused.exception.code), (422, "invalid_body"))
+
     def test_a_paused_task_says_so_until_resumed(self) -> None:
         client = Client(server.url, token=support.ADMIN_TOKEN)
         task_id = fresh("paused")

@@ -11,6 +11,10 @@ import { messages } from "./sse.js";
 export type Task = components["schemas"]["TaskView"];
 /** A task as listings show it. */
 export type TaskSummary = components["schemas"]["TaskSummary"];
+/** A bulk action and how far it got. */
+export type Batch = components["schemas"]["BatchView"];
+/** Which tasks a batch acts on: the filters of `tasks`. */
+export type BatchFilter = components["schemas"]["BatchFilterView"];
 /** Exact task counts by state, and their total. */
 export type TaskCounts = components["schemas"]["TaskCounts"];
 
@@ -173,6 +177,27 @@ export class Client {
   /** Exact counts, by state, of the tasks matching the filters (as `tasks` takes them). */
   async taskCounts(filter: TaskFilter = {}): Promise<TaskCounts> {
     return unwrap(await this.api.fetch.GET("/v1/tasks/counts", { params: { query: searchQuery(filter) }, signal: this.api.deadline() }));
+  }
+
+  /**
+   * Starts a bulk action, `cancel` or `resubmit`, on every task `filter`
+   * selects (at least one filter; a resubmit without `state` selects the
+   * tasks in Error). The server's Supervisor leader runs it; follow it with
+   * `batch`.
+   */
+  async createBatch(action: "cancel" | "resubmit", filter: BatchFilter, options: { reason?: string } = {}): Promise<Batch> {
+    const body = { action, filter, reason: options.reason };
+    return unwrap(await this.api.fetch.POST("/v1/batches", { body, signal: this.api.deadline() }));
+  }
+
+  /** A batch and how far it got. */
+  async batch(id: string): Promise<Batch> {
+    return unwrap(await this.api.fetch.GET("/v1/batches/{id}", { params: { path: { id } }, signal: this.api.deadline() }));
+  }
+
+  /** Stops a batch: the tasks it has not reached are left as they are. */
+  async stopBatch(id: string): Promise<Batch> {
+    return unwrap(await this.api.fetch.POST("/v1/batches/{id}/stop", { params: { path: { id } }, signal: this.api.deadline() }));
   }
 
   /**

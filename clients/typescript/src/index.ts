@@ -10,6 +10,8 @@
 
 export { Api, Client, DEFAULT_URL, TERMINAL_STATES, unwrap } from "./client.js";
 export type {
+  Batch,
+  BatchFilter,
   CallbackAccepted,
   ClientOptions,
   Event,

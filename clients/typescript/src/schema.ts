@@ -41,6 +41,68 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/batches": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The latest batches, newest first. */
+        get: operations["list_batches"];
+        put?: never;
+        /**
+         * Start a bulk action: cancel or resubmit every task the filter selects.
+         * @description The batch is stored with its filter, closed now (tasks created later
+         *     are not selected), and the count of the tasks selected; the Supervisor
+         *     leader runs it, a page at a time, and goes on from where it got after a
+         *     restart. Follow it with `GET /v1/batches/{id}`.
+         */
+        post: operations["create_batch"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/batches/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** A batch and how far it got. */
+        get: operations["get_batch"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/batches/{id}/stop": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Stop a batch: its runner stops at its next page; the tasks it has not
+         *     reached are left as they are. A batch already done or stopped is
+         *     answered as it is.
+         */
+        post: operations["stop_batch"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/breakers": {
         parameters: {
             query?: never;
@@ -876,6 +938,101 @@ export interface components {
             step?: string | null;
             /** @description The task. */
             task_id: string;
+        };
+        /** @description The filters of a batch, as `GET /v1/tasks` takes them. */
+        BatchFilterView: {
+            /** @description Only tasks created at or after this time (RFC 3339). */
+            created_after?: string | null;
+            /** @description Only tasks created strictly before this time (RFC 3339). */
+            created_before?: string | null;
+            /** @description Only finished tasks that ended at or after this time (RFC 3339). */
+            ended_after?: string | null;
+            /** @description Only finished tasks that ended strictly before this time (RFC 3339). */
+            ended_before?: string | null;
+            /** @description Only tasks whose id starts with this text. */
+            id_prefix?: string | null;
+            state?: components["schemas"]["TaskStateView"] | null;
+            /** @description Only tasks having every one of these tags (`key=value`). */
+            tag?: string[];
+            /** @description Only tasks of this workflow. */
+            workflow?: string | null;
+        };
+        /** @description A bulk action to start: `POST /v1/batches`. */
+        BatchRequest: {
+            /**
+             * @description What to do to each task: `cancel`, or `resubmit` (tasks in Error).
+             * @example resubmit
+             */
+            action: string;
+            /**
+             * @description Which tasks: the filters of `GET /v1/tasks`, every one given must
+             *     match; at least one is required. A resubmit without `state` selects
+             *     the tasks in Error.
+             */
+            filter?: components["schemas"]["BatchFilterView"];
+            /** @description Why (at most 1000 characters), kept with the batch. */
+            reason?: string | null;
+        };
+        /** @description A bulk action and how far it got. */
+        BatchView: {
+            /** @description `cancel` or `resubmit`. */
+            action: string;
+            /**
+             * Format: int64
+             * @description When it was made, epoch ms.
+             */
+            created_at: number;
+            /**
+             * Format: int64
+             * @description Tasks acted on.
+             */
+            done: number;
+            /**
+             * Format: int64
+             * @description Tasks it failed on; `last_error` says the latest.
+             */
+            failed: number;
+            /**
+             * @description The tasks it acts on (closed at its creation: later tasks are not
+             *     selected).
+             */
+            filter: components["schemas"]["BatchFilterView"];
+            /** @description Its id. */
+            id: string;
+            /** @description The latest failure, naming its task. */
+            last_error?: string | null;
+            /**
+             * Format: int64
+             * @description Until when the runner holds it, epoch ms.
+             */
+            lease_until?: number | null;
+            /** @description The runner holding it. */
+            locked_by?: string | null;
+            /** @description Why, if they said. */
+            reason?: string | null;
+            /** @description Who asked (the token's name, or the OS user of a local CLI). */
+            requested_by: string;
+            /**
+             * Format: int64
+             * @description Tasks the action no longer applied to (already finished, no longer
+             *     in Error, deleted).
+             */
+            skipped: number;
+            /**
+             * @description `running` (a runner holds it or the next takes it), `stopped` (by
+             *     an operator), `done`.
+             */
+            state: string;
+            /**
+             * Format: int64
+             * @description How many tasks the filter selected when it was made.
+             */
+            total: number;
+            /**
+             * Format: int64
+             * @description When it last changed, epoch ms.
+             */
+            updated_at: number;
         };
         /** @description A circuit breaker, as the `rota serve` process that runs it reported it. */
         BreakerView: {
@@ -1998,6 +2155,270 @@ export interface operations {
             };
             /** @description Out of scope */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Store unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    list_batches: {
+        parameters: {
+            query?: {
+                /** @description The most items to return (default 100, at most the configured maximum, 1000 by default). */
+                limit?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Batches, newest first */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BatchView"][];
+                };
+            };
+            /** @description Invalid limit */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Out of scope */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Store unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    create_batch: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["BatchRequest"];
+            };
+        };
+        responses: {
+            /** @description Stored; the Supervisor leader runs it */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BatchView"];
+                };
+            };
+            /** @description Malformed JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Out of scope */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Body too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not JSON */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Invalid field, or a filter that selects nothing in particular */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Store unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    get_batch: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The batch id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The batch */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BatchView"];
+                };
+            };
+            /** @description No valid token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Out of scope */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such batch */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Store unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    stop_batch: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The batch id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The batch, stopped (or already done) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BatchView"];
+                };
+            };
+            /** @description No valid token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Out of scope */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such batch */
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -195,6 +195,29 @@ describe("submit and wait", () => {
     }
   });
 
+  test("a batch cancels the tasks its filter selects", async () => {
+    const client = admin();
+    const customer = fresh("bulk");
+    const ids = [fresh("bulk-task"), fresh("bulk-task"), fresh("bulk-task")];
+    for (const id of ids) {
+      await client.submit("nap", undefined, { id, tags: { customer } });
+    }
+    let batch = await client.createBatch("cancel", { tag: [`customer=${customer}`] }, { reason: "test" });
+    assert.deepEqual([batch.total, batch.state, batch.reason], [3, "running", "test"]);
+    const deadline = Date.now() + 30_000;
+    while (batch.state === "running") {
+      assert.ok(Date.now() < deadline, `the batch did not finish: ${JSON.stringify(batch)}`);
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      batch = await client.batch(batch.id);
+    }
+    assert.deepEqual([batch.state, batch.done, batch.failed], ["done", 3, 0]);
+    for (const id of ids) {
+      assert.equal((await client.status(id)).state, "cancelled");
+    }
+    assert.equal((await client.stopBatch(batch.id)).state, "done");
+    await assert.rejects(client.createBatch("cancel", {}), (error: unknown) => error instanceof ApiError && error.status === 422);
+  });
+
   test("tasks page with before", async () => {
     const client = admin();
     const ids = [fresh("page"), fresh("page"), fresh("page")];

@@ -16,6 +16,8 @@ from .client import Client
 from .errors import ApiError
 from .types import (
     TERMINAL_STATES,
+    Batch,
+    BatchFilter,
     CallbackAccepted,
     Event,
     Json,
@@ -35,6 +37,8 @@ from .worker import Permanent, Retryable, Step, Worker
 __all__ = [
     "TERMINAL_STATES",
     "ApiError",
+    "Batch",
+    "BatchFilter",
     "Client",
     "Event",
     "InvalidSignature",

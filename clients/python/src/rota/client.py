@@ -12,7 +12,20 @@ from typing import cast
 
 from . import sse
 from ._http import JSON_NULL, Transport, quote
-from .types import CallbackAccepted, Event, Json, SignalDelivery, Task, TaskCounts, TaskState, TaskSummary, Workflow, WorkflowPause
+from .types import (
+    Batch,
+    BatchFilter,
+    CallbackAccepted,
+    Event,
+    Json,
+    SignalDelivery,
+    Task,
+    TaskCounts,
+    TaskState,
+    TaskSummary,
+    Workflow,
+    WorkflowPause,
+)
 
 #: The server when neither the ``url`` argument nor ``ROTA_URL`` names one.
 DEFAULT_URL = "http://127.0.0.1:7878"
@@ -138,6 +151,29 @@ class Client:
         if workflow is not None:
             query.append(("workflow", workflow))
         return cast(TaskCounts, self._http.call("GET", "/v1/tasks/counts", query=query))
+
+    def create_batch(self, action: str, filter: BatchFilter, *, reason: str | None = None) -> Batch:
+        """Starts a bulk action, ``cancel`` or ``resubmit``, on every task
+        ``filter`` selects (at least one filter; a resubmit without
+        ``state`` selects the tasks in Error). The server's Supervisor
+        leader runs it; follow it with :meth:`batch`."""
+        body: dict[str, Json] = {"action": action, "filter": cast(Json, dict(filter))}
+        if reason is not None:
+            body["reason"] = reason
+        return cast(Batch, self._http.call("POST", "/v1/batches", body))
+
+    def batch(self, batch_id: str) -> Batch:
+        """A batch and how far it got."""
+        return cast(Batch, self._http.call("GET", "/v1/batches/" + quote(batch_id)))
+
+    def batches(self, *, limit: int | None = None) -> list[Batch]:
+        """The latest batches, newest first."""
+        query = [] if limit is None else [("limit", str(limit))]
+        return cast("list[Batch]", self._http.call("GET", "/v1/batches", query=query))
+
+    def stop_batch(self, batch_id: str) -> Batch:
+        """Stops a batch: the tasks it has not reached are left as they are."""
+        return cast(Batch, self._http.call("POST", f"/v1/batches/{quote(batch_id)}/stop"))
 
     def wait(self, task_id: str, timeout: float | None = None) -> Task:
         """Waits until the task is terminal (``processed``, ``error``,

@@ -92,6 +92,42 @@ class TaskCounts(TypedDict):
     total: int
 
 
+class BatchFilter(TypedDict, total=False):
+    """Which tasks a batch acts on: the filters of :meth:`Client.tasks`."""
+
+    state: TaskState
+    workflow: str
+    #: ``key=value`` tags, every one of which a task must have.
+    tag: list[str]
+    created_after: str
+    created_before: str
+    ended_after: str
+    ended_before: str
+    id_prefix: str
+
+
+class Batch(TypedDict):
+    """A bulk action and how far it got."""
+
+    id: str
+    #: ``cancel`` or ``resubmit``.
+    action: str
+    filter: BatchFilter
+    #: ``running``, ``stopped`` or ``done``.
+    state: str
+    total: int
+    done: int
+    skipped: int
+    failed: int
+    last_error: str | None
+    requested_by: str
+    reason: str | None
+    locked_by: str | None
+    lease_until: int | None
+    created_at: int
+    updated_at: int
+
+
 class Event(TypedDict):
     """One entry of a task's history: a server-sent event's data, a webhook's body."""
 
