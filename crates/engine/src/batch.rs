@@ -26,8 +26,8 @@ use rota_model::{InstanceId, TaskId, Timestamp};
 use rota_store::{BatchAction, BatchProgress, BatchRecord, BatchState, NewBatch, SharedStore, TaskFilter};
 
 use crate::client::Client;
-use crate::pause::Operator;
 use crate::ops;
+use crate::pause::Operator;
 use crate::{Result, Shutdown};
 
 /// How batches run.
