@@ -308,6 +308,9 @@ async fn a_warning_is_sent_to_the_reply_queue(backend: Backend) {
     rig.running(&steps, "b", 1).await;
     rig.gate.answer("b", 1, Answer::Succeed);
     assert_eq!(rig.client.wait(&task, PATIENCE).await.unwrap(), TaskState::Processed);
+    // Both must have ended before their messages are read: r-steps'
+    // last commit may still be on its way when r-task's is done.
+    assert_eq!(rig.client.wait(&steps, PATIENCE).await.unwrap(), TaskState::Processed);
 
     let messages = common::drain_status(&rig.store, &replies).await;
     let of = |id: &TaskId| messages.iter().filter(|m| &m.correlation_id == id).collect::<Vec<_>>();
