@@ -47,17 +47,6 @@ pub(crate) fn filter_of(view: BatchFilterView) -> ApiResult<TaskFilter> {
     })
 }
 
-/// Whether `filter` selects by anything at all: a bulk action on every task
-/// must be asked for by naming what to select.
-pub(crate) fn selects_something(filter: &TaskFilter) -> bool {
-    filter.state.is_some()
-        || filter.workflow.is_some()
-        || !filter.tags.is_empty()
-        || filter.created.is_set()
-        || filter.ended.is_set()
-        || filter.id_prefix.is_some()
-}
-
 /// Start a bulk action: cancel or resubmit every task the filter selects.
 ///
 /// The batch is stored with its filter, closed now (tasks created later
@@ -82,7 +71,7 @@ pub async fn create(
 ) -> ApiResult<(StatusCode, Json<BatchView>)> {
     let action = request.action.parse::<BatchAction>().map_err(|why| ApiError::invalid_body(format!("action: {why}")))?;
     let mut filter = filter_of(request.filter)?;
-    if !selects_something(&filter) {
+    if !filter.selects_something() {
         return Err(ApiError::invalid_body("filter: give at least one of state, workflow, tag, a time or id_prefix"));
     }
     if action == BatchAction::Resubmit && filter.state.is_none() {

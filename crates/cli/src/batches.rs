@@ -17,7 +17,7 @@ use rota_api::wire::BatchView;
 use rota_engine::Shutdown;
 use rota_engine::batch::{self, Batches};
 use rota_model::TaskState;
-use rota_store::{BatchAction, TaskFilter};
+use rota_store::BatchAction;
 
 use crate::backend::{self, Backend};
 use crate::output;
@@ -86,7 +86,7 @@ pub async fn bulk(store: &StoreArgs, action: BatchAction, args: BulkArgs, reason
     if filter.before.is_some() || filter.at_risk {
         bail!("--after and --at-risk do not apply to a bulk {action}");
     }
-    if !selects_something(&filter) {
+    if !filter.selects_something() {
         bail!("give the tasks to {action} by id, or by filters (--state, --workflow, --tag, a time, --id-prefix)");
     }
     if action == BatchAction::Resubmit && filter.state.is_none() {
@@ -105,15 +105,6 @@ pub async fn bulk(store: &StoreArgs, action: BatchAction, args: BulkArgs, reason
     eprintln!("batch {}: {action} {} task(s)", created.id, created.total);
     let finished = run_or_follow(&backend, &created, args.batch_lease).await?;
     report(&finished)
-}
-
-fn selects_something(filter: &TaskFilter) -> bool {
-    filter.state.is_some()
-        || filter.workflow.is_some()
-        || !filter.tags.is_empty()
-        || filter.created.is_set()
-        || filter.ended.is_set()
-        || filter.id_prefix.is_some()
 }
 
 /// Runs the batch here on a local store (following it if another runner

@@ -128,6 +128,19 @@ impl Default for TaskFilter {
     }
 }
 
+impl TaskFilter {
+    /// Whether it names what to select (a state, workflow, tag, time range
+    /// or id prefix) rather than every task: a bulk action must.
+    pub fn selects_something(&self) -> bool {
+        self.state.is_some()
+            || self.workflow.is_some()
+            || !self.tags.is_empty()
+            || self.created.is_set()
+            || self.ended.is_set()
+            || self.id_prefix.is_some()
+    }
+}
+
 /// A half-open range of times, `[from, until)`; an unset end is open.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TimeRange {
