@@ -46,6 +46,7 @@ use serde_json::{Value, json};
 use crate::store_args::StoreArgs;
 
 mod fill;
+mod steady;
 mod target;
 mod w;
 use crate::store_url::{STORE_URL_DEFAULT, StoreUrl};
@@ -68,7 +69,9 @@ const IDLE_BEFORE_TRICKLE: Duration = Duration::from_secs(1);
 pub struct Args {
     /// The workload: Q (queue) or W (workflow); or `fill`, which fills a
     /// new store named by --store with --tasks tasks (every state, four
-    /// workflows, their history) and keeps it, to measure reads on it.
+    /// workflows, their history) and keeps it, to measure reads on it; or
+    /// `steady`, workflows at --rate per second for --duration under a
+    /// --retention, sampling the store's size (does it level off?).
     #[arg(value_enum)]
     workload: Workload,
 
@@ -84,6 +87,33 @@ pub struct Args {
     /// The most completions the consumer commits in one `complete_batch`.
     #[arg(long, default_value_t = ConsumerConfig::COMPLETE_BATCH_MAX_DEFAULT)]
     complete_batch_max: usize,
+
+    /// W only: before the run, fill the new store with this many finished
+    /// tasks and their histories (as `fill` does, with finished states
+    /// only), to measure a store that has run for a while; the record gets
+    /// the fill's size per task and filtered listings timed after the run.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=100_000_000))]
+    prefill: u64,
+
+    /// steady only: how long the load runs.
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = humantime::parse_duration)]
+    duration: Duration,
+
+    /// steady only: workflows submitted per second.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    rate: u64,
+
+    /// steady only: how long finished tasks are kept.
+    #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = humantime::parse_duration)]
+    retention: Duration,
+
+    /// steady only: how often the Supervisor leader runs a retention pass.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    retention_interval: Duration,
+
+    /// steady only: how often the store's size is sampled.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    sample_every: Duration,
 
     /// W only: run the steps in this many separate `rota agent` processes
     /// (the built-in `delay` agent, 0 ms) instead of an in-process no-op
@@ -103,6 +133,9 @@ enum Workload {
     /// Fill a new store with many tasks and keep it.
     #[value(name = "fill")]
     Fill,
+    /// A steady load under retention, sampling the store's size.
+    #[value(name = "steady")]
+    Steady,
 }
 
 /// Runs the benchmark; the exit code follows the harness's contract (0 ok,
@@ -113,8 +146,18 @@ pub fn run(args: Args, store: &StoreArgs) -> ExitCode {
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the async runtime").and_then(|runtime| {
             match args.workload {
                 Workload::Q => runtime.block_on(run_q(&args, store)),
-                Workload::W => runtime.block_on(w::run(store, args.agent_processes)),
+                Workload::W => runtime.block_on(w::run(store, args.agent_processes, args.prefill)),
                 Workload::Fill => runtime.block_on(fill::run(store, args.tasks)),
+                Workload::Steady => runtime.block_on(steady::run(
+                    store,
+                    steady::Settings {
+                        duration: args.duration,
+                        rate: args.rate,
+                        retention: args.retention,
+                        retention_interval: args.retention_interval,
+                        sample_every: args.sample_every,
+                    },
+                )),
             }
         });
     match result {

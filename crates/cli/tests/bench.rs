@@ -103,6 +103,69 @@ fn workload_w_runs_workflows_through_the_engine() {
 }
 
 #[test]
+fn workload_w_on_a_prefilled_store_records_its_size_and_listings() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = bench(dir.path(), &["--store", "sqlite", "W", "--prefill", "500"]);
+    assert!(output.status.success(), "{:?}: {}", output.status, stderr(&output));
+    let record = record(dir.path());
+    assert_eq!(record["settings"]["prefill"], 500);
+    let prefilled = &record["extra"]["prefilled"];
+    assert_eq!(prefilled["tasks"], 500, "{record}");
+    assert!(prefilled["bytes_per_task"].as_f64().is_some_and(|bytes| bytes > 100.0), "{prefilled}");
+    assert!(prefilled["store_bytes_after"].as_u64() > prefilled["store_bytes_before"].as_u64(), "{prefilled}");
+    let listings = &record["extra"]["listings"];
+    // A full page of everything; the one task of customer c042 among 500;
+    // the filled tasks in Error (a tenth of them) and every workflow run.
+    assert_eq!(listings["all"]["rows"], 50, "{listings}");
+    assert_eq!(listings["tag_customer"]["rows"], 1, "{listings}");
+    assert_eq!(listings["id_prefix"]["rows"], 10, "fill-0000040 to fill-0000049: {listings}");
+    assert!(listings["state_error"]["rows"].as_u64().is_some_and(|rows| rows > 10), "{listings}");
+    assert!(listings["created_last_hour"]["rows"] == 50, "{listings}");
+    for (name, timing) in listings.as_object().expect("listings") {
+        let (p50, max) = (timing["p50_ms"].as_f64(), timing["max_ms"].as_f64());
+        assert!(matches!((p50, max), (Some(p50), Some(max)) if p50 > 0.0 && max >= p50), "{name}: {timing}");
+    }
+    assert!(stdout(&output).contains("prefilled_tasks 500 "), "{}", stdout(&output));
+}
+
+#[test]
+fn steady_load_under_retention_prunes_and_samples_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("steady.db").display());
+    let output = bench(
+        dir.path(),
+        &[
+            "--store",
+            &store,
+            "steady",
+            "--duration",
+            "8s",
+            "--rate",
+            "40",
+            "--retention",
+            "1s",
+            "--retention-interval",
+            "1s",
+            "--sample-every",
+            "2s",
+        ],
+    );
+    assert!(output.status.success(), "{:?}: {}", output.status, stderr(&output));
+    let record = record(dir.path());
+    assert_eq!(record["workload"], "steady");
+    let samples = record["samples"].as_array().expect("samples");
+    assert!(samples.len() >= 4, "a sample every 2 s of 8 s, and the last: {record}");
+    let submitted = record["metrics"]["submitted"].as_u64().expect("submitted");
+    let kept = record["metrics"]["tasks_kept_at_end"].as_u64().expect("kept");
+    assert!(submitted > 100, "{record}");
+    // Retention deleted the tasks that ended more than a second before its
+    // last pass: what is kept is the last seconds' worth, not the run's.
+    assert!(kept < submitted * 3 / 4, "{kept} of {submitted} kept: {record}");
+    assert!(samples.iter().all(|s| s["store_bytes"].as_u64().is_some_and(|b| b > 0) && s["free_bytes"].is_u64()), "{record}");
+    assert!(stdout(&output).lines().any(|line| line.starts_with("t=") && line.contains("tasks_kept=")), "{}", stdout(&output));
+}
+
+#[test]
 fn exit_codes_follow_the_harness_contract() {
     let dir = tempfile::tempdir().unwrap();
 
@@ -125,7 +188,8 @@ fn exit_codes_follow_the_harness_contract() {
 /// Both workloads on PostgreSQL, each in a schema of its own that is dropped
 /// afterwards; the server's durability settings and the connection's TLS
 /// are read back (W without TLS; Q as the URL says, TLS if the server
-/// offers it).
+/// offers it). W runs on a store prefilled with finished tasks, whose size
+/// is read from the server.
 #[test]
 fn q_and_w_run_on_postgres() {
     let Some(url) = rota_testkit::postgres::url("rota bench on PostgreSQL") else { return };
@@ -134,6 +198,7 @@ fn q_and_w_run_on_postgres() {
         let dir = tempfile::tempdir().unwrap();
         let output = Command::new(env!("CARGO_BIN_EXE_rota"))
             .args(["bench", "--store", "postgres", workload])
+            .args(if workload == "W" { &["--prefill", "200"][..] } else { &[] })
             .env_remove("ROTA_STORE")
             .envs([("PEERS_N", "300"), ("PEERS_C", "4"), ("PEERS_TRICKLE_N", "20"), ("PEERS_TRICKLE_RATE", "200")])
             .envs([("PEERS_M", "60"), ("PEERS_K", "8"), ("PEERS_W_WARMUP", "5"), ("PEERS_W_LONE", "10")])
@@ -152,7 +217,13 @@ fn q_and_w_run_on_postgres() {
         assert!(matches!(durability["autovacuum"].as_str(), Some("on" | "off")), "{durability}");
         let tls = durability["tls"].as_str().unwrap_or_default();
         match workload {
-            "W" => assert_eq!(tls, "off", "{durability}"),
+            "W" => {
+                assert_eq!(tls, "off", "{durability}");
+                let prefilled = &record["extra"]["prefilled"];
+                assert_eq!(prefilled["tasks"], 200, "{record}");
+                assert!(prefilled["bytes_per_task"].as_f64().is_some_and(|bytes| bytes > 100.0), "{prefilled}");
+                assert_eq!(record["extra"]["listings"]["tag_customer"]["rows"], 1, "{record}");
+            }
             _ => assert!(tls == "off" || tls.starts_with("TLSv"), "{durability}"),
         }
     }

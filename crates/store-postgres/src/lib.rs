@@ -520,6 +520,23 @@ impl PgStore {
         })
     }
 
+    /// The bytes the store's tables take on disk, with their indexes and
+    /// TOAST: what a benchmark reports as the store's size. Dead rows count
+    /// until a vacuum reclaims them.
+    pub async fn schema_bytes(&self) -> Result<u64, Error> {
+        let schema = self.config.schema.clone();
+        let bytes: i64 = with_connection!(self, conn => {
+            sqlx::query_scalar(
+                "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint FROM pg_class c
+                   JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relkind IN ('r', 'm')",
+            )
+            .bind(&schema)
+            .fetch_one(&mut *conn)
+            .await?
+        })?;
+        Ok(u64::try_from(bytes).unwrap_or(0))
+    }
+
     /// Deletes the store's schema with everything in it, and closes the
     /// store (benchmarks and tests that start from an empty schema).
     pub async fn drop_schema(self) -> Result<(), Error> {

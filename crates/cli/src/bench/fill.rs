@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use rota_engine::Workflows;
-use rota_model::{Clock, InstanceId, Step, StepName, StepState, SystemClock, Task, TaskId, TaskState, Timestamp, WorkflowName};
+use rota_model::{Clock, InstanceId, Step, StepName, StepState, SystemClock, Tags, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{Created, Event, EventKind, NewTask, SharedStore};
 use rota_workflow::{AgentCatalog, StepDef, Workflow};
 use serde_json::json;
@@ -51,6 +51,16 @@ const STATES: [(TaskState, u64); 7] = [
     (TaskState::Processing, 6),
     (TaskState::Pending, 6),
 ];
+/// The finished states only, in a hundred: a store that has run for a
+/// while and kept its history (`rota bench W --prefill`).
+pub(crate) const FINISHED_STATES: [(TaskState, u64); 4] =
+    [(TaskState::Processed, 80), (TaskState::Error, 10), (TaskState::Cancelled, 6), (TaskState::Compensated, 4)];
+/// How many customers the `customer` tag spreads the tasks over: a tag
+/// value selects one task in this many (sparse), while `region`'s four
+/// values each select a quarter (dense).
+pub(crate) const CUSTOMERS: u64 = 1_000;
+/// The `region` tag's values.
+const REGIONS: [&str; 4] = ["eu", "us", "apac", "latam"];
 /// The one step of every filled workflow.
 const STEP: &str = "work";
 /// The holder of the unfinished tasks.
@@ -68,6 +78,19 @@ pub(crate) async fn run(store_args: &StoreArgs, tasks: u64) -> anyhow::Result<()
         bail!("{} already exists: a fill starts from an empty store, so give a new file", path.display());
     }
     let store = store_args.open().await?;
+    let took = create(&store, tasks, &STATES).await?;
+    let counts = store.count_tasks(&rota_store::TaskFilter::default()).await?;
+    let rate = tasks as f64 / took.as_secs_f64().max(1e-9);
+    println!("{url}: {tasks} tasks created in {:.1} s ({rate:.0} tasks/s)", took.as_secs_f64());
+    for (state, count) in counts {
+        println!("  {:<12} {count}", state.as_str());
+    }
+    Ok(())
+}
+
+/// Creates `tasks` tasks in the empty store `store`, their states drawn
+/// from `states` (weights), with a progress bar; returns how long it took.
+pub(crate) async fn create(store: &SharedStore, tasks: u64, states: &'static [(TaskState, u64)]) -> anyhow::Result<Duration> {
     let existing: u64 = store.count_tasks(&rota_store::TaskFilter::default()).await?.iter().map(|(_, n)| n).sum();
     if existing > 0 {
         bail!("the store holds {existing} tasks already: a fill starts from an empty store");
@@ -94,8 +117,8 @@ pub(crate) async fn run(store_args: &StoreArgs, tasks: u64) -> anyhow::Result<()
             progress.inc(1);
         }
         let created_at = Timestamp::from_millis(first.as_millis() + SPACING.as_millis() as i64 * i as i64);
-        let new = filled(i, created_at, now);
-        let store: SharedStore = Arc::clone(&store);
+        let new = filled(i, created_at, now, states);
+        let store: SharedStore = Arc::clone(store);
         running.spawn(async move {
             match store.create_task(new).await? {
                 Created::New => Ok(()),
@@ -108,14 +131,7 @@ pub(crate) async fn run(store_args: &StoreArgs, tasks: u64) -> anyhow::Result<()
         progress.inc(1);
     }
     progress.finish_and_clear();
-    let took = started.elapsed();
-    let counts = store.count_tasks(&rota_store::TaskFilter::default()).await?;
-    let rate = tasks as f64 / took.as_secs_f64().max(1e-9);
-    println!("{url}: {tasks} tasks created in {:.1} s ({rate:.0} tasks/s)", took.as_secs_f64());
-    for (state, count) in counts {
-        println!("  {:<12} {count}", state.as_str());
-    }
-    Ok(())
+    Ok(started.elapsed())
 }
 
 /// Which of `table`'s entries `n` falls in, each as wide as its weight.
@@ -134,15 +150,20 @@ fn pick<T: Copy>(table: &[(T, u64)], n: u64) -> T {
 /// Task `i`, created at `created_at`, as a run that reached its state
 /// would have left it, with its step and history. The state is drawn from a
 /// multiplicative hash of `i`, so that states do not follow workflows.
-fn filled(i: u64, created_at: Timestamp, now: Timestamp) -> NewTask {
+fn filled(i: u64, created_at: Timestamp, now: Timestamp, states: &[(TaskState, u64)]) -> NewTask {
     let id = TaskId::new(format!("fill-{i:07}")).expect("a valid task id");
     let workflow = WorkflowName::new(pick(&WORKFLOWS, i)).expect("a valid workflow name");
-    let state = pick(&STATES, i.wrapping_mul(2_654_435_761) >> 7);
+    let state = pick(states, i.wrapping_mul(2_654_435_761) >> 7);
     let latency_ms = 20 + (i % 80) as i64;
     let at = |ms: i64| Timestamp::from_millis(created_at.as_millis() + ms);
     let lease_until = now.add(LEASE);
 
     let mut task = Task::new(id.clone(), workflow, 1, json!({ "n": i }), created_at);
+    task.tags = Tags::new([
+        ("customer".to_owned(), format!("c{:03}", i % CUSTOMERS)),
+        ("region".to_owned(), REGIONS[(i / 7) as usize % REGIONS.len()].to_owned()),
+    ])
+    .expect("valid tags");
     let mut step = Step::new(id.clone(), StepName::new(STEP).expect("a valid step name"), 0, created_at);
     let mut events = vec![Event::task(&id, created_at, EventKind::Received, json!({}))];
     let step_event = |kind: EventKind, ms: i64, detail: serde_json::Value| Event {
@@ -227,7 +248,7 @@ mod tests {
         let mut states = std::collections::BTreeMap::new();
         let mut workflows = std::collections::BTreeMap::new();
         for i in 0..10_000 {
-            let new = filled(i, now, now);
+            let new = filled(i, now, now, &STATES);
             assert!(new.check(usize::MAX).is_ok());
             *states.entry(new.task.state.as_str()).or_insert(0) += 1;
             *workflows.entry(new.task.workflow.to_string()).or_insert(0) += 1;

@@ -15,6 +15,16 @@ use crate::store_args::StoreArgs;
 use crate::store_url::{StoreUrl, redacted};
 
 /// The store under measurement and how to describe it in the record.
+/// A store's size on disk (see [`Target::store_size`]).
+pub(crate) struct StoreSize {
+    /// The file's pages, or the schema's tables and indexes.
+    pub bytes: u64,
+    /// SQLite only: the pages among them that hold nothing.
+    pub free_bytes: Option<u64>,
+    /// SQLite only: the write-ahead log's file.
+    pub wal_bytes: Option<u64>,
+}
+
 pub(crate) struct Target {
     pub(crate) store: SharedStore,
     backend: Backend,
@@ -127,6 +137,22 @@ impl Target {
                     "meets_rule": settings.survives_power_loss(),
                 })
             }
+        })
+    }
+
+    /// The store's size on disk: the SQLite file's pages (with how many of
+    /// them are free) and its WAL apart, or the PostgreSQL schema's tables
+    /// with their indexes.
+    pub(crate) async fn store_size(&self) -> anyhow::Result<StoreSize> {
+        Ok(match &self.backend {
+            Backend::Sqlite { store, .. } => {
+                let pages = store.pages().await?;
+                let mut wal = store.config().path.clone().into_os_string();
+                wal.push("-wal");
+                let wal_bytes = std::fs::metadata(&wal).map_or(0, |meta| meta.len());
+                StoreSize { bytes: pages.total * pages.size, free_bytes: Some(pages.free * pages.size), wal_bytes: Some(wal_bytes) }
+            }
+            Backend::Postgres { store, .. } => StoreSize { bytes: store.schema_bytes().await?, free_bytes: None, wal_bytes: None },
         })
     }
 

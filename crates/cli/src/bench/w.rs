@@ -13,6 +13,12 @@
 //! is durable and visible; the lane observes it through the engine's
 //! in-process completion notice (no polling).
 //!
+//! With `--prefill N`, the new store is first filled with N finished tasks
+//! and their histories (`fill::create`), and after the run a set of
+//! filtered listings (a page of 50 each, the searches an operator makes) is
+//! timed on the store the run left: how a store that has been running for
+//! months serves both the workload and its operators.
+//!
 //! After the timed run, `PEERS_W_LONE` workflows (default
 //! [`LONE_DEFAULT`]) run one at a time: a lone workflow's latency, with no
 //! other work to share a commit with, recorded as `extra.lone_latency_*`.
@@ -25,12 +31,13 @@ use anyhow::{Context, bail};
 use rota_agent::{Agent, Request, StepError};
 use rota_engine::engine::{Config as EngineConfig, Roles};
 use rota_engine::{Client, Engine, Shutdown, Submission};
-use rota_model::{InstanceId, RetryPolicy, SystemClock, TaskId, TaskState, WorkflowName};
-use rota_store::SharedStore;
+use rota_model::{Clock, InstanceId, RetryPolicy, SystemClock, TaskId, TaskState, Timestamp, WorkflowName};
+use rota_store::{SharedStore, TaskFilter, TimeRange};
 use rota_workflow::{AgentCatalog, AgentName, StepDef, Workflow};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
+use super::fill;
 use super::target::Target;
 use super::{env_string, env_u64, now_ms, percentile, round};
 use crate::store_args::StoreArgs;
@@ -41,7 +48,7 @@ const WORKFLOW_TIMEOUT: Duration = Duration::from_secs(60);
 const LONE_DEFAULT: u64 = 100;
 
 /// The no-op step service.
-struct Noop;
+pub(super) struct Noop;
 
 #[rota_engine::async_trait]
 impl Agent for Noop {
@@ -59,7 +66,7 @@ pub(super) const AGENT_PROCESSES_MAX: i64 = 16;
 
 /// The workflow: three sequential steps of the in-process `noop` agent, or
 /// (for agents in other processes) of the built-in `delay` agent with 0 ms.
-fn workflow(remote_agents: bool) -> anyhow::Result<Workflow> {
+pub(super) fn workflow(remote_agents: bool) -> anyhow::Result<Workflow> {
     let retry = RetryPolicy::new(3, Duration::from_millis(10), Duration::from_millis(100))?;
     let mut builder = Workflow::builder("bench_w", 1).deadline(Duration::from_secs(60));
     for s in 1..=3 {
@@ -143,7 +150,7 @@ async fn closed_loop(
 }
 
 /// Runs workload W and writes the record.
-pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32) -> anyhow::Result<()> {
+pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32, prefill: u64) -> anyhow::Result<()> {
     let m = env_u64("PEERS_M", 2_000)?;
     let k = env_u64("PEERS_K", 50)?;
     let warmup = env_u64("PEERS_W_WARMUP", 100)?;
@@ -154,6 +161,7 @@ pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32) -> anyhow:
     let target = Target::open(store_args).await?;
     let durability = target.durability().await?;
     let store: SharedStore = target.store.clone();
+    let prefilled = if prefill > 0 { Some(prefill_store(&target, prefill).await?) } else { None };
 
     let mut orchestration = EngineConfig::new(InstanceId::new(format!("bench-scheduler-{}", std::process::id()))?);
     orchestration.roles = Roles { scheduler: true, agents: false, supervisor: true };
@@ -192,6 +200,7 @@ pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32) -> anyhow:
     let commits_after = target.commit_counts();
     let pg_commits_after = target.postgres_commit_counts();
     let lone: Vec<f64> = closed_loop(&client, &waiters, "lone", 0, lone_count, 1).await?.iter().map(|t| t.0).collect();
+    let listings = time_listings(&store).await?;
     shutdown.trigger();
     agent_shutdown.trigger();
     router.abort();
@@ -242,9 +251,11 @@ pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32) -> anyhow:
             "lone_latency_p50_ms": round(percentile(&lone, 50.0), 3),
             "lone_latency_p99_ms": round(percentile(&lone, 99.0), 3),
             "group_commits": group_commits,
+            "prefilled": prefilled,
+            "listings": listings,
         },
         "settings": {
-            "M": m, "K": k, "W_WARMUP": warmup, "W_LONE": lone_count, "agent_processes": agent_processes,
+            "M": m, "K": k, "W_WARMUP": warmup, "W_LONE": lone_count, "agent_processes": agent_processes, "prefill": prefill,
             "durability": durability,
         },
         "config": {
@@ -265,6 +276,12 @@ pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32) -> anyhow:
         println!("{name} {}", metrics[name]);
     }
     println!("lone_latency_p50_ms {}", record["extra"]["lone_latency_p50_ms"]);
+    if let Some(prefilled) = &record["extra"]["prefilled"].as_object() {
+        println!("prefilled_tasks {} bytes_per_task {}", prefilled["tasks"], prefilled["bytes_per_task"]);
+    }
+    for (name, timing) in record["extra"]["listings"].as_object().into_iter().flatten() {
+        println!("listing {name} p50_ms {} max_ms {} rows {}", timing["p50_ms"], timing["max_ms"], timing["rows"]);
+    }
     println!("{}", serde_json::to_string(&record)?);
     if let Some(out) = env_string("PEERS_OUT") {
         std::fs::write(&out, serde_json::to_string_pretty(&record)?).with_context(|| format!("cannot write PEERS_OUT={out}"))?;
@@ -272,6 +289,82 @@ pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32) -> anyhow:
     drop(store);
     target.close().await;
     Ok(())
+}
+
+/// Fills the run's new store with `tasks` finished tasks; returns what the
+/// record says of it: the count, how long it took and the bytes per task.
+async fn prefill_store(target: &Target, tasks: u64) -> anyhow::Result<Value> {
+    let before = target.store_size().await?.bytes;
+    let took = fill::create(&target.store, tasks, &fill::FINISHED_STATES).await.context("prefilling the store")?;
+    let after = target.store_size().await?.bytes;
+    let bytes_per_task = after.saturating_sub(before) as f64 / tasks as f64;
+    eprintln!("prefilled {tasks} finished tasks in {:.1} s, {bytes_per_task:.0} bytes per task", took.as_secs_f64());
+    Ok(json!({
+        "tasks": tasks,
+        "states": fill::FINISHED_STATES.iter().map(|(state, share)| (state.as_str(), share)).collect::<std::collections::BTreeMap<_, _>>(),
+        "fill_s": round(Some(took.as_secs_f64()), 1),
+        "store_bytes_before": before,
+        "store_bytes_after": after,
+        "bytes_per_task": round(Some(bytes_per_task), 0),
+        "how": "SQLite: page_count x page_size of the file, its WAL aside; PostgreSQL: pg_total_relation_size of the schema's tables (indexes and TOAST included)",
+    }))
+}
+
+/// How many times each listing runs; the figures are the median and the
+/// slowest of these (the first run included: a cold page costs too).
+const LISTING_RUNS: usize = 21;
+
+/// Times filtered listings (a page of 50, newest first) through the store,
+/// as the API's task listing makes them: server time, no HTTP.
+async fn time_listings(store: &SharedStore) -> anyhow::Result<Value> {
+    let now = SystemClock.now();
+    let hour_ago = Timestamp::from_millis(now.as_millis() - 3_600_000);
+    let page = |filter: TaskFilter| TaskFilter { limit: 50, ..filter };
+    let tag = |key: &str, value: &str| vec![(key.to_owned(), value.to_owned())];
+    let listings: Vec<(&str, TaskFilter)> = vec![
+        ("all", page(TaskFilter::default())),
+        ("state_error", page(TaskFilter { state: Some(TaskState::Error), ..TaskFilter::default() })),
+        ("workflow_refunds", page(TaskFilter { workflow: Some(WorkflowName::new("refunds")?), ..TaskFilter::default() })),
+        (
+            "workflow_and_state",
+            page(TaskFilter {
+                workflow: Some(WorkflowName::new("reports")?),
+                state: Some(TaskState::Compensated),
+                ..TaskFilter::default()
+            }),
+        ),
+        ("tag_customer", page(TaskFilter { tags: tag("customer", "c042"), ..TaskFilter::default() })),
+        (
+            "tag_region_and_state",
+            page(TaskFilter { tags: tag("region", "eu"), state: Some(TaskState::Cancelled), ..TaskFilter::default() }),
+        ),
+        ("id_prefix", page(TaskFilter { id_prefix: Some("fill-000004".to_owned()), ..TaskFilter::default() })),
+        ("created_last_hour", page(TaskFilter { created: TimeRange { from: Some(hour_ago), until: None }, ..TaskFilter::default() })),
+        (
+            "ended_last_hour_error",
+            page(TaskFilter {
+                ended: TimeRange { from: Some(hour_ago), until: None },
+                state: Some(TaskState::Error),
+                ..TaskFilter::default()
+            }),
+        ),
+        ("at_risk", page(TaskFilter { at_risk: true, ..TaskFilter::default() })),
+    ];
+    let mut timings = serde_json::Map::new();
+    for (name, filter) in listings {
+        let mut took = Vec::with_capacity(LISTING_RUNS);
+        let mut rows = 0;
+        for _ in 0..LISTING_RUNS {
+            let started = std::time::Instant::now();
+            rows = store.list_tasks(&filter).await.with_context(|| format!("listing {name}"))?.len();
+            took.push(started.elapsed().as_secs_f64() * 1000.0);
+        }
+        timings.insert(
+            name.to_owned(),
+            json!({ "p50_ms": round(percentile(&took, 50.0), 3), "max_ms": round(percentile(&took, 100.0), 3), "rows": rows }),
+        );
+    }
+    Ok(Value::Object(timings))
 }
 
 /// `rota agent` child processes serving the `delay` agent, stopped with
