@@ -135,9 +135,62 @@ string_id!(
     QueueName, "queue name", check_name
 );
 string_id!(
-    /// The name of a step within its workflow.
-    StepName, "step name", check_name
+    /// The name of a step within its workflow, or of one instance of a
+    /// `for_each` step: the step's name and the item's index in brackets
+    /// (`charge[3]`). A workflow's own steps never have brackets, so an
+    /// instance's name never collides with a step's.
+    StepName, "step name", check_step_name
 );
+
+/// The most instances one `for_each` step may have, whatever a
+/// configuration allows: an instance's index is written with at most
+/// this many digits in its name.
+pub const INSTANCE_INDEX_DIGITS_MAX: usize = 9;
+
+fn check_step_name(kind: &'static str, value: &str) -> Result<(), IdError> {
+    match split_instance(value) {
+        Some((step, _)) => check_name(kind, step),
+        None if value.contains(['[', ']']) => {
+            Err(IdError::new(kind, value, "may hold brackets only as an instance's index at its end (`step[3]`)"))
+        }
+        None => check_name(kind, value),
+    }
+}
+
+/// `step[3]` as `("step", 3)`; `None` for a name without a well-formed
+/// index (digits, no leading zero, at most [`INSTANCE_INDEX_DIGITS_MAX`]).
+fn split_instance(value: &str) -> Option<(&str, usize)> {
+    let inner = value.strip_suffix(']')?;
+    let open = inner.rfind('[')?;
+    let digits = &inner[open + 1..];
+    let well_formed = !digits.is_empty()
+        && digits.len() <= INSTANCE_INDEX_DIGITS_MAX
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && (digits == "0" || !digits.starts_with('0'));
+    if !well_formed || inner[..open].contains(['[', ']']) {
+        return None;
+    }
+    Some((&inner[..open], digits.parse().ok()?))
+}
+
+impl StepName {
+    /// The name of instance `index` of this `for_each` step: `NAME[index]`.
+    pub fn instance(&self, index: usize) -> StepName {
+        debug_assert!(self.instance_of().is_none(), "an instance has no instances");
+        StepName(format!("{}[{index}]", self.0))
+    }
+
+    /// For an instance of a `for_each` step, the step's name and the
+    /// instance's index; `None` for a step of the workflow itself.
+    pub fn instance_of(&self) -> Option<(StepName, usize)> {
+        split_instance(&self.0).map(|(step, index)| (StepName(step.to_owned()), index))
+    }
+
+    /// Whether this names an instance of a `for_each` step.
+    pub fn is_instance(&self) -> bool {
+        split_instance(&self.0).is_some()
+    }
+}
 string_id!(
     /// The name of a signal: what a waiting step waits for, and what an
     /// outside event (a person's approval, a provider's webhook) sends to a
@@ -227,6 +280,20 @@ mod tests {
         assert!(TaskId::new("order 17/β").is_ok(), "task ids are free text");
         assert!(TaskId::new("tab\there").is_err());
         assert!(TaskId::new(" padded").is_err());
+    }
+
+    #[test]
+    fn instances_of_for_each_steps_are_named_by_their_index() {
+        let step = StepName::new("charge").unwrap();
+        let third = step.instance(3);
+        assert_eq!(third.as_str(), "charge[3]");
+        assert_eq!(StepName::new("charge[3]").unwrap(), third);
+        assert_eq!(third.instance_of(), Some((step.clone(), 3)));
+        assert!(third.is_instance() && !step.is_instance());
+        assert_eq!(StepName::new("charge[0]").unwrap().instance_of(), Some((step, 0)));
+        for bad in ["charge[", "charge[]", "charge[03]", "charge[-1]", "charge[1][2]", "ch[a]rge", "[1]", "charge[1234567890]"] {
+            assert!(StepName::new(bad).is_err(), "{bad:?} was accepted");
+        }
     }
 
     #[test]

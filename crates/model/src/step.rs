@@ -209,6 +209,26 @@ impl Step {
         Ok(next)
     }
 
+    /// The Scheduler starts a `for_each` step: its `items` (a JSON list)
+    /// are kept as its input, and it is Running, with no complete-by of
+    /// its own, while its instances (steps of their own, `NAME[i]`) run;
+    /// it completes with their outputs. The attempt counts like a start's,
+    /// so a resubmitted step is fanned out again as a new attempt.
+    pub fn fan_out(&self, items: Value, now: Timestamp) -> Result<Step, TransitionError> {
+        if self.state != StepState::NotStarted {
+            return Err(self.refuse("fan out"));
+        }
+        let mut next = self.clone();
+        next.state = StepState::Running;
+        next.attempt += 1;
+        next.complete_by = None;
+        next.warn_at = None;
+        next.callback_digest = None;
+        next.input = Some(items);
+        next.updated_at = now;
+        Ok(next)
+    }
+
     /// The Scheduler found the step's `when` condition false as it became
     /// ready: it will never run. Only a step that has had no attempt may be
     /// skipped: the condition is decided once, before the first attempt, so

@@ -371,6 +371,8 @@ struct CommitParams {
     steps: StepArrays,
     /// The state and the attempt each step write expects.
     step_expected: (Array, Array),
+    /// The steps created.
+    new_steps: StepArrays,
     /// Each completion's lease token (sequence, epoch) and queue.
     complete: (Array, Array, Array),
     now: Param,
@@ -387,6 +389,7 @@ fn commit_params(n: &Names, parts: &[Part<'_>], queue_ids: &HashMap<QueueName, i
     };
     let task_writes: Vec<_> = parts.iter().flat_map(|(changes, _)| &changes.tasks).collect();
     let step_writes: Vec<_> = parts.iter().flat_map(|(changes, _)| &changes.steps).collect();
+    let new_steps: Vec<_> = parts.iter().flat_map(|(changes, _)| &changes.new_steps).collect();
     let events: Vec<_> = parts.iter().flat_map(|(changes, _)| &changes.events).collect();
     let complete: Vec<_> = parts.iter().flat_map(|(changes, _)| &changes.complete).collect();
     let messages = parts.iter().flat_map(|(changes, ids)| changes.send.iter().zip(ids.iter()).map(|(m, id)| ("", m, id)));
@@ -405,6 +408,7 @@ fn commit_params(n: &Names, parts: &[Part<'_>], queue_ids: &HashMap<QueueName, i
             params.array(step_writes.iter().map(|w| w.expected_state.as_str()).collect::<Vec<_>>(), "text[]")?,
             params.array(step_writes.iter().map(|w| i64::from(w.expected_attempt)).collect::<Vec<_>>(), "bigint[]")?,
         ),
+        new_steps: StepArrays::push(&mut params, &new_steps)?,
         complete: (
             params.array(complete.iter().map(|(_, token)| token.message).collect::<Vec<_>>(), "bigint[]")?,
             params.array(complete.iter().map(|(_, token)| token.epoch).collect::<Vec<_>>(), "bigint[]")?,
@@ -422,7 +426,7 @@ fn commit_params(n: &Names, parts: &[Part<'_>], queue_ids: &HashMap<QueueName, i
 /// events and the sends, and last the check that refuses it all when a
 /// fenced write or a completion missed.
 fn commit_sql(p: &CommitParams) -> String {
-    let (tasks, steps, now) = (list(&p.tasks.0), list(&p.steps.0), p.now);
+    let (tasks, steps, new_steps, now) = (list(&p.tasks.0), list(&p.steps.0), list(&p.new_steps.0), p.now);
     let ((task_state, task_epoch), (step_state, step_attempt)) = (p.task_expected, p.step_expected);
     let (seq, epoch, queue) = p.complete;
     format!(
@@ -451,6 +455,14 @@ fn commit_sql(p: &CommitParams) -> String {
                          updated_at, warn_at, callback_digest, expected_state, expected_attempt)
               WHERE s.task_id = w.task_id AND s.name = w.name AND s.state = w.expected_state AND s.attempt = w.expected_attempt
           RETURNING s.task_id),
+         step_creates AS (
+             INSERT INTO rota.steps (task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error,
+                                     updated_at, warn_at, callback_digest)
+             SELECT w.* FROM unnest({new_steps})
+                    AS w(task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error, updated_at,
+                         warn_at, callback_digest)
+             ON CONFLICT (task_id, name) DO NOTHING
+          RETURNING task_id),
          completed AS (
              DELETE FROM rota.messages AS m
               USING unnest({seq}, {epoch}, {queue}) AS c(seq, epoch, queue_id)
@@ -461,12 +473,14 @@ fn commit_sql(p: &CommitParams) -> String {
           WHERE rota.refuse_unless(
                     (SELECT count(*) FROM task_writes) = cardinality({task_id})
                 AND (SELECT count(*) FROM step_writes) = cardinality({step_task_id})
+                AND (SELECT count(*) FROM step_creates) = cardinality({new_step_task_id})
                 AND (SELECT count(*) FROM completed) = cardinality({seq})
                 AND (SELECT count(*) FROM appended) = cardinality({event_task_id}),
                     'a fenced write or a lease missed')",
         appends = commit_appends_sql(p),
         task_id = p.tasks.id(),
         step_task_id = p.steps.task_id(),
+        new_step_task_id = p.new_steps.task_id(),
         event_task_id = p.events.task_id(),
     )
 }
@@ -546,6 +560,20 @@ pub(crate) async fn diagnose(conn: &mut PgConnection, n: &Names, changes: &Chang
                     .into());
                 }
                 Some(_) => {}
+            }
+        }
+        for step in &changes.new_steps {
+            let exists: bool = sqlx::query_scalar(n.sql("SELECT EXISTS (SELECT 1 FROM rota.steps WHERE task_id = $1 AND name = $2)"))
+                .bind(step.task_id.as_str())
+                .bind(step.name.as_str())
+                .fetch_one(&mut *conn)
+                .await?;
+            if exists {
+                return Ok(Error::Conflict(format!(
+                    "step {} of task {} exists already (created by another writer)",
+                    step.name, step.task_id
+                ))
+                .into());
             }
         }
         for (queue, token) in &changes.complete {

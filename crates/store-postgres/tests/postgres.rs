@@ -222,6 +222,7 @@ async fn hot_statements_use_indexes_whatever_the_tables_held_when_planned() {
                 send: vec![(agent.clone(), Outgoing::json(&json!({ "task": id.as_str() })).unwrap())],
                 events: vec![Event::task(&id, clock.now(), EventKind::StepStarted, json!({}))],
                 complete: rung.iter().map(|d| (doorbells.clone(), d.lease_token)).collect(),
+                new_steps: Vec::new(),
             };
             store.commit(changes).await.unwrap();
             let requests = store.receive(agent, Receive::up_to(1)).await.unwrap();

@@ -334,6 +334,24 @@ pub(crate) fn write_step(conn: &Connection, write: &StepWrite) -> Result<()> {
     )))
 }
 
+/// Creates a step a commit adds (an instance of a `for_each` step); one
+/// that exists already is a `Conflict`.
+fn create_step(conn: &Connection, step: &Step) -> Result<()> {
+    let inserted = conn
+        .prepare_cached(&format!(
+            "INSERT INTO steps ({STEP_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) ON CONFLICT DO NOTHING"
+        ))
+        .and_then(|mut stmt| {
+            bind_step(&mut stmt, step)?;
+            stmt.raw_execute()
+        })
+        .map_err(sql_error)?;
+    if inserted == 1 {
+        return Ok(());
+    }
+    Err(Error::Conflict(format!("step {} of task {} exists already (created by another writer)", step.name, step.task_id)))
+}
+
 /// Applies fenced writes and events. Sends and completes are done by the
 /// caller, which owns the queue functions; all of it runs in one savepoint.
 pub(crate) fn apply_writes(conn: &Connection, changes: &Changes) -> Result<()> {
@@ -342,6 +360,9 @@ pub(crate) fn apply_writes(conn: &Connection, changes: &Changes) -> Result<()> {
     }
     for write in &changes.steps {
         write_step(conn, write)?;
+    }
+    for step in &changes.new_steps {
+        create_step(conn, step)?;
     }
     for event in &changes.events {
         insert_event(conn, event)?;

@@ -112,6 +112,7 @@ macro_rules! conformance_suite {
             commit_with_a_stale_write_conflicts_and_writes_nothing,
             commit_with_a_lost_message_lease_writes_nothing,
             commit_to_a_missing_record_is_not_found,
+            a_commit_creates_instance_steps_once,
             expired_finds_tasks_and_steps_past_their_deadline,
             warnings_are_due_once_per_attempt_and_lease,
             a_step_keeps_its_callback_digest,
@@ -2083,6 +2084,7 @@ pub async fn commit_with_a_stale_write_conflicts_and_writes_nothing(harness: &dy
         send: vec![(agent.clone(), labelled("must not be sent"))],
         events: vec![Event::task(&id, clock.now(), EventKind::Processed, json!({ "stale": true }))],
         complete: Vec::new(),
+        new_steps: Vec::new(),
     };
     let start = |step: &Step| ok(step.start(json!({}), clock.now(), Duration::from_secs(10)), "model start");
 
@@ -2145,6 +2147,7 @@ pub async fn commit_with_a_lost_message_lease_writes_nothing(harness: &dyn Harne
     let changes = |token: LeaseToken| Changes {
         tasks: vec![TaskWrite::replacing(&claimed, finished.clone())],
         steps: Vec::new(),
+        new_steps: Vec::new(),
         send: vec![(notices.clone(), labelled("processed"))],
         complete: vec![(replies.clone(), token)],
         events: vec![Event::task(&id, clock.now(), EventKind::Processed, json!({}))],
@@ -2193,6 +2196,67 @@ pub async fn commit_to_a_missing_record_is_not_found(harness: &dyn Harness) {
     assert_eq!(counts(&store, &outbox).await, (0, 0, 0, 0), "nothing of a failed commit is sent");
     assert_eq!(ok(store.task(&task_id("order-ghost")).await, "task"), None, "no task was created by a write");
     assert_eq!(stored(&store, &id).await.steps.len(), 1, "no step was created by a write");
+}
+
+/// A commit may create steps (the instances of a `for_each` step) with its
+/// fenced writes: they are stored as given, read back with the task's
+/// other steps, and expire like any step; creating one that exists
+/// already refuses the whole commit with `Conflict`, writing nothing.
+pub async fn a_commit_creates_instance_steps_once(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let owner = instance("scheduler-1");
+    let outbox = queue("outbox");
+    let id = task_id("fan-out");
+    create(&store, new_task(id.as_str(), "order", &["charge"], clock.now())).await;
+    let task = claim_only(&store, &owner, Duration::from_secs(30), &id).await;
+    let charge = step_of(&stored(&store, &id).await, "charge").clone();
+    let now = clock.now();
+    let instance_of = |index: usize, due: Duration| {
+        let fresh = Step::new(id.clone(), charge.name.instance(index), charge.position, now);
+        ok(fresh.start(json!({ "item": index }), now, due), "model start")
+    };
+    let first = instance_of(0, SECOND);
+    let second = instance_of(1, Duration::from_secs(20));
+    let mut renewed = task.clone();
+    renewed.lease_epoch += 1;
+    let create_two = Changes {
+        tasks: vec![TaskWrite::replacing(&task, renewed.clone())],
+        new_steps: vec![first.clone(), second.clone()],
+        send: vec![(outbox.clone(), labelled("request of instance 0"))],
+        ..Changes::default()
+    };
+    commit(&store, create_two, "creating two instances").await;
+    let record = stored(&store, &id).await;
+    assert_eq!(step_of(&record, "charge[0]"), &first);
+    assert_eq!(step_of(&record, "charge[1]"), &second);
+    assert_eq!(record.steps.len(), 3, "the step and its two instances");
+
+    // Another decision taken on the same task record starts instance 1 too:
+    // refused, though its task write matches the store now.
+    let mut again = renewed.clone();
+    again.lease_epoch += 1;
+    let third = instance_of(2, SECOND);
+    let twice = Changes {
+        tasks: vec![TaskWrite::replacing(&renewed, again)],
+        new_steps: vec![third, instance_of(1, SECOND)],
+        send: vec![(outbox.clone(), labelled("must not be sent"))],
+        ..Changes::default()
+    };
+    assert_err!(store.commit(twice).await, Error::Conflict(_), "creating an instance that exists");
+    assert_eq!(stored(&store, &id).await, record, "nothing of the refused commit was written");
+    assert_eq!(counts(&store, &outbox).await, (1, 0, 0, 0), "only the first commit's message was sent");
+
+    // A created instance is an ordinary step: fenced writes and expiry.
+    let done = ok(first.complete(1, json!({ "charged": 0 }), now), "model complete");
+    commit(&store, Changes { steps: vec![StepWrite::replacing(&first, done.clone())], ..Changes::default() }, "complete").await;
+    assert_eq!(step_of(&stored(&store, &id).await, "charge[0]"), &done);
+    clock.advance(Duration::from_secs(21));
+    let expired = ok(store.expired(10).await, "expired");
+    assert!(
+        expired.iter().any(|e| matches!(e, Expired::Step(step) if step.name == second.name)),
+        "the running instance is found past its complete-by: {expired:?}"
+    );
 }
 
 /// `expired` returns leased tasks and in-flight steps (Running or

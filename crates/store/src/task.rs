@@ -230,6 +230,11 @@ pub struct Changes {
     pub tasks: Vec<TaskWrite>,
     /// Fenced step updates.
     pub steps: Vec<StepWrite>,
+    /// Steps the commit creates: the instances of a `for_each` step, each
+    /// created as it starts (`NAME[i]`). A step that exists already
+    /// refuses the whole commit (`Conflict`), so two decisions can never
+    /// both start the same instance.
+    pub new_steps: Vec<Step>,
     /// Messages to send.
     pub send: Vec<(QueueName, Outgoing)>,
     /// Leased messages to complete (for instance the reply being handled).
@@ -241,7 +246,12 @@ pub struct Changes {
 impl Changes {
     /// Whether there is nothing to write.
     pub fn is_empty(&self) -> bool {
-        self.tasks.is_empty() && self.steps.is_empty() && self.send.is_empty() && self.complete.is_empty() && self.events.is_empty()
+        self.tasks.is_empty()
+            && self.steps.is_empty()
+            && self.new_steps.is_empty()
+            && self.send.is_empty()
+            && self.complete.is_empty()
+            && self.events.is_empty()
     }
 }
 
