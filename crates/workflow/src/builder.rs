@@ -154,6 +154,20 @@ impl StepBuilder {
         self
     }
 
+    /// Runs the step once per item of the list `items` gives, a CEL
+    /// expression over `input` and `steps` (see [`crate::ForEach`]).
+    pub fn for_each(mut self, items: impl Into<String>) -> Self {
+        self.spec.for_each = Some(items.into());
+        self
+    }
+
+    /// How many instances of a `for_each` step may be in flight at once
+    /// (default [`crate::MAX_PARALLEL_DEFAULT`]).
+    pub fn max_parallel(mut self, max_parallel: u32) -> Self {
+        self.spec.max_parallel = Some(max_parallel);
+        self
+    }
+
     /// Makes the step complete by a callback rather than by its agent's
     /// reply; see [`crate::StepDef::completes_by_callback`].
     pub fn callback(mut self) -> Self {

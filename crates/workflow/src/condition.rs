@@ -128,6 +128,23 @@ impl Condition {
     /// have `outputs`. Anything but `true` or `false` is an error, as is a
     /// missing field or a value of the wrong kind.
     pub fn evaluate(&self, input: &Value, outputs: &dyn StepOutputs) -> Result<bool, ConditionError> {
+        match self.execute(input, outputs)? {
+            cel::Value::Bool(decided) => Ok(decided),
+            other => Err(self.error(format!("it gave {}, not true or false", kind_of(&other)))),
+        }
+    }
+
+    /// Evaluates the expression as a `for_each` step's items: it must give
+    /// a list, whose elements come back as JSON (a map's keys as strings).
+    /// The error is the reason, in words, for the caller to place.
+    pub fn evaluate_list(&self, input: &Value, outputs: &dyn StepOutputs) -> Result<Vec<Value>, String> {
+        match self.execute(input, outputs).map_err(|e| e.reason)? {
+            cel::Value::List(items) => items.iter().map(from_cel).collect(),
+            other => Err(format!("it gave {}, not a list", kind_of(&other))),
+        }
+    }
+
+    fn execute(&self, input: &Value, outputs: &dyn StepOutputs) -> Result<cel::Value, ConditionError> {
         let mut steps: HashMap<String, cel::Value> = HashMap::new();
         for reference in &self.steps {
             let Ok(name) = StepName::new(reference.name.as_str()) else { continue };
@@ -139,8 +156,7 @@ impl Condition {
         context.add_variable_from_value("input", to_cel(input));
         context.add_variable_from_value("steps", steps.clone());
         match self.program.execute(&context) {
-            Ok(cel::Value::Bool(decided)) => Ok(decided),
-            Ok(other) => Err(self.error(format!("it gave {}, not true or false", kind_of(&other)))),
+            Ok(value) => Ok(value),
             Err(cel::ExecutionError::NoSuchKey(key)) if self.steps.iter().any(|s| s.name == *key) && !steps.contains_key(&*key) => {
                 Err(self.error(format!(
                     "step `{key}` has no output: it was skipped (test whether a step ran with `has(steps.{key})` or `\"{key}\" in steps`)"
@@ -294,6 +310,36 @@ fn to_cel(value: &Value) -> cel::Value {
     }
 }
 
+/// A CEL value as JSON: the inverse of [`to_cel`] for what JSON can hold
+/// (a map's non-string keys become their text); anything else is refused.
+fn from_cel(value: &cel::Value) -> Result<Value, String> {
+    Ok(match value {
+        cel::Value::Null => Value::Null,
+        cel::Value::Bool(b) => Value::Bool(*b),
+        cel::Value::Int(i) => Value::from(*i),
+        cel::Value::UInt(u) => Value::from(*u),
+        cel::Value::Float(f) => {
+            serde_json::Number::from_f64(*f).map(Value::Number).ok_or_else(|| format!("it gave {f}, which JSON cannot hold"))?
+        }
+        cel::Value::String(s) => Value::String(s.as_str().to_owned()),
+        cel::Value::List(items) => Value::Array(items.iter().map(from_cel).collect::<Result<_, _>>()?),
+        cel::Value::Map(map) => {
+            let mut fields = serde_json::Map::new();
+            for (key, value) in map.map.iter() {
+                let key = match key {
+                    cel::objects::Key::String(s) => s.as_str().to_owned(),
+                    cel::objects::Key::Int(i) => i.to_string(),
+                    cel::objects::Key::Uint(u) => u.to_string(),
+                    cel::objects::Key::Bool(b) => b.to_string(),
+                };
+                fields.insert(key, from_cel(value)?);
+            }
+            Value::Object(fields)
+        }
+        other => return Err(format!("it gave {}, which JSON cannot hold", kind_of(other))),
+    })
+}
+
 /// The kind of a CEL value, as an error names it.
 fn kind_of(value: &cel::Value) -> &'static str {
     match value {
@@ -375,6 +421,19 @@ mod tests {
         assert!(problems(&"1 == 1 && ".repeat(500)).iter().any(|p| p.contains("at most 4096 bytes")));
         // Comprehension variables and type names are not free names.
         assert_eq!(problems("input.xs.all(x, type(x) == int) && [1].map(y, y + 1).size() == 1"), Vec::<String>::new());
+    }
+
+    #[test]
+    fn lists_are_evaluated_into_json() {
+        let list =
+            |source: &str, input: Value, done: &[(&str, Value)]| Condition::parse(source).unwrap().evaluate_list(&input, &outputs(done));
+        let input = json!({ "orders": [{ "id": 1 }, { "id": 2, "big": true }], "n": 2.5 });
+        assert_eq!(list("input.orders", input.clone(), &[]), Ok(vec![json!({ "id": 1 }), json!({ "id": 2, "big": true })]));
+        assert_eq!(list("input.orders.map(o, o.id * 10)", input.clone(), &[]), Ok(vec![json!(10), json!(20)]));
+        assert_eq!(list("[input.n, 'x', null]", input.clone(), &[]), Ok(vec![json!(2.5), json!("x"), Value::Null]));
+        assert_eq!(list("steps.a.output.ids", input.clone(), &[("a", json!({ "ids": [7] }))]), Ok(vec![json!(7)]));
+        assert_eq!(list("input.n", input.clone(), &[]), Err("it gave a double, not a list".to_owned()));
+        assert_eq!(list("input.missing", input, &[]), Err("no field `missing`".to_owned()));
     }
 
     #[test]

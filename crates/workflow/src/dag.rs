@@ -13,8 +13,13 @@ use rota_model::StepName;
 use crate::definition::{StepDef, Workflow};
 
 impl Workflow {
-    /// The step called `name`.
+    /// The step called `name`, or the `for_each` step whose instance it
+    /// names (`NAME[i]`).
     pub fn step(&self, name: &StepName) -> Option<&StepDef> {
+        if let Some((step, _)) = name.instance_of() {
+            // An instance of a `for_each` step runs as that step.
+            return self.steps.iter().find(|def| def.name == step && def.for_each.is_some());
+        }
         self.steps.iter().find(|step| &step.name == name)
     }
 

@@ -27,6 +27,10 @@ pub const MAX_FAILURES_DEFAULT: u32 = 3;
 /// on every reply, so the bound keeps that scan cheap.
 pub const STEPS_MAX: usize = 1_000;
 
+/// How many instances of a `for_each` step may be in flight at once when
+/// it gives no `max_parallel`.
+pub const MAX_PARALLEL_DEFAULT: u32 = 10;
+
 /// A validated, resolved workflow definition: one version of one workflow.
 ///
 /// "Resolved" means every default is filled in and every step's
@@ -86,9 +90,35 @@ pub struct StepDef {
     pub(crate) timeout: Duration,
     pub(crate) warn_after: Option<Duration>,
     pub(crate) when: Option<Condition>,
+    pub(crate) for_each: Option<ForEach>,
     pub(crate) retry: RetryPolicy,
     pub(crate) compensate: Option<CompensateDef>,
     pub(crate) depends_on: Vec<StepName>,
+}
+
+/// A step's `for_each`: the step runs once per item of a list, each
+/// instance (`NAME[i]`, see [`StepName::instance`]) with its own attempts,
+/// timeout, retries and compensation, and `{{ item }}` and `{{ index }}`
+/// in its templates. The step's output is the list of the instances'
+/// outputs, in item order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ForEach {
+    pub(crate) items: Condition,
+    pub(crate) max_parallel: u32,
+}
+
+impl ForEach {
+    /// The expression giving the items: CEL over `input` and the upstream
+    /// steps' outputs, like a `when`, evaluated once as the step becomes
+    /// ready ([`Condition::evaluate_list`]).
+    pub fn items(&self) -> &Condition {
+        &self.items
+    }
+
+    /// How many instances may be in flight at once, at least 1.
+    pub fn max_parallel(&self) -> u32 {
+        self.max_parallel
+    }
 }
 
 /// What a step does when it starts.
@@ -236,6 +266,11 @@ impl StepDef {
     /// fails it permanently.
     pub fn when(&self) -> Option<&Condition> {
         self.when.as_ref()
+    }
+
+    /// The step's `for_each`, if it runs once per item of a list.
+    pub fn for_each(&self) -> Option<&ForEach> {
+        self.for_each.as_ref()
     }
 
     /// How often the step is tried and how long to wait between tries.

@@ -35,8 +35,21 @@ pub const NESTING_MAX: usize = 32;
 const WORKFLOW_FIELDS: &[&str] =
     &["name", "version", "deadline", "warn_after", "retention", "on_exhausted", "max_failures", "steps", "schedules"];
 const SCHEDULE_FIELDS: &[&str] = &["name", "cron", "timezone", "input", "overlap", "catch_up"];
-const STEP_FIELDS: &[&str] =
-    &["name", "agent", "wait", "when", "callback", "with", "timeout", "warn_after", "retry", "compensate", "depends_on"];
+const STEP_FIELDS: &[&str] = &[
+    "name",
+    "agent",
+    "wait",
+    "when",
+    "for_each",
+    "max_parallel",
+    "callback",
+    "with",
+    "timeout",
+    "warn_after",
+    "retry",
+    "compensate",
+    "depends_on",
+];
 const RETRY_FIELDS: &[&str] = &["attempts", "backoff", "max_backoff", "multiplier", "jitter", "non_retryable"];
 const COMPENSATE_FIELDS: &[&str] = &["agent", "with", "timeout", "retry"];
 
@@ -577,6 +590,8 @@ impl Decoder<'_> {
                 "agent" => spec.agent = self.string(value, &prefix, key),
                 "wait" => spec.wait = self.string(value, &prefix, key),
                 "when" => spec.when = self.string(value, &prefix, key),
+                "for_each" => spec.for_each = self.string(value, &prefix, key),
+                "max_parallel" => spec.max_parallel = self.unsigned(value, &prefix, key),
                 "callback" => spec.callback = self.boolean(value, &prefix, key),
                 "with" => spec.with = self.json(value, &field_at, &prefix),
                 "timeout" => spec.timeout = self.duration(value, &prefix, key),
@@ -1010,7 +1025,7 @@ mod tests {
         assert_eq!(
             check("name: w\nversion: 1\nsteps:\n  - name: a\n    agent: http\n    colour: red\n"),
             [
-                "wf.yaml:6:5: step `a`: unknown field `colour` (expected one of: name, agent, wait, when, callback, with, timeout, warn_after, retry, compensate, depends_on)"
+                "wf.yaml:6:5: step `a`: unknown field `colour` (expected one of: name, agent, wait, when, for_each, max_parallel, callback, with, timeout, warn_after, retry, compensate, depends_on)"
             ]
         );
         assert_eq!(
@@ -1189,13 +1204,45 @@ mod tests {
     }
 
     #[test]
+    fn for_each_is_read_and_checked_where_it_is_written() {
+        let workflow = valid(
+            "name: w\nversion: 1\nsteps:\n  - { name: list, agent: http }\n  - name: charge\n    agent: http\n    for_each: steps.list.output.ids\n    max_parallel: 5\n    with: { id: '{{ item }}', n: '{{ index }}' }\n    compensate: { agent: http, with: { id: '{{ item }}', done: '{{ steps.charge.output }}' } }\n  - { name: after, agent: http, with: '{{ steps.charge.output }}' }\n",
+        );
+        let charge = &workflow.steps()[1];
+        let for_each = charge.for_each().expect("a for_each step");
+        assert_eq!((for_each.items().source(), for_each.max_parallel()), ("steps.list.output.ids", 5));
+        assert_eq!(workflow.steps()[0].for_each(), None);
+        let instance = rota_model::StepName::new("charge[7]").unwrap();
+        assert_eq!(workflow.step(&instance).map(crate::StepDef::name), Some(charge.name()), "an instance runs as its step");
+        assert_eq!(workflow.step(&rota_model::StepName::new("list[0]").unwrap()), None, "a step without for_each has no instances");
+        let text = "name: w\nversion: 1\nsteps:\n\
+            \x20 - name: a\n    agent: http\n    for_each: input.xs.map(x,\n    max_parallel: 0\n\
+            \x20 - name: b\n    agent: http\n    for_each: steps.c.output\n    with: '{{ item.id }}'\n\
+            \x20 - name: c\n    agent: http\n    max_parallel: 3\n    with: { n: '{{ index }}' }\n\
+            \x20 - name: d\n    wait: go\n    timeout: 1m\n    for_each: input.xs\n\
+            \x20 - name: 'e[1]'\n    agent: http\n";
+        assert_eq!(
+            check(text),
+            [
+                "wf.yaml:6:30: step `a`: `for_each`: Syntax error: mismatched input '<EOF>' expecting {'[', '{', '(', '.', '-', '!', 'true', 'false', 'null', NUM_FLOAT, NUM_INT, NUM_UINT, STRING, BYTES, IDENTIFIER}",
+                "wf.yaml:7:19: step `a`: `max_parallel` must be at least 1",
+                "wf.yaml:10:15: step `b`: `for_each` refers to step `c`, which is not upstream (add it to `depends_on`)",
+                "wf.yaml:14:19: step `c`: `max_parallel` bounds the instances of a `for_each` step, and this step has no `for_each`",
+                "wf.yaml:15:16: step `c`: template `{{ index }}`: only a step with `for_each` has an item and an index",
+                "wf.yaml:19:15: step `d`: a step that waits for a signal cannot run `for_each` (a signal completes one step)",
+                "wf.yaml:20:11: step `e[1]`: a step's name may not end with `[N]`: that names an instance of a `for_each` step",
+            ]
+        );
+    }
+
+    #[test]
     fn templates_may_only_use_known_roots() {
         assert_eq!(
             check(
                 "name: w\nversion: 1\nsteps:\n  - name: a\n    agent: http\n    with:\n      x: [1, \"id {{ env.HOME }}\"]\n      y: \"{{ input.a\"\n      z: \"{{ }}\"\n"
             ),
             [
-                "wf.yaml:7:14: step `a`: template: `{{ env.HOME }}` is not a reference: templates may refer only to input.*, steps.<name>.output*, task.id, task.workflow, attempt and callback.token",
+                "wf.yaml:7:14: step `a`: template: `{{ env.HOME }}` is not a reference: templates may refer only to input.*, steps.<name>.output*, task.id, task.workflow, attempt, callback.token, item.* and index",
                 "wf.yaml:8:10: step `a`: template: unterminated `{{` in \"{{ input.a\"",
                 "wf.yaml:9:10: step `a`: template: empty template expression `{{ }}`",
             ]
@@ -1298,7 +1345,7 @@ mod tests {
                 "wf.yaml:2:10: `version` must be at least 1",
                 "wf.yaml:5:12: step `a`: unknown agent `htp` (known agents: delay, exec, http, ledger)",
                 "wf.yaml:6:14: step `a`: invalid duration \"5 parsecs\" for `timeout`: unknown time unit \"parsecs\", supported units: ns, us/µs, ms, sec, min, hours, days, weeks, months, years (and few variations)",
-                "wf.yaml:7:5: step `a`: unknown field `colour` (expected one of: name, agent, wait, when, callback, with, timeout, warn_after, retry, compensate, depends_on)",
+                "wf.yaml:7:5: step `a`: unknown field `colour` (expected one of: name, agent, wait, when, for_each, max_parallel, callback, with, timeout, warn_after, retry, compensate, depends_on)",
                 "wf.yaml:10:21: step `b`: depends on unknown step `ghost`",
                 "wf.yaml:11:16: step `b`: template `{{ steps.c.output }}` refers to step `c`, which is not upstream (add it to `depends_on`)",
                 "wf.yaml:14:18: dependency cycle: `c` depends on `c`",

@@ -56,6 +56,9 @@ pub(crate) struct StepSpec {
     pub warn_after: Option<Duration>,
     /// The condition, as written (parsed by validation).
     pub when: Option<String>,
+    /// The `for_each` expression, as written (parsed by validation).
+    pub for_each: Option<String>,
+    pub max_parallel: Option<u32>,
     pub retry: Option<RetryPolicy>,
     pub compensate: Option<CompensateSpec>,
     /// `None`: depends on the previous step. `Some(vec![])`: a root.

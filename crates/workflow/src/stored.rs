@@ -90,6 +90,12 @@ struct StepRepr {
     /// is unchanged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     when: Option<String>,
+    /// The `for_each` expression as written, and its `max_parallel`; left
+    /// out for a step without, like `when`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    for_each: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_parallel: Option<u32>,
     /// Written for a waiting step too (the default), and ignored when read.
     retry: RetryPolicy,
     compensate: Option<CompensateRepr>,
@@ -137,6 +143,8 @@ impl From<Workflow> for WorkflowRepr {
                     timeout_ms: millis(s.timeout),
                     warn_after_ms: s.warn_after.map(millis),
                     when: s.when.map(|c| c.source().to_owned()),
+                    max_parallel: s.for_each.as_ref().map(|f| f.max_parallel),
+                    for_each: s.for_each.map(|f| f.items.source().to_owned()),
                     retry: s.retry,
                     compensate: s.compensate.map(|c| CompensateRepr {
                         agent: c.agent,
@@ -179,6 +187,8 @@ impl TryFrom<WorkflowRepr> for Workflow {
                         timeout: Some(Duration::from_millis(s.timeout_ms)),
                         warn_after: s.warn_after_ms.map(Duration::from_millis),
                         when: s.when,
+                        for_each: s.for_each,
+                        max_parallel: s.max_parallel,
                         compensate: s.compensate.map(|c| CompensateSpec {
                             agent: Some(c.agent.into()),
                             with: c.with,
@@ -260,6 +270,21 @@ mod tests {
         let bad = json.replace(r#""when":"input.x > 1""#, r#""when":"inputs.x > 1""#);
         let err = Workflow::from_json(&bad).unwrap_err().to_string();
         assert!(err.contains("<stored>:2:0: step `b`: `when`: unknown name `inputs`"), "{err}");
+    }
+
+    #[test]
+    fn for_each_is_stored_only_when_given() {
+        let workflow = Workflow::builder("w", 2)
+            .step(crate::StepDef::new("a", "http"))
+            .step(crate::StepDef::new("b", "http").for_each("input.xs").max_parallel(4).with_input(serde_json::json!("{{ item }}")))
+            .build(&AgentCatalog::builtin())
+            .unwrap();
+        let json = workflow.to_json();
+        assert_eq!(json.matches(r#""for_each":"input.xs","max_parallel":4"#).count(), 1, "{json}");
+        assert_eq!(json.matches("for_each").count(), 1, "a step without it writes nothing: {json}");
+        let back = Workflow::from_json(&json).unwrap();
+        assert_eq!(back, workflow);
+        assert_eq!(back.to_json(), json);
     }
 
     #[test]

@@ -22,6 +22,7 @@
 //!     workflow: &WorkflowName::new("order").unwrap(),
 //!     attempt: 2,
 //!     callback_token: None,
+//!     item: None,
 //! };
 //! let template = json!({ "hold": "{{ steps.reserve.output.hold_id }}", "note": "order {{ input.order_id }}" });
 //! assert_eq!(render(&template, &ctx).unwrap(), json!({ "hold": 7, "note": "order A-1" }));
@@ -50,7 +51,7 @@ pub enum TemplateError {
     Empty,
     /// An expression that is not one of the allowed references.
     #[error(
-        "`{{{{ {expr} }}}}` is not a reference: templates may refer only to input.*, steps.<name>.output*, task.id, task.workflow, attempt and callback.token"
+        "`{{{{ {expr} }}}}` is not a reference: templates may refer only to input.*, steps.<name>.output*, task.id, task.workflow, attempt, callback.token, item.* and index"
     )]
     Unsupported {
         /// The expression, trimmed.
@@ -92,6 +93,14 @@ pub enum Target {
     /// `callback.token`: the token a callback step's remote service
     /// completes the step with (only in a step with `callback: true`).
     CallbackToken,
+    /// `item` or `item.<path>`: the item of a `for_each` step's instance
+    /// (only in a step with `for_each`).
+    Item {
+        /// The path below `item`, possibly empty.
+        path: Vec<String>,
+    },
+    /// `index`: the 0-based index of a `for_each` step's instance's item.
+    Index,
 }
 
 /// One `{{ expr }}` found in a template.
@@ -141,6 +150,8 @@ pub struct TemplateContext<'a> {
     pub attempt: u32,
     /// The attempt's callback token, in a step completed by a callback.
     pub callback_token: Option<&'a str>,
+    /// The item and its index, in an instance of a `for_each` step.
+    pub item: Option<(&'a Value, usize)>,
 }
 
 /// Renders `template` against `ctx`.
@@ -255,6 +266,8 @@ fn parse_expr(expr: &str) -> Result<Target, TemplateError> {
         ["task", "workflow"] => Ok(Target::Workflow),
         ["attempt"] => Ok(Target::Attempt),
         ["callback", "token"] => Ok(Target::CallbackToken),
+        ["item", path @ ..] => Ok(Target::Item { path: owned(path) }),
+        ["index"] => Ok(Target::Index),
         ["steps", rest @ ..] => {
             // Step names may contain dots, so the name is everything before
             // the first `output` segment.
@@ -304,7 +317,16 @@ fn lookup<'v>(expr: &str, ctx: &TemplateContext<'v>) -> Result<Cow<'v, Value>, T
         Target::CallbackToken => ctx.callback_token.map(|token| Cow::Owned(Value::String(token.to_owned()))).ok_or_else(|| {
             TemplateError::Missing { path: expr.to_owned(), why: "only a step with `callback: true` has a callback token".into() }
         }),
+        Target::Item { path } => {
+            let (item, _) = ctx.item.ok_or_else(|| not_an_instance(expr))?;
+            walk(item, "item", &path, expr).map(Cow::Borrowed)
+        }
+        Target::Index => ctx.item.map(|(_, index)| Cow::Owned(Value::from(index))).ok_or_else(|| not_an_instance(expr)),
     }
+}
+
+fn not_an_instance(expr: &str) -> TemplateError {
+    TemplateError::Missing { path: expr.to_owned(), why: "only the instances of a step with `for_each` have an item".into() }
 }
 
 /// Follows `path` from `root` (named `root_name` in messages); a segment of
@@ -350,8 +372,15 @@ mod tests {
         let outputs = BTreeMap::from([(step("reserve"), json!({ "hold_id": 7, "ok": true })), (step("v1.fetch"), json!("raw"))]);
         let task_id = TaskId::new("task-1").unwrap();
         let workflow = WorkflowName::new("order").unwrap();
-        let ctx =
-            TemplateContext { input: &input, outputs: &outputs, task_id: &task_id, workflow: &workflow, attempt: 2, callback_token: None };
+        let ctx = TemplateContext {
+            input: &input,
+            outputs: &outputs,
+            task_id: &task_id,
+            workflow: &workflow,
+            attempt: 2,
+            callback_token: None,
+            item: None,
+        };
         render(&template, &ctx)
     }
 
@@ -385,9 +414,37 @@ mod tests {
             workflow: &workflow,
             attempt: 1,
             callback_token: Some("tok"),
+            item: None,
         };
         let template = json!({ "token": "{{ callback.token }}", "url": "https://rota.example/v1/callbacks/{{ callback.token }}" });
         assert_eq!(render(&template, &ctx), Ok(json!({ "token": "tok", "url": "https://rota.example/v1/callbacks/tok" })));
+    }
+
+    #[test]
+    fn an_item_and_its_index_render_only_in_an_instance() {
+        let err = check(json!("{{ item.sku }}")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "template refers to `item.sku`, which is missing: only the instances of a step with `for_each` have an item"
+        );
+        assert!(check(json!("{{ index }}")).is_err());
+        let (input, outputs, item) = (json!({}), BTreeMap::new(), json!({ "sku": "y", "n": 2 }));
+        let (task_id, workflow) = (TaskId::new("task-1").unwrap(), WorkflowName::new("order").unwrap());
+        let ctx = TemplateContext {
+            input: &input,
+            outputs: &outputs,
+            task_id: &task_id,
+            workflow: &workflow,
+            attempt: 1,
+            callback_token: None,
+            item: Some((&item, 4)),
+        };
+        let template =
+            json!({ "whole": "{{ item }}", "sku": "{{ item.sku }}", "at": "{{ index }}", "note": "#{{ index }}: {{ item.sku }}" });
+        let rendered = json!({ "whole": { "sku": "y", "n": 2 }, "sku": "y", "at": 4, "note": "#4: y" });
+        assert_eq!(render(&template, &ctx), Ok(rendered));
+        let err = render(&json!("{{ item.price }}"), &ctx).unwrap_err();
+        assert_eq!(err.to_string(), "template refers to `item.price`, which is missing: `item` has no field `price`");
     }
 
     #[test]
@@ -436,7 +493,7 @@ mod tests {
         }
         assert_eq!(
             TemplateError::Unsupported { expr: "env.HOME".into() }.to_string(),
-            "`{{ env.HOME }}` is not a reference: templates may refer only to input.*, steps.<name>.output*, task.id, task.workflow, attempt and callback.token"
+            "`{{ env.HOME }}` is not a reference: templates may refer only to input.*, steps.<name>.output*, task.id, task.workflow, attempt, callback.token, item.* and index"
         );
     }
 

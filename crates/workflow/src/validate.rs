@@ -17,8 +17,8 @@ use crate::agent::{AgentCatalog, AgentName};
 use crate::condition::Condition;
 use crate::dag;
 use crate::definition::{
-    CompensateDef, DEADLINE_DEFAULT, MAX_FAILURES_DEFAULT, SCHEDULES_MAX, STEPS_MAX, ScheduleDef, StepAction, StepDef, TIMEOUT_DEFAULT,
-    Workflow,
+    CompensateDef, DEADLINE_DEFAULT, ForEach, MAX_FAILURES_DEFAULT, MAX_PARALLEL_DEFAULT, SCHEDULES_MAX, STEPS_MAX, ScheduleDef,
+    StepAction, StepDef, TIMEOUT_DEFAULT, Workflow,
 };
 use crate::diagnostic::{Diagnostic, Diagnostics, Locate};
 use crate::spec::{CompensateSpec, ScheduleSpec, Spec, StepSpec};
@@ -87,6 +87,8 @@ struct StepFields {
     warn_after: Option<Duration>,
     /// `None` also where a problem was reported.
     when: Option<Condition>,
+    /// `None` also where a problem was reported.
+    for_each: Option<ForEach>,
     retry: RetryPolicy,
     compensate: Option<Option<CompensateDef>>,
 }
@@ -230,6 +232,11 @@ impl Check<'_> {
     fn step_fields(&mut self, i: usize, label: &str, step: &StepSpec, deadline: Duration) -> StepFields {
         let at = format!("/steps/{i}");
         let name = step.name.as_deref().and_then(|name| match StepName::new(name) {
+            Ok(name) if name.is_instance() => {
+                let message = format!("{label}: a step's name may not end with `[N]`: that names an instance of a `for_each` step");
+                self.report(&format!("{at}/name"), message);
+                None
+            }
             Ok(name) => Some(name),
             Err(err) => {
                 self.report(&format!("{at}/name"), err.to_string());
@@ -261,19 +268,48 @@ impl Check<'_> {
         let retry = step.retry.clone().unwrap_or_default();
         self.retry(&format!("{at}/retry"), label, &retry);
         let compensate = step.compensate.as_ref().map(|c| self.compensate(&format!("{at}/compensate"), label, c, timeout, &retry));
-        let when = step.when.as_deref().and_then(|source| self.condition(&format!("{at}/when"), label, source));
-        StepFields { name, action, callback, timeout, warn_after: step.warn_after, when, retry, compensate }
+        let when = step.when.as_deref().and_then(|source| self.condition(&format!("{at}/when"), label, "when", source));
+        let for_each = self.for_each(&at, label, step);
+        StepFields { name, action, callback, timeout, warn_after: step.warn_after, when, for_each, retry, compensate }
     }
 
-    /// A condition parses and names only `input` and `steps.NAME`; each
-    /// problem is placed where it is in the expression.
-    fn condition(&mut self, pointer: &str, label: &str, source: &str) -> Option<Condition> {
+    /// A `for_each` expression parses like a condition; `max_parallel` is
+    /// at least 1 and only goes with it; a step that waits for a signal or
+    /// completes by a callback has no instances.
+    fn for_each(&mut self, at: &str, label: &str, step: &StepSpec) -> Option<ForEach> {
+        if step.max_parallel == Some(0) {
+            self.report(&format!("{at}/max_parallel"), format!("{label}: `max_parallel` must be at least 1"));
+        }
+        let Some(source) = step.for_each.as_deref() else {
+            if step.max_parallel.is_some() {
+                let message = format!("{label}: `max_parallel` bounds the instances of a `for_each` step, and this step has no `for_each`");
+                self.report(&format!("{at}/max_parallel"), message);
+            }
+            return None;
+        };
+        if step.wait.is_some() {
+            let message = format!("{label}: a step that waits for a signal cannot run `for_each` (a signal completes one step)");
+            self.report(&format!("{at}/for_each"), message);
+        }
+        if step.callback == Some(true) {
+            let message = format!("{label}: a `for_each` step cannot complete by a callback (`callback: true` is for single steps)");
+            self.report(&format!("{at}/for_each"), message);
+        }
+        let items = self.condition(&format!("{at}/for_each"), label, "for_each", source)?;
+        let max_parallel = step.max_parallel.unwrap_or(MAX_PARALLEL_DEFAULT).max(1);
+        Some(ForEach { items, max_parallel })
+    }
+
+    /// A condition (or a `for_each` expression: `field`) parses and names
+    /// only `input` and `steps.NAME`; each problem is placed where it is in
+    /// the expression.
+    fn condition(&mut self, pointer: &str, label: &str, field: &str, source: &str) -> Option<Condition> {
         match Condition::parse(source) {
             Ok(condition) => Some(condition),
             Err(problems) => {
                 for problem in problems {
                     // One line per problem: the parser may quote a newline.
-                    let message = format!("{label}: `when`: {}", problem.message.replace('\n', "\\n"));
+                    let message = format!("{label}: `{field}`: {}", problem.message.replace('\n', "\\n"));
                     self.problems.push(self.loc.at_inside(pointer, problem.at, message));
                 }
                 None
@@ -283,21 +319,25 @@ impl Check<'_> {
 
     /// Conditions refer only to upstream steps: those are settled
     /// (completed or skipped) when the condition is decided.
+    /// (A `for_each` expression too: it is evaluated as the step starts.)
     fn conditions(&mut self, fields: &[StepFields], index: &HashMap<&str, usize>, labels: &[String], deps: &[Vec<usize>]) {
         for (i, field) in fields.iter().enumerate() {
-            let Some(condition) = &field.when else { continue };
-            let upstream = dag::upstream_indices(deps, i);
-            let pointer = format!("/steps/{i}/when");
-            for reference in condition.steps() {
-                let step = &reference.name.escape_debug().to_string();
-                let message = match index.get(reference.name.as_str()) {
-                    None => format!("{}: `when` refers to unknown step `{step}`", labels[i]),
-                    Some(&j) if !upstream[j] => {
-                        format!("{}: `when` refers to step `{step}`, which is not upstream (add it to `depends_on`)", labels[i])
-                    }
-                    Some(_) => continue,
-                };
-                self.problems.push(self.loc.at_inside(&pointer, reference.at, message));
+            let expressions = [("when", field.when.as_ref()), ("for_each", field.for_each.as_ref().map(ForEach::items))];
+            for (key, expression) in expressions {
+                let Some(expression) = expression else { continue };
+                let upstream = dag::upstream_indices(deps, i);
+                let pointer = format!("/steps/{i}/{key}");
+                for reference in expression.steps() {
+                    let step = &reference.name.escape_debug().to_string();
+                    let message = match index.get(reference.name.as_str()) {
+                        None => format!("{}: `{key}` refers to unknown step `{step}`", labels[i]),
+                        Some(&j) if !upstream[j] => {
+                            format!("{}: `{key}` refers to step `{step}`, which is not upstream (add it to `depends_on`)", labels[i])
+                        }
+                        Some(_) => continue,
+                    };
+                    self.problems.push(self.loc.at_inside(&pointer, reference.at, message));
+                }
             }
         }
     }
@@ -443,10 +483,11 @@ impl Check<'_> {
     fn templates(&mut self, steps: &[StepSpec], index: &HashMap<&str, usize>, labels: &[String], deps: &[Vec<usize>]) {
         for (i, step) in steps.iter().enumerate() {
             let upstream = dag::upstream_indices(deps, i);
-            let step_refs = Refs { label: &labels[i], index, what: "", callback: step.callback == Some(true) };
+            let for_each = step.for_each.is_some();
+            let step_refs = Refs { label: &labels[i], index, what: "", callback: step.callback == Some(true), for_each };
             self.template_refs(&format!("/steps/{i}/with"), &step.with, &step_refs, |j| upstream[j]);
             if let Some(compensate) = &step.compensate {
-                let compensation_refs = Refs { label: &labels[i], index, what: "compensation ", callback: false };
+                let compensation_refs = Refs { label: &labels[i], index, what: "compensation ", callback: false, for_each };
                 self.template_refs(&format!("/steps/{i}/compensate/with"), &compensate.with, &compensation_refs, |j| j == i || upstream[j]);
             }
         }
@@ -469,6 +510,7 @@ fn assemble(top: WorkflowFields, steps: Vec<StepSpec>, fields: Vec<StepFields>, 
             timeout: fields.timeout,
             warn_after: fields.warn_after,
             when: fields.when,
+            for_each: fields.for_each,
             retry: fields.retry,
             compensate: fields.compensate.map(|c| c.expect("validated compensation")),
             depends_on: its_deps.iter().map(|&j| names[j].clone()).collect(),
@@ -516,6 +558,9 @@ struct Refs<'a> {
     /// Whether the template is a callback step's input, the only one with
     /// a callback token.
     callback: bool,
+    /// Whether the template is a `for_each` step's (or its compensation's),
+    /// the only ones with an item and an index.
+    for_each: bool,
 }
 
 impl Check<'_> {
@@ -609,7 +654,7 @@ impl Check<'_> {
     }
 
     fn template_refs(&mut self, pointer: &str, template: &Value, refs: &Refs<'_>, allowed: impl Fn(usize) -> bool) {
-        let Refs { label, index, what, callback } = refs;
+        let Refs { label, index, what, callback, for_each } = refs;
         for reference in references(template) {
             let at = format!("{pointer}{}", reference.pointer);
             let step = match reference.target {
@@ -621,6 +666,14 @@ impl Check<'_> {
                 Ok(Target::CallbackToken) if !callback => {
                     let message = format!(
                         "{label}: {what}template `{{{{ {} }}}}`: only a step with `callback: true` has a callback token",
+                        reference.expr
+                    );
+                    self.report(&at, message);
+                    continue;
+                }
+                Ok(Target::Item { .. } | Target::Index) if !for_each => {
+                    let message = format!(
+                        "{label}: {what}template `{{{{ {} }}}}`: only a step with `for_each` has an item and an index",
                         reference.expr
                     );
                     self.report(&at, message);

@@ -212,7 +212,7 @@ proptest! {
     fn templates_never_panic_and_render_what_they_reference(template in json_value(), input in json_value()) {
         let outputs: BTreeMap<StepName, Value> = [(StepName::new("reserve").unwrap(), json!({ "hold_id": "h-1", "n": [1, 2] }))].into();
         let (task, workflow) = (TaskId::new("t-1").unwrap(), WorkflowName::new("order").unwrap());
-        let ctx = TemplateContext { input: &input, outputs: &outputs, task_id: &task, workflow: &workflow, attempt: 1, callback_token: None };
+        let ctx = TemplateContext { input: &input, outputs: &outputs, task_id: &task, workflow: &workflow, attempt: 1, callback_token: None, item: None };
         let _ = references(&template);
         if let Ok(rendered) = render(&template, &ctx) {
             // Rendering a rendered value again changes nothing unless the
