@@ -86,6 +86,11 @@ pub struct ProcessArgs {
     /// take to finish before they are cancelled and given back (0s..1h).
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
     shutdown_grace: Duration,
+    /// The most items a `for_each` step may run over: a longer list fails
+    /// the step for good rather than start that many instances (Scheduler).
+    #[arg(long, value_name = "N", default_value_t = rota_engine::scheduler::FOR_EACH_ITEMS_MAX_DEFAULT as u32,
+          value_parser = clap::value_parser!(u32).range(1..=rota_engine::scheduler::FOR_EACH_ITEMS_MAX_LIMIT as i64))]
+    for_each_items_max: u32,
     #[command(flatten)]
     remote: RemoteAgentArgs,
     #[command(flatten)]
@@ -519,6 +524,7 @@ fn engine_config(args: &RunArgs, instance: InstanceId, clock: &dyn Clock) -> any
         rota_engine::archive::Archive::open(dir).map_err(|e| anyhow::anyhow!("--archive: {e}"))?;
     }
     config.shutdown_grace = args.process.shutdown_grace;
+    config.scheduler.for_each_items_max = args.process.for_each_items_max as usize;
     if let Some(listen) = &args.listen {
         config.input_bytes_max = listen.input_bytes_max;
     }
@@ -548,6 +554,7 @@ fn flag_of(field: &str) -> Option<&'static str> {
         "agent_concurrency" => Some("--agent-concurrency"),
         "agent_stop_check" => Some("--agent-stop-check"),
         "input_bytes_max" => Some("--input-bytes-max"),
+        "for_each_items_max" => Some("--for-each-items-max"),
         _ => None,
     }
 }

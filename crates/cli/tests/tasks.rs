@@ -1040,6 +1040,36 @@ fn a_step_whose_condition_is_false_is_skipped_and_shown_so() {
 }
 
 #[test]
+fn a_for_each_step_runs_each_item_and_status_shows_the_instances() {
+    let rota = Rota::new();
+    let files = Files::new();
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/workflows/refunds.yaml");
+    let stdout = rota.ok(&["validate", example.to_str().unwrap()]);
+    assert!(stdout.trim_end().ends_with("refunds.yaml: ok (workflow refunds version 1, 3 steps)"), "{stdout}");
+    files.workflow("refunds.yaml", &std::fs::read_to_string(example).unwrap());
+    let _serve = Serve::start(&rota, &files.workflows(), "refunds-1", &[]);
+    let orders = r#"{"orders": [{"id": "a", "amount": 5}, {"id": "b", "amount": 0}, {"id": "c", "amount": 7}]}"#;
+    rota.ok(&["submit", "refunds", "--id", "r-1", "--input", orders]);
+    let task = wait_for_state(&rota, "r-1", "processed", Duration::from_secs(20));
+    let steps: Vec<(String, String)> = task["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["name"].as_str().unwrap().into(), s["state"].as_str().unwrap().into()))
+        .collect();
+    for name in ["refund", "refund[0]", "refund[1]"] {
+        assert!(steps.contains(&(name.to_owned(), "completed".to_owned())), "{name} completed: {steps:?}");
+    }
+    assert!(!steps.iter().any(|(name, _)| name == "refund[2]"), "the filter left two items: {steps:?}");
+    let refunded = json!([{ "order": "a", "amount": 5, "n": 0 }, { "order": "c", "amount": 7, "n": 1 }]);
+    assert_eq!(task["output"]["refund"], refunded, "{task:#}");
+    assert_eq!(task["output"]["report"], json!({ "refunded": refunded }));
+    assert!(task["output"].get("refund[0]").is_none(), "instances have no entry of their own");
+    let text = rota.ok(&["status", "r-1"]);
+    assert!(text.lines().any(|line| line.starts_with("refund[1]") && line.contains("completed")), "{text}");
+}
+
+#[test]
 fn tasks_at_risk_lists_a_task_whose_step_passed_its_warning_point() {
     let rota = Rota::new();
     let files = Files::new();

@@ -97,6 +97,7 @@ impl Config {
             return Err(Error::OutOfBounds { field: "agent_concurrency", why });
         }
         agent_worker::check_stop_check(self.agent_stop_check)?;
+        crate::scheduler::check_for_each_items_max(self.scheduler.for_each_items_max)?;
         crate::client::check_input_bytes_max(self.input_bytes_max).map_err(|why| Error::OutOfBounds { field: "input_bytes_max", why })?;
         Ok(())
     }
@@ -234,6 +235,7 @@ mod tests {
         );
         assert_eq!(refused(|c| c.supervisor.batch = 0), "supervisor.batch must be at least 1, got 0");
         assert_eq!(refused(|c| c.shutdown_grace = Duration::from_secs(7200)), "shutdown_grace must be at most 1h, got 2h");
+        assert_eq!(refused(|c| c.scheduler.for_each_items_max = 0), "for_each_items_max must be between 1 and 100000, got 0");
         assert_eq!(refused(|c| c.agent_concurrency = 0), "agent_concurrency must be between 1 and 1024, got 0");
         assert_eq!(refused(|c| c.agent_stop_check = Duration::from_millis(5)), "agent_stop_check must be between 10ms and 1m, got 5ms");
         assert_eq!(refused(|c| c.input_bytes_max = 0), "input_bytes_max must be between 1 and 262144, got 0");

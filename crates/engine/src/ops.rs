@@ -445,7 +445,9 @@ impl Client {
         again.extend(workflow.downstream(step));
         let mut changes = Changes::default();
         let mut steps = record.steps.clone();
-        for current in steps.iter_mut().filter(|s| again.contains(&&s.name) && s.state != StepState::NotStarted) {
+        // A `for_each` step's instances start over with it.
+        let starts_over = |name: &StepName| again.contains(&name) || name.instance_of().is_some_and(|(step, _)| again.contains(&&step));
+        for current in steps.iter_mut().filter(|s| starts_over(&s.name) && s.state != StepState::NotStarted) {
             let rerun = current.rerun(now).map_err(|why| refuse(Refusal::Step { task: id.clone(), step: current.name.clone(), why }))?;
             changes.steps.push(StepWrite::replacing(current, rerun.clone()));
             *current = rerun;

@@ -81,6 +81,9 @@ pub struct Context<'a> {
     pub traceparent: Option<&'a str>,
     /// The key callback tokens are derived under.
     pub callback_key: &'a [u8],
+    /// The most items a `for_each` step may have; a longer list fails the
+    /// step (see [`crate::scheduler::Config::for_each_items_max`]).
+    pub for_each_items_max: usize,
 }
 
 /// What happened that needs a decision.
@@ -144,6 +147,8 @@ struct Draft<'a> {
     changes: Changes,
     /// The steps this decision sends a Retry for.
     retries: BTreeSet<StepName>,
+    /// The steps this decision creates: instances of `for_each` steps.
+    created: BTreeSet<StepName>,
 }
 
 impl<'a> Draft<'a> {
@@ -157,7 +162,21 @@ impl<'a> Draft<'a> {
             completed_in_order: completed_in_order.to_vec(),
             changes: Changes::default(),
             retries: BTreeSet::new(),
+            created: BTreeSet::new(),
         }
+    }
+
+    /// Whether `name` is a `for_each` step itself (not one of its
+    /// instances): its row stands for the whole list, Running while its
+    /// instances run, with nothing of its own in flight.
+    fn fans_out(&self, name: &StepName) -> bool {
+        !name.is_instance() && self.cx.workflow.step(name).is_some_and(|d| d.for_each().is_some())
+    }
+
+    /// Whether something of `step` is with an agent (or waits for a
+    /// signal): a request, a compensation, a wait.
+    fn in_flight(&self, step: &Step) -> bool {
+        matches!(step.state, StepState::Running | StepState::Compensating) && !self.fans_out(&step.name)
     }
 
     fn event(&mut self, kind: EventKind, detail: Value) {
@@ -189,7 +208,8 @@ impl<'a> Draft<'a> {
         // complete-by (a takeover does not extend a wait), and a signal
         // still completes it.
         let waits = |s: &Step| self.cx.workflow.step(&s.name).is_some_and(|d| d.waits_for().is_some());
-        let in_flight: Vec<StepName> = self.steps.values().filter(|s| reissue(s) && !waits(s)).map(|s| s.name.clone()).collect();
+        let in_flight: Vec<StepName> =
+            self.steps.values().filter(|s| reissue(s) && !waits(s) && !self.fans_out(&s.name)).map(|s| s.name.clone()).collect();
         for name in in_flight {
             let compensate = self.steps[&name].state == StepState::Compensating;
             let Some(def) = self.cx.workflow.step(&name) else { continue };
@@ -204,7 +224,7 @@ impl<'a> Draft<'a> {
                 // The previous attempt's token dies with it: the new one gets
                 // its own, and its request is rendered again to carry it.
                 let outputs = self.outputs();
-                let context = self.template_context(reissued.attempt, &outputs);
+                let context = self.template_context(reissued.attempt, &outputs, None);
                 let issued = crate::callback::issue(self.cx.callback_key, &self.task, &name, reissued.attempt, def.with(), &context)
                     .map_err(|e| format!("step {name}: {e}"))?;
                 reissued.callback_digest = Some(issued.token.digest());
@@ -436,7 +456,7 @@ impl<'a> Draft<'a> {
     /// while it lasts. A step backing off before another attempt is retried
     /// by whoever claims the task after the resume.
     fn hold(&mut self, fence: rota_model::TaskFence) {
-        if self.steps.values().any(|s| matches!(s.state, StepState::Running | StepState::Compensating)) {
+        if self.steps.values().any(|s| self.in_flight(s)) {
             return;
         }
         match self.task.release(fence, self.cx.now) {
@@ -471,7 +491,7 @@ impl<'a> Draft<'a> {
     /// task's lease ran out.
     fn wake_when_due(&mut self) {
         let now = self.cx.now;
-        let in_flight = self.steps.values().any(|s| matches!(s.state, StepState::Running | StepState::Compensating));
+        let in_flight = self.steps.values().any(|s| self.in_flight(s));
         if in_flight || !self.retries.is_empty() {
             return;
         }
@@ -479,7 +499,9 @@ impl<'a> Draft<'a> {
             |name| self.steps.get(name).is_some_and(|s| s.state.is_settled()),
             |name| self.steps.get(name).is_some_and(|s| s.state == StepState::NotStarted && s.not_before > now),
         );
-        let earliest = held.iter().filter_map(|def| self.steps.get(def.name())).min_by_key(|s| s.not_before);
+        // Instances of a `for_each` step backing off before another attempt.
+        let instances = self.steps.values().filter(|s| s.name.is_instance() && s.state == StepState::NotStarted && s.not_before > now);
+        let earliest = held.iter().filter_map(|def| self.steps.get(def.name())).chain(instances).min_by_key(|s| s.not_before);
         if let Some((name, wait)) = earliest.map(|s| (s.name.clone(), s.not_before.since(now))) {
             self.send_retry(&name, wait);
         }
@@ -490,12 +512,14 @@ impl<'a> Draft<'a> {
     fn start_ready_steps(&mut self, fence: rota_model::TaskFence) -> bool {
         let wf = self.cx.workflow;
         let now = self.cx.now;
-        if self.steps.values().all(|s| s.state.is_settled()) {
+        // A `for_each` step's instances are settled with it: it completes
+        // once they all have, and its output holds theirs.
+        if self.steps.values().filter(|s| !s.name.is_instance()).all(|s| s.state.is_settled()) {
             // Skipped steps have no output, and no entry.
             let output: serde_json::Map<String, Value> = self
                 .steps
                 .values()
-                .filter(|s| s.state == StepState::Completed)
+                .filter(|s| s.state == StepState::Completed && !s.name.is_instance())
                 .map(|s| (s.name.to_string(), s.output.clone().unwrap_or(Value::Null)))
                 .collect();
             match self.task.finish_processed(fence, Value::Object(output), now) {
@@ -507,6 +531,19 @@ impl<'a> Draft<'a> {
             }
             return false;
         }
+        let fanned_out: Vec<StepName> =
+            self.steps.values().filter(|s| s.state == StepState::Running && self.fans_out(&s.name)).map(|s| s.name.clone()).collect();
+        let mut completed_any = false;
+        for name in fanned_out {
+            match self.run_instances(fence, &name) {
+                Some(completed) => completed_any |= completed,
+                None => return false,
+            }
+        }
+        if completed_any {
+            // Another pass starts what the completed step made ready.
+            return true;
+        }
         let ready: Vec<StepName> = wf
             .ready(
                 |name| self.steps.get(name).is_some_and(|s| s.state.is_settled()),
@@ -516,7 +553,6 @@ impl<'a> Draft<'a> {
             .map(|def| def.name().clone())
             .collect();
         let outputs = self.outputs();
-        let mut completed_any = false;
         for name in ready {
             let def = wf.step(&name).expect("ready steps come from the workflow");
             match self.decide_condition(fence, &name, &outputs) {
@@ -532,8 +568,15 @@ impl<'a> Draft<'a> {
                 completed_any |= self.start_waiting(&name, signal, def.timeout());
                 continue;
             }
+            if let Some(for_each) = def.for_each() {
+                match self.fan_out(fence, &name, for_each, &outputs) {
+                    Some(completed) => completed_any |= completed,
+                    None => return false,
+                }
+                continue;
+            }
             let attempt = self.steps[&name].attempt + 1;
-            let context = self.template_context(attempt, &outputs);
+            let context = self.template_context(attempt, &outputs, None);
             let rendered = if def.completes_by_callback() {
                 crate::callback::issue(self.cx.callback_key, &self.task, &name, attempt, def.with(), &context)
                     .map(|issued| (issued.stored, Some((issued.sent, issued.token))))
@@ -654,6 +697,185 @@ impl<'a> Draft<'a> {
         }
     }
 
+    /// Starts `for_each` step `name` as it becomes ready: its items are
+    /// evaluated once and kept in its row, and its first instances start.
+    /// `Some(true)` when it completed at once (no items), `None` when it
+    /// failed the task: an expression that cannot be evaluated, or gives
+    /// more than [`Context::for_each_items_max`] items, fails the step
+    /// permanently, like a condition that cannot be decided.
+    fn fan_out(
+        &mut self,
+        fence: rota_model::TaskFence,
+        name: &StepName,
+        for_each: &rota_workflow::ForEach,
+        outputs: &BTreeMap<StepName, Value>,
+    ) -> Option<bool> {
+        let now = self.cx.now;
+        let max = self.cx.for_each_items_max;
+        let items = match for_each.items().evaluate_list(&self.task.input, outputs) {
+            Ok(items) if items.len() > max => {
+                Err(format!("`for_each` gave {} items, over the limit of {max} (the Scheduler's `for_each_items_max`)", items.len()))
+            }
+            Ok(items) => Ok(items),
+            Err(reason) => Err(format!("`for_each` expression `{}` could not be evaluated: {reason}", for_each.items().source())),
+        };
+        let items = match items {
+            Ok(items) => items,
+            Err(reason) => {
+                let reason = format!("step {name}: {reason}");
+                let mut failed = self.steps[name].clone();
+                failed.last_error = Some(reason.clone());
+                failed.updated_at = now;
+                self.steps.insert(name.clone(), failed);
+                self.step_event(name, EventKind::StepFailed, json!({ "error": reason, "retryable": false }));
+                if let Ok(task) = self.task.fail(fence, reason.clone(), self.cx.workflow.on_exhausted(), now) {
+                    self.task = task;
+                    self.after_unleased(name, &reason);
+                }
+                return None;
+            }
+        };
+        let count = items.len();
+        match self.steps[name].fan_out(Value::Array(items), now) {
+            Ok(started) => {
+                let attempt = started.attempt;
+                self.steps.insert(name.clone(), started);
+                self.step_event(name, EventKind::StepStarted, json!({ "attempt": attempt, "items": count }));
+            }
+            Err(err) => {
+                tracing::error!("starting for_each step {name} of task {}: {err}", self.task.id);
+                return Some(false);
+            }
+        }
+        self.run_instances(fence, name)
+    }
+
+    /// Moves running `for_each` step `name` on: completes it once every
+    /// instance has completed (its output their outputs, in item order),
+    /// else starts instances, those due for another attempt first, then
+    /// new ones in item order, while fewer than its `max_parallel` are in
+    /// flight. `Some(true)` when it completed, `None` when starting an
+    /// instance failed the task.
+    fn run_instances(&mut self, fence: rota_model::TaskFence, name: &StepName) -> Option<bool> {
+        let now = self.cx.now;
+        let Some(for_each) = self.cx.workflow.step(name).and_then(|d| d.for_each()) else { return Some(false) };
+        let max_parallel = usize::try_from(for_each.max_parallel()).unwrap_or(usize::MAX);
+        let count = self.steps[name].input.as_ref().and_then(Value::as_array).map_or(0, Vec::len);
+        let (mut in_flight, mut completed) = (0, 0);
+        let (mut due, mut fresh) = (Vec::new(), Vec::new());
+        for index in 0..count {
+            match self.steps.get(&name.instance(index)) {
+                None => fresh.push(index),
+                Some(s) if s.state == StepState::Completed => completed += 1,
+                Some(s) if s.state == StepState::Running => in_flight += 1,
+                Some(s) if s.state == StepState::NotStarted && s.not_before <= now => due.push(index),
+                // Backing off until its next attempt (a Retry will come).
+                Some(_) => {}
+            }
+        }
+        if completed == count {
+            let outputs: Vec<Value> =
+                (0..count).map(|index| self.steps[&name.instance(index)].output.clone().unwrap_or(Value::Null)).collect();
+            let step = &self.steps[name];
+            return match step.complete(step.attempt, Value::Array(outputs), now) {
+                Ok(done) => {
+                    self.steps.insert(name.clone(), done);
+                    self.completed_in_order.push(name.clone());
+                    self.step_event(name, EventKind::StepCompleted, json!({ "items": count }));
+                    Some(true)
+                }
+                Err(err) => {
+                    tracing::error!("completing for_each step {name} of task {}: {err}", self.task.id);
+                    Some(false)
+                }
+            };
+        }
+        let outputs = self.outputs();
+        for index in due.into_iter().chain(fresh) {
+            if in_flight >= max_parallel {
+                break;
+            }
+            if !self.start_instance(fence, name, index, &outputs) {
+                return None;
+            }
+            in_flight += 1;
+        }
+        Some(false)
+    }
+
+    /// Starts an attempt of instance `index` of `for_each` step `name`,
+    /// creating its row at its first; false when its request could not be
+    /// made (a template that cannot be rendered, a request too large),
+    /// which fails the task like any step's.
+    fn start_instance(&mut self, fence: rota_model::TaskFence, name: &StepName, index: usize, outputs: &BTreeMap<StepName, Value>) -> bool {
+        let now = self.cx.now;
+        let wf = self.cx.workflow;
+        let def = wf.step(name).expect("for_each steps come from the workflow");
+        let instance = name.instance(index);
+        let current = match self.steps.get(&instance) {
+            Some(step) => step.clone(),
+            None => {
+                self.created.insert(instance.clone());
+                Step::new(self.task.id.clone(), instance.clone(), self.steps[name].position, now)
+            }
+        };
+        let item = self.item(name, index);
+        let rendered = rota_workflow::render(def.with(), &self.template_context(current.attempt + 1, outputs, Some((&item, index))))
+            .map_err(|err| format!("step {instance}: {err}"))
+            .and_then(|input| {
+                let started = current.start(input.clone(), now, def.timeout()).and_then(|s| s.warn_after(now, def.warn_after()));
+                let started = started.map_err(|err| format!("step {instance}: {err}"))?;
+                let send = self.request(&instance, &started, false, input, None)?;
+                Ok((started, send))
+            });
+        match rendered {
+            Ok((started, send)) => {
+                let attempt = started.attempt;
+                self.steps.insert(instance.clone(), started);
+                self.changes.send.push(send);
+                self.step_event(&instance, EventKind::StepStarted, json!({ "attempt": attempt, "index": index }));
+                true
+            }
+            Err(reason) => {
+                // Not started: the attempt was never recorded (the row, if
+                // new, is created to hold the error).
+                let mut failed = current;
+                failed.last_error = Some(reason.clone());
+                failed.updated_at = now;
+                self.steps.insert(instance.clone(), failed);
+                self.step_event(&instance, EventKind::StepFailed, json!({ "error": reason, "retryable": false }));
+                if let Ok(task) = self.task.fail(fence, reason.clone(), wf.on_exhausted(), now) {
+                    self.task = task;
+                    self.after_unleased(&instance, &reason);
+                }
+                false
+            }
+        }
+    }
+
+    /// A `for_each` step still running when its task stopped going forward
+    /// (an instance failed it, or it is being undone) starts no more
+    /// instances: it has failed, and its completed instances are undone one
+    /// by one like any completed step.
+    fn stop_fanned_out(&mut self) {
+        if !matches!(self.task.state, TaskState::Error | TaskState::Compensating) {
+            return;
+        }
+        let running: Vec<StepName> =
+            self.steps.values().filter(|s| s.state == StepState::Running && self.fans_out(&s.name)).map(|s| s.name.clone()).collect();
+        for name in running {
+            let step = &self.steps[&name];
+            let reason = format!("stopped starting instances: the task is {}", self.task.state);
+            match step.fail(step.attempt, reason.clone(), None, self.cx.now) {
+                Ok(stopped) => {
+                    self.steps.insert(name.clone(), stopped);
+                    self.step_event(&name, EventKind::StepFailed, json!({ "error": reason, "retryable": false }));
+                }
+                Err(err) => tracing::error!("stopping for_each step {name} of task {}: {err}", self.task.id),
+            }
+        }
+    }
+
     fn advance_compensating(&mut self, fence: rota_model::TaskFence) {
         let wf = self.cx.workflow;
         let now = self.cx.now;
@@ -677,7 +899,7 @@ impl<'a> Draft<'a> {
                 Err(err) => tracing::error!("stopping the wait of step {name} of task {}: {err}", self.task.id),
             }
         }
-        if self.steps.values().any(|s| matches!(s.state, StepState::Running | StepState::Compensating)) {
+        if self.steps.values().any(|s| self.in_flight(s)) {
             return; // Wait for in-flight steps and compensations to settle.
         }
         // A step waiting for another attempt had one that was never
@@ -694,9 +916,10 @@ impl<'a> Draft<'a> {
                 tracing::error!("settling step {name} of task {} in doubt: {err}", self.task.id);
             }
         }
+        // A `for_each` step is undone through its instances, each on its own.
         let next = self.completed_in_order.iter().rev().find(|name| {
             let completed = self.steps.get(*name).is_some_and(|s| s.state == StepState::Completed);
-            completed && wf.step(name).is_some_and(|d| d.compensate().is_some())
+            completed && wf.step(name).is_some_and(|d| d.compensate().is_some()) && !self.fans_out(name)
         });
         let Some(name) = next.cloned() else {
             match self.task.finish_compensated(fence, now) {
@@ -721,8 +944,16 @@ impl<'a> Draft<'a> {
         let def = wf.step(&name).expect("compensated steps come from the workflow");
         let compensation = def.compensate().expect("checked above");
         let attempt = self.steps[&name].attempt + 1;
-        let outputs = self.outputs();
-        let input = match rota_workflow::render(compensation.with(), &self.template_context(attempt, &outputs)) {
+        let mut outputs = self.outputs();
+        let item = name.instance_of().map(|(step, index)| {
+            // An instance's compensation reads its own output as the step's.
+            if let Some(output) = self.steps[&name].output.clone() {
+                outputs.insert(step.clone(), output);
+            }
+            (self.item(&step, index), index)
+        });
+        let item_ref = item.as_ref().map(|(item, index)| (item, *index));
+        let input = match rota_workflow::render(compensation.with(), &self.template_context(attempt, &outputs, item_ref)) {
             Ok(input) => input,
             Err(err) => {
                 let reason = format!("compensation of step {name}: {err}");
@@ -758,7 +989,12 @@ impl<'a> Draft<'a> {
         self.steps.values().filter_map(|s| s.output.as_ref().map(|o| (s.name.clone(), o.clone()))).collect()
     }
 
-    fn template_context<'c>(&'c self, attempt: u32, outputs: &'c BTreeMap<StepName, Value>) -> TemplateContext<'c> {
+    fn template_context<'c>(
+        &'c self,
+        attempt: u32,
+        outputs: &'c BTreeMap<StepName, Value>,
+        item: Option<(&'c Value, usize)>,
+    ) -> TemplateContext<'c> {
         TemplateContext {
             input: &self.task.input,
             outputs,
@@ -766,7 +1002,13 @@ impl<'a> Draft<'a> {
             workflow: &self.task.workflow,
             attempt,
             callback_token: None,
+            item,
         }
+    }
+
+    /// Item `index` of `for_each` step `step`, from the list its row keeps.
+    fn item(&self, step: &StepName, index: usize) -> Value {
+        self.steps.get(step).and_then(|s| s.input.as_ref()).and_then(|items| items.get(index)).cloned().unwrap_or(Value::Null)
     }
 
     /// The request of `step` (the attempt about to be recorded) to its
@@ -840,10 +1082,15 @@ impl<'a> Draft<'a> {
         // version: two decisions taken on the same read (a delayed Retry and
         // a reply, handled side by side) cannot both commit, so neither
         // overwrites what the other counted.
+        self.stop_fanned_out();
         self.task.updated_at = self.cx.now;
         self.task.lease_epoch += 1;
         self.changes.tasks.push(TaskWrite::replacing(self.task_before, self.task.clone()));
         for (name, step) in &self.steps {
+            if self.created.contains(name) {
+                self.changes.new_steps.push(step.clone());
+                continue;
+            }
             let before = self.steps_before[name];
             if step != before {
                 self.changes.steps.push(StepWrite::replacing(before, step.clone()));

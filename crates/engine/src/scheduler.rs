@@ -62,7 +62,17 @@ pub struct Config {
     pub callback_key: CallbackKey,
     /// How long replies being handled may take to finish at shutdown.
     pub shutdown_grace: Duration,
+    /// The most items a `for_each` step may have: a longer list fails the
+    /// step, rather than start a runaway number of instances (each a step
+    /// row that every decision of the task reads).
+    pub for_each_items_max: usize,
 }
+
+/// The default of [`Config::for_each_items_max`].
+pub const FOR_EACH_ITEMS_MAX_DEFAULT: usize = 1_000;
+
+/// The highest [`Config::for_each_items_max`] a configuration may give.
+pub const FOR_EACH_ITEMS_MAX_LIMIT: usize = 100_000;
 
 impl Config {
     /// Defaults for `instance`.
@@ -77,6 +87,7 @@ impl Config {
             seed: 0,
             callback_key: CallbackKey::random(),
             shutdown_grace: crate::consumer::Config::SHUTDOWN_GRACE_DEFAULT,
+            for_each_items_max: FOR_EACH_ITEMS_MAX_DEFAULT,
         }
     }
 
@@ -90,8 +101,17 @@ impl Config {
         if self.claim_wait.is_zero() {
             return Err(Error::Config("scheduler claim_wait must be positive".into()));
         }
-        Ok(())
+        check_for_each_items_max(self.for_each_items_max)
     }
+}
+
+/// Checks [`Config::for_each_items_max`]; the error names the field.
+pub(crate) fn check_for_each_items_max(items_max: usize) -> Result<()> {
+    if !(1..=FOR_EACH_ITEMS_MAX_LIMIT).contains(&items_max) {
+        let why = format!("must be between 1 and {FOR_EACH_ITEMS_MAX_LIMIT}, got {items_max}");
+        return Err(Error::OutOfBounds { field: "for_each_items_max", why });
+    }
+    Ok(())
 }
 
 /// The default backoff between recoveries: 500 ms doubling to 30 s.
@@ -164,6 +184,7 @@ impl Records {
                 None => steps.push(step_write.step.clone()),
             }
         }
+        steps.extend(changes.new_steps.iter().filter(|s| s.task_id == before.task.id).cloned());
         Some(TaskRecord { task: write.task.clone(), steps })
     }
 
@@ -429,6 +450,7 @@ impl Scheduler {
             recovery: &inner.config.recovery,
             traceparent: traceparent.as_deref(),
             callback_key: inner.config.callback_key.as_bytes(),
+            for_each_items_max: inner.config.for_each_items_max,
         };
         let decision = {
             let mut rng = inner.rng.lock().expect("scheduler rng");
