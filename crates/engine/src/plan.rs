@@ -916,10 +916,9 @@ impl<'a> Draft<'a> {
                 tracing::error!("settling step {name} of task {} in doubt: {err}", self.task.id);
             }
         }
-        // A `for_each` step is undone through its instances, each on its own.
         let next = self.completed_in_order.iter().rev().find(|name| {
             let completed = self.steps.get(*name).is_some_and(|s| s.state == StepState::Completed);
-            completed && wf.step(name).is_some_and(|d| d.compensate().is_some()) && !self.fans_out(name)
+            completed && wf.step(name).is_some_and(|d| d.compensate().is_some())
         });
         let Some(name) = next.cloned() else {
             match self.task.finish_compensated(fence, now) {
@@ -939,6 +938,19 @@ impl<'a> Draft<'a> {
                 let wait = self.steps[&name].not_before.since(now);
                 self.send_retry(&name, wait);
             }
+            return;
+        }
+        if self.fans_out(&name) {
+            // A `for_each` step is undone through its instances, which
+            // completed before it and so are undone after it, each on its
+            // own: its own row is settled at once, with no request.
+            // (No attempt: nothing was sent.)
+            let mut done = self.steps[&name].clone();
+            done.state = StepState::Compensated;
+            done.updated_at = now;
+            self.steps.insert(name.clone(), done);
+            self.step_event(&name, EventKind::StepCompensated, json!({ "by_instances": true }));
+            self.advance_compensating(fence);
             return;
         }
         let def = wf.step(&name).expect("compensated steps come from the workflow");

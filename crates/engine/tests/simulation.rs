@@ -96,6 +96,12 @@ fn by_callback(world: &World, workflow: &rota_model::WorkflowName, step: &StepNa
     world.definitions[workflow].step(step).is_some_and(|d| d.completes_by_callback())
 }
 
+/// Whether the step is a `for_each` step itself (its instances call the
+/// agent; it completes when they all have).
+fn fans_out(world: &World, workflow: &rota_model::WorkflowName, step: &StepName) -> bool {
+    !step.is_instance() && world.definitions[workflow].step(step).is_some_and(|d| d.for_each().is_some())
+}
+
 /// A step's compensation, if the workflow gives it one.
 fn compensable(world: &World, workflow: &rota_model::WorkflowName, step: &StepName) -> bool {
     world.definitions[workflow].step(step).is_some_and(|d| d.compensate().is_some())
@@ -405,6 +411,12 @@ fn settles_are_fenced(world: &World, walk: &Walk, report: &mut Report<'_>) {
     for settle in &walk.settles {
         let Settle { step, attempt, undo, last_started } = settle;
         let (did, started) = if *undo { ("compensated", "compensation") } else { ("completed", "attempt") };
+        // A `for_each` step completes with its instances, not on a reply
+        // (its output is checked against theirs with the task's output),
+        // and is settled compensated as its instances are undone.
+        if fans_out(world, &report.task.workflow, step) {
+            continue;
+        }
         if *last_started != Some(*attempt) {
             report.fail(format!("step {step} {did} for attempt {attempt}, but the last {started} started was {last_started:?}"));
         }
@@ -556,13 +568,21 @@ fn processed_means_every_step_applied_once(world: &World, record: &TaskRecord, w
         if step.state != StepState::Completed {
             report.fail(format!("processed, but step {} is {}", step.name, step.state));
         }
+        let effect = |name: &StepName| world.service.effects.get(&(id.clone(), name.clone(), false)).map(|e| e.output.clone());
         let applied = if waits(world, &task.workflow, &step.name) {
-            world.signals.get(id)
+            world.signals.get(id).cloned()
+        } else if fans_out(world, &task.workflow, &step.name) {
+            // The instances' outputs, in item order.
+            let count = step.input.as_ref().and_then(Value::as_array).map_or(0, Vec::len);
+            (0..count).map(|index| effect(&step.name.instance(index))).collect::<Option<Vec<Value>>>().map(Value::Array)
         } else {
-            world.service.effects.get(&(id.clone(), step.name.clone(), false)).map(|e| &e.output)
+            effect(&step.name)
         };
+        let applied = applied.as_ref();
         let stored = output.and_then(|o| o.get(step.name.as_str()));
-        if stored.is_none() || stored != applied || step.output.as_ref() != applied {
+        // An instance has no entry of its own in the task's output.
+        let stored_ok = if step.name.is_instance() { stored.is_none() } else { stored.is_some() && stored == applied };
+        if !stored_ok || applied.is_none() || step.output.as_ref() != applied {
             report.fail(format!("step {}: task output {stored:?}, step output {:?}, service applied {applied:?}", step.name, step.output));
         }
         if world.service.applied(id, &step.name, true) {

@@ -129,6 +129,15 @@ pub fn workflows() -> Vec<Workflow> {
             .step(step("settle").with_input(json!({ "paid": "{{ steps.transfer.output.n }}" })))
             .build(&catalog)
             .expect("payout is valid"),
+        // A step run once per item, two at a time: each item is faulted,
+        // retried, timed out and compensated on its own; the step after
+        // it reads the list of their outputs.
+        base("batch", ExhaustedPolicy::Compensate)
+            .step(step("open").compensate(undo()))
+            .step(step("each").for_each("[10, 11, 12, 13]").max_parallel(2).with_input(json!({ "item": "{{ item }}" })).compensate(undo()))
+            .step(step("close").with_input(json!({ "items": "{{ steps.each.output }}" })))
+            .build(&catalog)
+            .expect("batch is valid"),
     ]
 }
 
