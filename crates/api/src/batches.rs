@@ -6,6 +6,7 @@ use axum::Extension;
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
+use rota_engine::ops::Operator;
 use rota_model::{TaskState, WorkflowName};
 use rota_store::{BatchAction, TaskFilter};
 
@@ -129,7 +130,13 @@ pub async fn get(State(state): State<ApiState>, ApiPath(BatchPath { id }): ApiPa
     ),
     security(("bearer" = []))
 )]
-pub async fn stop(State(state): State<ApiState>, ApiPath(BatchPath { id }): ApiPath<BatchPath>) -> ApiResult<Json<BatchView>> {
-    let batch = state.client().store().stop_batch(&id).await.map_err(|err| ApiError::store("stop batch", err))?;
+pub async fn stop(
+    State(state): State<ApiState>,
+    caller: Option<Extension<Caller>>,
+    ApiPath(BatchPath { id }): ApiPath<BatchPath>,
+) -> ApiResult<Json<BatchView>> {
+    let by = caller_of(caller).to_string();
+    let operator = Operator { by: &by, reason: None };
+    let batch = rota_engine::batch::stop(state.client(), &id, operator).await.map_err(|err| ApiError::ops("stop batch", err))?;
     batch.map(|b| Json(BatchView::from(&b))).ok_or_else(|| ApiError::not_found(format!("batch {id}")))
 }

@@ -53,6 +53,7 @@
 
 #![warn(missing_docs)]
 
+pub mod audit;
 pub mod auth;
 pub mod batches;
 pub mod callbacks;

@@ -13,7 +13,7 @@ use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::{ApiState, batches, callbacks, events, queues, schedules, status, tasks, workers, workflows};
+use crate::{ApiState, audit, batches, callbacks, events, queues, schedules, status, tasks, workers, workflows};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -28,6 +28,7 @@ use crate::{ApiState, batches, callbacks, events, queues, schedules, status, tas
     tags(
         (name = "tasks", description = "Submit, inspect, cancel, resubmit, pause and resume tasks; alerts"),
         (name = "batches", description = "Bulk actions: cancel or resubmit every task a filter selects, as a durable batch"),
+        (name = "audit", description = "Every operator action, with who did it and why"),
         (name = "events", description = "Live task events (server-sent events)"),
         (name = "workflows", description = "The workflow registry"),
         (name = "schedules", description = "Cron schedules that start tasks: list with next fire times, create, pause, resume, trigger, delete"),
@@ -78,6 +79,7 @@ pub(crate) fn routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(batches::list, batches::create))
         .routes(routes!(batches::get))
         .routes(routes!(batches::stop))
+        .routes(routes!(audit::list))
         .routes(routes!(events::task_events))
         .routes(routes!(workflows::list))
         .routes(routes!(workflows::register))

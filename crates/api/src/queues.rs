@@ -6,13 +6,16 @@
 //! exist is a 404 rather than creating it: over the network a typo should
 //! not make a queue.
 
-use axum::Json;
 use axum::extract::State;
+use axum::{Extension, Json};
+use rota_engine::ops::Operator;
 use rota_model::{MessageId, QueueName};
 use rota_store::Redrive;
 
 use crate::ApiState;
+use crate::auth::Caller;
 use crate::error::{ApiError, ApiPath, ApiQuery, ApiResult, ErrorBody};
+use crate::tasks::caller_of;
 use crate::wire::{BreakerView, Count, DeadLetterPath, DeadLetterView, LimitQuery, QueuePath, QueueView};
 
 fn queue_name(raw: String) -> ApiResult<QueueName> {
@@ -65,10 +68,15 @@ pub async fn get(State(state): State<ApiState>, ApiPath(QueuePath { queue }): Ap
     ),
     security(("bearer" = []))
 )]
-pub async fn pause(State(state): State<ApiState>, ApiPath(QueuePath { queue }): ApiPath<QueuePath>) -> ApiResult<Json<QueueView>> {
+pub async fn pause(
+    State(state): State<ApiState>,
+    caller: Option<Extension<Caller>>,
+    ApiPath(QueuePath { queue }): ApiPath<QueuePath>,
+) -> ApiResult<Json<QueueView>> {
     let queue = queue_name(queue)?;
     existing(&state, "pause", &queue).await?;
-    state.store().pause(&queue).await.map_err(|err| ApiError::store("pause", err))?;
+    let by = caller_of(caller).to_string();
+    state.client().pause_queue(&queue, Operator { by: &by, reason: None }).await.map_err(|err| ApiError::ops("pause", err))?;
     Ok(Json(queue_stats(&state, "pause", &queue).await?))
 }
 
@@ -83,10 +91,15 @@ pub async fn pause(State(state): State<ApiState>, ApiPath(QueuePath { queue }): 
     ),
     security(("bearer" = []))
 )]
-pub async fn resume(State(state): State<ApiState>, ApiPath(QueuePath { queue }): ApiPath<QueuePath>) -> ApiResult<Json<QueueView>> {
+pub async fn resume(
+    State(state): State<ApiState>,
+    caller: Option<Extension<Caller>>,
+    ApiPath(QueuePath { queue }): ApiPath<QueuePath>,
+) -> ApiResult<Json<QueueView>> {
     let queue = queue_name(queue)?;
     existing(&state, "resume", &queue).await?;
-    state.store().resume(&queue).await.map_err(|err| ApiError::store("resume", err))?;
+    let by = caller_of(caller).to_string();
+    state.client().resume_queue(&queue, Operator { by: &by, reason: None }).await.map_err(|err| ApiError::ops("resume", err))?;
     Ok(Json(queue_stats(&state, "resume", &queue).await?))
 }
 
@@ -130,9 +143,15 @@ pub async fn dead_letters(
     ),
     security(("bearer" = []))
 )]
-pub async fn redrive_all(State(state): State<ApiState>, ApiPath(QueuePath { queue }): ApiPath<QueuePath>) -> ApiResult<Json<Count>> {
+pub async fn redrive_all(
+    State(state): State<ApiState>,
+    caller: Option<Extension<Caller>>,
+    ApiPath(QueuePath { queue }): ApiPath<QueuePath>,
+) -> ApiResult<Json<Count>> {
     let queue = queue_name(queue)?;
-    let count = state.store().redrive(&queue, Redrive::All).await.map_err(|err| ApiError::store("redrive", err))?;
+    let by = caller_of(caller).to_string();
+    let operator = Operator { by: &by, reason: None };
+    let count = state.client().redrive_dead_letters(&queue, Redrive::All, operator).await.map_err(|err| ApiError::ops("redrive", err))?;
     Ok(Json(Count { count }))
 }
 
@@ -149,11 +168,15 @@ pub async fn redrive_all(State(state): State<ApiState>, ApiPath(QueuePath { queu
 )]
 pub async fn redrive_one(
     State(state): State<ApiState>,
+    caller: Option<Extension<Caller>>,
     ApiPath(DeadLetterPath { queue, id }): ApiPath<DeadLetterPath>,
 ) -> ApiResult<Json<Count>> {
     let queue = queue_name(queue)?;
     let id = MessageId::new(id).map_err(|err| ApiError::invalid_path("id", err))?;
-    let count = state.store().redrive(&queue, Redrive::One(id)).await.map_err(|err| ApiError::store("redrive", err))?;
+    let by = caller_of(caller).to_string();
+    let operator = Operator { by: &by, reason: None };
+    let count =
+        state.client().redrive_dead_letters(&queue, Redrive::One(id), operator).await.map_err(|err| ApiError::ops("redrive", err))?;
     Ok(Json(Count { count }))
 }
 
@@ -168,9 +191,15 @@ pub async fn redrive_one(
     ),
     security(("bearer" = []))
 )]
-pub async fn purge(State(state): State<ApiState>, ApiPath(QueuePath { queue }): ApiPath<QueuePath>) -> ApiResult<Json<Count>> {
+pub async fn purge(
+    State(state): State<ApiState>,
+    caller: Option<Extension<Caller>>,
+    ApiPath(QueuePath { queue }): ApiPath<QueuePath>,
+) -> ApiResult<Json<Count>> {
     let queue = queue_name(queue)?;
-    let count = state.store().purge_dead_letters(&queue).await.map_err(|err| ApiError::store("purge", err))?;
+    let by = caller_of(caller).to_string();
+    let operator = Operator { by: &by, reason: None };
+    let count = state.client().purge_dead_letters(&queue, operator).await.map_err(|err| ApiError::ops("purge", err))?;
     Ok(Json(Count { count }))
 }
 

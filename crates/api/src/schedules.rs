@@ -3,14 +3,17 @@
 //! engine's operator requests ([`rota_engine::schedules`]); this only
 //! translates.
 
-use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::{Extension, Json};
 use rota_engine::ops;
+use rota_engine::ops::Operator;
 use rota_model::ScheduleName;
 
 use crate::ApiState;
+use crate::auth::Caller;
 use crate::error::{ApiError, ApiJson, ApiPath, ApiResult, ErrorBody};
+use crate::tasks::caller_of;
 use crate::wire::{SchedulePath, ScheduleRequest, ScheduleView, TaskView};
 
 fn schedule_name(raw: String) -> ApiResult<ScheduleName> {
@@ -86,9 +89,17 @@ pub async fn get(State(state): State<ApiState>, ApiPath(SchedulePath { name }): 
     ),
     security(("bearer" = []))
 )]
-pub async fn delete(State(state): State<ApiState>, ApiPath(SchedulePath { name }): ApiPath<SchedulePath>) -> ApiResult<StatusCode> {
+pub async fn delete(
+    State(state): State<ApiState>,
+    caller: Option<Extension<Caller>>,
+    ApiPath(SchedulePath { name }): ApiPath<SchedulePath>,
+) -> ApiResult<StatusCode> {
     let name = schedule_name(name)?;
-    state.client().delete_schedule(&name).await.map_err(|err| ApiError::ops("delete schedule", err))?;
+    state
+        .client()
+        .delete_schedule(&name, Operator { by: &caller_of(caller).to_string(), reason: None })
+        .await
+        .map_err(|err| ApiError::ops("delete schedule", err))?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -103,9 +114,17 @@ pub async fn delete(State(state): State<ApiState>, ApiPath(SchedulePath { name }
     ),
     security(("bearer" = []))
 )]
-pub async fn pause(State(state): State<ApiState>, ApiPath(SchedulePath { name }): ApiPath<SchedulePath>) -> ApiResult<Json<ScheduleView>> {
+pub async fn pause(
+    State(state): State<ApiState>,
+    caller: Option<Extension<Caller>>,
+    ApiPath(SchedulePath { name }): ApiPath<SchedulePath>,
+) -> ApiResult<Json<ScheduleView>> {
     let name = schedule_name(name)?;
-    let detail = state.client().pause_schedule(&name).await.map_err(|err| ApiError::ops("pause schedule", err))?;
+    let detail = state
+        .client()
+        .pause_schedule(&name, Operator { by: &caller_of(caller).to_string(), reason: None })
+        .await
+        .map_err(|err| ApiError::ops("pause schedule", err))?;
     Ok(Json(ScheduleView::from(&detail)))
 }
 
@@ -121,9 +140,17 @@ pub async fn pause(State(state): State<ApiState>, ApiPath(SchedulePath { name })
     ),
     security(("bearer" = []))
 )]
-pub async fn resume(State(state): State<ApiState>, ApiPath(SchedulePath { name }): ApiPath<SchedulePath>) -> ApiResult<Json<ScheduleView>> {
+pub async fn resume(
+    State(state): State<ApiState>,
+    caller: Option<Extension<Caller>>,
+    ApiPath(SchedulePath { name }): ApiPath<SchedulePath>,
+) -> ApiResult<Json<ScheduleView>> {
     let name = schedule_name(name)?;
-    let detail = state.client().resume_schedule(&name).await.map_err(|err| ApiError::ops("resume schedule", err))?;
+    let detail = state
+        .client()
+        .resume_schedule(&name, Operator { by: &caller_of(caller).to_string(), reason: None })
+        .await
+        .map_err(|err| ApiError::ops("resume schedule", err))?;
     Ok(Json(ScheduleView::from(&detail)))
 }
 
@@ -144,10 +171,15 @@ pub async fn resume(State(state): State<ApiState>, ApiPath(SchedulePath { name }
 )]
 pub async fn trigger(
     State(state): State<ApiState>,
+    caller: Option<Extension<Caller>>,
     ApiPath(SchedulePath { name }): ApiPath<SchedulePath>,
 ) -> ApiResult<(StatusCode, Json<TaskView>)> {
     let name = schedule_name(name)?;
-    let submitted = state.client().trigger_schedule(&name).await.map_err(|err| ApiError::ops("trigger schedule", err))?;
+    let submitted = state
+        .client()
+        .trigger_schedule(&name, Operator { by: &caller_of(caller).to_string(), reason: None })
+        .await
+        .map_err(|err| ApiError::ops("trigger schedule", err))?;
     let detail = state.client().task(&submitted.id).await.map_err(|err: ops::Error| ApiError::ops("trigger schedule", err))?;
     Ok((StatusCode::CREATED, Json(TaskView::from(&detail))))
 }

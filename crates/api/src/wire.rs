@@ -1735,3 +1735,67 @@ pub struct BatchPath {
     #[param(max_length = 200)]
     pub id: String,
 }
+
+/// Filters of `GET /v1/audit`.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct AuditQuery {
+    /// Only actions at or after this time (RFC 3339).
+    #[param(example = "2026-11-28T00:00:00Z", max_length = 64)]
+    pub since: Option<String>,
+    /// Only this action (`task.cancel`, `task.resubmit`, `task.pause`,
+    /// `task.resume`, `task.signal`, `queue.pause`, `queue.resume`,
+    /// `dlq.redrive`, `dlq.purge`, `prune`, `workflow.pause`,
+    /// `workflow.resume`, `schedule.pause`, `schedule.resume`,
+    /// `schedule.trigger`, `schedule.delete`, `batch.create`, `batch.stop`,
+    /// `batch.resume`).
+    #[param(max_length = 32)]
+    pub action: Option<String>,
+    /// Only actions by exactly this name (a token's name, `cli, user NAME`).
+    #[param(max_length = 200)]
+    pub by: Option<String>,
+    /// Only actions older than this one: the `cursor` of the last entry
+    /// of the previous page.
+    #[param(example = "1764300000000.h42", max_length = 64)]
+    pub after: Option<String>,
+    /// The most entries to return, newest first (default 100, at most the configured maximum, 1000 by default).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<u32>,
+}
+
+/// One operator action.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AuditEntryView {
+    /// Its place in the listing: pass it as `after` for the next page.
+    pub cursor: String,
+    /// When, epoch ms.
+    pub at: i64,
+    /// What (`task.cancel`, `dlq.redrive`…).
+    pub action: String,
+    /// Who: the token's name, the OS user of a local CLI
+    /// (`cli, user NAME`), or the Supervisor's retention.
+    pub by: String,
+    /// Why, if they said.
+    pub reason: Option<String>,
+    /// What it was done to: a task id, a queue, a workflow, a schedule, a
+    /// batch id.
+    pub target: String,
+    /// What it did: counts (`moved`, `purged`, `tasks`), a task action's
+    /// history detail (with its `step`).
+    pub detail: Value,
+}
+
+impl From<&rota_store::AuditEntry> for AuditEntryView {
+    fn from(entry: &rota_store::AuditEntry) -> Self {
+        AuditEntryView {
+            cursor: entry.cursor.to_string(),
+            at: entry.at().as_millis(),
+            action: entry.action.as_str().to_owned(),
+            by: entry.by.clone(),
+            reason: entry.reason.clone(),
+            target: entry.target.clone(),
+            detail: entry.detail.clone(),
+        }
+    }
+}

@@ -253,6 +253,53 @@ async fn a_batch_cancels_every_task_its_filter_selects_and_reports_its_progress(
     server.post("/v1/batches/nope/stop").await.assert_error(404, "not_found");
 }
 
+/// Every operator action is listed by `GET /v1/audit`, newest first, with
+/// the calling token's name and the reason: a task's cancel (from its
+/// history) and a dead-letter purge and queue pause (from the audit
+/// table); filters and paging; a bad filter is a 400 naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_log_lists_operator_actions_with_the_tokens_name() {
+    let token = rota_api::Token::new("oncall-token-0123456789", vec![rota_api::Scope::Admin]).unwrap().named("oncall").unwrap();
+    let auth = rota_api::AuthConfig::tokens(vec![token]).unwrap();
+    let mut server = start(Options { auth, engine: false, ..Options::default() }).await;
+    server.token = Some("oncall-token-0123456789".to_owned());
+    server.submit("slow", "au-1").await;
+    let cancelled = server.post_json("/v1/tasks/au-1/cancel", &json!({ "reason": "customer asked" })).await;
+    assert_eq!(cancelled.status, StatusCode::OK, "{}", cancelled.text);
+    let queue = rota_model::QueueName::new("orders").unwrap();
+    server.store.create_queue(&queue, rota_store::QueueConfig::default()).await.unwrap();
+    assert_eq!(server.post("/v1/queues/orders/dead-letters/purge").await.body["count"], json!(0));
+    assert_eq!(server.post("/v1/queues/orders/pause").await.status, StatusCode::OK);
+
+    let listed = server.get("/v1/audit").await;
+    assert_eq!(listed.status, StatusCode::OK, "{}", listed.text);
+    let rows: Vec<(&str, &str, &str)> = listed
+        .body
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["action"].as_str().unwrap(), e["target"].as_str().unwrap(), e["by"].as_str().unwrap()))
+        .collect();
+    // The caller as the history names it: the token's scope and name.
+    let by = "api token with scope admin (oncall)";
+    assert_eq!(rows, [("queue.pause", "orders", by), ("dlq.purge", "orders", by), ("task.cancel", "au-1", by)]);
+    assert_eq!(listed.body[2]["reason"], json!("customer asked"));
+    assert_eq!(listed.body[1]["detail"], json!({ "purged": 0 }));
+
+    let cancels = server.get("/v1/audit?action=task.cancel&by=api%20token%20with%20scope%20admin%20(oncall)").await;
+    assert_eq!(cancels.body.as_array().unwrap().len(), 1, "{}", cancels.text);
+    let first = server.get("/v1/audit?limit=1").await;
+    let cursor = first.body[0]["cursor"].as_str().unwrap().to_owned();
+    let next = server.get(&format!("/v1/audit?limit=1&after={cursor}")).await;
+    assert_eq!(next.body[0]["action"], json!("dlq.purge"), "the next page starts after the cursor");
+    assert_eq!(server.get("/v1/audit?since=2999-01-01T00:00:00Z").await.body, json!([]));
+
+    for (query, named) in [("action=task.explode", "action"), ("after=yesterday", "after"), ("since=then", "since"), ("by=", "by")] {
+        let reason = server.get(&format!("/v1/audit?{query}")).await.assert_error(400, "invalid_query");
+        assert!(reason.contains(named), "{query}: {reason}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_show_their_heartbeats_and_the_supervisor_leader() {
     let server = start(Options::default()).await;

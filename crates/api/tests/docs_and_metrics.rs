@@ -53,6 +53,7 @@ const OPERATIONS: &[(&str, &str)] = &[
     ("post", "/v1/batches"),
     ("get", "/v1/batches/{id}"),
     ("post", "/v1/batches/{id}/stop"),
+    ("get", "/v1/audit"),
     ("get", "/v1/instances"),
     ("get", "/v1/activity"),
     ("post", "/v1/workers/{agent}/receive"),

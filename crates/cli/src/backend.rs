@@ -21,14 +21,14 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 use rota_api::wire::{
-    AlertView, BatchFilterView, BatchRequest, BatchView, BreakerView, CallbackAccepted, Count, DeadLetterView, EventView, OperatorRequest,
-    PauseRequest, QueueView, ScheduleRequest, ScheduleView, SignalDelivery, TaskCounts, TaskStateChange, TaskSummary, TaskView,
-    WorkflowPauseView, WorkflowView,
+    AlertView, AuditEntryView, BatchFilterView, BatchRequest, BatchView, BreakerView, CallbackAccepted, Count, DeadLetterView, EventView,
+    OperatorRequest, PauseRequest, QueueView, ScheduleRequest, ScheduleView, SignalDelivery, TaskCounts, TaskStateChange, TaskSummary,
+    TaskView, WorkflowPauseView, WorkflowView,
 };
 use rota_engine::ops::Operator;
 use rota_engine::{Client, Submission, Workflows, ops};
-use rota_model::{QueueName, ScheduleName, SignalName, StepName, SystemClock, Tags, TaskId, TaskState, WorkflowName};
-use rota_store::{BatchAction, Redrive, SharedStore, TaskFilter};
+use rota_model::{QueueName, ScheduleName, SignalName, StepName, SystemClock, Tags, TaskId, TaskState, Timestamp, WorkflowName};
+use rota_store::{AuditAction, AuditCursor, AuditFilter, BatchAction, Redrive, SharedStore, TaskFilter};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -98,7 +98,7 @@ fn client(store: &SharedStore) -> Client {
 /// Who sends a signal (or resubmits with a new input, pauses or resumes a
 /// task) from the command line on a local store, as the task's history
 /// shows it: the OS user, as the login shell names it.
-fn local_sender() -> String {
+pub(crate) fn local_sender() -> String {
     match std::env::var("USER").or_else(|_| std::env::var("LOGNAME")) {
         Ok(user) if !user.is_empty() => format!("cli, user {user}"),
         _ => "cli".to_owned(),
@@ -505,7 +505,10 @@ impl Backend {
     /// Stops deliveries from a queue.
     pub async fn pause(&self, queue: &QueueName) -> anyhow::Result<()> {
         match self {
-            Backend::Local(store) => store.pause(queue).await.with_context(|| format!("cannot pause queue {queue}")),
+            Backend::Local(store) => client(store)
+                .pause_queue(queue, Operator { by: &local_sender(), reason: None })
+                .await
+                .map_err(|err| local_error(|| format!("cannot pause queue {queue}"), err)),
             Backend::Remote(server) => server
                 .post::<QueueView, ()>(&["v1", "queues", queue.as_str(), "pause"], None)
                 .await
@@ -517,7 +520,10 @@ impl Backend {
     /// Resumes deliveries from a queue.
     pub async fn resume(&self, queue: &QueueName) -> anyhow::Result<()> {
         match self {
-            Backend::Local(store) => store.resume(queue).await.with_context(|| format!("cannot resume queue {queue}")),
+            Backend::Local(store) => client(store)
+                .resume_queue(queue, Operator { by: &local_sender(), reason: None })
+                .await
+                .map_err(|err| local_error(|| format!("cannot resume queue {queue}"), err)),
             Backend::Remote(server) => server
                 .post::<QueueView, ()>(&["v1", "queues", queue.as_str(), "resume"], None)
                 .await
@@ -543,7 +549,10 @@ impl Backend {
     pub async fn redrive(&self, queue: &QueueName, which: Redrive) -> anyhow::Result<u64> {
         let context = || format!("cannot redrive dead letters of queue {queue}");
         match self {
-            Backend::Local(store) => store.redrive(queue, which).await.with_context(context),
+            Backend::Local(store) => client(store)
+                .redrive_dead_letters(queue, which, Operator { by: &local_sender(), reason: None })
+                .await
+                .map_err(|err| local_error(context, err)),
             Backend::Remote(server) => {
                 let segments: Vec<&str> = match &which {
                     Redrive::One(id) => vec!["v1", "queues", queue.as_str(), "dead-letters", id.as_str(), "redrive"],
@@ -558,7 +567,10 @@ impl Backend {
     pub async fn purge(&self, queue: &QueueName) -> anyhow::Result<u64> {
         let context = || format!("cannot purge dead letters of queue {queue}");
         match self {
-            Backend::Local(store) => store.purge_dead_letters(queue).await.with_context(context),
+            Backend::Local(store) => client(store)
+                .purge_dead_letters(queue, Operator { by: &local_sender(), reason: None })
+                .await
+                .map_err(|err| local_error(context, err)),
             Backend::Remote(server) => Ok(server
                 .post::<Count, ()>(&["v1", "queues", queue.as_str(), "dead-letters", "purge"], None)
                 .await
@@ -613,9 +625,12 @@ impl Backend {
     pub async fn pause_schedule(&self, name: &ScheduleName) -> anyhow::Result<ScheduleView> {
         let asked = || format!("cannot pause schedule {name}");
         match self {
-            Backend::Local(store) => {
-                Ok(ScheduleView::from(&client(store).pause_schedule(name).await.map_err(|err| local_error(asked, err))?))
-            }
+            Backend::Local(store) => Ok(ScheduleView::from(
+                &client(store)
+                    .pause_schedule(name, Operator { by: &local_sender(), reason: None })
+                    .await
+                    .map_err(|err| local_error(asked, err))?,
+            )),
             Backend::Remote(server) => self.schedule_change(server, name, "pause", asked).await,
         }
     }
@@ -624,9 +639,12 @@ impl Backend {
     pub async fn resume_schedule(&self, name: &ScheduleName) -> anyhow::Result<ScheduleView> {
         let asked = || format!("cannot resume schedule {name}");
         match self {
-            Backend::Local(store) => {
-                Ok(ScheduleView::from(&client(store).resume_schedule(name).await.map_err(|err| local_error(asked, err))?))
-            }
+            Backend::Local(store) => Ok(ScheduleView::from(
+                &client(store)
+                    .resume_schedule(name, Operator { by: &local_sender(), reason: None })
+                    .await
+                    .map_err(|err| local_error(asked, err))?,
+            )),
             Backend::Remote(server) => self.schedule_change(server, name, "resume", asked).await,
         }
     }
@@ -652,7 +670,10 @@ impl Backend {
         match self {
             Backend::Local(store) => {
                 let client = client(store);
-                let submitted = client.trigger_schedule(name).await.map_err(|err| local_error(asked, err))?;
+                let submitted = client
+                    .trigger_schedule(name, Operator { by: &local_sender(), reason: None })
+                    .await
+                    .map_err(|err| local_error(asked, err))?;
                 let detail = client.task(&submitted.id).await.map_err(|err| local_error(asked, err))?;
                 Ok(TaskView::from(&detail))
             }
@@ -670,7 +691,10 @@ impl Backend {
     pub async fn delete_schedule(&self, name: &ScheduleName) -> anyhow::Result<()> {
         let asked = || format!("cannot delete schedule {name}");
         match self {
-            Backend::Local(store) => client(store).delete_schedule(name).await.map_err(|err| local_error(asked, err)),
+            Backend::Local(store) => client(store)
+                .delete_schedule(name, Operator { by: &local_sender(), reason: None })
+                .await
+                .map_err(|err| local_error(asked, err)),
             Backend::Remote(server) => server.delete(&["v1", "schedules", name.as_str()]).await.map_err(|err| remote_error(asked, err)),
         }
     }
@@ -738,12 +762,47 @@ impl Backend {
     pub async fn stop_batch(&self, id: &str) -> anyhow::Result<BatchView> {
         match self {
             Backend::Local(store) => {
-                let batch = store.stop_batch(id).await.with_context(|| format!("cannot stop batch {id}"))?;
+                let operator = Operator { by: &local_sender(), reason: None };
+                let batch = rota_engine::batch::stop(&client(store), id, operator)
+                    .await
+                    .map_err(|err| local_error(|| format!("cannot stop batch {id}"), err))?;
                 batch.map(|b| BatchView::from(&b)).ok_or_else(|| anyhow!("batch {id} not found"))
             }
             Backend::Remote(server) => {
                 let (_, view) = server.post::<BatchView, ()>(&["v1", "batches", id, "stop"], None).await?;
                 Ok(view)
+            }
+        }
+    }
+}
+
+/// What `rota audit` lists.
+pub struct AuditQuery {
+    pub since: Option<Timestamp>,
+    pub action: Option<AuditAction>,
+    pub by: Option<String>,
+    pub after: Option<AuditCursor>,
+    pub limit: u32,
+}
+
+impl Backend {
+    /// Operator actions, newest first.
+    pub async fn audit(&self, query: &AuditQuery) -> anyhow::Result<Vec<AuditEntryView>> {
+        let context = || "cannot list the audit log".to_owned();
+        match self {
+            Backend::Local(store) => {
+                let filter =
+                    AuditFilter { since: query.since, action: query.action, by: query.by.clone(), after: query.after, limit: query.limit };
+                let entries = client(store).audit(&filter).await.map_err(|err| local_error(context, err))?;
+                Ok(entries.iter().map(AuditEntryView::from).collect())
+            }
+            Backend::Remote(server) => {
+                let mut params = vec![("limit", query.limit.to_string())];
+                params.extend(query.since.map(|at| ("since", output::rfc3339(at))));
+                params.extend(query.action.map(|action| ("action", action.as_str().to_owned())));
+                params.extend(query.by.clone().map(|by| ("by", by)));
+                params.extend(query.after.map(|cursor| ("after", cursor.to_string())));
+                server.get(&["v1", "audit"], &params).await.with_context(context)
             }
         }
     }

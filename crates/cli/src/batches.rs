@@ -16,10 +16,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 use rota_api::wire::BatchView;
 use rota_engine::Shutdown;
 use rota_engine::batch::{self, Batches};
+use rota_engine::ops::Operator;
 use rota_model::TaskState;
-use rota_store::BatchAction;
+use rota_store::{AuditAction, BatchAction};
 
-use crate::backend::{self, Backend};
+use crate::backend::{self, Backend, local_client, local_sender};
 use crate::output;
 use crate::store_args::StoreArgs;
 use crate::tasks::FilterArgs;
@@ -259,6 +260,13 @@ pub async fn run(store: StoreArgs, command: Command) -> anyhow::Result<()> {
         Command::Resume { id, batch_lease } => {
             let batch = backend.batch(&id).await?;
             let finished = run_or_follow(&backend, &batch, batch_lease).await?;
+            // Run here, the resume is this operator's; through a server,
+            // the leader runs it and nothing is asked of it.
+            if let Backend::Local(store) = &backend {
+                let by = local_sender();
+                let detail = serde_json::json!({ "state": finished.state, "done": finished.done, "total": finished.total });
+                local_client(store).record_action(AuditAction::BatchResume, Operator { by: &by, reason: None }, &id, detail).await?;
+            }
             report(&finished)?;
         }
     }

@@ -32,6 +32,7 @@
 //! `supervisor`, `api`) export their spans over OTLP/HTTP with
 //! `--otlp-endpoint URL` or `OTEL_EXPORTER_OTLP_ENDPOINT`.
 mod api_server;
+mod audit;
 mod backend;
 mod batches;
 mod bench;
@@ -139,6 +140,8 @@ enum Command {
     Resume(tasks::PauseArgs),
     /// List the registered workflows (latest version of each); pause or resume one.
     Workflows(tasks::WorkflowsArgs),
+    /// List operator actions (cancel, resubmit, pause, signal, redrive, purge, prune, schedule and batch changes…), newest first, with who and why.
+    Audit(audit::Args),
     /// Bulk actions (`rota cancel` or `rota resubmit` with filters): list, show, stop, resume.
     #[command(subcommand)]
     Batches(batches::Command),
@@ -218,6 +221,7 @@ fn main() -> ExitCode {
         Command::Workflows(args) => run_async(async move { tasks::workflows(&store, args).await }),
         Command::Schedules(command) => run_async(schedules::run(store, command)),
         Command::Batches(command) => run_async(batches::run(store, command)),
+        Command::Audit(args) => run_async(async move { audit::run(&store, args).await }),
         Command::Prune(args) => run_async(async move { prune::run(&store, args).await }),
         Command::Export(args) => run_async(async move { export::export(&store, args).await }),
         Command::Import(args) => run_async(async move { export::import(&store, args).await }),

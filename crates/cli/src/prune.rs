@@ -11,11 +11,13 @@ use std::time::Duration;
 use anyhow::bail;
 use rota_engine::Shutdown;
 use rota_engine::archive::Archive;
+use rota_engine::ops::Operator;
 use rota_engine::retention::Batches;
 use rota_model::{Clock, SystemClock, TaskState, WorkflowName};
-use rota_store::{Prune, PruneWorkflows};
+use rota_store::{AuditAction, Prune, PruneWorkflows};
+use serde_json::json;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, local_client, local_sender};
 use crate::output::rfc3339;
 use crate::store_args::StoreArgs;
 
@@ -48,6 +50,10 @@ pub struct Args {
     /// Created if missing.
     #[arg(long, value_name = "DIR")]
     archive: Option<PathBuf>,
+    /// Why, kept in the audit log (`rota audit`) with who pruned and how
+    /// many tasks.
+    #[arg(long, value_name = "TEXT")]
+    reason: Option<String>,
 }
 
 /// Runs `rota prune`.
@@ -85,6 +91,13 @@ pub async fn run(store: &StoreArgs, args: Args) -> anyhow::Result<()> {
         }
     })
     .await?;
+    // The tasks' own operator history went with them: the prune stays
+    // listed, with what it selected and deleted.
+    let by = local_sender();
+    let detail = json!({ "selected": what, "tasks": pass.tasks, "steps": pass.steps, "events": pass.events, "batches": pass.batches });
+    local_client(&store)
+        .record_action(AuditAction::Prune, Operator { by: &by, reason: args.reason.as_deref() }, "finished tasks", detail)
+        .await?;
     println!("deleted {} {what}, with {} step(s) and {} event(s), in {} batch(es)", pass.tasks, pass.steps, pass.events, pass.batches);
     if let Some(archive) = &archive {
         println!("archived them to {}", archive.dir().display());

@@ -239,6 +239,11 @@ pub struct SupervisorArgs {
     /// Created if missing.
     #[arg(long, value_name = "DIR")]
     archive: Option<std::path::PathBuf>,
+    /// How long the audit log keeps the operator actions that have no task
+    /// (queue, dead-letter, schedule, workflow and batch changes, prunes);
+    /// a task's own actions are kept as long as the task (at least 1day).
+    #[arg(long, value_name = "DURATION", default_value = "400days", value_parser = humantime::parse_duration)]
+    audit_retention: Duration,
 }
 
 impl Default for SupervisorArgs {
@@ -255,6 +260,7 @@ impl Default for SupervisorArgs {
             retention_pause: retention.pause,
             instances_gone_after: retention.instances_gone_after,
             archive: retention.archive,
+            audit_retention: retention.audit,
         }
     }
 }
@@ -518,6 +524,7 @@ fn engine_config(args: &RunArgs, instance: InstanceId, clock: &dyn Clock) -> any
         pause: args.supervisor.retention_pause,
         instances_gone_after: args.supervisor.instances_gone_after,
         archive: args.supervisor.archive.clone(),
+        audit: args.supervisor.audit_retention,
         ..rota_engine::retention::Config::default()
     };
     if let Some(dir) = &args.supervisor.archive {
@@ -550,6 +557,7 @@ fn flag_of(field: &str) -> Option<&'static str> {
         "retention.batch" => Some("--retention-batch"),
         "retention.pause" => Some("--retention-pause"),
         "retention.instances_gone_after" => Some("--instances-gone-after"),
+        "retention.audit" => Some("--audit-retention"),
         "shutdown_grace" => Some("--shutdown-grace"),
         "agent_concurrency" => Some("--agent-concurrency"),
         "agent_stop_check" => Some("--agent-stop-check"),

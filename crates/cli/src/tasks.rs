@@ -201,7 +201,7 @@ pub enum TimeArg {
 }
 
 impl TimeArg {
-    fn at(self, now: Timestamp) -> Timestamp {
+    pub fn at(self, now: Timestamp) -> Timestamp {
         match self {
             TimeArg::At(at) => at,
             TimeArg::Ago(ago) => Timestamp::from_millis(now.as_millis() - i64::try_from(ago.as_millis()).unwrap_or(i64::MAX)),
@@ -209,7 +209,7 @@ impl TimeArg {
     }
 }
 
-fn parse_time_arg(text: &str) -> Result<TimeArg, String> {
+pub fn parse_time_arg(text: &str) -> Result<TimeArg, String> {
     if let Ok(ago) = humantime::parse_duration(text.trim()) {
         return Ok(TimeArg::Ago(ago));
     }

@@ -419,6 +419,34 @@ fn operator_commands_over_http_print_what_they_print_locally() {
     rota.ok(&["queue", "dead-letter", "jobs", again[0]["lease_token"].as_str().unwrap(), "--reason", "poison again"]);
     assert_eq!(stdout(&remote(&rota, &server, ADMIN_TOKEN, &["dlq", "purge", "jobs"])), "1\n");
 
+    // Every change above is in the audit log, newest first, with who (the
+    // token, or the OS user of a local command) and why; it reads the same
+    // locally and over HTTP.
+    assert_eq!(rota.ok(&["dlq", "purge", "jobs"]), "0\n");
+    let audit = rota.json(&["audit", "--json", "--limit", "8"]);
+    let actions: Vec<&str> = audit.as_array().unwrap().iter().map(|e| e["action"].as_str().unwrap()).collect();
+    assert_eq!(
+        actions,
+        ["dlq.purge", "dlq.purge", "dlq.redrive", "queue.resume", "queue.pause", "task.cancel", "task.resume", "task.pause"]
+    );
+    assert!(audit[0]["by"].as_str().unwrap().starts_with("cli"), "a local command: {}", audit[0]);
+    assert!(audit[1]["by"].as_str().unwrap().starts_with("api token with scope admin"), "over HTTP: {}", audit[1]);
+    assert_eq!((&audit[2]["detail"]["moved"], &audit[7]["reason"], &audit[7]["target"]), (&json!(1), &json!("maintenance"), &json!("s-1")));
+    let cursor = audit[0]["cursor"].as_str().unwrap();
+    for args in [
+        vec!["audit", "--json"],
+        vec!["audit", "--action", "task.pause"],
+        vec!["audit", "--after", cursor, "--limit", "2", "--json"],
+        vec!["audit", "--since", "1h", "--action", "dlq.purge", "--json"],
+    ] {
+        let local = rota.ok(&args);
+        let over_http = stdout(&remote(&rota, &server, ADMIN_TOKEN, &args));
+        assert_eq!(over_http, local, "rota {args:?} differs over HTTP");
+    }
+    let (code, stderr) = rota.fails(&["audit", "--action", "task.explode"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("unknown audit action"), "{stderr}");
+
     // Without the token: one clear line, naming the flag to give.
     let output = rota.command(&["--server", &server.url, "tasks"]).env_remove("ROTA_TOKEN").output().unwrap();
     assert_eq!(output.status.code(), Some(1));

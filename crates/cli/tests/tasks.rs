@@ -520,9 +520,23 @@ fn prune_deletes_finished_tasks_by_hand_and_counts_them_in_a_dry_run() {
     assert_eq!(rota.json(&["status", "done-1", "--json"])["state"], "cancelled", "a dry run deletes nothing");
     let only_errors = rota.ok(&["prune", "--older-than", "0s", "--state", "error"]);
     assert!(only_errors.starts_with("deleted 0 finished task(s) in error that ended before"), "{only_errors}");
-    let pruned = rota.ok(&["prune", "--older-than", "0s", "--workflow", "pipeline", "--batch", "1"]);
+    let audit = rota.json(&["audit", "--json"]);
+    assert_eq!(
+        audit.as_array().unwrap().iter().map(|e| e["action"].as_str().unwrap()).collect::<Vec<_>>(),
+        ["prune", "task.cancel", "task.cancel"]
+    );
+    let pruned = rota.ok(&["prune", "--older-than", "0s", "--workflow", "pipeline", "--batch", "1", "--reason", "disk space"]);
     assert!(pruned.starts_with("deleted 2 finished task(s) of workflow pipeline that ended before"), "{pruned}");
     assert!(pruned.trim_end().ends_with("in 3 batch(es)"), "two full batches of one, then an empty one: {pruned}");
+    // The cancels went with their tasks; the prunes stay, with who, why and how many.
+    let audit = rota.json(&["audit", "--json"]);
+    assert_eq!(audit.as_array().unwrap().iter().map(|e| e["action"].as_str().unwrap()).collect::<Vec<_>>(), ["prune", "prune"]);
+    assert_eq!(
+        (&audit[0]["reason"], &audit[0]["detail"]["tasks"], &audit[1]["detail"]["tasks"]),
+        (&json!("disk space"), &json!(2), &json!(0))
+    );
+    assert!(audit[0]["by"].as_str().unwrap().starts_with("cli"), "{}", audit[0]);
+    assert!(audit[0]["detail"]["selected"].as_str().unwrap().contains("of workflow pipeline"), "{}", audit[0]);
     let (_, stderr) = rota.fails(&["status", "done-1"]);
     assert_one_error_line(&stderr, &["done-1"]);
     assert_eq!(rota.json(&["status", "waiting", "--json"])["state"], "pending", "a pending task is never deleted");

@@ -23,7 +23,9 @@
 use std::time::Duration;
 
 use rota_model::{InstanceId, TaskId, Timestamp};
-use rota_store::{BatchAction, BatchProgress, BatchRecord, BatchState, NewBatch, SharedStore, TaskFilter};
+use rota_store::{AuditAction, BatchAction, BatchProgress, BatchRecord, BatchState, NewBatch, SharedStore, TaskFilter};
+
+use serde_json::json;
 
 use crate::client::Client;
 use crate::ops;
@@ -80,7 +82,25 @@ pub async fn create(
     let total = client.task_counts(&filter).await?.iter().map(|(_, n)| n).sum();
     let new =
         NewBatch { id: format!("batch-{}", uuid::Uuid::new_v4()), action, filter, total, requested_by: requested_by.to_owned(), reason };
-    Ok(client.store.create_batch(&new).await?)
+    let batch = client.store.create_batch(&new).await?;
+    let operator = Operator { by: requested_by, reason: batch.reason.as_deref() };
+    let detail = json!({ "action": batch.action.as_str(), "total": batch.total, "filter": batch.filter });
+    client.record_action(AuditAction::BatchCreate, operator, &batch.id, detail).await?;
+    Ok(batch)
+}
+
+/// Stops batch `id` (its runner stops at its next page): `None` when it
+/// does not exist. A batch already finished is returned as it is, and
+/// only a stop that found it Running is recorded.
+pub async fn stop(client: &Client, id: &str, operator: Operator<'_>) -> ops::Result<Option<BatchRecord>> {
+    operator.check()?;
+    let before = client.store.batch(id).await?;
+    let Some(stopped) = client.store.stop_batch(id).await? else { return Ok(None) };
+    if before.is_some_and(|b| b.state == BatchState::Running) && stopped.state == BatchState::Stopped {
+        let detail = json!({ "done": stopped.done, "skipped": stopped.skipped, "failed": stopped.failed, "total": stopped.total });
+        client.record_action(AuditAction::BatchStop, operator, id, detail).await?;
+    }
+    Ok(Some(stopped))
 }
 
 /// What happened to one task.

@@ -29,6 +29,7 @@
 pub mod activity;
 pub mod agent_worker;
 pub mod archive;
+pub mod audit;
 pub mod batch;
 pub mod callback;
 pub mod client;

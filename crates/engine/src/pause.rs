@@ -33,7 +33,7 @@
 //! Deliberately left out: a pause that ends by itself at a given time.
 
 use rota_model::{TaskId, TaskState, WorkflowName};
-use rota_store::{Changes, Event, EventKind, TaskFilter, TaskRecord, TaskWrite, WorkflowPause};
+use rota_store::{AuditAction, Changes, Event, EventKind, TaskFilter, TaskRecord, TaskWrite, WorkflowPause};
 use serde_json::json;
 
 use crate::client::{Client, doorbell};
@@ -168,6 +168,8 @@ impl Client {
         }
         let verb = if change.paused { "paused" } else { "resumed" };
         tracing::info!(workflow = %name, by = operator.by, reason = operator.reason, "workflow {name} {verb} by {}", operator.by);
+        let recorded = if change.paused { AuditAction::WorkflowPause } else { AuditAction::WorkflowResume };
+        self.record_action(recorded, operator, name.as_str(), json!({})).await?;
         Ok(change)
     }
 }

@@ -29,12 +29,17 @@ use std::time::Duration;
 use std::path::PathBuf;
 
 use rota_model::{Clock, InstanceId, Timestamp, WorkflowName};
-use rota_store::{InstanceSweep, Prune, PruneWorkflows, Pruned, SharedStore};
+use rota_store::{AuditAction, InstanceSweep, NewAudit, Prune, PruneWorkflows, Pruned, SharedStore};
 use rota_workflow::Workflow;
+
+use serde_json::json;
 
 use crate::archive::Archive;
 use crate::supervisor::human;
 use crate::{Error, Result, Shutdown, export, protocol, status, telemetry};
+
+/// Who the audit log says pruned, for the leader's retention passes.
+pub const RETENTION_BY: &str = "retention (supervisor leader)";
 
 /// How retention runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +65,9 @@ pub struct Config {
     /// The directory finished tasks are archived to before they are
     /// deleted (created if missing), if any.
     pub archive: Option<PathBuf>,
+    /// How long the audit table's rows are kept (the operator actions
+    /// without a task; a task's own go with it).
+    pub audit: Duration,
 }
 
 impl Config {
@@ -77,6 +85,11 @@ impl Config {
     /// The shortest silence after which an instance counts as gone: many
     /// heartbeat intervals, so that a slow process is never swept.
     pub const INSTANCES_GONE_AFTER_MIN: Duration = Duration::from_secs(60);
+    /// The shortest audit retention: a day, so that the log of an incident
+    /// outlives the incident.
+    pub const AUDIT_MIN: Duration = Duration::from_secs(24 * 3600);
+    /// The default audit retention: 400 days, a year and a margin.
+    pub const AUDIT_DEFAULT: Duration = Duration::from_secs(400 * 24 * 3600);
 
     /// Checks every bound; the error names the field.
     pub fn validate(&self) -> Result<()> {
@@ -105,13 +118,17 @@ impl Config {
             let why = format!("must be at least {}, got {}", human(Self::INSTANCES_GONE_AFTER_MIN), human(self.instances_gone_after));
             return out("retention.instances_gone_after", why);
         }
+        if self.audit < Self::AUDIT_MIN {
+            return out("retention.audit", format!("must be at least {}, got {}", human(Self::AUDIT_MIN), human(self.audit)));
+        }
         Ok(())
     }
 }
 
 impl Default for Config {
     /// No default retention; a pass every minute, batches of 500 tasks
-    /// 50 ms apart, at most 1000 per pass; instances gone for a day.
+    /// 50 ms apart, at most 1000 per pass; instances gone for a day; audit
+    /// rows kept 400 days.
     fn default() -> Self {
         Config {
             default: None,
@@ -121,6 +138,7 @@ impl Default for Config {
             batches_per_pass: 1000,
             instances_gone_after: status::INSTANCES_LISTED_FOR,
             archive: None,
+            audit: Self::AUDIT_DEFAULT,
         }
     }
 }
@@ -161,6 +179,8 @@ pub struct Pass {
     pub inboxes: u32,
     /// Circuit breakers nobody reported any more.
     pub breakers: u64,
+    /// Audit table rows past the audit retention.
+    pub audit_rows: u64,
 }
 
 impl Pass {
@@ -269,15 +289,16 @@ impl Retention {
                 () = shutdown.triggered() => break,
             }
             match self.run_if_leader(&instance, &shutdown).await {
-                Ok(Some(pass)) if pass.tasks > 0 || pass.instances > 0 || pass.breakers > 0 => tracing::info!(
-                    "retention: deleted {} finished task(s) ({} steps, {} events) in {} batch(es); swept {} gone instance(s), {} inbox(es), {} breaker(s)",
+                Ok(Some(pass)) if pass.tasks > 0 || pass.instances > 0 || pass.breakers > 0 || pass.audit_rows > 0 => tracing::info!(
+                    "retention: deleted {} finished task(s) ({} steps, {} events) in {} batch(es); swept {} gone instance(s), {} inbox(es), {} breaker(s), {} audit row(s)",
                     pass.tasks,
                     pass.steps,
                     pass.events,
                     pass.batches,
                     pass.instances,
                     pass.inboxes,
-                    pass.breakers
+                    pass.breakers,
+                    pass.audit_rows
                 ),
                 Ok(_) => {}
                 Err(err) => tracing::warn!("retention pass failed, tried again next interval: {err}"),
@@ -317,8 +338,31 @@ impl Retention {
             pass.events += done.events;
             pass.batches += done.batches;
         }
+        if pass.tasks > 0 {
+            // Deleting tasks deletes their operator history: the pass
+            // itself stays listed, with what it deleted.
+            let detail = json!({ "tasks": pass.tasks, "steps": pass.steps, "events": pass.events, "batches": pass.batches });
+            let entry =
+                NewAudit { action: AuditAction::Prune, by: RETENTION_BY.to_owned(), reason: None, target: "retention".to_owned(), detail };
+            self.store.record_audit(&entry).await?;
+        }
         self.sweep(now, &mut pass).await?;
+        self.sweep_audit(now, &mut pass, shutdown).await?;
         Ok(pass)
+    }
+
+    /// Deletes the audit table's rows older than [`Config::audit`], a
+    /// batch at a time, at most [`Config::batches_per_pass`] batches.
+    async fn sweep_audit(&self, now: Timestamp, pass: &mut Pass, shutdown: &Shutdown) -> Result<()> {
+        let before = now.sub(self.config.audit);
+        for _ in 0..self.config.batches_per_pass {
+            let deleted = self.store.prune_audit(before, self.config.batch).await?;
+            pass.audit_rows += deleted;
+            if deleted < u64::from(self.config.batch) || shutdown.is_triggered() {
+                break;
+            }
+        }
+        Ok(())
     }
 
     /// The workflows whose latest version sets its own retention. A
@@ -419,6 +463,10 @@ mod tests {
         assert_eq!(
             refused(|c| c.batches_per_pass = 0),
             "invalid configuration: retention.batches_per_pass must be between 1 and 100000, got 0"
+        );
+        assert_eq!(
+            refused(|c| c.audit = Duration::from_secs(3600)),
+            "invalid configuration: retention.audit must be at least 1day, got 1h"
         );
         assert_eq!(
             refused(|c| c.instances_gone_after = Duration::from_secs(6)),

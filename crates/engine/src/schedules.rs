@@ -30,9 +30,11 @@ use std::time::Duration;
 
 use rota_model::schedule::{fire_task_id, manual_task_id, rfc3339_seconds};
 use rota_model::{CatchUp, Clock, Cron, Overlap, ScheduleName, TaskId, Timestamp};
-use rota_store::{NewSchedule, ScheduleProgress, ScheduleRecord, SharedStore};
+use rota_store::{AuditAction, NewSchedule, ScheduleProgress, ScheduleRecord, SharedStore};
+use serde_json::json;
 
 use crate::client::{Client, Fired, Submission, Submitted};
+use crate::ops::Operator;
 use crate::{Error, Result};
 use crate::{ops, telemetry};
 
@@ -344,31 +346,42 @@ impl Client {
     }
 
     /// Pauses a schedule: it does not fire until resumed.
-    pub async fn pause_schedule(&self, name: &ScheduleName) -> ops::Result<ScheduleDetail> {
-        self.store.pause_schedule(name).await.map(ScheduleDetail::of).map_err(|err| not_found(name, err))
+    pub async fn pause_schedule(&self, name: &ScheduleName, operator: Operator<'_>) -> ops::Result<ScheduleDetail> {
+        operator.check()?;
+        let paused = self.store.pause_schedule(name).await.map(ScheduleDetail::of).map_err(|err| not_found(name, err))?;
+        self.record_action(AuditAction::SchedulePause, operator, name.as_str(), json!({})).await?;
+        Ok(paused)
     }
 
     /// Resumes a schedule: it fires from now on.
-    pub async fn resume_schedule(&self, name: &ScheduleName) -> ops::Result<ScheduleDetail> {
-        self.store.resume_schedule(name).await.map(ScheduleDetail::of).map_err(|err| not_found(name, err))
+    pub async fn resume_schedule(&self, name: &ScheduleName, operator: Operator<'_>) -> ops::Result<ScheduleDetail> {
+        operator.check()?;
+        let resumed = self.store.resume_schedule(name).await.map(ScheduleDetail::of).map_err(|err| not_found(name, err))?;
+        self.record_action(AuditAction::ScheduleResume, operator, name.as_str(), json!({})).await?;
+        Ok(resumed)
     }
 
     /// Deletes a schedule; the tasks it started are kept.
-    pub async fn delete_schedule(&self, name: &ScheduleName) -> ops::Result<()> {
-        self.store.delete_schedule(name).await.map_err(|err| not_found(name, err))
+    pub async fn delete_schedule(&self, name: &ScheduleName, operator: Operator<'_>) -> ops::Result<()> {
+        operator.check()?;
+        self.store.delete_schedule(name).await.map_err(|err| not_found(name, err))?;
+        self.record_action(AuditAction::ScheduleDelete, operator, name.as_str(), json!({})).await
     }
 
     /// Fires a schedule now, paused or not, whatever its overlap policy:
     /// its workflow with its input, as the task `NAME@manual@<now>`. The
     /// schedule's progress is not touched, so the cron fires go on as
     /// before.
-    pub async fn trigger_schedule(&self, name: &ScheduleName) -> ops::Result<Submitted> {
+    pub async fn trigger_schedule(&self, name: &ScheduleName, operator: Operator<'_>) -> ops::Result<Submitted> {
+        operator.check()?;
         let detail = self.schedule(name).await?;
         let spec = &detail.record.spec;
         let now = self.clock.now();
         let fired = Fired { schedule: name.clone(), fire_at: now, manual: true };
         let submission = Submission::new(spec.workflow.clone(), spec.input.clone()).with_id(manual_task_id(name, now)).fired_by(fired);
-        self.submit(submission).await.map_err(ops::Error::from_submit)
+        let submitted = self.submit(submission).await.map_err(ops::Error::from_submit)?;
+        self.record_action(AuditAction::ScheduleTrigger, operator, name.as_str(), json!({ "task": submitted.id.as_str() })).await?;
+        Ok(submitted)
     }
 }
 

@@ -8,10 +8,10 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rota_engine::retention::{Config, Pass, Retention};
+use rota_engine::retention::{Config, Pass, RETENTION_BY, Retention};
 use rota_engine::{Shutdown, Workflows, protocol, status};
 use rota_model::{Clock, InstanceId, ManualClock, Task, TaskId, Timestamp, WorkflowName};
-use rota_store::{Changes, Event, EventKind, NewTask, QueueConfig, SharedStore, TaskWrite};
+use rota_store::{AuditAction, AuditFilter, Changes, Event, EventKind, NewAudit, NewTask, QueueConfig, SharedStore, TaskWrite};
 use rota_workflow::{AgentCatalog, StepDef, Workflow};
 use serde_json::json;
 
@@ -162,10 +162,43 @@ async fn instances_gone_long_enough_are_swept_with_their_inbox(backend: Backend)
     assert!(!queues.contains(&"rota.inbox.gone-1".to_owned()) && queues.contains(&"rota.inbox.live-1".to_owned()), "{queues:?}");
 }
 
+/// A pass that deletes tasks records itself in the audit log with its
+/// counts (the tasks' own operator rows go with them); audit rows older
+/// than the audit retention are swept in bounded batches, younger ones kept.
+async fn a_pass_is_audited_and_old_audit_rows_are_swept(backend: Backend) {
+    let Some(rig) = Rig::new(backend).await else { return };
+    let purge = |queue: &str| NewAudit {
+        action: AuditAction::DlqPurge,
+        by: "alice".to_owned(),
+        reason: None,
+        target: queue.to_owned(),
+        detail: json!({ "purged": 1 }),
+    };
+    for queue in ["old-1", "old-2", "old-3"] {
+        rig.store.record_audit(&purge(queue)).await.unwrap();
+    }
+    rig.finished("order-1", "order").await;
+    rig.clock.advance(2 * DAY);
+    rig.store.record_audit(&purge("young")).await.unwrap();
+    let retention = rig.retention(Config { audit: DAY, batch: 2, ..config(Some(DAY)) });
+
+    let pass = rig.pass(&retention).await;
+    assert_eq!((pass.tasks, pass.audit_rows), (1, 3), "the old rows in two batches, the young one kept");
+    let listed = rig.store.audit(&AuditFilter { limit: 10, ..AuditFilter::default() }).await.unwrap();
+    let rows: Vec<(AuditAction, &str, &str)> = listed.iter().map(|e| (e.action, e.by.as_str(), e.target.as_str())).collect();
+    assert_eq!(rows, [(AuditAction::Prune, RETENTION_BY, "retention"), (AuditAction::DlqPurge, "alice", "young")]);
+    assert_eq!(listed[0].detail["tasks"], json!(1), "the prune says how many tasks it deleted");
+    let pass = rig.pass(&retention).await;
+    assert_eq!((pass.tasks, pass.audit_rows), (0, 0));
+    let again = rig.store.audit(&AuditFilter { limit: 10, ..AuditFilter::default() }).await.unwrap();
+    assert_eq!(again.len(), 2, "a pass that deletes nothing records nothing");
+}
+
 on_each_backend!(
     each_workflow_keeps_its_finished_tasks_for_its_own_retention,
     without_a_default_only_workflows_that_ask_are_pruned,
     a_pass_runs_bounded_batches_and_the_next_pass_goes_on,
     only_the_supervisor_leader_runs_a_pass,
     instances_gone_long_enough_are_swept_with_their_inbox,
+    a_pass_is_audited_and_old_audit_rows_are_swept,
 );

@@ -10,14 +10,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::Backend;
+use rota_engine::ops::Operator;
 use rota_engine::schedules::{self, Firing};
 use rota_engine::{Client, Completions, Supervisor, Workflows, ops, supervisor};
 use rota_model::schedule::rfc3339_seconds;
 use rota_model::{CatchUp, Clock, InstanceId, ManualClock, Overlap, ScheduleName, TaskId, Timestamp, WorkflowName};
-use rota_store::{EventKind, NewSchedule, ScheduleSource, ScheduleSpec, SharedStore, TaskFilter};
+use rota_store::{AuditAction, AuditFilter, EventKind, NewSchedule, ScheduleSource, ScheduleSpec, SharedStore, TaskFilter};
 use rota_workflow::{AgentCatalog, StepDef, Workflow};
 use serde_json::json;
 
+/// Who acts on schedules in these tests.
+const OPERATOR: Operator<'static> = Operator { by: "ops-team", reason: Some("maintenance") };
 /// 2027-01-15T08:00:00Z, a whole minute.
 const START: Timestamp = Timestamp::from_millis(1_800_000_000_000);
 const SECOND: Duration = Duration::from_secs(1);
@@ -218,7 +221,7 @@ async fn daylight_saving_changes_fire_as_croner_defines(backend: Backend) {
 
     let autumn = Timestamp::from_millis(1_792_843_200_000); // 2026-10-24T12:00:00Z
     rig.clock.set(autumn);
-    rig.client.delete_schedule(&name("fixed")).await.unwrap();
+    rig.client.delete_schedule(&name("fixed"), OPERATOR).await.unwrap();
     rig.client.create_schedule(&berlin(schedule("fixed", "0 30 2 * * *", Overlap::Allow, CatchUp::All))).await.unwrap();
     rig.client.create_schedule(&berlin(schedule("halves", "0 */30 2 * * *", Overlap::Allow, CatchUp::All))).await.unwrap();
     for _ in 0..(24 * 4) {
@@ -245,11 +248,11 @@ async fn daylight_saving_changes_fire_as_croner_defines(backend: Backend) {
 async fn paused_schedules_do_not_fire_and_resume_from_now(backend: Backend) {
     let Some(rig) = rig(backend, START, schedules::Config::default()).await else { return };
     rig.client.create_schedule(&schedule("tick", "*/10 * * * * *", Overlap::Allow, CatchUp::All)).await.unwrap();
-    let paused = rig.client.pause_schedule(&name("tick")).await.unwrap();
+    let paused = rig.client.pause_schedule(&name("tick"), OPERATOR).await.unwrap();
     assert_eq!((paused.record.paused, paused.next_fire), (true, None), "a paused schedule has no next fire");
     rig.clock.advance(MINUTE);
     assert_eq!(round(&rig).await.started, 0, "paused");
-    let resumed = rig.client.resume_schedule(&name("tick")).await.unwrap();
+    let resumed = rig.client.resume_schedule(&name("tick"), OPERATOR).await.unwrap();
     assert_eq!(resumed.next_fire, Some(START.add(MINUTE + SECOND * 10)));
     rig.clock.advance(SECOND * 10);
     assert_eq!(round(&rig).await.started, 1);
@@ -261,21 +264,37 @@ async fn paused_schedules_do_not_fire_and_resume_from_now(backend: Backend) {
 async fn trigger_fires_now_with_its_own_id(backend: Backend) {
     let Some(rig) = rig(backend, START, schedules::Config::default()).await else { return };
     let created = rig.client.create_schedule(&schedule("tick", "0 0 * * * *", Overlap::Skip, CatchUp::All)).await.unwrap();
-    rig.client.pause_schedule(&name("tick")).await.unwrap();
+    rig.client.pause_schedule(&name("tick"), OPERATOR).await.unwrap();
     rig.clock.advance(Duration::from_millis(1_250));
-    let submitted = rig.client.trigger_schedule(&name("tick")).await.unwrap();
+    let submitted = rig.client.trigger_schedule(&name("tick"), OPERATOR).await.unwrap();
     assert_eq!(submitted.id.as_str(), "tick@manual@2027-01-15T08:00:01.250Z");
     assert!(submitted.created);
     let received = rig.store.history(&submitted.id).await.unwrap().into_iter().find(|e| e.kind == EventKind::Received).unwrap();
     assert_eq!(received.detail["schedule"], json!({"name": "tick", "fire_at": "2027-01-15T08:00:01.250Z", "manual": true}));
     rig.clock.advance(SECOND);
-    rig.client.trigger_schedule(&name("tick")).await.unwrap();
+    rig.client.trigger_schedule(&name("tick"), OPERATOR).await.unwrap();
     assert_eq!(task_ids(&rig.store).await.len(), 2, "each trigger starts a task");
     let after = rig.client.schedule(&name("tick")).await.unwrap().record;
     assert_eq!(after.progress, created.0.record.progress, "a manual fire leaves the cron's progress alone");
-    let err = rig.client.trigger_schedule(&name("nope")).await.unwrap_err();
+    let err = rig.client.trigger_schedule(&name("nope"), OPERATOR).await.unwrap_err();
     assert!(matches!(err, ops::Error::ScheduleNotFound(_)), "{err}");
     assert_eq!(err.to_string(), "schedule nope not found");
+
+    // Each action is in the audit log, newest first, with who and why;
+    // the refused trigger is not.
+    let audit = rig.client.audit(&AuditFilter { limit: 10, ..AuditFilter::default() }).await.unwrap();
+    let listed: Vec<(AuditAction, &str, &str, Option<&str>)> =
+        audit.iter().map(|e| (e.action, e.target.as_str(), e.by.as_str(), e.reason.as_deref())).collect();
+    let done = (OPERATOR.by, OPERATOR.reason);
+    assert_eq!(
+        listed,
+        [
+            (AuditAction::ScheduleTrigger, "tick", done.0, done.1),
+            (AuditAction::ScheduleTrigger, "tick", done.0, done.1),
+            (AuditAction::SchedulePause, "tick", done.0, done.1),
+        ]
+    );
+    assert_eq!(audit[1].detail["task"], json!(submitted.id.as_str()), "a trigger names the task it started");
 }
 
 /// Creating checks the expression, the zone and the workflow, and refuses
@@ -302,9 +321,9 @@ async fn bad_schedules_are_refused_with_the_field(backend: Backend) {
     let err = rig.client.create_schedule(&other).await.unwrap_err();
     assert_eq!(err.to_string(), "schedule good already exists with a different definition (delete it first)");
     for err in [
-        rig.client.pause_schedule(&name("nope")).await.unwrap_err(),
-        rig.client.resume_schedule(&name("nope")).await.unwrap_err(),
-        rig.client.delete_schedule(&name("nope")).await.unwrap_err(),
+        rig.client.pause_schedule(&name("nope"), OPERATOR).await.unwrap_err(),
+        rig.client.resume_schedule(&name("nope"), OPERATOR).await.unwrap_err(),
+        rig.client.delete_schedule(&name("nope"), OPERATOR).await.unwrap_err(),
         rig.client.schedule(&name("nope")).await.unwrap_err(),
     ] {
         assert_eq!(err.to_string(), "schedule nope not found");

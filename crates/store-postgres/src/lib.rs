@@ -28,6 +28,7 @@
 //! Deliberately left out: SQL outside this crate, and `now()` in SQL.
 
 mod announce;
+mod audit_sql;
 mod batch_sql;
 mod commit_sql;
 mod connections;
@@ -51,9 +52,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, ScheduleName, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{
-    BatchProgress, BatchRecord, Changes, ComponentStatus, Created, DeadLetter, Delivery, Error, Event, Expired, InstanceSweep, LeaderLease,
-    NewBatch, NewSchedule, NewTask, Outgoing, Prune, Pruned, QueueConfig, QueueStats, Queues, Receive, Redrive, ScheduleProgress,
-    ScheduleRecord, Sent, Store, Swept, TaskFilter, TaskRecord, Tasks, Warning, WorkflowEntry, WorkflowPause,
+    AuditEntry, AuditFilter, BatchProgress, BatchRecord, Changes, ComponentStatus, Created, DeadLetter, Delivery, Error, Event, Expired,
+    InstanceSweep, LeaderLease, NewAudit, NewBatch, NewSchedule, NewTask, Outgoing, Prune, Pruned, QueueConfig, QueueStats, Queues,
+    Receive, Redrive, ScheduleProgress, ScheduleRecord, Sent, Store, Swept, TaskFilter, TaskRecord, Tasks, Warning, WorkflowEntry,
+    WorkflowPause,
 };
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -1142,6 +1144,21 @@ impl Tasks for PgStore {
     ) -> Result<Option<BatchRecord>, Error> {
         let now = self.clock.now();
         with_connection!(self, conn => { batch_sql::advance_batch(&mut conn, &self.names, id, owner, progress, lease, now).await? })
+    }
+
+    async fn record_audit(&self, entry: &NewAudit) -> Result<(), Error> {
+        entry.check()?;
+        let now = self.clock.now();
+        with_connection!(self, conn => { audit_sql::record_audit(&mut conn, &self.names, entry, now).await? })
+    }
+
+    async fn audit(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, Error> {
+        filter.check()?;
+        with_connection!(self, conn => { audit_sql::audit(&mut conn, &self.names, filter).await? })
+    }
+
+    async fn prune_audit(&self, before: Timestamp, limit: u32) -> Result<u64, Error> {
+        with_connection!(self, conn => { audit_sql::prune_audit(&mut conn, &self.names, before, limit).await? })
     }
 
     async fn stop_batch(&self, id: &str) -> Result<Option<BatchRecord>, Error> {

@@ -10,7 +10,7 @@ use crate::sql::Names;
 
 /// The migrations, in order. `rota.` stands for the store's schema. Never
 /// edit one that has shipped: add another.
-const MIGRATIONS: &[&str] = &[
+pub(crate) const MIGRATIONS: &[&str] = &[
     r#"
 -- Queues. `id` keeps message rows small and their index keys short.
 CREATE TABLE rota.queues (
@@ -330,6 +330,21 @@ CREATE TABLE rota.batches (
     updated_at   BIGINT NOT NULL
 );
 CREATE INDEX batches_running ON rota.batches (created_at) WHERE state = 'running';
+"#,
+    r#"
+-- The audit log: operator actions that have no history row, with who and
+-- why. Task actions are read from the history through `events_operator`.
+CREATE TABLE rota.audit (
+    id     BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at     BIGINT NOT NULL,
+    action TEXT   NOT NULL,
+    actor  TEXT   NOT NULL,
+    reason TEXT,
+    target TEXT   NOT NULL,
+    detail TEXT   NOT NULL
+);
+CREATE INDEX audit_at ON rota.audit (at, id);
+CREATE INDEX events_operator ON rota.events (at, seq) WHERE kind IN ('cancelled', 'resubmitted', 'paused', 'resumed', 'signal');
 "#,
 ];
 

@@ -16,11 +16,11 @@ use sqlx::{PgConnection, Row};
 use crate::sql::Names;
 use crate::{Fail, Result};
 
-fn json_text(value: &Value) -> String {
+pub(crate) fn json_text(value: &Value) -> String {
     value.to_string()
 }
 
-fn parse_json(column: &str, text: String) -> Result<Value> {
+pub(crate) fn parse_json(column: &str, text: String) -> Result<Value> {
     serde_json::from_str(&text).map_err(|e| Error::Backend(format!("stored {column} is not JSON: {e}")).into())
 }
 
@@ -543,7 +543,7 @@ pub(crate) async fn raise_warning(tx: &mut PgConnection, n: &Names, warning: &Wa
     Ok(live)
 }
 
-fn event_from(row: &PgRow) -> Result<Event> {
+pub(crate) fn event_from(row: &PgRow) -> Result<Event> {
     let kind: String = row.try_get("kind")?;
     Ok(Event {
         seq: row.try_get("seq")?,

@@ -13,6 +13,7 @@
 //!
 //! Deliberately left out: any SQL outside this crate.
 
+mod audit_sql;
 mod batch_sql;
 mod prune_sql;
 mod queue_sql;
@@ -29,9 +30,10 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, ScheduleName, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{
-    BatchProgress, BatchRecord, Changes, ComponentStatus, Created, DeadLetter, Delivery, Error, Event, Expired, InstanceSweep, LeaderLease,
-    NewBatch, NewSchedule, NewTask, Outgoing, Prune, Pruned, QueueConfig, QueueStats, Queues, Receive, Redrive, Result, ScheduleProgress,
-    ScheduleRecord, Sent, Store, Swept, TaskFilter, TaskRecord, Tasks, Warning, WorkflowEntry, WorkflowPause,
+    AuditEntry, AuditFilter, BatchProgress, BatchRecord, Changes, ComponentStatus, Created, DeadLetter, Delivery, Error, Event, Expired,
+    InstanceSweep, LeaderLease, NewAudit, NewBatch, NewSchedule, NewTask, Outgoing, Prune, Pruned, QueueConfig, QueueStats, Queues,
+    Receive, Redrive, Result, ScheduleProgress, ScheduleRecord, Sent, Store, Swept, TaskFilter, TaskRecord, Tasks, Warning, WorkflowEntry,
+    WorkflowPause,
 };
 use rusqlite::{Connection, OpenFlags};
 use serde_json::Value;
@@ -833,6 +835,22 @@ impl Tasks for SqliteStore {
     async fn stop_batch(&self, id: &str) -> Result<Option<BatchRecord>> {
         let id = id.to_owned();
         self.write(move |conn, now| batch_sql::stop_batch(conn, &id, now)).await
+    }
+
+    async fn record_audit(&self, entry: &NewAudit) -> Result<()> {
+        entry.check()?;
+        let entry = entry.clone();
+        self.write(move |conn, now| audit_sql::record_audit(conn, &entry, now)).await
+    }
+
+    async fn audit(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>> {
+        filter.check()?;
+        let filter = filter.clone();
+        self.read(move |conn, _| audit_sql::audit(conn, &filter)).await
+    }
+
+    async fn prune_audit(&self, before: Timestamp, limit: u32) -> Result<u64> {
+        self.write(move |conn, _| audit_sql::prune_audit(conn, before, limit)).await
     }
 
     async fn create_schedule(&self, new: &NewSchedule) -> Result<ScheduleRecord> {

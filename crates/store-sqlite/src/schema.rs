@@ -4,7 +4,7 @@
 use rusqlite::Connection;
 
 /// The migrations, in order. Never edit one that has shipped: add another.
-const MIGRATIONS: &[&str] = &[
+pub(crate) const MIGRATIONS: &[&str] = &[
     r#"
 -- Queues. `id` keeps message rows small and their index keys short.
 CREATE TABLE queues (
@@ -289,6 +289,21 @@ CREATE TABLE batches (
     updated_at   INTEGER NOT NULL
 );
 CREATE INDEX batches_running ON batches (created_at) WHERE state = 'running';
+"#,
+    r#"
+-- The audit log: operator actions that have no history row, with who and
+-- why. Task actions are read from the history through `events_operator`.
+CREATE TABLE audit (
+    id     INTEGER PRIMARY KEY AUTOINCREMENT,
+    at     INTEGER NOT NULL,
+    action TEXT    NOT NULL,
+    actor  TEXT    NOT NULL,
+    reason TEXT,
+    target TEXT    NOT NULL,
+    detail TEXT    NOT NULL
+);
+CREATE INDEX audit_at ON audit (at, id);
+CREATE INDEX events_operator ON events (at, seq) WHERE kind IN ('cancelled', 'resubmitted', 'paused', 'resumed', 'signal');
 "#,
 ];
 

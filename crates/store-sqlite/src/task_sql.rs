@@ -24,7 +24,7 @@ fn json_text(value: &Value) -> String {
     value.to_string()
 }
 
-fn parse_json(column: &str, text: String) -> Result<Value> {
+pub(crate) fn parse_json(column: &str, text: String) -> Result<Value> {
     serde_json::from_str(&text).map_err(|e| Error::Backend(format!("stored {column} is not JSON: {e}")))
 }
 
@@ -724,11 +724,11 @@ pub(crate) fn raise_warning(conn: &Connection, warning: &Warning, events: &[Even
 /// An event row as read: seq, task id, at, kind, step, attempt, detail, hash.
 type EventRow = (i64, String, i64, String, Option<String>, Option<u32>, String, Option<Vec<u8>>);
 
-fn event_row(row: &Row<'_>) -> rusqlite::Result<EventRow> {
+pub(crate) fn event_row(row: &Row<'_>) -> rusqlite::Result<EventRow> {
     Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?, row.get(5)?, row.get(6)?, row.get(7)?))
 }
 
-fn into_event((seq, task_id, at, kind, step, attempt, detail, hash): EventRow) -> Result<Event> {
+pub(crate) fn into_event((seq, task_id, at, kind, step, attempt, detail, hash): EventRow) -> Result<Event> {
     Ok(Event {
         seq,
         task_id: TaskId::new(task_id).map_err(|e| corrupt("event task id", e))?,

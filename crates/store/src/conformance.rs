@@ -30,10 +30,10 @@ use rota_model::{
 use serde_json::{Value, json};
 
 use crate::{
-    BODY_BYTES_MAX, BatchAction, BatchProgress, BatchState, Changes, Created, Delivery, Error, Event, EventKind, Expired, InstanceSweep,
-    NewBatch, NewSchedule, NewTask, Outgoing, Prune, PruneWorkflows, QueueConfig, QueueStats, RECEIVE_MAX, Receive, Redrive,
-    ScheduleProgress, ScheduleSource, ScheduleSpec, Sent, SharedStore, StepWrite, Swept, TaskFilter, TaskRecord, TaskWrite, TimeRange,
-    Warning, WorkflowPause, chain,
+    AuditAction, AuditFilter, BODY_BYTES_MAX, BatchAction, BatchProgress, BatchState, Changes, Created, Delivery, Error, Event, EventKind,
+    Expired, InstanceSweep, NewAudit, NewBatch, NewSchedule, NewTask, Outgoing, Prune, PruneWorkflows, QueueConfig, QueueStats,
+    RECEIVE_MAX, Receive, Redrive, ScheduleProgress, ScheduleSource, ScheduleSpec, Sent, SharedStore, StepWrite, Swept, TaskFilter,
+    TaskRecord, TaskWrite, TimeRange, Warning, WorkflowPause, chain,
 };
 
 /// What a backend provides to run the suite.
@@ -125,6 +125,8 @@ macro_rules! conformance_suite {
             workflow_versions_are_immutable_and_latest_wins,
             alerts_list_newest_first,
             component_statuses_are_replaced_and_listed_by_prefix,
+            // Audit.
+            the_audit_log_merges_operator_history_and_its_table_newest_first,
             // Schedules.
             create_schedule_is_idempotent_and_refuses_another_definition,
             invalid_schedules_are_refused_and_store_nothing,
@@ -2788,6 +2790,110 @@ pub async fn workflow_versions_are_immutable_and_latest_wins(harness: &dyn Harne
         ok(store.workflows().await, "workflows").into_iter().map(|w| (w.name.to_string(), w.version)).collect();
     assert_eq!(listed, [("order".to_string(), 2), ("refund".to_string(), 7)], "the latest version of each, by name");
     assert!(matches!(store.register_workflow(&order, 0, &v1).await, Err(Error::Invalid(_))), "version 0 is refused");
+}
+
+/// The audit log lists the operator rows of every history (read, never
+/// written twice) and the audit table's rows, merged newest first on one
+/// keyset that pages across both at the same millisecond; filters by
+/// action, by and since; refuses task actions in the table; and
+/// `prune_audit` deletes old table rows only, oldest first, bounded.
+pub async fn the_audit_log_merges_operator_history_and_its_table_newest_first(harness: &dyn Harness) {
+    let clock = harness.clock();
+    let t0 = clock.now();
+    let ms = Duration::from_millis(1);
+    let at = |n: u32| t0 + ms * n;
+    {
+        let store = harness.open().await;
+        let id = task_id("au-1");
+        let mut new = new_task("au-1", "order", &["approve"], t0);
+        let approve = new.steps[0].clone();
+        new.events.push(Event::task(&id, at(1), EventKind::Paused, json!({ "by": "alice", "reason": "r1" })));
+        new.events.push(Event::task(&id, at(1), EventKind::Alert, json!({ "by": "alice" })));
+        new.events.push(Event::task(&id, at(3), EventKind::Resumed, json!({ "by": "bob", "reason": null })));
+        new.events.push(Event::step(&approve, at(3), EventKind::Signal, json!({ "signal": "ok", "sent_by": "carol" })));
+        create(&store, new).await;
+
+        let entry = |action: AuditAction, by: &str, detail: Value| NewAudit {
+            action,
+            by: by.to_owned(),
+            reason: Some(format!("{action} by {by}")),
+            target: "orders".to_owned(),
+            detail,
+        };
+        clock.advance(ms * 2);
+        ok(store.record_audit(&entry(AuditAction::WorkflowPause, "alice", json!({}))).await, "record workflow.pause");
+        clock.advance(ms);
+        ok(store.record_audit(&entry(AuditAction::DlqPurge, "bob", json!({ "purged": 2 }))).await, "record dlq.purge");
+        ok(store.record_audit(&entry(AuditAction::DlqRedrive, "alice", json!({ "moved": 1 }))).await, "record dlq.redrive");
+
+        let task_action = entry(AuditAction::TaskCancel, "alice", json!({}));
+        assert!(
+            matches!(store.record_audit(&task_action).await, Err(Error::Invalid(_))),
+            "a task action is the history's, not the table's"
+        );
+        let nobody = entry(AuditAction::QueuePause, "", json!({}));
+        assert!(matches!(store.record_audit(&nobody).await, Err(Error::Invalid(_))), "an entry says who");
+        let no_limit = AuditFilter::default();
+        assert!(matches!(store.audit(&no_limit).await, Err(Error::Invalid(_))), "a limit of 0 is refused");
+    }
+
+    let store = harness.open().await;
+    let list = |filter: AuditFilter| {
+        let store = store.clone();
+        async move { ok(store.audit(&filter).await, "audit") }
+    };
+    let actions = |entries: &[crate::AuditEntry]| entries.iter().map(|e| e.action.as_str().to_owned()).collect::<Vec<_>>();
+    let all = list(AuditFilter { limit: 100, ..AuditFilter::default() }).await;
+    let newest_first = ["task.signal", "task.resume", "dlq.redrive", "dlq.purge", "workflow.pause", "task.pause"];
+    assert_eq!(actions(&all), newest_first, "both sources, newest first, after a reopen (the alert is no operator action): {all:?}");
+    assert_eq!(all.iter().map(|e| e.at()).collect::<Vec<_>>(), [at(3), at(3), at(3), at(3), at(2), at(1)]);
+    let pause = &all[5];
+    assert_eq!(
+        (pause.by.as_str(), pause.reason.as_deref(), pause.target.as_str()),
+        ("alice", Some("r1"), "au-1"),
+        "a task action's who, why and task"
+    );
+    let signal = &all[0];
+    assert_eq!((signal.by.as_str(), &signal.detail["step"]), ("carol", &json!("approve")), "a signal's sender and step");
+    assert_eq!(all[3].detail, json!({ "purged": 2 }), "a table row's detail");
+    assert_eq!(all[3].reason.as_deref(), Some("dlq.purge by bob"));
+
+    // Pages of two follow the same order, across sources within one millisecond.
+    let mut paged = Vec::new();
+    let mut after = None;
+    loop {
+        let page = list(AuditFilter { limit: 2, after, ..AuditFilter::default() }).await;
+        if page.is_empty() {
+            break;
+        }
+        assert!(page.len() <= 2);
+        after = page.last().map(|e| e.cursor);
+        paged.extend(page);
+    }
+    assert_eq!(paged, all, "paging with the last entry's cursor lists each entry once, in order");
+
+    let by_alice = list(AuditFilter { by: Some("alice".to_owned()), limit: 100, ..AuditFilter::default() }).await;
+    assert_eq!(actions(&by_alice), ["dlq.redrive", "workflow.pause", "task.pause"], "by: both sources");
+    let by_carol = list(AuditFilter { by: Some("carol".to_owned()), limit: 100, ..AuditFilter::default() }).await;
+    assert_eq!(actions(&by_carol), ["task.signal"], "by matches a signal's sender");
+    for action in [AuditAction::TaskPause, AuditAction::DlqPurge, AuditAction::TaskCancel] {
+        let only = list(AuditFilter { action: Some(action), limit: 100, ..AuditFilter::default() }).await;
+        let expected: Vec<&str> = newest_first.iter().copied().filter(|a| *a == action.as_str()).collect();
+        assert_eq!(actions(&only), expected, "action {action}");
+    }
+    let since = list(AuditFilter { since: Some(at(2)), limit: 100, ..AuditFilter::default() }).await;
+    assert_eq!(actions(&since), newest_first[..5], "since is inclusive");
+    let first_two = list(AuditFilter { limit: 2, ..AuditFilter::default() }).await;
+    assert_eq!(actions(&first_two), newest_first[..2], "limit");
+
+    // Pruning: the table's rows before the bound, oldest first, at most limit.
+    assert_eq!(ok(store.prune_audit(at(4), 1).await, "prune_audit"), 1, "at most limit");
+    let left = list(AuditFilter { limit: 100, ..AuditFilter::default() }).await;
+    assert_eq!(actions(&left), ["task.signal", "task.resume", "dlq.redrive", "dlq.purge", "task.pause"], "the oldest row went first");
+    assert_eq!(ok(store.prune_audit(at(3), 10).await, "prune_audit"), 0, "nothing else is before the bound");
+    assert_eq!(ok(store.prune_audit(at(4), 10).await, "prune_audit"), 2);
+    let left = list(AuditFilter { limit: 100, ..AuditFilter::default() }).await;
+    assert_eq!(actions(&left), ["task.signal", "task.resume", "task.pause"], "history rows go only with their task");
 }
 
 /// Alerts are the `Alert` events of every task, newest first.

@@ -16,6 +16,7 @@
 //! it wakes waiting consumers. Those are the backend's business, observable
 //! only through latency and throughput.
 
+pub mod audit;
 pub mod batch;
 pub mod chain;
 pub mod conformance;
@@ -28,6 +29,7 @@ mod task;
 
 use std::sync::Arc;
 
+pub use audit::{AuditAction, AuditCursor, AuditEntry, AuditFilter, AuditSource, NewAudit};
 pub use batch::{BatchAction, BatchProgress, BatchRecord, BatchState, NewBatch};
 pub use error::{Error, Result};
 pub use prune::{InstanceSweep, Prune, PruneWorkflows, Pruned, Swept};

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::Result;
+use crate::audit::{AuditEntry, AuditFilter, NewAudit};
 use crate::batch::{BatchProgress, BatchRecord, NewBatch};
 use crate::prune::{InstanceSweep, Prune, Pruned, Swept};
 use crate::queue::Outgoing;
@@ -676,6 +677,21 @@ pub trait Tasks: Send + Sync {
     /// no message and no dead letter (something a Scheduler could still
     /// need, or an operator could still redrive). Otherwise deletes nothing.
     async fn sweep_instance(&self, sweep: &InstanceSweep) -> Result<Swept>;
+
+    /// Records an operator action that has no history row (see
+    /// [`crate::audit`]) in the audit table, at now. `Invalid` for a task
+    /// action or an overlong field ([`NewAudit::check`]).
+    async fn record_audit(&self, entry: &NewAudit) -> Result<()>;
+
+    /// Operator actions, newest first: the audit table's rows and the
+    /// operator rows of every task's history, merged ([`crate::audit`]).
+    /// `Invalid` for a limit out of bounds ([`AuditFilter::check`]).
+    async fn audit(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>>;
+
+    /// Deletes up to `limit` of the audit table's rows older than `before`,
+    /// oldest first. Returns how many. History rows are not touched: they
+    /// go with their task.
+    async fn prune_audit(&self, before: Timestamp, limit: u32) -> Result<u64>;
 
     /// Creates a batch, Running and unheld. A `Conflict` when the id exists.
     async fn create_batch(&self, new: &NewBatch) -> Result<BatchRecord>;
