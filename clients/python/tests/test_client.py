@@ -163,6 +163,19 @@ class SubmitAndWait(unittest.TestCase):
         with self.assertRaises(ApiError) as refused:
             client.create_batch("cancel", {})
         self.assertEqual((refused.exception.status, refused.exception.code), (422, "invalid_body"))
+        # The batch is in the audit log with its reason, and so are the
+        # cancels it made, read from each task's history.
+        created = client.audit(action="batch.create", limit=100)
+        self.assertIn((batch["id"], "test"), [(e["target"], e["reason"]) for e in created])
+        cancels = client.audit(action="task.cancel", limit=1000)
+        self.assertTrue(set(ids) <= {e["target"] for e in cancels}, cancels)
+        first = client.audit(limit=1)
+        self.assertEqual(len(first), 1)
+        after = client.audit(limit=1, after=first[0]["cursor"])
+        self.assertNotEqual(after[0]["cursor"], first[0]["cursor"])
+        with self.assertRaises(ApiError) as refused:
+            client.audit(action="task.explode")
+        self.assertEqual((refused.exception.status, refused.exception.code), (400, "invalid_query"))
 
     def test_a_paused_task_says_so_until_resumed(self) -> None:
         client = Client(server.url, token=support.ADMIN_TOKEN)

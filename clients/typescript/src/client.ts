@@ -11,6 +11,8 @@ import { messages } from "./sse.js";
 export type Task = components["schemas"]["TaskView"];
 /** A task as listings show it. */
 export type TaskSummary = components["schemas"]["TaskSummary"];
+/** One operator action, as `GET /v1/audit` lists it. */
+export type AuditEntry = components["schemas"]["AuditEntryView"];
 /** A bulk action and how far it got. */
 export type Batch = components["schemas"]["BatchView"];
 /** Which tasks a batch acts on: the filters of `tasks`. */
@@ -193,6 +195,16 @@ export class Client {
   /** A batch and how far it got. */
   async batch(id: string): Promise<Batch> {
     return unwrap(await this.api.fetch.GET("/v1/batches/{id}", { params: { path: { id } }, signal: this.api.deadline() }));
+  }
+
+  /**
+   * Operator actions, newest first, with who did them and why: `since` an
+   * RFC 3339 time, `action` one name (`task.cancel`, `dlq.redrive`…), `by`
+   * exactly one name; `after` the `cursor` of the last entry of the
+   * previous page.
+   */
+  async audit(filter: { since?: string; action?: string; by?: string; after?: string; limit?: number } = {}): Promise<AuditEntry[]> {
+    return unwrap(await this.api.fetch.GET("/v1/audit", { params: { query: filter }, signal: this.api.deadline() }));
   }
 
   /** Stops a batch: the tasks it has not reached are left as they are. */

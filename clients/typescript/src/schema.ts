@@ -41,6 +41,28 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/audit": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The operator actions, newest first: on tasks (cancel, resubmit, pause,
+         *     resume, signal, read from their history) and the others (queues, dead
+         *     letters, workflows, schedules, batches, prunes). Page with `after`, the
+         *     `cursor` of the last entry of a page.
+         */
+        get: operations["list_audit"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/batches": {
         parameters: {
             query?: never;
@@ -938,6 +960,35 @@ export interface components {
             step?: string | null;
             /** @description The task. */
             task_id: string;
+        };
+        /** @description One operator action. */
+        AuditEntryView: {
+            /** @description What (`task.cancel`, `dlq.redrive`…). */
+            action: string;
+            /**
+             * Format: int64
+             * @description When, epoch ms.
+             */
+            at: number;
+            /**
+             * @description Who: the token's name, the OS user of a local CLI
+             *     (`cli, user NAME`), or the Supervisor's retention.
+             */
+            by: string;
+            /** @description Its place in the listing: pass it as `after` for the next page. */
+            cursor: string;
+            /**
+             * @description What it did: counts (`moved`, `purged`, `tasks`), a task action's
+             *     history detail (with its `step`).
+             */
+            detail: unknown;
+            /** @description Why, if they said. */
+            reason?: string | null;
+            /**
+             * @description What it was done to: a task id, a queue, a workflow, a schedule, a
+             *     batch id.
+             */
+            target: string;
         };
         /** @description The filters of a batch, as `GET /v1/tasks` takes them. */
         BatchFilterView: {
@@ -2136,6 +2187,87 @@ export interface operations {
                 };
             };
             /** @description Invalid limit */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Out of scope */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Store unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    list_audit: {
+        parameters: {
+            query?: {
+                /**
+                 * @description Only actions at or after this time (RFC 3339).
+                 * @example 2026-11-28T00:00:00Z
+                 */
+                since?: string;
+                /**
+                 * @description Only this action (`task.cancel`, `task.resubmit`, `task.pause`,
+                 *     `task.resume`, `task.signal`, `queue.pause`, `queue.resume`,
+                 *     `dlq.redrive`, `dlq.purge`, `prune`, `workflow.pause`,
+                 *     `workflow.resume`, `schedule.pause`, `schedule.resume`,
+                 *     `schedule.trigger`, `schedule.delete`, `batch.create`, `batch.stop`,
+                 *     `batch.resume`).
+                 */
+                action?: string;
+                /** @description Only actions by exactly this name (a token's name, `cli, user NAME`). */
+                by?: string;
+                /**
+                 * @description Only actions older than this one: the `cursor` of the last entry
+                 *     of the previous page.
+                 * @example 1764300000000.h42
+                 */
+                after?: string;
+                /** @description The most entries to return, newest first (default 100, at most the configured maximum, 1000 by default). */
+                limit?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The actions, newest first */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AuditEntryView"][];
+                };
+            };
+            /** @description Invalid query parameter */
             400: {
                 headers: {
                     [name: string]: unknown;

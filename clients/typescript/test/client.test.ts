@@ -216,6 +216,17 @@ describe("submit and wait", () => {
     }
     assert.equal((await client.stopBatch(batch.id)).state, "done");
     await assert.rejects(client.createBatch("cancel", {}), (error: unknown) => error instanceof ApiError && error.status === 422);
+    // The batch is in the audit log, and so are the cancels it made.
+    const created = await client.audit({ action: "batch.create", limit: 100 });
+    assert.ok(created.some((entry) => entry.target === batch.id), JSON.stringify(created));
+    const cancels = new Set((await client.audit({ action: "task.cancel", limit: 1000 })).map((entry) => entry.target));
+    assert.ok(ids.every((id) => cancels.has(id)), JSON.stringify([...cancels]));
+    const [first] = await client.audit({ limit: 1 });
+    assert.ok(first);
+    const [next] = await client.audit({ limit: 1, after: first.cursor });
+    assert.ok(next);
+    assert.notEqual(next.cursor, first.cursor);
+    await assert.rejects(client.audit({ action: "task.explode" }), (error: unknown) => error instanceof ApiError && error.status === 400);
   });
 
   test("tasks page with before", async () => {

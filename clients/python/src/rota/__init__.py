@@ -16,6 +16,7 @@ from .client import Client
 from .errors import ApiError
 from .types import (
     TERMINAL_STATES,
+    AuditEntry,
     Batch,
     BatchFilter,
     CallbackAccepted,
@@ -37,6 +38,7 @@ from .worker import Permanent, Retryable, Step, Worker
 __all__ = [
     "TERMINAL_STATES",
     "ApiError",
+    "AuditEntry",
     "Batch",
     "BatchFilter",
     "Client",

@@ -13,6 +13,7 @@ from typing import cast
 from . import sse
 from ._http import JSON_NULL, Transport, quote
 from .types import (
+    AuditEntry,
     Batch,
     BatchFilter,
     CallbackAccepted,
@@ -174,6 +175,23 @@ class Client:
     def stop_batch(self, batch_id: str) -> Batch:
         """Stops a batch: the tasks it has not reached are left as they are."""
         return cast(Batch, self._http.call("POST", f"/v1/batches/{quote(batch_id)}/stop"))
+
+    def audit(
+        self,
+        *,
+        since: str | None = None,
+        action: str | None = None,
+        by: str | None = None,
+        after: str | None = None,
+        limit: int | None = None,
+    ) -> list[AuditEntry]:
+        """Operator actions, newest first, with who did them and why:
+        ``since`` an RFC 3339 time, ``action`` one name (``task.cancel``,
+        ``dlq.redrive``…), ``by`` exactly one name; ``after`` the ``cursor``
+        of the last entry of the previous page."""
+        given = {"since": since, "action": action, "by": by, "after": after, "limit": None if limit is None else str(limit)}
+        query = [(name, value) for name, value in given.items() if value is not None]
+        return cast("list[AuditEntry]", self._http.call("GET", "/v1/audit", query=query))
 
     def wait(self, task_id: str, timeout: float | None = None) -> Task:
         """Waits until the task is terminal (``processed``, ``error``,

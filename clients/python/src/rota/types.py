@@ -128,6 +128,23 @@ class Batch(TypedDict):
     updated_at: int
 
 
+class AuditEntry(TypedDict):
+    """One operator action, as ``GET /v1/audit`` lists it."""
+
+    #: Its place in the listing: pass it as ``after`` for the next page.
+    cursor: str
+    #: When, epoch ms.
+    at: int
+    #: ``task.cancel``, ``dlq.redrive``, ``prune``…
+    action: str
+    #: Who: the token's name, ``cli, user NAME``, or retention.
+    by: str
+    reason: str | None
+    #: A task id, a queue, a workflow, a schedule, a batch id.
+    target: str
+    detail: Json
+
+
 class Event(TypedDict):
     """One entry of a task's history: a server-sent event's data, a webhook's body."""
 
