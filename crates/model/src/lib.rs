@@ -14,6 +14,7 @@
 pub mod clock;
 pub mod ids;
 pub mod json;
+pub mod rate;
 pub mod retry;
 pub mod schedule;
 pub mod step;
@@ -22,6 +23,7 @@ pub mod task;
 
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use ids::{IdError, InstanceId, LeaseToken, MessageId, QueueName, ScheduleName, SignalName, StepName, TaskId, WorkflowName};
+pub use rate::{RateLimit, RateLimitError, RateTake, RateUnit};
 pub use retry::{FailureClass, FailureKind, RetryPolicy, RetryPolicyError};
 pub use schedule::{CatchUp, Cron, Overlap, ScheduleError};
 pub use step::{Step, StepState};
