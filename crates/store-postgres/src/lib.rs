@@ -52,10 +52,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, ScheduleName, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{
-    AuditEntry, AuditFilter, BatchProgress, BatchRecord, Changes, ComponentStatus, Created, DeadLetter, Delivery, Error, Event, Expired,
-    InstanceSweep, LeaderLease, NewAudit, NewBatch, NewSchedule, NewTask, Outgoing, Prune, Pruned, QueueConfig, QueueStats, Queues,
-    Receive, Redrive, ScheduleProgress, ScheduleRecord, Sent, Store, Swept, TaskFilter, TaskRecord, Tasks, Warning, WorkflowEntry,
-    WorkflowPause,
+    AuditEntry, AuditFilter, BatchProgress, BatchRecord, Changes, ComponentStatus, Created, DeadLetter, Delivery, Error, Event, Expired, InstanceSweep, LeaderLease, NewAudit, NewBatch, NewSchedule, NewTask, Outgoing, Prune, Pruned, QueueConfig, QueueStats, Queues, RateRequest, RateSlot, Receive, Redrive, ScheduleProgress, ScheduleRecord, Sent, Store, Swept, TaskFilter, TaskRecord, Tasks, Warning, WorkflowEntry, WorkflowPause,
 };
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -1085,6 +1082,12 @@ impl Tasks for PgStore {
 
     async fn statuses(&self, prefix: &str) -> Result<Vec<ComponentStatus>, Error> {
         with_connection!(self, conn => { task_sql::statuses(&mut conn, &self.names, prefix).await? })
+    }
+
+    async fn take_rate_slot(&self, request: &RateRequest) -> Result<RateSlot, Error> {
+        request.check()?;
+        let now = self.clock.now();
+        with_connection!(self, conn => { task_sql::take_rate_slot(&mut conn, &self.names, request, now).await? })
     }
 
     async fn prune_tasks(&self, prune: &Prune) -> Result<Pruned, Error> {

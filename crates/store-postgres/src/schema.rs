@@ -346,6 +346,15 @@ CREATE TABLE rota.audit (
 CREATE INDEX audit_at ON rota.audit (at, id);
 CREATE INDEX events_operator ON rota.events (at, seq) WHERE kind IN ('cancelled', 'resubmitted', 'paused', 'resumed', 'signal');
 "#,
+    r#"
+-- Rate limits shared by every process: each limit's theoretical arrival
+-- time (GCRA, microseconds since the epoch), moved on by one
+-- compare-and-set upsert per call.
+CREATE TABLE rota.rate_limits (
+    key    TEXT   PRIMARY KEY,
+    tat_us BIGINT NOT NULL
+);
+"#,
 ];
 
 /// How many migrations this build knows.

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use rota_model::{InstanceId, QueueName, Step, StepName, StepState, Tags, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{
-    ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, TaskFilter, TaskRecord, TimeRange, Warning, WorkflowEntry,
-    WorkflowPause, chain,
+    ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, RateRequest, RateSlot, TaskFilter, TaskRecord, TimeRange, Warning,
+    WorkflowEntry, WorkflowPause, chain,
 };
 use serde_json::Value;
 use sqlx::postgres::PgRow;
@@ -809,4 +809,32 @@ pub(crate) async fn statuses(conn: &mut PgConnection, n: &Names, prefix: &str) -
     rows.into_iter()
         .map(|(key, value, at)| Ok(ComponentStatus { key, value: parse_json("status", value)?, reported_at: Timestamp::from_millis(at) }))
         .collect()
+}
+
+/// One take of a rate limit: the GCRA rule of `rota_model::rate` as one
+/// upsert. The conflicting row is locked by the upsert, so concurrent takers
+/// each see the one before; it writes only when the start is within the wait.
+pub(crate) async fn take_rate_slot(conn: &mut PgConnection, n: &Names, request: &RateRequest, now: Timestamp) -> Result<RateSlot> {
+    let (now_us, interval_us, tolerance_us, wait_us) = request.micros(now);
+    let taken: Option<i64> = sqlx::query_scalar(n.sql(
+        "INSERT INTO rota.rate_limits AS r (key, tat_us) VALUES ($1, $2 + $3)
+         ON CONFLICT (key) DO UPDATE SET tat_us = GREATEST(r.tat_us, $2) + $3
+         WHERE GREATEST(r.tat_us, $2) + $3 - $4 - $2 <= $5
+         RETURNING tat_us",
+    ))
+    .bind(&request.key)
+    .bind(now_us)
+    .bind(interval_us)
+    .bind(tolerance_us)
+    .bind(wait_us)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if let Some(tat_us) = taken {
+        return Ok(request.granted(tat_us, now));
+    }
+    let stored: Option<i64> = sqlx::query_scalar(n.sql("SELECT tat_us FROM rota.rate_limits WHERE key = $1"))
+        .bind(&request.key)
+        .fetch_optional(&mut *conn)
+        .await?;
+    Ok(request.refused(stored, now))
 }

@@ -30,10 +30,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, ScheduleName, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{
-    AuditEntry, AuditFilter, BatchProgress, BatchRecord, Changes, ComponentStatus, Created, DeadLetter, Delivery, Error, Event, Expired,
-    InstanceSweep, LeaderLease, NewAudit, NewBatch, NewSchedule, NewTask, Outgoing, Prune, Pruned, QueueConfig, QueueStats, Queues,
-    Receive, Redrive, Result, ScheduleProgress, ScheduleRecord, Sent, Store, Swept, TaskFilter, TaskRecord, Tasks, Warning, WorkflowEntry,
-    WorkflowPause,
+    AuditEntry, AuditFilter, BatchProgress, BatchRecord, Changes, ComponentStatus, Created, DeadLetter, Delivery, Error, Event, Expired, InstanceSweep, LeaderLease, NewAudit, NewBatch, NewSchedule, NewTask, Outgoing, Prune, Pruned, QueueConfig, QueueStats, Queues, RateRequest, RateSlot, Receive, Redrive, Result, ScheduleProgress, ScheduleRecord, Sent, Store, Swept, TaskFilter, TaskRecord, Tasks, Warning, WorkflowEntry, WorkflowPause,
 };
 use rusqlite::{Connection, OpenFlags};
 use serde_json::Value;
@@ -778,6 +775,12 @@ impl Tasks for SqliteStore {
     async fn statuses(&self, prefix: &str) -> Result<Vec<ComponentStatus>> {
         let prefix = prefix.to_owned();
         self.read(move |conn, _| task_sql::statuses(conn, &prefix)).await
+    }
+
+    async fn take_rate_slot(&self, request: &RateRequest) -> Result<RateSlot> {
+        request.check()?;
+        let request = request.clone();
+        self.write(move |conn, now| task_sql::take_rate_slot(conn, &request, now)).await
     }
 
     async fn prune_tasks(&self, prune: &Prune) -> Result<Pruned> {

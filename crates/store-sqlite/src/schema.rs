@@ -305,6 +305,15 @@ CREATE TABLE audit (
 CREATE INDEX audit_at ON audit (at, id);
 CREATE INDEX events_operator ON events (at, seq) WHERE kind IN ('cancelled', 'resubmitted', 'paused', 'resumed', 'signal');
 "#,
+    r#"
+-- Rate limits shared by every process: each limit's theoretical arrival
+-- time (GCRA, microseconds since the epoch), moved on by one
+-- compare-and-set upsert per call.
+CREATE TABLE rate_limits (
+    key    TEXT    PRIMARY KEY,
+    tat_us INTEGER NOT NULL
+) WITHOUT ROWID;
+"#,
 ];
 
 /// Runs the migrations that have not run yet.

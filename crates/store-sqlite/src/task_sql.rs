@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use rota_model::{InstanceId, QueueName, Step, StepName, StepState, Tags, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{
-    Changes, ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, Result, StepWrite, TaskFilter, TaskRecord, TaskWrite,
-    TimeRange, Warning, WorkflowEntry, WorkflowPause, chain, prefix_upper_bound,
+    Changes, ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, RateRequest, RateSlot, Result, StepWrite, TaskFilter,
+    TaskRecord, TaskWrite, TimeRange, Warning, WorkflowEntry, WorkflowPause, chain, prefix_upper_bound,
 };
 use rusqlite::types::Value as Sql;
 use rusqlite::{Connection, OptionalExtension, Row, params, params_from_iter};
@@ -957,4 +957,27 @@ pub(crate) fn statuses(conn: &Connection, prefix: &str) -> Result<Vec<ComponentS
     rows.into_iter()
         .map(|(key, value, at)| Ok(ComponentStatus { key, value: parse_json("status", value)?, reported_at: Timestamp::from_millis(at) }))
         .collect()
+}
+
+/// One take of a rate limit: the GCRA rule of `rota_model::rate` as one
+/// upsert, which writes only when the start is within the wait.
+pub(crate) fn take_rate_slot(conn: &Connection, request: &RateRequest, now: Timestamp) -> Result<RateSlot> {
+    let (now_us, interval_us, tolerance_us, wait_us) = request.micros(now);
+    let taken: Option<i64> = conn
+        .prepare_cached(
+            "INSERT INTO rate_limits (key, tat_us) VALUES (?1, ?2 + ?3)
+             ON CONFLICT (key) DO UPDATE SET tat_us = max(tat_us, ?2) + ?3
+             WHERE max(tat_us, ?2) + ?3 - ?4 - ?2 <= ?5
+             RETURNING tat_us",
+        )
+        .and_then(|mut stmt| stmt.query_row(params![request.key, now_us, interval_us, tolerance_us, wait_us], |row| row.get(0)).optional())
+        .map_err(sql_error)?;
+    if let Some(tat_us) = taken {
+        return Ok(request.granted(tat_us, now));
+    }
+    let stored: Option<i64> = conn
+        .prepare_cached("SELECT tat_us FROM rate_limits WHERE key = ?1")
+        .and_then(|mut stmt| stmt.query_row([&request.key], |row| row.get(0)).optional())
+        .map_err(sql_error)?;
+    Ok(request.refused(stored, now))
 }

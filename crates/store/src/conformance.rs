@@ -29,6 +29,7 @@ use rota_model::{
 };
 use serde_json::{Value, json};
 
+use crate::rate::{RateRequest, RateSlot};
 use crate::{
     AuditAction, AuditFilter, BODY_BYTES_MAX, BatchAction, BatchProgress, BatchState, Changes, Created, Delivery, Error, Event, EventKind,
     Expired, InstanceSweep, NewAudit, NewBatch, NewSchedule, NewTask, Outgoing, Prune, PruneWorkflows, QueueConfig, QueueStats,
@@ -127,6 +128,9 @@ macro_rules! conformance_suite {
             component_statuses_are_replaced_and_listed_by_prefix,
             // Audit.
             the_audit_log_merges_operator_history_and_its_table_newest_first,
+            // Rate limits.
+            concurrent_rate_takers_never_exceed_rate_times_t_plus_burst,
+            a_rate_slot_within_the_wait_is_granted_later_and_a_refusal_says_when,
             // Schedules.
             create_schedule_is_idempotent_and_refuses_another_definition,
             invalid_schedules_are_refused_and_store_nothing,
@@ -2928,6 +2932,90 @@ pub async fn component_statuses_are_replaced_and_listed_by_prefix(harness: &dyn 
     assert_eq!(breakers[0].value, json!({"state": "open"}), "the last report wins");
     assert_eq!(breakers[0].reported_at, clock.now());
     assert_eq!(ok(store.statuses("").await, "all").len(), 3);
+}
+
+// ---------------------------------------------------------------------------
+// Rate limits.
+// ---------------------------------------------------------------------------
+
+fn rate_request(key: &str, rate: &str, burst: u32, wait_max: Duration) -> RateRequest {
+    let limit = rate.parse::<rota_model::RateLimit>().expect("valid rate").with_burst(burst).expect("valid burst");
+    RateRequest { key: key.to_owned(), limit, wait_max }
+}
+
+/// Many takers on several store handles (as many processes), all at once
+/// at every tick of the clock: the granted starts in any window of length
+/// `t` number at most `rate × t + burst`, and the limit is used (every
+/// tick grants what the budget allows, no less). Another key has its own
+/// budget.
+pub async fn concurrent_rate_takers_never_exceed_rate_times_t_plus_burst(harness: &dyn Harness) {
+    let clock = harness.clock();
+    let mut stores = Vec::new();
+    for _ in 0..3 {
+        stores.push(harness.open().await);
+    }
+    // 20/s: one slot every 50 ms, 5 at once.
+    let (burst, interval_ms) = (5usize, 50i64);
+    let request = rate_request("endpoint:http://api.example:443", "20/s", 5, Duration::ZERO);
+    let mut starts: Vec<Timestamp> = Vec::new();
+    // Ticks of 20 ms for 3 s of store time: 12 takers each, at once.
+    for tick in 0..150 {
+        let mut takes = tokio::task::JoinSet::new();
+        for i in 0..12 {
+            let (store, request) = (stores[i % stores.len()].clone(), request.clone());
+            takes.spawn(async move { store.take_rate_slot(&request).await });
+        }
+        for answer in takes.join_all().await {
+            match ok(answer, "take") {
+                RateSlot::Granted { start } => {
+                    assert_eq!(start, clock.now(), "tick {tick}: no wait offered, so a granted call starts now");
+                    starts.push(start);
+                }
+                RateSlot::Refused { retry_at } => assert!(retry_at > clock.now(), "tick {tick}: a refusal points ahead"),
+            }
+        }
+        clock.advance(Duration::from_millis(20));
+    }
+    starts.sort();
+    for (i, first) in starts.iter().enumerate() {
+        for window_ms in [interval_ms, 500, 1_000, 3_000] {
+            let inside = starts[i..].iter().take_while(|s| s.as_millis() < first.as_millis() + window_ms).count();
+            let bound = (window_ms / interval_ms) as usize + burst;
+            assert!(inside <= bound, "{inside} calls started in {window_ms} ms from {first}: more than rate × t + burst = {bound}");
+        }
+    }
+    // 3 s at 20/s after a burst of 5: the budget is used, not just bounded.
+    assert!(starts.len() >= 60, "only {} of the ~65 slots were granted", starts.len());
+    let other = rate_request("queue:agent.http", "20/s", 5, Duration::ZERO);
+    assert!(matches!(ok(stores[0].take_rate_slot(&other).await, "take"), RateSlot::Granted { .. }), "another key has its own budget");
+}
+
+/// A take offering to wait is granted a start within the wait, one
+/// interval after the slot before; past the wait it is refused, writing
+/// nothing, with the time a take would succeed. Bad requests are refused.
+pub async fn a_rate_slot_within_the_wait_is_granted_later_and_a_refusal_says_when(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let t0 = clock.now();
+    // 10/s, burst 2, waiting up to 250 ms: slots at +0, +0, +100, +200.
+    let request = rate_request("endpoint:http://slow:80", "10/s", 2, Duration::from_millis(250));
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        match ok(store.take_rate_slot(&request).await, "take") {
+            RateSlot::Granted { start } => got.push(start.as_millis() - t0.as_millis()),
+            refused => panic!("slot {} refused: {refused:?}", got.len() + 1),
+        }
+    }
+    assert_eq!(got, [0, 0, 100, 200]);
+    let refused = ok(store.take_rate_slot(&request).await, "take past the wait");
+    assert_eq!(refused, RateSlot::Refused { retry_at: t0 + Duration::from_millis(50) }, "the next slot is at +300, 250 ms of wait");
+    assert_eq!(ok(store.take_rate_slot(&request).await, "again"), refused, "a refusal wrote nothing");
+    clock.advance(Duration::from_millis(50));
+    assert_eq!(ok(store.take_rate_slot(&request).await, "at retry_at"), RateSlot::Granted { start: t0 + Duration::from_millis(300) });
+    let bad = RateRequest { key: String::new(), ..request.clone() };
+    assert!(matches!(store.take_rate_slot(&bad).await, Err(Error::Invalid(_))), "an empty key is refused");
+    let bad = RateRequest { wait_max: Duration::from_secs(7_200), ..request };
+    assert!(matches!(store.take_rate_slot(&bad).await, Err(Error::Invalid(_))), "an endless wait is refused");
 }
 
 // ---------------------------------------------------------------------------

@@ -23,6 +23,7 @@ pub mod conformance;
 mod error;
 pub mod prune;
 mod queue;
+pub mod rate;
 mod schedule;
 pub mod stored;
 mod task;
@@ -37,6 +38,7 @@ pub use queue::{
     BODY_BYTES_MAX, Body, CORRELATION_ID_BYTES_MAX, DEDUPE_WINDOW_DEFAULT, DeadLetter, Delivery, ORDERING_KEY_BYTES_MAX, Outgoing,
     QueueConfig, QueueStats, Queues, RECEIVE_MAX, Receive, Redrive, Sent,
 };
+pub use rate::{RATE_KEY_BYTES_MAX, RATE_WAIT_MAX_LIMIT, RateRequest, RateSlot};
 pub use schedule::{NewSchedule, ScheduleProgress, ScheduleRecord, ScheduleSource, ScheduleSpec};
 pub use task::{
     Changes, ComponentStatus, Created, Event, EventKind, Expired, LeaderLease, NewTask, StepWrite, TaskFilter, TaskRecord, TaskWrite,

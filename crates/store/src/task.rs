@@ -22,6 +22,7 @@ use crate::audit::{AuditEntry, AuditFilter, NewAudit};
 use crate::batch::{BatchProgress, BatchRecord, NewBatch};
 use crate::prune::{InstanceSweep, Prune, Pruned, Swept};
 use crate::queue::Outgoing;
+use crate::rate::{RateRequest, RateSlot};
 use crate::schedule::{NewSchedule, ScheduleProgress, ScheduleRecord};
 
 /// A task with its steps, ordered by position.
@@ -642,6 +643,14 @@ pub trait Tasks: Send + Sync {
 
     /// The statuses whose key starts with `prefix`, sorted by key.
     async fn statuses(&self, prefix: &str) -> Result<Vec<ComponentStatus>>;
+
+    /// Takes a slot of the rate limit `request.key` at the store's now:
+    /// granted if a call may start within `request.wait_max` (the limit's
+    /// row moved on by one interval, in one compare-and-set statement),
+    /// else refused with when to ask again (nothing written). However many
+    /// processes take at once, the granted starts in any window of length
+    /// `t` number at most `rate × t + burst` ([`rota_model::rate`]).
+    async fn take_rate_slot(&self, request: &RateRequest) -> Result<RateSlot>;
 
     /// Deletes up to `prune.limit` finished tasks that `prune` selects,
     /// oldest end time first, with their steps and history, in one
