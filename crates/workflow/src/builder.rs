@@ -146,6 +146,13 @@ impl StepBuilder {
         self
     }
 
+    /// Limits how often the step's calls start, across every process
+    /// sharing the store; see [`crate::StepDef::rate_limit`].
+    pub fn rate_limit(mut self, limit: rota_model::RateLimit) -> Self {
+        self.spec.rate_limit = Some(limit);
+        self
+    }
+
     /// The step's condition, a CEL expression over `input` and `steps`
     /// (see [`crate::Condition`]); false skips the step. Checked by
     /// [`WorkflowBuilder::build`].

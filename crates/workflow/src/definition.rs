@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use rota_model::{CatchUp, ExhaustedPolicy, Overlap, RetryPolicy, ScheduleName, SignalName, StepName, WorkflowName};
+use rota_model::{CatchUp, ExhaustedPolicy, Overlap, RateLimit, RetryPolicy, ScheduleName, SignalName, StepName, WorkflowName};
 use serde_json::Value;
 
 use crate::agent::AgentName;
@@ -92,6 +92,7 @@ pub struct StepDef {
     pub(crate) when: Option<Condition>,
     pub(crate) for_each: Option<ForEach>,
     pub(crate) retry: RetryPolicy,
+    pub(crate) rate_limit: Option<RateLimit>,
     pub(crate) compensate: Option<CompensateDef>,
     pub(crate) depends_on: Vec<StepName>,
 }
@@ -258,6 +259,15 @@ impl StepDef {
     /// per attempt. Compensations have none.
     pub fn warn_after(&self) -> Option<Duration> {
         self.warn_after
+    }
+
+    /// The rate limit of the step's calls (and its compensation's), if
+    /// any: shared by every process calling the same target (an `http`
+    /// step's `scheme://host:port`; for an agent without one, the agent).
+    /// A call waiting for its slot is held without spending its retries,
+    /// and its complete-by moves by the time held.
+    pub fn rate_limit(&self) -> Option<&RateLimit> {
+        self.rate_limit.as_ref()
     }
 
     /// The step's condition, if any: decided once, when the step becomes

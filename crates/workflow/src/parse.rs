@@ -11,7 +11,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use rota_model::{ExhaustedPolicy, FailureClass, FailureKind, RetryPolicy, RetryPolicyError};
+use rota_model::{ExhaustedPolicy, FailureClass, FailureKind, RateLimit, RetryPolicy, RetryPolicyError};
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Number, Value};
 
@@ -47,9 +47,11 @@ const STEP_FIELDS: &[&str] = &[
     "timeout",
     "warn_after",
     "retry",
+    "rate_limit",
     "compensate",
     "depends_on",
 ];
+const RATE_LIMIT_FIELDS: &[&str] = &["rate", "burst"];
 const RETRY_FIELDS: &[&str] = &["attempts", "backoff", "max_backoff", "multiplier", "jitter", "non_retryable"];
 const COMPENSATE_FIELDS: &[&str] = &["agent", "with", "timeout", "retry"];
 
@@ -597,12 +599,50 @@ impl Decoder<'_> {
                 "timeout" => spec.timeout = self.duration(value, &prefix, key),
                 "warn_after" => spec.warn_after = self.duration(value, &prefix, key),
                 "retry" => spec.retry = self.retry(value, &field_at, &prefix, "retry"),
+                "rate_limit" => spec.rate_limit = self.rate_limit(value, &field_at, &prefix),
                 "compensate" => spec.compensate = self.compensate(value, &field_at, &prefix),
                 "depends_on" => spec.depends_on = self.depends_on(value, &field_at, &prefix),
                 _ => unreachable!("`fields` only returns allowed keys"),
             }
         }
         spec
+    }
+
+    /// A `rate_limit`: `20/s`, or `{ rate: 20/s, burst: 5 }`.
+    fn rate_limit(&mut self, node: &Node, at: &str, prefix: &str) -> Option<RateLimit> {
+        let (rate, burst) = match &node.value {
+            NodeValue::String(_) => (node, None),
+            NodeValue::Mapping(_) => {
+                let fields = self.fields(node, at, prefix, " in `rate_limit`", RATE_LIMIT_FIELDS)?;
+                self.require(node, &fields, &["rate"], prefix, " in `rate_limit`");
+                let rate = fields.iter().find(|f| f.key == "rate")?.value;
+                (rate, fields.iter().find(|f| f.key == "burst").map(|f| f.value))
+            }
+            other => {
+                let message =
+                    format!("{prefix}`rate_limit` must be a rate such as \"20/s\" or a mapping {{ rate, burst }}, found {}", other.kind());
+                self.problem(node.pos, message);
+                return None;
+            }
+        };
+        let what = if burst.is_some() || !matches!(node.value, NodeValue::String(_)) { "rate_limit.rate" } else { "rate_limit" };
+        let text = self.string(rate, prefix, what)?;
+        let limit = match text.parse::<RateLimit>() {
+            Ok(limit) => limit,
+            Err(err) => {
+                self.problem(rate.pos, format!("{prefix}`{what}`: {err}"));
+                return None;
+            }
+        };
+        let Some(burst_node) = burst else { return Some(limit) };
+        let burst = self.unsigned(burst_node, prefix, "rate_limit.burst")?;
+        match limit.with_burst(burst) {
+            Ok(limit) => Some(limit),
+            Err(err) => {
+                self.problem(burst_node.pos, format!("{prefix}`rate_limit.burst`: {err}"));
+                None
+            }
+        }
     }
 
     /// `what` is the field's name in messages: `retry` or `compensate.retry`.
@@ -1272,6 +1312,45 @@ mod tests {
             ["wf.yaml:6:23: step `a`: `retry.backoff` must be a whole number of milliseconds, got 1ms 500us"]
         );
         assert_eq!(step("[3]"), ["wf.yaml:6:12: step `a`: expected a mapping in `retry`, found a list"]);
+    }
+
+    #[test]
+    fn rate_limits_are_a_rate_or_a_rate_and_a_burst_and_kept_in_the_stored_form() {
+        let step = |limit: &str| format!("name: w\nversion: 1\nsteps:\n  - name: a\n    agent: http\n    rate_limit: {limit}\n");
+        let short = valid(&step("20/s"));
+        assert_eq!(short.steps()[0].rate_limit(), Some(&"20/s".parse().unwrap()));
+        let full = valid(&step("{ rate: 100/m, burst: 5 }"));
+        let limit = *full.steps()[0].rate_limit().unwrap();
+        assert_eq!((limit.to_string(), limit.burst()), ("100/m".to_owned(), 5));
+        let stored = full.to_json();
+        assert!(stored.contains(r#""rate_limit":{"rate":"100/m","burst":5}"#), "{stored}");
+        assert_eq!(Workflow::from_json(&stored).unwrap(), full, "the stored form reads back");
+        assert!(!valid(MINIMAL).to_json().contains("rate_limit"), "left out when none: stored definitions keep their bytes");
+        assert_eq!(
+            check(&step("20")),
+            ["wf.yaml:6:17: step `a`: `rate_limit` must be a rate such as \"20/s\" or a mapping { rate, burst }, found an integer"]
+        );
+        assert_eq!(
+            check(&step("20/d")),
+            ["wf.yaml:6:17: step `a`: `rate_limit`: expected a rate such as \"20/s\", \"100/m\" or \"500/h\", got \"20/d\""]
+        );
+        assert_eq!(
+            check(&step("{ rate: 0/s, burst: 0 }")),
+            ["wf.yaml:6:25: step `a`: `rate_limit.rate`: the rate must allow between 1 and 1000000 calls per unit, got 0"]
+        );
+        assert_eq!(
+            check(&step("{ rate: 5/s, burst: 0 }")),
+            ["wf.yaml:6:37: step `a`: `rate_limit.burst`: the burst must be between 1 and 100000, got 0"]
+        );
+        assert_eq!(check(&step("{ burst: 2 }")), ["wf.yaml:6:17: step `a`: missing required field `rate` in `rate_limit`"]);
+        assert_eq!(
+            check(&step("{ rate: 5/s, per: 1 }")),
+            ["wf.yaml:6:30: step `a`: unknown field `per` in `rate_limit` (expected one of: rate, burst)"]
+        );
+        assert_eq!(
+            check("name: w\nversion: 1\nsteps:\n  - name: a\n    wait: go\n    timeout: 1m\n    rate_limit: 1/s\n"),
+            ["wf.yaml:7:17: step `a`: a step that waits for a signal calls no agent, so no `rate_limit`"]
+        );
     }
 
     #[test]

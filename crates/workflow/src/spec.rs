@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use rota_model::{ExhaustedPolicy, RetryPolicy};
+use rota_model::{ExhaustedPolicy, RateLimit, RetryPolicy};
 use serde_json::Value;
 
 /// A definition before validation. `None` means "not given": a default
@@ -60,6 +60,9 @@ pub(crate) struct StepSpec {
     pub for_each: Option<String>,
     pub max_parallel: Option<u32>,
     pub retry: Option<RetryPolicy>,
+    /// The rate limit of the step's calls (`rate_limit:`), shared by every
+    /// process calling the same target.
+    pub rate_limit: Option<RateLimit>,
     pub compensate: Option<CompensateSpec>,
     /// `None`: depends on the previous step. `Some(vec![])`: a root.
     pub depends_on: Option<Vec<String>>,

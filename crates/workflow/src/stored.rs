@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use rota_model::{ExhaustedPolicy, RetryPolicy, SignalName, StepName, WorkflowName};
+use rota_model::{ExhaustedPolicy, RateLimit, RetryPolicy, SignalName, StepName, WorkflowName};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
@@ -98,6 +98,10 @@ struct StepRepr {
     max_parallel: Option<u32>,
     /// Written for a waiting step too (the default), and ignored when read.
     retry: RetryPolicy,
+    /// Left out when there is none, so that the canonical form of a
+    /// definition registered before rate limits existed is unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rate_limit: Option<RateLimit>,
     compensate: Option<CompensateRepr>,
     depends_on: Vec<StepName>,
 }
@@ -146,6 +150,7 @@ impl From<Workflow> for WorkflowRepr {
                     max_parallel: s.for_each.as_ref().map(|f| f.max_parallel),
                     for_each: s.for_each.map(|f| f.items.source().to_owned()),
                     retry: s.retry,
+                    rate_limit: s.rate_limit,
                     compensate: s.compensate.map(|c| CompensateRepr {
                         agent: c.agent,
                         with: c.with,
@@ -189,6 +194,7 @@ impl TryFrom<WorkflowRepr> for Workflow {
                         when: s.when,
                         for_each: s.for_each,
                         max_parallel: s.max_parallel,
+                        rate_limit: s.rate_limit,
                         compensate: s.compensate.map(|c| CompensateSpec {
                             agent: Some(c.agent.into()),
                             with: c.with,

@@ -270,6 +270,10 @@ impl Check<'_> {
         let compensate = step.compensate.as_ref().map(|c| self.compensate(&format!("{at}/compensate"), label, c, timeout, &retry));
         let when = step.when.as_deref().and_then(|source| self.condition(&format!("{at}/when"), label, "when", source));
         let for_each = self.for_each(&at, label, step);
+        if step.rate_limit.is_some() && step.wait.is_some() {
+            let message = format!("{label}: a step that waits for a signal calls no agent, so no `rate_limit`");
+            self.report(&format!("{at}/rate_limit"), message);
+        }
         StepFields { name, action, callback, timeout, warn_after: step.warn_after, when, for_each, retry, compensate }
     }
 
@@ -512,6 +516,7 @@ fn assemble(top: WorkflowFields, steps: Vec<StepSpec>, fields: Vec<StepFields>, 
             when: fields.when,
             for_each: fields.for_each,
             retry: fields.retry,
+            rate_limit: spec.rate_limit,
             compensate: fields.compensate.map(|c| c.expect("validated compensation")),
             depends_on: its_deps.iter().map(|&j| names[j].clone()).collect(),
         })
