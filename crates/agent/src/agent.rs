@@ -63,6 +63,13 @@ pub trait Agent: Send + Sync {
     /// Performs one try of the request and returns the step's output.
     async fn call(&self, request: &Request) -> Result<serde_json::Value, StepError>;
 
+    /// What a call of `request` reaches, as rate limits name it: for
+    /// `http`, the endpoint `scheme://host:port`. `None` (the default):
+    /// nothing narrower than the agent.
+    fn target(&self, _request: &Request) -> Option<String> {
+        None
+    }
+
     /// The circuit breakers this agent keeps, for `rota status` and stats.
     /// Agents without breakers keep the default: none.
     fn breakers(&self) -> Vec<BreakerSnapshot> {

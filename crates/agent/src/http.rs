@@ -251,6 +251,10 @@ impl Agent for HttpAgent {
         result
     }
 
+    fn target(&self, request: &Request) -> Option<String> {
+        parse_input(&request.input).ok().map(|input| endpoint(&input.url))
+    }
+
     fn breakers(&self) -> Vec<BreakerSnapshot> {
         HttpAgent::breakers(self)
     }

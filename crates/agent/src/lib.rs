@@ -10,7 +10,8 @@
 //! - [`run_until_deadline`], the retry loop: jittered backoff from the step's
 //!   [`RetryPolicy`](rota_model::RetryPolicy), `Retry-After` honoured, every
 //!   try cut at the deadline, and silence ([`Outcome::DeadlinePassed`]) once
-//!   the complete-by time has passed;
+//!   the complete-by time has passed; [`run_gated`] lets a [`Gate`] (the
+//!   engine's shared rate limits) hold each try back first;
 //! - per-endpoint [circuit breakers](breaker), driven by the injected clock;
 //! - the built-in agents [`HttpAgent`] (`http`), [`ExecAgent`] (`exec`) and
 //!   [`DelayAgent`] (`delay`), and the [`AgentRegistry`] that names them;
@@ -49,5 +50,5 @@ pub use error::{Error, Result, StepError, StepResultExt};
 pub use exec::{ENV_INHERITED, EXIT_TEMPFAIL, ExecAgent, ExecConfig, PATH_DEFAULT, STDOUT_BYTES_LIMIT};
 pub use http::{HttpAgent, HttpConfig, RESPONSE_BYTES_LIMIT};
 pub use request::Request;
-pub use run::{Outcome, run_until_deadline};
+pub use run::{Gate, Hold, Open, Outcome, run_gated, run_until_deadline};
 pub use tls::{http_client, install_crypto_provider};

@@ -1,14 +1,20 @@
 //! The Agent's retry loop: call, classify, back off, call again, all inside
 //! the step's complete-by window, and silence once the window has closed.
 //!
+//! Before every try, a [`Gate`] may hold the call back: the engine's rate
+//! limits, shared through the store. A call the gate holds ends the loop
+//! with [`Outcome::Held`], spending no try.
+//!
 //! Deliberately left out: the reply. [`run_until_deadline`] returns an
 //! [`Outcome`]; the engine turns it into a reply message (or, for
-//! [`Outcome::DeadlinePassed`], into no message at all).
+//! [`Outcome::DeadlinePassed`], into no message at all; for
+//! [`Outcome::Held`], into the request given back for later).
 
 use std::time::Duration;
 
+use async_trait::async_trait;
 use rand::Rng;
-use rota_model::{Clock, RetryPolicy};
+use rota_model::{Clock, RetryPolicy, Timestamp};
 use serde_json::Value;
 
 use crate::{Agent, Request, StepError};
@@ -49,13 +55,48 @@ pub enum Outcome {
         /// The last classified error before the deadline, if any.
         last_error: Option<StepError>,
     },
+    /// The [`Gate`] held the call back until `until`: no try was spent on
+    /// it. The caller sends no reply; it gives the request back to be
+    /// handled again then, with its complete-by moved by the time held.
+    Held(Hold),
 }
 
 impl Outcome {
-    /// Whether the caller may send a reply. False only for
-    /// [`Outcome::DeadlinePassed`].
+    /// Whether the caller may send a reply. False for
+    /// [`Outcome::DeadlinePassed`] and [`Outcome::Held`].
     pub fn should_reply(&self) -> bool {
-        !matches!(self, Outcome::DeadlinePassed { .. })
+        !matches!(self, Outcome::DeadlinePassed { .. } | Outcome::Held(_))
+    }
+}
+
+/// Why and until when a [`Gate`] holds a call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hold {
+    /// When the call may be asked for again.
+    pub until: Timestamp,
+    /// What holds it, for logs: `rate limit endpoint:http://a:80 (20/s)`.
+    pub reason: String,
+}
+
+/// What lets each try of a call start: the caller's rate limits. It may
+/// wait a little before letting a try start (that wait is part of the
+/// request's complete-by: `admit` is given the time left and must not wait
+/// longer than half of it), or hold the call for longer.
+#[async_trait]
+pub trait Gate: Send + Sync {
+    /// Called before every try, with the time left before the deadline;
+    /// returns when the try may start, or the [`Hold`] that stops the loop.
+    async fn admit(&self, request: &Request, remaining: Duration) -> Result<(), Hold>;
+}
+
+/// The gate that lets every try through at once.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Open;
+
+#[async_trait]
+impl Gate for Open {
+    async fn admit(&self, _request: &Request, _remaining: Duration) -> Result<(), Hold> {
+        Ok(())
     }
 }
 
@@ -111,9 +152,31 @@ pub async fn run_until_deadline(
     clock: &dyn Clock,
     rng: &mut (impl Rng + Send),
 ) -> Outcome {
+    run_gated(agent, request, policy, clock, rng, &Open).await
+}
+
+/// [`run_until_deadline`] with every try admitted by `gate` first. A try
+/// the gate holds back ends the loop with [`Outcome::Held`]: the tries
+/// made before it are forgotten with it, since the request is handled
+/// again from the start.
+pub async fn run_gated(
+    agent: &dyn Agent,
+    request: &Request,
+    policy: &RetryPolicy,
+    clock: &dyn Clock,
+    rng: &mut (impl Rng + Send),
+    gate: &dyn Gate,
+) -> Outcome {
     let mut attempts: u32 = 0;
     let mut last_error: Option<StepError> = None;
     loop {
+        let remaining = request.remaining(clock.now());
+        if remaining.is_zero() {
+            return Outcome::DeadlinePassed { attempts, last_error };
+        }
+        if let Err(hold) = gate.admit(request, remaining).await {
+            return Outcome::Held(hold);
+        }
         let remaining = request.remaining(clock.now());
         if remaining.is_zero() {
             return Outcome::DeadlinePassed { attempts, last_error };
