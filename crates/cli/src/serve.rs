@@ -36,7 +36,7 @@
 //! Deliberately left out: custom agents (a Rust program embeds the engine
 //! instead) and hot reloading of definitions.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -49,7 +49,7 @@ use rota_engine::engine::Config;
 use rota_engine::status::{Heartbeat, Reporter};
 use rota_engine::webhooks::{Dispatcher, Secret, WebhookConfig};
 use rota_engine::{Client, Engine, Roles, Shutdown, Workflows};
-use rota_model::{Clock, InstanceId, ScheduleName, SystemClock};
+use rota_model::{Clock, InstanceId, RateLimit, ScheduleName, SystemClock};
 use rota_store::{NewSchedule, ScheduleSource, ScheduleSpec, SharedStore};
 use rota_workflow::{AgentCatalog, AgentName, Workflow};
 use tracing::{info, warn};
@@ -131,6 +131,19 @@ pub struct AgentArgs {
     /// A call is stopped at most twice this after the cancel (10ms..1m).
     #[arg(long, value_name = "DURATION", default_value = "250ms", value_parser = humantime::parse_duration)]
     agent_stop_check: Duration,
+    /// Rate limits of agent queues, comma-separated QUEUE=RATE[:BURST]
+    /// (`http=20/s`, `agent.exec=100/m:10`): at most RATE calls start per
+    /// unit (s, m, h), BURST at once (default 1), counted across every
+    /// process sharing the store. A call past the limit is held (its
+    /// request given back until its slot, its step's complete-by moved),
+    /// never failed. Steps can limit their own target with `rate_limit:`.
+    #[arg(long = "rate", value_name = "QUEUE=RATE[:BURST]", value_delimiter = ',')]
+    rates: Vec<String>,
+    /// The longest a call waits in-process for its rate slot (at most half
+    /// its step's time left); a slot further away holds the request
+    /// (0s..1m).
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = humantime::parse_duration)]
+    agent_rate_wait: Duration,
     /// The only hosts `http` steps and webhooks may reach, comma-separated:
     /// host names (api.example.com, *.example.com), networks (10.0.0.0/8)
     /// or addresses. A name not listed is allowed only when every address
@@ -156,6 +169,8 @@ impl Default for AgentArgs {
             queues: Vec::new(),
             agent_concurrency: AGENT_CONCURRENCY_DEFAULT,
             agent_stop_check: rota_engine::agent_worker::STOP_CHECK_DEFAULT,
+            rates: Vec::new(),
+            agent_rate_wait: rota_engine::agent_worker::RATE_WAIT_DEFAULT,
             egress_allow: Vec::new(),
             exec_dir: None,
             exec_env: Vec::new(),
@@ -382,12 +397,13 @@ impl Process {
     async fn build(store_args: &StoreArgs, args: &RunArgs) -> anyhow::Result<Process> {
         let instance = instance_id::from_flag(args.process.instance_id.as_deref())?;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let config = engine_config(args, instance.clone(), &*clock)?;
+        let mut config = engine_config(args, instance.clone(), &*clock)?;
         let egress = args.agent.egress()?;
         let http = HttpConfig { egress: egress.clone(), ..HttpConfig::default() };
         let agents =
             AgentRegistry::builtin_with(http, args.agent.exec_config()?, clock.clone()).context("cannot set up the built-in agents")?;
         let running_agents = selected_agents(&agents, &args.agent.queues)?;
+        config.agent_rates = queue_rates(&agents, &args.agent.rates)?;
         let catalog = agent_catalog(&agents, &args.process.remote)?;
         let (dir, definitions) = load_workflows(args.process.workflows.as_deref(), &catalog)?;
         let listening = bind_api(args).await?;
@@ -512,6 +528,7 @@ fn engine_config(args: &RunArgs, instance: InstanceId, clock: &dyn Clock) -> any
     };
     config.agent_concurrency = args.agent.agent_concurrency as usize;
     config.agent_stop_check = args.agent.agent_stop_check;
+    config.agent_rate_wait = args.agent.agent_rate_wait;
     config.supervisor = config.supervisor.every(args.supervisor.supervisor_interval);
     config.supervisor.schedules = rota_engine::schedules::Config {
         late_max: args.supervisor.schedule_late_max,
@@ -561,6 +578,7 @@ fn flag_of(field: &str) -> Option<&'static str> {
         "shutdown_grace" => Some("--shutdown-grace"),
         "agent_concurrency" => Some("--agent-concurrency"),
         "agent_stop_check" => Some("--agent-stop-check"),
+        "agent_rate_wait" => Some("--agent-rate-wait"),
         "input_bytes_max" => Some("--input-bytes-max"),
         "for_each_items_max" => Some("--for-each-items-max"),
         _ => None,
@@ -665,6 +683,36 @@ fn selected_agents(agents: &AgentRegistry, queues: &[String]) -> anyhow::Result<
         }
     }
     Ok(selected)
+}
+
+/// The queue rate limits of `--rate`, by agent name: each QUEUE=RATE[:BURST]
+/// names an agent (or its queue) this build runs, once.
+fn queue_rates(agents: &AgentRegistry, rates: &[String]) -> anyhow::Result<BTreeMap<String, RateLimit>> {
+    let mut by_agent = BTreeMap::new();
+    for entry in rates {
+        let entry = entry.trim();
+        let Some((queue, rate)) = entry.split_once('=') else {
+            bail!("--rate {entry:?}: expected QUEUE=RATE[:BURST], such as http=20/s or http=20/s:5");
+        };
+        let name = selected_agents(agents, &[queue.to_owned()])
+            .map_err(|e| anyhow!("--rate {entry:?}: {}", e.to_string().replace("--queues: ", "")))?;
+        let (rate, burst) = match rate.split_once(':') {
+            Some((rate, burst)) => {
+                let burst: u32 =
+                    burst.trim().parse().map_err(|_| anyhow!("--rate {entry:?}: the burst must be a whole number, got {burst:?}"))?;
+                (rate, Some(burst))
+            }
+            None => (rate, None),
+        };
+        let mut limit: RateLimit = rate.parse().map_err(|e| anyhow!("--rate {entry:?}: {e}"))?;
+        if let Some(burst) = burst {
+            limit = limit.with_burst(burst).map_err(|e| anyhow!("--rate {entry:?}: {e}"))?;
+        }
+        if by_agent.insert(name[0].clone(), limit).is_some() {
+            bail!("--rate {entry:?}: the queue of agent {} is limited twice", name[0]);
+        }
+    }
+    Ok(by_agent)
 }
 
 fn role_name(role: Role) -> &'static str {
@@ -775,6 +823,40 @@ async fn warn_if_instance_is_live(store: &SharedStore, instance: &InstanceId, cl
             "instance id {instance} reported a heartbeat {} ago and did not stop cleanly: \
              if another process runs with this id, stop one of them (two processes must not share an instance id)",
             humantime::format_duration(Duration::from_millis(age.as_millis() as u64))
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(rates: &[&str]) -> Result<Vec<(String, String, u32)>, String> {
+        let agents = AgentRegistry::builtin(Arc::new(SystemClock)).unwrap();
+        let rates: Vec<String> = rates.iter().map(|r| (*r).to_owned()).collect();
+        queue_rates(&agents, &rates)
+            .map(|by_agent| by_agent.into_iter().map(|(agent, limit)| (agent, limit.to_string(), limit.burst())).collect())
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn queue_rates_name_an_agent_or_its_queue_once_with_an_optional_burst() {
+        assert_eq!(
+            check(&["http=20/s", "agent.exec=100/m:10"]),
+            Ok(vec![("exec".into(), "100/m".into(), 10), ("http".into(), "20/s".into(), 1)])
+        );
+        assert_eq!(check(&["http"]), Err("--rate \"http\": expected QUEUE=RATE[:BURST], such as http=20/s or http=20/s:5".into()));
+        let unknown = check(&["mail=1/s"]).unwrap_err();
+        assert!(unknown.starts_with("--rate \"mail=1/s\": no agent consumes \"mail\""), "{unknown}");
+        assert_eq!(
+            check(&["http=20/d"]),
+            Err("--rate \"http=20/d\": expected a rate such as \"20/s\", \"100/m\" or \"500/h\", got \"20/d\"".into())
+        );
+        assert_eq!(check(&["http=20/s:x"]), Err("--rate \"http=20/s:x\": the burst must be a whole number, got \"x\"".into()));
+        assert_eq!(check(&["http=20/s:0"]), Err("--rate \"http=20/s:0\": the burst must be between 1 and 100000, got 0".into()));
+        assert_eq!(
+            check(&["http=1/s", "agent.http=2/s"]),
+            Err("--rate \"agent.http=2/s\": the queue of agent http is limited twice".into())
         );
     }
 }

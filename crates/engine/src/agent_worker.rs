@@ -18,6 +18,20 @@
 //! is consumed without a reply together with a `call_stopped` event
 //! ([`commit_stop`]).
 //!
+//! Rate limits hold work rather than fail it. Before every try the worker
+//! takes a slot of each limit that applies (`queue:agent.NAME`, from
+//! [`Config::queue_rate`], then the step's `rate_limit:` keyed by the
+//! call's target, `endpoint:scheme://host:port` for `http`, or by
+//! `agent:NAME`), through [`Tasks::take_rate_slot`](rota_store::Tasks::take_rate_slot),
+//! shared by every process. A slot at most [`Config::rate_wait`] away (and
+//! at most half the time left) is waited for in-process; a slot further
+//! away *holds* the request ([`commit_hold`]): in one commit the request is
+//! consumed and sent again, delayed until the slot, and the step's
+//! complete-by (and warning point) move to the step's whole timeout after
+//! that, fenced on the step's state and attempt. So a held call spends no
+//! try, no delivery, no attempt and no failure, and the Supervisor never
+//! times it out for the time it was held.
+//!
 //! The rules that every agent follows, built-in or external (the HTTP
 //! worker protocol of `rota-api` calls them too), are public functions:
 //! [`too_late`] (the deadline), [`stop_reason`] and [`commit_stop`] (a
@@ -31,11 +45,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use rand::Rng;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
-use rota_agent::{Agent, Outcome as CallOutcome};
-use rota_model::{Clock, InstanceId, LeaseToken, QueueName, StepName, Task, TaskId, TaskState, Timestamp};
-use rota_store::{Changes, Delivery, Event, EventKind, Outgoing, SharedStore};
+use rota_agent::{Agent, Gate, Hold, Outcome as CallOutcome};
+use rota_model::{Clock, InstanceId, LeaseToken, QueueName, RateLimit, StepName, StepState, Task, TaskId, TaskState, Timestamp};
+use rota_store::{Changes, Delivery, Event, EventKind, Outgoing, RateRequest, RateSlot, SharedStore, StepWrite};
 use serde_json::json;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -63,7 +78,18 @@ pub struct Config {
     /// read yet, so a call is stopped at most twice this after its task
     /// finished, and short calls cost no read.
     pub stop_check: Duration,
+    /// The rate limit of this agent's queue, shared by every process
+    /// consuming it (`rota agent --rate QUEUE=20/s`); `None`: none.
+    pub queue_rate: Option<RateLimit>,
+    /// The longest a call waits in-process for its rate slot; a slot
+    /// further away holds the request ([`commit_hold`]).
+    pub rate_wait: Duration,
 }
+
+/// The default of [`Config::rate_wait`].
+pub const RATE_WAIT_DEFAULT: Duration = Duration::from_secs(1);
+/// The longest [`Config::rate_wait`] accepted.
+pub const RATE_WAIT_MAX: Duration = Duration::from_secs(60);
 
 /// The default of [`Config::stop_check`]: a cancelled task's calls stop
 /// within half a second.
@@ -94,6 +120,7 @@ impl AgentWorker {
     /// whose tasks finish meanwhile.
     pub async fn run(self, shutdown: Shutdown) -> Result<()> {
         check_stop_check(self.config.stop_check)?;
+        check_rate_wait(self.config.rate_wait)?;
         let consumer_config = consumer::Config::builder(self.queue.clone(), self.config.instance.clone())
             .max_concurrent(self.config.max_concurrent)
             .shutdown_grace(self.config.shutdown_grace)
@@ -117,7 +144,8 @@ impl AgentWorker {
         let mut rng = StdRng::seed_from_u64(self.request_seed(request));
         let started = std::time::Instant::now();
         let mut watched = self.in_flight.watch(&request.call.task_id);
-        let call = rota_agent::run_until_deadline(&*self.agent, &request.call, &request.retry, &*self.clock, &mut rng);
+        let gate = RateGate { store: &self.store, clock: &*self.clock, limits: self.rate_limits(request), wait_max: self.config.rate_wait };
+        let call = rota_agent::run_gated(&*self.agent, &request.call, &request.retry, &*self.clock, &mut rng, &gate);
         let outcome = tokio::select! {
             outcome = call => outcome,
             Ok(reason) = &mut watched.stop => {
@@ -142,6 +170,7 @@ impl AgentWorker {
             CallOutcome::Succeeded(output) => ReplyOutcome::Succeeded { output },
             CallOutcome::Failed { message, retryable, .. } => ReplyOutcome::Failed { error: message, retryable },
             CallOutcome::DeadlinePassed { .. } => return Outcome::Complete,
+            CallOutcome::Held(hold) => return self.hold(request, delivery, hold, &mut rng).await,
         };
         match commit_reply(&self.store, &self.queue, delivery.lease_token, &ReplyAddress::of(request), reply_outcome).await {
             Ok(()) => Outcome::Settled,
@@ -149,6 +178,34 @@ impl AgentWorker {
             // someone else's, and its reply is theirs to send.
             Err(rota_store::Error::LeaseLost(_)) => Outcome::Settled,
             Err(err) => Outcome::Abandon { delay: Duration::from_secs(1), reason: format!("could not record the reply: {err}") },
+        }
+    }
+
+    /// The rate limits of `request`'s tries, as `(key, limit)`: the
+    /// queue's, then the step's on its target.
+    fn rate_limits(&self, request: &StepRequest) -> Vec<(String, RateLimit)> {
+        let queue = self.config.queue_rate.map(|limit| (format!("queue:{}", self.queue), limit));
+        let step = request.rate_limit.map(|limit| match self.agent.target(&request.call) {
+            Some(target) => (format!("endpoint:{target}"), limit),
+            None => (format!("agent:{}", self.agent.name()), limit),
+        });
+        queue.into_iter().chain(step).collect()
+    }
+
+    /// Gives a held request back until its slot, spread by up to one
+    /// [`Config::rate_wait`] so that the requests held together do not all
+    /// come back at once.
+    async fn hold(&self, request: &StepRequest, delivery: &Delivery, hold: Hold, rng: &mut StdRng) -> Outcome {
+        let now = self.clock.now();
+        let spread_ms = u64::try_from(self.config.rate_wait.as_millis()).unwrap_or(u64::MAX).max(1);
+        let delay = hold.until.since(now) + Duration::from_millis(rng.random_range(0..spread_ms));
+        tracing::debug!(reason = %hold.reason, ?delay, "held: the request is given back until its slot");
+        match commit_hold(&self.store, &self.queue, delivery.lease_token, request, delay, now).await {
+            Ok(Held::Moved) | Err(rota_store::Error::LeaseLost(_)) => Outcome::Settled,
+            // The step moved on without this request (its task was
+            // cancelled, the attempt was replaced): nobody waits for it.
+            Ok(Held::Stale) | Err(rota_store::Error::Conflict(_)) => Outcome::Complete,
+            Err(err) => Outcome::Abandon { delay: Duration::from_secs(1), reason: format!("could not hold the request: {err}") },
         }
     }
 
@@ -168,6 +225,7 @@ fn record_call(agent: &str, outcome: &CallOutcome, took: Duration) {
         CallOutcome::Failed { retryable: false, .. } => "failed",
         CallOutcome::Failed { retryable: true, .. } => "retryable",
         CallOutcome::DeadlinePassed { .. } => "deadline_passed",
+        CallOutcome::Held(_) => "held",
     };
     metrics::counter!(telemetry::AGENT_CALLS, "agent" => agent.to_owned(), "outcome" => label).increment(1);
     metrics::histogram!(telemetry::AGENT_CALL_DURATION, "agent" => agent.to_owned(), "outcome" => label).record(took.as_secs_f64());
@@ -177,6 +235,105 @@ fn record_call(agent: &str, outcome: &CallOutcome, took: Duration) {
 fn record_stopped(agent: &str, took: Duration) {
     metrics::counter!(telemetry::AGENT_CALLS, "agent" => agent.to_owned(), "outcome" => "stopped").increment(1);
     metrics::histogram!(telemetry::AGENT_CALL_DURATION, "agent" => agent.to_owned(), "outcome" => "stopped").record(took.as_secs_f64());
+}
+
+/// The rate limits of one request's tries, taken in the store.
+struct RateGate<'a> {
+    store: &'a SharedStore,
+    clock: &'a dyn Clock,
+    limits: Vec<(String, RateLimit)>,
+    wait_max: Duration,
+}
+
+#[async_trait]
+impl Gate for RateGate<'_> {
+    async fn admit(&self, _request: &rota_agent::Request, remaining: Duration) -> std::result::Result<(), Hold> {
+        // Waiting in-process spends the step's own time: at most half of
+        // what is left, so the call keeps time to run.
+        let wait_max = self.wait_max.min(remaining / 2);
+        for (key, limit) in &self.limits {
+            let take = RateRequest { key: key.clone(), limit: *limit, wait_max };
+            match self.store.take_rate_slot(&take).await {
+                Ok(RateSlot::Granted { start }) => {
+                    let wait = start.since(self.clock.now());
+                    if !wait.is_zero() {
+                        tokio::time::sleep(wait).await;
+                    }
+                }
+                Ok(RateSlot::Refused { retry_at }) => return Err(Hold { until: retry_at, reason: format!("rate limit {key} ({limit})") }),
+                // Without the store no slot can be known to be free: hold
+                // the call rather than exceed the limit.
+                Err(err) => {
+                    let until = self.clock.now() + self.wait_max;
+                    return Err(Hold { until, reason: format!("rate limit {key}: the store did not answer: {err}") });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What [`commit_hold`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Held {
+    /// The request was sent again, delayed, and its step's complete-by moved.
+    Moved,
+    /// The step no longer runs this attempt: nothing was written.
+    Stale,
+}
+
+/// Holds a request for `delay` without spending anything of its step: in
+/// one commit, fenced on the step's state and attempt, the request (leased
+/// from `queue` with `lease`) is consumed and sent again delayed by
+/// `delay`, and the step's complete-by moves to the step's whole timeout
+/// after the request comes back (`now + delay + timeout`: the deadline
+/// starts again when the call can start; a request that does not say its
+/// timeout keeps the time it had left), its warning point and the
+/// request's complete-by with it. A new message starts with no delivery
+/// counted; the step keeps its attempt and the task its failure count.
+/// [`Held::Stale`] when the step has moved on (nothing written).
+pub async fn commit_hold(
+    store: &SharedStore,
+    queue: &QueueName,
+    lease: LeaseToken,
+    request: &StepRequest,
+    delay: Duration,
+    now: Timestamp,
+) -> rota_store::Result<Held> {
+    let call = &request.call;
+    let Some(record) = store.task(&call.task_id).await? else { return Ok(Held::Stale) };
+    let in_flight = if call.compensate { StepState::Compensating } else { StepState::Running };
+    let Some(step) = record.steps.iter().find(|s| s.name == call.step && s.state == in_flight && s.attempt == call.attempt) else {
+        return Ok(Held::Stale);
+    };
+    let Some(complete_by) = step.complete_by else { return Ok(Held::Stale) };
+    let budget = request.timeout().unwrap_or_else(|| complete_by.since(now));
+    // Never earlier than the held time added to the deadline it had.
+    let moved_by = (now + delay + budget).max(complete_by + delay);
+    let shift = moved_by.since(complete_by);
+    let mut moved = step.clone();
+    moved.complete_by = Some(moved_by);
+    moved.warn_at = step.warn_at.map(|at| at + shift);
+    let mut again = request.clone();
+    again.call.complete_by = moved_by;
+    let message = Outgoing::json(&again).expect("requests serialize").with_delay(delay);
+    let changes = Changes {
+        steps: vec![StepWrite::replacing(step, moved)],
+        send: vec![(queue.clone(), message)],
+        complete: vec![(queue.clone(), lease)],
+        ..Changes::default()
+    };
+    crate::replies::commit(store, changes).await?;
+    Ok(Held::Moved)
+}
+
+/// Checks a [`Config::rate_wait`] (the engine's `agent_rate_wait`).
+pub fn check_rate_wait(wait: Duration) -> Result<()> {
+    if wait <= RATE_WAIT_MAX {
+        return Ok(());
+    }
+    let why = format!("must be at most {}, got {}", humantime::format_duration(RATE_WAIT_MAX), humantime::format_duration(wait));
+    Err(crate::Error::OutOfBounds { field: "agent_rate_wait", why })
 }
 
 /// Checks a [`Config::stop_check`] (the engine's `agent_stop_check`).

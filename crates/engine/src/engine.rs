@@ -1,11 +1,12 @@
 //! The embedded engine: every role of the pattern in one process over one
 //! store, or any subset of them (for processes that scale out).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use rota_agent::Agent;
-use rota_model::{Clock, InstanceId};
+use rota_model::{Clock, InstanceId, RateLimit};
 use rota_store::SharedStore;
 use rota_workflow::Workflow;
 use tokio::task::JoinSet;
@@ -50,6 +51,13 @@ pub struct Config {
     /// How often agents read whether the tasks of their calls in progress
     /// finished, to stop those calls (`agent_worker::Config::stop_check`).
     pub agent_stop_check: Duration,
+    /// Rate limits of agent queues, by agent name (queue `agent.NAME`),
+    /// shared by every process consuming them
+    /// (`agent_worker::Config::queue_rate`).
+    pub agent_rates: BTreeMap<String, RateLimit>,
+    /// The longest a call waits in-process for its rate slot before its
+    /// request is held instead (`agent_worker::Config::rate_wait`).
+    pub agent_rate_wait: Duration,
     /// The seed of every jitter in this process.
     pub seed: u64,
     /// How long work in progress (agent calls, replies being handled) may
@@ -77,6 +85,8 @@ impl Config {
             roles: Roles::ALL,
             agent_concurrency: 16,
             agent_stop_check: agent_worker::STOP_CHECK_DEFAULT,
+            agent_rates: BTreeMap::new(),
+            agent_rate_wait: agent_worker::RATE_WAIT_DEFAULT,
             seed: 0,
             shutdown_grace: crate::consumer::Config::SHUTDOWN_GRACE_DEFAULT,
             workflow_latest_refresh: crate::workflows::LATEST_REFRESH_DEFAULT,
@@ -98,6 +108,7 @@ impl Config {
         }
         agent_worker::check_stop_check(self.agent_stop_check)?;
         crate::scheduler::check_for_each_items_max(self.scheduler.for_each_items_max)?;
+        agent_worker::check_rate_wait(self.agent_rate_wait)?;
         crate::client::check_input_bytes_max(self.input_bytes_max).map_err(|why| Error::OutOfBounds { field: "input_bytes_max", why })?;
         Ok(())
     }
@@ -187,6 +198,8 @@ impl Engine {
                     seed: config.seed,
                     shutdown_grace: config.shutdown_grace,
                     stop_check: config.agent_stop_check,
+                    queue_rate: config.agent_rates.get(agent.name()).copied(),
+                    rate_wait: config.agent_rate_wait,
                 };
                 let worker = AgentWorker::new(self.store.clone(), self.clock.clone(), agent.clone(), worker_config);
                 roles.spawn(worker.run(shutdown.clone()));
@@ -238,6 +251,7 @@ mod tests {
         assert_eq!(refused(|c| c.scheduler.for_each_items_max = 0), "for_each_items_max must be between 1 and 100000, got 0");
         assert_eq!(refused(|c| c.agent_concurrency = 0), "agent_concurrency must be between 1 and 1024, got 0");
         assert_eq!(refused(|c| c.agent_stop_check = Duration::from_millis(5)), "agent_stop_check must be between 10ms and 1m, got 5ms");
+        assert_eq!(refused(|c| c.agent_rate_wait = Duration::from_secs(61)), "agent_rate_wait must be at most 1m, got 1m 1s");
         assert_eq!(refused(|c| c.input_bytes_max = 0), "input_bytes_max must be between 1 and 262144, got 0");
         let every = config().supervisor.every(Duration::from_millis(200));
         assert_eq!((every.interval, every.leader_ttl), (Duration::from_millis(200), Duration::from_secs(1)));

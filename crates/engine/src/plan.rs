@@ -1036,9 +1036,9 @@ impl<'a> Draft<'a> {
         callback_token: Option<String>,
     ) -> Result<(QueueName, Outgoing), String> {
         let def = self.cx.workflow.step(name).expect("requests are for workflow steps");
-        let (agent, retry) = match (compensate, def.compensate(), def.agent()) {
-            (true, Some(c), _) => (c.agent().as_str(), c.retry().clone()),
-            (_, _, Some(agent)) => (agent.as_str(), def.retry().clone()),
+        let (agent, retry, timeout) = match (compensate, def.compensate(), def.agent()) {
+            (true, Some(c), _) => (c.agent().as_str(), c.retry().clone(), c.timeout()),
+            (_, _, Some(agent)) => (agent.as_str(), def.retry().clone(), def.timeout()),
             // Unreachable by construction: waiting steps are started by
             // `start_waiting` and never reissued or compensated.
             (_, _, None) => return Err(format!("step {name} waits for a signal: it has no request to send")),
@@ -1058,6 +1058,8 @@ impl<'a> Draft<'a> {
             retry,
             reply_to: self.cx.inbox.clone(),
             traceparent: self.cx.traceparent.map(str::to_owned),
+            rate_limit: def.rate_limit().copied(),
+            timeout_ms: Some(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)),
         };
         // No message id (duplicate detection) is needed: the request is sent
         // by the commit that records the attempt, which happens once.

@@ -22,7 +22,9 @@
 //! existed, or by a process that does not trace, read the same.
 
 use rota_agent::Request;
-use rota_model::{InstanceId, MessageId, QueueName, RetryPolicy, StepName, TaskId, Timestamp, WorkflowName};
+use std::time::Duration;
+
+use rota_model::{InstanceId, MessageId, QueueName, RateLimit, RetryPolicy, StepName, TaskId, Timestamp, WorkflowName};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -88,12 +90,26 @@ pub struct StepRequest {
     /// The trace context of the Scheduler decision that sent it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
+    /// The step's rate limit (`rate_limit:`), applied by the agent per
+    /// target (see `agent_worker`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RateLimit>,
+    /// The step's timeout, in milliseconds: how long the call has from when
+    /// it starts. A held request gets it again from when it comes back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
 }
 
 impl StepRequest {
     /// The request's deadline.
     pub fn complete_by(&self) -> Timestamp {
         self.call.complete_by
+    }
+
+    /// The step's timeout, when the request says it (those sent before
+    /// rate limits existed do not).
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout_ms.map(Duration::from_millis)
     }
 }
 

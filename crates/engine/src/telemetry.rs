@@ -37,7 +37,7 @@ pub const STEP_RETRIES: &str = "rota_step_retries_total";
 pub const TASKS_FINISHED: &str = "rota_tasks_finished_total";
 /// Counter: agent calls by this process's agent workers (each runs the
 /// agent's in-deadline retries). Labels: `agent`, `outcome` (`succeeded`,
-/// `failed`, `retryable`, `deadline_passed`).
+/// `failed`, `retryable`, `deadline_passed`, `held`, `stopped`).
 pub const AGENT_CALLS: &str = "rota_agent_calls_total";
 /// Histogram: seconds an agent call took, its in-deadline retries included.
 /// Labels: `agent`, `outcome`.
