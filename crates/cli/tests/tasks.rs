@@ -239,7 +239,7 @@ fn validate_prints_every_problem_with_its_position() {
             ),
             format!("{bad}:8:18: step `b`: depends on unknown step `missing`"),
             format!(
-                "{bad}:10:5: step `b`: unknown field `colour` (expected one of: name, agent, wait, when, callback, with, timeout, warn_after, retry, compensate, depends_on)"
+                "{bad}:10:5: step `b`: unknown field `colour` (expected one of: name, agent, wait, when, for_each, max_parallel, callback, with, timeout, warn_after, retry, rate_limit, compensate, depends_on)"
             ),
             "error: 4 problems in 1 of 2 workflow files".to_owned(),
         ]
