@@ -143,6 +143,20 @@ class SubmitAndWait(unittest.TestCase):
         for n in (0, 2):
             client.cancel(f"{prefix}-{n}")
 
+    def test_a_task_keeps_the_priority_it_was_submitted_with(self) -> None:
+        client = Client(server.url, token=support.ADMIN_TOKEN)
+        urgent = client.submit("nap", id=fresh("urgent"), priority=-100)
+        self.assertEqual(urgent["priority"], -100)
+        self.assertEqual(client.status(urgent["id"])["priority"], -100)
+        normal = client.submit("nap", id=fresh("normal"))
+        self.assertEqual(normal["priority"], 0)
+        with self.assertRaises(ApiError) as refused:
+            client.submit("nap", id=fresh("too-high"), priority=101)
+        self.assertEqual((refused.exception.status, refused.exception.code), (422, "invalid_body"))
+        self.assertIn("-100 to 100", refused.exception.reason)
+        client.cancel(urgent["id"])
+        client.cancel(normal["id"])
+
     def test_a_batch_cancels_the_tasks_its_filter_selects(self) -> None:
         client = Client(server.url, token=support.ADMIN_TOKEN)
         customer = fresh("bulk")

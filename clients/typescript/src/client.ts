@@ -120,6 +120,9 @@ export class Client {
    * Submits a task of `workflow` (its latest version unless `version` says).
    * `id` is the idempotency key: submitting an id that exists creates nothing
    * and returns that task, so a submit whose answer was lost can be sent again.
+   * `priority` (-100 to 100; the workflow's `priority:`, or 0, when absent):
+   * Schedulers claim higher priorities first, then in submission order, and
+   * one claimed task in eight is the oldest waiting whatever its priority.
    */
   async submit(
     workflow: string,
@@ -132,6 +135,7 @@ export class Client {
       startAt?: string;
       delay?: string;
       tags?: Record<string, string>;
+      priority?: number;
     } = {},
   ): Promise<Task> {
     const body = {
@@ -144,6 +148,7 @@ export class Client {
       start_at: options.startAt,
       delay: options.delay,
       tags: options.tags,
+      priority: options.priority,
     };
     return unwrap(await this.api.fetch.POST("/v1/tasks", { body, signal: this.api.deadline() }));
   }

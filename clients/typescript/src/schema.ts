@@ -1712,6 +1712,16 @@ export interface components {
             /** @description The task's input (any JSON); `{}` when absent. */
             input?: unknown;
             /**
+             * Format: int64
+             * @description Schedulers claim higher priorities first, then in submission order;
+             *     one claimed task in eight (`--claim-oldest-every`) is the oldest
+             *     waiting, whatever its priority, so low priorities still progress.
+             *     An integer from -100 to 100; the workflow's `priority:` (0 by
+             *     default) when absent. Kept with the task, never changed.
+             * @example 10
+             */
+            priority?: number | null;
+            /**
              * @description A durable queue of this server's store to send the task's status
              *     events to (a response queue): `received`, `step_completed`,
              *     `processed`, `error`, `compensated` and `cancelled`, each sent in the
@@ -1856,6 +1866,11 @@ export interface components {
             not_before: number;
             /** @description Whether an operator paused it: it starts no new step until resumed. */
             paused?: boolean;
+            /**
+             * Format: int32
+             * @description Its priority: Schedulers claim higher priorities first.
+             */
+            priority?: number;
             /** @description Where it is. */
             state: components["schemas"]["TaskStateView"];
             /** @description Who submitted it (the API token's id), when known. */
@@ -1934,6 +1949,11 @@ export interface components {
              *     no new step until resumed (steps in flight finish).
              */
             paused?: boolean;
+            /**
+             * Format: int32
+             * @description Its priority: Schedulers claim higher priorities first.
+             */
+            priority?: number;
             /** @description The queue its status events are sent to, if it was submitted with one. */
             reply_queue?: string | null;
             /** @description Where it is. */
@@ -4045,6 +4065,17 @@ export interface operations {
             /** @description Invalid field */
             422: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The Pending backlog is at its bound (`--pending-max`): nothing was created; try again after `Retry-After` */
+            429: {
+                headers: {
+                    /** @description Seconds to wait before submitting again (when the backlog is counted again) */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {

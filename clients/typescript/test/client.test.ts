@@ -195,6 +195,20 @@ describe("submit and wait", () => {
     }
   });
 
+  test("a task keeps the priority it was submitted with", async () => {
+    const client = admin();
+    const urgent = await client.submit("nap", undefined, { id: fresh("urgent"), priority: 100 });
+    assert.equal(urgent.priority, 100);
+    assert.equal((await client.status(urgent.id)).priority, 100);
+    const normal = await client.submit("nap", undefined, { id: fresh("normal") });
+    assert.equal(normal.priority, 0);
+    await assert.rejects(client.submit("nap", undefined, { id: fresh("too-low"), priority: -101 }), (error: unknown) => {
+      return error instanceof ApiError && error.status === 422 && error.code === "invalid_body";
+    });
+    await client.cancel(urgent.id);
+    await client.cancel(normal.id);
+  });
+
   test("a batch cancels the tasks its filter selects", async () => {
     const client = admin();
     const customer = fresh("bulk");

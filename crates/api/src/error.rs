@@ -42,6 +42,8 @@ pub struct ApiError {
     pub code: &'static str,
     /// The human-readable reason.
     pub reason: String,
+    /// When to try again, sent as `Retry-After` (whole seconds).
+    pub retry_after: Option<std::time::Duration>,
 }
 
 /// The result of a handler.
@@ -50,7 +52,17 @@ pub type ApiResult<T> = Result<T, ApiError>;
 impl ApiError {
     /// An error with this status, code and reason.
     pub fn new(status: StatusCode, code: &'static str, reason: impl Into<String>) -> Self {
-        ApiError { status, code, reason: reason.into() }
+        ApiError { status, code, reason: reason.into(), retry_after: None }
+    }
+
+    /// 429: the Pending backlog is at its bound (`--pending-max`); try
+    /// again after `retry_after`, when it is counted again.
+    pub fn backlog_full(pending: u64, pending_max: u64, retry_after: std::time::Duration) -> Self {
+        let reason = format!(
+            "submit: {pending} tasks are waiting to start, at the bound of {pending_max} (--pending-max); try again after {} s",
+            retry_after.as_secs().max(1)
+        );
+        ApiError { retry_after: Some(retry_after), ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "backlog_full", reason) }
     }
 
     /// 400: a path parameter is not valid (`what` names it).
@@ -170,6 +182,11 @@ impl IntoResponse for ApiError {
         let mut response = (self.status, axum::Json(self.body())).into_response();
         if self.status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if let Some(after) = self.retry_after {
+            // Whole seconds, rounded up: 0 would say "at once".
+            let seconds = after.as_millis().div_ceil(1000).max(1);
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(u64::try_from(seconds).unwrap_or(u64::MAX)));
         }
         response
     }

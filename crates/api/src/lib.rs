@@ -55,6 +55,7 @@
 
 pub mod audit;
 pub mod auth;
+mod backlog;
 pub mod batches;
 pub mod callbacks;
 pub mod error;
@@ -119,6 +120,12 @@ pub struct Limits {
     pub events_batch_max: u32,
     /// How long a dashboard sign-in lasts.
     pub session_ttl: Duration,
+    /// The most Pending tasks before a submission is refused with 429 and
+    /// `Retry-After` (`--pending-max`); `None`, the default: no bound.
+    pub pending_max: Option<u64>,
+    /// How often the Pending backlog is counted while `pending_max` is set
+    /// (the submissions accepted in between are added to the last count).
+    pub pending_recount: Duration,
 }
 
 impl Limits {
@@ -129,6 +136,8 @@ impl Limits {
     pub const BODY_BYTES_MAX_LIMIT: usize = 64 * 1024 * 1024;
     /// The largest `list_limit_max` that may be configured.
     pub const LIST_LIMIT_MAX_LIMIT: u32 = 10_000;
+    /// How often the Pending backlog is counted by default: once a second.
+    pub const PENDING_RECOUNT_DEFAULT: Duration = Duration::from_secs(1);
 
     /// Checks every bound; the error names the field.
     pub fn validate(&self) -> Result<(), Error> {
@@ -151,6 +160,12 @@ impl Limits {
         if self.events_batch_max == 0 || self.events_batch_max > 10_000 {
             return fail("events_batch_max", format!("must be between 1 and 10000, got {}", self.events_batch_max));
         }
+        if self.pending_max == Some(0) {
+            return fail("pending_max", "must be at least 1 (leave it unset for no bound)".into());
+        }
+        if self.pending_recount < Duration::from_millis(100) || self.pending_recount > Duration::from_secs(60) {
+            return fail("pending_recount", format!("must be between 100 ms and 60 s, got {:?}", self.pending_recount));
+        }
         let (shortest, longest) = ui::SESSION_TTL_RANGE;
         if self.session_ttl < shortest || self.session_ttl > longest {
             return fail("session_ttl", format!("must be between 1 minute and 30 days, got {:?}", self.session_ttl));
@@ -169,6 +184,8 @@ impl Default for Limits {
             events_keep_alive: Duration::from_secs(15),
             events_batch_max: 500,
             session_ttl: Duration::from_secs(12 * 3600),
+            pending_max: None,
+            pending_recount: Self::PENDING_RECOUNT_DEFAULT,
         }
     }
 }
@@ -231,6 +248,8 @@ struct Inner {
     /// Set when the server begins to shut down, so that event streams end
     /// (a graceful shutdown waits for every open response).
     closing: watch::Sender<bool>,
+    /// The last count of the Pending backlog (see [`Limits::pending_max`]).
+    backlog: backlog::Backlog,
 }
 
 impl ApiState {
@@ -245,7 +264,17 @@ impl ApiState {
         let workflows = client.workflows().clone();
         let catalog = config.catalog();
         let metrics = metrics::Metrics::new(&config.metrics);
-        let inner = Inner { store, client, clock, config, catalog, workflows, metrics, closing: watch::Sender::new(false) };
+        let inner = Inner {
+            store,
+            client,
+            clock,
+            config,
+            catalog,
+            workflows,
+            metrics,
+            closing: watch::Sender::new(false),
+            backlog: backlog::Backlog::default(),
+        };
         Ok(ApiState { inner: Arc::new(inner) })
     }
 
@@ -289,6 +318,10 @@ impl ApiState {
     /// future resolves). Requests keep being answered.
     pub fn close_streams(&self) {
         self.inner.closing.send_replace(true);
+    }
+
+    pub(crate) fn backlog(&self) -> &backlog::Backlog {
+        &self.inner.backlog
     }
 
     pub(crate) fn closing(&self) -> watch::Receiver<bool> {

@@ -12,7 +12,7 @@ use axum::http::{HeaderMap, StatusCode};
 use rota_engine::ops::Operator;
 use rota_engine::{Start, Submission, ops};
 use rota_model::tags::{TAGS_PER_TASK_MAX, parse_tag};
-use rota_model::{InstanceId, QueueName, SignalName, StepName, Tags, TaskId, TaskState, WorkflowName};
+use rota_model::{InstanceId, Priority, QueueName, SignalName, StepName, Tags, TaskId, TaskState, WorkflowName};
 use rota_store::{TaskFilter, TimeRange};
 use serde_json::json;
 use tracing::Instrument;
@@ -79,6 +79,8 @@ pub(crate) async fn check_visible(state: &ApiState, caller: &Caller, request: &s
         (status = 404, description = "The workflow (or that version of it) is not registered", body = ErrorBody),
         (status = 409, description = "The id is taken by a task of another submitter (for a token of scope submit alone)", body = ErrorBody),
         (status = 422, description = "Invalid field", body = ErrorBody),
+        (status = 429, description = "The Pending backlog is at its bound (`--pending-max`): nothing was created; try again after `Retry-After`", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait before submitting again (when the backlog is counted again)"))),
     ),
     security(("bearer" = []))
 )]
@@ -121,6 +123,7 @@ async fn submit_traced(state: ApiState, caller: Caller, request: SubmitRequest) 
         (None, None) => Start::Now,
     };
     let tags = Tags::new(request.tags.unwrap_or_default()).map_err(|err| ApiError::invalid_body(format!("tags: {err}")))?;
+    let priority = request.priority.map(Priority::new).transpose().map_err(|err| ApiError::invalid_body(format!("priority: {err}")))?;
     let input = request.input.unwrap_or_else(|| json!({}));
     let submission = Submission {
         workflow,
@@ -133,8 +136,16 @@ async fn submit_traced(state: ApiState, caller: Caller, request: SubmitRequest) 
         fired_by: None,
         submitter: caller.submitter().map(str::to_owned),
         tags,
+        priority,
     };
+    let limits = state.limits();
+    if let Some(pending_max) = limits.pending_max {
+        state.backlog().admit(state.store(), state.clock().as_ref(), pending_max, limits.pending_recount).await?;
+    }
     let submitted = state.client().submit(submission).await.map_err(|err| ApiError::ops("submit", ops::Error::from_submit(err)))?;
+    if submitted.created && limits.pending_max.is_some() {
+        state.backlog().accepted().await;
+    }
     let status = if submitted.created { StatusCode::CREATED } else { StatusCode::OK };
     match view(&state, &caller, "submit", &submitted.id).await {
         // The id is someone else's task: say it is taken, and nothing of it.

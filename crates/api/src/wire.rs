@@ -76,6 +76,14 @@ pub struct SubmitRequest {
     #[schema(example = json!({"customer": "c-42", "region": "eu"}))]
     #[serde(default)]
     pub tags: Option<BTreeMap<String, String>>,
+    /// Schedulers claim higher priorities first, then in submission order;
+    /// one claimed task in eight (`--claim-oldest-every`) is the oldest
+    /// waiting, whatever its priority, so low priorities still progress.
+    /// An integer from -100 to 100; the workflow's `priority:` (0 by
+    /// default) when absent. Kept with the task, never changed.
+    #[schema(example = 10, minimum = -100, maximum = 100)]
+    #[serde(default)]
+    pub priority: Option<i64>,
 }
 
 /// A JSON number that is a whole `u32`, written `1` or `1.0` (JSON does not
@@ -219,6 +227,9 @@ pub struct TaskSummary {
     /// Its labels, by key (empty when it has none).
     #[serde(default)]
     pub tags: BTreeMap<String, String>,
+    /// Its priority: Schedulers claim higher priorities first.
+    #[serde(default)]
+    pub priority: i32,
     /// When it was created, epoch ms.
     pub created_at: i64,
     /// When it last changed, epoch ms.
@@ -241,6 +252,7 @@ impl From<&Task> for TaskSummary {
             submitter: task.submitter.clone(),
             paused: task.paused,
             tags: tags_of(task),
+            priority: task.priority.get(),
             created_at: task.created_at.as_millis(),
             updated_at: task.updated_at.as_millis(),
         }
@@ -304,6 +316,9 @@ pub struct TaskView {
     /// Its labels, by key (empty when it has none).
     #[serde(default)]
     pub tags: BTreeMap<String, String>,
+    /// Its priority: Schedulers claim higher priorities first.
+    #[serde(default)]
+    pub priority: i32,
     /// Whether its workflow is paused: no Scheduler claims it while it
     /// waits (only a task's own view says; listings leave it false).
     #[serde(default)]
@@ -341,6 +356,7 @@ impl TaskView {
             submitter: task.submitter.clone(),
             paused: task.paused,
             tags: tags_of(task),
+            priority: task.priority.get(),
             workflow_paused: false,
             created_at: task.created_at.as_millis(),
             updated_at: task.updated_at.as_millis(),

@@ -150,6 +150,39 @@ async fn task_counts_list_every_state_with_a_total() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_keeps_its_priority_and_a_bad_one_is_refused() {
+    let server = start(Options { engine: false, ..Options::default() }).await;
+    let reply = server.post_json("/v1/tasks", &json!({ "workflow": "quick", "id": "urgent", "priority": -100 })).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+    assert_eq!(reply.body["priority"], -100);
+    assert_eq!(server.get("/v1/tasks/urgent").await.body["priority"], -100, "the task view shows it");
+    assert_eq!(server.get("/v1/tasks?id_prefix=urg").await.body[0]["priority"], -100, "summaries show it");
+    server.submit("quick", "normal").await;
+    assert_eq!(server.get("/v1/tasks/normal").await.body["priority"], 0, "the workflow's default");
+    for priority in [json!(101), json!(-101), json!(i64::MAX), json!(1.5), json!("high")] {
+        let reply = server.post_json("/v1/tasks", &json!({ "workflow": "quick", "priority": priority })).await;
+        let reason = reply.assert_error(422, "invalid_body");
+        assert!(reason.contains("priority"), "{priority}: {reason}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submissions_past_the_pending_bound_get_429_with_retry_after() {
+    let limits = rota_api::Limits { pending_max: Some(2), ..Options::default().limits };
+    let server = start(Options { engine: false, limits, ..Options::default() }).await;
+    server.submit("quick", "first").await;
+    server.submit("quick", "second").await;
+    let refused = server.post_json("/v1/tasks", &json!({ "workflow": "quick", "id": "third" })).await;
+    let reason = refused.assert_error(429, "backlog_full");
+    assert!(reason.contains("2 tasks are waiting to start, at the bound of 2 (--pending-max)"), "{reason}");
+    assert_eq!(refused.headers.get("retry-after").map(|v| v.to_str().unwrap()), Some("1"), "the recount is a second away at most");
+    server.get("/v1/tasks/third").await.assert_error(404, "not_found");
+    // Other requests go on: only submissions are bounded.
+    assert_eq!(server.post("/v1/tasks/first/cancel").await.status, StatusCode::OK);
+    assert_eq!(server.get("/v1/tasks/counts").await.body["counts"]["pending"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tasks_are_searched_by_tags_times_and_id_prefix_and_counted() {
     let server = start(Options { engine: false, ..Options::default() }).await;
     for (id, customer, region) in [("o-1", "c1", "eu"), ("o-2", "c2", "eu"), ("o-3", "c1", "us"), ("x-4", "c1", "eu")] {

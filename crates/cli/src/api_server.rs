@@ -79,6 +79,12 @@ pub struct ListenArgs {
     /// the limit of a step request, which carries the rendered input.
     #[arg(long, value_name = "BYTES", default_value_t = rota_engine::client::INPUT_BYTES_MAX_DEFAULT)]
     pub input_bytes_max: usize,
+    /// Refuse submissions with 429 and Retry-After while this many tasks
+    /// are Pending (counted at most once a second, plus the submissions
+    /// accepted since), instead of letting the backlog grow without limit
+    /// [default: no bound].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub pending_max: Option<u64>,
 }
 
 impl ListenArgs {
@@ -158,6 +164,7 @@ pub async fn bind(args: &ListenArgs, remote: &RemoteAgentArgs) -> anyhow::Result
     let address = listener.local_addr().with_context(|| format!("--listen {listen}: cannot read the bound address"))?;
     let mut config = rota_api::Config::new(auth);
     config.workers = workers;
+    config.limits.pending_max = args.pending_max;
     // One recorder for the whole process, so that `/metrics` shows what the
     // engine roles (and the store's writer) of this process recorded too.
     config.metrics = rota_api::metrics::Registry::Global(rota_api::metrics::install_global().context("the metrics recorder")?);
@@ -423,6 +430,7 @@ mod tests {
             auth_file: None,
             insecure_no_auth: insecure,
             input_bytes_max: rota_engine::client::INPUT_BYTES_MAX_DEFAULT,
+            pending_max: None,
         };
         let no_remote = RemoteAgentArgs::default();
         let bound = bind(&args("127.0.0.1:0", false), &no_remote).await.unwrap();
@@ -443,6 +451,7 @@ mod tests {
             auth_file: None,
             insecure_no_auth: false,
             input_bytes_max: rota_engine::client::INPUT_BYTES_MAX_DEFAULT,
+            pending_max: None,
         };
         assert!(implicit.is_default_in_use(&err));
     }

@@ -27,7 +27,7 @@ use rota_api::wire::{
 };
 use rota_engine::ops::Operator;
 use rota_engine::{Client, Submission, Workflows, ops};
-use rota_model::{QueueName, ScheduleName, SignalName, StepName, SystemClock, Tags, TaskId, TaskState, Timestamp, WorkflowName};
+use rota_model::{Priority, QueueName, ScheduleName, SignalName, StepName, SystemClock, Tags, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{AuditAction, AuditCursor, AuditFilter, BatchAction, Redrive, SharedStore, TaskFilter};
 use serde::Serialize;
 use serde_json::Value;
@@ -68,6 +68,8 @@ struct SubmitBody<'a> {
     reply_queue: Option<&'a str>,
     #[serde(skip_serializing_if = "Tags::is_empty")]
     tags: &'a Tags,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    priority: Option<Priority>,
 }
 
 /// How a task is submitted, beyond what it runs: when it starts, where its
@@ -77,6 +79,7 @@ pub struct SubmitHow<'a> {
     pub start: &'a Start,
     pub reply_queue: Option<&'a QueueName>,
     pub tags: &'a Tags,
+    pub priority: Option<Priority>,
 }
 
 /// When a submitted task may start, as the command line says it.
@@ -135,7 +138,7 @@ impl Backend {
         id: Option<TaskId>,
         how: &SubmitHow<'_>,
     ) -> anyhow::Result<Submitted> {
-        let SubmitHow { start, reply_queue, tags } = *how;
+        let SubmitHow { start, reply_queue, tags, priority } = *how;
         match self {
             Backend::Local(store) => {
                 let client = client(store);
@@ -158,6 +161,7 @@ impl Backend {
                     fired_by: None,
                     submitter: None,
                     tags: tags.clone(),
+                    priority,
                 };
                 let submitted = client.submit(submission).await.map_err(|err| anyhow::Error::new(ops::Error::from_submit(err)))?;
                 let detail =
@@ -179,6 +183,7 @@ impl Backend {
                     delay,
                     reply_queue: reply_queue.map(QueueName::as_str),
                     tags,
+                    priority,
                 };
                 let (status, view) = server.post::<TaskView, _>(&["v1", "tasks"], Some(&body)).await?;
                 Ok(Submitted { view, created: status == reqwest::StatusCode::CREATED })

@@ -109,7 +109,7 @@ enum Command {
     /// Run the engine (Scheduler, agents, Supervisor) until SIGINT or SIGTERM.
     Serve(Box<serve::Args>),
     /// Run only the Scheduler role until SIGINT or SIGTERM (scale-out: any number of them).
-    Scheduler(serve::ProcessArgs),
+    Scheduler(serve::SchedulerCommand),
     /// Run only agents (all built-in ones, or those --queues names) until SIGINT or SIGTERM.
     Agent(serve::AgentCommand),
     /// Run only the Supervisor role until SIGINT or SIGTERM (one leads at a time, elected by a lease).
@@ -192,8 +192,8 @@ fn main() -> ExitCode {
             run_server(serve::run(store, (*args).into()), &trace)
         }
         Command::Scheduler(args) => {
-            let trace = args.trace.clone();
-            run_server(serve::run(store, serve::RunArgs::scheduler(args)), &trace)
+            let trace = args.process.trace.clone();
+            run_server(serve::run(store, serve::RunArgs::from(args)), &trace)
         }
         Command::Agent(args) => {
             let trace = args.process.trace.clone();

@@ -141,6 +141,7 @@ pub struct TaskSummaryJson<'a> {
     paused: bool,
     error: Option<&'a str>,
     tags: &'a BTreeMap<String, String>,
+    priority: i32,
     created_at: String,
     updated_at: String,
 }
@@ -159,6 +160,7 @@ impl<'a> From<&'a TaskSummary> for TaskSummaryJson<'a> {
             paused: task.paused,
             error: task.error.as_deref(),
             tags: &task.tags,
+            priority: task.priority,
             created_at: rfc3339_millis(task.created_at),
             updated_at: rfc3339_millis(task.updated_at),
         }
@@ -190,6 +192,7 @@ pub struct StatusJson<'a> {
     pub reply_queue: Option<&'a str>,
     pub submitter: Option<&'a str>,
     pub tags: &'a BTreeMap<String, String>,
+    pub priority: i32,
     pub created_at: String,
     pub updated_at: String,
     pub steps: Vec<StepJson<'a>>,
@@ -246,6 +249,7 @@ impl<'a> StatusJson<'a> {
             reply_queue: task.reply_queue.as_deref(),
             submitter: task.submitter.as_deref(),
             tags: &task.tags,
+            priority: task.priority,
             created_at: rfc3339_millis(task.created_at),
             updated_at: rfc3339_millis(task.updated_at),
             steps: task.steps.iter().map(StepJson::from).collect(),

@@ -280,11 +280,41 @@ impl Default for SupervisorArgs {
     }
 }
 
+/// The Scheduler's settings.
+#[derive(clap::Args, Clone)]
+pub struct SchedulerArgs {
+    /// One task in this many that the Scheduler claims is the oldest
+    /// waiting, whatever its priority (the others go highest priority
+    /// first), so that low priorities still progress: a task with none
+    /// older waiting is claimed within this many claims. 1 ignores
+    /// priorities.
+    #[arg(long, value_name = "N", default_value_t = rota_store::OLDEST_SHARE_EVERY_DEFAULT,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    claim_oldest_every: u32,
+}
+
+impl Default for SchedulerArgs {
+    fn default() -> Self {
+        SchedulerArgs { claim_oldest_every: rota_store::OLDEST_SHARE_EVERY_DEFAULT }
+    }
+}
+
+/// Arguments of `rota scheduler`.
+#[derive(clap::Args)]
+pub struct SchedulerCommand {
+    #[command(flatten)]
+    pub process: ProcessArgs,
+    #[command(flatten)]
+    scheduler: SchedulerArgs,
+}
+
 /// Arguments of `serve`.
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
     pub process: ProcessArgs,
+    #[command(flatten)]
+    scheduler: SchedulerArgs,
     #[command(flatten)]
     agent: AgentArgs,
     #[command(flatten)]
@@ -317,6 +347,7 @@ pub struct SupervisorCommand {
 /// One engine process: its roles and their settings.
 pub struct RunArgs {
     process: ProcessArgs,
+    scheduler: SchedulerArgs,
     agent: AgentArgs,
     supervisor: SupervisorArgs,
     roles: Vec<Role>,
@@ -325,34 +356,48 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
-    /// `rota scheduler`.
-    pub fn scheduler(process: ProcessArgs) -> Self {
-        RunArgs { process, agent: AgentArgs::default(), supervisor: SupervisorArgs::default(), roles: vec![Role::Scheduler], listen: None }
+    /// Only the given roles, every setting of the others at its default.
+    fn only(process: ProcessArgs, roles: Vec<Role>) -> Self {
+        RunArgs {
+            process,
+            scheduler: SchedulerArgs::default(),
+            agent: AgentArgs::default(),
+            supervisor: SupervisorArgs::default(),
+            roles,
+            listen: None,
+        }
+    }
+}
+
+impl From<SchedulerCommand> for RunArgs {
+    fn from(args: SchedulerCommand) -> Self {
+        RunArgs { scheduler: args.scheduler, ..RunArgs::only(args.process, vec![Role::Scheduler]) }
     }
 }
 
 impl From<Args> for RunArgs {
     fn from(args: Args) -> Self {
         let listen = Some(args.listen).filter(|listen| !listen.is_off());
-        RunArgs { process: args.process, agent: args.agent, supervisor: args.supervisor, roles: args.roles, listen }
+        RunArgs {
+            process: args.process,
+            scheduler: args.scheduler,
+            agent: args.agent,
+            supervisor: args.supervisor,
+            roles: args.roles,
+            listen,
+        }
     }
 }
 
 impl From<AgentCommand> for RunArgs {
     fn from(args: AgentCommand) -> Self {
-        RunArgs { process: args.process, agent: args.agent, supervisor: SupervisorArgs::default(), roles: vec![Role::Agent], listen: None }
+        RunArgs { agent: args.agent, ..RunArgs::only(args.process, vec![Role::Agent]) }
     }
 }
 
 impl From<SupervisorCommand> for RunArgs {
     fn from(args: SupervisorCommand) -> Self {
-        RunArgs {
-            process: args.process,
-            agent: AgentArgs::default(),
-            supervisor: args.supervisor,
-            roles: vec![Role::Supervisor],
-            listen: None,
-        }
+        RunArgs { supervisor: args.supervisor, ..RunArgs::only(args.process, vec![Role::Supervisor]) }
     }
 }
 
@@ -526,6 +571,7 @@ fn engine_config(args: &RunArgs, instance: InstanceId, clock: &dyn Clock) -> any
         agents: args.roles.contains(&Role::Agent),
         supervisor: args.roles.contains(&Role::Supervisor),
     };
+    config.scheduler.claim_oldest_every = args.scheduler.claim_oldest_every;
     config.agent_concurrency = args.agent.agent_concurrency as usize;
     config.agent_stop_check = args.agent.agent_stop_check;
     config.agent_rate_wait = args.agent.agent_rate_wait;
@@ -567,6 +613,7 @@ fn engine_config(args: &RunArgs, instance: InstanceId, clock: &dyn Clock) -> any
 fn flag_of(field: &str) -> Option<&'static str> {
     match field {
         "supervisor.interval" => Some("--supervisor-interval"),
+        "scheduler.claim_oldest_every" => Some("--claim-oldest-every"),
         "schedules.late_max" => Some("--schedule-late-max"),
         "schedules.fires_per_round" => Some("--schedule-fires-per-round"),
         "retention.default" => Some("--retention"),

@@ -18,7 +18,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 use rota_api::wire::TaskView;
-use rota_model::{Clock, QueueName, SignalName, StepName, StepState, SystemClock, Tags, TaskId, TaskState, Timestamp, WorkflowName};
+use rota_model::{
+    Clock, PRIORITY_MAX, PRIORITY_MIN, Priority, QueueName, SignalName, StepName, StepState, SystemClock, Tags, TaskId, TaskState,
+    Timestamp, WorkflowName,
+};
 use rota_store::{BatchAction, TaskFilter, TimeRange};
 use serde_json::Value;
 
@@ -69,6 +72,12 @@ pub struct SubmitArgs {
     /// values: at most 256 bytes; at most 16 tags.
     #[arg(long = "tag", value_name = "KEY=VALUE", value_parser = parse_tag_arg)]
     tags: Vec<(String, String)>,
+    /// The task's priority, from -100 to 100: Schedulers claim higher
+    /// priorities first, then in submission order, and one claimed task in
+    /// `--claim-oldest-every` (8) is the oldest waiting, whatever its
+    /// priority [default: the workflow's `priority:`, or 0].
+    #[arg(long, value_name = "N", allow_hyphen_values = true, value_parser = parse_priority_arg)]
+    priority: Option<Priority>,
     /// Wait for the task to end, showing its steps' progress on stderr; exit
     /// 0 only if it ends Processed.
     #[arg(long)]
@@ -185,6 +194,12 @@ pub struct ListArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+}
+
+/// A `--priority N`.
+fn parse_priority_arg(text: &str) -> Result<Priority, String> {
+    let value: i64 = text.trim().parse().map_err(|_| format!("expected an integer from {PRIORITY_MIN} to {PRIORITY_MAX}, got {text:?}"))?;
+    Priority::new(value).map_err(|err| err.to_string())
 }
 
 /// A `--tag KEY=VALUE`.
@@ -397,7 +412,7 @@ pub async fn submit(store: &StoreArgs, args: SubmitArgs) -> anyhow::Result<()> {
             args.version,
             input,
             args.id,
-            &SubmitHow { start: &start, reply_queue: args.reply_queue.as_ref(), tags: &tags },
+            &SubmitHow { start: &start, reply_queue: args.reply_queue.as_ref(), tags: &tags, priority: args.priority },
         )
         .await
         .map_err(|err| {
@@ -557,6 +572,9 @@ fn status_text(status: &StatusJson) -> String {
     // Known only for tasks submitted over the API with a token.
     if let Some(submitter) = status.submitter {
         fields.push(("submitter", submitter.to_owned()));
+    }
+    if status.priority != 0 {
+        fields.push(("priority", status.priority.to_string()));
     }
     if !status.tags.is_empty() {
         let tags: Vec<String> = status.tags.iter().map(|(key, value)| format!("{key}={value}")).collect();

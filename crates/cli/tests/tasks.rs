@@ -488,6 +488,12 @@ fn tasks_are_tagged_searched_counted_and_paged() {
     assert_eq!(words, [vec!["pending", "2"], vec!["cancelled", "1"], vec!["total", "3"]], "{counted}");
     assert_eq!(rota.json(&["tasks", "--count", "--id-prefix", "x", "--json"])["total"], 1);
 
+    rota.ok(&["submit", "pipeline", "--id", "p-5", "--delay", "1h", "--priority", "-7"]);
+    assert_eq!(rota.json(&["status", "p-5", "--json"])["priority"], -7);
+    assert!(rota.ok(&["status", "p-5"]).contains("priority       -7"));
+    assert_eq!(rota.json(&["status", "o-3", "--json"])["priority"], 0, "the workflow's default");
+    let (code, stderr) = rota.fails(&["submit", "pipeline", "--priority", "101"]);
+    assert!(code == 2 && stderr.contains("from -100 to 100, got 101"), "{stderr}");
     let (code, stderr) = rota.fails(&["submit", "pipeline", "--tag", "no-equals"]);
     assert!(code == 2 && stderr.contains("expected a tag as key=value"), "{stderr}");
     let (code, stderr) = rota.fails(&["tasks", "--created-after", "last week"]);

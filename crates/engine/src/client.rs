@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rota_model::{Clock, QueueName, Step, Tags, Task, TaskId, TaskState, Timestamp, WorkflowName};
+use rota_model::{Clock, Priority, QueueName, Step, Tags, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{Created, Event, EventKind, NewTask, Outgoing, SharedStore, TaskRecord};
 use serde_json::{Value, json};
 
@@ -46,6 +46,9 @@ pub struct Submission {
     pub submitter: Option<String>,
     /// Its labels, by which operators find it ([`rota_model::Task::tags`]).
     pub tags: Tags,
+    /// Its priority ([`rota_model::Task::priority`]); the workflow's
+    /// default (`priority:`) when `None`.
+    pub priority: Option<Priority>,
 }
 
 /// The schedule fire behind a submission.
@@ -107,6 +110,7 @@ impl Submission {
             fired_by: None,
             submitter: None,
             tags: Tags::default(),
+            priority: None,
         }
     }
 
@@ -142,6 +146,12 @@ impl Submission {
     /// Labelled with `tags`.
     pub fn with_tags(mut self, tags: Tags) -> Self {
         self.tags = tags;
+        self
+    }
+
+    /// Of `priority` rather than the workflow's default.
+    pub fn with_priority(mut self, priority: Priority) -> Self {
+        self.priority = Some(priority);
         self
     }
 
@@ -271,6 +281,7 @@ impl Client {
         task.reply_queue = submission.reply_queue;
         task.submitter = submission.submitter;
         task.tags = submission.tags;
+        task.priority = submission.priority.unwrap_or_else(|| workflow.priority());
         // Claims skip the task until then, and its doorbell rings then.
         let mut ring = doorbell(&id);
         if let Some(at) = start_at {

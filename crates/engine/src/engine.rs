@@ -97,6 +97,9 @@ impl Config {
     /// Checks every bound; the error names the field.
     pub fn validate(&self) -> Result<()> {
         self.supervisor.validate()?;
+        if self.scheduler.claim_oldest_every == 0 {
+            return Err(Error::OutOfBounds { field: "scheduler.claim_oldest_every", why: "must be at least 1, got 0".into() });
+        }
         let grace_max = crate::consumer::Config::SHUTDOWN_GRACE_MAX;
         if self.shutdown_grace > grace_max {
             let why = format!("must be at most {}, got {}", human(grace_max), human(self.shutdown_grace));

@@ -19,7 +19,7 @@ use async_trait::async_trait;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rota_model::{Clock, InstanceId, QueueName, RetryPolicy, StepName, TaskId, TaskState};
-use rota_store::{Changes, Delivery, Event, EventKind, Outgoing, Receive, SharedStore, TaskFilter, TaskRecord, TaskWrite};
+use rota_store::{Changes, Delivery, Event, EventKind, OldestShare, Outgoing, Receive, SharedStore, TaskFilter, TaskRecord, TaskWrite};
 use serde_json::json;
 use tokio::task::JoinSet;
 use tracing::Instrument;
@@ -41,6 +41,11 @@ pub struct Config {
     pub instance: InstanceId,
     /// The most tasks one claim takes.
     pub claim_batch: u32,
+    /// One task in this many that this Scheduler claims is taken
+    /// oldest-first whatever its priority (the others highest priority
+    /// first), so that low priorities still progress: see
+    /// [`rota_store::OldestShare`]. 1 ignores priorities.
+    pub claim_oldest_every: u32,
     /// The lease a claim takes before the workflow's deadline replaces it
     /// (the start's commit, right after the claim's). It only has to cover
     /// that gap, and it is how long a task waits for the Supervisor when its
@@ -80,6 +85,7 @@ impl Config {
         Config {
             instance,
             claim_batch: 64,
+            claim_oldest_every: rota_store::OLDEST_SHARE_EVERY_DEFAULT,
             claim_lease: Duration::from_secs(10),
             claim_wait: Duration::from_secs(1),
             inbox_concurrency: 32,
@@ -94,6 +100,9 @@ impl Config {
     fn validate(&self) -> Result<()> {
         if self.claim_batch == 0 || self.claim_batch > rota_store::RECEIVE_MAX {
             return Err(Error::Config(format!("scheduler claim_batch must be 1..={}", rota_store::RECEIVE_MAX)));
+        }
+        if self.claim_oldest_every == 0 {
+            return Err(Error::Config("scheduler claim_oldest_every must be at least 1".into()));
         }
         if self.inbox_concurrency == 0 {
             return Err(Error::Config("scheduler inbox_concurrency must be at least 1".into()));
@@ -217,6 +226,8 @@ struct Inner {
     config: Config,
     rng: Mutex<StdRng>,
     records: Records,
+    /// How many of the next claim's tasks are taken oldest-first.
+    oldest_share: Mutex<OldestShare>,
 }
 
 impl Scheduler {
@@ -225,7 +236,9 @@ impl Scheduler {
         config.validate()?;
         let inbox = protocol::inbox(&config.instance);
         let rng = Mutex::new(StdRng::seed_from_u64(config.seed));
-        Ok(Scheduler { inner: Arc::new(Inner { store, clock, workflows, completions, inbox, config, rng, records: Records::default() }) })
+        let oldest_share = Mutex::new(OldestShare::new(config.claim_oldest_every));
+        let records = Records::default();
+        Ok(Scheduler { inner: Arc::new(Inner { store, clock, workflows, completions, inbox, config, rng, records, oldest_share }) })
     }
 
     /// This Scheduler's inbox.
@@ -315,8 +328,10 @@ impl Scheduler {
     /// when tracing is on, of its `received` event).
     async fn claim_traced(&self, traces: &HashMap<TaskId, String>) -> Result<usize> {
         let inner = &self.inner;
-        let claimed = inner.store.claim_tasks(&inner.config.instance, inner.config.claim_lease, inner.config.claim_batch).await?;
+        let claim = inner.oldest_share.lock().expect("the oldest share").plan(inner.config.claim_batch);
+        let claimed = inner.store.claim_tasks_by(&inner.config.instance, inner.config.claim_lease, claim).await?;
         let count = claimed.len();
+        inner.oldest_share.lock().expect("the oldest share").record(count);
         // Read together: each start would otherwise read its task alone.
         let ids: Vec<TaskId> = claimed.iter().map(|task| task.id.clone()).collect();
         let mut records: HashMap<TaskId, TaskRecord> = match inner.store.tasks(&ids).await {

@@ -14,6 +14,7 @@
 pub mod clock;
 pub mod ids;
 pub mod json;
+pub mod priority;
 pub mod rate;
 pub mod retry;
 pub mod schedule;
@@ -23,6 +24,7 @@ pub mod task;
 
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use ids::{IdError, InstanceId, LeaseToken, MessageId, QueueName, ScheduleName, SignalName, StepName, TaskId, WorkflowName};
+pub use priority::{PRIORITY_MAX, PRIORITY_MIN, Priority, PriorityError};
 pub use rate::{RateLimit, RateLimitError, RateTake, RateUnit};
 pub use retry::{FailureClass, FailureKind, RetryPolicy, RetryPolicyError};
 pub use schedule::{CatchUp, Cron, Overlap, ScheduleError};

@@ -31,6 +31,7 @@ use serde_json::Value;
 
 use crate::clock::Timestamp;
 use crate::ids::{InstanceId, QueueName, TaskId, WorkflowName};
+use crate::priority::Priority;
 use crate::tags::Tags;
 
 /// Where a task is in its lifecycle. The doc comment of each state says who
@@ -228,6 +229,10 @@ pub struct Task {
     /// which operators find it (the stores index them).
     #[serde(default, skip_serializing_if = "Tags::is_empty")]
     pub tags: Tags,
+    /// Schedulers claim higher priorities first (see [`crate::priority`]).
+    /// Set at submission, never changed.
+    #[serde(default, skip_serializing_if = "Priority::is_normal")]
+    pub priority: Priority,
     /// The final result, once Processed.
     pub output: Option<Value>,
     /// The reason for Error (or the last failure).
@@ -259,6 +264,7 @@ impl Task {
             submitter: None,
             paused: false,
             tags: Tags::default(),
+            priority: Priority::NORMAL,
             output: None,
             error: None,
             created_at: now,

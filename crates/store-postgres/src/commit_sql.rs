@@ -225,6 +225,7 @@ pub(crate) async fn create_tasks(
         reply_queue: params.array(tasks.iter().map(|t| t.reply_queue.as_ref().map(QueueName::as_str)).collect::<Vec<_>>(), "text[]")?,
         submitter: params.array(tasks.iter().map(|t| t.submitter.as_deref()).collect::<Vec<_>>(), "text[]")?,
         tags: params.array(tasks.iter().map(|t| (!t.tags.is_empty()).then(|| t.tags.to_json())).collect::<Vec<_>>(), "text[]")?,
+        priority: params.array(tasks.iter().map(|t| t.priority.get()).collect::<Vec<_>>(), "int4[]")?,
         steps: StepArrays::push(&mut params, &steps)?,
         events: EventArrays::push(&mut params, &events.iter().map(|(_, event)| *event).collect::<Vec<_>>())?,
         lock_base: params.push(n.event_lock_base())?,
@@ -250,6 +251,8 @@ struct CreateParams {
     /// Each task's tags as a JSON object (NULL: none): written at creation
     /// only, with one `task_tags` row each.
     tags: Array,
+    /// Each task's priority: written at creation only, like `reply_queue`.
+    priority: Array,
     steps: StepArrays,
     events: EventArrays,
     /// The event-writer lock base (see `Names::event_lock_base`).
@@ -267,22 +270,22 @@ struct CreateParams {
 fn create_sql(p: &CreateParams) -> String {
     let (tasks, steps, events) = (list(&p.tasks.0), list(&p.steps.0), list(&p.events.0));
     let (lock_base, now, event_owner, send_owner) = (p.lock_base, p.now, p.event_owner, p.send_owner);
-    let (reply_queue, submitter, tags) = (p.reply_queue, p.submitter, p.tags);
+    let (reply_queue, submitter, tags, priority) = (p.reply_queue, p.submitter, p.tags, p.priority);
     let SendArrays { queue_id, id, keyed, body, ordering_key, visible_at, reply_to, correlation_id } = &p.sends;
     format!(
         "WITH
          inserted AS (
              INSERT INTO rota.tasks (id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
                                      failure_count, reply_to, output, error, created_at, updated_at, warn_at, paused,
-                                     reply_queue, submitter, tags)
+                                     reply_queue, submitter, tags, priority)
              SELECT t.id, t.workflow, t.workflow_version, t.input, t.state, t.locked_by, t.lease_epoch, t.complete_by, t.not_before,
                     t.failure_count, t.reply_to, t.output, t.error, t.created_at, t.updated_at, t.warn_at, t.paused,
-                    t.reply_queue, t.submitter, t.tags
-               FROM unnest({tasks}, {reply_queue}, {submitter}, {tags})
+                    t.reply_queue, t.submitter, t.tags, t.priority
+               FROM unnest({tasks}, {reply_queue}, {submitter}, {tags}, {priority})
                     WITH ORDINALITY
                     AS t(id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
                          failure_count, reply_to, output, error, created_at, updated_at, warn_at, paused, reply_queue,
-                         submitter, tags, position)
+                         submitter, tags, priority, position)
               ORDER BY t.position
              ON CONFLICT (id) DO NOTHING
           RETURNING id, created_seq, tags),

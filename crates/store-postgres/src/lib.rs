@@ -52,10 +52,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, ScheduleName, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{
-    AuditEntry, AuditFilter, BatchProgress, BatchRecord, Changes, ComponentStatus, Created, DeadLetter, Delivery, Error, Event, Expired,
-    InstanceSweep, LeaderLease, NewAudit, NewBatch, NewSchedule, NewTask, Outgoing, Prune, Pruned, QueueConfig, QueueStats, Queues,
-    RateRequest, RateSlot, Receive, Redrive, ScheduleProgress, ScheduleRecord, Sent, Store, Swept, TaskFilter, TaskRecord, Tasks, Warning,
-    WorkflowEntry, WorkflowPause,
+    AuditEntry, AuditFilter, BatchProgress, BatchRecord, Changes, Claim, ComponentStatus, Created, DeadLetter, Delivery, Error, Event,
+    Expired, InstanceSweep, LeaderLease, NewAudit, NewBatch, NewSchedule, NewTask, Outgoing, Prune, Pruned, QueueConfig, QueueStats,
+    Queues, RateRequest, RateSlot, Receive, Redrive, ScheduleProgress, ScheduleRecord, Sent, Store, Swept, TaskFilter, TaskRecord, Tasks,
+    Warning, WorkflowEntry, WorkflowPause,
 };
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -950,9 +950,9 @@ impl Tasks for PgStore {
         with_connection!(self, conn => { task_sql::count_tasks(&mut conn, &self.names, filter, self.config.sparse_matches_max).await? })
     }
 
-    async fn claim_tasks(&self, owner: &InstanceId, lease: Duration, max: u32) -> Result<Vec<Task>, Error> {
+    async fn claim_tasks_by(&self, owner: &InstanceId, lease: Duration, claim: Claim) -> Result<Vec<Task>, Error> {
         let now = self.clock.now();
-        with_connection!(self, conn => { task_sql::claim_tasks(&mut conn, &self.names, owner, lease, max, now).await? })
+        with_connection!(self, conn => { task_sql::claim_tasks(&mut conn, &self.names, owner, lease, claim, now).await? })
     }
 
     async fn commit(&self, changes: Changes) -> Result<(), Error> {

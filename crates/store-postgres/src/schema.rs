@@ -355,6 +355,14 @@ CREATE TABLE rota.rate_limits (
     tat_us BIGINT NOT NULL
 );
 "#,
+    r#"
+-- Priorities: claims walk the claimable tasks highest priority first, then
+-- oldest first (`tasks_claimable_priority`), beside the oldest-first walk
+-- of `tasks_claimable` that takes each claim's oldest share.
+ALTER TABLE rota.tasks ADD COLUMN priority INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX tasks_claimable_priority ON rota.tasks (priority DESC, not_before)
+    WHERE state IN ('pending', 'compensating') AND locked_by IS NULL AND NOT paused;
+"#,
 ];
 
 /// How many migrations this build knows.

@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
-use rota_model::{InstanceId, QueueName, Step, StepName, StepState, Tags, Task, TaskId, TaskState, Timestamp, WorkflowName};
+use rota_model::{InstanceId, Priority, QueueName, Step, StepName, StepState, Tags, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{
-    ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, RateRequest, RateSlot, TaskFilter, TaskRecord, TimeRange, Warning,
-    WorkflowEntry, WorkflowPause, chain,
+    Claim, ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, RateRequest, RateSlot, TaskFilter, TaskRecord, TimeRange,
+    Warning, WorkflowEntry, WorkflowPause, chain,
 };
 use serde_json::Value;
 use sqlx::postgres::PgRow;
@@ -61,6 +61,7 @@ fn task_from(row: &PgRow) -> Result<Task> {
             .transpose()
             .map_err(|e| corrupt("tags", e))?
             .unwrap_or_default(),
+        priority: Priority::new(i64::from(row.try_get::<i32, _>("priority")?)).map_err(|e| corrupt("priority", e))?,
         output: row.try_get::<Option<String>, _>("output")?.map(|o| parse_json("task output", o)).transpose()?,
         error: row.try_get("error")?,
         created_at: Timestamp::from_millis(row.try_get("created_at")?),
@@ -362,15 +363,16 @@ pub(crate) async fn count_tasks(conn: &mut PgConnection, n: &Names, filter: &Tas
     Ok(rota_store::counts_of_every_state(counted))
 }
 
-/// Claims up to `max` claimable tasks in one statement that skips tasks
-/// other Schedulers are claiming right now, and records a `Claimed` event
-/// for each.
+/// Claims up to `claim.max` claimable tasks in one statement that skips
+/// tasks other Schedulers are claiming right now (its oldest share from
+/// `tasks_claimable`, the rest from `tasks_claimable_priority`), and
+/// records a `Claimed` event for each.
 pub(crate) async fn claim_tasks(
     conn: &mut PgConnection,
     n: &Names,
     owner: &InstanceId,
     lease: Duration,
-    max: u32,
+    claim: Claim,
     now: Timestamp,
 ) -> Result<Vec<Task>> {
     // One statement: the claim, and a `claimed` event per task (the writer's
@@ -378,18 +380,24 @@ pub(crate) async fn claim_tasks(
     let rows = sqlx::query(n.sql(
         "WITH writer AS (
              SELECT pg_advisory_xact_lock_shared($5 + (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM rota.event_seq))),
-         picked AS (
+         oldest AS MATERIALIZED (
              SELECT id FROM rota.tasks
               WHERE state IN ('pending', 'compensating') AND locked_by IS NULL AND NOT paused AND not_before <= $3
                 AND NOT EXISTS (SELECT 1 FROM rota.workflow_pauses p WHERE p.name = rota.tasks.workflow AND p.paused)
-              ORDER BY not_before LIMIT $4
+              ORDER BY not_before LIMIT $6
+              FOR UPDATE SKIP LOCKED),
+         ranked AS MATERIALIZED (
+             SELECT id FROM rota.tasks
+              WHERE state IN ('pending', 'compensating') AND locked_by IS NULL AND NOT paused AND not_before <= $3
+                AND NOT EXISTS (SELECT 1 FROM rota.workflow_pauses p WHERE p.name = rota.tasks.workflow AND p.paused)
+                AND id NOT IN (SELECT id FROM oldest)
+              ORDER BY priority DESC, not_before LIMIT $4
               FOR UPDATE SKIP LOCKED),
          claimed AS (
              UPDATE rota.tasks AS t
                 SET state = CASE t.state WHEN 'pending' THEN 'processing' ELSE t.state END,
                     locked_by = $1, lease_epoch = t.lease_epoch + 1, complete_by = $2, updated_at = $3
-               FROM picked
-              WHERE t.id = picked.id
+              WHERE t.id IN (SELECT id FROM oldest UNION ALL SELECT id FROM ranked)
           RETURNING t.*),
          appended AS (
              INSERT INTO rota.events (task_id, at, kind, detail)
@@ -401,8 +409,9 @@ pub(crate) async fn claim_tasks(
     .bind(owner.as_str())
     .bind(now.add(lease).as_millis())
     .bind(now.as_millis())
-    .bind(i64::from(max))
+    .bind(i64::from(claim.by_priority_count()))
     .bind(n.event_lock_base())
+    .bind(i64::from(claim.oldest_first.min(claim.max)))
     .fetch_all(&mut *conn)
     .await?;
     let mut tasks = rows.iter().map(task_from).collect::<Result<Vec<_>>>()?;

@@ -30,10 +30,10 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, ScheduleName, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{
-    AuditEntry, AuditFilter, BatchProgress, BatchRecord, Changes, ComponentStatus, Created, DeadLetter, Delivery, Error, Event, Expired,
-    InstanceSweep, LeaderLease, NewAudit, NewBatch, NewSchedule, NewTask, Outgoing, Prune, Pruned, QueueConfig, QueueStats, Queues,
-    RateRequest, RateSlot, Receive, Redrive, Result, ScheduleProgress, ScheduleRecord, Sent, Store, Swept, TaskFilter, TaskRecord, Tasks,
-    Warning, WorkflowEntry, WorkflowPause,
+    AuditEntry, AuditFilter, BatchProgress, BatchRecord, Changes, Claim, ComponentStatus, Created, DeadLetter, Delivery, Error, Event,
+    Expired, InstanceSweep, LeaderLease, NewAudit, NewBatch, NewSchedule, NewTask, Outgoing, Prune, Pruned, QueueConfig, QueueStats,
+    Queues, RateRequest, RateSlot, Receive, Redrive, Result, ScheduleProgress, ScheduleRecord, Sent, Store, Swept, TaskFilter, TaskRecord,
+    Tasks, Warning, WorkflowEntry, WorkflowPause,
 };
 use rusqlite::{Connection, OpenFlags};
 use serde_json::Value;
@@ -657,9 +657,9 @@ impl Tasks for SqliteStore {
         self.read(move |conn, _| task_sql::count_tasks(conn, &filter, sparse)).await
     }
 
-    async fn claim_tasks(&self, owner: &InstanceId, lease: Duration, max: u32) -> Result<Vec<Task>> {
+    async fn claim_tasks_by(&self, owner: &InstanceId, lease: Duration, claim: Claim) -> Result<Vec<Task>> {
         let owner = owner.clone();
-        self.write(move |conn, now| task_sql::claim_tasks(conn, &owner, lease, max, now)).await
+        self.write(move |conn, now| task_sql::claim_tasks(conn, &owner, lease, claim, now)).await
     }
 
     async fn commit(&self, changes: Changes) -> Result<()> {

@@ -314,6 +314,14 @@ CREATE TABLE rate_limits (
     tat_us INTEGER NOT NULL
 ) WITHOUT ROWID;
 "#,
+    r#"
+-- Priorities: claims walk the claimable tasks highest priority first, then
+-- oldest first (`tasks_claimable_priority`), beside the oldest-first walk
+-- of `tasks_claimable` that takes each claim's oldest share.
+ALTER TABLE tasks ADD COLUMN priority INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX tasks_claimable_priority ON tasks (priority DESC, not_before)
+    WHERE state IN ('pending', 'compensating') AND locked_by IS NULL AND paused = 0;
+"#,
 ];
 
 /// Runs the migrations that have not run yet.

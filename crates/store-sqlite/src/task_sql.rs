@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use rota_model::{InstanceId, QueueName, Step, StepName, StepState, Tags, Task, TaskId, TaskState, Timestamp, WorkflowName};
+use rota_model::{InstanceId, Priority, QueueName, Step, StepName, StepState, Tags, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{
-    Changes, ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, RateRequest, RateSlot, Result, StepWrite, TaskFilter,
+    Changes, Claim, ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, RateRequest, RateSlot, Result, StepWrite, TaskFilter,
     TaskRecord, TaskWrite, TimeRange, Warning, WorkflowEntry, WorkflowPause, chain, prefix_upper_bound,
 };
 use rusqlite::types::Value as Sql;
@@ -16,7 +16,7 @@ use crate::sql_error;
 
 const TASK_COLUMNS: &str = "id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before, \
                             failure_count, reply_to, output, error, created_at, updated_at, warn_at, at_risk_since, reply_queue, \
-                            submitter, paused, tags";
+                            submitter, paused, tags, priority";
 const STEP_COLUMNS: &str =
     "task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error, updated_at, warn_at, callback_digest";
 
@@ -55,6 +55,7 @@ struct TaskRow {
     submitter: Option<String>,
     paused: bool,
     tags: Option<String>,
+    priority: i64,
 }
 
 fn task_row(row: &Row<'_>) -> rusqlite::Result<TaskRow> {
@@ -80,6 +81,7 @@ fn task_row(row: &Row<'_>) -> rusqlite::Result<TaskRow> {
         submitter: row.get(18)?,
         paused: row.get(19)?,
         tags: row.get(20)?,
+        priority: row.get(21)?,
     })
 }
 
@@ -103,6 +105,7 @@ impl TaskRow {
             submitter: self.submitter,
             paused: self.paused,
             tags: self.tags.as_deref().map(Tags::from_json).transpose().map_err(|e| corrupt("tags", e))?.unwrap_or_default(),
+            priority: Priority::new(self.priority).map_err(|e| corrupt("priority", e))?,
             output: self.output.map(|o| parse_json("task output", o)).transpose()?,
             error: self.error,
             created_at: Timestamp::from_millis(self.created_at),
@@ -173,8 +176,8 @@ pub(crate) fn task_exists(conn: &Connection, id: &TaskId) -> Result<bool> {
 
 /// Binds a task's columns, in `TASK_COLUMNS` order, to parameters ?1..?16
 /// and ?20 (`paused`): all but `at_risk_since`, which only
-/// [`raise_warning`] writes, and `reply_queue`, `submitter` and `tags`,
-/// which only the insert writes (they never change).
+/// [`raise_warning`] writes, and `reply_queue`, `submitter`, `tags` and
+/// `priority`, which only the insert writes (they never change).
 fn bind_task(stmt: &mut rusqlite::Statement<'_>, task: &Task) -> rusqlite::Result<()> {
     stmt.raw_bind_parameter(1, task.id.as_str())?;
     stmt.raw_bind_parameter(2, task.workflow.as_str())?;
@@ -214,13 +217,14 @@ fn bind_step(stmt: &mut rusqlite::Statement<'_>, step: &Step) -> rusqlite::Resul
 
 pub(crate) fn insert_task(conn: &Connection, task: &Task) -> Result<()> {
     conn.prepare_cached(&format!(
-        "INSERT INTO tasks ({TASK_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, NULL, ?18, ?19, ?20, ?21)"
+        "INSERT INTO tasks ({TASK_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, NULL, ?18, ?19, ?20, ?21, ?22)"
     ))
     .and_then(|mut stmt| {
         bind_task(&mut stmt, task)?;
         stmt.raw_bind_parameter(18, task.reply_queue.as_ref().map(QueueName::as_str))?;
         stmt.raw_bind_parameter(19, task.submitter.as_deref())?;
         stmt.raw_bind_parameter(21, (!task.tags.is_empty()).then(|| task.tags.to_json()))?;
+        stmt.raw_bind_parameter(22, task.priority.get())?;
         stmt.raw_execute()
     })
     .map_err(sql_error)?;
@@ -589,24 +593,31 @@ pub(crate) fn count_tasks(conn: &Connection, filter: &TaskFilter, sparse: u32) -
     Ok(rota_store::counts_of_every_state(counted))
 }
 
-/// Claims up to `max` claimable tasks in one statement, and records a
-/// `Claimed` event for each.
-pub(crate) fn claim_tasks(conn: &Connection, owner: &InstanceId, lease: Duration, max: u32, now: Timestamp) -> Result<Vec<Task>> {
+/// Claims up to `claim.max` claimable tasks in one statement (its oldest
+/// share from `tasks_claimable`, the rest from `tasks_claimable_priority`),
+/// and records a `Claimed` event for each.
+pub(crate) fn claim_tasks(conn: &Connection, owner: &InstanceId, lease: Duration, claim: Claim, now: Timestamp) -> Result<Vec<Task>> {
+    const CLAIMABLE: &str = "state IN ('pending', 'compensating') AND locked_by IS NULL AND paused = 0 AND not_before <= ?3
+                             AND NOT EXISTS (SELECT 1 FROM workflow_pauses p WHERE p.name = tasks.workflow AND p.paused = 1)";
+    let oldest_first = claim.oldest_first.min(claim.max);
     let rows = conn
         .prepare_cached(&format!(
-            "UPDATE tasks
+            "WITH oldest AS MATERIALIZED (SELECT rowid AS picked FROM tasks WHERE {CLAIMABLE} ORDER BY not_before LIMIT ?5),
+                  ranked AS (SELECT rowid AS picked FROM tasks
+                              WHERE {CLAIMABLE} AND rowid NOT IN (SELECT picked FROM oldest)
+                              ORDER BY priority DESC, not_before LIMIT ?4)
+             UPDATE tasks
                 SET state = CASE state WHEN 'pending' THEN 'processing' ELSE state END,
                     locked_by = ?1, lease_epoch = lease_epoch + 1, complete_by = ?2, updated_at = ?3
-              WHERE rowid IN (SELECT rowid FROM tasks
-                               WHERE state IN ('pending', 'compensating') AND locked_by IS NULL AND paused = 0
-                                 AND not_before <= ?3
-                                 AND NOT EXISTS (SELECT 1 FROM workflow_pauses p WHERE p.name = tasks.workflow AND p.paused = 1)
-                               ORDER BY not_before LIMIT ?4)
+              WHERE rowid IN (SELECT picked FROM oldest UNION ALL SELECT picked FROM ranked)
           RETURNING {TASK_COLUMNS}"
         ))
         .and_then(|mut stmt| {
-            stmt.query_map(params![owner.as_str(), now.add(lease).as_millis(), now.as_millis(), max], task_row)?
-                .collect::<rusqlite::Result<Vec<_>>>()
+            stmt.query_map(
+                params![owner.as_str(), now.add(lease).as_millis(), now.as_millis(), claim.by_priority_count(), oldest_first],
+                task_row,
+            )?
+            .collect::<rusqlite::Result<Vec<_>>>()
         })
         .map_err(sql_error)?;
     let mut tasks = rows.into_iter().map(TaskRow::into_task).collect::<Result<Vec<_>>>()?;

@@ -24,17 +24,17 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rota_model::{
-    CatchUp, Clock, ExhaustedPolicy, InstanceId, LeaseToken, ManualClock, MessageId, Overlap, QueueName, ScheduleName, Step, StepName,
-    StepState, Tags, Task, TaskId, TaskState, Timestamp, WorkflowName,
+    CatchUp, Clock, ExhaustedPolicy, InstanceId, LeaseToken, ManualClock, MessageId, Overlap, PRIORITY_MAX, PRIORITY_MIN, Priority,
+    QueueName, ScheduleName, Step, StepName, StepState, Tags, Task, TaskId, TaskState, Timestamp, WorkflowName,
 };
 use serde_json::{Value, json};
 
 use crate::rate::{RateRequest, RateSlot};
 use crate::{
-    AuditAction, AuditFilter, BODY_BYTES_MAX, BatchAction, BatchProgress, BatchState, Changes, Created, Delivery, Error, Event, EventKind,
-    Expired, InstanceSweep, NewAudit, NewBatch, NewSchedule, NewTask, Outgoing, Prune, PruneWorkflows, QueueConfig, QueueStats,
-    RECEIVE_MAX, Receive, Redrive, ScheduleProgress, ScheduleSource, ScheduleSpec, Sent, SharedStore, StepWrite, Swept, TaskFilter,
-    TaskRecord, TaskWrite, TimeRange, Warning, WorkflowPause, chain,
+    AuditAction, AuditFilter, BODY_BYTES_MAX, BatchAction, BatchProgress, BatchState, Changes, Claim, Created, Delivery, Error, Event,
+    EventKind, Expired, InstanceSweep, NewAudit, NewBatch, NewSchedule, NewTask, OldestShare, Outgoing, Prune, PruneWorkflows, QueueConfig,
+    QueueStats, RECEIVE_MAX, Receive, Redrive, ScheduleProgress, ScheduleSource, ScheduleSpec, Sent, SharedStore, StepWrite, Swept,
+    TaskFilter, TaskRecord, TaskWrite, TimeRange, Warning, WorkflowPause, chain,
 };
 
 /// What a backend provides to run the suite.
@@ -105,6 +105,8 @@ macro_rules! conformance_suite {
             count_tasks_counts_every_state,
             tasks_reads_several_with_their_steps,
             claim_tasks_leases_due_pending_and_unleased_compensating,
+            claims_take_higher_priorities_first_and_an_oldest_share,
+            a_steady_stream_of_high_priorities_lets_an_old_low_task_through,
             a_paused_task_is_never_claimed_and_keeps_its_mark,
             a_paused_workflows_tasks_are_not_claimed_until_it_is_resumed,
             concurrent_claims_never_share_a_task,
@@ -1753,6 +1755,100 @@ pub async fn claim_tasks_leases_due_pending_and_unleased_compensating(harness: &
     let mut held: Vec<&str> = held.iter().map(|t| t.id.as_str()).collect();
     held.sort();
     assert_eq!(held, ["p1", "p2", "p3"], "every task s2 holds, and only those");
+}
+
+/// A new Pending task like [`new_task`], with `priority`.
+fn new_task_of_priority(id: &str, priority: i64, now: Timestamp) -> NewTask {
+    let mut new = new_task(id, "order", &[], now);
+    new.task.priority = Priority::new(priority).expect("a priority within the bounds");
+    new
+}
+
+/// A task's priority is stored and read back; claims take the claimable
+/// tasks highest priority first, then oldest `not_before` first, except
+/// `oldest_first` of them, the oldest whatever their priority; a claim
+/// returns `max` tasks whenever as many are claimable, even when its
+/// oldest share holds high-priority tasks too; Compensating tasks and
+/// tasks not yet due take part like Pending ones.
+pub async fn claims_take_higher_priorities_first_and_an_oldest_share(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let owner = instance("scheduler-priority");
+    // Created a second apart, in this order: (id, priority).
+    let created = [("low-1", -5), ("normal-1", 0), ("high-1", 10), ("low-2", -5), ("top-1", i64::from(PRIORITY_MAX)), ("high-2", 10)];
+    for (id, priority) in created {
+        create(&store, new_task_of_priority(id, priority, clock.now())).await;
+        clock.advance(SECOND);
+    }
+    let mut delayed = new_task_of_priority("top-later", i64::from(PRIORITY_MAX), clock.now());
+    delayed.task.not_before = clock.now().add(Duration::from_secs(60));
+    create(&store, delayed).await;
+    assert_eq!(stored(&store, &task_id("top-1")).await.task.priority.get(), PRIORITY_MAX, "the priority is stored");
+    assert_eq!(stored(&store, &task_id("low-1")).await.task.priority.get(), -5);
+
+    let by_priority = ok(store.claim_tasks_by(&owner, LEASE_DEFAULT, Claim::by_priority(2)).await, "claim by priority");
+    assert_eq!(task_ids(&by_priority), ["high-1", "top-1"], "the two highest (returned in not_before order), not the one not due");
+    assert_eq!(by_priority[1].priority.get(), PRIORITY_MAX, "a claim returns the priority");
+
+    let shared = ok(store.claim_tasks_by(&owner, LEASE_DEFAULT, Claim { max: 3, oldest_first: 1 }).await, "claim with a share");
+    assert_eq!(task_ids(&shared), ["low-1", "normal-1", "high-2"], "the oldest, then the two highest of the rest");
+
+    // The oldest claimable task is also the highest: the claim still
+    // returns `max` tasks.
+    clock.set(clock.now().add(Duration::from_secs(60)));
+    clock.advance(SECOND);
+    create(&store, new_task_of_priority("high-3", 10, clock.now())).await;
+    clock.advance(SECOND);
+    create(&store, new_task_of_priority("normal-2", 0, clock.now())).await;
+    let oldest = ok(store.claim_tasks_by(&owner, LEASE_DEFAULT, Claim { max: 1, oldest_first: 1 }).await, "claim the oldest");
+    assert_eq!(task_ids(&oldest), ["low-2"], "a claim all oldest-first ignores priorities");
+    let overlapping = ok(store.claim_tasks_by(&owner, LEASE_DEFAULT, Claim { max: 2, oldest_first: 1 }).await, "claim with overlap");
+    assert_eq!(task_ids(&overlapping), ["top-later", "high-3"], "the oldest (also the highest), then the highest of the rest");
+    let rest = ok(store.claim_tasks_by(&owner, LEASE_DEFAULT, Claim { max: 5, oldest_first: 5 }).await, "the rest");
+    assert_eq!(task_ids(&rest), ["normal-2"], "fewer claimable than asked: all of them");
+
+    // An unleased Compensating task competes by its priority too.
+    let top = stored(&store, &task_id("top-1")).await.task;
+    let failed = ok(top.fail(top.fence().expect("held"), "declined".into(), ExhaustedPolicy::Compensate, clock.now()), "model fail");
+    commit(&store, Changes { tasks: vec![TaskWrite::replacing(&top, failed)], ..Changes::default() }, "fail top-1").await;
+    create(&store, new_task_of_priority("high-4", 10, clock.now())).await;
+    let compensating = ok(store.claim_tasks_by(&owner, LEASE_DEFAULT, Claim::by_priority(1)).await, "claim compensating");
+    assert_eq!(task_ids(&compensating), ["top-1"], "the Compensating task of the highest priority goes first");
+    assert_eq!(compensating[0].state, TaskState::Compensating);
+}
+
+/// The starvation bound (see `rota_store::OldestShare`): while a steady
+/// stream of high-priority tasks keeps coming, one claim at a time, a
+/// Scheduler claiming with a share of one in `every` takes the oldest
+/// low-priority task once in every `every` claims, the others by
+/// priority, on either backend.
+pub async fn a_steady_stream_of_high_priorities_lets_an_old_low_task_through(harness: &dyn Harness) {
+    const EVERY: u32 = 4;
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let owner = instance("scheduler-share");
+    for id in ["low-a", "low-b", "low-c"] {
+        create(&store, new_task_of_priority(id, i64::from(PRIORITY_MIN), clock.now())).await;
+        clock.advance(SECOND);
+    }
+    let mut share = OldestShare::new(EVERY);
+    let mut order = Vec::new();
+    for round in 0..12 {
+        // Two new high-priority tasks for every one claimed: the backlog
+        // of higher priorities only grows.
+        for n in 0..2 {
+            create(&store, new_task_of_priority(&format!("high-{round}-{n}"), 50, clock.now())).await;
+            clock.advance(MILLI);
+        }
+        let claimed = ok(store.claim_tasks_by(&owner, LEASE_DEFAULT, share.plan(1)).await, "claim one");
+        assert_eq!(claimed.len(), 1, "round {round}: one task is always claimable");
+        share.record(claimed.len());
+        order.push(claimed[0].id.as_str().to_owned());
+    }
+    let lows: Vec<(usize, &str)> =
+        order.iter().enumerate().filter(|(_, id)| id.starts_with("low")).map(|(at, id)| (at, id.as_str())).collect();
+    assert_eq!(lows, [(0, "low-a"), (4, "low-b"), (8, "low-c")], "one claim in {EVERY} takes the oldest, in order: {order:?}");
+    assert_eq!(order[1], "high-0-0", "the others take the highest priority, oldest first: {order:?}");
 }
 
 /// A task's `paused` mark is written by creation and by commits and read

@@ -19,6 +19,7 @@
 pub mod audit;
 pub mod batch;
 pub mod chain;
+mod claim;
 pub mod conformance;
 mod error;
 pub mod prune;
@@ -32,6 +33,7 @@ use std::sync::Arc;
 
 pub use audit::{AuditAction, AuditCursor, AuditEntry, AuditFilter, AuditSource, NewAudit};
 pub use batch::{BatchAction, BatchProgress, BatchRecord, BatchState, NewBatch};
+pub use claim::{Claim, OLDEST_SHARE_EVERY_DEFAULT, OldestShare};
 pub use error::{Error, Result};
 pub use prune::{InstanceSweep, Prune, PruneWorkflows, Pruned, Swept};
 pub use queue::{

@@ -20,6 +20,7 @@ use serde_json::Value;
 use crate::Result;
 use crate::audit::{AuditEntry, AuditFilter, NewAudit};
 use crate::batch::{BatchProgress, BatchRecord, NewBatch};
+use crate::claim::Claim;
 use crate::prune::{InstanceSweep, Prune, Pruned, Swept};
 use crate::queue::Outgoing;
 use crate::rate::{RateRequest, RateSlot};
@@ -545,12 +546,23 @@ pub trait Tasks: Send + Sync {
     /// filter: its cost grows with the tasks counted.
     async fn count_tasks(&self, filter: &TaskFilter) -> Result<Vec<(TaskState, u64)>>;
 
-    /// Atomically claims up to `max` claimable tasks (as [`Task::claim`]
-    /// decides: Pending or unleased Compensating, `not_before` passed),
-    /// oldest `not_before` first, for `owner` until now + `lease`, and records
-    /// a `Claimed` event for each. Two concurrent claims never return the
-    /// same task.
-    async fn claim_tasks(&self, owner: &InstanceId, lease: Duration, max: u32) -> Result<Vec<Task>>;
+    /// Atomically claims up to `max` claimable tasks, highest priority
+    /// first, then oldest `not_before` first: [`Tasks::claim_tasks_by`]
+    /// with no share taken oldest-first.
+    async fn claim_tasks(&self, owner: &InstanceId, lease: Duration, max: u32) -> Result<Vec<Task>> {
+        self.claim_tasks_by(owner, lease, Claim::by_priority(max)).await
+    }
+
+    /// Atomically claims up to `claim.max` claimable tasks (as
+    /// [`Task::claim`] decides: Pending or unleased Compensating,
+    /// `not_before` passed, not paused, not of a paused workflow) for
+    /// `owner` until now + `lease`, and records a `Claimed` event for each,
+    /// returned in `not_before` order. The `claim.oldest_first` claimable
+    /// tasks with the oldest `not_before` are taken whatever their
+    /// priority, the rest highest priority first, then oldest first; only
+    /// when fewer tasks are claimable are fewer returned. Two concurrent
+    /// claims never return the same task.
+    async fn claim_tasks_by(&self, owner: &InstanceId, lease: Duration, claim: Claim) -> Result<Vec<Task>>;
 
     /// Applies `changes` atomically. A task or step write whose record no
     /// longer matches its expectation fails the whole commit with

@@ -96,6 +96,13 @@ impl WorkflowBuilder {
         self
     }
 
+    /// The priority of its tasks whose submission gives none (default 0);
+    /// checked against the bounds by `build`.
+    pub fn priority(mut self, priority: i64) -> Self {
+        self.spec.priority = Some(priority);
+        self
+    }
+
     /// Appends a step.
     pub fn step(mut self, step: StepBuilder) -> Self {
         self.spec.steps.get_or_insert_with(Vec::new).push(step.spec);

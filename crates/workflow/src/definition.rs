@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use rota_model::{CatchUp, ExhaustedPolicy, Overlap, RateLimit, RetryPolicy, ScheduleName, SignalName, StepName, WorkflowName};
+use rota_model::{CatchUp, ExhaustedPolicy, Overlap, Priority, RateLimit, RetryPolicy, ScheduleName, SignalName, StepName, WorkflowName};
 use serde_json::Value;
 
 use crate::agent::AgentName;
@@ -48,6 +48,8 @@ pub struct Workflow {
     pub(crate) retention: Option<Duration>,
     pub(crate) on_exhausted: ExhaustedPolicy,
     pub(crate) max_failures: u32,
+    /// The priority of its tasks when their submission gives none.
+    pub(crate) priority: Priority,
     pub(crate) steps: Vec<StepDef>,
     /// Step indices in topological order, ties broken by definition order.
     /// Derived from `steps` when the workflow is validated.
@@ -191,6 +193,12 @@ impl Workflow {
     /// The Supervisor's `failure_count` threshold, at least 1.
     pub fn max_failures(&self) -> u32 {
         self.max_failures
+    }
+
+    /// The priority of its tasks whose submission gives none (`priority:`,
+    /// 0 by default): claims take higher priorities first.
+    pub fn priority(&self) -> Priority {
+        self.priority
     }
 
     /// The steps, in definition order.

@@ -33,7 +33,7 @@ pub const DEFINITION_BYTES_MAX: usize = 1 << 20;
 pub const NESTING_MAX: usize = 32;
 
 const WORKFLOW_FIELDS: &[&str] =
-    &["name", "version", "deadline", "warn_after", "retention", "on_exhausted", "max_failures", "steps", "schedules"];
+    &["name", "version", "deadline", "warn_after", "retention", "on_exhausted", "max_failures", "priority", "steps", "schedules"];
 const SCHEDULE_FIELDS: &[&str] = &["name", "cron", "timezone", "input", "overlap", "catch_up"];
 const STEP_FIELDS: &[&str] = &[
     "name",
@@ -366,6 +366,17 @@ impl Decoder<'_> {
         in_range
     }
 
+    fn signed(&mut self, node: &Node, prefix: &str, what: &str) -> Option<i64> {
+        match &node.value {
+            NodeValue::Signed(n) => Some(*n),
+            NodeValue::Unsigned(n) => Some(i64::try_from(*n).unwrap_or(i64::MAX)),
+            other => {
+                self.problem(node.pos, format!("{prefix}`{what}` must be an integer, found {}", other.kind()));
+                None
+            }
+        }
+    }
+
     fn float(&mut self, node: &Node, prefix: &str, what: &str) -> Option<f64> {
         match &node.value {
             NodeValue::Float(n) => Some(*n),
@@ -474,6 +485,7 @@ impl Decoder<'_> {
                 "retention" => spec.retention = self.duration(value, "", key),
                 "on_exhausted" => spec.on_exhausted = self.exhausted(value),
                 "max_failures" => spec.max_failures = self.unsigned(value, "", key),
+                "priority" => spec.priority = self.signed(value, "", key),
                 "steps" => spec.steps = self.steps(value),
                 "schedules" => spec.schedules = self.schedules(value),
                 _ => unreachable!("`fields` only returns allowed keys"),
@@ -789,7 +801,7 @@ impl Decoder<'_> {
 mod tests {
     use super::*;
     use crate::agent::AgentName;
-    use rota_model::{CatchUp, Overlap};
+    use rota_model::{CatchUp, Overlap, Priority};
 
     /// Parses `text` as `wf.yaml` with the built-in agents and `ledger`, and
     /// returns the diagnostics as displayed (empty when it is valid).
@@ -905,6 +917,24 @@ mod tests {
         );
         assert_eq!(workflow.warn_after(), Some(Duration::from_secs(45)));
         assert_eq!(workflow.steps()[0].warn_after(), Some(Duration::from_secs(8)));
+    }
+
+    #[test]
+    fn priority_is_read_checked_and_stored_with_the_definition() {
+        assert_eq!(valid(MINIMAL).priority(), Priority::NORMAL, "0 unless given");
+        let workflow = valid("name: w\nversion: 1\npriority: -20\nsteps:\n  - name: a\n    agent: http\n");
+        assert_eq!(workflow.priority().get(), -20);
+        let stored = workflow.to_json();
+        assert_eq!(Workflow::from_json(&stored).expect("stored form").priority(), workflow.priority(), "kept through the store");
+        assert!(!valid(MINIMAL).to_json().to_string().contains("priority"), "the default leaves the stored form unchanged");
+        assert_eq!(
+            check("name: w\nversion: 1\npriority: 101\nsteps:\n  - name: a\n    agent: http\n"),
+            ["wf.yaml:3:11: `priority` must be an integer from -100 to 100, found 101"]
+        );
+        assert_eq!(
+            check("name: w\nversion: 1\npriority: high\nsteps:\n  - name: a\n    agent: http\n"),
+            ["wf.yaml:3:11: `priority` must be an integer, found a string"]
+        );
     }
 
     #[test]
@@ -1073,7 +1103,7 @@ mod tests {
                 "name: w\nversion: 1\nowner: me\nsteps:\n  - name: a\n    agent: http\n    retry: { tries: 3 }\n    compensate: { agent: http, when: x }\n"
             ),
             [
-                "wf.yaml:3:1: unknown field `owner` (expected one of: name, version, deadline, warn_after, retention, on_exhausted, max_failures, steps, schedules)",
+                "wf.yaml:3:1: unknown field `owner` (expected one of: name, version, deadline, warn_after, retention, on_exhausted, max_failures, priority, steps, schedules)",
                 "wf.yaml:7:14: step `a`: unknown field `tries` in `retry` (expected one of: attempts, backoff, max_backoff, multiplier, jitter, non_retryable)",
                 "wf.yaml:8:32: step `a`: unknown field `when` in `compensate` (expected one of: agent, with, timeout, retry)",
             ]

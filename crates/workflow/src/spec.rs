@@ -26,6 +26,7 @@ pub(crate) struct Spec {
     pub retention: Option<Duration>,
     pub on_exhausted: Option<ExhaustedPolicy>,
     pub max_failures: Option<u32>,
+    pub priority: Option<i64>,
     pub steps: Option<Vec<StepSpec>>,
     /// The schedules a workflow file declares (never stored with the
     /// definition: see `definition::ScheduleDef`).

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use rota_model::{ExhaustedPolicy, RateLimit, RetryPolicy, SignalName, StepName, WorkflowName};
+use rota_model::{ExhaustedPolicy, Priority, RateLimit, RetryPolicy, SignalName, StepName, WorkflowName};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
@@ -63,6 +63,9 @@ struct WorkflowRepr {
     retention_ms: Option<u64>,
     on_exhausted: ExhaustedPolicy,
     max_failures: u32,
+    /// Left out when it is the default, like `warn_after_ms`.
+    #[serde(default, skip_serializing_if = "Priority::is_normal")]
+    priority: Priority,
     steps: Vec<StepRepr>,
 }
 
@@ -129,6 +132,7 @@ impl From<Workflow> for WorkflowRepr {
             retention_ms: w.retention.map(millis),
             on_exhausted: w.on_exhausted,
             max_failures: w.max_failures,
+            priority: w.priority,
             steps: w
                 .steps
                 .into_iter()
@@ -178,6 +182,7 @@ impl TryFrom<WorkflowRepr> for Workflow {
             retention: r.retention_ms.map(Duration::from_millis),
             on_exhausted: Some(r.on_exhausted),
             max_failures: Some(r.max_failures),
+            priority: Some(i64::from(r.priority.get())),
             schedules: None,
             steps: Some(
                 r.steps

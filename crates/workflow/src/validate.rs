@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use rota_model::retry::HTTP_STATUS_RANGE;
 use rota_model::{
-    CatchUp, Cron, ExhaustedPolicy, FailureClass, Overlap, RetryPolicy, ScheduleError, ScheduleName, SignalName, StepName, WorkflowName,
+    CatchUp, Cron, ExhaustedPolicy, FailureClass, Overlap, Priority, RetryPolicy, ScheduleError, ScheduleName, SignalName, StepName,
+    WorkflowName,
 };
 use serde_json::Value;
 
@@ -76,6 +77,7 @@ struct WorkflowFields {
     retention: Option<Duration>,
     on_exhausted: ExhaustedPolicy,
     max_failures: u32,
+    priority: Priority,
 }
 
 /// One step's own fields, checked; `None` where a problem was reported.
@@ -203,9 +205,18 @@ impl Check<'_> {
         if max_failures == 0 {
             self.report("/max_failures", "`max_failures` must be at least 1".into());
         }
+        let priority = match spec.priority.map(Priority::new).transpose() {
+            Ok(priority) => priority.unwrap_or_default(),
+            Err(err) => {
+                let (min, max) = (rota_model::PRIORITY_MIN, rota_model::PRIORITY_MAX);
+                self.report("/priority", format!("`priority` must be an integer from {min} to {max}, found {}", err.got));
+                Priority::default()
+            }
+        };
         WorkflowFields {
             name,
             version: spec.version,
+            priority,
             deadline,
             warn_after: spec.warn_after,
             retention: spec.retention,
@@ -529,6 +540,7 @@ fn assemble(top: WorkflowFields, steps: Vec<StepSpec>, fields: Vec<StepFields>, 
         retention: top.retention,
         on_exhausted: top.on_exhausted,
         max_failures: top.max_failures,
+        priority: top.priority,
         steps,
         order,
         schedules: Vec::new(),

@@ -67,6 +67,7 @@ class Client:
         start_at: str | None = None,
         delay: str | None = None,
         tags: Mapping[str, str] | None = None,
+        priority: int | None = None,
     ) -> Task:
         """Submits a task of ``workflow`` (its latest version unless
         ``version`` says) and returns it. ``id`` is the idempotency key:
@@ -77,7 +78,11 @@ class Client:
         ``reply_queue`` names a durable queue of the server's store that
         receives each status event of the task, in the commit that records
         it, with the task id as ``correlation_id``. ``tags`` label the task
-        for :meth:`tasks` and :meth:`task_counts` to find it by."""
+        for :meth:`tasks` and :meth:`task_counts` to find it by.
+        ``priority`` (-100 to 100; the workflow's ``priority:``, or 0, when
+        not given): Schedulers claim higher priorities first, then in
+        submission order, and one claimed task in eight is the oldest
+        waiting whatever its priority."""
         body: dict[str, Json] = {"workflow": workflow}
         if input is not None:
             body["input"] = input
@@ -95,6 +100,8 @@ class Client:
             body["delay"] = delay
         if tags:
             body["tags"] = dict(tags)
+        if priority is not None:
+            body["priority"] = priority
         return cast(Task, self._http.call("POST", "/v1/tasks", body))
 
     def status(self, task_id: str) -> Task:

@@ -54,6 +54,8 @@ class TaskSummary(TypedDict):
     paused: bool
     #: Its labels, by key (empty when it has none).
     tags: dict[str, str]
+    #: Schedulers claim higher priorities first.
+    priority: int
     created_at: int
     updated_at: int
 
