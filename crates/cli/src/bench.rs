@@ -369,10 +369,7 @@ async fn run_q(args: &Args, store_args: &StoreArgs) -> anyhow::Result<()> {
     for name in ["enqueue_jobs_per_s", "drain_jobs_per_s", "pickup_p50_ms", "pickup_p99_ms"] {
         println!("{name} {}", metrics[name]);
     }
-    println!("{}", serde_json::to_string(&record)?);
-    if let Some(out) = env_string("PEERS_OUT") {
-        std::fs::write(&out, serde_json::to_string_pretty(&record)?).with_context(|| format!("cannot write PEERS_OUT={out}"))?;
-    }
+    publish(&record)?;
     Ok(())
 }
 
@@ -578,6 +575,16 @@ impl Tracker {
         let pickups = submitted.iter().map(|(i, t)| state.seen[*i as usize] - t).collect();
         (pickups, state.invocations, state.distinct)
     }
+}
+
+/// Prints a run's record on one line and writes it to `$PEERS_OUT`, where
+/// the harness reads it.
+pub(crate) fn publish(record: &Value) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string(record)?);
+    if let Some(out) = env_string("PEERS_OUT") {
+        std::fs::write(&out, serde_json::to_string_pretty(record)?).with_context(|| format!("cannot write PEERS_OUT={out}"))?;
+    }
+    Ok(())
 }
 
 /// Nearest-rank percentile (p in 0..=100).

@@ -27,7 +27,7 @@ use serde_json::{Value, json};
 
 use super::target::Target;
 use super::w::{Noop, workflow};
-use super::{env_string, round};
+use super::{env_string, publish, round};
 use crate::store_args::StoreArgs;
 
 /// Arguments of `rota bench steady`.
@@ -130,10 +130,7 @@ pub(super) async fn run(store_args: &StoreArgs, settings: Settings) -> anyhow::R
     }
 
     let record = record(&target, settings, &samples, durability);
-    println!("{}", serde_json::to_string(&record)?);
-    if let Some(out) = env_string("PEERS_OUT") {
-        std::fs::write(&out, serde_json::to_string_pretty(&record)?).with_context(|| format!("cannot write PEERS_OUT={out}"))?;
-    }
+    publish(&record)?;
     drop(store);
     target.close().await;
     Ok(())

@@ -39,7 +39,7 @@ use tokio::sync::oneshot;
 
 use super::fill;
 use super::target::Target;
-use super::{env_string, env_u64, now_ms, percentile, round};
+use super::{env_string, env_u64, now_ms, percentile, publish, round};
 use crate::store_args::StoreArgs;
 
 /// How long one workflow may take before the run fails.
@@ -282,10 +282,7 @@ pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32, prefill: u
     for (name, timing) in record["extra"]["listings"].as_object().into_iter().flatten() {
         println!("listing {name} p50_ms {} max_ms {} rows {}", timing["p50_ms"], timing["max_ms"], timing["rows"]);
     }
-    println!("{}", serde_json::to_string(&record)?);
-    if let Some(out) = env_string("PEERS_OUT") {
-        std::fs::write(&out, serde_json::to_string_pretty(&record)?).with_context(|| format!("cannot write PEERS_OUT={out}"))?;
-    }
+    publish(&record)?;
     drop(store);
     target.close().await;
     Ok(())
