@@ -614,10 +614,21 @@ impl ChaosRun<'_> {
     }
 
     /// A fault: on SQLite always a kill; on PostgreSQL a kill half of the
-    /// time, else a stall, a cut or (with `--pg-restart`) a restart.
+    /// time, else a stall, a cut or (with `--pg-restart`) a restart. On
+    /// PostgreSQL the first fault is always a kill and the second an
+    /// outage, so that a short run sees both kinds whatever the seed and
+    /// however long each fault took on a busy machine.
     fn draw(&mut self, processes: usize) -> Fault {
         let kill = Fault::Kill(self.draws.below(processes as u64) as usize);
-        if self.proxy.is_none() || self.draws.chance(0.5) {
+        if self.proxy.is_none() {
+            return kill;
+        }
+        let kill_now = match self.faults.values().sum::<u32>() {
+            0 => true,
+            1 => false,
+            _ => self.draws.chance(0.5),
+        };
+        if kill_now {
             return kill;
         }
         let kinds = if self.chaos.pg_restart.is_some() { 3 } else { 2 };
