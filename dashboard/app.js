@@ -245,6 +245,7 @@ const pages = [
   [/^\/ui\/workflows\/?$/, workflowsPage],
   [/^\/ui\/workflows\/([^/]+)\/?$/, workflowPage],
   [/^\/ui\/schedules\/?$/, schedulesPage],
+  [/^\/ui\/batches\/?$/, batchesPage],
 ];
 
 let current = null;
@@ -372,9 +373,10 @@ function tasksPage(params, query) {
   } }, h('label', { for: 'find-id' }, 'Task id'), h('input', { id: 'find-id', name: 'id', type: 'search', autocomplete: 'off' }),
   h('button', { type: 'submit' }, 'Find'));
   const summary = h('p', { class: 'total' });
+  const bulk = bulkActions({ state, workflow, tag, idPrefix, risky });
   const list = h('div');
   const paging = h('nav', { class: 'paging', 'aria-label': 'Pages' });
-  const body = h('div', null, h('div', { class: 'controls' }, filters, find), summary, list, paging);
+  const body = h('div', null, h('div', { class: 'controls' }, filters, find), summary, bulk, list, paging);
   let workflowsLoaded = false;
   return {
     title: 'Tasks', nav: '/ui/tasks', body,
@@ -412,6 +414,128 @@ function tasksPage(params, query) {
       paging.replaceChildren(link('Newer', newer, 'prev'), link('Older', older, 'next'));
     },
   };
+}
+
+// "Cancel matching…" and "Resubmit matching…": a batch over every task the
+// list's filters select (the bulk action of `POST /v1/batches`). Offered only
+// when a filter is applied, since a batch needs one, and not with At risk,
+// which a batch's filter cannot express. A resubmit acts on tasks in Error
+// only, so it is offered with no state filter (then Error) or Error.
+function bulkActions({ state, workflow, tag, idPrefix, risky }) {
+  if (!CAN_OPERATE || risky || !(state || workflow || tag || idPrefix)) return null;
+  const bulk = (action, label, selected) => {
+    const filter = { state: selected || null, workflow: workflow || null, tag: tag ? [tag] : [], id_prefix: idPrefix || null };
+    return h('button', {
+      type: 'button', class: 'action',
+      onclick: async (event) => {
+        const button = event.currentTarget;
+        button.disabled = true;
+        try {
+          // The dry run: how many tasks the filter selects now.
+          const counts = await api(`/v1/tasks/counts${q({ workflow, tag, id_prefix: idPrefix })}`);
+          const matching = selected ? counts.counts[selected] ?? 0 : counts.total;
+          const which = describeFilter(filter);
+          if (matching === 0) {
+            notice(`No task matches (${which}): nothing to ${action}.`);
+            return;
+          }
+          const others = describeFilter({ ...filter, state: null });
+          let reason = null;
+          const extra = h('label', { class: 'signal' }, 'Reason (optional), kept with the batch and in each task\'s history:',
+            reason = h('input', { type: 'text', class: 'reason', autocomplete: 'off', autofocus: true }));
+          const tasks = `${number(matching)} ${matching === 1 ? 'task' : 'tasks'}`;
+          const question = action === 'cancel'
+            ? `Cancel the ${tasks} matching (${which})? Tasks that have finished meanwhile are skipped.`
+            : `Resubmit the ${tasks} in Error${others ? ` matching (${others})` : ''}? Each runs again from its first unfinished step.`;
+          if (!(await confirmAction(question, extra))) return;
+          const batch = await api('/v1/batches', { method: 'POST', body: { action, filter, reason: reason.value.trim() || null } });
+          location.assign(`/ui/batches#${batchRowId(batch.id)}`);
+        } catch (error) {
+          problem(error.message);
+        } finally {
+          button.disabled = false;
+        }
+      },
+    }, label);
+  };
+  return h('div', { class: 'actions bulk' },
+    bulk('cancel', 'Cancel matching…', state),
+    state === '' || state === 'error' ? bulk('resubmit', 'Resubmit matching…', 'error') : null);
+}
+
+/** A batch's filter in words: `state error, workflow fail, tag team=a`.
+ * `madeAt`, a batch's creation: the bound the API closes its filter with
+ * then (tasks created later are not its) goes without saying. */
+function describeFilter(filter, madeAt = null) {
+  const parts = [];
+  if (filter.state) parts.push(`state ${filter.state}`);
+  if (filter.workflow) parts.push(`workflow ${filter.workflow}`);
+  for (const tag of filter.tag ?? []) parts.push(`tag ${tag}`);
+  if (filter.id_prefix) parts.push(`id starting ${filter.id_prefix}`);
+  if (filter.created_after) parts.push(`created from ${filter.created_after}`);
+  const closedAtCreation = madeAt !== null && Math.abs(Date.parse(filter.created_before) - madeAt) < 1000;
+  if (filter.created_before && !closedAtCreation) parts.push(`created before ${filter.created_before}`);
+  if (filter.ended_after) parts.push(`ended from ${filter.ended_after}`);
+  if (filter.ended_before) parts.push(`ended before ${filter.ended_before}`);
+  return parts.join(', ');
+}
+
+/** The id of a batch's row on the Batches page, the fragment that leads to it. */
+function batchRowId(id) {
+  return `batch-${id.replace(/[^A-Za-z0-9_-]/g, '_')}`;
+}
+
+// The bulk actions, newest first, with their progress. While one runs the
+// page is redrawn every few seconds as well as on events, since a batch's
+// progress is announced by no event of its own.
+function batchesPage() {
+  const body = h('div');
+  const page = {
+    title: 'Batches', nav: '/ui/batches', polls: false, body,
+    async update() {
+      const batches = await api('/v1/batches?limit=200');
+      page.polls = batches.some((batch) => batch.state === 'running');
+      const selected = decodeURIComponent(location.hash.slice(1));
+      body.replaceChildren(
+        h('p', { class: 'hint' }, 'Bulk actions on every task a filter selects, run by the Supervisor leader a page at a time. ',
+          'Start one from the ', h('a', { href: '/ui/tasks' }, 'tasks list'), ' with a filter applied, or with ',
+          h('code', null, 'rota cancel'), ' or ', h('code', null, 'rota resubmit'), ' given filters instead of an id.'),
+        table('Batches', ['Batch', 'Action', 'By', 'Reason', 'Tasks', 'State', 'Progress', 'Last error', 'Created', 'Updated', ''],
+          batches.map((batch) => batchRow(batch, selected)), 'No batches yet.'));
+      const row = selected ? document.getElementById(selected) : null;
+      if (row && !page.scrolled) {
+        page.scrolled = true;
+        row.scrollIntoView({ block: 'center' });
+      }
+    },
+  };
+  return page;
+}
+
+function batchRow(batch, selected) {
+  const id = batchRowId(batch.id);
+  const reached = batch.done + batch.skipped + batch.failed;
+  const counts = `${number(batch.done)} done, ${number(batch.skipped)} skipped, ${number(batch.failed)} failed`;
+  return h('tr', { id, class: id === selected ? 'selected' : null, 'aria-current': id === selected ? 'true' : null },
+    h('th', { scope: 'row', id: `${id}-name` }, h('code', null, batch.id)),
+    // An action this page does not know is shown as the API names it.
+    h('td', null, batch.action),
+    h('td', null, batch.requested_by),
+    h('td', null, batch.reason ?? '—'),
+    h('td', null, describeFilter(batch.filter, batch.created_at) || '—'),
+    h('td', null, badge(batch.state)),
+    h('td', { class: 'progress' },
+      h('progress', { max: Math.max(1, batch.total), value: batch.total === 0 ? Number(batch.state === 'done') : reached,
+        'aria-label': `Progress of ${batch.id}`, title: counts }),
+      h('span', { class: 'figure' }, `${number(reached)} of ${number(batch.total)}`),
+      h('span', { class: 'hint counts' }, counts)),
+    h('td', { class: 'error-text' }, batch.last_error ?? '—'),
+    h('td', null, time(batch.created_at)),
+    h('td', null, time(batch.updated_at)),
+    h('td', null, batch.state === 'running'
+      ? action('Stop', `Stop batch ${batch.id}? It stops at its next page; the tasks it has not reached are left as they are.`,
+        () => api(`/v1/batches/${encodeURIComponent(batch.id)}/stop`, { method: 'POST' }), () => `Batch ${batch.id} stopped.`, { describedBy: `${id}-name` })
+      : null));
 }
 
 function taskPage([id]) {
@@ -849,7 +973,9 @@ async function start() {
     main.replaceChildren(h('h1', null, current.title), current.body);
     await redraw();
     follow(stream());
-    if (current.polls) setInterval(() => { if (!dialogOpen) scheduleRedraw(); }, POLL_MS);
+    // A page may start or stop polling as it redraws (the batches page
+    // polls only while one runs).
+    setInterval(() => { if (current.polls && !dialogOpen) scheduleRedraw(); }, POLL_MS);
     setInterval(() => { if (redrawWanted && !dialogOpen) { redrawWanted = false; scheduleRedraw(); } }, 1000);
     return;
   }

@@ -187,6 +187,20 @@ steps:
     timeout: 5m
     warn_after: 200ms
 """,
+    # A step that fails until the file its input names exists: a task in
+    # Error that a resubmit completes once the test has made the file.
+    "flaky": """
+name: flaky
+version: 1
+on_exhausted: error
+max_failures: 1
+steps:
+  - name: try
+    agent: exec
+    with:
+      command: ["sh", "-c", "test -e \\"$MARKER\\" || { echo 'not yet' >&2; exit 3; }"]
+      env: { MARKER: "{{ input.marker }}" }
+""",
     # The quickest task: many of them fill a list.
     "tick": """
 name: tick
@@ -628,10 +642,13 @@ def stop(server: Server, chromium: Chromium) -> None:
 expect.set_options(timeout=10_000)
 
 #: The links of every page's main navigation.
-NAV_LINKS = ["Overview", "Tasks", "Alerts", "Queues", "Workflows", "Schedules"]
+NAV_LINKS = ["Overview", "Tasks", "Alerts", "Queues", "Workflows", "Schedules", "Batches"]
 
 #: The buttons that change something; a read-only token sees none enabled.
-ACTION_BUTTONS = ["Cancel", "Resubmit", "Resubmit step", "Pause", "Resume", "Redrive", "Redrive all", "Purge"]
+ACTION_BUTTONS = [
+    "Cancel", "Resubmit", "Resubmit step", "Pause", "Resume", "Redrive", "Redrive all", "Purge",
+    "Stop", "Cancel matching…", "Resubmit matching…",
+]  # fmt: skip
 
 
 def region(page: Page, name: str) -> Locator:

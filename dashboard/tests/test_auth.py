@@ -99,6 +99,8 @@ class Auth(support.BrowserTest):
             ("/ui/queues/auth-paused", "Queue auth-paused"),
             ("/ui/workflows", "Workflows"),
             ("/ui/workflows/fail", "Workflow fail"),
+            ("/ui/tasks?state=error", "Tasks"),
+            ("/ui/batches", "Batches"),
         ]:
             with self.subTest(path):
                 page.goto(path)

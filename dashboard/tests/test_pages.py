@@ -49,6 +49,7 @@ PAGES = [
     ("/ui/workflows", "Workflows"),
     ("/ui/workflows/refund", "Workflow refund"),
     ("/ui/schedules", "Schedules"),
+    ("/ui/batches", "Batches"),
 ]
 
 

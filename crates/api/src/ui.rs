@@ -145,6 +145,7 @@ fn shell(csrf: &str, can_operate: bool, signed_in: bool, events_after: i64) -> S
 <a href="/ui/queues">Queues</a>
 <a href="/ui/workflows">Workflows</a>
 <a href="/ui/schedules">Schedules</a>
+<a href="/ui/batches">Batches</a>
 </nav>
 <span id="live" class="live" title="Updates from the server's event stream">connecting</span>
 {sign_out}
