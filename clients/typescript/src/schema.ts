@@ -1909,6 +1909,12 @@ export interface components {
              */
             complete_by?: number | null;
             /**
+             * @description Its concurrency key (`NAME=VALUE`, or `max_in_flight`), when its
+             *     workflow has `concurrency:` or `max_in_flight:`: at most the
+             *     workflow's limit of its tasks with this key run at once.
+             */
+            concurrency_key?: string | null;
+            /**
              * Format: int64
              * @description When it was created, epoch ms.
              */
@@ -1980,6 +1986,12 @@ export interface components {
              * @description The workflow version it runs.
              */
             version: number;
+            /**
+             * @description Why a Pending task has not started, when its concurrency key holds
+             *     it back: `waiting for concurrency key customer=c1 (1/1 in use)`
+             *     (only a task's own view says; listings leave it out).
+             */
+            waiting_for?: string | null;
             /**
              * Format: int64
              * @description When the current lease is at risk (the workflow's `warn_after` past

@@ -39,6 +39,7 @@ async fn view(state: &ApiState, caller: &Caller, request: &str, id: &TaskId) -> 
     }
     let mut view = TaskView::from(&detail);
     view.workflow_paused = state.client().workflow_paused(&detail.record.task.workflow).await.map_err(|err| ApiError::ops(request, err))?;
+    view.waiting_for = state.client().concurrency_wait(&detail.record.task).await.map_err(|err| ApiError::ops(request, err))?;
     Ok(view)
 }
 

@@ -323,6 +323,16 @@ pub struct TaskView {
     /// waits (only a task's own view says; listings leave it false).
     #[serde(default)]
     pub workflow_paused: bool,
+    /// Its concurrency key (`NAME=VALUE`, or `max_in_flight`), when its
+    /// workflow has `concurrency:` or `max_in_flight:`: at most the
+    /// workflow's limit of its tasks with this key run at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency_key: Option<String>,
+    /// Why a Pending task has not started, when its concurrency key holds
+    /// it back: `waiting for concurrency key customer=c1 (1/1 in use)`
+    /// (only a task's own view says; listings leave it out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<String>,
     /// When it was created, epoch ms.
     pub created_at: i64,
     /// When it last changed, epoch ms.
@@ -358,6 +368,8 @@ impl TaskView {
             tags: tags_of(task),
             priority: task.priority.get(),
             workflow_paused: false,
+            concurrency_key: task.concurrency.as_ref().map(|c| c.key.clone()),
+            waiting_for: None,
             created_at: task.created_at.as_millis(),
             updated_at: task.updated_at.as_millis(),
             steps: steps

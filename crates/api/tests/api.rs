@@ -975,3 +975,43 @@ async fn a_signal_completes_the_step_that_waits_for_it() {
     let history = server.get("/v1/tasks/a-2/history").await.body;
     assert!(history.as_array().unwrap().iter().all(|e| e["kind"] != "signal"), "{history}");
 }
+
+/// One long step per task, its tasks keyed by customer, one at a time.
+fn serial() -> rota_workflow::Workflow {
+    use rota_workflow::{AgentCatalog, StepDef, Workflow};
+    Workflow::builder("serial", 1)
+        .concurrency("input.customer", 1)
+        .step(StepDef::new("wait", "delay").with_input(json!({ "for": "10m" })).timeout(Duration::from_secs(3600)))
+        .deadline(Duration::from_secs(7200))
+        .build(&AgentCatalog::builtin())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_held_back_by_its_concurrency_key_says_so_and_starts_when_the_slot_frees() {
+    let server = start(Options { workflows: vec![serial()], ..Options::default() }).await;
+    let submit = |id: &str, customer: Value| json!({ "workflow": "serial", "id": id, "input": { "customer": customer } });
+    for (id, customer) in [("a1", json!("c1")), ("a2", json!("c1")), ("b1", json!(7))] {
+        let reply = server.post_json("/v1/tasks", &submit(id, customer)).await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+    }
+    let first = server.wait_for("a1", |state| state == "processing").await;
+    assert_eq!((first["concurrency_key"].as_str(), first.get("waiting_for")), (Some("customer=c1"), None), "{first}");
+    let other = server.wait_for("b1", |state| state == "processing").await;
+    assert_eq!(other["concurrency_key"], "customer=7", "another key is not held back; an integer key is its text: {other}");
+    let waiting = server.get("/v1/tasks/a2").await.body;
+    assert_eq!(waiting["state"], "pending", "{waiting}");
+    assert_eq!(waiting["waiting_for"], "waiting for concurrency key customer=c1 (1/1 in use)", "{waiting}");
+
+    let cancelled = server.post_json("/v1/tasks/a1/cancel", &json!({ "reason": "make room" })).await;
+    assert_eq!(cancelled.status, StatusCode::OK, "{}", cancelled.text);
+    let started = server.wait_for("a2", |state| state == "processing").await;
+    assert!(started.get("waiting_for").is_none(), "{started}");
+
+    let reply = server.post_json("/v1/tasks", &submit("bad", json!([1]))).await;
+    let reason = reply.assert_error(422, "invalid_body");
+    assert_eq!(reason, "input: the workflow's `concurrency.key` `input.customer` gives no key: it gave a list, not a string or an integer");
+    let reply = server.post_json("/v1/tasks", &json!({ "workflow": "serial", "input": {} })).await;
+    assert!(reply.assert_error(422, "invalid_body").ends_with("gives no key: no field `customer`"), "{}", reply.text);
+    assert!(server.get("/v1/tasks/bad").await.status == StatusCode::NOT_FOUND, "nothing was created");
+}

@@ -200,6 +200,7 @@ impl Backend {
                 let detail = client.task(id).await.map_err(|err| local_error(asked, err))?;
                 let mut view = TaskView::from(&detail);
                 view.workflow_paused = client.workflow_paused(&detail.record.task.workflow).await.map_err(|err| local_error(asked, err))?;
+                view.waiting_for = client.concurrency_wait(&detail.record.task).await.map_err(|err| local_error(asked, err))?;
                 Ok(view)
             }
             Backend::Remote(server) => server.get(&["v1", "tasks", id.as_str()], &[]).await,

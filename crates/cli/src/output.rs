@@ -177,6 +177,10 @@ pub struct StatusJson<'a> {
     pub state: TaskState,
     pub paused: bool,
     pub workflow_paused: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concurrency_key: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<&'a str>,
     pub locked_by: Option<&'a str>,
     pub lease_epoch: u64,
     pub complete_by: Option<String>,
@@ -234,6 +238,8 @@ impl<'a> StatusJson<'a> {
             state: TaskState::from(task.state),
             paused: task.paused,
             workflow_paused: task.workflow_paused,
+            concurrency_key: task.concurrency_key.as_deref(),
+            waiting_for: task.waiting_for.as_deref(),
             locked_by: task.locked_by.as_deref(),
             lease_epoch: task.lease_epoch,
             complete_by: task.complete_by.map(rfc3339_millis),

@@ -556,8 +556,18 @@ fn status_text(status: &StatusJson) -> String {
         ("task", status.id.to_owned()),
         // A task of a paused workflow waits for the resume: say why.
         ("workflow", format!("{}@{}{}", status.workflow, status.version, if status.workflow_paused { " (paused)" } else { "" })),
-        // A paused task says so beside its state, which pausing leaves as it is.
-        ("state", if status.paused { format!("{}, paused", status.state) } else { status.state.to_string() }),
+        // A paused task says so beside its state, which pausing leaves as it
+        // is; so does a task its concurrency key holds back.
+        ("state", {
+            let mut state = status.state.to_string();
+            if status.paused {
+                state.push_str(", paused");
+            }
+            if let Some(waiting) = status.waiting_for {
+                state = format!("{state}, {waiting}");
+            }
+            state
+        }),
         ("locked_by", or_dash(status.locked_by)),
         ("complete_by", or_dash(status.complete_by.as_deref())),
         ("at_risk_since", or_dash(status.at_risk_since.as_deref())),
@@ -575,6 +585,9 @@ fn status_text(status: &StatusJson) -> String {
     }
     if status.priority != 0 {
         fields.push(("priority", status.priority.to_string()));
+    }
+    if let Some(key) = status.concurrency_key {
+        fields.push(("concurrency_key", key.to_owned()));
     }
     if !status.tags.is_empty() {
         let tags: Vec<String> = status.tags.iter().map(|(key, value)| format!("{key}={value}")).collect();

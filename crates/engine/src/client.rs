@@ -276,7 +276,16 @@ impl Client {
             Start::After(delay) => Some(now.add(delay)),
         }
         .filter(|at| *at > now);
+        // The key is computed once, here: a task's key never changes.
+        let concurrency = workflow.concurrency_key(&submission.input).map_err(|why| Error::InvalidSubmission {
+            field: "input",
+            why: format!(
+                "the workflow's `concurrency.key` `{}` gives no key: {why}",
+                workflow.concurrency().map_or("", |c| c.key().source())
+            ),
+        })?;
         let mut task = Task::new(id.clone(), workflow.name().clone(), workflow.version(), submission.input, now);
+        task.concurrency = concurrency;
         task.reply_to = submission.reply_to;
         task.reply_queue = submission.reply_queue;
         task.submitter = submission.submitter;

@@ -262,6 +262,21 @@ impl Client {
         Ok(TaskDetail { record, definition })
     }
 
+    /// Why `task` waits, when its concurrency key holds it back: a Pending
+    /// task without a slot of its key while every slot is in use reads
+    /// `waiting for concurrency key customer=c1 (1/1 in use)`. `None` for a
+    /// task without a key, one that holds a slot, or one that is not
+    /// Pending.
+    pub async fn concurrency_wait(&self, task: &Task) -> Result<Option<String>> {
+        let Some(key) = task.concurrency.as_ref().filter(|_| task.state == TaskState::Pending) else { return Ok(None) };
+        let holders = self.store.key_holders(&task.workflow, &key.key).await?;
+        if holders.contains(&task.id) {
+            return Ok(None);
+        }
+        let in_use = u32::try_from(holders.len()).unwrap_or(u32::MAX);
+        Ok((in_use >= key.limit).then(|| key.waiting_reason(in_use)))
+    }
+
     /// A task's events, oldest first.
     pub async fn history(&self, id: &TaskId) -> Result<Vec<Event>> {
         self.record(id).await?;

@@ -168,11 +168,28 @@ pub fn attach_new(new: &mut NewTask) {
     }
 }
 
-/// Commits `changes` with their status messages ([`attach`]): the one way
-/// the engine commits.
+/// Commits `changes` with their status messages ([`attach`]) and the
+/// doorbells of the concurrency slots they free ([`ring_for_freed_slots`]):
+/// the one way the engine commits.
 pub async fn commit(store: &SharedStore, mut changes: Changes) -> rota_store::Result<()> {
     attach(&mut changes);
+    ring_for_freed_slots(&mut changes);
     store.commit(changes).await
+}
+
+/// Adds a doorbell for each task with a concurrency key that `changes`
+/// end: the write frees the task's slot, and the doorbell wakes a Scheduler
+/// to claim the key's next waiting task at once rather than at its next
+/// fallback claim. Sent in the same commit, so a slot is never freed
+/// without one.
+pub fn ring_for_freed_slots(changes: &mut Changes) {
+    let ended = changes
+        .tasks
+        .iter()
+        .filter(|w| w.task.concurrency.is_some() && w.task.state.is_terminal() && !w.expected_state.is_terminal())
+        .map(|w| crate::client::doorbell(&w.task.id))
+        .collect::<Vec<_>>();
+    changes.send.extend(ended);
 }
 
 #[cfg(test)]
@@ -284,5 +301,25 @@ mod tests {
             assert!(check_reply_queue(&QueueName::new(bad).unwrap()).is_err(), "{bad}");
         }
         assert!(check_reply_queue(&QueueName::new("shop.replies").unwrap()).is_ok());
+    }
+
+    #[test]
+    fn ending_a_task_with_a_concurrency_key_rings_the_doorbell_in_the_same_commit() {
+        let key = rota_model::ConcurrencyKey { key: "customer=c1".into(), limit: 1 };
+        let mut ended = task(TaskState::Processed, None);
+        ended.concurrency = Some(key.clone());
+        let mut with_key = changes(ended, &[]);
+        ring_for_freed_slots(&mut with_key);
+        let queues: Vec<&str> = with_key.send.iter().map(|(q, _)| q.as_str()).collect();
+        assert_eq!(queues, [crate::protocol::tasks_queue().as_str()], "one doorbell for the freed slot");
+
+        let mut unkeyed = changes(task(TaskState::Processed, None), &[]);
+        ring_for_freed_slots(&mut unkeyed);
+        assert!(unkeyed.send.is_empty(), "no key, no slot to free");
+        let mut running = task(TaskState::Processing, None);
+        running.concurrency = Some(key);
+        let mut still_running = changes(running, &[]);
+        ring_for_freed_slots(&mut still_running);
+        assert!(still_running.send.is_empty(), "a task that goes on keeps its slot");
     }
 }

@@ -12,6 +12,7 @@
 //! which are `rota-workflow`'s, and anything about how records are stored.
 
 pub mod clock;
+pub mod concurrency;
 pub mod ids;
 pub mod json;
 pub mod priority;
@@ -23,6 +24,7 @@ pub mod tags;
 pub mod task;
 
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
+pub use concurrency::{CONCURRENCY_KEY_BYTES_MAX, CONCURRENCY_LIMIT_MAX, ConcurrencyKey, MAX_IN_FLIGHT_KEY};
 pub use ids::{IdError, InstanceId, LeaseToken, MessageId, QueueName, ScheduleName, SignalName, StepName, TaskId, WorkflowName};
 pub use priority::{PRIORITY_MAX, PRIORITY_MIN, Priority, PriorityError};
 pub use rate::{RateLimit, RateLimitError, RateTake, RateUnit};

@@ -30,6 +30,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::clock::Timestamp;
+use crate::concurrency::ConcurrencyKey;
 use crate::ids::{InstanceId, QueueName, TaskId, WorkflowName};
 use crate::priority::Priority;
 use crate::tags::Tags;
@@ -233,6 +234,11 @@ pub struct Task {
     /// Set at submission, never changed.
     #[serde(default, skip_serializing_if = "Priority::is_normal")]
     pub priority: Priority,
+    /// Its concurrency key (see [`crate::concurrency`]), when its workflow
+    /// has `concurrency:` or `max_in_flight:`. Set at submission, never
+    /// changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<ConcurrencyKey>,
     /// The final result, once Processed.
     pub output: Option<Value>,
     /// The reason for Error (or the last failure).
@@ -265,6 +271,7 @@ impl Task {
             paused: false,
             tags: Tags::default(),
             priority: Priority::NORMAL,
+            concurrency: None,
             output: None,
             error: None,
             created_at: now,

@@ -226,6 +226,12 @@ pub(crate) async fn create_tasks(
         submitter: params.array(tasks.iter().map(|t| t.submitter.as_deref()).collect::<Vec<_>>(), "text[]")?,
         tags: params.array(tasks.iter().map(|t| (!t.tags.is_empty()).then(|| t.tags.to_json())).collect::<Vec<_>>(), "text[]")?,
         priority: params.array(tasks.iter().map(|t| t.priority.get()).collect::<Vec<_>>(), "int4[]")?,
+        concurrency_key: params
+            .array(tasks.iter().map(|t| t.concurrency.as_ref().map(|c| c.key.as_str())).collect::<Vec<_>>(), "text[]")?,
+        concurrency_limit: params.array(
+            tasks.iter().map(|t| t.concurrency.as_ref().map(|c| i32::try_from(c.limit).unwrap_or(i32::MAX))).collect::<Vec<_>>(),
+            "int4[]",
+        )?,
         steps: StepArrays::push(&mut params, &steps)?,
         events: EventArrays::push(&mut params, &events.iter().map(|(_, event)| *event).collect::<Vec<_>>())?,
         lock_base: params.push(n.event_lock_base())?,
@@ -253,6 +259,10 @@ struct CreateParams {
     tags: Array,
     /// Each task's priority: written at creation only, like `reply_queue`.
     priority: Array,
+    /// Each task's concurrency key and limit (NULL: none): written at
+    /// creation only, like `reply_queue`.
+    concurrency_key: Array,
+    concurrency_limit: Array,
     steps: StepArrays,
     events: EventArrays,
     /// The event-writer lock base (see `Names::event_lock_base`).
@@ -271,21 +281,22 @@ fn create_sql(p: &CreateParams) -> String {
     let (tasks, steps, events) = (list(&p.tasks.0), list(&p.steps.0), list(&p.events.0));
     let (lock_base, now, event_owner, send_owner) = (p.lock_base, p.now, p.event_owner, p.send_owner);
     let (reply_queue, submitter, tags, priority) = (p.reply_queue, p.submitter, p.tags, p.priority);
+    let (concurrency_key, concurrency_limit) = (p.concurrency_key, p.concurrency_limit);
     let SendArrays { queue_id, id, keyed, body, ordering_key, visible_at, reply_to, correlation_id } = &p.sends;
     format!(
         "WITH
          inserted AS (
              INSERT INTO rota.tasks (id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
                                      failure_count, reply_to, output, error, created_at, updated_at, warn_at, paused,
-                                     reply_queue, submitter, tags, priority)
+                                     reply_queue, submitter, tags, priority, concurrency_key, concurrency_limit)
              SELECT t.id, t.workflow, t.workflow_version, t.input, t.state, t.locked_by, t.lease_epoch, t.complete_by, t.not_before,
                     t.failure_count, t.reply_to, t.output, t.error, t.created_at, t.updated_at, t.warn_at, t.paused,
-                    t.reply_queue, t.submitter, t.tags, t.priority
-               FROM unnest({tasks}, {reply_queue}, {submitter}, {tags}, {priority})
+                    t.reply_queue, t.submitter, t.tags, t.priority, t.concurrency_key, t.concurrency_limit
+               FROM unnest({tasks}, {reply_queue}, {submitter}, {tags}, {priority}, {concurrency_key}, {concurrency_limit})
                     WITH ORDINALITY
                     AS t(id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
                          failure_count, reply_to, output, error, created_at, updated_at, warn_at, paused, reply_queue,
-                         submitter, tags, priority, position)
+                         submitter, tags, priority, concurrency_key, concurrency_limit, position)
               ORDER BY t.position
              ON CONFLICT (id) DO NOTHING
           RETURNING id, created_seq, tags),

@@ -955,6 +955,10 @@ impl Tasks for PgStore {
         with_connection!(self, conn => { task_sql::claim_tasks(&mut conn, &self.names, owner, lease, claim, now).await? })
     }
 
+    async fn key_holders(&self, workflow: &WorkflowName, key: &str) -> Result<Vec<TaskId>, Error> {
+        with_connection!(self, conn => { task_sql::key_holders(&mut conn, &self.names, workflow, key).await? })
+    }
+
     async fn commit(&self, changes: Changes) -> Result<(), Error> {
         if changes.is_empty() {
             return Ok(());

@@ -363,6 +363,35 @@ ALTER TABLE rota.tasks ADD COLUMN priority INTEGER NOT NULL DEFAULT 0;
 CREATE INDEX tasks_claimable_priority ON rota.tasks (priority DESC, not_before)
     WHERE state IN ('pending', 'compensating') AND locked_by IS NULL AND NOT paused;
 "#,
+    r#"
+-- Concurrency keys: a task of a workflow with `concurrency:` or
+-- `max_in_flight:` holds one of its key's slots (0..limit) from its first
+-- claim until it ends. The primary key makes a second holder of a slot
+-- impossible whatever the claims' snapshots saw, and the trigger frees the
+-- slot in the statement that ends the task (any statement: the holder's
+-- commit, a cancel, the Supervisor's failure threshold).
+ALTER TABLE rota.tasks ADD COLUMN concurrency_key TEXT, ADD COLUMN concurrency_limit INTEGER;
+CREATE TABLE rota.concurrency_slots (
+    workflow TEXT    NOT NULL,
+    key      TEXT    NOT NULL,
+    slot     INTEGER NOT NULL,
+    task_id  TEXT    NOT NULL UNIQUE REFERENCES rota.tasks (id) ON DELETE CASCADE,
+    PRIMARY KEY (workflow, key, slot)
+);
+-- The claimable tasks of each key in submission order: a claim counts those
+-- older than a candidate (at most the limit of them).
+CREATE INDEX tasks_concurrency_waiting ON rota.tasks (workflow, concurrency_key, not_before, created_seq)
+    WHERE concurrency_key IS NOT NULL AND state IN ('pending', 'compensating') AND locked_by IS NULL AND NOT paused;
+CREATE FUNCTION rota.concurrency_slot_free() RETURNS trigger LANGUAGE plpgsql AS $free$
+BEGIN
+    DELETE FROM rota.concurrency_slots WHERE task_id = NEW.id;
+    RETURN NULL;
+END
+$free$;
+CREATE TRIGGER concurrency_slot_free AFTER UPDATE OF state ON rota.tasks FOR EACH ROW
+    WHEN (NEW.concurrency_key IS NOT NULL AND NEW.state IN ('processed', 'error', 'cancelled', 'compensated'))
+    EXECUTE FUNCTION rota.concurrency_slot_free();
+"#,
 ];
 
 /// How many migrations this build knows.

@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use rota_model::{InstanceId, Priority, QueueName, Step, StepName, StepState, Tags, Task, TaskId, TaskState, Timestamp, WorkflowName};
+use rota_model::{
+    ConcurrencyKey, InstanceId, Priority, QueueName, Step, StepName, StepState, Tags, Task, TaskId, TaskState, Timestamp, WorkflowName,
+};
 use rota_store::{
     Claim, ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, RateRequest, RateSlot, TaskFilter, TaskRecord, TimeRange,
     Warning, WorkflowEntry, WorkflowPause, chain,
@@ -62,6 +64,12 @@ fn task_from(row: &PgRow) -> Result<Task> {
             .map_err(|e| corrupt("tags", e))?
             .unwrap_or_default(),
         priority: Priority::new(i64::from(row.try_get::<i32, _>("priority")?)).map_err(|e| corrupt("priority", e))?,
+        concurrency: match (row.try_get::<Option<String>, _>("concurrency_key")?, row.try_get::<Option<i32>, _>("concurrency_limit")?) {
+            (Some(key), Some(limit)) => {
+                Some(ConcurrencyKey { key, limit: u32::try_from(limit).map_err(|e| corrupt("concurrency limit", e))? })
+            }
+            _ => None,
+        },
         output: row.try_get::<Option<String>, _>("output")?.map(|o| parse_json("task output", o)).transpose()?,
         error: row.try_get("error")?,
         created_at: Timestamp::from_millis(row.try_get("created_at")?),
@@ -365,8 +373,20 @@ pub(crate) async fn count_tasks(conn: &mut PgConnection, n: &Names, filter: &Tas
 
 /// Claims up to `claim.max` claimable tasks in one statement that skips
 /// tasks other Schedulers are claiming right now (its oldest share from
-/// `tasks_claimable`, the rest from `tasks_claimable_priority`), and
-/// records a `Claimed` event for each.
+/// `tasks_claimable`, the rest from `tasks_claimable_priority`), gives each
+/// claimed task with a concurrency key and no slot yet a free slot of its
+/// key, and records a `Claimed` event for each.
+///
+/// A task with a concurrency key is a candidate when it holds a slot, or
+/// when the slots its key has in use and the claimable tasks of its key
+/// submitted before it, which wait without one, are fewer than its limit
+/// (so a key's tasks start in submission order, and a key at its limit is
+/// walked past). What decides is the slot table's primary key, not the
+/// statement's snapshot: a candidate is claimed only if the insert of its
+/// slot went in (`ON CONFLICT DO NOTHING` waits for a concurrent insert of
+/// the same slot and gives way if it commits), or if its slot row is still
+/// there when locked (`kept`: a slot freed meanwhile is not kept). So no
+/// two tasks ever hold one slot, whatever the claims' snapshots saw.
 pub(crate) async fn claim_tasks(
     conn: &mut PgConnection,
     n: &Names,
@@ -375,8 +395,9 @@ pub(crate) async fn claim_tasks(
     claim: Claim,
     now: Timestamp,
 ) -> Result<Vec<Task>> {
-    // One statement: the claim, and a `claimed` event per task (the writer's
-    // lock taken before any seq is drawn, as in every event writer).
+    // One statement: the claim, its slots, and a `claimed` event per task
+    // (the writer's lock taken before any seq is drawn, as in every event
+    // writer).
     let rows = sqlx::query(n.sql(
         "WITH writer AS (
              SELECT pg_advisory_xact_lock_shared($5 + (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM rota.event_seq))),
@@ -384,20 +405,75 @@ pub(crate) async fn claim_tasks(
              SELECT id FROM rota.tasks
               WHERE state IN ('pending', 'compensating') AND locked_by IS NULL AND NOT paused AND not_before <= $3
                 AND NOT EXISTS (SELECT 1 FROM rota.workflow_pauses p WHERE p.name = rota.tasks.workflow AND p.paused)
+                AND (concurrency_key IS NULL
+                     OR EXISTS (SELECT 1 FROM rota.concurrency_slots s WHERE s.task_id = rota.tasks.id)
+                     OR (SELECT count(*) FROM rota.concurrency_slots s
+                          WHERE s.workflow = rota.tasks.workflow AND s.key = rota.tasks.concurrency_key) < concurrency_limit
+                    AND (SELECT count(*) FROM rota.concurrency_slots s
+                          WHERE s.workflow = rota.tasks.workflow AND s.key = rota.tasks.concurrency_key)
+                      + (SELECT count(*) FROM (
+                           SELECT 1 FROM rota.tasks AS w
+                            WHERE w.workflow = rota.tasks.workflow AND w.concurrency_key = rota.tasks.concurrency_key
+                              AND w.state IN ('pending', 'compensating') AND w.locked_by IS NULL AND NOT w.paused
+                              AND w.not_before <= $3
+                              AND (w.not_before, w.created_seq) < (rota.tasks.not_before, rota.tasks.created_seq)
+                              AND NOT EXISTS (SELECT 1 FROM rota.concurrency_slots s WHERE s.task_id = w.id)
+                            LIMIT rota.tasks.concurrency_limit) AS older)
+                      < concurrency_limit)
               ORDER BY not_before LIMIT $6
               FOR UPDATE SKIP LOCKED),
          ranked AS MATERIALIZED (
              SELECT id FROM rota.tasks
               WHERE state IN ('pending', 'compensating') AND locked_by IS NULL AND NOT paused AND not_before <= $3
                 AND NOT EXISTS (SELECT 1 FROM rota.workflow_pauses p WHERE p.name = rota.tasks.workflow AND p.paused)
+                AND (concurrency_key IS NULL
+                     OR EXISTS (SELECT 1 FROM rota.concurrency_slots s WHERE s.task_id = rota.tasks.id)
+                     OR (SELECT count(*) FROM rota.concurrency_slots s
+                          WHERE s.workflow = rota.tasks.workflow AND s.key = rota.tasks.concurrency_key) < concurrency_limit
+                    AND (SELECT count(*) FROM rota.concurrency_slots s
+                          WHERE s.workflow = rota.tasks.workflow AND s.key = rota.tasks.concurrency_key)
+                      + (SELECT count(*) FROM (
+                           SELECT 1 FROM rota.tasks AS w
+                            WHERE w.workflow = rota.tasks.workflow AND w.concurrency_key = rota.tasks.concurrency_key
+                              AND w.state IN ('pending', 'compensating') AND w.locked_by IS NULL AND NOT w.paused
+                              AND w.not_before <= $3
+                              AND (w.not_before, w.created_seq) < (rota.tasks.not_before, rota.tasks.created_seq)
+                              AND NOT EXISTS (SELECT 1 FROM rota.concurrency_slots s WHERE s.task_id = w.id)
+                            LIMIT rota.tasks.concurrency_limit) AS older)
+                      < concurrency_limit)
                 AND id NOT IN (SELECT id FROM oldest)
               ORDER BY priority DESC, not_before LIMIT $4
               FOR UPDATE SKIP LOCKED),
+         picked AS MATERIALIZED (
+             SELECT t.id, t.workflow, t.concurrency_key, t.concurrency_limit, t.not_before, t.created_seq FROM rota.tasks AS t
+              WHERE t.id IN (SELECT id FROM oldest UNION ALL SELECT id FROM ranked)),
+         kept AS MATERIALIZED (
+             SELECT s.task_id FROM rota.concurrency_slots AS s
+              WHERE s.task_id IN (SELECT id FROM picked WHERE concurrency_key IS NOT NULL)
+                FOR UPDATE),
+         waiting AS (
+             SELECT p.*, row_number() OVER (PARTITION BY p.workflow, p.concurrency_key ORDER BY p.not_before, p.created_seq) - 1 AS nth
+               FROM picked AS p
+              WHERE p.concurrency_key IS NOT NULL
+                AND NOT EXISTS (SELECT 1 FROM rota.concurrency_slots s WHERE s.task_id = p.id)),
+         taken AS (
+             INSERT INTO rota.concurrency_slots (workflow, key, slot, task_id)
+             SELECT w.workflow, w.concurrency_key, free.slot, w.id
+               FROM waiting AS w
+                    CROSS JOIN LATERAL (
+                        SELECT g AS slot FROM generate_series(0, w.concurrency_limit - 1) AS g
+                         WHERE NOT EXISTS (SELECT 1 FROM rota.concurrency_slots s
+                                            WHERE s.workflow = w.workflow AND s.key = w.concurrency_key AND s.slot = g)
+                        OFFSET w.nth LIMIT 1) AS free
+             ON CONFLICT DO NOTHING
+          RETURNING task_id),
          claimed AS (
              UPDATE rota.tasks AS t
                 SET state = CASE t.state WHEN 'pending' THEN 'processing' ELSE t.state END,
                     locked_by = $1, lease_epoch = t.lease_epoch + 1, complete_by = $2, updated_at = $3
-              WHERE t.id IN (SELECT id FROM oldest UNION ALL SELECT id FROM ranked)
+               FROM picked AS p
+              WHERE t.id = p.id
+                AND (p.concurrency_key IS NULL OR p.id IN (SELECT task_id FROM kept) OR p.id IN (SELECT task_id FROM taken))
           RETURNING t.*),
          appended AS (
              INSERT INTO rota.events (task_id, at, kind, detail)
@@ -417,6 +493,17 @@ pub(crate) async fn claim_tasks(
     let mut tasks = rows.iter().map(task_from).collect::<Result<Vec<_>>>()?;
     tasks.sort_by(|a, b| (a.not_before, &a.id).cmp(&(b.not_before, &b.id)));
     Ok(tasks)
+}
+
+/// The tasks holding a slot of `key` of `workflow`, by slot.
+pub(crate) async fn key_holders(conn: &mut PgConnection, n: &Names, workflow: &WorkflowName, key: &str) -> Result<Vec<TaskId>> {
+    let ids: Vec<String> =
+        sqlx::query_scalar(n.sql("SELECT task_id FROM rota.concurrency_slots WHERE workflow = $1 AND key = $2 ORDER BY slot"))
+            .bind(workflow.as_str())
+            .bind(key)
+            .fetch_all(&mut *conn)
+            .await?;
+    ids.into_iter().map(|id| TaskId::new(id).map_err(|e| corrupt("slot holder", e))).collect()
 }
 
 pub(crate) async fn expired(conn: &mut PgConnection, n: &Names, limit: u32, now: Timestamp) -> Result<Vec<Expired>> {

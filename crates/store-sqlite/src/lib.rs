@@ -662,6 +662,11 @@ impl Tasks for SqliteStore {
         self.write(move |conn, now| task_sql::claim_tasks(conn, &owner, lease, claim, now)).await
     }
 
+    async fn key_holders(&self, workflow: &WorkflowName, key: &str) -> Result<Vec<TaskId>> {
+        let (workflow, key) = (workflow.clone(), key.to_owned());
+        self.read(move |conn, _| task_sql::key_holders(conn, &workflow, &key)).await
+    }
+
     async fn commit(&self, changes: Changes) -> Result<()> {
         if changes.is_empty() {
             return Ok(());

@@ -322,6 +322,36 @@ ALTER TABLE tasks ADD COLUMN priority INTEGER NOT NULL DEFAULT 0;
 CREATE INDEX tasks_claimable_priority ON tasks (priority DESC, not_before)
     WHERE state IN ('pending', 'compensating') AND locked_by IS NULL AND paused = 0;
 "#,
+    r#"
+-- Concurrency keys: a task of a workflow with `concurrency:` or
+-- `max_in_flight:` holds one of its key's slots (0..limit) from its first
+-- claim until it ends. The primary key makes a second holder of a slot
+-- impossible, and the triggers free the slot in the statement that ends
+-- the task (any statement: the holder's commit, a cancel, the Supervisor's
+-- failure threshold) or deletes it.
+ALTER TABLE tasks ADD COLUMN concurrency_key TEXT;
+ALTER TABLE tasks ADD COLUMN concurrency_limit INTEGER;
+CREATE TABLE concurrency_slots (
+    workflow TEXT    NOT NULL,
+    key      TEXT    NOT NULL,
+    slot     INTEGER NOT NULL,
+    task_id  TEXT    NOT NULL UNIQUE,
+    PRIMARY KEY (workflow, key, slot)
+) WITHOUT ROWID;
+-- The claimable tasks of each key in submission order: a claim counts those
+-- older than a candidate (at most the limit of them).
+CREATE INDEX tasks_concurrency_waiting ON tasks (workflow, concurrency_key, not_before)
+    WHERE concurrency_key IS NOT NULL AND state IN ('pending', 'compensating') AND locked_by IS NULL AND paused = 0;
+CREATE TRIGGER concurrency_slot_free AFTER UPDATE OF state ON tasks
+    WHEN NEW.concurrency_key IS NOT NULL AND NEW.state IN ('processed', 'error', 'cancelled', 'compensated')
+BEGIN
+    DELETE FROM concurrency_slots WHERE task_id = NEW.id;
+END;
+CREATE TRIGGER concurrency_slot_gone AFTER DELETE ON tasks WHEN OLD.concurrency_key IS NOT NULL
+BEGIN
+    DELETE FROM concurrency_slots WHERE task_id = OLD.id;
+END;
+"#,
 ];
 
 /// Runs the migrations that have not run yet.

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use rota_model::{InstanceId, Priority, QueueName, Step, StepName, StepState, Tags, Task, TaskId, TaskState, Timestamp, WorkflowName};
+use rota_model::{
+    ConcurrencyKey, InstanceId, Priority, QueueName, Step, StepName, StepState, Tags, Task, TaskId, TaskState, Timestamp, WorkflowName,
+};
 use rota_store::{
     Changes, Claim, ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, RateRequest, RateSlot, Result, StepWrite, TaskFilter,
     TaskRecord, TaskWrite, TimeRange, Warning, WorkflowEntry, WorkflowPause, chain, prefix_upper_bound,
@@ -16,7 +18,7 @@ use crate::sql_error;
 
 const TASK_COLUMNS: &str = "id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before, \
                             failure_count, reply_to, output, error, created_at, updated_at, warn_at, at_risk_since, reply_queue, \
-                            submitter, paused, tags, priority";
+                            submitter, paused, tags, priority, concurrency_key, concurrency_limit";
 const STEP_COLUMNS: &str =
     "task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error, updated_at, warn_at, callback_digest";
 
@@ -56,6 +58,8 @@ struct TaskRow {
     paused: bool,
     tags: Option<String>,
     priority: i64,
+    concurrency_key: Option<String>,
+    concurrency_limit: Option<u32>,
 }
 
 fn task_row(row: &Row<'_>) -> rusqlite::Result<TaskRow> {
@@ -82,6 +86,8 @@ fn task_row(row: &Row<'_>) -> rusqlite::Result<TaskRow> {
         paused: row.get(19)?,
         tags: row.get(20)?,
         priority: row.get(21)?,
+        concurrency_key: row.get(22)?,
+        concurrency_limit: row.get(23)?,
     })
 }
 
@@ -106,6 +112,10 @@ impl TaskRow {
             paused: self.paused,
             tags: self.tags.as_deref().map(Tags::from_json).transpose().map_err(|e| corrupt("tags", e))?.unwrap_or_default(),
             priority: Priority::new(self.priority).map_err(|e| corrupt("priority", e))?,
+            concurrency: match (self.concurrency_key, self.concurrency_limit) {
+                (Some(key), Some(limit)) => Some(ConcurrencyKey { key, limit }),
+                _ => None,
+            },
             output: self.output.map(|o| parse_json("task output", o)).transpose()?,
             error: self.error,
             created_at: Timestamp::from_millis(self.created_at),
@@ -176,8 +186,9 @@ pub(crate) fn task_exists(conn: &Connection, id: &TaskId) -> Result<bool> {
 
 /// Binds a task's columns, in `TASK_COLUMNS` order, to parameters ?1..?16
 /// and ?20 (`paused`): all but `at_risk_since`, which only
-/// [`raise_warning`] writes, and `reply_queue`, `submitter`, `tags` and
-/// `priority`, which only the insert writes (they never change).
+/// [`raise_warning`] writes, and `reply_queue`, `submitter`, `tags`,
+/// `priority` and the concurrency key, which only the insert writes (they
+/// never change).
 fn bind_task(stmt: &mut rusqlite::Statement<'_>, task: &Task) -> rusqlite::Result<()> {
     stmt.raw_bind_parameter(1, task.id.as_str())?;
     stmt.raw_bind_parameter(2, task.workflow.as_str())?;
@@ -217,7 +228,7 @@ fn bind_step(stmt: &mut rusqlite::Statement<'_>, step: &Step) -> rusqlite::Resul
 
 pub(crate) fn insert_task(conn: &Connection, task: &Task) -> Result<()> {
     conn.prepare_cached(&format!(
-        "INSERT INTO tasks ({TASK_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, NULL, ?18, ?19, ?20, ?21, ?22)"
+        "INSERT INTO tasks ({TASK_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, NULL, ?18, ?19, ?20, ?21, ?22, ?23, ?24)"
     ))
     .and_then(|mut stmt| {
         bind_task(&mut stmt, task)?;
@@ -225,6 +236,8 @@ pub(crate) fn insert_task(conn: &Connection, task: &Task) -> Result<()> {
         stmt.raw_bind_parameter(19, task.submitter.as_deref())?;
         stmt.raw_bind_parameter(21, (!task.tags.is_empty()).then(|| task.tags.to_json()))?;
         stmt.raw_bind_parameter(22, task.priority.get())?;
+        stmt.raw_bind_parameter(23, task.concurrency.as_ref().map(|c| c.key.as_str()))?;
+        stmt.raw_bind_parameter(24, task.concurrency.as_ref().map(|c| c.limit))?;
         stmt.raw_execute()
     })
     .map_err(sql_error)?;
@@ -595,10 +608,37 @@ pub(crate) fn count_tasks(conn: &Connection, filter: &TaskFilter, sparse: u32) -
 
 /// Claims up to `claim.max` claimable tasks in one statement (its oldest
 /// share from `tasks_claimable`, the rest from `tasks_claimable_priority`),
-/// and records a `Claimed` event for each.
+/// gives each claimed task with a concurrency key and no slot yet the
+/// lowest free slot of its key, and records a `Claimed` event for each.
+///
+/// A task with a concurrency key is claimable when it holds a slot (its
+/// holder died or gave it back), or when the slots its key has in use and
+/// the claimable tasks of its key submitted before it, which wait without
+/// one, are fewer than its limit: so a key's tasks start in submission
+/// order, at most `limit` at once, and a key at its limit is walked past.
 pub(crate) fn claim_tasks(conn: &Connection, owner: &InstanceId, lease: Duration, claim: Claim, now: Timestamp) -> Result<Vec<Task>> {
+    // A key at its limit is passed over on the count of its slots alone;
+    // the older waiting tasks are counted only for a key with a free slot
+    // (up to CONCURRENCY_LIMIT_MAX of them: SQLite's LIMIT cannot name the
+    // task's own limit).
+    const _: () = assert!(rota_model::CONCURRENCY_LIMIT_MAX == 10_000, "the LIMIT below");
     const CLAIMABLE: &str = "state IN ('pending', 'compensating') AND locked_by IS NULL AND paused = 0 AND not_before <= ?3
-                             AND NOT EXISTS (SELECT 1 FROM workflow_pauses p WHERE p.name = tasks.workflow AND p.paused = 1)";
+                             AND NOT EXISTS (SELECT 1 FROM workflow_pauses p WHERE p.name = tasks.workflow AND p.paused = 1)
+                             AND (concurrency_key IS NULL
+                                  OR EXISTS (SELECT 1 FROM concurrency_slots s WHERE s.task_id = tasks.id)
+                                  OR (SELECT count(*) FROM concurrency_slots s
+                                       WHERE s.workflow = tasks.workflow AND s.key = tasks.concurrency_key) < concurrency_limit
+                                 AND (SELECT count(*) FROM concurrency_slots s
+                                       WHERE s.workflow = tasks.workflow AND s.key = tasks.concurrency_key)
+                                   + (SELECT count(*) FROM (
+                                        SELECT 1 FROM tasks AS w
+                                         WHERE w.workflow = tasks.workflow AND w.concurrency_key = tasks.concurrency_key
+                                           AND w.state IN ('pending', 'compensating') AND w.locked_by IS NULL AND w.paused = 0
+                                           AND w.not_before <= ?3
+                                           AND (w.not_before < tasks.not_before OR (w.not_before = tasks.not_before AND w.rowid < tasks.rowid))
+                                           AND NOT EXISTS (SELECT 1 FROM concurrency_slots s WHERE s.task_id = w.id)
+                                         LIMIT 10000))
+                                   < concurrency_limit)";
     let oldest_first = claim.oldest_first.min(claim.max);
     let rows = conn
         .prepare_cached(&format!(
@@ -623,10 +663,50 @@ pub(crate) fn claim_tasks(conn: &Connection, owner: &InstanceId, lease: Duration
     let mut tasks = rows.into_iter().map(TaskRow::into_task).collect::<Result<Vec<_>>>()?;
     tasks.sort_by(|a, b| (a.not_before, &a.id).cmp(&(b.not_before, &b.id)));
     for task in &tasks {
+        if let Some(key) = &task.concurrency {
+            take_slot(conn, task, key)?;
+        }
         let detail = serde_json::json!({ "owner": owner.as_str(), "lease_epoch": task.lease_epoch });
         insert_event(conn, &Event::task(&task.id, now, EventKind::Claimed, detail))?;
     }
     Ok(tasks)
+}
+
+/// Gives `task` the lowest free slot of its key, unless it holds one. The
+/// claim chose it only if one is free (the writer runs one claim at a time),
+/// so finding none is a broken invariant: the claim fails whole.
+fn take_slot(conn: &Connection, task: &Task, key: &ConcurrencyKey) -> Result<()> {
+    let held: Option<i64> = conn
+        .prepare_cached("SELECT slot FROM concurrency_slots WHERE task_id = ?1")
+        .and_then(|mut stmt| stmt.query_row([task.id.as_str()], |row| row.get(0)).optional())
+        .map_err(sql_error)?;
+    if held.is_some() {
+        return Ok(());
+    }
+    let taken: Vec<i64> = conn
+        .prepare_cached("SELECT slot FROM concurrency_slots WHERE workflow = ?1 AND key = ?2 ORDER BY slot")
+        .and_then(|mut stmt| stmt.query_map([task.workflow.as_str(), key.key.as_str()], |row| row.get(0))?.collect())
+        .map_err(sql_error)?;
+    let free = (0..i64::from(key.limit)).zip(taken.iter().copied().chain(std::iter::repeat(-1))).find(|(slot, used)| slot != used);
+    let Some((slot, _)) = free else {
+        return Err(Error::Backend(format!(
+            "claimed task {} finds no free slot of concurrency key {} (limit {})",
+            task.id, key.key, key.limit
+        )));
+    };
+    conn.prepare_cached("INSERT INTO concurrency_slots (workflow, key, slot, task_id) VALUES (?1, ?2, ?3, ?4)")
+        .and_then(|mut stmt| stmt.execute(params![task.workflow.as_str(), key.key.as_str(), slot, task.id.as_str()]))
+        .map_err(sql_error)?;
+    Ok(())
+}
+
+/// The tasks holding a slot of `key` of `workflow`, by slot.
+pub(crate) fn key_holders(conn: &Connection, workflow: &WorkflowName, key: &str) -> Result<Vec<TaskId>> {
+    let ids: Vec<String> = conn
+        .prepare_cached("SELECT task_id FROM concurrency_slots WHERE workflow = ?1 AND key = ?2 ORDER BY slot")
+        .and_then(|mut stmt| stmt.query_map([workflow.as_str(), key], |row| row.get(0))?.collect())
+        .map_err(sql_error)?;
+    ids.into_iter().map(|id| TaskId::new(id).map_err(|e| corrupt("slot holder", e))).collect()
 }
 
 pub(crate) fn expired(conn: &Connection, limit: u32, now: Timestamp) -> Result<Vec<Expired>> {

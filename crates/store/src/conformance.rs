@@ -24,8 +24,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rota_model::{
-    CatchUp, Clock, ExhaustedPolicy, InstanceId, LeaseToken, ManualClock, MessageId, Overlap, PRIORITY_MAX, PRIORITY_MIN, Priority,
-    QueueName, ScheduleName, Step, StepName, StepState, Tags, Task, TaskId, TaskState, Timestamp, WorkflowName,
+    CatchUp, Clock, ConcurrencyKey, ExhaustedPolicy, InstanceId, LeaseToken, ManualClock, MessageId, Overlap, PRIORITY_MAX, PRIORITY_MIN,
+    Priority, QueueName, ScheduleName, Step, StepName, StepState, Tags, Task, TaskId, TaskState, Timestamp, WorkflowName,
 };
 use serde_json::{Value, json};
 
@@ -110,6 +110,10 @@ macro_rules! conformance_suite {
             a_paused_task_is_never_claimed_and_keeps_its_mark,
             a_paused_workflows_tasks_are_not_claimed_until_it_is_resumed,
             concurrent_claims_never_share_a_task,
+            a_concurrency_key_starts_its_tasks_in_order_up_to_its_limit_without_blocking_others,
+            a_concurrency_slot_is_freed_by_the_write_that_ends_its_task,
+            a_dead_holders_task_keeps_its_slot_until_taken_over_and_ended,
+            concurrent_claims_never_exceed_a_concurrency_limit,
             commit_applies_fenced_writes_and_messages_together,
             a_skipped_step_is_stored_and_fenced_like_any_state,
             commit_with_a_stale_write_conflicts_and_writes_nothing,
@@ -2033,6 +2037,217 @@ pub async fn concurrent_claims_never_share_a_task(harness: &dyn Harness) {
         let task = stored(&store, id).await.task;
         assert_eq!(task.locked_by.as_ref(), Some(owner), "{id} is held by the claimer that got it");
         assert_eq!(task.lease_epoch, 1, "{id} was claimed once");
+    }
+}
+
+/// A new Pending task of `workflow` with concurrency key `key` of `limit`.
+fn keyed_task(id: &str, workflow: &str, key: &str, limit: u32, now: Timestamp) -> NewTask {
+    let mut new = new_task(id, workflow, &["call"], now);
+    new.task.concurrency = Some(ConcurrencyKey { key: key.to_owned(), limit });
+    new
+}
+
+async fn holders(store: &SharedStore, workflow: &str, key: &str) -> Vec<String> {
+    let workflow = WorkflowName::new(workflow).expect("valid workflow name");
+    let held = store.key_holders(&workflow, key).await.unwrap_or_else(|e| panic!("key_holders({workflow}, {key}): {e}"));
+    held.into_iter().map(|id| id.as_str().to_owned()).collect()
+}
+
+/// Commits `claimed`'s end as Processed, fenced on its claim.
+async fn finish(store: &SharedStore, claimed: &Task, now: Timestamp) {
+    let fence = claimed.fence().expect("a claimed task has a fence");
+    let done = ok(claimed.finish_processed(fence, json!({}), now), "finish");
+    let event = Event::task(&claimed.id, now, EventKind::Processed, json!({}));
+    commit(store, Changes { tasks: vec![TaskWrite::replacing(claimed, done)], events: vec![event], ..Changes::default() }, "finish").await;
+}
+
+/// A task with a concurrency key is stored with it, and claims give out at
+/// most `limit` slots of a key, to its tasks in submission order, across
+/// owners; a key at its limit holds back neither unkeyed tasks nor other
+/// keys' (nor its own workflow's other keys: keys are per workflow, so
+/// another workflow's same key is another key).
+pub async fn a_concurrency_key_starts_its_tasks_in_order_up_to_its_limit_without_blocking_others(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    for n in 0..4 {
+        create(&store, keyed_task(&format!("c1-{n}"), "calls", "customer=c1", 2, clock.now())).await;
+        clock.advance(MILLI);
+    }
+    create(&store, keyed_task("c2-0", "calls", "customer=c2", 1, clock.now())).await;
+    clock.advance(MILLI);
+    create(&store, keyed_task("c2-1", "calls", "customer=c2", 1, clock.now())).await;
+    create(&store, keyed_task("other-0", "other", "customer=c1", 1, clock.now())).await;
+    create(&store, new_task("plain", "calls", &["call"], clock.now())).await;
+    clock.advance(MILLI);
+    let kept = stored(&store, &task_id("c1-0")).await.task;
+    assert_eq!(kept.concurrency, Some(ConcurrencyKey { key: "customer=c1".into(), limit: 2 }), "the key is stored with the task");
+    assert_eq!(stored(&store, &task_id("plain")).await.task.concurrency, None);
+
+    // One at a time, so that the order is the claims' and not a batch's.
+    let (a, b) = (instance("scheduler-a"), instance("scheduler-b"));
+    let mut order = Vec::new();
+    for owner in [&a, &b, &a, &b, &a, &b] {
+        order.extend(claim(&store, owner, LEASE_DEFAULT, 1).await.into_iter().map(|t| t.id.as_str().to_owned()));
+    }
+    assert_eq!(
+        order,
+        ["c1-0", "c1-1", "c2-0", "other-0", "plain"],
+        "c1's two oldest, c2's oldest, the other workflow's own c1, the unkeyed task; nothing else while the keys are at their limits"
+    );
+    assert!(claim(&store, &a, LEASE_DEFAULT, 10).await.is_empty(), "every key is at its limit");
+    assert_eq!(holders(&store, "calls", "customer=c1").await, ["c1-0", "c1-1"], "slots 0 and 1");
+    assert_eq!(holders(&store, "calls", "customer=c2").await, ["c2-0"]);
+    assert_eq!(holders(&store, "other", "customer=c1").await, ["other-0"]);
+    assert!(holders(&store, "calls", "customer=c3").await.is_empty());
+
+    // A claim of many gives a key no more than its free slots, oldest first.
+    let c1_0 = stored(&store, &task_id("c1-0")).await.task;
+    let c2_0 = stored(&store, &task_id("c2-0")).await.task;
+    finish(&store, &c1_0, clock.now()).await;
+    finish(&store, &c2_0, clock.now()).await;
+    let next = claim(&store, &b, LEASE_DEFAULT, 10).await;
+    assert_eq!(task_ids(&next), ["c1-2", "c2-1"], "one free slot each, taken by the oldest waiting task of the key");
+    let mut c1 = holders(&store, "calls", "customer=c1").await;
+    c1.sort();
+    assert_eq!(c1, ["c1-1", "c1-2"]);
+}
+
+/// The slot is freed by the write that ends its task, whatever that write
+/// is (the holder's Processed or Error, an operator's cancel, a prune of
+/// the finished task changes nothing), so the next waiting task is
+/// claimable at once; a write that does not end it (a renewal, giving the
+/// task back) keeps it.
+pub async fn a_concurrency_slot_is_freed_by_the_write_that_ends_its_task(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    for n in 0..5 {
+        create(&store, keyed_task(&format!("k-{n}"), "calls", "customer=c1", 1, clock.now())).await;
+        clock.advance(MILLI);
+    }
+    let owner = instance("scheduler-a");
+    let first = claim(&store, &owner, LEASE_DEFAULT, 10).await;
+    assert_eq!(task_ids(&first), ["k-0"]);
+
+    // Given back (a Scheduler shutting down): still its slot, claimed again first.
+    let fence = first[0].fence().expect("fence");
+    let released = ok(first[0].release(fence, clock.now()), "release");
+    commit(&store, Changes { tasks: vec![TaskWrite::replacing(&first[0], released)], ..Changes::default() }, "release").await;
+    assert_eq!(holders(&store, "calls", "customer=c1").await, ["k-0"], "a task given back keeps its slot");
+    let again = claim(&store, &owner, LEASE_DEFAULT, 10).await;
+    assert_eq!(task_ids(&again), ["k-0"], "only the holder is claimable");
+
+    finish(&store, &again[0], clock.now()).await;
+    assert!(holders(&store, "calls", "customer=c1").await.is_empty(), "Processed frees the slot in its commit");
+    let second = claim(&store, &owner, LEASE_DEFAULT, 10).await;
+    assert_eq!(task_ids(&second), ["k-1"]);
+
+    let fence = second[0].fence().expect("fence");
+    let failed = ok(second[0].fail(fence, "boom".into(), ExhaustedPolicy::Error, clock.now()), "fail");
+    commit(&store, Changes { tasks: vec![TaskWrite::replacing(&second[0], failed)], ..Changes::default() }, "fail").await;
+    assert!(holders(&store, "calls", "customer=c1").await.is_empty(), "Error frees the slot");
+    let third = claim(&store, &owner, LEASE_DEFAULT, 10).await;
+    assert_eq!(task_ids(&third), ["k-2"]);
+
+    let cancelled = ok(third[0].cancel(false, clock.now()), "cancel");
+    commit(&store, Changes { tasks: vec![TaskWrite::replacing(&third[0], cancelled)], ..Changes::default() }, "cancel").await;
+    assert!(holders(&store, "calls", "customer=c1").await.is_empty(), "an operator's cancel frees the slot");
+    assert_eq!(task_ids(&claim(&store, &owner, LEASE_DEFAULT, 10).await), ["k-3"]);
+
+    // Cancelling a waiting task takes nothing from the holder.
+    let waiting = stored(&store, &task_id("k-4")).await.task;
+    let cancelled = ok(waiting.cancel(false, clock.now()), "cancel");
+    commit(&store, Changes { tasks: vec![TaskWrite::replacing(&waiting, cancelled)], ..Changes::default() }, "cancel waiting").await;
+    assert_eq!(holders(&store, "calls", "customer=c1").await, ["k-3"]);
+    let pruned = ok(store.prune_tasks(&Prune::finished_before(clock.now() + SECOND, 100)).await, "prune");
+    assert_eq!(pruned.tasks.len(), 4, "k-0, k-1, k-2 and k-4 finished; {pruned:?}");
+    assert_eq!(holders(&store, "calls", "customer=c1").await, ["k-3"], "a prune leaves the holder's slot");
+}
+
+/// A slot belongs to the task, not to the process: when the holder's lease
+/// runs out and the Supervisor puts the task back to Pending, the task keeps
+/// its slot, so no other task of its key starts; the next Scheduler takes it
+/// over, and the slot is free only once it ends.
+pub async fn a_dead_holders_task_keeps_its_slot_until_taken_over_and_ended(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    create(&store, keyed_task("first", "calls", "customer=c1", 1, clock.now())).await;
+    clock.advance(MILLI);
+    create(&store, keyed_task("second", "calls", "customer=c1", 1, clock.now())).await;
+    clock.advance(MILLI);
+    let dead = claim(&store, &instance("scheduler-dead"), 10 * SECOND, 10).await;
+    assert_eq!(task_ids(&dead), ["first"]);
+
+    clock.advance(11 * SECOND);
+    let expired = ok(store.expired(10).await, "expired");
+    let [Expired::Task(held)] = expired.as_slice() else { panic!("expected the dead holder's task to be expired, got {expired:?}") };
+    let reset = ok(held.expire(clock.now(), 5, Duration::ZERO, ExhaustedPolicy::Error), "expire");
+    assert_eq!((reset.state, reset.locked_by.clone()), (TaskState::Pending, None), "put back to Pending");
+    commit(&store, Changes { tasks: vec![TaskWrite::replacing(held, reset)], ..Changes::default() }, "the Supervisor's reset").await;
+    assert_eq!(holders(&store, "calls", "customer=c1").await, ["first"], "the task keeps its slot while nobody holds it");
+
+    let taken_over = claim(&store, &instance("scheduler-b"), LEASE_DEFAULT, 10).await;
+    assert_eq!(task_ids(&taken_over), ["first"], "the holder's task is taken over; the waiting task does not start");
+    assert!(claim(&store, &instance("scheduler-c"), LEASE_DEFAULT, 10).await.is_empty());
+    finish(&store, &taken_over[0], clock.now()).await;
+    assert_eq!(task_ids(&claim(&store, &instance("scheduler-c"), LEASE_DEFAULT, 10).await), ["second"]);
+}
+
+/// Claims racing from many owners never let more than `limit` tasks of a
+/// key hold a slot: each claimer counts its tasks of each key as running
+/// from the claim's return until just before the commit that ends them,
+/// and the count never passes the limit; every task runs once.
+pub async fn concurrent_claims_never_exceed_a_concurrency_limit(harness: &dyn Harness) {
+    const KEYS: usize = 4;
+    const PER_KEY: usize = 10;
+    const CLAIMERS: usize = 4;
+    let store = harness.open().await;
+    let clock = harness.clock();
+    for n in 0..PER_KEY {
+        for k in 0..KEYS {
+            let limit = if k == 0 { 2 } else { 1 };
+            create(&store, keyed_task(&format!("k{k}-{n:02}"), "calls", &format!("customer=c{k}"), limit, clock.now())).await;
+        }
+    }
+    let running: Arc<std::sync::Mutex<HashMap<String, u32>>> = Arc::default();
+    let mut claimers = tokio::task::JoinSet::new();
+    for c in 0..CLAIMERS {
+        let (store, running, clock) = (store.clone(), running.clone(), clock.clone());
+        claimers.spawn(async move {
+            let owner = instance(&format!("scheduler-{c}"));
+            let mut done = Vec::new();
+            let mut idle = 0;
+            while idle < 50 {
+                let claimed = claim(&store, &owner, LEASE_DEFAULT, 3).await;
+                if claimed.is_empty() {
+                    idle += 1;
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+                idle = 0;
+                for task in &claimed {
+                    let key = task.concurrency.clone().expect("a keyed task");
+                    let mut running = running.lock().expect("running");
+                    let now_running = running.entry(key.key.clone()).or_default();
+                    *now_running += 1;
+                    assert!(*now_running <= key.limit, "{} tasks of {} run at once, over its limit {}", now_running, key.key, key.limit);
+                }
+                for task in &claimed {
+                    *running.lock().expect("running").get_mut(&task.concurrency.as_ref().expect("keyed").key).expect("counted") -= 1;
+                    finish(&store, task, clock.now()).await;
+                    done.push(task.id.clone());
+                }
+            }
+            done
+        });
+    }
+    let mut done = Vec::new();
+    while let Some(result) = claimers.join_next().await {
+        done.extend(result.expect("a claimer panicked"));
+    }
+    let unique: BTreeSet<&TaskId> = done.iter().collect();
+    assert_eq!((done.len(), unique.len()), (KEYS * PER_KEY, KEYS * PER_KEY), "every task ran exactly once");
+    for k in 0..KEYS {
+        assert!(holders(&store, "calls", &format!("customer=c{k}")).await.is_empty(), "every slot was freed");
     }
 }
 

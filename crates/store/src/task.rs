@@ -562,7 +562,21 @@ pub trait Tasks: Send + Sync {
     /// priority, the rest highest priority first, then oldest first; only
     /// when fewer tasks are claimable are fewer returned. Two concurrent
     /// claims never return the same task.
+    ///
+    /// A task with a concurrency key ([`Task::concurrency`]) holds one of
+    /// its key's `limit` slots from its first claim until it ends (the
+    /// write that ends it frees the slot, whoever makes it), also while it
+    /// waits Pending for a new holder. One without a slot is claimed only
+    /// when a slot is free for it after the claimable tasks of its key
+    /// submitted before it (submission order within a key); tasks of a key
+    /// at its limit are passed over, not returned, and do not hold back
+    /// other keys. Never do more than `limit` tasks of a key hold a slot,
+    /// however many claims run at once.
     async fn claim_tasks_by(&self, owner: &InstanceId, lease: Duration, claim: Claim) -> Result<Vec<Task>>;
+
+    /// The tasks holding a slot of concurrency key `key` of `workflow`
+    /// (at most its limit of them), by slot number.
+    async fn key_holders(&self, workflow: &WorkflowName, key: &str) -> Result<Vec<TaskId>>;
 
     /// Applies `changes` atomically. A task or step write whose record no
     /// longer matches its expectation fails the whole commit with

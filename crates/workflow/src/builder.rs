@@ -103,6 +103,21 @@ impl WorkflowBuilder {
         self
     }
 
+    /// At most `limit` of its tasks with the same key (a CEL expression
+    /// over `input`, evaluated at submission) started and unfinished at
+    /// once; checked by `build`.
+    pub fn concurrency(mut self, key: &str, limit: u32) -> Self {
+        self.spec.concurrency = Some(crate::spec::ConcurrencySpec { key: Some(key.to_owned()), limit: Some(limit) });
+        self
+    }
+
+    /// At most `limit` of its tasks started and unfinished at once; checked
+    /// by `build`.
+    pub fn max_in_flight(mut self, limit: u32) -> Self {
+        self.spec.max_in_flight = Some(limit);
+        self
+    }
+
     /// Appends a step.
     pub fn step(mut self, step: StepBuilder) -> Self {
         self.spec.steps.get_or_insert_with(Vec::new).push(step.spec);

@@ -144,6 +144,20 @@ impl Condition {
         }
     }
 
+    /// Evaluates the expression as a concurrency key over `input` alone: a
+    /// string is the key, an integer its decimal text; anything else is
+    /// refused, with the reason in words.
+    pub fn evaluate_key(&self, input: &Value) -> Result<String, String> {
+        let no_steps: std::collections::BTreeMap<StepName, Value> = std::collections::BTreeMap::new();
+        match self.execute(input, &no_steps).map_err(|e| e.reason)? {
+            cel::Value::String(key) if key.is_empty() => Err("it gave an empty string".into()),
+            cel::Value::String(key) => Ok(key.as_str().to_owned()),
+            cel::Value::Int(n) => Ok(n.to_string()),
+            cel::Value::UInt(n) => Ok(n.to_string()),
+            other => Err(format!("it gave {}, not a string or an integer", kind_of(&other))),
+        }
+    }
+
     fn execute(&self, input: &Value, outputs: &dyn StepOutputs) -> Result<cel::Value, ConditionError> {
         let mut steps: HashMap<String, cel::Value> = HashMap::new();
         for reference in &self.steps {

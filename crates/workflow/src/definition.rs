@@ -9,7 +9,10 @@
 
 use std::time::Duration;
 
-use rota_model::{CatchUp, ExhaustedPolicy, Overlap, Priority, RateLimit, RetryPolicy, ScheduleName, SignalName, StepName, WorkflowName};
+use rota_model::{
+    CONCURRENCY_KEY_BYTES_MAX, CatchUp, ConcurrencyKey, ExhaustedPolicy, MAX_IN_FLIGHT_KEY, Overlap, Priority, RateLimit, RetryPolicy,
+    ScheduleName, SignalName, StepName, WorkflowName,
+};
 use serde_json::Value;
 
 use crate::agent::AgentName;
@@ -50,6 +53,10 @@ pub struct Workflow {
     pub(crate) max_failures: u32,
     /// The priority of its tasks when their submission gives none.
     pub(crate) priority: Priority,
+    /// `concurrency:`, the key of its tasks and its limit.
+    pub(crate) concurrency: Option<Concurrency>,
+    /// `max_in_flight:`, at most this many of its tasks started and unfinished.
+    pub(crate) max_in_flight: Option<u32>,
     pub(crate) steps: Vec<StepDef>,
     /// Step indices in topological order, ties broken by definition order.
     /// Derived from `steps` when the workflow is validated.
@@ -121,6 +128,37 @@ impl ForEach {
     /// How many instances may be in flight at once, at least 1.
     pub fn max_parallel(&self) -> u32 {
         self.max_parallel
+    }
+}
+
+/// A workflow's `concurrency: { key, limit }`: at most `limit` of its tasks
+/// with the same key started and unfinished at once.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Concurrency {
+    pub(crate) key: Condition,
+    pub(crate) limit: u32,
+}
+
+impl Concurrency {
+    /// The key expression: CEL over `input` alone, evaluated at submission
+    /// to a string or an integer.
+    pub fn key(&self) -> &Condition {
+        &self.key
+    }
+
+    /// How many tasks of one key may hold a slot at once.
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+
+    /// The name a key is shown with: `customer` for `input.customer`, the
+    /// expression itself otherwise.
+    pub fn name(&self) -> &str {
+        let source = self.key.source().trim();
+        match source.strip_prefix("input.") {
+            Some(path) if !path.is_empty() && path.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.') => path,
+            _ => source,
+        }
     }
 }
 
@@ -199,6 +237,33 @@ impl Workflow {
     /// 0 by default): claims take higher priorities first.
     pub fn priority(&self) -> Priority {
         self.priority
+    }
+
+    /// `concurrency:`, if given.
+    pub fn concurrency(&self) -> Option<&Concurrency> {
+        self.concurrency.as_ref()
+    }
+
+    /// `max_in_flight:`, if given.
+    pub fn max_in_flight(&self) -> Option<u32> {
+        self.max_in_flight
+    }
+
+    /// The concurrency key of a task of this workflow with `input`:
+    /// `NAME=VALUE` from `concurrency:`, the one key of `max_in_flight:`,
+    /// or none. The error says, in words, why the key could not be
+    /// computed (the submission is refused).
+    pub fn concurrency_key(&self, input: &Value) -> Result<Option<ConcurrencyKey>, String> {
+        if let Some(limit) = self.max_in_flight {
+            return Ok(Some(ConcurrencyKey { key: MAX_IN_FLIGHT_KEY.to_owned(), limit }));
+        }
+        let Some(concurrency) = &self.concurrency else { return Ok(None) };
+        let value = concurrency.key.evaluate_key(input)?;
+        let key = format!("{}={value}", concurrency.name());
+        if key.len() > CONCURRENCY_KEY_BYTES_MAX {
+            return Err(format!("the key `{}` is {} bytes, more than {CONCURRENCY_KEY_BYTES_MAX}", key.escape_debug(), key.len()));
+        }
+        Ok(Some(ConcurrencyKey { key, limit: concurrency.limit }))
     }
 
     /// The steps, in definition order.

@@ -18,7 +18,7 @@ use serde_json::{Number, Value};
 use crate::agent::AgentCatalog;
 use crate::definition::Workflow;
 use crate::diagnostic::{Diagnostic, Diagnostics, FileLocator, Pos, Positions, child};
-use crate::spec::{CompensateSpec, ScheduleSpec, Spec, StepSpec};
+use crate::spec::{CompensateSpec, ConcurrencySpec, ScheduleSpec, Spec, StepSpec};
 use crate::validate::validate_into;
 
 /// The largest definition text accepted, in bytes. A definition is a
@@ -32,8 +32,21 @@ pub const DEFINITION_BYTES_MAX: usize = 1 << 20;
 /// stack in a debug build.
 pub const NESTING_MAX: usize = 32;
 
-const WORKFLOW_FIELDS: &[&str] =
-    &["name", "version", "deadline", "warn_after", "retention", "on_exhausted", "max_failures", "priority", "steps", "schedules"];
+const WORKFLOW_FIELDS: &[&str] = &[
+    "name",
+    "version",
+    "deadline",
+    "warn_after",
+    "retention",
+    "on_exhausted",
+    "max_failures",
+    "priority",
+    "concurrency",
+    "max_in_flight",
+    "steps",
+    "schedules",
+];
+const CONCURRENCY_FIELDS: &[&str] = &["key", "limit"];
 const SCHEDULE_FIELDS: &[&str] = &["name", "cron", "timezone", "input", "overlap", "catch_up"];
 const STEP_FIELDS: &[&str] = &[
     "name",
@@ -486,12 +499,28 @@ impl Decoder<'_> {
                 "on_exhausted" => spec.on_exhausted = self.exhausted(value),
                 "max_failures" => spec.max_failures = self.unsigned(value, "", key),
                 "priority" => spec.priority = self.signed(value, "", key),
+                "concurrency" => spec.concurrency = self.concurrency(value),
+                "max_in_flight" => spec.max_in_flight = self.unsigned(value, "", key),
                 "steps" => spec.steps = self.steps(value),
                 "schedules" => spec.schedules = self.schedules(value),
                 _ => unreachable!("`fields` only returns allowed keys"),
             }
         }
         spec
+    }
+
+    fn concurrency(&mut self, node: &Node) -> Option<ConcurrencySpec> {
+        let fields = self.fields(node, "/concurrency", "", " in `concurrency`", CONCURRENCY_FIELDS)?;
+        self.require(node, &fields, &["key", "limit"], "", " in `concurrency`");
+        let mut spec = ConcurrencySpec::default();
+        for Field { key, value } in fields {
+            match key {
+                "key" => spec.key = self.string(value, "", "concurrency.key"),
+                "limit" => spec.limit = self.unsigned(value, "", "concurrency.limit"),
+                _ => unreachable!("`fields` only returns allowed keys"),
+            }
+        }
+        Some(spec)
     }
 
     fn schedules(&mut self, node: &Node) -> Option<Vec<ScheduleSpec>> {
@@ -938,6 +967,56 @@ mod tests {
     }
 
     #[test]
+    fn concurrency_keys_are_read_checked_placed_and_stored_with_the_definition() {
+        let workflow = valid("name: w\nversion: 1\nconcurrency: { key: input.customer, limit: 2 }\nsteps:\n  - name: a\n    agent: http\n");
+        let concurrency = workflow.concurrency().expect("concurrency");
+        assert_eq!((concurrency.key().source(), concurrency.limit(), concurrency.name()), ("input.customer", 2, "customer"));
+        let key = workflow.concurrency_key(&serde_json::json!({ "customer": "c1" })).unwrap().expect("a key");
+        assert_eq!((key.key.as_str(), key.limit), ("customer=c1", 2));
+        let numbered = workflow.concurrency_key(&serde_json::json!({ "customer": 7 })).unwrap().expect("a key");
+        assert_eq!(numbered.key, "customer=7", "an integer is its decimal text");
+        assert_eq!(
+            workflow.concurrency_key(&serde_json::json!({ "customer": [1] })),
+            Err("it gave a list, not a string or an integer".to_owned())
+        );
+        assert_eq!(workflow.concurrency_key(&serde_json::json!({})), Err("no field `customer`".to_owned()));
+        assert_eq!(Workflow::from_json(&workflow.to_json()).expect("stored form"), workflow, "kept through the store");
+        assert!(!valid(MINIMAL).to_json().contains("concurrency"), "left out when none: stored definitions keep their bytes");
+        assert_eq!(valid(MINIMAL).concurrency_key(&serde_json::json!({})), Ok(None));
+
+        let whole = valid("name: w\nversion: 1\nmax_in_flight: 3\nsteps:\n  - name: a\n    agent: http\n");
+        let key = whole.concurrency_key(&serde_json::json!({})).unwrap().expect("the workflow's key");
+        assert!(key.is_max_in_flight() && key.limit == 3);
+        assert_eq!(Workflow::from_json(&whole.to_json()).expect("stored form"), whole);
+
+        assert_eq!(
+            check("name: w\nversion: 1\nconcurrency:\n  key: input.a +\n  limit: 1\nsteps:\n  - name: a\n    agent: http\n")[0]
+                .split(" expecting")
+                .next()
+                .unwrap(),
+            "wf.yaml:4:17: `concurrency.key`: Syntax error: mismatched input '<EOF>'"
+        );
+        assert_eq!(
+            check("name: w\nversion: 1\nconcurrency: { key: steps.a.output, limit: 1 }\nsteps:\n  - name: a\n    agent: http\n"),
+            ["wf.yaml:3:21: `concurrency.key` may use only `input`: a task's key is computed when it is submitted, before any step ran"]
+        );
+        assert_eq!(
+            check("name: w\nversion: 1\nconcurrency: { key: input.a, limit: 0 }\nsteps:\n  - name: a\n    agent: http\n"),
+            ["wf.yaml:3:37: `concurrency.limit` must be from 1 to 10000, found 0"]
+        );
+        assert_eq!(
+            check("name: w\nversion: 1\nconcurrency: { key: input.a }\nsteps:\n  - name: a\n    agent: http\n"),
+            ["wf.yaml:3:14: missing required field `limit` in `concurrency`"]
+        );
+        assert_eq!(
+            check("name: w\nversion: 1\nmax_in_flight: 2\nconcurrency: { key: input.a, limit: 1 }\nsteps:\n  - name: a\n    agent: http\n"),
+            [
+                "wf.yaml:3:16: a workflow has `concurrency` or `max_in_flight`, not both: a task holds one slot (bound the whole workflow with a `max_in_flight`, or each key with `concurrency`)"
+            ]
+        );
+    }
+
+    #[test]
     fn retention_is_read_checked_and_stored_with_the_definition() {
         assert_eq!(valid(MINIMAL).retention(), None, "the store's default applies");
         let workflow = valid("name: w\nversion: 1\nretention: 30d\nsteps:\n  - name: a\n    agent: http\n");
@@ -1103,7 +1182,7 @@ mod tests {
                 "name: w\nversion: 1\nowner: me\nsteps:\n  - name: a\n    agent: http\n    retry: { tries: 3 }\n    compensate: { agent: http, when: x }\n"
             ),
             [
-                "wf.yaml:3:1: unknown field `owner` (expected one of: name, version, deadline, warn_after, retention, on_exhausted, max_failures, priority, steps, schedules)",
+                "wf.yaml:3:1: unknown field `owner` (expected one of: name, version, deadline, warn_after, retention, on_exhausted, max_failures, priority, concurrency, max_in_flight, steps, schedules)",
                 "wf.yaml:7:14: step `a`: unknown field `tries` in `retry` (expected one of: attempts, backoff, max_backoff, multiplier, jitter, non_retryable)",
                 "wf.yaml:8:32: step `a`: unknown field `when` in `compensate` (expected one of: agent, with, timeout, retry)",
             ]

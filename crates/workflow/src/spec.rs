@@ -27,10 +27,21 @@ pub(crate) struct Spec {
     pub on_exhausted: Option<ExhaustedPolicy>,
     pub max_failures: Option<u32>,
     pub priority: Option<i64>,
+    /// `concurrency: { key, limit }`: the key expression as written (parsed
+    /// by validation) and the limit.
+    pub concurrency: Option<ConcurrencySpec>,
+    /// `max_in_flight: N`: at most N of its tasks Processing at once.
+    pub max_in_flight: Option<u32>,
     pub steps: Option<Vec<StepSpec>>,
     /// The schedules a workflow file declares (never stored with the
     /// definition: see `definition::ScheduleDef`).
     pub schedules: Option<Vec<ScheduleSpec>>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ConcurrencySpec {
+    pub key: Option<String>,
+    pub limit: Option<u32>,
 }
 
 #[derive(Debug, Clone, Default)]

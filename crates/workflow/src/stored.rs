@@ -14,7 +14,7 @@ use serde_json::Value;
 use crate::agent::AgentName;
 use crate::definition::{StepAction, Workflow};
 use crate::diagnostic::{Diagnostics, TextlessLocator};
-use crate::spec::{CompensateSpec, Spec, StepSpec};
+use crate::spec::{CompensateSpec, ConcurrencySpec, Spec, StepSpec};
 
 impl Workflow {
     /// The canonical JSON form: the resolved definition with durations in
@@ -66,7 +66,20 @@ struct WorkflowRepr {
     /// Left out when it is the default, like `warn_after_ms`.
     #[serde(default, skip_serializing_if = "Priority::is_normal")]
     priority: Priority,
+    /// Left out when not given, like `warn_after_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    concurrency: Option<ConcurrencyRepr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_in_flight: Option<u32>,
     steps: Vec<StepRepr>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConcurrencyRepr {
+    /// The key expression as written.
+    key: String,
+    limit: u32,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -133,6 +146,8 @@ impl From<Workflow> for WorkflowRepr {
             on_exhausted: w.on_exhausted,
             max_failures: w.max_failures,
             priority: w.priority,
+            concurrency: w.concurrency.map(|c| ConcurrencyRepr { key: c.key.source().to_owned(), limit: c.limit }),
+            max_in_flight: w.max_in_flight,
             steps: w
                 .steps
                 .into_iter()
@@ -183,6 +198,8 @@ impl TryFrom<WorkflowRepr> for Workflow {
             on_exhausted: Some(r.on_exhausted),
             max_failures: Some(r.max_failures),
             priority: Some(i64::from(r.priority.get())),
+            concurrency: r.concurrency.map(|c| ConcurrencySpec { key: Some(c.key), limit: Some(c.limit) }),
+            max_in_flight: r.max_in_flight,
             schedules: None,
             steps: Some(
                 r.steps

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use rota_model::retry::HTTP_STATUS_RANGE;
 use rota_model::{
-    CatchUp, Cron, ExhaustedPolicy, FailureClass, Overlap, Priority, RetryPolicy, ScheduleError, ScheduleName, SignalName, StepName,
-    WorkflowName,
+    CONCURRENCY_LIMIT_MAX, CatchUp, Cron, ExhaustedPolicy, FailureClass, Overlap, Priority, RetryPolicy, ScheduleError, ScheduleName,
+    SignalName, StepName, WorkflowName,
 };
 use serde_json::Value;
 
@@ -18,11 +18,11 @@ use crate::agent::{AgentCatalog, AgentName};
 use crate::condition::Condition;
 use crate::dag;
 use crate::definition::{
-    CompensateDef, DEADLINE_DEFAULT, ForEach, MAX_FAILURES_DEFAULT, MAX_PARALLEL_DEFAULT, SCHEDULES_MAX, STEPS_MAX, ScheduleDef,
-    StepAction, StepDef, TIMEOUT_DEFAULT, Workflow,
+    CompensateDef, Concurrency, DEADLINE_DEFAULT, ForEach, MAX_FAILURES_DEFAULT, MAX_PARALLEL_DEFAULT, SCHEDULES_MAX, STEPS_MAX,
+    ScheduleDef, StepAction, StepDef, TIMEOUT_DEFAULT, Workflow,
 };
 use crate::diagnostic::{Diagnostic, Diagnostics, Locate};
-use crate::spec::{CompensateSpec, ScheduleSpec, Spec, StepSpec};
+use crate::spec::{CompensateSpec, ConcurrencySpec, ScheduleSpec, Spec, StepSpec};
 use crate::template::{Target, references};
 
 /// Validates `spec`. `agents` is `None` when reading back a stored version,
@@ -78,6 +78,8 @@ struct WorkflowFields {
     on_exhausted: ExhaustedPolicy,
     max_failures: u32,
     priority: Priority,
+    concurrency: Option<Concurrency>,
+    max_in_flight: Option<u32>,
 }
 
 /// One step's own fields, checked; `None` where a problem was reported.
@@ -213,10 +215,13 @@ impl Check<'_> {
                 Priority::default()
             }
         };
+        let (concurrency, max_in_flight) = self.concurrency(spec);
         WorkflowFields {
             name,
             version: spec.version,
             priority,
+            concurrency,
+            max_in_flight,
             deadline,
             warn_after: spec.warn_after,
             retention: spec.retention,
@@ -313,6 +318,50 @@ impl Check<'_> {
         let items = self.condition(&format!("{at}/for_each"), label, "for_each", source)?;
         let max_parallel = step.max_parallel.unwrap_or(MAX_PARALLEL_DEFAULT).max(1);
         Some(ForEach { items, max_parallel })
+    }
+
+    /// `concurrency:` (a key expression over `input` alone, a limit within
+    /// bounds) and `max_in_flight:`, which a workflow does not combine: a
+    /// task holds one slot.
+    fn concurrency(&mut self, spec: &Spec) -> (Option<Concurrency>, Option<u32>) {
+        let limit_ok = |limit: u32| (1..=CONCURRENCY_LIMIT_MAX).contains(&limit);
+        if let Some(limit) = spec.max_in_flight.filter(|limit| !limit_ok(*limit)) {
+            self.report("/max_in_flight", format!("`max_in_flight` must be from 1 to {CONCURRENCY_LIMIT_MAX}, found {limit}"));
+        }
+        if spec.max_in_flight.is_some() && spec.concurrency.is_some() {
+            let message = "a workflow has `concurrency` or `max_in_flight`, not both: a task holds one slot \
+                           (bound the whole workflow with a `max_in_flight`, or each key with `concurrency`)";
+            self.report("/max_in_flight", message.into());
+        }
+        let Some(ConcurrencySpec { key, limit }) = &spec.concurrency else {
+            return (None, spec.max_in_flight.filter(|limit| limit_ok(*limit)));
+        };
+        if let Some(limit) = limit.filter(|limit| !limit_ok(*limit)) {
+            self.report("/concurrency/limit", format!("`concurrency.limit` must be from 1 to {CONCURRENCY_LIMIT_MAX}, found {limit}"));
+        }
+        let key = key.as_deref().and_then(|source| match Condition::parse(source) {
+            Ok(key) if key.steps().is_empty() => Some(key),
+            Ok(key) => {
+                for reference in key.steps() {
+                    let message =
+                        "`concurrency.key` may use only `input`: a task's key is computed when it is submitted, before any step ran";
+                    self.problems.push(self.loc.at_inside("/concurrency/key", reference.at, message.into()));
+                }
+                None
+            }
+            Err(problems) => {
+                for problem in problems {
+                    let message = format!("`concurrency.key`: {}", problem.message.replace('\n', "\\n"));
+                    self.problems.push(self.loc.at_inside("/concurrency/key", problem.at, message));
+                }
+                None
+            }
+        });
+        let concurrency = match (key, limit) {
+            (Some(key), Some(limit)) if limit_ok(*limit) => Some(Concurrency { key, limit: *limit }),
+            _ => None,
+        };
+        (concurrency, None)
     }
 
     /// A condition (or a `for_each` expression: `field`) parses and names
@@ -541,6 +590,8 @@ fn assemble(top: WorkflowFields, steps: Vec<StepSpec>, fields: Vec<StepFields>, 
         on_exhausted: top.on_exhausted,
         max_failures: top.max_failures,
         priority: top.priority,
+        concurrency: top.concurrency,
+        max_in_flight: top.max_in_flight,
         steps,
         order,
         schedules: Vec::new(),
