@@ -54,7 +54,7 @@ use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, ScheduleNa
 use rota_store::{
     AuditEntry, AuditFilter, BatchProgress, BatchRecord, Changes, Claim, ComponentStatus, Created, DeadLetter, Delivery, Error, Event,
     Expired, InstanceSweep, LeaderLease, NewAudit, NewBatch, NewSchedule, NewTask, Outgoing, Prune, Pruned, QueueConfig, QueueStats,
-    Queues, RateRequest, RateSlot, Receive, Redrive, ScheduleProgress, ScheduleRecord, Sent, Store, Swept, TaskFilter, TaskRecord, Tasks,
+    BreakerAdmission, BreakerAsk, BreakerReport, Queues, RateRequest, RateSlot, Receive, SharedBreaker, Redrive, ScheduleProgress, ScheduleRecord, Sent, Store, Swept, TaskFilter, TaskRecord, Tasks,
     Warning, WorkflowEntry, WorkflowPause,
 };
 use serde_json::Value;
@@ -1095,6 +1095,26 @@ impl Tasks for PgStore {
         request.check()?;
         let now = self.clock.now();
         with_connection!(self, conn => { task_sql::take_rate_slot(&mut conn, &self.names, request, now).await? })
+    }
+
+    async fn admit_breaker(&self, ask: &BreakerAsk) -> Result<(BreakerAdmission, Option<SharedBreaker>), Error> {
+        ask.check()?;
+        let now = self.clock.now();
+        with_connection!(self, conn => { task_sql::admit_breaker(&mut conn, &self.names, ask, now).await? })
+    }
+
+    async fn report_breaker(&self, report: &BreakerReport) -> Result<Option<SharedBreaker>, Error> {
+        report.check()?;
+        let now = self.clock.now();
+        with_connection!(self, conn => { task_sql::report_breaker(&mut conn, &self.names, report, now).await? })
+    }
+
+    async fn shared_breakers(&self) -> Result<Vec<SharedBreaker>, Error> {
+        with_connection!(self, conn => { task_sql::shared_breakers(&mut conn, &self.names).await? })
+    }
+
+    async fn delete_shared_breakers(&self, before: Timestamp) -> Result<u64, Error> {
+        with_connection!(self, conn => { task_sql::delete_shared_breakers(&mut conn, &self.names, before).await? })
     }
 
     async fn prune_tasks(&self, prune: &Prune) -> Result<Pruned, Error> {

@@ -392,6 +392,19 @@ CREATE TRIGGER concurrency_slot_free AFTER UPDATE OF state ON rota.tasks FOR EAC
     WHEN (NEW.concurrency_key IS NOT NULL AND NEW.state IN ('processed', 'error', 'cancelled', 'compensated'))
     EXECUTE FUNCTION rota.concurrency_slot_free();
 "#,
+    r#"
+-- Circuit breakers shared by every process: one row per endpoint, moved by
+-- one compare-and-set statement per ask or report. Times are epoch ms.
+CREATE TABLE rota.breakers (
+    key                  TEXT    PRIMARY KEY,
+    state                TEXT    NOT NULL CHECK (state IN ('closed', 'open', 'half_open')),
+    consecutive_failures INTEGER NOT NULL,
+    open_until           BIGINT,
+    probe_holder         TEXT,
+    probe_until          BIGINT,
+    updated_at           BIGINT  NOT NULL
+);
+"#,
 ];
 
 /// How many migrations this build knows.

@@ -7,6 +7,7 @@ use std::time::Duration;
 use rota_model::{
     ConcurrencyKey, InstanceId, Priority, QueueName, Step, StepName, StepState, Tags, Task, TaskId, TaskState, Timestamp, WorkflowName,
 };
+use rota_store::breaker::{self, BreakerAdmission, BreakerAsk, BreakerReport, BreakerResult, SharedBreaker, SharedBreakerState};
 use rota_store::{
     Claim, ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, RateRequest, RateSlot, TaskFilter, TaskRecord, TimeRange,
     Warning, WorkflowEntry, WorkflowPause, chain,
@@ -933,4 +934,150 @@ pub(crate) async fn take_rate_slot(conn: &mut PgConnection, n: &Names, request: 
         .fetch_optional(&mut *conn)
         .await?;
     Ok(request.refused(stored, now))
+}
+
+type BreakerColumns = (String, String, i32, Option<i64>, Option<String>, Option<i64>, i64);
+
+fn shared_breaker(columns: BreakerColumns) -> Result<SharedBreaker> {
+    let (key, state, failures, open_until, probe_holder, probe_until, updated_at) = columns;
+    Ok(SharedBreaker {
+        key,
+        state: SharedBreakerState::parse(&state)?,
+        consecutive_failures: u32::try_from(failures).map_err(|e| Error::Backend(format!("stored breaker failures are invalid: {e}")))?,
+        open_until: open_until.map(Timestamp::from_millis),
+        probe_holder,
+        probe_until: probe_until.map(Timestamp::from_millis),
+        updated_at: Timestamp::from_millis(updated_at),
+    })
+}
+
+/// One ask of a shared breaker as one statement: the row as the statement
+/// found it, beside whether its compare-and-set update took the probe
+/// lease. The update locks the row, so of concurrent asks one takes a free
+/// lease and the others, re-checking the row after the winner commits,
+/// find it taken.
+pub(crate) async fn admit_breaker(
+    conn: &mut PgConnection,
+    n: &Names,
+    ask: &BreakerAsk,
+    now: Timestamp,
+) -> Result<(BreakerAdmission, Option<SharedBreaker>)> {
+    let row: Option<(String, String, i32, Option<i64>, Option<String>, Option<i64>, i64, bool)> = sqlx::query_as(n.sql(
+        "WITH before AS (
+             SELECT key, state, consecutive_failures, open_until, probe_holder, probe_until, updated_at
+             FROM rota.breakers WHERE key = $1
+         ), taken AS (
+             UPDATE rota.breakers SET state = 'half_open', probe_holder = $2, probe_until = $3 + $4, updated_at = $3
+             WHERE key = $1 AND state <> 'closed' AND coalesce(open_until, 0) <= $3
+               AND (probe_holder IS NULL OR coalesce(probe_until, 0) <= $3)
+             RETURNING key
+         )
+         SELECT b.*, EXISTS (SELECT 1 FROM taken) FROM before b",
+    ))
+    .bind(&ask.key)
+    .bind(&ask.holder)
+    .bind(now.as_millis())
+    .bind(breaker::lease_ms(ask.probe_lease))
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some((key, state, failures, open_until, probe_holder, probe_until, updated_at, took)) = row else {
+        return Ok((BreakerAdmission::Go, None));
+    };
+    let before = shared_breaker((key, state, failures, open_until, probe_holder, probe_until, updated_at))?;
+    let admission = ask.answer(Some(&before), took, now);
+    let after = if took {
+        SharedBreaker {
+            state: SharedBreakerState::HalfOpen,
+            probe_holder: Some(ask.holder.clone()),
+            probe_until: Some(now + ask.probe_lease),
+            updated_at: now,
+            ..before
+        }
+    } else {
+        before
+    };
+    Ok((admission, after.into()))
+}
+
+/// How a report moves a breaker's row, the same for the failure's upsert
+/// and the other reports' update: $2 the holder, $3 whether the call was
+/// the probe, $4 the result (0 success, 1 failure, 2 abandoned), $5
+/// failures_to_open, $6 now, $7 open_for (ms). `$3 AND b.probe_holder =
+/// $2`: the report is the current probe's result.
+macro_rules! breaker_report_set {
+    () => {
+        "consecutive_failures = CASE
+           WHEN $4 = 1 AND b.state = 'closed' THEN b.consecutive_failures + 1
+           WHEN $4 = 0 AND (b.state = 'closed' OR ($3 AND b.probe_holder = $2)) THEN 0
+           ELSE b.consecutive_failures END,
+         state = CASE
+           WHEN $4 = 1 AND ((b.state = 'closed' AND b.consecutive_failures + 1 >= $5) OR ($3 AND b.probe_holder = $2)) THEN 'open'
+           WHEN $4 = 0 AND $3 AND b.probe_holder = $2 THEN 'closed'
+           ELSE b.state END,
+         open_until = CASE
+           WHEN $4 = 1 AND ((b.state = 'closed' AND b.consecutive_failures + 1 >= $5) OR ($3 AND b.probe_holder = $2)) THEN $6 + $7
+           WHEN $4 = 0 AND $3 AND b.probe_holder = $2 THEN NULL
+           ELSE b.open_until END,
+         probe_holder = CASE WHEN $3 AND b.probe_holder = $2 THEN NULL ELSE b.probe_holder END,
+         probe_until = CASE WHEN $3 AND b.probe_holder = $2 THEN NULL ELSE b.probe_until END,
+         updated_at = $6"
+    };
+}
+
+/// One report to a shared breaker, as one statement: a failure's upsert
+/// (only a failure creates a row; the conflicting row is locked, so
+/// failures reported at once from several processes all add up), or an
+/// update of the row.
+pub(crate) async fn report_breaker(conn: &mut PgConnection, n: &Names, report: &BreakerReport, now: Timestamp) -> Result<Option<SharedBreaker>> {
+    let (kind, sql): (i64, &'static str) = match report.result {
+        BreakerResult::Failure => (
+            1,
+            concat!(
+                "INSERT INTO rota.breakers AS b (key, state, consecutive_failures, open_until, probe_holder, probe_until, updated_at)
+                 VALUES ($1, CASE WHEN $5 <= 1 THEN 'open' ELSE 'closed' END, 1, CASE WHEN $5 <= 1 THEN $6 + $7 END, NULL, NULL, $6)
+                 ON CONFLICT (key) DO UPDATE SET ",
+                breaker_report_set!(),
+                " RETURNING b.key, b.state, b.consecutive_failures, b.open_until, b.probe_holder, b.probe_until, b.updated_at"
+            ),
+        ),
+        BreakerResult::Success | BreakerResult::Abandoned => (
+            if report.result == BreakerResult::Success { 0 } else { 2 },
+            concat!(
+                "UPDATE rota.breakers AS b SET ",
+                breaker_report_set!(),
+                " WHERE b.key = $1
+                 RETURNING b.key, b.state, b.consecutive_failures, b.open_until, b.probe_holder, b.probe_until, b.updated_at"
+            ),
+        ),
+    };
+    let columns: Option<BreakerColumns> = sqlx::query_as(n.sql(sql))
+        .bind(&report.key)
+        .bind(&report.holder)
+        .bind(report.probe)
+        .bind(kind)
+        .bind(i64::from(report.failures_to_open))
+        .bind(now.as_millis())
+        .bind(report.open_for_ms())
+        .fetch_optional(&mut *conn)
+        .await?;
+    columns.map(shared_breaker).transpose()
+}
+
+pub(crate) async fn shared_breakers(conn: &mut PgConnection, n: &Names) -> Result<Vec<SharedBreaker>> {
+    let rows: Vec<BreakerColumns> = sqlx::query_as(n.sql(
+        "SELECT key, state, consecutive_failures, open_until, probe_holder, probe_until, updated_at FROM rota.breakers ORDER BY key",
+    ))
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.into_iter().map(shared_breaker).collect()
+}
+
+pub(crate) async fn delete_shared_breakers(conn: &mut PgConnection, n: &Names, before: Timestamp) -> Result<u64> {
+    let done = sqlx::query(n.sql(
+        "DELETE FROM rota.breakers WHERE updated_at < $1 AND coalesce(open_until, 0) < $1 AND coalesce(probe_until, 0) < $1",
+    ))
+    .bind(before.as_millis())
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected())
 }

@@ -32,7 +32,7 @@ use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, ScheduleNa
 use rota_store::{
     AuditEntry, AuditFilter, BatchProgress, BatchRecord, Changes, Claim, ComponentStatus, Created, DeadLetter, Delivery, Error, Event,
     Expired, InstanceSweep, LeaderLease, NewAudit, NewBatch, NewSchedule, NewTask, Outgoing, Prune, Pruned, QueueConfig, QueueStats,
-    Queues, RateRequest, RateSlot, Receive, Redrive, Result, ScheduleProgress, ScheduleRecord, Sent, Store, Swept, TaskFilter, TaskRecord,
+    BreakerAdmission, BreakerAsk, BreakerReport, Queues, RateRequest, RateSlot, SharedBreaker, Receive, Redrive, Result, ScheduleProgress, ScheduleRecord, Sent, Store, Swept, TaskFilter, TaskRecord,
     Tasks, Warning, WorkflowEntry, WorkflowPause,
 };
 use rusqlite::{Connection, OpenFlags};
@@ -789,6 +789,26 @@ impl Tasks for SqliteStore {
         request.check()?;
         let request = request.clone();
         self.write(move |conn, now| task_sql::take_rate_slot(conn, &request, now)).await
+    }
+
+    async fn admit_breaker(&self, ask: &BreakerAsk) -> Result<(BreakerAdmission, Option<SharedBreaker>)> {
+        ask.check()?;
+        let ask = ask.clone();
+        self.write(move |conn, now| task_sql::admit_breaker(conn, &ask, now)).await
+    }
+
+    async fn report_breaker(&self, report: &BreakerReport) -> Result<Option<SharedBreaker>> {
+        report.check()?;
+        let report = report.clone();
+        self.write(move |conn, now| task_sql::report_breaker(conn, &report, now)).await
+    }
+
+    async fn shared_breakers(&self) -> Result<Vec<SharedBreaker>> {
+        self.read(move |conn, _| task_sql::shared_breakers(conn)).await
+    }
+
+    async fn delete_shared_breakers(&self, before: Timestamp) -> Result<u64> {
+        self.write(move |conn, _| task_sql::delete_shared_breakers(conn, before)).await
     }
 
     async fn prune_tasks(&self, prune: &Prune) -> Result<Pruned> {

@@ -352,6 +352,19 @@ BEGIN
     DELETE FROM concurrency_slots WHERE task_id = OLD.id;
 END;
 "#,
+    r#"
+-- Circuit breakers shared by every process: one row per endpoint, moved by
+-- one compare-and-set statement per ask or report. Times are epoch ms.
+CREATE TABLE breakers (
+    key                  TEXT    PRIMARY KEY,
+    state                TEXT    NOT NULL CHECK (state IN ('closed', 'open', 'half_open')),
+    consecutive_failures INTEGER NOT NULL,
+    open_until           INTEGER,
+    probe_holder         TEXT,
+    probe_until          INTEGER,
+    updated_at           INTEGER NOT NULL
+) WITHOUT ROWID;
+"#,
 ];
 
 /// Runs the migrations that have not run yet.

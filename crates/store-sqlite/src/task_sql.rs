@@ -6,6 +6,7 @@ use std::time::Duration;
 use rota_model::{
     ConcurrencyKey, InstanceId, Priority, QueueName, Step, StepName, StepState, Tags, Task, TaskId, TaskState, Timestamp, WorkflowName,
 };
+use rota_store::breaker::{self, BreakerAdmission, BreakerAsk, BreakerReport, BreakerResult, SharedBreaker, SharedBreakerState};
 use rota_store::{
     Changes, Claim, ComponentStatus, Error, Event, EventKind, Expired, LeaderLease, RateRequest, RateSlot, Result, StepWrite, TaskFilter,
     TaskRecord, TaskWrite, TimeRange, Warning, WorkflowEntry, WorkflowPause, chain, prefix_upper_bound,
@@ -1071,4 +1072,114 @@ pub(crate) fn take_rate_slot(conn: &Connection, request: &RateRequest, now: Time
         .and_then(|mut stmt| stmt.query_row([&request.key], |row| row.get(0)).optional())
         .map_err(sql_error)?;
     Ok(request.refused(stored, now))
+}
+
+const BREAKER_COLUMNS: &str = "key, state, consecutive_failures, open_until, probe_holder, probe_until, updated_at";
+
+fn breaker_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<(String, String, i64, Option<i64>, Option<String>, Option<i64>, i64)> {
+    Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?, row.get(5)?, row.get(6)?))
+}
+
+type BreakerColumns = (String, String, i64, Option<i64>, Option<String>, Option<i64>, i64);
+
+fn shared_breaker(columns: BreakerColumns) -> Result<SharedBreaker> {
+    let (key, state, failures, open_until, probe_holder, probe_until, updated_at) = columns;
+    Ok(SharedBreaker {
+        key,
+        state: SharedBreakerState::parse(&state)?,
+        consecutive_failures: u32::try_from(failures).map_err(|e| corrupt("breaker failures", e))?,
+        open_until: open_until.map(Timestamp::from_millis),
+        probe_holder,
+        probe_until: probe_until.map(Timestamp::from_millis),
+        updated_at: Timestamp::from_millis(updated_at),
+    })
+}
+
+fn breaker(conn: &Connection, key: &str) -> Result<Option<SharedBreaker>> {
+    let sql = format!("SELECT {BREAKER_COLUMNS} FROM breakers WHERE key = ?1");
+    let columns = conn.prepare_cached(&sql).and_then(|mut stmt| stmt.query_row([key], breaker_row).optional()).map_err(sql_error)?;
+    columns.map(shared_breaker).transpose()
+}
+
+/// One ask of a shared breaker: the probe lease taken by one
+/// compare-and-set update, the row read beside it in the same write
+/// transaction (the single writer makes the pair atomic).
+pub(crate) fn admit_breaker(conn: &Connection, ask: &BreakerAsk, now: Timestamp) -> Result<(BreakerAdmission, Option<SharedBreaker>)> {
+    let before = breaker(conn, &ask.key)?;
+    let took = conn
+        .prepare_cached(
+            "UPDATE breakers SET state = 'half_open', probe_holder = ?2, probe_until = ?3 + ?4, updated_at = ?3
+             WHERE key = ?1 AND state <> 'closed' AND coalesce(open_until, 0) <= ?3
+               AND (probe_holder IS NULL OR coalesce(probe_until, 0) <= ?3)",
+        )
+        .and_then(|mut stmt| stmt.execute(params![ask.key, ask.holder, now.as_millis(), breaker::lease_ms(ask.probe_lease)]))
+        .map_err(sql_error)?
+        > 0;
+    let admission = ask.answer(before.as_ref(), took, now);
+    let after = if took { breaker(conn, &ask.key)? } else { before };
+    Ok((admission, after))
+}
+
+/// How a report moves a breaker's row, the same for the failure's upsert
+/// and the other reports' update: ?2 the holder, ?3 whether the call was
+/// the probe, ?4 the result (0 success, 1 failure, 2 abandoned), ?5
+/// failures_to_open, ?6 now, ?7 open_for (ms). `?3 AND probe_holder = ?2`:
+/// the report is the current probe's result.
+const BREAKER_REPORT_SET: &str = "
+    consecutive_failures = CASE
+      WHEN ?4 = 1 AND state = 'closed' THEN consecutive_failures + 1
+      WHEN ?4 = 0 AND (state = 'closed' OR (?3 AND probe_holder = ?2)) THEN 0
+      ELSE consecutive_failures END,
+    state = CASE
+      WHEN ?4 = 1 AND ((state = 'closed' AND consecutive_failures + 1 >= ?5) OR (?3 AND probe_holder = ?2)) THEN 'open'
+      WHEN ?4 = 0 AND ?3 AND probe_holder = ?2 THEN 'closed'
+      ELSE state END,
+    open_until = CASE
+      WHEN ?4 = 1 AND ((state = 'closed' AND consecutive_failures + 1 >= ?5) OR (?3 AND probe_holder = ?2)) THEN ?6 + ?7
+      WHEN ?4 = 0 AND ?3 AND probe_holder = ?2 THEN NULL
+      ELSE open_until END,
+    probe_holder = CASE WHEN ?3 AND probe_holder = ?2 THEN NULL ELSE probe_holder END,
+    probe_until = CASE WHEN ?3 AND probe_holder = ?2 THEN NULL ELSE probe_until END,
+    updated_at = ?6";
+
+/// One report to a shared breaker, as one statement: a failure's upsert
+/// (only a failure creates a row), or an update of the row.
+pub(crate) fn report_breaker(conn: &Connection, report: &BreakerReport, now: Timestamp) -> Result<Option<SharedBreaker>> {
+    let (kind, sql): (i64, String) = match report.result {
+        BreakerResult::Failure => (
+            1,
+            format!(
+                "INSERT INTO breakers ({BREAKER_COLUMNS})
+                 VALUES (?1, CASE WHEN ?5 <= 1 THEN 'open' ELSE 'closed' END, 1, CASE WHEN ?5 <= 1 THEN ?6 + ?7 END, NULL, NULL, ?6)
+                 ON CONFLICT (key) DO UPDATE SET {BREAKER_REPORT_SET}
+                 RETURNING {BREAKER_COLUMNS}"
+            ),
+        ),
+        BreakerResult::Success | BreakerResult::Abandoned => (
+            if report.result == BreakerResult::Success { 0 } else { 2 },
+            format!("UPDATE breakers SET {BREAKER_REPORT_SET} WHERE key = ?1 RETURNING {BREAKER_COLUMNS}"),
+        ),
+    };
+    let params = params![report.key, report.holder, report.probe, kind, report.failures_to_open, now.as_millis(), report.open_for_ms()];
+    let columns = conn.prepare_cached(&sql).and_then(|mut stmt| stmt.query_row(params, breaker_row).optional()).map_err(sql_error)?;
+    columns.map(shared_breaker).transpose()
+}
+
+pub(crate) fn shared_breakers(conn: &Connection) -> Result<Vec<SharedBreaker>> {
+    let sql = format!("SELECT {BREAKER_COLUMNS} FROM breakers ORDER BY key");
+    let rows = conn
+        .prepare_cached(&sql)
+        .and_then(|mut stmt| stmt.query_map([], breaker_row)?.collect::<rusqlite::Result<Vec<_>>>())
+        .map_err(sql_error)?;
+    rows.into_iter().map(shared_breaker).collect()
+}
+
+pub(crate) fn delete_shared_breakers(conn: &Connection, before: Timestamp) -> Result<u64> {
+    let deleted = conn
+        .prepare_cached(
+            "DELETE FROM breakers WHERE updated_at < ?1 AND coalesce(open_until, 0) < ?1 AND coalesce(probe_until, 0) < ?1",
+        )
+        .and_then(|mut stmt| stmt.execute([before.as_millis()]))
+        .map_err(sql_error)?;
+    Ok(deleted as u64)
 }

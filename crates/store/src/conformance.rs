@@ -29,6 +29,7 @@ use rota_model::{
 };
 use serde_json::{Value, json};
 
+use crate::breaker::{BreakerAdmission, BreakerAsk, BreakerReport, BreakerResult, SharedBreakerState};
 use crate::rate::{RateRequest, RateSlot};
 use crate::{
     AuditAction, AuditFilter, BODY_BYTES_MAX, BatchAction, BatchProgress, BatchState, Changes, Claim, Created, Delivery, Error, Event,
@@ -137,6 +138,11 @@ macro_rules! conformance_suite {
             // Rate limits.
             concurrent_rate_takers_never_exceed_rate_times_t_plus_burst,
             a_rate_slot_within_the_wait_is_granted_later_and_a_refusal_says_when,
+            // Shared circuit breakers.
+            breaker_failures_from_two_processes_add_up_and_open_it,
+            two_owners_race_for_the_probe_and_exactly_one_wins,
+            an_expired_probe_lease_is_taken_over_and_only_the_probe_decides,
+            stale_closed_breakers_are_deleted_and_open_ones_kept,
             // Schedules.
             create_schedule_is_idempotent_and_refuses_another_definition,
             invalid_schedules_are_refused_and_store_nothing,
@@ -3327,6 +3333,166 @@ pub async fn a_rate_slot_within_the_wait_is_granted_later_and_a_refusal_says_whe
     assert!(matches!(store.take_rate_slot(&bad).await, Err(Error::Invalid(_))), "an empty key is refused");
     let bad = RateRequest { wait_max: Duration::from_secs(7_200), ..request };
     assert!(matches!(store.take_rate_slot(&bad).await, Err(Error::Invalid(_))), "an endless wait is refused");
+}
+
+// ---------------------------------------------------------------------------
+// Shared circuit breakers.
+// ---------------------------------------------------------------------------
+
+const BREAKER_KEY: &str = "endpoint:http://pay.example:80";
+
+fn breaker_ask(holder: &str) -> BreakerAsk {
+    BreakerAsk { key: BREAKER_KEY.to_owned(), holder: holder.to_owned(), probe_lease: Duration::from_secs(5) }
+}
+
+/// A report to [`BREAKER_KEY`]: opens after 3 failures, for 10 s.
+fn breaker_report(holder: &str, probe: bool, result: BreakerResult) -> BreakerReport {
+    BreakerReport {
+        key: BREAKER_KEY.to_owned(),
+        holder: holder.to_owned(),
+        probe,
+        result,
+        failures_to_open: 3,
+        open_for: Duration::from_secs(10),
+    }
+}
+
+/// Failures reported at once from two processes all count; a success
+/// resets the count; the third failure in a row opens the breaker for
+/// `open_for`, and while open every ask is held until then. An unknown
+/// breaker is closed and a success to it writes nothing. Bad asks and
+/// reports are refused.
+pub async fn breaker_failures_from_two_processes_add_up_and_open_it(harness: &dyn Harness) {
+    let clock = harness.clock();
+    let (a, b) = (harness.open().await, harness.open().await);
+    assert_eq!(ok(a.admit_breaker(&breaker_ask("a")).await, "ask"), (BreakerAdmission::Go, None), "no row: closed");
+    assert_eq!(ok(a.report_breaker(&breaker_report("a", false, BreakerResult::Success)).await, "success"), None, "nothing to write");
+    let mut reports = tokio::task::JoinSet::new();
+    for store in [a.clone(), b.clone()] {
+        reports.spawn(async move { store.report_breaker(&breaker_report("x", false, BreakerResult::Failure)).await });
+    }
+    for answer in reports.join_all().await {
+        ok(answer, "failure");
+    }
+    let row = ok(a.shared_breakers().await, "list").pop().expect("a row");
+    assert_eq!((row.state, row.consecutive_failures), (SharedBreakerState::Closed, 2), "both failures counted: {row:?}");
+    let reset = ok(b.report_breaker(&breaker_report("b", false, BreakerResult::Success)).await, "success").expect("row");
+    assert_eq!((reset.state, reset.consecutive_failures), (SharedBreakerState::Closed, 0));
+    for (i, store) in [&a, &b, &a].into_iter().enumerate() {
+        let row = ok(store.report_breaker(&breaker_report("x", false, BreakerResult::Failure)).await, "failure").expect("row");
+        assert_eq!(row.consecutive_failures, i as u32 + 1);
+    }
+    let open = ok(b.shared_breakers().await, "list").pop().expect("a row");
+    let until = clock.now() + Duration::from_secs(10);
+    assert_eq!((open.state, open.open_until, open.probe_holder.as_deref()), (SharedBreakerState::Open, Some(until), None), "{open:?}");
+    let (held, row) = ok(b.admit_breaker(&breaker_ask("b")).await, "ask while open");
+    assert_eq!(held, BreakerAdmission::Hold { until });
+    assert_eq!(row.as_ref(), Some(&open), "an ask while open writes nothing");
+    // A late failure of a call let through before it opened extends nothing.
+    let late = ok(a.report_breaker(&breaker_report("a", false, BreakerResult::Failure)).await, "late").expect("row");
+    assert_eq!((late.state, late.open_until), (SharedBreakerState::Open, Some(until)));
+    let late = ok(a.report_breaker(&breaker_report("a", false, BreakerResult::Success)).await, "late").expect("row");
+    assert_eq!(late.state, SharedBreakerState::Open, "only the probe closes an open breaker");
+    let bad = BreakerAsk { key: String::new(), ..breaker_ask("a") };
+    assert!(matches!(a.admit_breaker(&bad).await, Err(Error::Invalid(_))), "an empty key is refused");
+    let bad = BreakerAsk { probe_lease: Duration::ZERO, ..breaker_ask("a") };
+    assert!(matches!(a.admit_breaker(&bad).await, Err(Error::Invalid(_))), "a zero lease is refused");
+    let bad = BreakerReport { failures_to_open: 0, ..breaker_report("a", false, BreakerResult::Failure) };
+    assert!(matches!(a.report_breaker(&bad).await, Err(Error::Invalid(_))), "failures_to_open 0 is refused");
+}
+
+/// Opens [`BREAKER_KEY`] with three failures and moves the clock past
+/// `open_for`.
+async fn open_then_wait(store: &SharedStore, clock: &ManualClock) {
+    for _ in 0..3 {
+        ok(store.report_breaker(&breaker_report("x", false, BreakerResult::Failure)).await, "failure");
+    }
+    clock.advance(Duration::from_secs(10));
+}
+
+/// Once an open breaker's time is up, many asks from three processes at
+/// once: exactly one goes as the probe; the others are held until its
+/// lease ends. The probe's success closes the breaker, and then every ask
+/// goes.
+pub async fn two_owners_race_for_the_probe_and_exactly_one_wins(harness: &dyn Harness) {
+    let clock = harness.clock();
+    let stores = [harness.open().await, harness.open().await, harness.open().await];
+    open_then_wait(&stores[0], &clock).await;
+    let mut asks = tokio::task::JoinSet::new();
+    for i in 0..12 {
+        let store = stores[i % stores.len()].clone();
+        asks.spawn(async move { (i, store.admit_breaker(&breaker_ask(&format!("owner-{i}"))).await) });
+    }
+    let lease_until = clock.now() + Duration::from_secs(5);
+    let mut probes = Vec::new();
+    for (i, answer) in asks.join_all().await {
+        match ok(answer, "ask").0 {
+            BreakerAdmission::Probe { lease_until: until } => {
+                assert_eq!(until, lease_until);
+                probes.push(i);
+            }
+            // A loser may have read the row before the winner's write.
+            BreakerAdmission::Hold { until } => assert!(until == lease_until || until == clock.now(), "held until {until}"),
+            BreakerAdmission::Go => panic!("owner-{i} went through a breaker that is not closed"),
+        }
+    }
+    assert_eq!(probes.len(), 1, "exactly one probe: {probes:?}");
+    let holder = format!("owner-{}", probes[0]);
+    let row = ok(stores[1].shared_breakers().await, "list").pop().expect("row");
+    assert_eq!((row.state, row.probe_holder.as_deref(), row.probe_until), (SharedBreakerState::HalfOpen, Some(&*holder), Some(lease_until)));
+    let (again, _) = ok(stores[2].admit_breaker(&breaker_ask("late")).await, "ask");
+    assert_eq!(again, BreakerAdmission::Hold { until: lease_until }, "the probe is out");
+    // A success of a call that is not the probe decides nothing.
+    let other = ok(stores[2].report_breaker(&breaker_report("late", true, BreakerResult::Success)).await, "not the probe");
+    assert_eq!(other.expect("row").state, SharedBreakerState::HalfOpen);
+    let closed = ok(stores[0].report_breaker(&breaker_report(&holder, true, BreakerResult::Success)).await, "probe").expect("row");
+    assert_eq!(
+        (closed.state, closed.consecutive_failures, closed.open_until, closed.probe_holder),
+        (SharedBreakerState::Closed, 0, None, None)
+    );
+    assert_eq!(ok(stores[1].admit_breaker(&breaker_ask("b")).await, "ask").0, BreakerAdmission::Go);
+}
+
+/// A probe whose process went silent: once its lease ends another process
+/// takes the probe over, and the first one's late result decides nothing.
+/// A failed probe opens the breaker again for `open_for`; an abandoned
+/// probe hands its lease back at once.
+pub async fn an_expired_probe_lease_is_taken_over_and_only_the_probe_decides(harness: &dyn Harness) {
+    let clock = harness.clock();
+    let (a, b) = (harness.open().await, harness.open().await);
+    open_then_wait(&a, &clock).await;
+    assert!(matches!(ok(a.admit_breaker(&breaker_ask("a")).await, "ask").0, BreakerAdmission::Probe { .. }));
+    clock.advance(Duration::from_secs(5));
+    let (taken, row) = ok(b.admit_breaker(&breaker_ask("b")).await, "ask after the lease");
+    assert_eq!(taken, BreakerAdmission::Probe { lease_until: clock.now() + Duration::from_secs(5) });
+    assert_eq!(row.expect("row").probe_holder.as_deref(), Some("b"));
+    let late = ok(a.report_breaker(&breaker_report("a", true, BreakerResult::Success)).await, "late probe").expect("row");
+    assert_eq!((late.state, late.probe_holder.as_deref()), (SharedBreakerState::HalfOpen, Some("b")), "a's lease is gone");
+    let reopened = ok(b.report_breaker(&breaker_report("b", true, BreakerResult::Failure)).await, "failed probe").expect("row");
+    let until = clock.now() + Duration::from_secs(10);
+    assert_eq!((reopened.state, reopened.open_until, reopened.probe_holder), (SharedBreakerState::Open, Some(until), None));
+    assert_eq!(ok(a.admit_breaker(&breaker_ask("a")).await, "ask").0, BreakerAdmission::Hold { until });
+    clock.advance(Duration::from_secs(10));
+    assert!(matches!(ok(a.admit_breaker(&breaker_ask("a")).await, "ask").0, BreakerAdmission::Probe { .. }));
+    let given_back = ok(a.report_breaker(&breaker_report("a", true, BreakerResult::Abandoned)).await, "abandoned").expect("row");
+    assert_eq!((given_back.state, given_back.probe_holder), (SharedBreakerState::HalfOpen, None));
+    assert!(matches!(ok(b.admit_breaker(&breaker_ask("b")).await, "ask").0, BreakerAdmission::Probe { .. }), "the lease came back");
+}
+
+/// The retention sweep's delete: rows unchanged since the bound go, unless
+/// they are open (or hold a probe lease) past it.
+pub async fn stale_closed_breakers_are_deleted_and_open_ones_kept(harness: &dyn Harness) {
+    let clock = harness.clock();
+    let store = harness.open().await;
+    let failing = BreakerReport { key: "endpoint:http://failing:80".into(), ..breaker_report("x", false, BreakerResult::Failure) };
+    ok(store.report_breaker(&failing).await, "failure");
+    let long = BreakerReport { failures_to_open: 1, open_for: Duration::from_secs(3_600), ..breaker_report("x", false, BreakerResult::Failure) };
+    ok(store.report_breaker(&long).await, "opens for an hour");
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(ok(store.delete_shared_breakers(clock.now().sub(Duration::from_secs(61))).await, "delete"), 0, "nothing that old");
+    assert_eq!(ok(store.delete_shared_breakers(clock.now()).await, "delete"), 1, "the failing one; the open one is kept");
+    let left: Vec<String> = ok(store.shared_breakers().await, "list").into_iter().map(|b| b.key).collect();
+    assert_eq!(left, [BREAKER_KEY]);
 }
 
 // ---------------------------------------------------------------------------

@@ -18,6 +18,7 @@
 
 pub mod audit;
 pub mod batch;
+pub mod breaker;
 pub mod chain;
 mod claim;
 pub mod conformance;
@@ -33,6 +34,7 @@ use std::sync::Arc;
 
 pub use audit::{AuditAction, AuditCursor, AuditEntry, AuditFilter, AuditSource, NewAudit};
 pub use batch::{BatchAction, BatchProgress, BatchRecord, BatchState, NewBatch};
+pub use breaker::{BreakerAdmission, BreakerAsk, BreakerReport, BreakerResult, SharedBreaker, SharedBreakerState};
 pub use claim::{Claim, OLDEST_SHARE_EVERY_DEFAULT, OldestShare};
 pub use error::{Error, Result};
 pub use prune::{InstanceSweep, Prune, PruneWorkflows, Pruned, Swept};

@@ -23,6 +23,7 @@ use crate::batch::{BatchProgress, BatchRecord, NewBatch};
 use crate::claim::Claim;
 use crate::prune::{InstanceSweep, Prune, Pruned, Swept};
 use crate::queue::Outgoing;
+use crate::breaker::{BreakerAdmission, BreakerAsk, BreakerReport, SharedBreaker};
 use crate::rate::{RateRequest, RateSlot};
 use crate::schedule::{NewSchedule, ScheduleProgress, ScheduleRecord};
 
@@ -677,6 +678,31 @@ pub trait Tasks: Send + Sync {
     /// processes take at once, the granted starts in any window of length
     /// `t` number at most `rate × t + burst` ([`rota_model::rate`]).
     async fn take_rate_slot(&self, request: &RateRequest) -> Result<RateSlot>;
+
+    /// Asks the shared breaker `ask.key` for one call at the store's now,
+    /// in one compare-and-set statement ([`crate::breaker`]): go when it is
+    /// closed or has no row; hold until `open_until` while open; after it,
+    /// go as the probe if the probe lease is free or expired (taking it for
+    /// `ask.probe_lease`), else hold until the lease ends. However many
+    /// processes ask at once, at most one holds a live probe lease. Also
+    /// returns the row after the ask (`None`: no row, a clean closed
+    /// breaker).
+    async fn admit_breaker(&self, ask: &BreakerAsk) -> Result<(BreakerAdmission, Option<SharedBreaker>)>;
+
+    /// Reports one call's result to the shared breaker `report.key` in one
+    /// upsert ([`crate::breaker`]); failures from every process add up.
+    /// Returns the row after the report (`None`: there is no row and the
+    /// report needed none).
+    async fn report_breaker(&self, report: &BreakerReport) -> Result<Option<SharedBreaker>>;
+
+    /// Every shared breaker's row, sorted by key.
+    async fn shared_breakers(&self) -> Result<Vec<SharedBreaker>>;
+
+    /// Deletes the shared breaker rows that have not changed since
+    /// `before` and whose `open_until` and probe lease (if any) ended
+    /// before it too: forgetting them changes nothing a probe would not.
+    /// Returns how many were deleted.
+    async fn delete_shared_breakers(&self, before: Timestamp) -> Result<u64>;
 
     /// Deletes up to `prune.limit` finished tasks that `prune` selects,
     /// oldest end time first, with their steps and history, in one
