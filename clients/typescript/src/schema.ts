@@ -133,8 +133,10 @@ export interface paths {
             cookie?: never;
         };
         /**
-         * The circuit breakers of the `http` agents, as last reported by the
-         *     processes that run them.
+         * The circuit breakers of the `http` agents: those shared through the
+         *     store (state, failures of every process, open until, probe holder),
+         *     and those kept in process, as last reported by the processes that run
+         *     them.
          */
         get: operations["breakers"];
         put?: never;
@@ -1085,18 +1087,24 @@ export interface components {
              */
             updated_at: number;
         };
-        /** @description A circuit breaker, as the `rota serve` process that runs it reported it. */
+        /**
+         * @description A circuit breaker: shared through the store by every process (the
+         *     default), or kept in one `rota serve` process, as it reported it.
+         */
         BreakerView: {
-            /** @description The agent using it. */
+            /** @description The agent using it (absent for a shared breaker). */
             agent?: string | null;
             /**
              * Format: int64
-             * @description Failures in a row.
+             * @description Failures in a row (of every process, for a shared breaker).
              */
             consecutive_failures?: number | null;
             /** @description The endpoint it guards. */
             endpoint: string;
-            /** @description The instance that reported it. */
+            /**
+             * @description The instance that reported it; for a shared breaker, the instance
+             *     holding the probe, if one is out.
+             */
             instance?: string | null;
             /**
              * Format: int64
@@ -1104,10 +1112,27 @@ export interface components {
              */
             open_until?: number | null;
             /**
+             * @description The call holding the probe of a half-open shared breaker
+             *     (`INSTANCE TASK/STEP#ATTEMPT`).
+             */
+            probe_holder?: string | null;
+            /**
              * Format: int64
-             * @description When it was reported, epoch ms.
+             * @description When that probe's lease ends, epoch ms: then another process may
+             *     probe.
+             */
+            probe_until?: number | null;
+            /**
+             * Format: int64
+             * @description When it was reported (a shared breaker: when it last changed),
+             *     epoch ms.
              */
             reported_at: number;
+            /**
+             * @description Whether it is shared through the store: while open it holds the
+             *     requests of its endpoint instead of failing them.
+             */
+            shared?: boolean;
             /** @description `closed`, `open` or `half_open` (`unknown` if the report has none). */
             state: string;
         };
@@ -2610,7 +2635,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description Every reported breaker, sorted by endpoint */
+            /** @description Every breaker, shared or reported, sorted by endpoint */
             200: {
                 headers: {
                     [name: string]: unknown;

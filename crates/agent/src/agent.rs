@@ -10,7 +10,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use rota_model::Clock;
 
-use crate::breaker::BreakerSnapshot;
+use crate::breaker::{BreakerSnapshot, Health};
 use crate::{DelayAgent, ExecAgent, ExecConfig, HttpAgent, HttpConfig, Request, Result, StepError};
 
 /// A named handler that performs one call to a remote service or resource.
@@ -62,6 +62,15 @@ pub trait Agent: Send + Sync {
 
     /// Performs one try of the request and returns the step's output.
     async fn call(&self, request: &Request) -> Result<serde_json::Value, StepError>;
+
+    /// One try, as [`Agent::call`], made without the agent's own circuit
+    /// breaker (the caller keeps a breaker for the target, shared through
+    /// the store, and must not have calls refused twice), with what the try
+    /// says about the target's health. The default, for agents without
+    /// breakers: `call`, health unknown.
+    async fn call_unguarded(&self, request: &Request) -> (Result<serde_json::Value, StepError>, Health) {
+        (self.call(request).await, Health::Unknown)
+    }
 
     /// What a call of `request` reaches, as rate limits name it: for
     /// `http`, the endpoint `scheme://host:port`. `None` (the default):

@@ -88,6 +88,20 @@ impl BreakerConfig {
     }
 }
 
+/// What one finished call says about the endpoint's health: what a
+/// breaker, in-process or shared through the store, counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Health {
+    /// The endpoint answered (a success, a 4xx, a 429).
+    Up,
+    /// A transient failure of the endpoint (5xx, timeout, connection):
+    /// counts towards opening.
+    Failing,
+    /// Nothing is known (the step's own deadline cut the call, the input
+    /// was bad, the call never went).
+    Unknown,
+}
+
 /// The lifecycle of one endpoint's breaker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CircuitBreaker {

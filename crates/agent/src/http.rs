@@ -47,7 +47,7 @@ use reqwest::{Method, StatusCode, Url};
 use rota_model::{Clock, FailureClass, FailureKind, Timestamp};
 use serde_json::{Value, json};
 
-use crate::breaker::{BreakerConfig, BreakerSnapshot, Breakers, Refusal};
+use crate::breaker::{BreakerConfig, BreakerSnapshot, Breakers, Health, Refusal};
 use crate::egress::{self, Egress};
 use crate::input::{self, excerpt};
 use crate::{Agent, Error, Request, Result, StepError};
@@ -124,17 +124,6 @@ struct HttpInput {
     timeout: Option<Duration>,
 }
 
-/// What a finished call says about the endpoint's health.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Health {
-    /// The endpoint answered.
-    Up,
-    /// A transient failure of the endpoint: counts towards opening.
-    Failing,
-    /// Nothing is known (the step's own deadline cut the call).
-    Unknown,
-}
-
 impl HttpAgent {
     /// An agent with the default [`HttpConfig`].
     pub fn new(clock: Arc<dyn Clock>) -> Result<Self> {
@@ -159,6 +148,43 @@ impl HttpAgent {
     /// the engine to store and show.
     pub fn breakers(&self) -> Vec<BreakerSnapshot> {
         self.breakers.snapshots()
+    }
+
+    /// One try: through the endpoint's own breaker when `guarded` (it may
+    /// refuse the call fast), else straight to the network; with the
+    /// endpoint's health as the try showed it.
+    async fn call_through(&self, request: &Request, guarded: bool) -> (Result<Value, StepError>, Health) {
+        let input = match parse_input(&request.input) {
+            Ok(input) => input,
+            Err(err) => return (Err(err), Health::Unknown),
+        };
+        let remaining = request.remaining(self.clock.now());
+        if remaining.is_zero() {
+            return (Err(StepError::retryable("the step's complete-by time has passed")), Health::Unknown);
+        }
+        let step_timeout = input.timeout.unwrap_or(self.config.timeout_default);
+        let (timeout, cut_by_deadline) = if remaining < step_timeout { (remaining, true) } else { (step_timeout, false) };
+        let endpoint = endpoint(&input.url);
+        if let Err(refused) = self.config.egress.check_url(&input.url) {
+            let target = Target { method: &input.method, url: &input.url };
+            return (Err(StepError::permanent(format!("{target}: {refused}"))), Health::Unknown);
+        }
+        if !guarded {
+            return self.send(input, request, timeout, cut_by_deadline).await;
+        }
+        let pass = match self.breakers.admit(&endpoint) {
+            Ok(pass) => pass,
+            Err(refusal) => return (Err(refused(&endpoint, refusal, self.clock.now())), Health::Unknown),
+        };
+        // If this future is dropped at the deadline, `pass` is dropped
+        // unsettled and a probe hands its slot back.
+        let (result, health) = self.send(input, request, timeout, cut_by_deadline).await;
+        match health {
+            Health::Up => pass.succeeded(),
+            Health::Failing => pass.failed(),
+            Health::Unknown => pass.abandoned(),
+        }
+        (result, health)
     }
 
     /// Sends the request and classifies the result. The caller settles the
@@ -228,27 +254,11 @@ impl Agent for HttpAgent {
     }
 
     async fn call(&self, request: &Request) -> Result<Value, StepError> {
-        let input = parse_input(&request.input)?;
-        let remaining = request.remaining(self.clock.now());
-        if remaining.is_zero() {
-            return Err(StepError::retryable("the step's complete-by time has passed"));
-        }
-        let step_timeout = input.timeout.unwrap_or(self.config.timeout_default);
-        let (timeout, cut_by_deadline) = if remaining < step_timeout { (remaining, true) } else { (step_timeout, false) };
-        let endpoint = endpoint(&input.url);
-        if let Err(refused) = self.config.egress.check_url(&input.url) {
-            return Err(StepError::permanent(format!("{}: {refused}", Target { method: &input.method, url: &input.url })));
-        }
-        let pass = self.breakers.admit(&endpoint).map_err(|refusal| refused(&endpoint, refusal, self.clock.now()))?;
-        // If this future is dropped at the deadline, `pass` is dropped
-        // unsettled and a probe hands its slot back.
-        let (result, health) = self.send(input, request, timeout, cut_by_deadline).await;
-        match health {
-            Health::Up => pass.succeeded(),
-            Health::Failing => pass.failed(),
-            Health::Unknown => pass.abandoned(),
-        }
-        result
+        self.call_through(request, true).await.0
+    }
+
+    async fn call_unguarded(&self, request: &Request) -> (Result<Value, StepError>, Health) {
+        self.call_through(request, false).await
     }
 
     fn target(&self, request: &Request) -> Option<String> {

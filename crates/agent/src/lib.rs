@@ -43,7 +43,7 @@ mod tls;
 mod agent;
 
 pub use agent::{Agent, AgentRegistry};
-pub use breaker::{BreakerConfig, BreakerSnapshot, BreakerState, CircuitBreaker};
+pub use breaker::{BreakerConfig, BreakerSnapshot, BreakerState, CircuitBreaker, Health};
 pub use delay::DelayAgent;
 pub use egress::Egress;
 pub use error::{Error, Result, StepError, StepResultExt};

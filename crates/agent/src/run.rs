@@ -2,8 +2,9 @@
 //! the step's complete-by window, and silence once the window has closed.
 //!
 //! Before every try, a [`Gate`] may hold the call back: the engine's rate
-//! limits, shared through the store. A call the gate holds ends the loop
-//! with [`Outcome::Held`], spending no try.
+//! limits and circuit breakers, shared through the store. A call the gate
+//! holds ends the loop with [`Outcome::Held`], spending no try. A gate that
+//! keeps breakers is told each try's health after it.
 //!
 //! Deliberately left out: the reply. [`run_until_deadline`] returns an
 //! [`Outcome`]; the engine turns it into a reply message (or, for
@@ -17,6 +18,7 @@ use rand::Rng;
 use rota_model::{Clock, RetryPolicy, Timestamp};
 use serde_json::Value;
 
+use crate::breaker::Health;
 use crate::{Agent, Request, StepError};
 
 /// How one attempt of a step ended, as seen by the agent.
@@ -78,15 +80,29 @@ pub struct Hold {
     pub reason: String,
 }
 
-/// What lets each try of a call start: the caller's rate limits. It may
-/// wait a little before letting a try start (that wait is part of the
-/// request's complete-by: `admit` is given the time left and must not wait
-/// longer than half of it), or hold the call for longer.
+/// What lets each try of a call start: the caller's rate limits and
+/// circuit breakers. It may wait a little before letting a try start (that
+/// wait is part of the request's complete-by: `admit` is given the time
+/// left and must not wait longer than half of it), or hold the call for
+/// longer.
 #[async_trait]
 pub trait Gate: Send + Sync {
     /// Called before every try, with the time left before the deadline;
     /// returns when the try may start, or the [`Hold`] that stops the loop.
     async fn admit(&self, request: &Request, remaining: Duration) -> Result<(), Hold>;
+
+    /// Whether this gate keeps the circuit breakers of the calls' targets.
+    /// Then each try is made with [`Agent::call_unguarded`] (the agent's own
+    /// breaker would refuse calls fast, spending tries) and its health is
+    /// [reported](Gate::report). False by default.
+    fn keeps_breakers(&self) -> bool {
+        false
+    }
+
+    /// Called after every try the gate admitted, with what the try said
+    /// about its target's health ([`Health::Unknown`] for a try cut by the
+    /// deadline). Does nothing by default.
+    async fn report(&self, _request: &Request, _health: Health) {}
 }
 
 /// The gate that lets every try through at once.
@@ -182,9 +198,16 @@ pub async fn run_gated(
             return Outcome::DeadlinePassed { attempts, last_error };
         }
         attempts += 1;
-        let result = match tokio::time::timeout(remaining, agent.call(request)).await {
-            Ok(result) => result,
+        let call = async {
+            if gate.keeps_breakers() { agent.call_unguarded(request).await } else { (agent.call(request).await, Health::Unknown) }
+        };
+        let result = match tokio::time::timeout(remaining, call).await {
+            Ok((result, health)) => {
+                gate.report(request, health).await;
+                result
+            }
             Err(_elapsed) => {
+                gate.report(request, Health::Unknown).await;
                 tracing::debug!(task = %request.task_id, step = %request.step, attempts, "deadline cut the call; going silent");
                 return Outcome::DeadlinePassed { attempts, last_error };
             }
@@ -428,6 +451,63 @@ mod tests {
         let outcome = check(&fake, &policy(5), Duration::ZERO, 1).await;
         assert_eq!(outcome, Outcome::DeadlinePassed { attempts: 0, last_error: None });
         assert!(fake.starts.lock().unwrap().is_empty());
+    }
+
+    /// A gate that keeps breakers: admits every try and notes each report.
+    #[derive(Default)]
+    struct Reports(Mutex<Vec<Health>>);
+
+    #[async_trait]
+    impl Gate for Reports {
+        async fn admit(&self, _request: &Request, _remaining: Duration) -> Result<(), Hold> {
+            Ok(())
+        }
+
+        fn keeps_breakers(&self) -> bool {
+            true
+        }
+
+        async fn report(&self, _request: &Request, health: Health) {
+            self.0.lock().unwrap().push(health);
+        }
+    }
+
+    /// [`Fake`] as an agent with a breaker: its unguarded tries say the
+    /// target is up when they succeed and failing when they do not.
+    struct Guarded(Fake);
+
+    #[async_trait]
+    impl Agent for Guarded {
+        fn name(&self) -> &str {
+            "guarded"
+        }
+
+        async fn call(&self, _request: &Request) -> Result<Value, StepError> {
+            Err(StepError::retryable("circuit open: the agent's own breaker must not be used"))
+        }
+
+        async fn call_unguarded(&self, request: &Request) -> (Result<Value, StepError>, Health) {
+            let result = self.0.call(request).await;
+            let health = if result.is_ok() { Health::Up } else { Health::Failing };
+            (result, health)
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_gate_keeping_breakers_gets_every_tries_health_and_unguarded_calls() {
+        let agent = Guarded(Fake::new([retryable(), retryable(), Script::Ok(json!(1))]));
+        let clock = TokioClock::new();
+        let gate = Reports::default();
+        let mut rng = StdRng::seed_from_u64(1);
+        let outcome = run_gated(&agent, &request(&clock, Duration::from_secs(30)), &policy(5), &clock, &mut rng, &gate).await;
+        assert_eq!(outcome, Outcome::Succeeded(json!(1)));
+        assert_eq!(*gate.0.lock().unwrap(), [Health::Failing, Health::Failing, Health::Up]);
+        // A try cut by the deadline says nothing about the target.
+        let agent = Guarded(Fake::new([Script::Hang]));
+        let gate = Reports::default();
+        let outcome = run_gated(&agent, &request(&clock, Duration::from_secs(2)), &policy(5), &clock, &mut rng, &gate).await;
+        assert!(matches!(outcome, Outcome::DeadlinePassed { attempts: 1, .. }), "{outcome:?}");
+        assert_eq!(*gate.0.lock().unwrap(), [Health::Unknown]);
     }
 
     #[tokio::test(start_paused = true)]

@@ -208,12 +208,15 @@ async fn snapshot(state: &ApiState) -> rota_store::Result<Snapshot> {
     let store = state.store();
     let tasks = store.count_tasks(&rota_store::TaskFilter::default()).await?;
     let queues = store.stats().await?;
-    let breakers = rota_engine::status::breakers(store)
-        .await?
-        .iter()
-        .map(|status| {
-            let view = crate::wire::BreakerView::from(status);
-            (view.endpoint, view.agent.unwrap_or_default(), view.state)
+    let reported = rota_engine::status::breakers(store).await?;
+    let shared = store.shared_breakers().await?;
+    // A shared breaker's `agent` label is `shared`: it belongs to no one
+    // process's agent.
+    let breakers = crate::wire::BreakerView::all(&shared, &reported)
+        .into_iter()
+        .map(|view| {
+            let agent = if view.shared { "shared".to_owned() } else { view.agent.unwrap_or_default() };
+            (view.endpoint, agent, view.state)
         })
         .collect();
     Ok(Snapshot { tasks, queues, breakers })

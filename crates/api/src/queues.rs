@@ -203,16 +203,20 @@ pub async fn purge(
     Ok(Json(Count { count }))
 }
 
-/// The circuit breakers of the `http` agents, as last reported by the
-/// processes that run them.
+/// The circuit breakers of the `http` agents: those shared through the
+/// store (state, failures of every process, open until, probe holder),
+/// and those kept in process, as last reported by the processes that run
+/// them.
 #[utoipa::path(
     get, path = "/v1/breakers", tag = "queues",
     responses(
-        (status = 200, description = "Every reported breaker, sorted by endpoint", body = [BreakerView]),
+        (status = 200, description = "Every breaker, shared or reported, sorted by endpoint", body = [BreakerView]),
     ),
     security(("bearer" = []))
 )]
 pub async fn breakers(State(state): State<ApiState>) -> ApiResult<Json<Vec<BreakerView>>> {
-    let statuses = rota_engine::status::breakers(state.store()).await.map_err(|err| ApiError::store("list breakers", err))?;
-    Ok(Json(statuses.iter().map(BreakerView::from).collect()))
+    let store = state.store();
+    let statuses = rota_engine::status::breakers(store).await.map_err(|err| ApiError::store("list breakers", err))?;
+    let shared = store.shared_breakers().await.map_err(|err| ApiError::store("list breakers", err))?;
+    Ok(Json(BreakerView::all(&shared, &statuses)))
 }

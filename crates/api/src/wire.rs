@@ -8,8 +8,8 @@
 use std::collections::BTreeMap;
 
 use rota_engine::ops::TaskDetail;
-use rota_model::{Step, StepState, Task, TaskState};
-use rota_store::{ComponentStatus, DeadLetter, Event, QueueStats, WorkflowEntry};
+use rota_model::{Step, StepState, Task, TaskState, Timestamp};
+use rota_store::{ComponentStatus, DeadLetter, Event, QueueStats, SharedBreaker, WorkflowEntry};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
@@ -731,23 +731,65 @@ pub struct Count {
     pub count: u64,
 }
 
-/// A circuit breaker, as the `rota serve` process that runs it reported it.
+/// A circuit breaker: shared through the store by every process (the
+/// default), or kept in one `rota serve` process, as it reported it.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct BreakerView {
     /// The endpoint it guards.
     pub endpoint: String,
-    /// The agent using it.
+    /// The agent using it (absent for a shared breaker).
     pub agent: Option<String>,
     /// `closed`, `open` or `half_open` (`unknown` if the report has none).
     pub state: String,
-    /// Failures in a row.
+    /// Failures in a row (of every process, for a shared breaker).
     pub consecutive_failures: Option<u64>,
     /// Until when it stays open, epoch ms.
     pub open_until: Option<i64>,
-    /// The instance that reported it.
+    /// The instance that reported it; for a shared breaker, the instance
+    /// holding the probe, if one is out.
     pub instance: Option<String>,
-    /// When it was reported, epoch ms.
+    /// When it was reported (a shared breaker: when it last changed),
+    /// epoch ms.
     pub reported_at: i64,
+    /// Whether it is shared through the store: while open it holds the
+    /// requests of its endpoint instead of failing them.
+    #[serde(default)]
+    pub shared: bool,
+    /// The call holding the probe of a half-open shared breaker
+    /// (`INSTANCE TASK/STEP#ATTEMPT`).
+    #[serde(default)]
+    pub probe_holder: Option<String>,
+    /// When that probe's lease ends, epoch ms: then another process may
+    /// probe.
+    #[serde(default)]
+    pub probe_until: Option<i64>,
+}
+
+impl From<&SharedBreaker> for BreakerView {
+    fn from(breaker: &SharedBreaker) -> Self {
+        BreakerView {
+            endpoint: breaker.key.strip_prefix("endpoint:").unwrap_or(&breaker.key).to_owned(),
+            agent: None,
+            state: breaker.state.as_str().to_owned(),
+            consecutive_failures: Some(u64::from(breaker.consecutive_failures)),
+            open_until: breaker.open_until.map(Timestamp::as_millis),
+            instance: breaker.probe_holder.as_deref().and_then(|holder| holder.split(' ').next()).map(str::to_owned),
+            reported_at: breaker.updated_at.as_millis(),
+            shared: true,
+            probe_holder: breaker.probe_holder.clone(),
+            probe_until: breaker.probe_until.map(Timestamp::as_millis),
+        }
+    }
+}
+
+impl BreakerView {
+    /// Every breaker: the shared ones and those processes reported, sorted
+    /// by endpoint (a shared breaker first).
+    pub fn all(shared: &[SharedBreaker], reported: &[ComponentStatus]) -> Vec<BreakerView> {
+        let mut views: Vec<BreakerView> = shared.iter().map(BreakerView::from).chain(reported.iter().map(BreakerView::from)).collect();
+        views.sort_by(|a, b| a.endpoint.cmp(&b.endpoint).then(b.shared.cmp(&a.shared)));
+        views
+    }
 }
 
 impl From<&ComponentStatus> for BreakerView {
@@ -761,6 +803,9 @@ impl From<&ComponentStatus> for BreakerView {
             open_until: status.value["open_until"].as_i64(),
             instance: text("instance"),
             reported_at: status.reported_at.as_millis(),
+            shared: false,
+            probe_holder: None,
+            probe_until: None,
         }
     }
 }

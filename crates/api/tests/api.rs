@@ -865,6 +865,46 @@ async fn breakers_show_what_serve_processes_reported() {
         (&only[0]["endpoint"], &only[0]["state"], &only[0]["consecutive_failures"], &only[0]["open_until"], &only[0]["instance"]),
         (&json!("http://127.0.0.1:9100"), &json!("open"), &json!(5), &json!(1_700_000_000_000_i64), &json!("serve-1"))
     );
+    assert_eq!(only[0]["shared"], json!(false));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn breakers_show_the_shared_ones_with_their_probe() {
+    let server = start(Options { engine: false, ..Options::default() }).await;
+    let report = |holder: &str, probe: bool, result| rota_store::BreakerReport {
+        key: "endpoint:http://127.0.0.1:9200".into(),
+        holder: holder.into(),
+        probe,
+        result,
+        failures_to_open: 1,
+        open_for: Duration::from_millis(1),
+    };
+    let opened = server.store.report_breaker(&report("serve-1 t-1/call#1", false, rota_store::BreakerResult::Failure)).await.unwrap();
+    let open_until = opened.unwrap().open_until.unwrap();
+    let breakers = server.get("/v1/breakers").await;
+    let view = &breakers.body[0];
+    assert_eq!(
+        (&view["endpoint"], &view["state"], &view["shared"], &view["consecutive_failures"], &view["open_until"], &view["agent"]),
+        (&json!("http://127.0.0.1:9200"), &json!("open"), &json!(true), &json!(1), &json!(open_until.as_millis()), &Value::Null),
+        "{}",
+        breakers.text
+    );
+    // Once open_until has passed (the store's clock is real here), one call
+    // takes the probe and the view names it.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let ask = rota_store::BreakerAsk {
+        key: "endpoint:http://127.0.0.1:9200".into(),
+        holder: "serve-2 t-2/call#1".into(),
+        probe_lease: Duration::from_secs(30),
+    };
+    let (admission, _) = server.store.admit_breaker(&ask).await.unwrap();
+    assert!(matches!(admission, rota_store::BreakerAdmission::Probe { .. }), "{admission:?}");
+    let view = server.get("/v1/breakers").await.body[0].clone();
+    assert_eq!(
+        (&view["state"], &view["probe_holder"], &view["instance"]),
+        (&json!("half_open"), &json!("serve-2 t-2/call#1"), &json!("serve-2"))
+    );
+    assert!(view["probe_until"].as_i64().is_some(), "{view}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -219,12 +219,14 @@ impl Backend {
         }
     }
 
-    /// Every circuit breaker the `rota serve` processes reported.
+    /// Every circuit breaker: shared through the store, or reported by
+    /// the `rota serve` processes that keep their own.
     pub async fn breakers(&self) -> anyhow::Result<Vec<BreakerView>> {
         match self {
             Backend::Local(store) => {
                 let statuses = rota_engine::status::breakers(store).await.context("cannot read the circuit breakers")?;
-                Ok(statuses.iter().map(BreakerView::from).collect())
+                let shared = store.shared_breakers().await.context("cannot read the shared circuit breakers")?;
+                Ok(BreakerView::all(&shared, &statuses))
             }
             Backend::Remote(server) => server.get(&["v1", "breakers"], &[]).await,
         }

@@ -43,7 +43,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use rota_agent::{BreakerConfig, HttpAgent, HttpConfig};
+use rota_agent::{HttpAgent, HttpConfig};
+use rota_engine::breakers::SharedBreakerConfig;
 use rota_engine::engine::Config as EngineConfig;
 use rota_engine::{Client, Engine, Roles, Shutdown, Submission};
 use rota_model::{Clock, ExhaustedPolicy, InstanceId, RetryPolicy, SystemClock, TaskId, TaskState, WorkflowName};
@@ -326,9 +327,11 @@ fn start_agent(store: &SharedStore, clock: &Arc<dyn Clock>, seed: u64, n: u32) -
     config.roles = Roles { scheduler: false, supervisor: false, agents: true };
     config.agent_concurrency = 64;
     config.seed = seed ^ u64::from(n);
-    // A breaker that a burst of 503s does not open, but an outage would.
-    let http = HttpConfig { breaker: BreakerConfig::new(10, Duration::from_secs(1))?, ..HttpConfig::default() };
-    let agent = HttpAgent::with_config(http, clock.clone())?;
+    // A shared breaker that a burst of 503s does not open, but an outage
+    // would (it then holds the calls for a second at a time).
+    config.agent_breakers =
+        Some(SharedBreakerConfig { failures_to_open: 10, open_for: Duration::from_secs(1), ..SharedBreakerConfig::default() });
+    let agent = HttpAgent::with_config(HttpConfig::default(), clock.clone())?;
     let engine = Engine::new(store.clone(), clock.clone(), config).agent(Arc::new(agent));
     let shutdown = Shutdown::new();
     let task = tokio::spawn(engine.run(shutdown.clone()));

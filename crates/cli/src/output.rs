@@ -312,7 +312,7 @@ impl<'a> From<&'a EventView> for EventJson<'a> {
     }
 }
 
-/// A circuit breaker as `rota serve` reported it.
+/// A circuit breaker, shared or as `rota serve` reported it.
 #[derive(Serialize)]
 pub struct BreakerJson {
     pub endpoint: String,
@@ -322,6 +322,9 @@ pub struct BreakerJson {
     pub open_until: Option<String>,
     pub instance: Option<String>,
     pub reported_at: String,
+    pub shared: bool,
+    pub probe_holder: Option<String>,
+    pub probe_until: Option<String>,
 }
 
 impl From<&BreakerView> for BreakerJson {
@@ -334,6 +337,9 @@ impl From<&BreakerView> for BreakerJson {
             open_until: breaker.open_until.map(rfc3339_millis),
             instance: breaker.instance.clone(),
             reported_at: rfc3339_millis(breaker.reported_at),
+            shared: breaker.shared,
+            probe_holder: breaker.probe_holder.clone(),
+            probe_until: breaker.probe_until.map(rfc3339_millis),
         }
     }
 }

@@ -114,6 +114,15 @@ impl TraceArgs {
     }
 }
 
+/// Where circuit breakers live (`--breakers`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BreakerMode {
+    /// In the store, shared by every process; open breakers hold work.
+    Shared,
+    /// In each process; open breakers fail calls fast.
+    Local,
+}
+
 /// The agent role's settings.
 #[derive(clap::Args, Clone)]
 pub struct AgentArgs {
@@ -144,6 +153,15 @@ pub struct AgentArgs {
     /// (0s..1m).
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = humantime::parse_duration)]
     agent_rate_wait: Duration,
+    /// Where the `http` agent's circuit breakers live. `shared` (the
+    /// default): in the store, one per endpoint for every process; after 5
+    /// transient failures in a row it opens for 10 s, holding the
+    /// endpoint's requests (neither failing them nor counting failures),
+    /// then one process probes and the held work is released when the
+    /// probe succeeds. `local`: each process keeps its own, which fails
+    /// calls fast while open (a retryable `circuit_open` error).
+    #[arg(long, value_name = "WHERE", default_value = "shared")]
+    breakers: BreakerMode,
     /// The only hosts `http` steps and webhooks may reach, comma-separated:
     /// host names (api.example.com, *.example.com), networks (10.0.0.0/8)
     /// or addresses. A name not listed is allowed only when every address
@@ -171,6 +189,7 @@ impl Default for AgentArgs {
             agent_stop_check: rota_engine::agent_worker::STOP_CHECK_DEFAULT,
             rates: Vec::new(),
             agent_rate_wait: rota_engine::agent_worker::RATE_WAIT_DEFAULT,
+            breakers: BreakerMode::Shared,
             egress_allow: Vec::new(),
             exec_dir: None,
             exec_env: Vec::new(),
@@ -575,6 +594,9 @@ fn engine_config(args: &RunArgs, instance: InstanceId, clock: &dyn Clock) -> any
     config.agent_concurrency = args.agent.agent_concurrency as usize;
     config.agent_stop_check = args.agent.agent_stop_check;
     config.agent_rate_wait = args.agent.agent_rate_wait;
+    if args.agent.breakers == BreakerMode::Local {
+        config.agent_breakers = None;
+    }
     config.supervisor = config.supervisor.every(args.supervisor.supervisor_interval);
     config.supervisor.schedules = rota_engine::schedules::Config {
         late_max: args.supervisor.schedule_late_max,

@@ -656,9 +656,11 @@ fn status_text(status: &StatusJson) -> String {
             .map(|breaker| {
                 vec![
                     breaker.endpoint.clone(),
-                    breaker.agent.clone().unwrap_or_default(),
+                    if breaker.shared { "(shared)".to_owned() } else { breaker.agent.clone().unwrap_or_default() },
                     breaker.state.clone(),
+                    breaker.consecutive_failures.map_or_else(|| "-".to_owned(), |failures| failures.to_string()),
                     breaker.open_until.clone().unwrap_or_else(|| "-".to_owned()),
+                    breaker.probe_holder.clone().unwrap_or_else(|| "-".to_owned()),
                     breaker.instance.clone().unwrap_or_default(),
                     breaker.reported_at.clone(),
                 ]
@@ -666,7 +668,7 @@ fn status_text(status: &StatusJson) -> String {
             .collect();
         text.push(String::new());
         text.push("circuit breakers not closed:".to_owned());
-        text.push(output::table(&["ENDPOINT", "AGENT", "STATE", "OPEN UNTIL", "INSTANCE", "REPORTED"], &rows));
+        text.push(output::table(&["ENDPOINT", "AGENT", "STATE", "FAILURES", "OPEN UNTIL", "PROBE", "INSTANCE", "REPORTED"], &rows));
     }
     text.join("\n")
 }

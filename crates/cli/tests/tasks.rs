@@ -926,11 +926,13 @@ steps:
 
 // -------------------------------------------------------- circuit breakers
 
-#[test]
-fn status_shows_a_circuit_breaker_that_opened() {
+/// Runs `rota serve` with `flags` and a workflow calling a port nobody
+/// listens on (every call refused: a transient failure), submits one task;
+/// returns its `rota status --json` once it shows a breaker of that
+/// endpoint, the endpoint and the text of `rota status`.
+fn breaker_of_a_down_endpoint(instance: &str, flags: &[&str]) -> (Value, String, String) {
     let rota = Rota::new();
     let files = Files::new();
-    // A port nobody listens on: every call is refused, a transient failure.
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     files.workflow(
         "down.yaml",
@@ -939,7 +941,7 @@ fn status_shows_a_circuit_breaker_that_opened() {
              timeout: 3s\n    retry: {{ attempts: 20, backoff: 10ms, max_backoff: 20ms }}\n"
         ),
     );
-    let _serve = Serve::start(&rota, &files.workflows(), "breaker-1", &[]);
+    let _serve = Serve::start_with(&rota, &files.workflows(), instance, &[], flags);
     assert_eq!(rota.ok(&["submit", "down", "--id", "d-1"]), "d-1\n");
     let endpoint = format!("http://127.0.0.1:{port}");
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -951,13 +953,30 @@ fn status_shows_a_circuit_breaker_that_opened() {
         assert!(Instant::now() < deadline, "no breaker of {endpoint} was reported: {status:#}");
         thread::sleep(Duration::from_millis(100));
     };
-    let breaker = status["breakers"].as_array().unwrap().iter().find(|breaker| breaker["endpoint"] == endpoint.as_str()).unwrap();
+    let breaker = status["breakers"].as_array().unwrap().iter().find(|breaker| breaker["endpoint"] == endpoint.as_str()).unwrap().clone();
+    let text = rota.ok(&["status", "d-1"]);
+    assert!(text.contains("circuit breakers not closed:") && text.contains(&endpoint), "{text}");
+    (breaker, endpoint, text)
+}
+
+#[test]
+fn status_shows_a_shared_circuit_breaker_that_opened_and_holds_the_work() {
+    let (breaker, _, text) = breaker_of_a_down_endpoint("breaker-1", &[]);
     assert_eq!(breaker["state"], "open", "{breaker}");
+    assert_eq!(breaker["shared"], true, "{breaker}");
+    assert_eq!(breaker["consecutive_failures"], 5, "the default opens at 5: {breaker}");
+    assert!(breaker["open_until"].as_str().unwrap().ends_with('Z'), "{breaker}");
+    assert!(text.contains("(shared)"), "{text}");
+}
+
+#[test]
+fn status_shows_a_local_circuit_breaker_that_opened() {
+    let (breaker, _, _) = breaker_of_a_down_endpoint("breaker-1", &["--breakers", "local"]);
+    assert_eq!(breaker["state"], "open", "{breaker}");
+    assert_eq!(breaker["shared"], false, "{breaker}");
     assert_eq!(breaker["agent"], "http");
     assert_eq!(breaker["instance"], "breaker-1");
     assert!(breaker["open_until"].as_str().unwrap().ends_with('Z'), "{breaker}");
-    let text = rota.ok(&["status", "d-1"]);
-    assert!(text.contains("circuit breakers not closed:") && text.contains(&endpoint), "{text}");
 }
 
 // ------------------------------------------------------------------ cancel

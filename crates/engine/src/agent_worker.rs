@@ -32,6 +32,15 @@
 //! try, no delivery, no attempt and no failure, and the Supervisor never
 //! times it out for the time it was held.
 //!
+//! Circuit breakers hold work too. With [`Config::breakers`] set (the
+//! engine's default), before every try of an agent that names a target the
+//! worker asks the target's breaker, shared through the store
+//! ([`crate::breakers`]): while it is open the request is held the same
+//! way until the breaker lets a probe through, and behind another
+//! process's probe it asks again within a recheck; after every try it
+//! reports what the try said about the target. The agent's own breaker is
+//! then left out (the tries go through [`Agent::call_unguarded`]).
+//!
 //! The rules that every agent follows, built-in or external (the HTTP
 //! worker protocol of `rota-api` calls them too), are public functions:
 //! [`too_late`] (the deadline), [`stop_reason`] and [`commit_stop`] (a
@@ -40,7 +49,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -48,13 +57,14 @@ use async_trait::async_trait;
 use rand::Rng;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
-use rota_agent::{Agent, Gate, Hold, Outcome as CallOutcome};
+use rota_agent::{Agent, Gate, Health, Hold, Outcome as CallOutcome};
 use rota_model::{Clock, InstanceId, LeaseToken, QueueName, RateLimit, StepName, StepState, Task, TaskId, TaskState, Timestamp};
 use rota_store::{Changes, Delivery, Event, EventKind, Outgoing, RateRequest, RateSlot, SharedStore, StepWrite};
 use serde_json::json;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use crate::breakers::{BreakerGate, SharedBreakers};
 use crate::consumer::{self, Consumer, Handler, Outcome};
 use crate::protocol::{self, InboxEnvelope, InboxMessage, Reply, ReplyOutcome, StepRequest};
 use crate::telemetry;
@@ -84,6 +94,10 @@ pub struct Config {
     /// The longest a call waits in-process for its rate slot; a slot
     /// further away holds the request ([`commit_hold`]).
     pub rate_wait: Duration,
+    /// The circuit breakers shared through the store, which hold the
+    /// requests of an endpoint while open; `None`: the agent's own
+    /// in-process breakers fail calls fast instead.
+    pub breakers: Option<Arc<SharedBreakers>>,
 }
 
 /// The default of [`Config::rate_wait`].
@@ -144,7 +158,9 @@ impl AgentWorker {
         let mut rng = StdRng::seed_from_u64(self.request_seed(request));
         let started = std::time::Instant::now();
         let mut watched = self.in_flight.watch(&request.call.task_id);
-        let gate = RateGate { store: &self.store, clock: &*self.clock, limits: self.rate_limits(request), wait_max: self.config.rate_wait };
+        let rate = RateGate { store: &self.store, clock: &*self.clock, limits: self.rate_limits(request), wait_max: self.config.rate_wait };
+        let breaker = self.breaker_gate(request);
+        let gate = CallGate { breaker, rate };
         let call = rota_agent::run_gated(&*self.agent, &request.call, &request.retry, &*self.clock, &mut rng, &gate);
         let outcome = tokio::select! {
             outcome = call => outcome,
@@ -192,6 +208,17 @@ impl AgentWorker {
         queue.into_iter().chain(step).collect()
     }
 
+    /// The shared breaker of `request`'s target, if breakers are shared
+    /// and the agent names a target (`endpoint:scheme://host:port` for
+    /// `http`).
+    fn breaker_gate(&self, request: &StepRequest) -> Option<BreakerGate<'_>> {
+        let breakers = self.config.breakers.as_deref()?;
+        let target = self.agent.target(&request.call)?;
+        let call = &request.call;
+        let holder = breakers.holder(&format!("{}/{}#{}", call.task_id, call.step, call.attempt));
+        Some(BreakerGate { breakers, key: format!("endpoint:{target}"), holder, probe: AtomicBool::new(false) })
+    }
+
     /// Gives a held request back until its slot, spread by up to one
     /// [`Config::rate_wait`] so that the requests held together do not all
     /// come back at once.
@@ -235,6 +262,39 @@ fn record_call(agent: &str, outcome: &CallOutcome, took: Duration) {
 fn record_stopped(agent: &str, took: Duration) {
     metrics::counter!(telemetry::AGENT_CALLS, "agent" => agent.to_owned(), "outcome" => "stopped").increment(1);
     metrics::histogram!(telemetry::AGENT_CALL_DURATION, "agent" => agent.to_owned(), "outcome" => "stopped").record(took.as_secs_f64());
+}
+
+/// What admits each try of one request: its shared circuit breaker, then
+/// its rate limits (a slot is not taken for a try the breaker holds).
+struct CallGate<'a> {
+    breaker: Option<BreakerGate<'a>>,
+    rate: RateGate<'a>,
+}
+
+#[async_trait]
+impl Gate for CallGate<'_> {
+    async fn admit(&self, request: &rota_agent::Request, remaining: Duration) -> std::result::Result<(), Hold> {
+        if let Some(breaker) = &self.breaker {
+            breaker.admit().await?;
+        }
+        let admitted = self.rate.admit(request, remaining).await;
+        if admitted.is_err()
+            && let Some(breaker) = &self.breaker
+        {
+            breaker.withdraw().await;
+        }
+        admitted
+    }
+
+    fn keeps_breakers(&self) -> bool {
+        self.breaker.is_some()
+    }
+
+    async fn report(&self, _request: &rota_agent::Request, health: Health) {
+        if let Some(breaker) = &self.breaker {
+            breaker.report(health).await;
+        }
+    }
 }
 
 /// The rate limits of one request's tries, taken in the store.

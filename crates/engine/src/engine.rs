@@ -12,6 +12,7 @@ use rota_workflow::Workflow;
 use tokio::task::JoinSet;
 
 use crate::agent_worker::{self, AgentWorker};
+use crate::breakers::{SharedBreakerConfig, SharedBreakers};
 use crate::client::Client;
 use crate::completions::Completions;
 use crate::scheduler::{self, Scheduler};
@@ -58,6 +59,11 @@ pub struct Config {
     /// The longest a call waits in-process for its rate slot before its
     /// request is held instead (`agent_worker::Config::rate_wait`).
     pub agent_rate_wait: Duration,
+    /// The agents' circuit breakers, shared through the store: while open
+    /// they hold the requests of their endpoint (neither failing them nor
+    /// counting failures). `None`: each agent keeps its own breakers in
+    /// process, which fail calls fast.
+    pub agent_breakers: Option<SharedBreakerConfig>,
     /// The seed of every jitter in this process.
     pub seed: u64,
     /// How long work in progress (agent calls, replies being handled) may
@@ -87,6 +93,7 @@ impl Config {
             agent_stop_check: agent_worker::STOP_CHECK_DEFAULT,
             agent_rates: BTreeMap::new(),
             agent_rate_wait: agent_worker::RATE_WAIT_DEFAULT,
+            agent_breakers: Some(SharedBreakerConfig::default()),
             seed: 0,
             shutdown_grace: crate::consumer::Config::SHUTDOWN_GRACE_DEFAULT,
             workflow_latest_refresh: crate::workflows::LATEST_REFRESH_DEFAULT,
@@ -112,6 +119,9 @@ impl Config {
         agent_worker::check_stop_check(self.agent_stop_check)?;
         crate::scheduler::check_for_each_items_max(self.scheduler.for_each_items_max)?;
         agent_worker::check_rate_wait(self.agent_rate_wait)?;
+        if let Some(breakers) = &self.agent_breakers {
+            breakers.validate()?;
+        }
         crate::client::check_input_bytes_max(self.input_bytes_max).map_err(|why| Error::OutOfBounds { field: "input_bytes_max", why })?;
         Ok(())
     }
@@ -194,6 +204,9 @@ impl Engine {
             roles.spawn(supervisor.run(shutdown.clone()));
         }
         if config.roles.agents {
+            let breakers = config.agent_breakers.as_ref().map(|breakers| {
+                Arc::new(SharedBreakers::new(self.store.clone(), self.clock.clone(), breakers.clone(), config.instance.clone()))
+            });
             for agent in &self.agents {
                 let worker_config = agent_worker::Config {
                     instance: config.instance.clone(),
@@ -203,6 +216,7 @@ impl Engine {
                     stop_check: config.agent_stop_check,
                     queue_rate: config.agent_rates.get(agent.name()).copied(),
                     rate_wait: config.agent_rate_wait,
+                    breakers: breakers.clone(),
                 };
                 let worker = AgentWorker::new(self.store.clone(), self.clock.clone(), agent.clone(), worker_config);
                 roles.spawn(worker.run(shutdown.clone()));

@@ -31,6 +31,7 @@ pub mod agent_worker;
 pub mod archive;
 pub mod audit;
 pub mod batch;
+pub mod breakers;
 pub mod callback;
 pub mod client;
 pub mod completions;

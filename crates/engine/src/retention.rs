@@ -59,7 +59,7 @@ pub struct Config {
     pub batches_per_pass: u32,
     /// How long an instance must have been silent (no heartbeat) before
     /// its leftovers are swept; also how long a circuit breaker nobody
-    /// reports is kept. Far longer than a restart, so that an instance that
+    /// reports (or, shared, nobody changes) is kept. Far longer than a restart, so that an instance that
     /// comes back with the same id finds its inbox.
     pub instances_gone_after: Duration,
     /// The directory finished tasks are archived to before they are
@@ -177,7 +177,8 @@ pub struct Pass {
     pub instances: u32,
     /// Inbox queues swept with them.
     pub inboxes: u32,
-    /// Circuit breakers nobody reported any more.
+    /// Circuit breakers nobody reported any more, and shared breakers
+    /// nobody changed.
     pub breakers: u64,
     /// Audit table rows past the audit retention.
     pub audit_rows: u64,
@@ -412,6 +413,9 @@ impl Retention {
             }
         }
         pass.breakers += self.store.delete_statuses(status::BREAKER_PREFIX, gone_before).await?;
+        // Shared breakers unchanged for as long (and not open nor probing
+        // past it) say nothing a fresh closed breaker would not.
+        pass.breakers += self.store.delete_shared_breakers(gone_before).await?;
         Ok(())
     }
 }

@@ -145,6 +145,15 @@ async fn instances_gone_long_enough_are_swept_with_their_inbox(backend: Backend)
     rig.store.report_status(&status::instance_key(&gone), &json!({"instance": "gone-1"})).await.unwrap();
     rig.store.create_queue(&protocol::inbox(&gone), QueueConfig::default()).await.unwrap();
     rig.store.report_status(&status::breaker_key("http://old"), &json!({})).await.unwrap();
+    let failure = rota_store::BreakerReport {
+        key: "endpoint:http://old:80".into(),
+        holder: "gone-1 t/s#1".into(),
+        probe: false,
+        result: rota_store::BreakerResult::Failure,
+        failures_to_open: 5,
+        open_for: Duration::from_secs(10),
+    };
+    rig.store.report_breaker(&failure).await.unwrap();
     rig.clock.advance(DAY);
     let live = InstanceId::new("live-1").unwrap();
     rig.store.report_status(&status::instance_key(&live), &json!({"instance": "live-1"})).await.unwrap();
@@ -155,7 +164,8 @@ async fn instances_gone_long_enough_are_swept_with_their_inbox(backend: Backend)
     assert_eq!((pass.instances, pass.inboxes, pass.breakers), (0, 0, 0), "silent for exactly the bound: not gone yet");
     rig.clock.advance(Duration::from_secs(1));
     let pass = rig.pass(&retention).await;
-    assert_eq!((pass.instances, pass.inboxes, pass.breakers), (1, 1, 1));
+    assert_eq!((pass.instances, pass.inboxes, pass.breakers), (1, 1, 2), "the reported breaker and the shared one");
+    assert!(rig.store.shared_breakers().await.unwrap().is_empty());
     let heartbeats: Vec<String> = rig.store.statuses(status::INSTANCE_PREFIX).await.unwrap().into_iter().map(|s| s.key).collect();
     assert_eq!(heartbeats, ["instance/live-1"]);
     let queues: Vec<String> = rig.store.stats().await.unwrap().into_iter().map(|s| s.queue.to_string()).collect();

@@ -937,6 +937,8 @@ pub(crate) async fn take_rate_slot(conn: &mut PgConnection, n: &Names, request: 
 }
 
 type BreakerColumns = (String, String, i32, Option<i64>, Option<String>, Option<i64>, i64);
+/// A breaker's row and whether an ask took its probe lease.
+type BreakerAsked = (String, String, i32, Option<i64>, Option<String>, Option<i64>, i64, bool);
 
 fn shared_breaker(columns: BreakerColumns) -> Result<SharedBreaker> {
     let (key, state, failures, open_until, probe_holder, probe_until, updated_at) = columns;
@@ -962,7 +964,7 @@ pub(crate) async fn admit_breaker(
     ask: &BreakerAsk,
     now: Timestamp,
 ) -> Result<(BreakerAdmission, Option<SharedBreaker>)> {
-    let row: Option<(String, String, i32, Option<i64>, Option<String>, Option<i64>, i64, bool)> = sqlx::query_as(n.sql(
+    let row: Option<BreakerAsked> = sqlx::query_as(n.sql(
         "WITH before AS (
              SELECT key, state, consecutive_failures, open_until, probe_holder, probe_until, updated_at
              FROM rota.breakers WHERE key = $1
@@ -1028,7 +1030,12 @@ macro_rules! breaker_report_set {
 /// (only a failure creates a row; the conflicting row is locked, so
 /// failures reported at once from several processes all add up), or an
 /// update of the row.
-pub(crate) async fn report_breaker(conn: &mut PgConnection, n: &Names, report: &BreakerReport, now: Timestamp) -> Result<Option<SharedBreaker>> {
+pub(crate) async fn report_breaker(
+    conn: &mut PgConnection,
+    n: &Names,
+    report: &BreakerReport,
+    now: Timestamp,
+) -> Result<Option<SharedBreaker>> {
     let (kind, sql): (i64, &'static str) = match report.result {
         BreakerResult::Failure => (
             1,
@@ -1064,18 +1071,18 @@ pub(crate) async fn report_breaker(conn: &mut PgConnection, n: &Names, report: &
 }
 
 pub(crate) async fn shared_breakers(conn: &mut PgConnection, n: &Names) -> Result<Vec<SharedBreaker>> {
-    let rows: Vec<BreakerColumns> = sqlx::query_as(n.sql(
-        "SELECT key, state, consecutive_failures, open_until, probe_holder, probe_until, updated_at FROM rota.breakers ORDER BY key",
-    ))
+    let rows: Vec<BreakerColumns> = sqlx::query_as(
+        n.sql("SELECT key, state, consecutive_failures, open_until, probe_holder, probe_until, updated_at FROM rota.breakers ORDER BY key"),
+    )
     .fetch_all(&mut *conn)
     .await?;
     rows.into_iter().map(shared_breaker).collect()
 }
 
 pub(crate) async fn delete_shared_breakers(conn: &mut PgConnection, n: &Names, before: Timestamp) -> Result<u64> {
-    let done = sqlx::query(n.sql(
-        "DELETE FROM rota.breakers WHERE updated_at < $1 AND coalesce(open_until, 0) < $1 AND coalesce(probe_until, 0) < $1",
-    ))
+    let done = sqlx::query(
+        n.sql("DELETE FROM rota.breakers WHERE updated_at < $1 AND coalesce(open_until, 0) < $1 AND coalesce(probe_until, 0) < $1"),
+    )
     .bind(before.as_millis())
     .execute(&mut *conn)
     .await?;

@@ -30,10 +30,10 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, ScheduleName, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{
-    AuditEntry, AuditFilter, BatchProgress, BatchRecord, Changes, Claim, ComponentStatus, Created, DeadLetter, Delivery, Error, Event,
-    Expired, InstanceSweep, LeaderLease, NewAudit, NewBatch, NewSchedule, NewTask, Outgoing, Prune, Pruned, QueueConfig, QueueStats,
-    BreakerAdmission, BreakerAsk, BreakerReport, Queues, RateRequest, RateSlot, SharedBreaker, Receive, Redrive, Result, ScheduleProgress, ScheduleRecord, Sent, Store, Swept, TaskFilter, TaskRecord,
-    Tasks, Warning, WorkflowEntry, WorkflowPause,
+    AuditEntry, AuditFilter, BatchProgress, BatchRecord, BreakerAdmission, BreakerAsk, BreakerReport, Changes, Claim, ComponentStatus,
+    Created, DeadLetter, Delivery, Error, Event, Expired, InstanceSweep, LeaderLease, NewAudit, NewBatch, NewSchedule, NewTask, Outgoing,
+    Prune, Pruned, QueueConfig, QueueStats, Queues, RateRequest, RateSlot, Receive, Redrive, Result, ScheduleProgress, ScheduleRecord,
+    Sent, SharedBreaker, Store, Swept, TaskFilter, TaskRecord, Tasks, Warning, WorkflowEntry, WorkflowPause,
 };
 use rusqlite::{Connection, OpenFlags};
 use serde_json::Value;

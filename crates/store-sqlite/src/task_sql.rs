@@ -1076,7 +1076,7 @@ pub(crate) fn take_rate_slot(conn: &Connection, request: &RateRequest, now: Time
 
 const BREAKER_COLUMNS: &str = "key, state, consecutive_failures, open_until, probe_holder, probe_until, updated_at";
 
-fn breaker_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<(String, String, i64, Option<i64>, Option<String>, Option<i64>, i64)> {
+fn breaker_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<BreakerColumns> {
     Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?, row.get(5)?, row.get(6)?))
 }
 
@@ -1176,9 +1176,7 @@ pub(crate) fn shared_breakers(conn: &Connection) -> Result<Vec<SharedBreaker>> {
 
 pub(crate) fn delete_shared_breakers(conn: &Connection, before: Timestamp) -> Result<u64> {
     let deleted = conn
-        .prepare_cached(
-            "DELETE FROM breakers WHERE updated_at < ?1 AND coalesce(open_until, 0) < ?1 AND coalesce(probe_until, 0) < ?1",
-        )
+        .prepare_cached("DELETE FROM breakers WHERE updated_at < ?1 AND coalesce(open_until, 0) < ?1 AND coalesce(probe_until, 0) < ?1")
         .and_then(|mut stmt| stmt.execute([before.as_millis()]))
         .map_err(sql_error)?;
     Ok(deleted as u64)

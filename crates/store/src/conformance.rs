@@ -3439,7 +3439,10 @@ pub async fn two_owners_race_for_the_probe_and_exactly_one_wins(harness: &dyn Ha
     assert_eq!(probes.len(), 1, "exactly one probe: {probes:?}");
     let holder = format!("owner-{}", probes[0]);
     let row = ok(stores[1].shared_breakers().await, "list").pop().expect("row");
-    assert_eq!((row.state, row.probe_holder.as_deref(), row.probe_until), (SharedBreakerState::HalfOpen, Some(&*holder), Some(lease_until)));
+    assert_eq!(
+        (row.state, row.probe_holder.as_deref(), row.probe_until),
+        (SharedBreakerState::HalfOpen, Some(&*holder), Some(lease_until))
+    );
     let (again, _) = ok(stores[2].admit_breaker(&breaker_ask("late")).await, "ask");
     assert_eq!(again, BreakerAdmission::Hold { until: lease_until }, "the probe is out");
     // A success of a call that is not the probe decides nothing.
@@ -3486,7 +3489,8 @@ pub async fn stale_closed_breakers_are_deleted_and_open_ones_kept(harness: &dyn 
     let store = harness.open().await;
     let failing = BreakerReport { key: "endpoint:http://failing:80".into(), ..breaker_report("x", false, BreakerResult::Failure) };
     ok(store.report_breaker(&failing).await, "failure");
-    let long = BreakerReport { failures_to_open: 1, open_for: Duration::from_secs(3_600), ..breaker_report("x", false, BreakerResult::Failure) };
+    let long =
+        BreakerReport { failures_to_open: 1, open_for: Duration::from_secs(3_600), ..breaker_report("x", false, BreakerResult::Failure) };
     ok(store.report_breaker(&long).await, "opens for an hour");
     clock.advance(Duration::from_secs(60));
     assert_eq!(ok(store.delete_shared_breakers(clock.now().sub(Duration::from_secs(61))).await, "delete"), 0, "nothing that old");

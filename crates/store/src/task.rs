@@ -20,10 +20,10 @@ use serde_json::Value;
 use crate::Result;
 use crate::audit::{AuditEntry, AuditFilter, NewAudit};
 use crate::batch::{BatchProgress, BatchRecord, NewBatch};
+use crate::breaker::{BreakerAdmission, BreakerAsk, BreakerReport, SharedBreaker};
 use crate::claim::Claim;
 use crate::prune::{InstanceSweep, Prune, Pruned, Swept};
 use crate::queue::Outgoing;
-use crate::breaker::{BreakerAdmission, BreakerAsk, BreakerReport, SharedBreaker};
 use crate::rate::{RateRequest, RateSlot};
 use crate::schedule::{NewSchedule, ScheduleProgress, ScheduleRecord};
 
