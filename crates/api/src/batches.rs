@@ -1,5 +1,6 @@
 //! The bulk-action endpoints: start a batch (cancel or resubmit every task
-//! a filter selects), list them, show one, stop one. The Supervisor leader
+//! a filter selects, redrive every dead letter of a queue a filter
+//! selects), list them, show one, stop one. The Supervisor leader
 //! runs a batch ([`rota_engine::batch`]); this only translates.
 
 use axum::Extension;
@@ -7,14 +8,14 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use rota_engine::ops::Operator;
-use rota_model::{TaskState, WorkflowName};
-use rota_store::{BatchAction, TaskFilter};
+use rota_model::{QueueName, TaskState, WorkflowName};
+use rota_store::{BatchAction, BatchFilter, DeadLetterFilter, TaskFilter, TimeRange};
 
 use crate::ApiState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody};
 use crate::tasks::{Search, caller_of};
-use crate::wire::{BatchFilterView, BatchPath, BatchRequest, BatchView, LimitQuery};
+use crate::wire::{BatchFilterView, BatchPath, BatchRequest, BatchView, DeadLetterFilterView, LimitQuery};
 
 /// The longest reason kept with a batch.
 const REASON_CHARS_MAX: usize = 1000;
@@ -48,12 +49,59 @@ pub(crate) fn filter_of(view: BatchFilterView) -> ApiResult<TaskFilter> {
     })
 }
 
-/// Start a bulk action: cancel or resubmit every task the filter selects.
+/// A dead-letter filter as the store takes it, or a 422 naming the field.
+pub(crate) fn dead_letter_filter_of(view: DeadLetterFilterView) -> ApiResult<DeadLetterFilter> {
+    let queue = QueueName::new(view.queue).map_err(|err| ApiError::invalid_body(format!("dead_letters.queue: {err}")))?;
+    if view.reason_contains.as_ref().is_some_and(|text| text.is_empty() || text.chars().count() > REASON_CHARS_MAX) {
+        return Err(ApiError::invalid_body(format!("dead_letters.reason_contains: 1 to {REASON_CHARS_MAX} characters")));
+    }
+    let time = |name: &str, text: Option<String>| {
+        text.map(|text| rota_engine::client::parse_start_at(&text))
+            .transpose()
+            .map_err(|why| ApiError::invalid_body(format!("dead_letters.{name}: {why}")))
+    };
+    let dead_lettered = TimeRange {
+        from: time("dead_lettered_after", view.dead_lettered_after)?,
+        until: time("dead_lettered_before", view.dead_lettered_before)?,
+    };
+    Ok(DeadLetterFilter { queue, reason_contains: view.reason_contains, dead_lettered })
+}
+
+/// The filter of a batch request, checked against its action.
+fn batch_filter_of(action: BatchAction, request: &mut BatchRequest) -> ApiResult<BatchFilter> {
+    let tasks = filter_of(std::mem::take(&mut request.filter))?;
+    if action.on_dead_letters() {
+        if tasks.selects_something() {
+            return Err(ApiError::invalid_body("filter: a redrive selects dead letters (dead_letters), not tasks"));
+        }
+        let Some(view) = request.dead_letters.take() else {
+            return Err(ApiError::invalid_body(
+                "dead_letters: a redrive needs the queue whose dead letters to send back (dead_letters.queue)",
+            ));
+        };
+        return Ok(BatchFilter::DeadLetters(dead_letter_filter_of(view)?));
+    }
+    if request.dead_letters.is_some() {
+        return Err(ApiError::invalid_body(format!("dead_letters: a {action} selects tasks (filter), not dead letters")));
+    }
+    let mut filter = tasks;
+    if !filter.selects_something() {
+        return Err(ApiError::invalid_body("filter: give at least one of state, workflow, tag, a time or id_prefix"));
+    }
+    if action == BatchAction::Resubmit && filter.state.is_none() {
+        filter.state = Some(TaskState::Error);
+    }
+    Ok(BatchFilter::Tasks(filter))
+}
+
+/// Start a bulk action: cancel or resubmit every task the filter selects,
+/// or redrive every dead letter of a queue the dead-letter filter selects.
 ///
-/// The batch is stored with its filter, closed now (tasks created later
-/// are not selected), and the count of the tasks selected; the Supervisor
-/// leader runs it, a page at a time, and goes on from where it got after a
-/// restart. Follow it with `GET /v1/batches/{id}`.
+/// The batch is stored with its filter, closed now (tasks created later,
+/// messages dead-lettered later, are not selected), and the count of what
+/// it selected; the Supervisor leader runs it, a page at a time, and goes
+/// on from where it got after a restart. Follow it with
+/// `GET /v1/batches/{id}`.
 #[utoipa::path(
     post, path = "/v1/batches", tag = "batches", operation_id = "create_batch", request_body = BatchRequest,
     responses(
@@ -61,23 +109,18 @@ pub(crate) fn filter_of(view: BatchFilterView) -> ApiResult<TaskFilter> {
         (status = 400, description = "Malformed JSON", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
         (status = 415, description = "Not JSON", body = ErrorBody),
-        (status = 422, description = "Invalid field, or a filter that selects nothing in particular", body = ErrorBody),
+        (status = 404, description = "A redrive of a queue that does not exist", body = ErrorBody),
+        (status = 422, description = "Invalid field, a filter that selects nothing in particular, a redrive without dead_letters, or a filter of the other kind than the action's", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
 pub async fn create(
     State(state): State<ApiState>,
     caller: Option<Extension<Caller>>,
-    ApiJson(request): ApiJson<BatchRequest>,
+    ApiJson(mut request): ApiJson<BatchRequest>,
 ) -> ApiResult<(StatusCode, Json<BatchView>)> {
     let action = request.action.parse::<BatchAction>().map_err(|why| ApiError::invalid_body(format!("action: {why}")))?;
-    let mut filter = filter_of(request.filter)?;
-    if !filter.selects_something() {
-        return Err(ApiError::invalid_body("filter: give at least one of state, workflow, tag, a time or id_prefix"));
-    }
-    if action == BatchAction::Resubmit && filter.state.is_none() {
-        filter.state = Some(TaskState::Error);
-    }
+    let filter = batch_filter_of(action, &mut request)?;
     if let Some(reason) = &request.reason
         && reason.chars().count() > REASON_CHARS_MAX
     {

@@ -1676,14 +1676,20 @@ pub struct SchedulePath {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BatchRequest {
-    /// What to do to each task: `cancel`, or `resubmit` (tasks in Error).
+    /// What to do: `cancel` or `resubmit` (tasks in Error) each task
+    /// `filter` selects, or `redrive` each dead letter `dead_letters`
+    /// selects.
     #[schema(value_type = String, example = "resubmit")]
     pub action: String,
-    /// Which tasks: the filters of `GET /v1/tasks`, every one given must
-    /// match; at least one is required. A resubmit without `state` selects
-    /// the tasks in Error.
+    /// Which tasks (cancel, resubmit): the filters of `GET /v1/tasks`,
+    /// every one given must match; at least one is required. A resubmit
+    /// without `state` selects the tasks in Error. Not with `redrive`.
     #[serde(default)]
     pub filter: BatchFilterView,
+    /// Which dead letters (`redrive`, which requires it; not with the
+    /// other actions).
+    #[serde(default)]
+    pub dead_letters: Option<DeadLetterFilterView>,
     /// Why (at most 1000 characters), kept with the batch.
     #[schema(max_length = 1000)]
     pub reason: Option<String>,
@@ -1720,25 +1726,60 @@ pub struct BatchFilterView {
     pub id_prefix: Option<String>,
 }
 
+/// The dead letters of one queue a redrive batch sends back: those
+/// matching every condition given.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetterFilterView {
+    /// The queue whose dead letters (required).
+    #[schema(pattern = r"^[A-Za-z0-9._:-]{1,100}$")]
+    pub queue: String,
+    /// Only dead letters whose reason contains this text (case-sensitive).
+    #[schema(max_length = 1000)]
+    pub reason_contains: Option<String>,
+    /// Only dead letters dead-lettered at or after this time (RFC 3339).
+    #[schema(max_length = 64)]
+    pub dead_lettered_after: Option<String>,
+    /// Only dead letters dead-lettered strictly before this time (RFC 3339).
+    #[schema(max_length = 64)]
+    pub dead_lettered_before: Option<String>,
+}
+
+impl From<&rota_store::DeadLetterFilter> for DeadLetterFilterView {
+    fn from(filter: &rota_store::DeadLetterFilter) -> Self {
+        DeadLetterFilterView {
+            queue: filter.queue.to_string(),
+            reason_contains: filter.reason_contains.clone(),
+            dead_lettered_after: filter.dead_lettered.from.map(rfc3339),
+            dead_lettered_before: filter.dead_lettered.until.map(rfc3339),
+        }
+    }
+}
+
 /// A bulk action and how far it got.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct BatchView {
     /// Its id.
     pub id: String,
-    /// `cancel` or `resubmit`.
+    /// `cancel`, `resubmit` or `redrive`.
     pub action: String,
     /// The tasks it acts on (closed at its creation: later tasks are not
-    /// selected).
+    /// selected); empty for a redrive.
     pub filter: BatchFilterView,
+    /// The dead letters a redrive sends back (closed at its creation:
+    /// later dead letters are not selected); absent for the other actions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letters: Option<DeadLetterFilterView>,
     /// `running` (a runner holds it or the next takes it), `stopped` (by
     /// an operator), `done`.
     pub state: String,
-    /// How many tasks the filter selected when it was made.
+    /// How many tasks (dead letters) the filter selected when it was made.
     pub total: u64,
-    /// Tasks acted on.
+    /// Tasks (dead letters) acted on.
     pub done: u64,
     /// Tasks the action no longer applied to (already finished, no longer
-    /// in Error, deleted).
+    /// in Error, deleted); dead letters no longer there (redriven before a
+    /// restart, purged).
     pub skipped: u64,
     /// Tasks it failed on; `last_error` says the latest.
     pub failed: u64,
@@ -1783,7 +1824,14 @@ impl From<&rota_store::BatchRecord> for BatchView {
         BatchView {
             id: batch.id.clone(),
             action: batch.action.to_string(),
-            filter: BatchFilterView::from(&batch.filter),
+            filter: match &batch.filter {
+                rota_store::BatchFilter::Tasks(filter) => BatchFilterView::from(filter),
+                rota_store::BatchFilter::DeadLetters(_) => BatchFilterView::default(),
+            },
+            dead_letters: match &batch.filter {
+                rota_store::BatchFilter::Tasks(_) => None,
+                rota_store::BatchFilter::DeadLetters(filter) => Some(DeadLetterFilterView::from(filter)),
+            },
             state: batch.state.to_string(),
             total: batch.total,
             done: batch.done,

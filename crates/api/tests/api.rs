@@ -286,6 +286,65 @@ async fn a_batch_cancels_every_task_its_filter_selects_and_reports_its_progress(
     server.post("/v1/batches/nope/stop").await.assert_error(404, "not_found");
 }
 
+/// A redrive batch sends back the dead letters of a queue its dead-letter
+/// filter selects, and is listed with that filter; a redrive without a
+/// queue, or with a task filter, and a cancel with a dead-letter filter,
+/// are 422s naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redrive_batch_sends_back_the_dead_letters_its_filter_selects() {
+    let server = start(Options::default()).await;
+    let jobs = QueueName::new("jobs").unwrap();
+    for id in ["m-1", "m-2", "m-3"] {
+        dead_letter_one(&server, &jobs, id).await;
+    }
+    let body = json!({ "action": "redrive", "dead_letters": { "queue": "jobs", "reason_contains": "poison m-2" }, "reason": "fixed" });
+    let created = server.post_json("/v1/batches", &body).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.text);
+    assert_eq!((&created.body["action"], &created.body["total"]), (&json!("redrive"), &json!(1)), "{}", created.text);
+    assert_eq!(created.body["dead_letters"]["queue"], "jobs");
+    assert_eq!(created.body["dead_letters"]["reason_contains"], "poison m-2");
+    assert!(created.body["dead_letters"]["dead_lettered_before"].is_string(), "closed at its creation: {}", created.body);
+    let id = created.body["id"].as_str().unwrap().to_owned();
+    let started = std::time::Instant::now();
+    let done = loop {
+        let batch = server.get(&format!("/v1/batches/{id}")).await;
+        if batch.body["state"] == "done" {
+            break batch.body;
+        }
+        assert!(started.elapsed() < common::WAIT_MAX, "the batch did not finish: {}", batch.text);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!((&done["done"], &done["skipped"], &done["failed"]), (&json!(1), &json!(0), &json!(0)), "{done}");
+    let left = server.get("/v1/queues/jobs/dead-letters").await;
+    let left: Vec<&str> = left.body.as_array().unwrap().iter().map(|l| l["id"].as_str().unwrap()).collect();
+    assert_eq!(left, ["m-1", "m-3"], "only m-2 went back");
+    let listed = server.get("/v1/batches").await;
+    assert_eq!((&listed.body[0]["id"], &listed.body[0]["dead_letters"]["queue"]), (&json!(id), &json!("jobs")), "{}", listed.text);
+
+    for (body, named) in [
+        (json!({ "action": "redrive" }), "dead_letters"),
+        (json!({ "action": "redrive", "filter": { "state": "error" }, "dead_letters": { "queue": "jobs" } }), "filter"),
+        (json!({ "action": "redrive", "dead_letters": { "queue": "has space" } }), "dead_letters.queue"),
+        (json!({ "action": "redrive", "dead_letters": { "queue": "jobs", "reason_contains": "" } }), "dead_letters.reason_contains"),
+        (
+            json!({ "action": "redrive", "dead_letters": { "queue": "jobs", "dead_lettered_after": "then" } }),
+            "dead_letters.dead_lettered_after",
+        ),
+        (
+            json!({ "action": "redrive", "dead_letters": { "queue": "jobs", "size": 1 } }),
+            "request body: Failed to deserialize the JSON body into the target type: dead_letters.size: unknown field",
+        ),
+        (json!({ "action": "cancel", "filter": { "state": "error" }, "dead_letters": { "queue": "jobs" } }), "dead_letters"),
+    ] {
+        let reason = server.post_json("/v1/batches", &body).await.assert_error(422, "invalid_body");
+        assert!(reason.starts_with(named), "{body}: {reason}");
+    }
+    server
+        .post_json("/v1/batches", &json!({ "action": "redrive", "dead_letters": { "queue": "nope" } }))
+        .await
+        .assert_error(404, "not_found");
+}
+
 /// Every operator action is listed by `GET /v1/audit`, newest first, with
 /// the calling token's name and the reason: a task's cancel (from its
 /// history) and a dead-letter purge and queue pause (from the audit

@@ -19,16 +19,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, anyhow};
+use anyhow::{Context, anyhow, bail};
 use rota_api::wire::{
-    AlertView, AuditEntryView, BatchFilterView, BatchRequest, BatchView, BreakerView, CallbackAccepted, Count, DeadLetterView, EventView,
-    OperatorRequest, PauseRequest, QueueView, ScheduleRequest, ScheduleView, SignalDelivery, TaskCounts, TaskStateChange, TaskSummary,
-    TaskView, WorkflowPauseView, WorkflowView,
+    AlertView, AuditEntryView, BatchFilterView, BatchRequest, BatchView, BreakerView, CallbackAccepted, Count, DeadLetterFilterView,
+    DeadLetterView, EventView, OperatorRequest, PauseRequest, QueueView, ScheduleRequest, ScheduleView, SignalDelivery, TaskCounts,
+    TaskStateChange, TaskSummary, TaskView, WorkflowPauseView, WorkflowView,
 };
 use rota_engine::ops::Operator;
 use rota_engine::{Client, Submission, Workflows, ops};
 use rota_model::{Priority, QueueName, ScheduleName, SignalName, StepName, SystemClock, Tags, TaskId, TaskState, Timestamp, WorkflowName};
-use rota_store::{AuditAction, AuditCursor, AuditFilter, BatchAction, Redrive, SharedStore, TaskFilter};
+use rota_store::{AuditAction, AuditCursor, AuditFilter, BatchAction, BatchFilter, DeadLetterFilter, Redrive, SharedStore, TaskFilter};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -571,6 +571,28 @@ impl Backend {
         }
     }
 
+    /// How many dead letters `filter` selects, and the first `shown` of
+    /// them, oldest first (a redrive's dry run). On a local store only: the
+    /// API has no filtered listing of dead letters.
+    pub async fn matching_dead_letters(&self, filter: &DeadLetterFilter, shown: usize) -> anyhow::Result<(u64, Vec<DeadLetterView>)> {
+        let context = || format!("cannot read the dead letters of queue {}", filter.queue);
+        let Backend::Local(store) = self else {
+            bail!("--dry-run of a filtered redrive reads the store: give --store (or ROTA_STORE) instead of --server");
+        };
+        let total = store.count_dead_letters(filter).await.with_context(context)?;
+        let (mut first, mut after) = (Vec::new(), None);
+        while first.len() < shown {
+            let page = store.dead_letter_page(filter, after, rota_engine::batch::Config::default().page).await.with_context(context)?;
+            first.extend(page.letters.iter().map(|(_, letter)| DeadLetterView::from(letter)));
+            if page.end {
+                break;
+            }
+            after = page.scanned_through;
+        }
+        first.truncate(shown);
+        Ok((total, first))
+    }
+
     /// Deletes a queue's dead letters; how many.
     pub async fn purge(&self, queue: &QueueName) -> anyhow::Result<u64> {
         let context = || format!("cannot purge dead letters of queue {queue}");
@@ -726,8 +748,8 @@ fn search_params(filter: &TaskFilter) -> Vec<(&'static str, String)> {
 }
 
 impl Backend {
-    /// Stores a batch of `action` on the tasks `filter` selects.
-    pub async fn create_batch(&self, action: BatchAction, filter: &TaskFilter, reason: Option<&str>) -> anyhow::Result<BatchView> {
+    /// Stores a batch of `action` on what `filter` selects.
+    pub async fn create_batch(&self, action: BatchAction, filter: &BatchFilter, reason: Option<&str>) -> anyhow::Result<BatchView> {
         match self {
             Backend::Local(store) => {
                 let batch = rota_engine::batch::create(&client(store), action, filter.clone(), &local_sender(), reason.map(str::to_owned))
@@ -736,8 +758,11 @@ impl Backend {
                 Ok(BatchView::from(&batch))
             }
             Backend::Remote(server) => {
-                let body =
-                    BatchRequest { action: action.to_string(), filter: BatchFilterView::from(filter), reason: reason.map(str::to_owned) };
+                let (filter, dead_letters) = match filter {
+                    BatchFilter::Tasks(filter) => (BatchFilterView::from(filter), None),
+                    BatchFilter::DeadLetters(filter) => (BatchFilterView::default(), Some(DeadLetterFilterView::from(filter))),
+                };
+                let body = BatchRequest { action: action.to_string(), filter, dead_letters, reason: reason.map(str::to_owned) };
                 let (_, view) = server.post::<BatchView, _>(&["v1", "batches"], Some(&body)).await?;
                 Ok(view)
             }

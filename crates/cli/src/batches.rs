@@ -1,6 +1,6 @@
 //! Bulk actions from the command line: `rota cancel` and `rota resubmit`
-//! with filters instead of an id, and `rota batches` to list, show, stop
-//! and resume them.
+//! with filters instead of an id, `rota dlq redrive` with filters
+//! (`crate::dlq`), and `rota batches` to list, show, stop and resume them.
 //!
 //! On a local store the command stores the batch and runs it here, a page
 //! at a time, with a progress bar; if this process dies, the batch's lease
@@ -18,7 +18,7 @@ use rota_engine::Shutdown;
 use rota_engine::batch::{self, Batches};
 use rota_engine::ops::Operator;
 use rota_model::TaskState;
-use rota_store::{AuditAction, BatchAction};
+use rota_store::{AuditAction, BatchAction, BatchFilter};
 
 use crate::backend::{self, Backend, local_client, local_sender};
 use crate::output;
@@ -102,9 +102,29 @@ pub async fn bulk(store: &StoreArgs, action: BatchAction, args: BulkArgs, reason
         output::line(&format!("would {action} {} task(s): {}{more}", counts.total, first.join(", ")))?;
         return Ok(());
     }
-    let created = backend.create_batch(action, &filter, reason).await?;
-    eprintln!("batch {}: {action} {} task(s)", created.id, created.total);
-    let finished = run_or_follow(&backend, &created, args.batch_lease).await?;
+    start(&backend, action, &BatchFilter::Tasks(filter), reason, args.batch_lease, false).await
+}
+
+/// Stores a batch of `action` on what `filter` selects and runs it here
+/// (or follows the server's run) to its end, then reports it; with
+/// `detach`, prints its id and leaves it to a Supervisor leader.
+pub async fn start(
+    backend: &Backend,
+    action: BatchAction,
+    filter: &BatchFilter,
+    reason: Option<&str>,
+    lease: Duration,
+    detach: bool,
+) -> anyhow::Result<()> {
+    let created = backend.create_batch(action, filter, reason).await?;
+    let what = if filter.is_dead_letters() { "dead letter(s)" } else { "task(s)" };
+    eprintln!("batch {}: {action} {} {what}", created.id, created.total);
+    if detach {
+        eprintln!("a Supervisor leader (`rota serve`, `rota supervisor`) runs it; follow it with `rota batches show {}`", created.id);
+        output::line(&created.id)?;
+        return Ok(());
+    }
+    let finished = run_or_follow(backend, &created, lease).await?;
     report(&finished)
 }
 
@@ -180,6 +200,7 @@ fn past_tense(action: &str) -> &'static str {
     match action {
         "cancel" => "cancelled",
         "resubmit" => "resubmitted",
+        "redrive" => "redriven",
         _ => "done",
     }
 }

@@ -1,6 +1,6 @@
-//! Bulk actions: cancel or resubmit every task a filter selects, as a
-//! durable batch (`rota_store::batch`) that survives the process running
-//! it.
+//! Bulk actions: cancel or resubmit every task a filter selects, or
+//! redrive every dead letter of a queue a filter selects, as a durable
+//! batch (`rota_store::batch`) that survives the process running it.
 //!
 //! [`create`] counts the selected tasks and stores the batch; its filter
 //! is closed at the time of creation (tasks created later are not
@@ -17,13 +17,27 @@
 //! counted as skipped, except a task that a resubmit sent back to Error in
 //! between, which is resubmitted again.
 //!
-//! Deliberately left out: other actions (pause, resume and redrive are one
-//! call each; a batch of them would be the same walk).
+//! A redrive walks the queue's dead letters oldest first instead, a page
+//! being the next [`Config::page`] of them (selected or not, so a page
+//! stays cheap however sparse the filter), and moves the selected ones of
+//! the page back to the queue in one transaction. A dead letter redriven
+//! before a crash is no longer there the second time: it is never sent
+//! twice, and counted as skipped (when the walk ends, what it selected at
+//! creation and found gone is). Dead letters that come after the batch
+//! was made (a redriven message failing again) are not selected.
+//!
+//! Deliberately left out: pause and resume batches (one call each; a batch
+//! of them would be the same walk), and filtering dead letters by their
+//! task's workflow or tags (a dead letter keeps only its message body, so
+//! that would be a JSON parse per row, with no index to drive it).
 
 use std::time::Duration;
 
 use rota_model::{InstanceId, TaskId, Timestamp};
-use rota_store::{AuditAction, BatchAction, BatchProgress, BatchRecord, BatchState, NewBatch, SharedStore, TaskFilter};
+use rota_store::{
+    AuditAction, BatchAction, BatchCursor, BatchFilter, BatchProgress, BatchRecord, BatchState, DeadLetterFilter, NewBatch, SharedStore,
+    TaskFilter,
+};
 
 use serde_json::json;
 
@@ -35,7 +49,8 @@ use crate::{Result, Shutdown};
 /// How batches run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
-    /// How many tasks one page handles (its progress is recorded after it).
+    /// How many tasks one page handles, or how many dead letters a redrive
+    /// page looks at (its progress is recorded after it).
     pub page: u32,
     /// How long a runner holds a batch without recording a page; a runner
     /// that dies leaves it to the next after this long.
@@ -66,27 +81,52 @@ impl Config {
     }
 }
 
-/// Stores a batch of `action` on the tasks `filter` selects now, counted.
+/// Stores a batch of `action` on what `filter` selects now, counted. A
+/// redrive takes a dead-letter filter, the other actions a task filter.
 pub async fn create(
     client: &Client,
     action: BatchAction,
-    mut filter: TaskFilter,
+    filter: BatchFilter,
     requested_by: &str,
     reason: Option<String>,
 ) -> ops::Result<BatchRecord> {
+    if action.on_dead_letters() != filter.is_dead_letters() {
+        let wanted = if action.on_dead_letters() { "a dead-letter filter" } else { "a task filter" };
+        return Err(ops::Error::InvalidRequest { field: "filter", why: format!("a {action} batch takes {wanted}") });
+    }
     let now = client.clock.now();
-    // Closed at creation: a task created afterwards is not the batch's.
+    // Closed at creation: a task created (a message dead-lettered)
+    // afterwards is not the batch's.
     let closed = Timestamp::from_millis(now.as_millis() + 1);
-    filter.created.until = Some(filter.created.until.map_or(closed, |until| until.min(closed)));
-    filter.before = None;
-    let total = client.task_counts(&filter).await?.iter().map(|(_, n)| n).sum();
+    let close = |until: Option<Timestamp>| Some(until.map_or(closed, |until| until.min(closed)));
+    let (filter, total) = match filter {
+        BatchFilter::Tasks(mut filter) => {
+            filter.created.until = close(filter.created.until);
+            filter.before = None;
+            let total = client.task_counts(&filter).await?.iter().map(|(_, n)| n).sum();
+            (BatchFilter::Tasks(filter), total)
+        }
+        BatchFilter::DeadLetters(mut filter) => {
+            filter.dead_lettered.until = close(filter.dead_lettered.until);
+            let total = client.store.count_dead_letters(&filter).await?;
+            (BatchFilter::DeadLetters(filter), total)
+        }
+    };
     let new =
         NewBatch { id: format!("batch-{}", uuid::Uuid::new_v4()), action, filter, total, requested_by: requested_by.to_owned(), reason };
     let batch = client.store.create_batch(&new).await?;
     let operator = Operator { by: requested_by, reason: batch.reason.as_deref() };
-    let detail = json!({ "action": batch.action.as_str(), "total": batch.total, "filter": batch.filter });
+    let detail = json!({ "action": batch.action.as_str(), "total": batch.total, "filter": filter_detail(&batch.filter) });
     client.record_action(AuditAction::BatchCreate, operator, &batch.id, detail).await?;
     Ok(batch)
+}
+
+/// A filter as the audit log's detail shows it.
+fn filter_detail(filter: &BatchFilter) -> serde_json::Value {
+    match filter {
+        BatchFilter::Tasks(filter) => json!(filter),
+        BatchFilter::DeadLetters(filter) => json!({ "dead_letters": filter }),
+    }
 }
 
 /// Stops batch `id` (its runner stops at its next page): `None` when it
@@ -152,9 +192,22 @@ impl Batches {
         Ok(Some(batch))
     }
 
-    /// One page: the next tasks after the cursor, each acted on.
+    /// One page: the next tasks (dead letters) after the cursor, each
+    /// acted on.
     async fn page(&self, batch: &BatchRecord) -> Result<BatchProgress> {
-        let filter = TaskFilter { before: batch.cursor.clone(), limit: self.config.page, ..batch.filter.clone() };
+        match &batch.filter {
+            BatchFilter::Tasks(filter) => self.task_page(batch, filter).await,
+            BatchFilter::DeadLetters(filter) => self.dead_letter_page(batch, filter).await,
+        }
+    }
+
+    async fn task_page(&self, batch: &BatchRecord, filter: &TaskFilter) -> Result<BatchProgress> {
+        let cursor = match &batch.cursor {
+            Some(BatchCursor::Task(id)) => Some(id.clone()),
+            None => None,
+            Some(other) => return Err(crate::Error::Store(mismatched_cursor(batch, other))),
+        };
+        let filter = TaskFilter { before: cursor.clone(), limit: self.config.page, ..filter.clone() };
         let tasks = self.store.list_tasks(&filter).await?;
         let mut progress = BatchProgress {
             cursor: batch.cursor.clone(),
@@ -164,7 +217,7 @@ impl Batches {
             last_error: None,
             finished: tasks.is_empty(),
         };
-        if let (true, Some(cursor)) = (tasks.is_empty(), &batch.cursor)
+        if let (true, Some(cursor)) = (tasks.is_empty(), &cursor)
             && self.store.task(cursor).await?.is_none()
         {
             // Retention deleted the task the walk had reached: where it
@@ -180,7 +233,47 @@ impl Batches {
                     progress.last_error = Some(format!("task {}: {why}", task.id));
                 }
             }
-            progress.cursor = Some(task.id.clone());
+            progress.cursor = Some(BatchCursor::Task(task.id.clone()));
+        }
+        Ok(progress)
+    }
+
+    /// The next page of the queue's dead letters, the selected ones moved
+    /// back in one transaction; those gone already (redriven before a
+    /// crash, purged) are skipped.
+    async fn dead_letter_page(&self, batch: &BatchRecord, filter: &DeadLetterFilter) -> Result<BatchProgress> {
+        let after = match &batch.cursor {
+            Some(BatchCursor::DeadLetter(seq)) => Some(*seq),
+            None => None,
+            Some(other) => return Err(crate::Error::Store(mismatched_cursor(batch, other))),
+        };
+        let page = match self.store.dead_letter_page(filter, after, self.config.page).await {
+            Ok(page) => page,
+            Err(rota_store::Error::NotFound(what)) => {
+                // The queue is gone (an instance's inbox, swept): so are its dead letters.
+                let last_error = Some(format!("{what} no longer exists"));
+                return Ok(BatchProgress { cursor: batch.cursor.clone(), last_error, finished: true, ..progress_of(batch) });
+            }
+            Err(err) => return Err(err.into()),
+        };
+        let seqs: Vec<u64> = page.letters.iter().map(|(seq, _)| *seq).collect();
+        let moved = if seqs.is_empty() { 0 } else { self.store.redrive_listed(&filter.queue, &seqs).await? };
+        let listed = seqs.len() as u64;
+        assert!(moved <= listed, "redrove {moved} of {listed} listed dead letters");
+        let mut progress = BatchProgress {
+            cursor: page.scanned_through.map(BatchCursor::DeadLetter).or_else(|| batch.cursor.clone()),
+            done: batch.done + moved,
+            skipped: batch.skipped + (listed - moved),
+            failed: batch.failed,
+            last_error: None,
+            finished: page.end,
+        };
+        if page.end {
+            // Selected when the batch was made but gone when the walk got
+            // there (redriven by a runner that died before recording its
+            // page, redriven by hand, purged): skipped too.
+            let handled = progress.done + progress.skipped + progress.failed;
+            progress.skipped += batch.total.saturating_sub(handled);
         }
         Ok(progress)
     }
@@ -192,6 +285,8 @@ impl Batches {
         let result = match batch.action {
             BatchAction::Cancel => self.client.cancel(id, operator).await.map(drop),
             BatchAction::Resubmit => self.client.resubmit(id, None, operator).await.map(drop),
+            // Refused at its creation: a redrive batch walks dead letters.
+            BatchAction::Redrive => return Outcome::Failed("a redrive batch with a task filter".into()),
         };
         match result {
             Ok(()) => Outcome::Done,
@@ -224,5 +319,22 @@ impl Batches {
                 tracing::warn!("batch run failed, tried again next interval: {err}");
             }
         }
+    }
+}
+
+/// A stored cursor of the other kind than the batch's filter: a corrupt row.
+fn mismatched_cursor(batch: &BatchRecord, cursor: &BatchCursor) -> rota_store::Error {
+    rota_store::Error::Backend(format!("batch {}: its cursor {cursor:?} does not fit its filter", batch.id))
+}
+
+/// A batch's progress so far, for a page to add to.
+fn progress_of(batch: &BatchRecord) -> BatchProgress {
+    BatchProgress {
+        cursor: batch.cursor.clone(),
+        done: batch.done,
+        skipped: batch.skipped,
+        failed: batch.failed,
+        last_error: None,
+        finished: false,
     }
 }

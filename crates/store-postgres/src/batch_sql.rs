@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use rota_model::{InstanceId, TaskId, Timestamp};
-use rota_store::{BatchProgress, BatchRecord, Error, NewBatch};
+use rota_model::{InstanceId, Timestamp};
+use rota_store::{BatchCursor, BatchFilter, BatchProgress, BatchRecord, Error, NewBatch};
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
 
@@ -17,15 +17,20 @@ fn corrupt(what: &str, err: impl std::fmt::Display) -> Fail {
 
 fn batch_from(row: &PgRow) -> Result<BatchRecord> {
     let count = |n: i64| u64::try_from(n).unwrap_or(0);
+    let filter = BatchFilter::from_json(&row.try_get::<String, _>("filter")?).map_err(|e| corrupt("filter", e))?;
     Ok(BatchRecord {
         id: row.try_get("id")?,
         action: row.try_get::<String, _>("action")?.parse().map_err(|e| corrupt("action", e))?,
-        filter: BatchRecord::filter_from_json(&row.try_get::<String, _>("filter")?).map_err(|e| corrupt("filter", e))?,
+        cursor: row
+            .try_get::<Option<String>, _>("cursor")?
+            .map(|text| BatchCursor::from_text(&filter, text))
+            .transpose()
+            .map_err(|e| corrupt("cursor", e))?,
+        filter,
         total: count(row.try_get("total")?),
         requested_by: row.try_get("requested_by")?,
         reason: row.try_get("reason")?,
         state: row.try_get::<String, _>("state")?.parse().map_err(|e| corrupt("state", e))?,
-        cursor: row.try_get::<Option<String>, _>("cursor")?.map(TaskId::new).transpose().map_err(|e| corrupt("cursor", e))?,
         done: count(row.try_get("done")?),
         skipped: count(row.try_get("skipped")?),
         failed: count(row.try_get("failed")?),
@@ -50,7 +55,7 @@ pub(crate) async fn create_batch(conn: &mut PgConnection, n: &Names, new: &NewBa
     ))
     .bind(&new.id)
     .bind(new.action.as_str())
-    .bind(BatchRecord::filter_json(&new.filter))
+    .bind(new.filter.to_json())
     .bind(count(new.total))
     .bind(&new.requested_by)
     .bind(&new.reason)
@@ -125,7 +130,7 @@ pub(crate) async fn advance_batch(
     ))
     .bind(id)
     .bind(owner.as_str())
-    .bind(progress.cursor.as_ref().map(TaskId::as_str))
+    .bind(progress.cursor.as_ref().map(BatchCursor::to_text))
     .bind(count(progress.done))
     .bind(count(progress.skipped))
     .bind(count(progress.failed))

@@ -53,9 +53,10 @@ use async_trait::async_trait;
 use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, ScheduleName, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{
     AuditEntry, AuditFilter, BatchProgress, BatchRecord, BreakerAdmission, BreakerAsk, BreakerReport, Changes, Claim, ComponentStatus,
-    Created, DeadLetter, Delivery, Error, Event, Expired, InstanceSweep, LeaderLease, NewAudit, NewBatch, NewSchedule, NewTask, Outgoing,
-    Prune, Pruned, QueueConfig, QueueStats, Queues, RateRequest, RateSlot, Receive, Redrive, ScheduleProgress, ScheduleRecord, Sent,
-    SharedBreaker, Store, Swept, TaskFilter, TaskRecord, Tasks, Warning, WorkflowEntry, WorkflowPause,
+    Created, DeadLetter, DeadLetterFilter, DeadLetterPage, Delivery, Error, Event, Expired, InstanceSweep, LeaderLease, NewAudit, NewBatch,
+    NewSchedule, NewTask, Outgoing, Prune, Pruned, QueueConfig, QueueStats, Queues, RateRequest, RateSlot, Receive, Redrive,
+    ScheduleProgress, ScheduleRecord, Sent, SharedBreaker, Store, Swept, TaskFilter, TaskRecord, Tasks, Warning, WorkflowEntry,
+    WorkflowPause,
 };
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -877,6 +878,32 @@ impl Queues for PgStore {
             queue_sql::redrive(&mut tx, &self.names, &row, &which, now).await?
         })?;
         self.announce(vec![queue.clone()]);
+        Ok(moved)
+    }
+
+    async fn dead_letter_page(&self, filter: &DeadLetterFilter, after: Option<u64>, scan: u32) -> Result<DeadLetterPage, Error> {
+        with_connection!(self, conn => {
+            let row = queue_sql::existing_queue(&mut conn, &self.names, &filter.queue).await?;
+            queue_sql::dead_letter_page(&mut conn, &self.names, &row, filter, after, scan).await?
+        })
+    }
+
+    async fn count_dead_letters(&self, filter: &DeadLetterFilter) -> Result<u64, Error> {
+        with_connection!(self, conn => {
+            let row = queue_sql::existing_queue(&mut conn, &self.names, &filter.queue).await?;
+            queue_sql::count_dead_letters(&mut conn, &self.names, &row, filter).await?
+        })
+    }
+
+    async fn redrive_listed(&self, queue: &QueueName, seqs: &[u64]) -> Result<u64, Error> {
+        let now = self.clock.now();
+        let moved = in_transaction!(self, tx => {
+            let row = queue_sql::existing_queue(&mut tx, &self.names, queue).await?;
+            queue_sql::redrive_listed(&mut tx, &self.names, &row, seqs, now).await?
+        })?;
+        if moved > 0 {
+            self.announce(vec![queue.clone()]);
+        }
         Ok(moved)
     }
 

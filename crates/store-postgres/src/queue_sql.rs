@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use rota_model::{InstanceId, LeaseToken, MessageId, QueueName, Timestamp};
-use rota_store::{DeadLetter, Delivery, Error, Outgoing, QueueConfig, QueueStats, Receive, Redrive, Sent, stored};
+use rota_store::{
+    DeadLetter, DeadLetterFilter, DeadLetterPage, Delivery, Error, Outgoing, QueueConfig, QueueStats, Receive, Redrive, Sent, stored,
+};
 use sqlx::{PgConnection, Row};
 
 use crate::handoff::{Lease, Leased};
@@ -617,22 +619,7 @@ pub(crate) async fn dead_letters(conn: &mut PgConnection, n: &Names, queue: &Que
     .bind(i64::from(limit))
     .fetch_all(&mut *conn)
     .await?;
-    rows.iter()
-        .map(|row| {
-            Ok(DeadLetter {
-                queue: queue.name.clone(),
-                id: stored::id(row.try_get(0)?)?,
-                body: stored::body(row.try_get(1)?)?,
-                ordering_key: row.try_get(2)?,
-                delivery_count: count(row.try_get(3)?),
-                enqueued_at: Timestamp::from_millis(row.try_get(4)?),
-                dead_lettered_at: Timestamp::from_millis(row.try_get(5)?),
-                reason: row.try_get(6)?,
-                reply_to: stored::reply_to(row.try_get(7)?)?,
-                correlation_id: row.try_get(8)?,
-            })
-        })
-        .collect()
+    rows.iter().map(|row| dead_letter_from(row, queue, 0)).collect()
 }
 
 /// Sends dead letters back, in the order they were dead-lettered, with a
@@ -657,6 +644,109 @@ pub(crate) async fn redrive(conn: &mut PgConnection, n: &Names, queue: &QueueRow
     if let (0, Redrive::One(id)) = (moved, which) {
         return Err(Error::NotFound(format!("dead letter {id} in queue {}", queue.name)).into());
     }
+    Ok(moved)
+}
+
+/// The conditions of a [`DeadLetterFilter`] besides its queue, as SQL on
+/// `dead_letters` (parameters $3 to $5, each unset when NULL).
+macro_rules! dead_letter_conditions {
+    () => {
+        "($3::text IS NULL OR strpos(reason, $3) > 0)
+                                  AND ($4::bigint IS NULL OR dead_lettered_at >= $4) AND ($5::bigint IS NULL OR dead_lettered_at < $5)"
+    };
+}
+
+fn dead_letter_from(row: &sqlx::postgres::PgRow, queue: &QueueRow, first: usize) -> Result<DeadLetter> {
+    Ok(DeadLetter {
+        queue: queue.name.clone(),
+        id: stored::id(row.try_get(first)?)?,
+        body: stored::body(row.try_get(first + 1)?)?,
+        ordering_key: row.try_get(first + 2)?,
+        delivery_count: count(row.try_get(first + 3)?),
+        enqueued_at: Timestamp::from_millis(row.try_get(first + 4)?),
+        dead_lettered_at: Timestamp::from_millis(row.try_get(first + 5)?),
+        reason: row.try_get(first + 6)?,
+        reply_to: stored::reply_to(row.try_get(first + 7)?)?,
+        correlation_id: row.try_get(first + 8)?,
+    })
+}
+
+/// A page of the walk over a queue's dead letters: the range of the next
+/// `scan` of them in the `(queue_id, seq)` index, then the selected ones
+/// in that range.
+pub(crate) async fn dead_letter_page(
+    conn: &mut PgConnection,
+    n: &Names,
+    queue: &QueueRow,
+    filter: &DeadLetterFilter,
+    after: Option<u64>,
+    scan: u32,
+) -> Result<DeadLetterPage> {
+    let after = after.map_or(0, |seq| i64::try_from(seq).unwrap_or(i64::MAX));
+    let range = sqlx::query(n.sql(
+        "SELECT count(*), max(seq) FROM (SELECT seq FROM rota.dead_letters WHERE queue_id = $1 AND seq > $2 ORDER BY seq LIMIT $3) AS s",
+    ))
+    .bind(queue.id)
+    .bind(after)
+    .bind(i64::from(scan))
+    .fetch_one(&mut *conn)
+    .await?;
+    let (scanned, through): (i64, Option<i64>) = (range.try_get(0)?, range.try_get(1)?);
+    let end = scanned < i64::from(scan);
+    let Some(through) = through else { return Ok(DeadLetterPage { letters: Vec::new(), scanned_through: None, end }) };
+    let rows = sqlx::query(n.sql(concat!(
+        "SELECT seq, id, body, ordering_key, delivery_count, enqueued_at, dead_lettered_at, reason, reply_to, correlation_id
+           FROM rota.dead_letters WHERE queue_id = $1 AND seq > $2 AND seq <= $6 AND ",
+        dead_letter_conditions!(),
+        " ORDER BY seq"
+    )))
+    .bind(queue.id)
+    .bind(after)
+    .bind(filter.reason_contains.as_deref())
+    .bind(filter.dead_lettered.from.map(Timestamp::as_millis))
+    .bind(filter.dead_lettered.until.map(Timestamp::as_millis))
+    .bind(through)
+    .fetch_all(&mut *conn)
+    .await?;
+    let letters = rows
+        .iter()
+        .map(|row| Ok((u64::try_from(row.try_get::<i64, _>(0)?).unwrap_or(0), dead_letter_from(row, queue, 1)?)))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(DeadLetterPage { letters, scanned_through: u64::try_from(through).ok(), end })
+}
+
+pub(crate) async fn count_dead_letters(conn: &mut PgConnection, n: &Names, queue: &QueueRow, filter: &DeadLetterFilter) -> Result<u64> {
+    // $2 (a page's start) is only cast: the count reads every one.
+    let counted: i64 = sqlx::query(
+        n.sql(concat!("SELECT count(*) FROM rota.dead_letters WHERE queue_id = $1 AND $2::bigint IS NULL AND ", dead_letter_conditions!())),
+    )
+    .bind(queue.id)
+    .bind(Option::<i64>::None)
+    .bind(filter.reason_contains.as_deref())
+    .bind(filter.dead_lettered.from.map(Timestamp::as_millis))
+    .bind(filter.dead_lettered.until.map(Timestamp::as_millis))
+    .fetch_one(&mut *conn)
+    .await?
+    .try_get(0)?;
+    Ok(u64::try_from(counted).unwrap_or(0))
+}
+
+/// Sends the listed dead letters back, in the order they were
+/// dead-lettered, like [`redrive`]; a `seq` no longer there is passed over.
+pub(crate) async fn redrive_listed(conn: &mut PgConnection, n: &Names, queue: &QueueRow, seqs: &[u64], now: Timestamp) -> Result<u64> {
+    let seqs: Vec<i64> = seqs.iter().map(|seq| i64::try_from(*seq).unwrap_or(i64::MAX)).collect();
+    let moved = sqlx::query(n.sql(
+        "WITH gone AS (DELETE FROM rota.dead_letters WHERE queue_id = $1 AND seq = ANY($3)
+                       RETURNING seq, queue_id, id, body, ordering_key, enqueued_at, reply_to, correlation_id)
+         INSERT INTO rota.messages (queue_id, id, body, ordering_key, enqueued_at, visible_at, reply_to, correlation_id)
+         SELECT queue_id, id, body, ordering_key, enqueued_at, $2, reply_to, correlation_id FROM gone ORDER BY seq",
+    ))
+    .bind(queue.id)
+    .bind(now.as_millis())
+    .bind(&seqs)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
     Ok(moved)
 }
 

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use rota_model::{InstanceId, TaskId, Timestamp};
-use rota_store::{BatchProgress, BatchRecord, Error, NewBatch, Result};
+use rota_model::{InstanceId, Timestamp};
+use rota_store::{BatchCursor, BatchFilter, BatchProgress, BatchRecord, Error, NewBatch, Result};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::sql_error;
@@ -60,14 +60,15 @@ fn batch_row(row: &Row<'_>) -> rusqlite::Result<BatchRow> {
 impl BatchRow {
     fn into_record(self) -> Result<BatchRecord> {
         let count = |n: i64| u64::try_from(n).unwrap_or(0);
+        let filter = BatchFilter::from_json(&self.filter).map_err(|e| corrupt("filter", e))?;
         Ok(BatchRecord {
             action: self.action.parse().map_err(|e| corrupt("action", e))?,
-            filter: BatchRecord::filter_from_json(&self.filter).map_err(|e| corrupt("filter", e))?,
+            cursor: self.cursor.map(|text| BatchCursor::from_text(&filter, text)).transpose().map_err(|e| corrupt("cursor", e))?,
+            filter,
             total: count(self.total),
             requested_by: self.requested_by,
             reason: self.reason,
             state: self.state.parse().map_err(|e| corrupt("state", e))?,
-            cursor: self.cursor.map(TaskId::new).transpose().map_err(|e| corrupt("cursor", e))?,
             done: count(self.done),
             skipped: count(self.skipped),
             failed: count(self.failed),
@@ -97,7 +98,7 @@ pub(crate) fn create_batch(conn: &Connection, new: &NewBatch, now: Timestamp) ->
             stmt.execute(params![
                 new.id,
                 new.action.as_str(),
-                BatchRecord::filter_json(&new.filter),
+                new.filter.to_json(),
                 i64::try_from(new.total).unwrap_or(i64::MAX),
                 new.requested_by,
                 new.reason,
@@ -176,7 +177,7 @@ pub(crate) fn advance_batch(
         params![
             id,
             owner.as_str(),
-            progress.cursor.as_ref().map(TaskId::as_str),
+            progress.cursor.as_ref().map(BatchCursor::to_text),
             count(progress.done),
             count(progress.skipped),
             count(progress.failed),

@@ -31,9 +31,10 @@ use async_trait::async_trait;
 use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, ScheduleName, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{
     AuditEntry, AuditFilter, BatchProgress, BatchRecord, BreakerAdmission, BreakerAsk, BreakerReport, Changes, Claim, ComponentStatus,
-    Created, DeadLetter, Delivery, Error, Event, Expired, InstanceSweep, LeaderLease, NewAudit, NewBatch, NewSchedule, NewTask, Outgoing,
-    Prune, Pruned, QueueConfig, QueueStats, Queues, RateRequest, RateSlot, Receive, Redrive, Result, ScheduleProgress, ScheduleRecord,
-    Sent, SharedBreaker, Store, Swept, TaskFilter, TaskRecord, Tasks, Warning, WorkflowEntry, WorkflowPause,
+    Created, DeadLetter, DeadLetterFilter, DeadLetterPage, Delivery, Error, Event, Expired, InstanceSweep, LeaderLease, NewAudit, NewBatch,
+    NewSchedule, NewTask, Outgoing, Prune, Pruned, QueueConfig, QueueStats, Queues, RateRequest, RateSlot, Receive, Redrive, Result,
+    ScheduleProgress, ScheduleRecord, Sent, SharedBreaker, Store, Swept, TaskFilter, TaskRecord, Tasks, Warning, WorkflowEntry,
+    WorkflowPause,
 };
 use rusqlite::{Connection, OpenFlags};
 use serde_json::Value;
@@ -598,6 +599,33 @@ impl Queues for SqliteStore {
         self.write(move |conn, now| {
             let row = queue_sql::existing_queue(conn, &queue)?;
             queue_sql::redrive(conn, &row, &which, now)
+        })
+        .await
+    }
+
+    async fn dead_letter_page(&self, filter: &DeadLetterFilter, after: Option<u64>, scan: u32) -> Result<DeadLetterPage> {
+        let filter = filter.clone();
+        self.read(move |conn, _| {
+            let row = queue_sql::existing_queue(conn, &filter.queue)?;
+            queue_sql::dead_letter_page(conn, &row, &filter, after, scan)
+        })
+        .await
+    }
+
+    async fn count_dead_letters(&self, filter: &DeadLetterFilter) -> Result<u64> {
+        let filter = filter.clone();
+        self.read(move |conn, _| {
+            let row = queue_sql::existing_queue(conn, &filter.queue)?;
+            queue_sql::count_dead_letters(conn, &row, &filter)
+        })
+        .await
+    }
+
+    async fn redrive_listed(&self, queue: &QueueName, seqs: &[u64]) -> Result<u64> {
+        let (queue, seqs) = (queue.clone(), seqs.to_vec());
+        self.write(move |conn, now| {
+            let row = queue_sql::existing_queue(conn, &queue)?;
+            queue_sql::redrive_listed(conn, &row, &seqs, now)
         })
         .await
     }

@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use rota_model::{InstanceId, LeaseToken, MessageId, QueueName, Timestamp};
-use rota_store::{DeadLetter, Delivery, Error, Outgoing, QueueConfig, QueueStats, Redrive, Result, Sent, stored};
+use rota_store::{
+    DeadLetter, DeadLetterFilter, DeadLetterPage, Delivery, Error, Outgoing, QueueConfig, QueueStats, Redrive, Result, Sent, stored,
+};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::sql_error;
@@ -304,37 +306,57 @@ pub(crate) fn dead_letters(conn: &Connection, queue: &QueueRow, limit: u32) -> R
         )
         .map_err(sql_error)?;
     let rows = stmt
-        .query_map(params![queue.id, limit], |row| {
-            Ok((
-                row.get::<_, String>(0)?,
-                row.get::<_, String>(1)?,
-                row.get::<_, Option<String>>(2)?,
-                row.get::<_, u32>(3)?,
-                row.get::<_, i64>(4)?,
-                row.get::<_, i64>(5)?,
-                row.get::<_, String>(6)?,
-                row.get::<_, Option<String>>(7)?,
-                row.get::<_, Option<String>>(8)?,
-            ))
-        })
+        .query_map(params![queue.id, limit], |row| dead_letter_row(row, 0))
         .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
         .map_err(sql_error)?;
-    rows.into_iter()
-        .map(|(id, body, ordering_key, delivery_count, enqueued_at, dead_lettered_at, reason, reply_to, correlation_id)| {
-            Ok(DeadLetter {
-                queue: queue.name.clone(),
-                id: stored::id(id)?,
-                body: stored::body(body)?,
-                ordering_key,
-                delivery_count,
-                enqueued_at: Timestamp::from_millis(enqueued_at),
-                dead_lettered_at: Timestamp::from_millis(dead_lettered_at),
-                reason,
-                reply_to: stored::reply_to(reply_to)?,
-                correlation_id,
-            })
+    rows.into_iter().map(|row| row.into_dead_letter(queue)).collect()
+}
+
+/// A dead letter's columns as read, before its text columns are checked.
+struct DeadLetterRow {
+    id: String,
+    body: String,
+    ordering_key: Option<String>,
+    delivery_count: u32,
+    enqueued_at: i64,
+    dead_lettered_at: i64,
+    reason: String,
+    reply_to: Option<String>,
+    correlation_id: Option<String>,
+}
+
+/// Reads the dead letter's columns from `first` on (id, body,
+/// ordering_key, delivery_count, enqueued_at, dead_lettered_at, reason,
+/// reply_to, correlation_id).
+fn dead_letter_row(row: &rusqlite::Row<'_>, first: usize) -> rusqlite::Result<DeadLetterRow> {
+    Ok(DeadLetterRow {
+        id: row.get(first)?,
+        body: row.get(first + 1)?,
+        ordering_key: row.get(first + 2)?,
+        delivery_count: row.get(first + 3)?,
+        enqueued_at: row.get(first + 4)?,
+        dead_lettered_at: row.get(first + 5)?,
+        reason: row.get(first + 6)?,
+        reply_to: row.get(first + 7)?,
+        correlation_id: row.get(first + 8)?,
+    })
+}
+
+impl DeadLetterRow {
+    fn into_dead_letter(self, queue: &QueueRow) -> Result<DeadLetter> {
+        Ok(DeadLetter {
+            queue: queue.name.clone(),
+            id: stored::id(self.id)?,
+            body: stored::body(self.body)?,
+            ordering_key: self.ordering_key,
+            delivery_count: self.delivery_count,
+            enqueued_at: Timestamp::from_millis(self.enqueued_at),
+            dead_lettered_at: Timestamp::from_millis(self.dead_lettered_at),
+            reason: self.reason,
+            reply_to: stored::reply_to(self.reply_to)?,
+            correlation_id: self.correlation_id,
         })
-        .collect()
+    }
 }
 
 /// Sends dead letters back, in the order they were dead-lettered, with a
@@ -358,6 +380,101 @@ pub(crate) fn redrive(conn: &Connection, queue: &QueueRow, which: &Redrive, now:
     if let (0, Redrive::One(id)) = (moved, which) {
         return Err(Error::NotFound(format!("dead letter {id} in queue {}", queue.name)));
     }
+    Ok(moved as u64)
+}
+
+/// The conditions of a [`DeadLetterFilter`] besides its queue, as SQL on
+/// `dead_letters` (parameters ?3 to ?5, each unset when NULL).
+macro_rules! dead_letter_conditions {
+    () => {
+        "(?3 IS NULL OR instr(reason, ?3) > 0)
+                                  AND (?4 IS NULL OR dead_lettered_at >= ?4) AND (?5 IS NULL OR dead_lettered_at < ?5)"
+    };
+}
+
+/// A page of the walk over a queue's dead letters: the range of the next
+/// `scan` of them in the `(queue_id, seq)` index, then the selected ones
+/// in that range.
+pub(crate) fn dead_letter_page(
+    conn: &Connection,
+    queue: &QueueRow,
+    filter: &DeadLetterFilter,
+    after: Option<u64>,
+    scan: u32,
+) -> Result<DeadLetterPage> {
+    let after = after.map_or(0, |seq| i64::try_from(seq).unwrap_or(i64::MAX));
+    let (scanned, through): (i64, Option<i64>) = conn
+        .prepare_cached(
+            "SELECT count(*), max(seq) FROM (SELECT seq FROM dead_letters WHERE queue_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3)",
+        )
+        .and_then(|mut stmt| stmt.query_row(params![queue.id, after, scan], |row| Ok((row.get(0)?, row.get(1)?))))
+        .map_err(sql_error)?;
+    let end = scanned < i64::from(scan);
+    let Some(through) = through else { return Ok(DeadLetterPage { letters: Vec::new(), scanned_through: None, end }) };
+    let mut stmt = conn
+        .prepare_cached(concat!(
+            "SELECT seq, id, body, ordering_key, delivery_count, enqueued_at, dead_lettered_at, reason, reply_to, correlation_id
+               FROM dead_letters WHERE queue_id = ?1 AND seq > ?2 AND seq <= ?6 AND ",
+            dead_letter_conditions!(),
+            " ORDER BY seq"
+        ))
+        .map_err(sql_error)?;
+    let rows = stmt
+        .query_map(
+            params![
+                queue.id,
+                after,
+                filter.reason_contains,
+                filter.dead_lettered.from.map(Timestamp::as_millis),
+                filter.dead_lettered.until.map(Timestamp::as_millis),
+                through
+            ],
+            |row| Ok((row.get::<_, i64>(0)?, dead_letter_row(row, 1)?)),
+        )
+        .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+        .map_err(sql_error)?;
+    let letters = rows
+        .into_iter()
+        .map(|(seq, row)| Ok((u64::try_from(seq).unwrap_or(0), row.into_dead_letter(queue)?)))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(DeadLetterPage { letters, scanned_through: u64::try_from(through).ok(), end })
+}
+
+pub(crate) fn count_dead_letters(conn: &Connection, queue: &QueueRow, filter: &DeadLetterFilter) -> Result<u64> {
+    let counted: i64 = conn
+        // ?2 (a page's start) is not used: the count reads every one.
+        .prepare_cached(concat!("SELECT count(*) FROM dead_letters WHERE queue_id = ?1 AND ", dead_letter_conditions!()))
+        .and_then(|mut stmt| {
+            stmt.query_row(
+                params![
+                    queue.id,
+                    Option::<i64>::None,
+                    filter.reason_contains,
+                    filter.dead_lettered.from.map(Timestamp::as_millis),
+                    filter.dead_lettered.until.map(Timestamp::as_millis)
+                ],
+                |row| row.get(0),
+            )
+        })
+        .map_err(sql_error)?;
+    Ok(u64::try_from(counted).unwrap_or(0))
+}
+
+/// Sends the listed dead letters back, in the order they were
+/// dead-lettered, like [`redrive`]; a `seq` no longer there is passed over.
+pub(crate) fn redrive_listed(conn: &Connection, queue: &QueueRow, seqs: &[u64], now: Timestamp) -> Result<u64> {
+    let listed = serde_json::to_string(seqs).expect("numbers serialise");
+    let moved = conn
+        .prepare_cached(
+            "INSERT INTO messages (queue_id, id, body, ordering_key, enqueued_at, visible_at, reply_to, correlation_id)
+             SELECT queue_id, id, body, ordering_key, enqueued_at, ?2, reply_to, correlation_id FROM dead_letters
+              WHERE queue_id = ?1 AND seq IN (SELECT value FROM json_each(?3)) ORDER BY seq",
+        )
+        .and_then(|mut stmt| stmt.execute(params![queue.id, now.as_millis(), listed]))
+        .map_err(sql_error)?;
+    conn.prepare_cached("DELETE FROM dead_letters WHERE queue_id = ?1 AND seq IN (SELECT value FROM json_each(?2))")
+        .and_then(|mut stmt| stmt.execute(params![queue.id, listed]))
+        .map_err(sql_error)?;
     Ok(moved as u64)
 }
 

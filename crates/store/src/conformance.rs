@@ -32,10 +32,10 @@ use serde_json::{Value, json};
 use crate::breaker::{BreakerAdmission, BreakerAsk, BreakerReport, BreakerResult, SharedBreakerState};
 use crate::rate::{RateRequest, RateSlot};
 use crate::{
-    AuditAction, AuditFilter, BODY_BYTES_MAX, BatchAction, BatchProgress, BatchState, Changes, Claim, Created, Delivery, Error, Event,
-    EventKind, Expired, InstanceSweep, NewAudit, NewBatch, NewSchedule, NewTask, OldestShare, Outgoing, Prune, PruneWorkflows, QueueConfig,
-    QueueStats, RECEIVE_MAX, Receive, Redrive, ScheduleProgress, ScheduleSource, ScheduleSpec, Sent, SharedStore, StepWrite, Swept,
-    TaskFilter, TaskRecord, TaskWrite, TimeRange, Warning, WorkflowPause, chain,
+    AuditAction, AuditFilter, BODY_BYTES_MAX, BatchAction, BatchCursor, BatchFilter, BatchProgress, BatchState, Changes, Claim, Created,
+    DeadLetterFilter, DeadLetterPage, Delivery, Error, Event, EventKind, Expired, InstanceSweep, NewAudit, NewBatch, NewSchedule, NewTask,
+    OldestShare, Outgoing, Prune, PruneWorkflows, QueueConfig, QueueStats, RECEIVE_MAX, Receive, Redrive, ScheduleProgress, ScheduleSource,
+    ScheduleSpec, Sent, SharedStore, StepWrite, Swept, TaskFilter, TaskRecord, TaskWrite, TimeRange, Warning, WorkflowPause, chain,
 };
 
 /// What a backend provides to run the suite.
@@ -82,6 +82,7 @@ macro_rules! conformance_suite {
             abandon_at_the_last_delivery_dead_letters_with_the_reason,
             dead_letter_moves_a_message_at_once_with_the_reason,
             redrive_and_purge_dead_letters,
+            dead_letters_are_walked_a_bounded_page_at_a_time_and_redriven_once,
             delayed_messages_wait_for_their_delay,
             ordering_keys_deliver_fifo_one_lease_per_key,
             an_ordering_key_head_comes_back_before_its_successors,
@@ -733,6 +734,106 @@ pub async fn redrive_and_purge_dead_letters(harness: &dyn Harness) {
     assert_eq!(counts(&store, &mail).await, (0, 0, 0, 0));
     assert_eq!(ok(store.purge_dead_letters(&mail).await, "purge of nothing"), 0);
     assert_nothing_to_receive(&store, &mail, "after purge").await;
+}
+
+/// The walk over a queue's dead letters (`dead_letter_page`) goes oldest
+/// first, looks at `scan` dead letters a page whatever the filter, returns
+/// those the filter selects (reason substring, dead-lettered time range)
+/// with their `seq`, and says where it got and whether it reached the end;
+/// `count_dead_letters` counts the same selection. `redrive_listed` moves
+/// the listed ones back with a fresh delivery count, and a second redrive
+/// of the same `seq`s (a runner that crashed before recording its page)
+/// moves nothing: the live queue holds each message once. A redrive batch
+/// keeps its dead-letter filter and its `seq` cursor.
+pub async fn dead_letters_are_walked_a_bounded_page_at_a_time_and_redriven_once(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let mail = queue("mail");
+    ok(store.create_queue(&mail, QueueConfig::default()).await, "create_queue");
+    let names = ["a", "b", "c", "d", "e", "f", "g"];
+    for name in names {
+        send_label(&store, &mail, name).await;
+    }
+    let t0 = clock.now();
+    for d in receive_now(&store, &mail, 10).await {
+        clock.advance(SECOND);
+        // b, d and f time out; the others are refused.
+        let reason = if ["b", "d", "f"].contains(&label(&d).as_str()) { "agent timeout after 30s" } else { "HTTP 400" };
+        ok(store.dead_letter(&mail, d.lease_token, format!("{reason} ({})", label(&d))).await, "dead_letter");
+    }
+    let other = queue("other");
+    send_label(&store, &other, "x").await;
+    let x = receive_one(&store, &other, "x").await;
+    ok(store.dead_letter(&other, x.lease_token, "agent timeout".into()).await, "dead_letter x");
+
+    let timeouts = DeadLetterFilter { reason_contains: Some("timeout".into()), ..DeadLetterFilter::all(mail.clone()) };
+    assert_eq!(ok(store.count_dead_letters(&timeouts).await, "count timeouts"), 3, "b, d and f; not x, of another queue");
+    assert_eq!(ok(store.count_dead_letters(&DeadLetterFilter::all(mail.clone())).await, "count all"), 7);
+    let from_c_to_f = DeadLetterFilter {
+        dead_lettered: TimeRange { from: Some(t0 + 3 * SECOND), until: Some(t0 + 6 * SECOND) },
+        ..DeadLetterFilter::all(mail.clone())
+    };
+    assert_eq!(ok(store.count_dead_letters(&from_c_to_f).await, "count by time"), 3, "c, d and e: from inclusive, until exclusive");
+    let timeout_case = DeadLetterFilter { reason_contains: Some("TIMEOUT".into()), ..DeadLetterFilter::all(mail.clone()) };
+    assert_eq!(ok(store.count_dead_letters(&timeout_case).await, "count by case"), 0, "the reason match is case-sensitive");
+
+    // Pages of three: a b c | d e f | g. Each looks at three, whatever matches.
+    let first = ok(store.dead_letter_page(&timeouts, None, 3).await, "first page");
+    let picked = |page: &DeadLetterPage| page.letters.iter().map(|(_, l)| l.reason.clone()).collect::<Vec<_>>();
+    assert_eq!(picked(&first), ["agent timeout after 30s (b)"]);
+    assert!(!first.end, "three looked at, more may follow");
+    let through = first.scanned_through.expect("looked at three");
+    assert!(first.letters[0].0 < through, "b comes before c, where the page stopped");
+    let second = ok(store.dead_letter_page(&timeouts, Some(through), 3).await, "second page");
+    assert_eq!(picked(&second), ["agent timeout after 30s (d)", "agent timeout after 30s (f)"]);
+    let third = ok(store.dead_letter_page(&timeouts, second.scanned_through, 3).await, "third page");
+    assert!(third.letters.is_empty() && third.end, "g does not match and ends the walk: {third:?}");
+    assert!(third.scanned_through > second.scanned_through);
+    let past = ok(store.dead_letter_page(&timeouts, third.scanned_through, 3).await, "past the end");
+    assert_eq!((past.letters.len(), past.scanned_through, past.end), (0, None, true));
+    let by_time = ok(store.dead_letter_page(&from_c_to_f, None, 10).await, "by time");
+    assert_eq!(
+        by_time.letters.iter().map(|(_, l)| l.reason.clone()).collect::<Vec<_>>(),
+        ["HTTP 400 (c)", "agent timeout after 30s (d)", "HTTP 400 (e)"]
+    );
+    assert_eq!(by_time.letters[0].1.queue, mail, "{by_time:?}");
+    assert_err!(store.dead_letter_page(&DeadLetterFilter::all(queue("nope")), None, 3).await, Error::NotFound(_), "an unknown queue");
+
+    // Redrive the second page; then again, as a runner that crashed before
+    // recording it would.
+    let seqs: Vec<u64> = second.letters.iter().map(|(seq, _)| *seq).collect();
+    assert_eq!(ok(store.redrive_listed(&mail, &seqs).await, "redrive d and f"), 2);
+    assert_eq!(ok(store.redrive_listed(&mail, &seqs).await, "redrive d and f again"), 0, "gone from the dead letters: nothing moved");
+    assert_eq!(ok(store.redrive_listed(&mail, &[]).await, "redrive nothing"), 0);
+    assert_eq!(
+        ok(store.redrive_listed(&other, &[first.letters[0].0]).await, "b's seq on another queue"),
+        0,
+        "a seq of another queue is not moved"
+    );
+    let back = receive_now(&store, &mail, 10).await;
+    assert_eq!(labels(&back), ["d", "f"], "each once, in the order they were dead-lettered");
+    assert!(back.iter().all(|d| d.delivery_count == 1), "fresh delivery counts: {back:?}");
+    assert_eq!(ok(store.count_dead_letters(&timeouts).await, "count timeouts"), 1, "b is left");
+    assert_eq!(ok(store.count_dead_letters(&DeadLetterFilter::all(other.clone())).await, "count other"), 1, "x is left");
+
+    // A redrive batch keeps its filter and its cursor.
+    let new = NewBatch {
+        id: "r1".into(),
+        action: BatchAction::Redrive,
+        filter: BatchFilter::DeadLetters(timeouts.clone()),
+        total: 3,
+        requested_by: "ops".into(),
+        reason: None,
+    };
+    let created = ok(store.create_batch(&new).await, "create_batch");
+    assert_eq!((created.action, &created.filter), (BatchAction::Redrive, &BatchFilter::DeadLetters(timeouts)));
+    let runner = instance("runner-a");
+    ok(store.claim_batch(Some("r1"), &runner, 10 * SECOND).await, "claim_batch").expect("free");
+    let page =
+        BatchProgress { cursor: Some(BatchCursor::DeadLetter(through)), done: 1, skipped: 0, failed: 0, last_error: None, finished: false };
+    let advanced = ok(store.advance_batch("r1", &runner, &page, 10 * SECOND).await, "advance_batch").expect("held");
+    assert_eq!(advanced.cursor, Some(BatchCursor::DeadLetter(through)));
+    assert_eq!(ok(store.batch("r1").await, "batch"), Some(advanced), "read back alike");
 }
 
 /// A message sent with a delay is invisible, and counted as delayed, until
@@ -1503,14 +1604,18 @@ pub async fn a_batch_is_held_by_one_runner_advanced_taken_over_and_stopped(harne
     let new = |id: &str| NewBatch {
         id: id.into(),
         action: BatchAction::Resubmit,
-        filter: filter.clone(),
+        filter: BatchFilter::Tasks(filter.clone()),
         total: 7,
         requested_by: "ops".into(),
         reason: Some("payments back".into()),
     };
     let first = ok(store.create_batch(&new("b1")).await, "create_batch");
     assert_eq!((first.state, first.cursor.as_ref(), first.done, first.locked_by.as_ref()), (BatchState::Running, None, 0, None));
-    assert_eq!((&first.filter, first.total, first.reason.as_deref()), (&filter, 7, Some("payments back")), "kept as given");
+    assert_eq!(
+        (&first.filter, first.total, first.reason.as_deref()),
+        (&BatchFilter::Tasks(filter.clone()), 7, Some("payments back")),
+        "kept as given"
+    );
     assert_err!(store.create_batch(&new("b1")).await, Error::Conflict(_), "an id taken");
     clock.advance(SECOND);
     ok(store.create_batch(&new("b2")).await, "create_batch");
@@ -1524,16 +1629,23 @@ pub async fn a_batch_is_held_by_one_runner_advanced_taken_over_and_stopped(harne
     assert_eq!(ok(store.claim_batch(Some("b1"), &b, lease).await, "claim_batch"), None, "held by a");
     assert_eq!(ok(store.claim_batch(None, &b, lease).await, "claim_batch").map(|r| r.id), Some("b2".into()), "its own again");
 
-    let page = BatchProgress { cursor: Some(task_id("t-5")), done: 3, skipped: 1, failed: 0, last_error: None, finished: false };
+    let page = BatchProgress {
+        cursor: Some(BatchCursor::Task(task_id("t-5"))),
+        done: 3,
+        skipped: 1,
+        failed: 0,
+        last_error: None,
+        finished: false,
+    };
     assert_eq!(ok(store.advance_batch("b1", &b, &page, lease).await, "advance_batch"), None, "only the holder advances it");
     let advanced = ok(store.advance_batch("b1", &a, &page, lease).await, "advance_batch").expect("a holds it");
-    assert_eq!((advanced.cursor.as_ref(), advanced.done, advanced.skipped), (Some(&task_id("t-5")), 3, 1));
+    assert_eq!((advanced.cursor.as_ref(), advanced.done, advanced.skipped), (Some(&BatchCursor::Task(task_id("t-5"))), 3, 1));
     assert_eq!(advanced.lease_until, Some(clock.now() + lease), "renewed");
 
     // a goes silent: once its lease ran out, b goes on from the cursor.
     clock.advance(lease);
     let taken = ok(store.claim_batch(Some("b1"), &b, lease).await, "claim_batch").expect("the lease ran out");
-    assert_eq!((taken.locked_by.as_ref(), taken.cursor.as_ref(), taken.done), (Some(&b), Some(&task_id("t-5")), 3));
+    assert_eq!((taken.locked_by.as_ref(), taken.cursor.as_ref(), taken.done), (Some(&b), Some(&BatchCursor::Task(task_id("t-5"))), 3));
     assert_eq!(ok(store.advance_batch("b1", &a, &page, lease).await, "advance_batch"), None, "a lost it");
 
     let stopped = ok(store.stop_batch("b2").await, "stop_batch").expect("b2 exists");
@@ -1542,8 +1654,14 @@ pub async fn a_batch_is_held_by_one_runner_advanced_taken_over_and_stopped(harne
     assert_eq!(ok(store.claim_batch(Some("b2"), &b, lease).await, "claim_batch"), None, "a stopped batch runs no more");
     assert_eq!(ok(store.stop_batch("nope").await, "stop_batch"), None);
 
-    let last =
-        BatchProgress { cursor: Some(task_id("t-1")), done: 6, skipped: 1, failed: 1, last_error: Some("boom".into()), finished: true };
+    let last = BatchProgress {
+        cursor: Some(BatchCursor::Task(task_id("t-1"))),
+        done: 6,
+        skipped: 1,
+        failed: 1,
+        last_error: Some("boom".into()),
+        finished: true,
+    };
     let done = ok(store.advance_batch("b1", &b, &last, lease).await, "advance_batch").expect("b holds it");
     assert_eq!((done.state, done.locked_by.as_ref(), done.failed, done.last_error.as_deref()), (BatchState::Done, None, 1, Some("boom")));
     assert_eq!(ok(store.stop_batch("b1").await, "stop_batch").map(|r| r.state), Some(BatchState::Done), "a done batch stays done");

@@ -33,14 +33,14 @@ mod task;
 use std::sync::Arc;
 
 pub use audit::{AuditAction, AuditCursor, AuditEntry, AuditFilter, AuditSource, NewAudit};
-pub use batch::{BatchAction, BatchProgress, BatchRecord, BatchState, NewBatch};
+pub use batch::{BatchAction, BatchCursor, BatchFilter, BatchProgress, BatchRecord, BatchState, DeadLetterFilter, NewBatch};
 pub use breaker::{BreakerAdmission, BreakerAsk, BreakerReport, BreakerResult, SharedBreaker, SharedBreakerState};
 pub use claim::{Claim, OLDEST_SHARE_EVERY_DEFAULT, OldestShare};
 pub use error::{Error, Result};
 pub use prune::{InstanceSweep, Prune, PruneWorkflows, Pruned, Swept};
 pub use queue::{
-    BODY_BYTES_MAX, Body, CORRELATION_ID_BYTES_MAX, DEDUPE_WINDOW_DEFAULT, DeadLetter, Delivery, ORDERING_KEY_BYTES_MAX, Outgoing,
-    QueueConfig, QueueStats, Queues, RECEIVE_MAX, Receive, Redrive, Sent,
+    BODY_BYTES_MAX, Body, CORRELATION_ID_BYTES_MAX, DEDUPE_WINDOW_DEFAULT, DeadLetter, DeadLetterPage, Delivery, ORDERING_KEY_BYTES_MAX,
+    Outgoing, QueueConfig, QueueStats, Queues, RECEIVE_MAX, Receive, Redrive, Sent,
 };
 pub use rate::{RATE_KEY_BYTES_MAX, RATE_WAIT_MAX_LIMIT, RateRequest, RateSlot};
 pub use schedule::{NewSchedule, ScheduleProgress, ScheduleRecord, ScheduleSource, ScheduleSpec};

@@ -14,6 +14,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 
 use crate::Result;
+use crate::batch::DeadLetterFilter;
 
 /// A message body: a JSON document, kept as its text. Validated once when
 /// built, never re-parsed by the store.
@@ -285,6 +286,21 @@ pub struct DeadLetter {
     pub correlation_id: Option<String>,
 }
 
+/// One page of a walk over a queue's dead letters, oldest first
+/// ([`Queues::dead_letter_page`]).
+#[derive(Debug, Clone)]
+pub struct DeadLetterPage {
+    /// The dead letters of the page that the filter selects, each with its
+    /// `seq` (its place in the dead-letter queue, oldest first).
+    pub letters: Vec<(u64, DeadLetter)>,
+    /// The `seq` of the last dead letter the page looked at, selected or
+    /// not: the next page starts after it. `None` when it looked at none.
+    pub scanned_through: Option<u64>,
+    /// True when the page looked at fewer dead letters than it could: the
+    /// walk reached the end of the queue.
+    pub end: bool,
+}
+
 /// Which dead letters to send back to their queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Redrive {
@@ -365,6 +381,24 @@ pub trait Queues: Send + Sync {
     /// Sends dead letters back to their queue with a fresh delivery count.
     /// Returns how many were moved; `Redrive::One` of an unknown id is `NotFound`.
     async fn redrive(&self, queue: &QueueName, which: Redrive) -> Result<u64>;
+
+    /// A page of the walk over `filter.queue`'s dead letters, oldest first:
+    /// it looks at the next `scan` dead letters after the one with `seq`
+    /// `after` (from the first, with `None`) and returns those the filter
+    /// selects. Bounded by `scan` whatever the filter: a page reads one
+    /// range of the queue's `(queue_id, seq)` index, however few of them
+    /// match. An unknown queue is `NotFound`.
+    async fn dead_letter_page(&self, filter: &DeadLetterFilter, after: Option<u64>, scan: u32) -> Result<DeadLetterPage>;
+
+    /// How many of `filter.queue`'s dead letters the filter selects (it
+    /// reads them all). An unknown queue is `NotFound`.
+    async fn count_dead_letters(&self, filter: &DeadLetterFilter) -> Result<u64>;
+
+    /// Sends the dead letters of `queue` with these `seq`s back to it, in
+    /// the order they were dead-lettered, with a fresh delivery count, in
+    /// one transaction. Returns how many were moved: a `seq` no longer
+    /// there (redriven or purged already) is passed over.
+    async fn redrive_listed(&self, queue: &QueueName, seqs: &[u64]) -> Result<u64>;
 
     /// Deletes every dead letter of a queue. Returns how many.
     async fn purge_dead_letters(&self, queue: &QueueName) -> Result<u64>;
