@@ -191,6 +191,40 @@ class SubmitAndWait(unittest.TestCase):
             client.audit(action="task.explode")
         self.assertEqual((refused.exception.status, refused.exception.code), (400, "invalid_query"))
 
+    def test_a_redrive_batch_sends_back_the_dead_letters_its_filter_selects(self) -> None:
+        client = Client(server.url, token=support.ADMIN_TOKEN)
+        queue = fresh("py.dlq")
+        store = f"sqlite://{Path(server.dir.name) / 'rota.db'}"
+
+        def rota(*args: str) -> str:
+            done = subprocess.run(
+                [support.rota_bin(), "--store", store, *args], capture_output=True, text=True, timeout=30, check=True
+            )  # fmt: skip
+            return done.stdout
+
+        rota("queue", "send", queue, "--body", '{"n": 1}')
+        rota("queue", "send", queue, "--body", '{"n": 2}')
+        for delivery in json.loads(rota("queue", "receive", queue, "--max", "10", "--json")):
+            reason = "agent timeout" if delivery["body"]["n"] == 1 else "HTTP 400"
+            rota("queue", "dead-letter", queue, delivery["lease_token"], "--reason", reason)
+        batch = client.create_batch("redrive", dead_letters={"queue": queue, "reason_contains": "timeout"}, reason="fixed")
+        self.assertEqual((batch["action"], batch["total"], batch["dead_letters"]["queue"]), ("redrive", 1, queue))
+        deadline = time.monotonic() + 30
+        while batch["state"] == "running":
+            self.assertLess(time.monotonic(), deadline, f"the batch did not finish: {batch}")
+            time.sleep(0.1)
+            batch = client.batch(batch["id"])
+        self.assertEqual((batch["state"], batch["done"], batch["skipped"]), ("done", 1, 0))
+        back = json.loads(rota("queue", "receive", queue, "--max", "10", "--json"))
+        self.assertEqual([d["body"]["n"] for d in back], [1], "only the timed-out one went back")
+        with self.assertRaises(ApiError) as refused:
+            client.create_batch("redrive")
+        self.assertEqual((refused.exception.status, refused.exception.code), (422, "invalid_body"))
+        self.assertTrue(refused.exception.reason.startswith("dead_letters"), refused.exception.reason)
+        with self.assertRaises(ApiError) as refused:
+            client.create_batch("cancel", {"state": "error"}, dead_letters={"queue": queue})
+        self.assertEqual((refused.exception.status, refused.exception.code), (422, "invalid_body"))
+
     def test_a_paused_task_says_so_until_resumed(self) -> None:
         client = Client(server.url, token=support.ADMIN_TOKEN)
         task_id = fresh("paused")

@@ -17,6 +17,8 @@ export type AuditEntry = components["schemas"]["AuditEntryView"];
 export type Batch = components["schemas"]["BatchView"];
 /** Which tasks a batch acts on: the filters of `tasks`. */
 export type BatchFilter = components["schemas"]["BatchFilterView"];
+/** Which dead letters of a queue a `redrive` batch sends back. */
+export type DeadLetterFilter = components["schemas"]["DeadLetterFilterView"];
 /** Exact task counts by state, and their total. */
 export type TaskCounts = components["schemas"]["TaskCounts"];
 
@@ -187,13 +189,18 @@ export class Client {
   }
 
   /**
-   * Starts a bulk action, `cancel` or `resubmit`, on every task `filter`
+   * Starts a bulk action: `cancel` or `resubmit` every task `filter`
    * selects (at least one filter; a resubmit without `state` selects the
-   * tasks in Error). The server's Supervisor leader runs it; follow it with
-   * `batch`.
+   * tasks in Error), or `redrive` every dead letter `options.deadLetters`
+   * selects (its `queue` is required; `filter` stays empty). The server's
+   * Supervisor leader runs it; follow it with `batch`.
    */
-  async createBatch(action: "cancel" | "resubmit", filter: BatchFilter, options: { reason?: string } = {}): Promise<Batch> {
-    const body = { action, filter, reason: options.reason };
+  async createBatch(
+    action: "cancel" | "resubmit" | "redrive",
+    filter: BatchFilter = {},
+    options: { reason?: string; deadLetters?: DeadLetterFilter } = {},
+  ): Promise<Batch> {
+    const body = { action, filter, dead_letters: options.deadLetters, reason: options.reason };
     return unwrap(await this.api.fetch.POST("/v1/batches", { body, signal: this.api.deadline() }));
   }
 

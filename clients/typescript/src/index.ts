@@ -14,6 +14,7 @@ export type {
   BatchFilter,
   CallbackAccepted,
   ClientOptions,
+  DeadLetterFilter,
   Event,
   SignalDelivery,
   Task,

@@ -74,11 +74,13 @@ export interface paths {
         get: operations["list_batches"];
         put?: never;
         /**
-         * Start a bulk action: cancel or resubmit every task the filter selects.
-         * @description The batch is stored with its filter, closed now (tasks created later
-         *     are not selected), and the count of the tasks selected; the Supervisor
-         *     leader runs it, a page at a time, and goes on from where it got after a
-         *     restart. Follow it with `GET /v1/batches/{id}`.
+         * Start a bulk action: cancel or resubmit every task the filter selects,
+         *     or redrive every dead letter of a queue the dead-letter filter selects.
+         * @description The batch is stored with its filter, closed now (tasks created later,
+         *     messages dead-lettered later, are not selected), and the count of what
+         *     it selected; the Supervisor leader runs it, a page at a time, and goes
+         *     on from where it got after a restart. Follow it with
+         *     `GET /v1/batches/{id}`.
          */
         post: operations["create_batch"];
         delete?: never;
@@ -1013,14 +1015,17 @@ export interface components {
         /** @description A bulk action to start: `POST /v1/batches`. */
         BatchRequest: {
             /**
-             * @description What to do to each task: `cancel`, or `resubmit` (tasks in Error).
+             * @description What to do: `cancel` or `resubmit` (tasks in Error) each task
+             *     `filter` selects, or `redrive` each dead letter `dead_letters`
+             *     selects.
              * @example resubmit
              */
             action: string;
+            dead_letters?: components["schemas"]["DeadLetterFilterView"] | null;
             /**
-             * @description Which tasks: the filters of `GET /v1/tasks`, every one given must
-             *     match; at least one is required. A resubmit without `state` selects
-             *     the tasks in Error.
+             * @description Which tasks (cancel, resubmit): the filters of `GET /v1/tasks`,
+             *     every one given must match; at least one is required. A resubmit
+             *     without `state` selects the tasks in Error. Not with `redrive`.
              */
             filter?: components["schemas"]["BatchFilterView"];
             /** @description Why (at most 1000 characters), kept with the batch. */
@@ -1028,16 +1033,17 @@ export interface components {
         };
         /** @description A bulk action and how far it got. */
         BatchView: {
-            /** @description `cancel` or `resubmit`. */
+            /** @description `cancel`, `resubmit` or `redrive`. */
             action: string;
             /**
              * Format: int64
              * @description When it was made, epoch ms.
              */
             created_at: number;
+            dead_letters?: components["schemas"]["DeadLetterFilterView"] | null;
             /**
              * Format: int64
-             * @description Tasks acted on.
+             * @description Tasks (dead letters) acted on.
              */
             done: number;
             /**
@@ -1047,7 +1053,7 @@ export interface components {
             failed: number;
             /**
              * @description The tasks it acts on (closed at its creation: later tasks are not
-             *     selected).
+             *     selected); empty for a redrive.
              */
             filter: components["schemas"]["BatchFilterView"];
             /** @description Its id. */
@@ -1068,7 +1074,8 @@ export interface components {
             /**
              * Format: int64
              * @description Tasks the action no longer applied to (already finished, no longer
-             *     in Error, deleted).
+             *     in Error, deleted); dead letters no longer there (redriven before a
+             *     restart, purged).
              */
             skipped: number;
             /**
@@ -1078,7 +1085,7 @@ export interface components {
             state: string;
             /**
              * Format: int64
-             * @description How many tasks the filter selected when it was made.
+             * @description How many tasks (dead letters) the filter selected when it was made.
              */
             total: number;
             /**
@@ -1179,6 +1186,20 @@ export interface components {
              * @description How many.
              */
             count: number;
+        };
+        /**
+         * @description The dead letters of one queue a redrive batch sends back: those
+         *     matching every condition given.
+         */
+        DeadLetterFilterView: {
+            /** @description Only dead letters dead-lettered at or after this time (RFC 3339). */
+            dead_lettered_after?: string | null;
+            /** @description Only dead letters dead-lettered strictly before this time (RFC 3339). */
+            dead_lettered_before?: string | null;
+            /** @description The queue whose dead letters (required). */
+            queue: string;
+            /** @description Only dead letters whose reason contains this text (case-sensitive). */
+            reason_contains?: string | null;
         };
         /** @description A dead-lettered message. */
         DeadLetterView: {
@@ -2470,6 +2491,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description A redrive of a queue that does not exist */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Body too large */
             413: {
                 headers: {
@@ -2488,7 +2518,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Invalid field, or a filter that selects nothing in particular */
+            /** @description Invalid field, a filter that selects nothing in particular, a redrive without dead_letters, or a filter of the other kind than the action's */
             422: {
                 headers: {
                     [name: string]: unknown;

@@ -243,6 +243,31 @@ describe("submit and wait", () => {
     await assert.rejects(client.audit({ action: "task.explode" }), (error: unknown) => error instanceof ApiError && error.status === 400);
   });
 
+  test("a redrive batch sends back the dead letters its filter selects", async () => {
+    const client = admin();
+    const queue = fresh("ts.dlq");
+    server.rota(["queue", "send", queue, "--body", '{"n":1}']);
+    server.rota(["queue", "send", queue, "--body", '{"n":2}']);
+    for (const delivery of JSON.parse(server.rota(["queue", "receive", queue, "--max", "10", "--json"])) as { body: { n: number }; lease_token: string }[]) {
+      server.rota(["queue", "dead-letter", queue, delivery.lease_token, "--reason", delivery.body.n === 1 ? "agent timeout" : "HTTP 400"]);
+    }
+    let batch = await client.createBatch("redrive", {}, { deadLetters: { queue, reason_contains: "timeout" }, reason: "fixed" });
+    assert.deepEqual([batch.action, batch.total, batch.dead_letters?.queue], ["redrive", 1, queue]);
+    const deadline = Date.now() + 30_000;
+    while (batch.state === "running") {
+      assert.ok(Date.now() < deadline, `the batch did not finish: ${JSON.stringify(batch)}`);
+      await sleep(100);
+      batch = await client.batch(batch.id);
+    }
+    assert.deepEqual([batch.state, batch.done, batch.skipped], ["done", 1, 0]);
+    const back = JSON.parse(server.rota(["queue", "receive", queue, "--max", "10", "--json"])) as { body: { n: number } }[];
+    assert.deepEqual(back.map((delivery) => delivery.body.n), [1], "only the timed-out one went back");
+    await assert.rejects(
+      client.createBatch("redrive"),
+      (error: unknown) => error instanceof ApiError && error.status === 422 && error.reason.startsWith("dead_letters"),
+    );
+  });
+
   test("tasks page with before", async () => {
     const client = admin();
     const ids = [fresh("page"), fresh("page"), fresh("page")];

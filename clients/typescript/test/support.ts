@@ -1,7 +1,7 @@
 // A real `rota serve` for the tests, and programs as child processes. The
 // binary is $ROTA_BIN (.ci/run sets it to the debug build), else the
 // checkout's target/debug/rota.
-import { type ChildProcess, spawn } from "node:child_process";
+import { type ChildProcess, execFileSync, spawn } from "node:child_process";
 import { accessSync, constants, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync, openSync, closeSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -166,6 +166,11 @@ export class Server {
     }
     child.kill("SIGKILL");
     throw new Error(`rota serve did not start listening:\n${readFileSync(join(dir, "serve.log"), "utf8")}`);
+  }
+
+  /** Runs `rota ARGS` on the server's store; its standard output. */
+  rota(args: string[]): string {
+    return execFileSync(rotaBin(), ["--store", `sqlite://${join(this.dir, "rota.db")}`, ...args], { encoding: "utf8", timeout: 30_000 });
   }
 
   /** SIGTERM, then SIGKILL if it does not stop within 20 s. */

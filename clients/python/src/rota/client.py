@@ -17,6 +17,7 @@ from .types import (
     Batch,
     BatchFilter,
     CallbackAccepted,
+    DeadLetterFilter,
     Event,
     Json,
     SignalDelivery,
@@ -160,12 +161,24 @@ class Client:
             query.append(("workflow", workflow))
         return cast(TaskCounts, self._http.call("GET", "/v1/tasks/counts", query=query))
 
-    def create_batch(self, action: str, filter: BatchFilter, *, reason: str | None = None) -> Batch:
-        """Starts a bulk action, ``cancel`` or ``resubmit``, on every task
+    def create_batch(
+        self,
+        action: str,
+        filter: BatchFilter | None = None,
+        *,
+        dead_letters: DeadLetterFilter | None = None,
+        reason: str | None = None,
+    ) -> Batch:
+        """Starts a bulk action: ``cancel`` or ``resubmit`` every task
         ``filter`` selects (at least one filter; a resubmit without
-        ``state`` selects the tasks in Error). The server's Supervisor
-        leader runs it; follow it with :meth:`batch`."""
-        body: dict[str, Json] = {"action": action, "filter": cast(Json, dict(filter))}
+        ``state`` selects the tasks in Error), or ``redrive`` every dead
+        letter ``dead_letters`` selects (its ``queue`` is required). The
+        server's Supervisor leader runs it; follow it with :meth:`batch`."""
+        body: dict[str, Json] = {"action": action}
+        if filter is not None:
+            body["filter"] = cast(Json, dict(filter))
+        if dead_letters is not None:
+            body["dead_letters"] = cast(Json, dict(dead_letters))
         if reason is not None:
             body["reason"] = reason
         return cast(Batch, self._http.call("POST", "/v1/batches", body))

@@ -108,12 +108,28 @@ class BatchFilter(TypedDict, total=False):
     id_prefix: str
 
 
-class Batch(TypedDict):
-    """A bulk action and how far it got."""
+class _DeadLetterFilterQueue(TypedDict):
+    #: The queue whose dead letters (required).
+    queue: str
 
+
+class DeadLetterFilter(_DeadLetterFilterQueue, total=False):
+    """Which dead letters of a queue a ``redrive`` batch sends back: those
+    matching every condition given."""
+
+    #: Only dead letters whose reason contains this text (case-sensitive).
+    reason_contains: str
+    #: Only dead letters dead-lettered at or after this time (RFC 3339).
+    dead_lettered_after: str
+    #: Only dead letters dead-lettered strictly before this time (RFC 3339).
+    dead_lettered_before: str
+
+
+class _BatchFields(TypedDict):
     id: str
-    #: ``cancel`` or ``resubmit``.
+    #: ``cancel``, ``resubmit`` or ``redrive``.
     action: str
+    #: The tasks it acts on (empty for a redrive).
     filter: BatchFilter
     #: ``running``, ``stopped`` or ``done``.
     state: str
@@ -128,6 +144,13 @@ class Batch(TypedDict):
     lease_until: int | None
     created_at: int
     updated_at: int
+
+
+class Batch(_BatchFields, total=False):
+    """A bulk action and how far it got."""
+
+    #: The dead letters a redrive sends back (only on a redrive).
+    dead_letters: DeadLetterFilter
 
 
 class AuditEntry(TypedDict):
