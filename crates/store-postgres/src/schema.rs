@@ -405,6 +405,12 @@ CREATE TABLE rota.breakers (
     updated_at           BIGINT  NOT NULL
 );
 "#,
+    r#"
+-- Listings by id prefix: the ids in byte order, whatever the database's
+-- collation (the primary key's index follows that collation, so it cannot
+-- serve a byte-order range).
+CREATE INDEX tasks_id_bytes ON rota.tasks ((id COLLATE "C"));
+"#,
 ];
 
 /// How many migrations this build knows.

@@ -183,6 +183,9 @@ enum Driver {
     Ended,
     /// `tasks_created`, by creation time; the matches are sorted.
     Created,
+    /// `tasks_id_bytes`, the ids in byte order, as a range of a prefix;
+    /// the matches are sorted.
+    IdPrefix,
 }
 
 /// A statement's source, conditions and values, in binding order. The
@@ -270,6 +273,13 @@ fn selection(filter: &TaskFilter, driver: Driver) -> Selection {
             s.from = format!("(SELECT * FROM rota.tasks {} OFFSET 0) AS t", inner.where_clause());
             s.values = inner.values;
         }
+        Driver::IdPrefix => {
+            let prefix = filter.id_prefix.as_deref().unwrap_or_default();
+            let mut inner = Selection { from: String::new(), order: "", conditions: Vec::new(), values: Vec::new() };
+            inner.push(ID_PREFIX_RANGE, [text(prefix), text(&rota_store::prefix_upper_bound(prefix))]);
+            s.from = format!("(SELECT * FROM rota.tasks {} OFFSET 0) AS t", inner.where_clause());
+            s.values = inner.values;
+        }
         Driver::Newest => s.from = "rota.tasks AS t".into(),
     }
     if let Some(state) = filter.state {
@@ -297,13 +307,19 @@ fn selection(filter: &TaskFilter, driver: Driver) -> Selection {
     if filter.ended.is_set() && driver != Driver::Ended {
         s.push(&format!("t.{FINISHED} AND {}", range("(t.updated_at + 0)", &filter.ended)), range_values(&filter.ended));
     }
-    if let Some(prefix) = &filter.id_prefix {
-        // An exact test in byte order whatever the database's collation;
-        // no index serves it, so it filters whatever drives.
+    if let Some(prefix) = &filter.id_prefix
+        && driver != Driver::IdPrefix
+    {
+        // An exact test in byte order whatever the database's collation,
+        // which no index serves: it filters whatever drives.
         s.push("starts_with(t.id, $_)", [text(prefix)]);
     }
     s
 }
+
+/// The ids from a prefix to its upper bound in byte order (`COLLATE "C"`,
+/// whatever the database's collation), on `tasks_id_bytes`.
+const ID_PREFIX_RANGE: &str = "(id COLLATE \"C\") >= $_ AND (id COLLATE \"C\") < $_";
 
 /// The index a listing or count of `filter` reads first: its first tag's
 /// when it has tags (walked in order, it needs no sort however many match);
@@ -320,14 +336,19 @@ async fn driver(conn: &mut PgConnection, n: &Names, filter: &TaskFilter, sparse:
         return Ok(Driver::Newest);
     }
     let mut best = (Driver::Newest, i64::from(sparse));
-    for candidate in [Driver::Ended, Driver::Created] {
-        let range = if candidate == Driver::Ended { &filter.ended } else { &filter.created };
-        if !range.is_set() {
+    for candidate in [Driver::Ended, Driver::Created, Driver::IdPrefix] {
+        let applies = match candidate {
+            Driver::Ended => filter.ended.is_set(),
+            Driver::Created => filter.created.is_set(),
+            _ => filter.id_prefix.is_some(),
+        };
+        if !applies {
             continue;
         }
         let only = TaskFilter {
             ended: if candidate == Driver::Ended { filter.ended } else { TimeRange::default() },
             created: if candidate == Driver::Created { filter.created } else { TimeRange::default() },
+            id_prefix: if candidate == Driver::IdPrefix { filter.id_prefix.clone() } else { None },
             ..TaskFilter::default()
         };
         let s = selection(&only, candidate);
@@ -343,15 +364,46 @@ async fn driver(conn: &mut PgConnection, n: &Names, filter: &TaskFilter, sparse:
 /// Tasks matching `filter`, newest first (by `created_seq`); `before` is a
 /// range on the same column.
 pub(crate) async fn list_tasks(conn: &mut PgConnection, n: &Names, filter: &TaskFilter, sparse: u32) -> Result<Vec<Task>> {
-    let mut s = selection(filter, driver(conn, n, filter, sparse).await?);
+    let (text, s) = listing(filter, driver(conn, n, filter, sparse).await?);
+    let rows = s.query(n.raw(&n.qualify(&text))).fetch_all(&mut *conn).await?;
+    rows.iter().map(task_from).collect()
+}
+
+/// The statement of a page of `filter` read through `driver`, and its values.
+fn listing(filter: &TaskFilter, driver: Driver) -> (String, Selection) {
+    let mut s = selection(filter, driver);
     if let Some(before) = &filter.before {
         let condition = format!("{} < (SELECT created_seq FROM rota.tasks WHERE id = $_)", s.order);
         s.push(&condition, [text(before.as_str())]);
     }
     s.values.push(Bind::Int(i64::from(filter.limit)));
-    let text = n.qualify(&format!("SELECT t.* FROM {} {} ORDER BY {} DESC LIMIT ${}", s.from, s.where_clause(), s.order, s.values.len()));
-    let rows = s.query(n.raw(&text)).fetch_all(&mut *conn).await?;
-    rows.iter().map(task_from).collect()
+    let page = format!("{} {} ORDER BY {} DESC LIMIT ${}", s.from, s.where_clause(), s.order, s.values.len());
+    let text = if driver == Driver::Newest && keys_only(filter) {
+        // The page's keys from the index of the equality columns alone
+        // (an index-only walk), then their rows. Asked for the rows at
+        // once, a generic plan guesses from the columns' distinct values
+        // that matches are common and walks every task newest first,
+        // testing each: a rare pair (one workflow's compensated tasks)
+        // cost 14,000 rows and 10 ms a page on a million tasks, 0.2 ms so.
+        format!("SELECT o.* FROM rota.tasks AS o WHERE o.created_seq IN (SELECT t.created_seq FROM {page}) ORDER BY o.created_seq DESC")
+    } else {
+        format!("SELECT t.* FROM {page}")
+    };
+    (text, s)
+}
+
+/// Whether `filter` names only columns that lead an index ending with
+/// `created_seq` (`tasks_workflow_state`, `tasks_state`, `tasks_workflow`,
+/// `tasks_locked_by`, `tasks_submitter`), at least one of them.
+fn keys_only(filter: &TaskFilter) -> bool {
+    // Every field named, so that a new condition is considered here.
+    let TaskFilter { state, workflow, locked_by, submitter, tags, created, ended, id_prefix, at_risk, before: _, limit: _ } = filter;
+    let plain = tags.is_empty() && !created.is_set() && !ended.is_set() && id_prefix.is_none() && !at_risk;
+    let columns = match (workflow.is_some() || state.is_some(), locked_by.is_some(), submitter.is_some()) {
+        (true, false, false) | (false, true, false) | (false, false, true) => true,
+        _ => false,
+    };
+    plain && columns
 }
 
 /// How many tasks matching `filter` (`before` and `limit` aside) are in
@@ -1087,4 +1139,56 @@ pub(crate) async fn delete_shared_breakers(conn: &mut PgConnection, n: &Names, b
     .execute(&mut *conn)
     .await?;
     Ok(done.rows_affected())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use rota_model::SystemClock;
+    use sqlx::Connection;
+
+    use super::*;
+
+    /// The plan of a page of `filter` read through `driver`, on a store
+    /// of the current schema.
+    async fn plan(filter: &TaskFilter, driver: Driver) -> Option<String> {
+        let schema = rota_testkit::postgres::TestSchema::new("listing plans on PostgreSQL")?;
+        let mut config = crate::Config::new(schema.url.clone());
+        config.schema = schema.name.clone();
+        crate::PgStore::open(config.clone(), Arc::new(SystemClock)).await.unwrap();
+        let mut conn = PgConnection::connect_with(&config.connect_options().unwrap()).await.unwrap();
+        let names = Names::new(&schema.name);
+        let (text, s) = listing(filter, driver);
+        let explain = names.raw(&format!("EXPLAIN {}", names.qualify(&text)));
+        let rows = s.query(explain).fetch_all(&mut conn).await.unwrap();
+        Some(rows.iter().map(|row| row.get::<String, _>(0)).collect::<Vec<_>>().join("\n"))
+    }
+
+    /// A listing by id prefix reads the ids' byte-order index: the primary
+    /// key's index follows the database's collation and cannot serve it,
+    /// and with no index the listing reads every task (2 s on a million).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_id_prefix_listing_reads_the_ids_in_byte_order() {
+        let filter = TaskFilter { id_prefix: Some("order-17".into()), state: Some(TaskState::Error), ..TaskFilter::default() };
+        let Some(plan) = plan(&filter, Driver::IdPrefix).await else { return };
+        assert!(plan.contains("tasks_id_bytes"), "{plan}");
+        assert!(!plan.contains("Seq Scan"), "{plan}");
+    }
+
+    /// A listing by workflow and state walks their index for the page's
+    /// keys, never every task newest first.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_listing_by_workflow_and_state_walks_their_index() {
+        let filter = TaskFilter {
+            workflow: Some(WorkflowName::new("reports").unwrap()),
+            state: Some(TaskState::Compensated),
+            before: Some(TaskId::new("fill-0500000").unwrap()),
+            limit: 50,
+            ..TaskFilter::default()
+        };
+        let Some(plan) = plan(&filter, Driver::Newest).await else { return };
+        assert!(plan.contains("Index Only Scan Backward using tasks_workflow_state"), "{plan}");
+        assert!(!plan.contains("Backward using tasks_created_seq_key"), "{plan}");
+    }
 }

@@ -365,6 +365,11 @@ CREATE TABLE breakers (
     updated_at           INTEGER NOT NULL
 ) WITHOUT ROWID;
 "#,
+    r#"
+-- Nothing: PostgreSQL's version of this migration indexes the ids in byte
+-- order, which SQLite's primary key already is. The two backends keep the
+-- same schema version.
+"#,
 ];
 
 /// Runs the migrations that have not run yet.
