@@ -12,9 +12,12 @@
 //! ([`Batches::run_free`]), so a batch whose runner died goes on from its
 //! cursor once the lease ran out.
 //!
-//! A task handled twice (its runner died after acting on it and before
-//! recording the page) is refused by its own state the second time and
-//! counted as skipped, except a task that a resubmit sent back to Error in
+//! A task its runner acted on before dying, and before recording the
+//! page, is not acted on again: it no longer matches the filter (a
+//! resubmitted task is no longer in Error) or, listed again, is refused by
+//! its own state; either way it is counted as skipped, at the latest when
+//! the walk ends, so that done, skipped and failed add up to the tasks
+//! selected. The exception is a task that a resubmit sent back to Error in
 //! between, which is resubmitted again.
 //!
 //! A redrive walks the queue's dead letters oldest first instead, a page
@@ -234,6 +237,13 @@ impl Batches {
                 }
             }
             progress.cursor = Some(BatchCursor::Task(task.id.clone()));
+        }
+        if progress.finished {
+            // Selected when the batch was made but no longer matching when
+            // the walk got there (resubmitted by a runner that died before
+            // recording its page, acted on by hand): skipped too.
+            let handled = progress.done + progress.skipped + progress.failed;
+            progress.skipped += batch.total.saturating_sub(handled);
         }
         Ok(progress)
     }
