@@ -138,6 +138,8 @@ async fn submit_traced(state: ApiState, caller: Caller, request: SubmitRequest) 
         submitter: caller.submitter().map(str::to_owned),
         tags,
         priority,
+        // Only a `workflow:` step starts a child.
+        parent: None,
     };
     let limits = state.limits();
     if let Some(pending_max) = limits.pending_max {

@@ -333,12 +333,49 @@ pub struct TaskView {
     /// (only a task's own view says; listings leave it out).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting_for: Option<String>,
+    /// The task whose `workflow:` step started it, when it is a child
+    /// workflow.
+    #[serde(default)]
+    pub parent: Option<ParentView>,
+    /// The child workflows its `workflow:` steps started, newest first (at
+    /// most 100; only a task's own view lists them, listings leave it
+    /// empty).
+    #[serde(default)]
+    pub children: Vec<ChildView>,
     /// When it was created, epoch ms.
     pub created_at: i64,
     /// When it last changed, epoch ms.
     pub updated_at: i64,
     /// Its steps, in definition order.
     pub steps: Vec<StepView>,
+}
+
+/// Where a child workflow's task comes from.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ParentView {
+    /// The parent task.
+    pub task: String,
+    /// Its step that started the child.
+    pub step: String,
+    /// That step's attempt.
+    pub attempt: u32,
+    /// How many parents are above the child (1: its parent is a top-level task).
+    pub depth: u32,
+}
+
+/// One child workflow of a task.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ChildView {
+    /// The child task's id.
+    pub id: String,
+    /// Its workflow.
+    pub workflow: String,
+    /// Where it is.
+    pub state: TaskStateView,
+    /// The parent's step that started it.
+    pub step: String,
+    /// That step's attempt.
+    pub attempt: u32,
 }
 
 impl TaskView {
@@ -370,6 +407,13 @@ impl TaskView {
             workflow_paused: false,
             concurrency_key: task.concurrency.as_ref().map(|c| c.key.clone()),
             waiting_for: None,
+            parent: task.parent.as_ref().map(|p| ParentView {
+                task: p.task.to_string(),
+                step: p.step.to_string(),
+                attempt: p.attempt,
+                depth: p.depth,
+            }),
+            children: Vec::new(),
             created_at: task.created_at.as_millis(),
             updated_at: task.updated_at.as_millis(),
             steps: steps
@@ -379,6 +423,7 @@ impl TaskView {
                     let def = definition.and_then(|d| d.step(&step.name));
                     view.agent = def.and_then(|def| def.agent()).map(ToString::to_string);
                     view.waits_for = def.and_then(|def| def.waits_for()).map(ToString::to_string);
+                    view.workflow = def.and_then(|def| def.child()).map(|child| child.name().to_string());
                     view.when = def.and_then(|def| def.when()).map(|c| c.source().to_owned());
                     view.callback = def.is_some_and(|def| def.completes_by_callback());
                     let in_flight = matches!(step.state, StepState::Running | StepState::Compensating);
@@ -392,7 +437,19 @@ impl TaskView {
 
 impl From<&TaskDetail> for TaskView {
     fn from(detail: &TaskDetail) -> Self {
-        TaskView::new(&detail.record.task, &detail.record.steps, detail.definition.as_deref())
+        let mut view = TaskView::new(&detail.record.task, &detail.record.steps, detail.definition.as_deref());
+        view.children = detail
+            .children
+            .iter()
+            .map(|child| ChildView {
+                id: child.id.to_string(),
+                workflow: child.workflow.to_string(),
+                state: child.state.into(),
+                step: child.parent.as_ref().map_or_else(String::new, |p| p.step.to_string()),
+                attempt: child.parent.as_ref().map_or(0, |p| p.attempt),
+            })
+            .collect();
+        view
     }
 }
 
@@ -410,6 +467,10 @@ pub struct StepView {
     /// when the definition cannot be read). Its `input` is the signal once
     /// it arrived, even before the step started.
     pub waits_for: Option<String>,
+    /// The child workflow it runs (`workflow:`; absent for the other steps,
+    /// and when the definition cannot be read).
+    #[serde(default)]
+    pub workflow: Option<String>,
     /// Its `when` condition as written (absent without one, and when the
     /// definition cannot be read); false skips it.
     pub when: Option<String>,
@@ -448,6 +509,7 @@ impl From<&Step> for StepView {
             position: step.position,
             agent: None,
             waits_for: None,
+            workflow: None,
             when: None,
             callback: false,
             state: step.state.into(),

@@ -162,6 +162,7 @@ impl Backend {
                     submitter: None,
                     tags: tags.clone(),
                     priority,
+                    parent: None,
                 };
                 let submitted = client.submit(submission).await.map_err(|err| anyhow::Error::new(ops::Error::from_submit(err)))?;
                 let detail =

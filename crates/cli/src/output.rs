@@ -14,7 +14,8 @@ use std::io::{self, Write};
 use std::time::{Duration, UNIX_EPOCH};
 
 use rota_api::wire::{
-    AlertView, BreakerView, DeadLetterView, EventView, QueueView, StepView, TaskSummary, TaskView, WorkflowPauseView, WorkflowView,
+    AlertView, BreakerView, ChildView, DeadLetterView, EventView, ParentView, QueueView, StepView, TaskSummary, TaskView,
+    WorkflowPauseView, WorkflowView,
 };
 use rota_model::{QueueName, StepState, TaskState, Timestamp};
 use rota_store::Delivery;
@@ -197,6 +198,10 @@ pub struct StatusJson<'a> {
     pub submitter: Option<&'a str>,
     pub tags: &'a BTreeMap<String, String>,
     pub priority: i32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<&'a ParentView>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    pub children: &'a [ChildView],
     pub created_at: String,
     pub updated_at: String,
     pub steps: Vec<StepJson<'a>>,
@@ -212,6 +217,8 @@ pub struct StepJson<'a> {
     pub agent: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub waits_for: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub when: Option<&'a str>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -256,6 +263,8 @@ impl<'a> StatusJson<'a> {
             submitter: task.submitter.as_deref(),
             tags: &task.tags,
             priority: task.priority,
+            parent: task.parent.as_ref(),
+            children: &task.children,
             created_at: rfc3339_millis(task.created_at),
             updated_at: rfc3339_millis(task.updated_at),
             steps: task.steps.iter().map(StepJson::from).collect(),
@@ -272,6 +281,7 @@ impl<'a> From<&'a StepView> for StepJson<'a> {
             position: step.position,
             agent: step.agent.as_deref(),
             waits_for: step.waits_for.as_deref(),
+            workflow: step.workflow.as_deref(),
             when: step.when.as_deref(),
             callback: step.callback,
             state: StepState::from(step.state),

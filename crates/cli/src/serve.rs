@@ -91,6 +91,12 @@ pub struct ProcessArgs {
     #[arg(long, value_name = "N", default_value_t = rota_engine::scheduler::FOR_EACH_ITEMS_MAX_DEFAULT as u32,
           value_parser = clap::value_parser!(u32).range(1..=rota_engine::scheduler::FOR_EACH_ITEMS_MAX_LIMIT as i64))]
     for_each_items_max: u32,
+    /// How many levels of child workflows (`workflow:` steps) may run below
+    /// a top-level task: a deeper child is not started and its step fails
+    /// for good, which stops a workflow that starts itself (Scheduler).
+    #[arg(long, value_name = "N", default_value_t = rota_engine::child::CHILD_DEPTH_MAX_DEFAULT,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(rota_engine::child::CHILD_DEPTH_MAX_LIMIT)))]
+    child_depth_max: u32,
     #[command(flatten)]
     remote: RemoteAgentArgs,
     #[command(flatten)]
@@ -617,6 +623,7 @@ fn engine_config(args: &RunArgs, instance: InstanceId, clock: &dyn Clock) -> any
     }
     config.shutdown_grace = args.process.shutdown_grace;
     config.scheduler.for_each_items_max = args.process.for_each_items_max as usize;
+    config.scheduler.child_depth_max = args.process.child_depth_max;
     if let Some(listen) = &args.listen {
         config.input_bytes_max = listen.input_bytes_max;
     }
@@ -650,6 +657,7 @@ fn flag_of(field: &str) -> Option<&'static str> {
         "agent_rate_wait" => Some("--agent-rate-wait"),
         "input_bytes_max" => Some("--input-bytes-max"),
         "for_each_items_max" => Some("--for-each-items-max"),
+        "child_depth_max" => Some("--child-depth-max"),
         _ => None,
     }
 }

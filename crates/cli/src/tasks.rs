@@ -593,6 +593,9 @@ fn status_text(status: &StatusJson) -> String {
         let tags: Vec<String> = status.tags.iter().map(|(key, value)| format!("{key}={value}")).collect();
         fields.push(("tags", tags.join(" ")));
     }
+    if let Some(parent) = status.parent {
+        fields.push(("parent", format!("{} (step {}, attempt {}, depth {})", parent.task, parent.step, parent.attempt, parent.depth)));
+    }
     if let Some(error) = status.error {
         fields.push(("error", error.replace('\n', " ")));
     }
@@ -611,6 +614,7 @@ fn status_text(status: &StatusJson) -> String {
                 step.name.to_owned(),
                 match (step.waits_for, step.agent) {
                     (Some(signal), _) => format!("waits for {signal}"),
+                    (None, None) if let Some(workflow) = step.workflow => format!("workflow {workflow}"),
                     (None, Some(agent)) if step.callback => format!("{agent}, then its callback"),
                     (None, agent) => or_dash(agent),
                 },
@@ -624,6 +628,24 @@ fn status_text(status: &StatusJson) -> String {
         .collect();
     text.push(String::new());
     text.push(output::table(&["STEP", "AGENT", "STATE", "ATTEMPTS", "COMPLETE BY", "OWNER", "LAST ERROR"], &rows));
+
+    if !status.children.is_empty() {
+        let rows: Vec<Vec<String>> = status
+            .children
+            .iter()
+            .map(|child| {
+                vec![
+                    child.id.clone(),
+                    child.workflow.clone(),
+                    TaskState::from(child.state).to_string(),
+                    child.step.clone(),
+                    child.attempt.to_string(),
+                ]
+            })
+            .collect();
+        text.push(String::new());
+        text.push(output::table(&["CHILD", "WORKFLOW", "STATE", "STEP", "ATTEMPT"], &rows));
+    }
 
     let skipped = status.history.len().saturating_sub(HISTORY_SHOWN);
     let rows: Vec<Vec<String>> = status.history[skipped..]

@@ -239,7 +239,7 @@ fn validate_prints_every_problem_with_its_position() {
             ),
             format!("{bad}:8:18: step `b`: depends on unknown step `missing`"),
             format!(
-                "{bad}:10:5: step `b`: unknown field `colour` (expected one of: name, agent, wait, when, for_each, max_parallel, callback, with, timeout, warn_after, retry, rate_limit, compensate, depends_on)"
+                "{bad}:10:5: step `b`: unknown field `colour` (expected one of: name, agent, wait, workflow, version, when, for_each, max_parallel, callback, with, timeout, warn_after, retry, rate_limit, compensate, depends_on)"
             ),
             "error: 4 problems in 1 of 2 workflow files".to_owned(),
         ]
@@ -310,6 +310,46 @@ fn validate_prints_every_problem_with_its_position() {
     let (code, stderr) = rota.fails(&["validate", &missing]);
     assert_eq!(code, 1);
     assert!(stderr.starts_with(&format!("{missing}:0:0: cannot read: ")), "{stderr}");
+}
+
+#[test]
+fn validate_reports_cycles_of_child_workflows_and_warns_of_missing_ones() {
+    let rota = Rota::new();
+    let files = Files::new();
+    let child = |name: &str, runs: &str| {
+        format!("name: {name}\nversion: 1\nsteps:\n  - name: run\n    workflow: {runs}\n    timeout: 1m\n  - name: a\n    agent: delay\n")
+    };
+    let a = files.workflow("a.yaml", &child("a", "b")).display().to_string();
+    let b = files.workflow("b.yaml", &child("b", "a")).display().to_string();
+    let c = files.workflow("c.yaml", &child("c", "elsewhere")).display().to_string();
+    let output = rota.command(&["validate", &a, &b, &c]).output().unwrap();
+    assert_eq!(output.status.code(), Some(1), "{}", stderr_of(&output));
+    let stderr = stderr_of(&output);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            format!("{a}: workflow `a` starts itself through child workflows: a -> b -> a (only child_depth_max would stop it)"),
+            format!(
+                "{c}: warning: step `run` runs child workflow `elsewhere`, which none of the files given defines: it must be registered before a task reaches the step"
+            ),
+            "error: 1 problem in 1 of 3 workflow files".to_owned(),
+        ]
+    );
+    // Without the cycle, a missing child is only a warning.
+    let output = rota.command(&["validate", &c]).output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr_of(&output));
+    assert_eq!(stdout_of(&output), format!("{c}: ok (workflow c version 1, 2 steps)\n"));
+    // A step that runs a child workflow must say how long it waits.
+    let untimed = files.workflow("u.yaml", "name: u\nversion: 1\nsteps:\n  - name: run\n    workflow: c\n").display().to_string();
+    let (code, stderr) = rota.fails(&["validate", &untimed]);
+    assert_eq!(code, 1);
+    assert!(
+        stderr.starts_with(&format!(
+            "{untimed}:5:15: step `run`: a step that runs a child workflow needs a `timeout`: how long to wait for `c` to finish"
+        )),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -49,6 +49,9 @@ pub struct Submission {
     /// Its priority ([`rota_model::Task::priority`]); the workflow's
     /// default (`priority:`) when `None`.
     pub priority: Option<Priority>,
+    /// The step of another task that starts it, when it is a child
+    /// workflow (told in its `received` event).
+    pub parent: Option<rota_model::ParentLink>,
 }
 
 /// The schedule fire behind a submission.
@@ -111,6 +114,7 @@ impl Submission {
             submitter: None,
             tags: Tags::default(),
             priority: None,
+            parent: None,
         }
     }
 
@@ -291,6 +295,7 @@ impl Client {
         task.submitter = submission.submitter;
         task.tags = submission.tags;
         task.priority = submission.priority.unwrap_or_else(|| workflow.priority());
+        task.parent = submission.parent.clone();
         // Claims skip the task until then, and its doorbell rings then.
         let mut ring = doorbell(&id);
         if let Some(at) = start_at {
@@ -302,6 +307,9 @@ impl Client {
         let mut detail = json!({ "workflow": workflow.name(), "version": workflow.version() });
         if let Some(at) = start_at {
             detail["start_at"] = json!(at.as_millis());
+        }
+        if let Some(parent) = &submission.parent {
+            detail["parent"] = json!({ "task": parent.task, "step": parent.step, "attempt": parent.attempt, "depth": parent.depth });
         }
         if let Some(fired) = &submission.fired_by {
             detail["schedule"] = json!({

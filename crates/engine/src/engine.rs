@@ -118,6 +118,7 @@ impl Config {
         }
         agent_worker::check_stop_check(self.agent_stop_check)?;
         crate::scheduler::check_for_each_items_max(self.scheduler.for_each_items_max)?;
+        crate::scheduler::check_child_depth_max(self.scheduler.child_depth_max)?;
         agent_worker::check_rate_wait(self.agent_rate_wait)?;
         if let Some(breakers) = &self.agent_breakers {
             breakers.validate()?;

@@ -33,6 +33,7 @@ pub mod audit;
 pub mod batch;
 pub mod breakers;
 pub mod callback;
+pub mod child;
 pub mod client;
 pub mod completions;
 pub mod consumer;

@@ -247,7 +247,14 @@ pub struct TaskDetail {
     /// Its workflow's definition; `None` when it is missing or unreadable
     /// (the task is still shown).
     pub definition: Option<Arc<Workflow>>,
+    /// The child workflows its `workflow:` steps started, newest first, at
+    /// most [`CHILDREN_SHOWN_MAX`] (read by [`Client::task`] only; empty
+    /// in the answers of the other requests).
+    pub children: Vec<Task>,
 }
+
+/// The most children a task's view lists (the newest).
+pub const CHILDREN_SHOWN_MAX: u32 = 100;
 
 impl Client {
     /// A task and its steps.
@@ -259,7 +266,9 @@ impl Client {
     pub async fn task(&self, id: &TaskId) -> Result<TaskDetail> {
         let record = self.record(id).await?;
         let definition = self.workflows.get(&record.task.workflow, Some(record.task.workflow_version)).await.ok();
-        Ok(TaskDetail { record, definition })
+        let children =
+            self.store.list_tasks(&TaskFilter { parent: Some(id.clone()), limit: CHILDREN_SHOWN_MAX, ..TaskFilter::default() }).await?;
+        Ok(TaskDetail { record, definition, children })
     }
 
     /// Why `task` waits, when its concurrency key holds it back: a Pending
@@ -368,7 +377,7 @@ impl Client {
         operator.check()?;
         let record = self.retrying(|| self.try_resubmit(id, step, operator)).await?;
         let definition = self.workflows.get(&record.task.workflow, Some(record.task.workflow_version)).await.ok();
-        Ok(TaskDetail { record, definition })
+        Ok(TaskDetail { record, definition, children: Vec::new() })
     }
 
     async fn try_resubmit(&self, id: &TaskId, step: Option<&StepName>, operator: Operator<'_>) -> Result<TaskRecord> {
@@ -439,7 +448,7 @@ impl Client {
         operator.check()?;
         let record = self.retrying(|| self.try_resubmit_with_input(id, step, &input, operator)).await?;
         let definition = self.workflows.get(&record.task.workflow, Some(record.task.workflow_version)).await.ok();
-        Ok(TaskDetail { record, definition })
+        Ok(TaskDetail { record, definition, children: Vec::new() })
     }
 
     async fn try_resubmit_with_input(&self, id: &TaskId, step: &StepName, input: &Value, operator: Operator<'_>) -> Result<TaskRecord> {

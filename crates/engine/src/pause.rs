@@ -89,7 +89,7 @@ impl Client {
         let verb = if action == Action::Pause { "paused" } else { "resumed" };
         tracing::info!(task = %id, by = operator.by, "task {id} {verb} by {}", operator.by);
         let definition = self.workflows.get(&record.task.workflow, Some(record.task.workflow_version)).await.ok();
-        Ok(TaskDetail { record, definition })
+        Ok(TaskDetail { record, definition, children: Vec::new() })
     }
 
     async fn try_pause_or_resume(&self, id: &TaskId, action: Action, operator: Operator<'_>) -> Result<TaskRecord> {

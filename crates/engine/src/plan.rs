@@ -208,8 +208,26 @@ impl<'a> Draft<'a> {
         // complete-by (a takeover does not extend a wait), and a signal
         // still completes it.
         let waits = |s: &Step| self.cx.workflow.step(&s.name).is_some_and(|d| d.waits_for().is_some());
-        let in_flight: Vec<StepName> =
-            self.steps.values().filter(|s| reissue(s) && !waits(s) && !self.fans_out(&s.name)).map(|s| s.name.clone()).collect();
+        // A running child workflow keeps its attempt too: its child is
+        // asked for again (created if the previous holder never did, found
+        // if it did), and its end reaches whoever holds the task then.
+        let runs_child = |s: &Step| s.state == StepState::Running && self.cx.workflow.step(&s.name).is_some_and(|d| d.child().is_some());
+        let children: Vec<(StepName, u32)> = self
+            .steps
+            .values()
+            .filter(|s| self.task.state == TaskState::Processing && runs_child(s))
+            .map(|s| (s.name.clone(), s.attempt))
+            .collect();
+        for (name, attempt) in children {
+            let start = self.start_child(&name, attempt);
+            self.changes.send.push(start);
+        }
+        let in_flight: Vec<StepName> = self
+            .steps
+            .values()
+            .filter(|s| reissue(s) && !waits(s) && !runs_child(s) && !self.fans_out(&s.name))
+            .map(|s| s.name.clone())
+            .collect();
         for name in in_flight {
             let compensate = self.steps[&name].state == StepState::Compensating;
             let Some(def) = self.cx.workflow.step(&name) else { continue };
@@ -303,6 +321,9 @@ impl<'a> Draft<'a> {
         let compensate = step.state == StepState::Compensating;
         let reason = match self.cx.workflow.step(name).and_then(|d| d.waits_for()) {
             Some(signal) => format!("step {name} attempt {attempt} received no signal `{signal}` before its complete-by"),
+            None if let Some(child) = self.cx.workflow.step(name).and_then(|d| d.child()).filter(|_| !compensate) => {
+                format!("step {name} attempt {attempt}: its child workflow `{}` did not finish before its complete-by", child.name())
+            }
             None if !compensate && self.cx.workflow.step(name).is_some_and(|d| d.completes_by_callback()) => {
                 format!("step {name} attempt {attempt} got no callback before its complete-by")
             }
@@ -604,7 +625,13 @@ impl<'a> Draft<'a> {
                         }
                         None => (input, None),
                     };
-                    let send = match self.request(&name, &started, false, sent, token) {
+                    let send = match def.child() {
+                        // The child's input is the rendered `with`, kept in
+                        // the step's row: the inbox message only names it.
+                        Some(_) => Ok(self.start_child(&name, started.attempt)),
+                        None => self.request(&name, &started, false, sent, token),
+                    };
+                    let send = match send {
                         Ok(send) => send,
                         Err(reason) => {
                             // Not started: the attempt was never recorded.
@@ -619,7 +646,11 @@ impl<'a> Draft<'a> {
                     self.steps.insert(name.clone(), started);
                     self.changes.send.push(send);
                     let attempt = self.steps[&name].attempt;
-                    self.step_event(&name, EventKind::StepStarted, json!({ "attempt": attempt }));
+                    let detail = match def.child() {
+                        Some(child) => json!({ "attempt": attempt, "workflow": child.name().as_str() }),
+                        None => json!({ "attempt": attempt }),
+                    };
+                    self.step_event(&name, EventKind::StepStarted, detail);
                 }
                 Err(err) => tracing::error!("starting step {name} of task {}: {err}", self.task.id),
             }
@@ -881,16 +912,22 @@ impl<'a> Draft<'a> {
         let now = self.cx.now;
         // A step still waiting for a signal did nothing to undo and will
         // not be needed: it stops waiting rather than hold the compensation
-        // back until its timeout.
+        // back until its timeout. A step running a child workflow stops
+        // waiting too: the Supervisor cancels the child, which undoes its
+        // own work (`Tasks::stale_children`).
         let waiting: Vec<StepName> = self
             .steps
             .values()
-            .filter(|s| s.state == StepState::Running && wf.step(&s.name).is_some_and(|d| d.waits_for().is_some()))
+            .filter(|s| s.state == StepState::Running && wf.step(&s.name).is_some_and(|d| d.waits_for().is_some() || d.child().is_some()))
             .map(|s| s.name.clone())
             .collect();
         for name in waiting {
             let step = &self.steps[&name];
-            let reason = "stopped waiting: the task is being undone".to_owned();
+            let reason = if wf.step(&name).is_some_and(|d| d.child().is_some()) {
+                "stopped waiting for its child workflow: the task is being undone (the child is cancelled)".to_owned()
+            } else {
+                "stopped waiting: the task is being undone".to_owned()
+            };
             match step.fail(step.attempt, reason.clone(), None, now) {
                 Ok(stopped) => {
                     self.steps.insert(name.clone(), stopped);
@@ -1073,6 +1110,15 @@ impl<'a> Draft<'a> {
             ));
         }
         Ok((protocol::agent_queue(agent), message))
+    }
+
+    /// The message asking this Scheduler to create the child task of
+    /// `workflow:` step `name`'s `attempt` (see [`InboxMessage::StartChild`]).
+    fn start_child(&self, name: &StepName, attempt: u32) -> (QueueName, Outgoing) {
+        let message = InboxMessage::StartChild { task_id: self.task.id.clone(), step: name.clone(), attempt };
+        let envelope = InboxEnvelope { message, traceparent: self.cx.traceparent.map(str::to_owned) };
+        let outgoing = Outgoing::json(&envelope).expect("inbox messages serialize").with_ordering_key(self.task.id.as_str());
+        (self.cx.inbox.clone(), outgoing)
     }
 
     fn send_retry(&mut self, name: &StepName, after: Duration) {

@@ -6,6 +6,8 @@
 //!  Agent ──Reply──► rota.inbox.<scheduler instance> (ordering key: task id)
 //!  Supervisor ──StepExpired──► rota.inbox.<owner>   Scheduler ──Retry──► its own inbox (delayed)
 //!  signal (API, CLI) ──Signalled──► rota.inbox.<owner> (ordering key: task id)
+//!  Scheduler ──StartChild──► its own inbox (a `workflow:` step's attempt started)
+//!  a child's end ──ChildEnded──► rota.children ──► any Scheduler ──Reply──► rota.inbox.<parent's owner>
 //! ```
 //!
 //! Replies carry the task id as their ordering key, so one task's replies
@@ -34,6 +36,31 @@ pub const TASKS_QUEUE: &str = "rota.tasks";
 /// The queue of doorbells.
 pub fn tasks_queue() -> QueueName {
     QueueName::new(TASKS_QUEUE).expect("a valid queue name")
+}
+
+/// The queue of child workflows' ends ([`ChildEnded`]), sent by the
+/// commit that ends each child and taken by any Scheduler.
+pub const CHILDREN_QUEUE: &str = "rota.children";
+
+/// The queue of child workflows' ends.
+pub fn children_queue() -> QueueName {
+    QueueName::new(CHILDREN_QUEUE).expect("a valid queue name")
+}
+
+/// A child workflow's task ended (Processed, Error, Compensated or
+/// Cancelled): sent by the commit that ended it, so the parent's wakeup is
+/// as durable as the end itself. Whoever takes it reads the child and hands
+/// its outcome to the parent's holder as the reply of the step's attempt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChildEnded {
+    /// The child task.
+    pub child: TaskId,
+    /// Its parent.
+    pub parent: TaskId,
+    /// The parent's step that started it.
+    pub step: StepName,
+    /// That step's attempt.
+    pub attempt: u32,
 }
 
 /// The inbox of one Scheduler instance: replies to the requests it sent and
@@ -178,6 +205,19 @@ pub enum InboxMessage {
         /// The step the signal completed.
         step: StepName,
     },
+    /// A `workflow:` step's attempt was recorded as running: create its
+    /// child task (an id derived from the task, step and attempt, so doing
+    /// it twice creates one). Sent by the commit that starts the attempt,
+    /// to the Scheduler's own inbox, and again by a Scheduler taking the
+    /// task over.
+    StartChild {
+        /// The parent task.
+        task_id: TaskId,
+        /// Its `workflow:` step.
+        step: StepName,
+        /// The attempt the child belongs to.
+        attempt: u32,
+    },
 }
 
 /// An [`InboxMessage`] as sent: the message and, beside its fields, the
@@ -207,9 +247,10 @@ impl InboxMessage {
     pub fn task_id(&self) -> &TaskId {
         match self {
             InboxMessage::Reply(reply) => &reply.task_id,
-            InboxMessage::Retry { task_id, .. } | InboxMessage::StepExpired { task_id, .. } | InboxMessage::Signalled { task_id, .. } => {
-                task_id
-            }
+            InboxMessage::Retry { task_id, .. }
+            | InboxMessage::StepExpired { task_id, .. }
+            | InboxMessage::Signalled { task_id, .. }
+            | InboxMessage::StartChild { task_id, .. } => task_id,
         }
     }
 }

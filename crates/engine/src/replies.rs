@@ -143,8 +143,30 @@ pub fn attach(changes: &mut Changes) {
         if let Some(queue) = &task.reply_queue {
             messages.push((queue.clone(), StatusMessage::new(task, event).outgoing()));
         }
+        if let Some(ended) = child_ended(task, event) {
+            messages.push(ended);
+        }
     }
     changes.send.extend(messages);
+}
+
+/// The [`ChildEnded`](crate::protocol::ChildEnded) message that the event
+/// ending a child workflow's task sends, in the same commit: the parent's
+/// wakeup is lost only if the end is.
+fn child_ended(task: &Task, event: &Event) -> Option<(QueueName, Outgoing)> {
+    let parent = task.parent.as_ref()?;
+    let ends = matches!(event.kind, EventKind::Processed | EventKind::Error | EventKind::Compensated | EventKind::Cancelled);
+    if !ends || !task.state.is_terminal() || event.step.is_some() {
+        return None;
+    }
+    let ended = crate::protocol::ChildEnded {
+        child: task.id.clone(),
+        parent: parent.task.clone(),
+        step: parent.step.clone(),
+        attempt: parent.attempt,
+    };
+    let outgoing = Outgoing::json(&ended).expect("child ends serialize").with_ordering_key(parent.task.as_str());
+    Some((crate::protocol::children_queue(), outgoing))
 }
 
 /// The messages for the status events among a deadline warning's

@@ -71,6 +71,10 @@ pub struct Config {
     /// step, rather than start a runaway number of instances (each a step
     /// row that every decision of the task reads).
     pub for_each_items_max: usize,
+    /// How many levels of child workflows (`workflow:` steps) may run below
+    /// a top-level task: a deeper child is not started and its step fails,
+    /// which stops a workflow that starts itself.
+    pub child_depth_max: u32,
 }
 
 /// The default of [`Config::for_each_items_max`].
@@ -94,6 +98,7 @@ impl Config {
             callback_key: CallbackKey::random(),
             shutdown_grace: crate::consumer::Config::SHUTDOWN_GRACE_DEFAULT,
             for_each_items_max: FOR_EACH_ITEMS_MAX_DEFAULT,
+            child_depth_max: crate::child::CHILD_DEPTH_MAX_DEFAULT,
         }
     }
 
@@ -110,7 +115,8 @@ impl Config {
         if self.claim_wait.is_zero() {
             return Err(Error::Config("scheduler claim_wait must be positive".into()));
         }
-        check_for_each_items_max(self.for_each_items_max)
+        check_for_each_items_max(self.for_each_items_max)?;
+        check_child_depth_max(self.child_depth_max)
     }
 }
 
@@ -119,6 +125,15 @@ pub(crate) fn check_for_each_items_max(items_max: usize) -> Result<()> {
     if !(1..=FOR_EACH_ITEMS_MAX_LIMIT).contains(&items_max) {
         let why = format!("must be between 1 and {FOR_EACH_ITEMS_MAX_LIMIT}, got {items_max}");
         return Err(Error::OutOfBounds { field: "for_each_items_max", why });
+    }
+    Ok(())
+}
+
+/// Checks [`Config::child_depth_max`]; the error names the field.
+pub(crate) fn check_child_depth_max(depth_max: u32) -> Result<()> {
+    let limit = crate::child::CHILD_DEPTH_MAX_LIMIT;
+    if !(1..=limit).contains(&depth_max) {
+        return Err(Error::OutOfBounds { field: "child_depth_max", why: format!("must be between 1 and {limit}, got {depth_max}") });
     }
     Ok(())
 }
@@ -260,9 +275,27 @@ impl Scheduler {
         // consumer goes with it instead of running on detached.
         let mut inbox_run = JoinSet::new();
         inbox_run.spawn(async move { inbox.run(handler, inbox_shutdown).await });
+        // Child workflows' ends, shared by every Scheduler.
+        let children_config = consumer::Config::builder(protocol::children_queue(), self.inner.config.instance.clone())
+            .max_concurrent(self.inner.config.inbox_concurrency)
+            .shutdown_grace(self.inner.config.shutdown_grace)
+            .build()?;
+        let children = Consumer::new(self.inner.store.clone(), children_config);
+        let children_handler: Arc<dyn Handler> = Arc::new(ChildEnds { store: self.inner.store.clone() });
+        let children_shutdown = shutdown.clone();
+        let mut children_run = JoinSet::new();
+        children_run.spawn(async move { children.run(children_handler, children_shutdown).await });
         let claims = self.claim_loop(shutdown).await;
         let inbox =
             inbox_run.join_next().await.expect("one inbox consumer").map_err(|e| Error::Config(format!("inbox consumer panicked: {e}")))?;
+        let children = children_run
+            .join_next()
+            .await
+            .expect("one consumer of child ends")
+            .map_err(|e| Error::Config(format!("the consumer of child ends panicked: {e}")))?;
+        if let Err(err) = children {
+            tracing::warn!("the consumer of child ends stopped: {err}");
+        }
         if let Err(err) = self.release_held().await {
             tracing::warn!("giving back held tasks at shutdown: {err}");
         }
@@ -433,6 +466,7 @@ impl Scheduler {
             InboxMessage::Retry { step, .. } => Input::Retry(step),
             InboxMessage::StepExpired { step, attempt, .. } => Input::StepExpired(step, *attempt),
             InboxMessage::Signalled { step, .. } => Input::Signalled(step),
+            InboxMessage::StartChild { task_id, step, attempt } => return self.start_child(task_id, step, *attempt, settle).await,
         };
         let id = message.task_id();
         if let Some(kept) = self.inner.records.get(id) {
@@ -449,6 +483,29 @@ impl Scheduler {
             return Ok(Handled::Ignored(format!("task {id} does not exist")));
         };
         self.apply(&record, input, settle).await
+    }
+
+    /// Creates (or finds) the child of a `workflow:` step's attempt. A child
+    /// that cannot start fails the attempt for good, decided like an
+    /// agent's permanent failure; one that has ended already (the task was
+    /// taken over after its end) has its end delivered again.
+    async fn start_child(&self, id: &TaskId, step: &StepName, attempt: u32, settle: Option<rota_model::LeaseToken>) -> Result<Handled> {
+        let inner = &self.inner;
+        let client = crate::client::Client::new(inner.store.clone(), inner.clock.clone(), inner.workflows.clone(), None)
+            .with_input_bytes_max(usize::MAX);
+        match crate::child::start(&client, id, step, attempt, inner.config.child_depth_max).await? {
+            crate::child::Started::Created(child) => Ok(Handled::Ignored(format!("started child {child}"))),
+            crate::child::Started::Running(child) => Ok(Handled::Ignored(format!("child {child} runs"))),
+            crate::child::Started::Moved(why) => Ok(Handled::Ignored(why)),
+            crate::child::Started::Ended(ended) => {
+                let delivered = crate::child::deliver(&inner.store, &ended).await?;
+                Ok(Handled::Ignored(format!("child {} had ended: {delivered:?}", ended.child)))
+            }
+            crate::child::Started::Refused(error) => {
+                let reply = InboxMessage::Reply(crate::child::refusal(id, step, attempt, error));
+                Box::pin(self.handle(&reply, settle)).await
+            }
+        }
     }
 
     async fn apply(&self, record: &TaskRecord, input: Input<'_>, settle: Option<rota_model::LeaseToken>) -> Result<Handled> {
@@ -564,6 +621,7 @@ fn record_decision(
         let agent = match (compensate, def.compensate()) {
             (true, Some(compensation)) => compensation.agent().to_string(),
             // A waiting step's only answer a Scheduler handles is its timeout.
+            _ if def.child().is_some() => "workflow".to_owned(),
             _ => def.agent().map_or_else(|| "wait".to_owned(), ToString::to_string),
         };
         let seconds = now.since(before.updated_at).as_secs_f64();
@@ -579,6 +637,29 @@ fn record_decision(
     }
 }
 
+/// The consumer of `rota.children`: hands each child's end to its parent's
+/// holder ([`crate::child::deliver`]).
+struct ChildEnds {
+    store: SharedStore,
+}
+
+#[async_trait]
+impl Handler for ChildEnds {
+    async fn handle(&self, delivery: &Delivery) -> Outcome {
+        let ended: protocol::ChildEnded = match serde_json::from_str(delivery.body.get()) {
+            Ok(ended) => ended,
+            Err(err) => return Outcome::DeadLetter { reason: format!("not a child's end: {err}") },
+        };
+        match crate::child::deliver(&self.store, &ended).await {
+            Ok(delivered) => {
+                tracing::debug!("end of child {} for task {}: {delivered:?}", ended.child, ended.parent);
+                Outcome::Complete
+            }
+            Err(err) => Outcome::Abandon { delay: Duration::from_secs(1), reason: err.to_string() },
+        }
+    }
+}
+
 #[async_trait]
 impl Handler for Scheduler {
     async fn handle(&self, delivery: &Delivery) -> Outcome {
@@ -591,6 +672,7 @@ impl Handler for Scheduler {
             InboxMessage::Retry { .. } => "retry",
             InboxMessage::StepExpired { .. } => "step_expired",
             InboxMessage::Signalled { .. } => "signalled",
+            InboxMessage::StartChild { .. } => "start_child",
         };
         let span = tracing::debug_span!("rota.scheduler.handle", task_id = %message.task_id(), message = kind);
         // The Supervisor's timeout reports carry no context: the decision

@@ -25,6 +25,9 @@
 //!   future of its own, so that a backlog never delays a round.
 //! * The leader runs the bulk-action batches nobody holds ([`crate::batch`]),
 //!   in another such future.
+//! * The leader cancels the child workflows whose parent no longer waits
+//!   for them ([`crate::child::cancel_stale`]): a cancelled or undone
+//!   parent, a step that timed out or moved to another attempt.
 //!
 //! Several Supervisors may run; a leader lease in the store elects one per
 //! interval, and every write is a compare-and-set, so no failed task or step
@@ -150,6 +153,8 @@ pub struct Round {
     pub schedules: schedules::Round,
     /// Warnings raised (`at_risk` events, each with an alert).
     pub warnings_raised: u32,
+    /// Child workflows cancelled because their parent no longer waits.
+    pub children_cancelled: u32,
 }
 
 impl Round {
@@ -160,6 +165,7 @@ impl Round {
             ("task_ended", self.tasks_ended),
             ("step_reported", self.steps_reported),
             ("step_settled", self.steps_settled),
+            ("child_cancelled", self.children_cancelled),
         ];
         for (kind, count) in kinds {
             if count > 0 {
@@ -180,6 +186,7 @@ pub struct Supervisor {
     firing: Firing,
     retention: Retention,
     batches: Batches,
+    client: Client,
 }
 
 impl Supervisor {
@@ -192,9 +199,9 @@ impl Supervisor {
         let client =
             Client::new(store.clone(), clock.clone(), workflows.clone(), Some(completions.clone())).with_input_bytes_max(usize::MAX);
         let batches = Batches::new(client.clone(), config.instance.clone(), config.batches.clone());
-        let firing = Firing::new(client, config.schedules)?;
+        let firing = Firing::new(client.clone(), config.schedules)?;
         let retention = Retention::new(store.clone(), clock.clone(), config.retention.clone())?;
-        Ok(Supervisor { store, clock, workflows, completions, config, rng, firing, retention, batches })
+        Ok(Supervisor { store, clock, workflows, completions, config, rng, firing, retention, batches, client })
     }
 
     /// Runs a round every interval, and at the next fire time of a
@@ -243,6 +250,10 @@ impl Supervisor {
         round.leader = true;
         self.recover_expired(&mut round).await?;
         self.raise_warnings(&mut round).await?;
+        match crate::child::cancel_stale(&self.client, self.config.batch).await {
+            Ok(cancelled) => round.children_cancelled = cancelled,
+            Err(err) => tracing::warn!("cancelling children their parents left: {err}"),
+        }
         round.record();
         // After the recoveries and warnings: a fire's task is new work, a
         // recovery is overdue work.

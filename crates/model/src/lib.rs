@@ -32,4 +32,4 @@ pub use retry::{FailureClass, FailureKind, RetryPolicy, RetryPolicyError};
 pub use schedule::{CatchUp, Cron, Overlap, ScheduleError};
 pub use step::{Step, StepState};
 pub use tags::{TagError, Tags};
-pub use task::{ExhaustedPolicy, Task, TaskFence, TaskState, TransitionError};
+pub use task::{ExhaustedPolicy, ParentLink, Task, TaskFence, TaskState, TransitionError};

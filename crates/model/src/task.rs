@@ -31,7 +31,7 @@ use serde_json::Value;
 
 use crate::clock::Timestamp;
 use crate::concurrency::ConcurrencyKey;
-use crate::ids::{InstanceId, QueueName, TaskId, WorkflowName};
+use crate::ids::{InstanceId, QueueName, StepName, TaskId, WorkflowName};
 use crate::priority::Priority;
 use crate::tags::Tags;
 
@@ -173,6 +173,22 @@ pub enum TransitionError {
     },
 }
 
+/// Where a child workflow's task comes from: the parent task, the step
+/// (a `workflow:` step) and the attempt of that step that started it, and
+/// how deep it is in its chain of parents (a top-level task's child is 1).
+/// The parent's step waits for this attempt's child only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParentLink {
+    /// The parent task.
+    pub task: TaskId,
+    /// Its step that started the child.
+    pub step: StepName,
+    /// That step's attempt.
+    pub attempt: u32,
+    /// How many parents are above the child (1: its parent is a top-level task).
+    pub depth: u32,
+}
+
 /// One run of a workflow, as the state store keeps it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Task {
@@ -239,6 +255,10 @@ pub struct Task {
     /// changed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<ConcurrencyKey>,
+    /// The step of another task that started this one, when it is a child
+    /// workflow. Set at creation, never changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<ParentLink>,
     /// The final result, once Processed.
     pub output: Option<Value>,
     /// The reason for Error (or the last failure).
@@ -272,6 +292,7 @@ impl Task {
             tags: Tags::default(),
             priority: Priority::NORMAL,
             concurrency: None,
+            parent: None,
             output: None,
             error: None,
             created_at: now,

@@ -232,6 +232,16 @@ pub(crate) async fn create_tasks(
             tasks.iter().map(|t| t.concurrency.as_ref().map(|c| i32::try_from(c.limit).unwrap_or(i32::MAX))).collect::<Vec<_>>(),
             "int4[]",
         )?,
+        parent_id: params.array(tasks.iter().map(|t| t.parent.as_ref().map(|p| p.task.as_str())).collect::<Vec<_>>(), "text[]")?,
+        parent_step: params.array(tasks.iter().map(|t| t.parent.as_ref().map(|p| p.step.as_str())).collect::<Vec<_>>(), "text[]")?,
+        parent_attempt: params.array(
+            tasks.iter().map(|t| t.parent.as_ref().map(|p| i32::try_from(p.attempt).unwrap_or(i32::MAX))).collect::<Vec<_>>(),
+            "int4[]",
+        )?,
+        depth: params.array(
+            tasks.iter().map(|t| t.parent.as_ref().map_or(0, |p| i32::try_from(p.depth).unwrap_or(i32::MAX))).collect::<Vec<_>>(),
+            "int4[]",
+        )?,
         steps: StepArrays::push(&mut params, &steps)?,
         events: EventArrays::push(&mut params, &events.iter().map(|(_, event)| *event).collect::<Vec<_>>())?,
         lock_base: params.push(n.event_lock_base())?,
@@ -263,6 +273,12 @@ struct CreateParams {
     /// creation only, like `reply_queue`.
     concurrency_key: Array,
     concurrency_limit: Array,
+    /// Each task's parent link (NULLs and 0: a top-level task), written at
+    /// creation only.
+    parent_id: Array,
+    parent_step: Array,
+    parent_attempt: Array,
+    depth: Array,
     steps: StepArrays,
     events: EventArrays,
     /// The event-writer lock base (see `Names::event_lock_base`).
@@ -282,21 +298,22 @@ fn create_sql(p: &CreateParams) -> String {
     let (lock_base, now, event_owner, send_owner) = (p.lock_base, p.now, p.event_owner, p.send_owner);
     let (reply_queue, submitter, tags, priority) = (p.reply_queue, p.submitter, p.tags, p.priority);
     let (concurrency_key, concurrency_limit) = (p.concurrency_key, p.concurrency_limit);
+    let (parent_id, parent_step, parent_attempt, depth) = (p.parent_id, p.parent_step, p.parent_attempt, p.depth);
     let SendArrays { queue_id, id, keyed, body, ordering_key, visible_at, reply_to, correlation_id } = &p.sends;
     format!(
         "WITH
          inserted AS (
              INSERT INTO rota.tasks (id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
                                      failure_count, reply_to, output, error, created_at, updated_at, warn_at, paused,
-                                     reply_queue, submitter, tags, priority, concurrency_key, concurrency_limit)
+                                     reply_queue, submitter, tags, priority, concurrency_key, concurrency_limit, parent_id, parent_step, parent_attempt, depth)
              SELECT t.id, t.workflow, t.workflow_version, t.input, t.state, t.locked_by, t.lease_epoch, t.complete_by, t.not_before,
                     t.failure_count, t.reply_to, t.output, t.error, t.created_at, t.updated_at, t.warn_at, t.paused,
-                    t.reply_queue, t.submitter, t.tags, t.priority, t.concurrency_key, t.concurrency_limit
-               FROM unnest({tasks}, {reply_queue}, {submitter}, {tags}, {priority}, {concurrency_key}, {concurrency_limit})
+                    t.reply_queue, t.submitter, t.tags, t.priority, t.concurrency_key, t.concurrency_limit, t.parent_id, t.parent_step, t.parent_attempt, t.depth
+               FROM unnest({tasks}, {reply_queue}, {submitter}, {tags}, {priority}, {concurrency_key}, {concurrency_limit}, {parent_id}, {parent_step}, {parent_attempt}, {depth})
                     WITH ORDINALITY
                     AS t(id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
                          failure_count, reply_to, output, error, created_at, updated_at, warn_at, paused, reply_queue,
-                         submitter, tags, priority, concurrency_key, concurrency_limit, position)
+                         submitter, tags, priority, concurrency_key, concurrency_limit, parent_id, parent_step, parent_attempt, depth, position)
               ORDER BY t.position
              ON CONFLICT (id) DO NOTHING
           RETURNING id, created_seq, tags),

@@ -973,6 +973,10 @@ impl Tasks for PgStore {
         with_connection!(self, conn => { task_sql::list_tasks(&mut conn, &self.names, filter, self.config.sparse_matches_max).await? })
     }
 
+    async fn stale_children(&self, limit: u32) -> Result<Vec<TaskId>, Error> {
+        with_connection!(self, conn => { task_sql::stale_children(&mut conn, &self.names, limit).await? })
+    }
+
     async fn count_tasks(&self, filter: &TaskFilter) -> Result<Vec<(TaskState, u64)>, Error> {
         with_connection!(self, conn => { task_sql::count_tasks(&mut conn, &self.names, filter, self.config.sparse_matches_max).await? })
     }

@@ -411,6 +411,20 @@ CREATE TABLE rota.breakers (
 -- serve a byte-order range).
 CREATE INDEX tasks_id_bytes ON rota.tasks ((id COLLATE "C"));
 "#,
+    r#"
+-- Child workflows: a task started by another task's `workflow:` step keeps
+-- that parent, step and attempt, and its depth below the top-level task.
+-- `tasks_parent` lists a task's children newest first;
+-- `tasks_children_running` holds the unfinished ones, which the
+-- Supervisor checks against their parents.
+ALTER TABLE rota.tasks ADD COLUMN parent_id TEXT;
+ALTER TABLE rota.tasks ADD COLUMN parent_step TEXT;
+ALTER TABLE rota.tasks ADD COLUMN parent_attempt INTEGER;
+ALTER TABLE rota.tasks ADD COLUMN depth INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX tasks_parent ON rota.tasks (parent_id, created_seq) WHERE parent_id IS NOT NULL;
+CREATE INDEX tasks_children_running ON rota.tasks (parent_id)
+    WHERE parent_id IS NOT NULL AND state IN ('pending', 'processing');
+"#,
 ];
 
 /// How many migrations this build knows.

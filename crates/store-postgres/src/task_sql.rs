@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use rota_model::{
-    ConcurrencyKey, InstanceId, Priority, QueueName, Step, StepName, StepState, Tags, Task, TaskId, TaskState, Timestamp, WorkflowName,
+    ConcurrencyKey, InstanceId, ParentLink, Priority, QueueName, Step, StepName, StepState, Tags, Task, TaskId, TaskState, Timestamp,
+    WorkflowName,
 };
 use rota_store::breaker::{self, BreakerAdmission, BreakerAsk, BreakerReport, BreakerResult, SharedBreaker, SharedBreakerState};
 use rota_store::{
@@ -71,11 +72,29 @@ fn task_from(row: &PgRow) -> Result<Task> {
             }
             _ => None,
         },
+        parent: parent_link(row)?,
         output: row.try_get::<Option<String>, _>("output")?.map(|o| parse_json("task output", o)).transpose()?,
         error: row.try_get("error")?,
         created_at: Timestamp::from_millis(row.try_get("created_at")?),
         updated_at: Timestamp::from_millis(row.try_get("updated_at")?),
     })
+}
+
+/// A task's parent link from its columns: all set, or none (a top-level task).
+fn parent_link(row: &PgRow) -> Result<Option<ParentLink>> {
+    let id: Option<String> = row.try_get("parent_id")?;
+    let step: Option<String> = row.try_get("parent_step")?;
+    let attempt: Option<i32> = row.try_get("parent_attempt")?;
+    match (id, step, attempt) {
+        (None, None, None) => Ok(None),
+        (Some(id), Some(step), Some(attempt)) => Ok(Some(ParentLink {
+            task: TaskId::new(id).map_err(|e| corrupt("parent_id", e))?,
+            step: StepName::new(step).map_err(|e| corrupt("parent_step", e))?,
+            attempt: u32::try_from(attempt).map_err(|e| corrupt("parent_attempt", e))?,
+            depth: u32::try_from(row.try_get::<i32, _>("depth")?).map_err(|e| corrupt("depth", e))?,
+        })),
+        _ => Err(corrupt("parent link", "parent_id, parent_step and parent_attempt must be all set or all NULL")),
+    }
 }
 
 /// A step from `row`, whose step columns carry `prefix` (empty when the
@@ -294,6 +313,9 @@ fn selection(filter: &TaskFilter, driver: Driver) -> Selection {
     if let Some(submitter) = &filter.submitter {
         s.push("t.submitter = $_", [text(submitter)]);
     }
+    if let Some(parent) = &filter.parent {
+        s.push("t.parent_id = $_", [text(parent.as_str())]);
+    }
     let driven_tags = usize::from(driver == Driver::Tag && !filter.at_risk);
     for (key, value) in filter.tags.iter().skip(driven_tags) {
         s.push(
@@ -397,13 +419,33 @@ fn listing(filter: &TaskFilter, driver: Driver) -> (String, Selection) {
 /// `tasks_locked_by`, `tasks_submitter`), at least one of them.
 fn keys_only(filter: &TaskFilter) -> bool {
     // Every field named, so that a new condition is considered here.
-    let TaskFilter { state, workflow, locked_by, submitter, tags, created, ended, id_prefix, at_risk, before: _, limit: _ } = filter;
-    let plain = tags.is_empty() && !created.is_set() && !ended.is_set() && id_prefix.is_none() && !at_risk;
+    let TaskFilter { state, workflow, locked_by, submitter, tags, created, ended, id_prefix, at_risk, parent, before: _, limit: _ } =
+        filter;
+    let plain = tags.is_empty() && !created.is_set() && !ended.is_set() && id_prefix.is_none() && !at_risk && parent.is_none();
     let columns = match (workflow.is_some() || state.is_some(), locked_by.is_some(), submitter.is_some()) {
         (true, false, false) | (false, true, false) | (false, false, true) => true,
         _ => false,
     };
     plain && columns
+}
+
+/// See [`rota_store::Tasks::stale_children`]: the unfinished children
+/// (read on `tasks_children_running`) whose parent's step no longer runs
+/// the attempt that started them.
+pub(crate) async fn stale_children(conn: &mut PgConnection, n: &Names, limit: u32) -> Result<Vec<TaskId>> {
+    let ids: Vec<String> = sqlx::query_scalar(n.sql(
+        "SELECT c.id FROM rota.tasks AS c
+           LEFT JOIN rota.tasks AS p ON p.id = c.parent_id
+           LEFT JOIN rota.steps AS s ON s.task_id = c.parent_id AND s.name = c.parent_step
+          WHERE c.parent_id IS NOT NULL AND c.state IN ('pending', 'processing')
+            AND (p.id IS NULL OR p.state NOT IN ('pending', 'processing')
+                 OR s.state IS DISTINCT FROM 'running' OR s.attempt IS DISTINCT FROM c.parent_attempt)
+          LIMIT $1",
+    ))
+    .bind(i64::from(limit))
+    .fetch_all(&mut *conn)
+    .await?;
+    ids.into_iter().map(|id| TaskId::new(id).map_err(|e| corrupt("task id", e))).collect()
 }
 
 /// How many tasks matching `filter` (`before` and `limit` aside) are in

@@ -680,6 +680,10 @@ impl Tasks for SqliteStore {
         self.read(move |conn, _| task_sql::list_tasks(conn, &filter, sparse)).await
     }
 
+    async fn stale_children(&self, limit: u32) -> Result<Vec<TaskId>> {
+        self.read(move |conn, _| task_sql::stale_children(conn, limit)).await
+    }
+
     async fn count_tasks(&self, filter: &TaskFilter) -> Result<Vec<(TaskState, u64)>> {
         let (filter, sparse) = (filter.clone(), self.config.sparse_matches_max);
         self.read(move |conn, _| task_sql::count_tasks(conn, &filter, sparse)).await

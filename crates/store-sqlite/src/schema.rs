@@ -370,6 +370,19 @@ CREATE TABLE breakers (
 -- order, which SQLite's primary key already is. The two backends keep the
 -- same schema version.
 "#,
+    r#"
+-- Child workflows: a task started by another task's `workflow:` step keeps
+-- that parent, step and attempt, and its depth below the top-level task.
+-- `tasks_parent` lists a task's children; `tasks_children_running` holds
+-- the unfinished ones, which the Supervisor checks against their parents.
+ALTER TABLE tasks ADD COLUMN parent_id TEXT;
+ALTER TABLE tasks ADD COLUMN parent_step TEXT;
+ALTER TABLE tasks ADD COLUMN parent_attempt INTEGER;
+ALTER TABLE tasks ADD COLUMN depth INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX tasks_parent ON tasks (parent_id) WHERE parent_id IS NOT NULL;
+CREATE INDEX tasks_children_running ON tasks (parent_id)
+    WHERE parent_id IS NOT NULL AND state IN ('pending', 'processing');
+"#,
 ];
 
 /// Runs the migrations that have not run yet.

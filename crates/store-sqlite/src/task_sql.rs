@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use rota_model::{
-    ConcurrencyKey, InstanceId, Priority, QueueName, Step, StepName, StepState, Tags, Task, TaskId, TaskState, Timestamp, WorkflowName,
+    ConcurrencyKey, InstanceId, ParentLink, Priority, QueueName, Step, StepName, StepState, Tags, Task, TaskId, TaskState, Timestamp,
+    WorkflowName,
 };
 use rota_store::breaker::{self, BreakerAdmission, BreakerAsk, BreakerReport, BreakerResult, SharedBreaker, SharedBreakerState};
 use rota_store::{
@@ -19,7 +20,7 @@ use crate::sql_error;
 
 const TASK_COLUMNS: &str = "id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before, \
                             failure_count, reply_to, output, error, created_at, updated_at, warn_at, at_risk_since, reply_queue, \
-                            submitter, paused, tags, priority, concurrency_key, concurrency_limit";
+                            submitter, paused, tags, priority, concurrency_key, concurrency_limit, parent_id, parent_step, parent_attempt, depth";
 const STEP_COLUMNS: &str =
     "task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error, updated_at, warn_at, callback_digest";
 
@@ -61,6 +62,10 @@ struct TaskRow {
     priority: i64,
     concurrency_key: Option<String>,
     concurrency_limit: Option<u32>,
+    parent_id: Option<String>,
+    parent_step: Option<String>,
+    parent_attempt: Option<u32>,
+    depth: u32,
 }
 
 fn task_row(row: &Row<'_>) -> rusqlite::Result<TaskRow> {
@@ -89,6 +94,10 @@ fn task_row(row: &Row<'_>) -> rusqlite::Result<TaskRow> {
         priority: row.get(21)?,
         concurrency_key: row.get(22)?,
         concurrency_limit: row.get(23)?,
+        parent_id: row.get(24)?,
+        parent_step: row.get(25)?,
+        parent_attempt: row.get(26)?,
+        depth: row.get(27)?,
     })
 }
 
@@ -117,11 +126,26 @@ impl TaskRow {
                 (Some(key), Some(limit)) => Some(ConcurrencyKey { key, limit }),
                 _ => None,
             },
+            parent: parent_link(self.parent_id, self.parent_step, self.parent_attempt, self.depth)?,
             output: self.output.map(|o| parse_json("task output", o)).transpose()?,
             error: self.error,
             created_at: Timestamp::from_millis(self.created_at),
             updated_at: Timestamp::from_millis(self.updated_at),
         })
+    }
+}
+
+/// A task's parent link from its columns: all set, or none (a top-level task).
+fn parent_link(id: Option<String>, step: Option<String>, attempt: Option<u32>, depth: u32) -> Result<Option<ParentLink>> {
+    match (id, step, attempt) {
+        (None, None, None) => Ok(None),
+        (Some(id), Some(step), Some(attempt)) => Ok(Some(ParentLink {
+            task: TaskId::new(id).map_err(|e| corrupt("parent_id", e))?,
+            step: StepName::new(step).map_err(|e| corrupt("parent_step", e))?,
+            attempt,
+            depth,
+        })),
+        _ => Err(corrupt("parent link", "parent_id, parent_step and parent_attempt must be all set or all NULL")),
     }
 }
 
@@ -229,7 +253,7 @@ fn bind_step(stmt: &mut rusqlite::Statement<'_>, step: &Step) -> rusqlite::Resul
 
 pub(crate) fn insert_task(conn: &Connection, task: &Task) -> Result<()> {
     conn.prepare_cached(&format!(
-        "INSERT INTO tasks ({TASK_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, NULL, ?18, ?19, ?20, ?21, ?22, ?23, ?24)"
+        "INSERT INTO tasks ({TASK_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, NULL, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28)"
     ))
     .and_then(|mut stmt| {
         bind_task(&mut stmt, task)?;
@@ -239,6 +263,10 @@ pub(crate) fn insert_task(conn: &Connection, task: &Task) -> Result<()> {
         stmt.raw_bind_parameter(22, task.priority.get())?;
         stmt.raw_bind_parameter(23, task.concurrency.as_ref().map(|c| c.key.as_str()))?;
         stmt.raw_bind_parameter(24, task.concurrency.as_ref().map(|c| c.limit))?;
+        stmt.raw_bind_parameter(25, task.parent.as_ref().map(|p| p.task.as_str()))?;
+        stmt.raw_bind_parameter(26, task.parent.as_ref().map(|p| p.step.as_str()))?;
+        stmt.raw_bind_parameter(27, task.parent.as_ref().map(|p| p.attempt))?;
+        stmt.raw_bind_parameter(28, task.parent.as_ref().map_or(0, |p| p.depth))?;
         stmt.raw_execute()
     })
     .map_err(sql_error)?;
@@ -468,6 +496,8 @@ fn selection(filter: &TaskFilter, driver: Driver) -> Selection {
     // workflow too, SQLite might otherwise pick an index of every task.
     let from = match (driver, filter.at_risk, filter.submitter.is_some()) {
         (_, true, _) => "tasks AS t INDEXED BY tasks_at_risk",
+        // A task's children are few: walked on their own index.
+        (Driver::Newest, false, false) if filter.parent.is_some() => "tasks AS t INDEXED BY tasks_parent",
         (Driver::Ended, false, _) => "tasks AS t INDEXED BY tasks_finished",
         (Driver::Created, false, _) => "tasks AS t INDEXED BY tasks_created",
         (Driver::Newest, false, true) => "tasks AS t INDEXED BY tasks_submitter",
@@ -485,6 +515,9 @@ fn selection(filter: &TaskFilter, driver: Driver) -> Selection {
     }
     if let Some(submitter) = &filter.submitter {
         s.push("t.submitter = ?_", [text(submitter)]);
+    }
+    if let Some(parent) = &filter.parent {
+        s.push("t.parent_id = ?_", [text(parent.as_str())]);
     }
     if filter.at_risk {
         s.push("t.at_risk_since IS NOT NULL AND t.locked_by IS NOT NULL", []);
@@ -584,6 +617,25 @@ pub(crate) fn list_tasks(conn: &Connection, filter: &TaskFilter, sparse: u32) ->
         .and_then(|mut stmt| stmt.query_map(params_from_iter(s.values.iter()), task_row)?.collect::<rusqlite::Result<Vec<_>>>())
         .map_err(sql_error)?;
     rows.into_iter().map(TaskRow::into_task).collect()
+}
+
+/// See [`rota_store::Tasks::stale_children`]: the unfinished children
+/// (read on `tasks_children_running`) whose parent's step no longer runs
+/// the attempt that started them.
+pub(crate) fn stale_children(conn: &Connection, limit: u32) -> Result<Vec<TaskId>> {
+    let ids = conn
+        .prepare_cached(
+            "SELECT c.id FROM tasks AS c INDEXED BY tasks_children_running
+               LEFT JOIN tasks AS p ON p.id = c.parent_id
+               LEFT JOIN steps AS s ON s.task_id = c.parent_id AND s.name = c.parent_step
+              WHERE c.parent_id IS NOT NULL AND c.state IN ('pending', 'processing')
+                AND (p.id IS NULL OR p.state NOT IN ('pending', 'processing')
+                     OR s.state IS NOT 'running' OR s.attempt IS NOT c.parent_attempt)
+              LIMIT ?1",
+        )
+        .and_then(|mut stmt| stmt.query_map([i64::from(limit)], |row| row.get::<_, String>(0))?.collect::<rusqlite::Result<Vec<_>>>())
+        .map_err(sql_error)?;
+    ids.into_iter().map(|id| TaskId::new(id).map_err(|e| corrupt("task id", e))).collect()
 }
 
 /// How many tasks matching `filter` (`before` and `limit` aside) are in

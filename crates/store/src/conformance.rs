@@ -25,7 +25,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rota_model::{
     CatchUp, Clock, ConcurrencyKey, ExhaustedPolicy, InstanceId, LeaseToken, ManualClock, MessageId, Overlap, PRIORITY_MAX, PRIORITY_MIN,
-    Priority, QueueName, ScheduleName, Step, StepName, StepState, Tags, Task, TaskId, TaskState, Timestamp, WorkflowName,
+    ParentLink, Priority, QueueName, ScheduleName, Step, StepName, StepState, Tags, Task, TaskId, TaskState, Timestamp, WorkflowName,
 };
 use serde_json::{Value, json};
 
@@ -156,6 +156,8 @@ macro_rules! conformance_suite {
             prunable_tasks_names_the_next_batch_and_only_prunes_just_those,
             prune_keeps_the_tasks_of_fires_a_schedule_has_not_recorded,
             sweep_instance_deletes_only_what_nobody_needs,
+            // Child workflows.
+            a_child_keeps_its_parent_link_and_stale_children_are_found,
         }
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
@@ -4037,6 +4039,88 @@ pub async fn sweep_instance_deletes_only_what_nobody_needs(harness: &dyn Harness
     assert_eq!(ok(store.delete_statuses("breaker/", clock.now().sub(SECOND)).await, "delete old breakers"), 1);
     let keys: Vec<String> = ok(store.statuses("breaker/").await, "breakers").into_iter().map(|s| s.key).collect();
     assert_eq!(keys, ["breaker/http://fresh"], "the breaker reported since is kept");
+}
+
+// ---------------------------------------------------------------------------
+// Child workflows.
+// ---------------------------------------------------------------------------
+
+/// A new Pending task like [`new_task`], the child of attempt `attempt` of
+/// step `step` of task `parent`, `depth` levels below its top-level task.
+fn new_child(id: &str, parent: &str, step: &str, attempt: u32, depth: u32, now: Timestamp) -> NewTask {
+    let mut new = new_task(id, "shipping", &["book"], now);
+    new.task.parent = Some(ParentLink { task: task_id(parent), step: StepName::new(step).expect("a valid step name"), attempt, depth });
+    new
+}
+
+/// A child keeps its parent link (task, step, attempt, depth) wherever it
+/// is read; `list_tasks` filtered by parent lists a task's children newest
+/// first; `stale_children` names the unfinished children whose parent no
+/// longer waits for them (the parent is gone or left Pending/Processing,
+/// or its step does not run the child's attempt), up to its limit, and
+/// none of the others.
+pub async fn a_child_keeps_its_parent_link_and_stale_children_are_found(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    create(&store, new_task("parent", "order", &["reserve", "ship"], clock.now())).await;
+    let owner = instance("scheduler-children");
+    let claimed = claim_only(&store, &owner, LEASE_DEFAULT, &task_id("parent")).await;
+    let before = step_of(&stored(&store, &task_id("parent")).await, "ship").clone();
+    let running = ok(before.start(json!({ "to": "Lyon" }), clock.now(), 60 * SECOND), "start ship");
+    assert_eq!(running.attempt, 1);
+    let decided = Task { lease_epoch: claimed.lease_epoch + 1, ..claimed.clone() };
+    let changes = Changes {
+        tasks: vec![TaskWrite::replacing(&claimed, decided.clone())],
+        steps: vec![StepWrite::replacing(&before, running)],
+        ..Changes::default()
+    };
+    commit(&store, changes, "ship runs attempt 1").await;
+    clock.advance(SECOND);
+    let children = [
+        new_child("parent/ship#1", "parent", "ship", 1, 1, clock.now()),
+        new_child("parent/ship#0", "parent", "ship", 0, 1, clock.now()),
+        new_child("orphan", "gone", "ship", 1, 3, clock.now()),
+        new_child("finished", "parent", "ship", 0, 1, clock.now()),
+    ];
+    for child in children {
+        clock.advance(MILLI);
+        create(&store, child).await;
+    }
+    move_to_state(&store, &task_id("finished"), TaskState::Cancelled, clock.now()).await;
+
+    let child = stored(&store, &task_id("parent/ship#1")).await.task;
+    let link = ParentLink { task: task_id("parent"), step: StepName::new("ship").unwrap(), attempt: 1, depth: 1 };
+    assert_eq!(child.parent, Some(link.clone()), "the link reads back");
+    assert_eq!(stored(&store, &task_id("orphan")).await.task.parent.map(|p| p.depth), Some(3), "the depth reads back");
+    assert_eq!(stored(&store, &task_id("parent")).await.task.parent, None, "a top-level task has none");
+    let by_parent = TaskFilter { parent: Some(task_id("parent")), ..TaskFilter::default() };
+    let listed = ok(store.list_tasks(&by_parent).await, "list children");
+    assert_eq!(task_ids(&listed), ["finished", "parent/ship#0", "parent/ship#1"], "the parent's children, newest first");
+    assert_eq!(listed[2].parent, Some(link), "a listing reads the link too");
+    let counted = ok(store.count_tasks(&by_parent).await, "count children");
+    assert_eq!(counted.iter().map(|(_, n)| n).sum::<u64>(), 3);
+    let none = TaskFilter { parent: Some(task_id("parent/ship#1")), ..TaskFilter::default() };
+    assert!(ok(store.list_tasks(&none).await, "list a childless task's children").is_empty());
+
+    let mut stale = ok(store.stale_children(10).await, "stale children");
+    stale.sort();
+    assert_eq!(
+        stale,
+        [task_id("orphan"), task_id("parent/ship#0")],
+        "a gone parent, another attempt; not the running one, not a finished one"
+    );
+    assert_eq!(ok(store.stale_children(1).await, "one stale child").len(), 1, "at most the limit");
+
+    // Claimed, a child still belongs to its parent's attempt.
+    let claimed_child = claim(&store, &instance("scheduler-child"), LEASE_DEFAULT, 10).await;
+    assert!(claimed_child.iter().all(|t| t.parent.is_some()), "a claim reads the link");
+    // The parent cancelled: its running child is left too.
+    let parent = stored(&store, &task_id("parent")).await.task;
+    let cancelled = ok(parent.cancel(false, clock.now()), "cancel the parent");
+    commit(&store, Changes { tasks: vec![TaskWrite::replacing(&parent, cancelled)], ..Changes::default() }, "cancel the parent").await;
+    let mut stale = ok(store.stale_children(10).await, "stale children after the cancel");
+    stale.sort();
+    assert_eq!(stale, [task_id("orphan"), task_id("parent/ship#0"), task_id("parent/ship#1")]);
 }
 
 #[cfg(test)]

@@ -104,6 +104,9 @@ pub struct TaskFilter {
     pub ended: TimeRange,
     /// Only tasks whose id starts with this text.
     pub id_prefix: Option<String>,
+    /// Only the children of this task (the tasks its `workflow:` steps
+    /// started: [`rota_model::Task::parent`]).
+    pub parent: Option<TaskId>,
     /// Only tasks created strictly before this one (keyset paging: pass the
     /// last task of a page to get the next). A task id that names no task
     /// selects nothing: the listing is empty, not an error, so that a
@@ -126,6 +129,7 @@ impl Default for TaskFilter {
             created: TimeRange::default(),
             ended: TimeRange::default(),
             id_prefix: None,
+            parent: None,
             before: None,
             limit: 100,
         }
@@ -142,6 +146,7 @@ impl TaskFilter {
             || self.created.is_set()
             || self.ended.is_set()
             || self.id_prefix.is_some()
+            || self.parent.is_some()
     }
 }
 
@@ -540,6 +545,15 @@ pub trait Tasks: Send + Sync {
 
     /// Tasks matching `filter`, newest first.
     async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<Task>>;
+
+    /// Up to `limit` children (tasks with a [`rota_model::Task::parent`])
+    /// still Pending or Processing that their parent no longer waits for:
+    /// the parent is gone or neither Pending nor Processing, or the
+    /// parent's step is not Running at the child's attempt (it timed out,
+    /// was retried, or the parent was cancelled). The Supervisor cancels
+    /// them. Read through the partial index of unfinished children, so it
+    /// costs what runs, not what is stored.
+    async fn stale_children(&self, limit: u32) -> Result<Vec<TaskId>>;
 
     /// How many tasks matching `filter` (its `before` and `limit` aside)
     /// are in each state: every state of [`TaskState::ALL`], in that order,

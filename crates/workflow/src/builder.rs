@@ -145,6 +145,16 @@ impl StepDef {
     pub fn wait(name: impl Into<String>, signal: impl Into<String>) -> StepBuilder {
         StepBuilder { spec: StepSpec { name: Some(name.into()), wait: Some(signal.into()), ..StepSpec::default() } }
     }
+
+    /// Starts a step named `name` that runs a task of `workflow` (a child
+    /// workflow: `version` pins one, `None` the latest when the child
+    /// starts) and completes with its output; it needs a
+    /// [`StepBuilder::timeout`], how long it waits for the child.
+    pub fn run_workflow(name: impl Into<String>, workflow: impl Into<String>, version: Option<u32>) -> StepBuilder {
+        StepBuilder {
+            spec: StepSpec { name: Some(name.into()), workflow: Some(workflow.into()), workflow_version: version, ..StepSpec::default() },
+        }
+    }
 }
 
 impl StepBuilder {

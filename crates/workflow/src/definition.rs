@@ -172,6 +172,30 @@ pub enum StepAction {
     /// It sends nothing and has nothing to undo, and its `timeout` is how
     /// long it waits.
     Wait(SignalName),
+    /// Starts a task of another workflow (a child) and completes with its
+    /// output; the child's failure fails the step. Its `with` is the child's
+    /// input and its `timeout` how long the step waits for the child.
+    Child(ChildWorkflow),
+}
+
+/// The workflow a `workflow:` step starts, and the version it pins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildWorkflow {
+    pub(crate) name: WorkflowName,
+    pub(crate) version: Option<u32>,
+}
+
+impl ChildWorkflow {
+    /// The child's workflow.
+    pub fn name(&self) -> &WorkflowName {
+        &self.name
+    }
+
+    /// The version pinned (`version:`); `None` runs the latest registered
+    /// when the child starts.
+    pub fn version(&self) -> Option<u32> {
+        self.version
+    }
 }
 
 /// The step that undoes a completed step (its part of the compensating
@@ -293,7 +317,15 @@ impl StepDef {
     pub fn agent(&self) -> Option<&AgentName> {
         match &self.action {
             StepAction::Call(agent) => Some(agent),
-            StepAction::Wait(_) => None,
+            StepAction::Wait(_) | StepAction::Child(_) => None,
+        }
+    }
+
+    /// The child workflow the step runs, if it is a `workflow:` step.
+    pub fn child(&self) -> Option<&ChildWorkflow> {
+        match &self.action {
+            StepAction::Child(child) => Some(child),
+            StepAction::Call(_) | StepAction::Wait(_) => None,
         }
     }
 
@@ -301,7 +333,7 @@ impl StepDef {
     pub fn waits_for(&self) -> Option<&SignalName> {
         match &self.action {
             StepAction::Wait(signal) => Some(signal),
-            StepAction::Call(_) => None,
+            StepAction::Call(_) | StepAction::Child(_) => None,
         }
     }
 

@@ -73,8 +73,8 @@ pub use agent::{AgentCatalog, AgentName};
 pub use builder::{CompensateBuilder, StepBuilder, WorkflowBuilder};
 pub use condition::{CONDITION_BYTES_MAX, Condition, ConditionError, ConditionProblem, StepReference};
 pub use definition::{
-    CompensateDef, Concurrency, DEADLINE_DEFAULT, ForEach, MAX_FAILURES_DEFAULT, MAX_PARALLEL_DEFAULT, SCHEDULES_MAX, STEPS_MAX,
-    ScheduleDef, StepAction, StepDef, TIMEOUT_DEFAULT, Workflow,
+    ChildWorkflow, CompensateDef, Concurrency, DEADLINE_DEFAULT, ForEach, MAX_FAILURES_DEFAULT, MAX_PARALLEL_DEFAULT, SCHEDULES_MAX,
+    STEPS_MAX, ScheduleDef, StepAction, StepDef, TIMEOUT_DEFAULT, Workflow,
 };
 pub use diagnostic::{Diagnostic, Diagnostics};
 pub use load::{load_dir, load_file};

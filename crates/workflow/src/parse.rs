@@ -52,6 +52,8 @@ const STEP_FIELDS: &[&str] = &[
     "name",
     "agent",
     "wait",
+    "workflow",
+    "version",
     "when",
     "for_each",
     "max_parallel",
@@ -632,6 +634,8 @@ impl Decoder<'_> {
                 "name" => spec.name = self.string(value, &prefix, key),
                 "agent" => spec.agent = self.string(value, &prefix, key),
                 "wait" => spec.wait = self.string(value, &prefix, key),
+                "workflow" => spec.workflow = self.string(value, &prefix, key),
+                "version" => spec.workflow_version = self.unsigned(value, &prefix, key),
                 "when" => spec.when = self.string(value, &prefix, key),
                 "for_each" => spec.for_each = self.string(value, &prefix, key),
                 "max_parallel" => spec.max_parallel = self.unsigned(value, &prefix, key),
@@ -1093,6 +1097,48 @@ mod tests {
     }
 
     #[test]
+    fn a_step_may_run_a_child_workflow_and_is_checked_like_every_other_field() {
+        let workflow = valid(
+            "name: w\nversion: 1\nsteps:\n  - name: ship\n    workflow: shipping\n    version: 2\n    timeout: 1m\n    with: { to: x }\n",
+        );
+        let ship = &workflow.steps()[0];
+        let child = ship.child().expect("a child workflow step");
+        assert_eq!((child.name().as_str(), child.version()), ("shipping", Some(2)));
+        assert_eq!((ship.agent(), ship.waits_for()), (None, None));
+        let json = workflow.to_json();
+        assert!(json.contains(r#""workflow":"shipping","workflow_version":2"#), "{json}");
+        assert_eq!(crate::Workflow::from_json(&json).unwrap(), workflow, "the stored form reads back");
+        let step = |body: &str| format!("name: w\nversion: 1\ndeadline: 5m\nsteps:\n  - name: a\n{body}");
+        assert_eq!(
+            check(&step("    workflow: shipping\n")),
+            ["wf.yaml:6:15: step `a`: a step that runs a child workflow needs a `timeout`: how long to wait for `shipping` to finish"]
+        );
+        assert_eq!(
+            check(&step("    workflow: shipping\n    agent: http\n    timeout: 1s\n")),
+            [
+                "wf.yaml:6:15: step `a`: a step runs a child workflow (`workflow`), or calls an agent (`agent`), or waits for a signal (`wait`): one of them"
+            ]
+        );
+        assert_eq!(
+            check(&step("    agent: http\n    version: 2\n")),
+            ["wf.yaml:7:14: step `a`: `version` pins the version of a child workflow, and this step has no `workflow`"]
+        );
+        assert_eq!(
+            check(&step("    workflow: shipping\n    timeout: 10m\n")),
+            [
+                "wf.yaml:7:14: step `a`: waits up to 10m for its child, longer than the workflow's `deadline` of 5m (raise `deadline`: the task must outlive its children)"
+            ]
+        );
+        assert_eq!(
+            check(&step("    workflow: shipping\n    timeout: 1s\n    retry: { attempts: 2 }\n    for_each: input.items\n")),
+            [
+                "wf.yaml:8:12: step `a`: a step that runs a child workflow calls no agent to retry (a failed child is retried as a new one, counted by `max_failures`), so no `retry`",
+                "wf.yaml:9:15: step `a`: a step that runs a child workflow cannot run `for_each` (it starts one child)",
+            ]
+        );
+    }
+
+    #[test]
     fn a_waiting_step_is_checked_like_every_other_field() {
         let step = |body: &str| check(&format!("name: w\nversion: 1\nsteps:\n  - name: a\n{body}"));
         assert_eq!(
@@ -1174,7 +1220,7 @@ mod tests {
         assert_eq!(
             check("name: w\nversion: 1\nsteps:\n  - name: a\n    agent: http\n    colour: red\n"),
             [
-                "wf.yaml:6:5: step `a`: unknown field `colour` (expected one of: name, agent, wait, when, for_each, max_parallel, callback, with, timeout, warn_after, retry, rate_limit, compensate, depends_on)"
+                "wf.yaml:6:5: step `a`: unknown field `colour` (expected one of: name, agent, wait, workflow, version, when, for_each, max_parallel, callback, with, timeout, warn_after, retry, rate_limit, compensate, depends_on)"
             ]
         );
         assert_eq!(
@@ -1197,7 +1243,7 @@ mod tests {
             [
                 "wf.yaml:1:1: missing required field `name`",
                 "wf.yaml:3:5: step 1: missing required field `name`",
-                "wf.yaml:4:5: step `b`: missing required field `agent` (or `wait`, for a step that waits for a signal)",
+                "wf.yaml:4:5: step `b`: missing required field `agent` (or `wait`, for a step that waits for a signal, or `workflow`, for a child workflow)",
             ]
         );
         assert_eq!(
@@ -1533,7 +1579,7 @@ mod tests {
                 "wf.yaml:2:10: `version` must be at least 1",
                 "wf.yaml:5:12: step `a`: unknown agent `htp` (known agents: delay, exec, http, ledger)",
                 "wf.yaml:6:14: step `a`: invalid duration \"5 parsecs\" for `timeout`: unknown time unit \"parsecs\", supported units: ns, us/µs, ms, sec, min, hours, days, weeks, months, years (and few variations)",
-                "wf.yaml:7:5: step `a`: unknown field `colour` (expected one of: name, agent, wait, when, for_each, max_parallel, callback, with, timeout, warn_after, retry, rate_limit, compensate, depends_on)",
+                "wf.yaml:7:5: step `a`: unknown field `colour` (expected one of: name, agent, wait, workflow, version, when, for_each, max_parallel, callback, with, timeout, warn_after, retry, rate_limit, compensate, depends_on)",
                 "wf.yaml:10:21: step `b`: depends on unknown step `ghost`",
                 "wf.yaml:11:16: step `b`: template `{{ steps.c.output }}` refers to step `c`, which is not upstream (add it to `depends_on`)",
                 "wf.yaml:14:18: dependency cycle: `c` depends on `c`",

@@ -60,6 +60,10 @@ pub(crate) struct StepSpec {
     pub agent: Option<String>,
     /// The signal a waiting step waits for (instead of calling an agent).
     pub wait: Option<String>,
+    /// The child workflow a step runs (instead of calling an agent), and
+    /// the version it pins (`None`: the latest when the child starts).
+    pub workflow: Option<String>,
+    pub workflow_version: Option<u32>,
     /// An agent step completed by a callback (`callback: true`) rather
     /// than by its agent's reply.
     pub callback: Option<bool>,

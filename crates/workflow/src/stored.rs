@@ -94,6 +94,12 @@ struct StepRepr {
     agent: Option<AgentName>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     wait: Option<SignalName>,
+    /// A `workflow:` step's child workflow and pinned version, left out
+    /// for the other steps like `wait`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    workflow: Option<WorkflowName>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    workflow_version: Option<u32>,
     /// Written only when true, for the same reason.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     callback: bool,
@@ -154,11 +160,19 @@ impl From<Workflow> for WorkflowRepr {
                 .map(|s| StepRepr {
                     agent: match &s.action {
                         StepAction::Call(agent) => Some(agent.clone()),
-                        StepAction::Wait(_) => None,
+                        StepAction::Wait(_) | StepAction::Child(_) => None,
                     },
                     wait: match &s.action {
                         StepAction::Wait(signal) => Some(signal.clone()),
-                        StepAction::Call(_) => None,
+                        StepAction::Call(_) | StepAction::Child(_) => None,
+                    },
+                    workflow: match &s.action {
+                        StepAction::Child(child) => Some(child.name.clone()),
+                        StepAction::Call(_) | StepAction::Wait(_) => None,
+                    },
+                    workflow_version: match &s.action {
+                        StepAction::Child(child) => child.version,
+                        StepAction::Call(_) | StepAction::Wait(_) => None,
                     },
                     name: s.name,
                     callback: s.callback,
@@ -206,9 +220,11 @@ impl TryFrom<WorkflowRepr> for Workflow {
                     .into_iter()
                     .map(|s| StepSpec {
                         name: Some(s.name.into()),
-                        retry: if s.wait.is_some() { None } else { Some(s.retry) },
+                        retry: if s.wait.is_some() || s.workflow.is_some() { None } else { Some(s.retry) },
                         agent: s.agent.map(Into::into),
                         wait: s.wait.map(Into::into),
+                        workflow: s.workflow.map(Into::into),
+                        workflow_version: s.workflow_version,
                         callback: s.callback.then_some(true),
                         with: s.with,
                         timeout: Some(Duration::from_millis(s.timeout_ms)),

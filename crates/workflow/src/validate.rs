@@ -18,8 +18,8 @@ use crate::agent::{AgentCatalog, AgentName};
 use crate::condition::Condition;
 use crate::dag;
 use crate::definition::{
-    CompensateDef, Concurrency, DEADLINE_DEFAULT, ForEach, MAX_FAILURES_DEFAULT, MAX_PARALLEL_DEFAULT, SCHEDULES_MAX, STEPS_MAX,
-    ScheduleDef, StepAction, StepDef, TIMEOUT_DEFAULT, Workflow,
+    ChildWorkflow, CompensateDef, Concurrency, DEADLINE_DEFAULT, ForEach, MAX_FAILURES_DEFAULT, MAX_PARALLEL_DEFAULT, SCHEDULES_MAX,
+    STEPS_MAX, ScheduleDef, StepAction, StepDef, TIMEOUT_DEFAULT, Workflow,
 };
 use crate::diagnostic::{Diagnostic, Diagnostics, Locate};
 use crate::spec::{CompensateSpec, ConcurrencySpec, ScheduleSpec, Spec, StepSpec};
@@ -259,21 +259,40 @@ impl Check<'_> {
                 None
             }
         });
-        let action = match (&step.agent, &step.wait) {
-            (Some(_), Some(_)) => {
+        let action = match (&step.agent, &step.wait, &step.workflow) {
+            (Some(_), Some(_), _) => {
                 let message = format!("{label}: a step either calls an agent (`agent`) or waits for a signal (`wait`), not both");
                 self.report(&format!("{at}/wait"), message);
                 None
             }
-            (None, None) if step.unreadable => None,
-            (None, None) => {
-                self.report(&at, format!("{label}: missing required field `agent` (or `wait`, for a step that waits for a signal)"));
+            (Some(_), None, Some(_)) | (None, Some(_), Some(_)) => {
+                let message = format!(
+                    "{label}: a step runs a child workflow (`workflow`), or calls an agent (`agent`), or waits for a signal (`wait`): one of them"
+                );
+                self.report(&format!("{at}/workflow"), message);
                 None
             }
-            (Some(agent), None) => self.agent(&format!("{at}/agent"), label, Some(agent)).map(StepAction::Call),
-            (None, Some(signal)) => self.wait(&at, label, step, signal, deadline).map(StepAction::Wait),
+            (None, None, None) if step.unreadable => None,
+            (None, None, None) => {
+                self.report(
+                    &at,
+                    format!("{label}: missing required field `agent` (or `wait`, for a step that waits for a signal, or `workflow`, for a child workflow)"),
+                );
+                None
+            }
+            (Some(agent), None, None) => self.agent(&format!("{at}/agent"), label, Some(agent)).map(StepAction::Call),
+            (None, Some(signal), None) => self.wait(&at, label, step, signal, deadline).map(StepAction::Wait),
+            (None, None, Some(workflow)) => self.child(&at, label, step, workflow, deadline).map(StepAction::Child),
         };
+        if step.workflow_version.is_some() && step.workflow.is_none() {
+            let message = format!("{label}: `version` pins the version of a child workflow, and this step has no `workflow`");
+            self.report(&format!("{at}/version"), message);
+        }
         let callback = step.callback == Some(true);
+        if callback && step.workflow.is_some() {
+            let message = format!("{label}: a step that runs a child workflow is completed by the child, so no `callback`");
+            self.report(&format!("{at}/callback"), message);
+        }
         if callback && step.wait.is_some() {
             let message = format!("{label}: a step that waits for a signal is completed by the signal, so no `callback`");
             self.report(&format!("{at}/callback"), message);
@@ -286,6 +305,10 @@ impl Check<'_> {
         let compensate = step.compensate.as_ref().map(|c| self.compensate(&format!("{at}/compensate"), label, c, timeout, &retry));
         let when = step.when.as_deref().and_then(|source| self.condition(&format!("{at}/when"), label, "when", source));
         let for_each = self.for_each(&at, label, step);
+        if step.rate_limit.is_some() && step.workflow.is_some() {
+            let message = format!("{label}: a step that runs a child workflow calls no agent, so no `rate_limit`");
+            self.report(&format!("{at}/rate_limit"), message);
+        }
         if step.rate_limit.is_some() && step.wait.is_some() {
             let message = format!("{label}: a step that waits for a signal calls no agent, so no `rate_limit`");
             self.report(&format!("{at}/rate_limit"), message);
@@ -309,6 +332,10 @@ impl Check<'_> {
         };
         if step.wait.is_some() {
             let message = format!("{label}: a step that waits for a signal cannot run `for_each` (a signal completes one step)");
+            self.report(&format!("{at}/for_each"), message);
+        }
+        if step.workflow.is_some() {
+            let message = format!("{label}: a step that runs a child workflow cannot run `for_each` (it starts one child)");
             self.report(&format!("{at}/for_each"), message);
         }
         if step.callback == Some(true) {
@@ -450,6 +477,46 @@ impl Check<'_> {
             self.report(&format!("{at}/compensate"), message);
         }
         signal
+    }
+
+    /// A `workflow:` step's child workflow name, and what must go with it (a
+    /// timeout within the deadline: how long to wait for the child) or must
+    /// not (an agent's retry policy: a failed child is retried as a new
+    /// child, counted by `max_failures`).
+    fn child(&mut self, at: &str, label: &str, step: &StepSpec, workflow: &str, deadline: Duration) -> Option<ChildWorkflow> {
+        let name = match WorkflowName::new(workflow) {
+            Ok(name) => Some(name),
+            Err(err) => {
+                self.report(&format!("{at}/workflow"), format!("{label}: {err}"));
+                None
+            }
+        };
+        let shown = name.as_ref().map_or("", WorkflowName::as_str);
+        match step.timeout {
+            None => self.report(
+                &format!("{at}/workflow"),
+                format!("{label}: a step that runs a child workflow needs a `timeout`: how long to wait for `{shown}` to finish"),
+            ),
+            Some(timeout) if timeout > deadline => self.report(
+                &format!("{at}/timeout"),
+                format!(
+                    "{label}: waits up to {} for its child, longer than the workflow's `deadline` of {} (raise `deadline`: the task must outlive its children)",
+                    humantime::format_duration(timeout),
+                    humantime::format_duration(deadline)
+                ),
+            ),
+            Some(_) => {}
+        }
+        if step.retry.is_some() {
+            let message = format!(
+                "{label}: a step that runs a child workflow calls no agent to retry (a failed child is retried as a new one, counted by `max_failures`), so no `retry`"
+            );
+            self.report(&format!("{at}/retry"), message);
+        }
+        if step.workflow_version == Some(0) {
+            self.report(&format!("{at}/version"), format!("{label}: `version` must be at least 1"));
+        }
+        Some(ChildWorkflow { name: name?, version: step.workflow_version })
     }
 
     /// A signal has one destination: at most one step waits for each name.

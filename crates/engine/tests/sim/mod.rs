@@ -1477,6 +1477,7 @@ fn describe_inbox(message: &InboxMessage) -> String {
         InboxMessage::Retry { task_id, step } => format!("retry {task_id}/{step}"),
         InboxMessage::StepExpired { task_id, step, attempt } => format!("step expired {task_id}/{step} attempt {attempt}"),
         InboxMessage::Signalled { task_id, step } => format!("signalled {task_id}/{step}"),
+        InboxMessage::StartChild { task_id, step, attempt } => format!("start child {task_id}/{step} attempt {attempt}"),
     }
 }
 
