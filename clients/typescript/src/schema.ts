@@ -1172,6 +1172,22 @@ export interface components {
             /** @description Whether another attempt may succeed (a failure only; default false). */
             retryable?: boolean | null;
         };
+        /** @description One child workflow of a task. */
+        ChildView: {
+            /**
+             * Format: int32
+             * @description That step's attempt.
+             */
+            attempt: number;
+            /** @description The child task's id. */
+            id: string;
+            /** @description Where it is. */
+            state: components["schemas"]["TaskStateView"];
+            /** @description The parent's step that started it. */
+            step: string;
+            /** @description Its workflow. */
+            workflow: string;
+        };
         /** @description A step request succeeded. */
         CompleteRequest: {
             /** @description The lease token from `receive`. */
@@ -1385,6 +1401,23 @@ export interface components {
              *     characters).
              */
             reason?: string | null;
+        };
+        /** @description Where a child workflow's task comes from. */
+        ParentView: {
+            /**
+             * Format: int32
+             * @description That step's attempt.
+             */
+            attempt: number;
+            /**
+             * Format: int32
+             * @description How many parents are above the child (1: its parent is a top-level task).
+             */
+            depth: number;
+            /** @description Its step that started the child. */
+            step: string;
+            /** @description The parent task. */
+            task: string;
         };
         /** @description An operator's pause or resume of a task; the body may be left out. */
         PauseRequest: {
@@ -1728,6 +1761,11 @@ export interface components {
              *     definition cannot be read); false skips it.
              */
             when?: string | null;
+            /**
+             * @description The child workflow it runs (`workflow:`; absent for the other steps,
+             *     and when the definition cannot be read).
+             */
+            workflow?: string | null;
         };
         /** @description A request to run a workflow. */
         SubmitRequest: {
@@ -1950,6 +1988,12 @@ export interface components {
             /** @description Where its status events are POSTed, if it was submitted with a callback URL. */
             callback_url?: string | null;
             /**
+             * @description The child workflows its `workflow:` steps started, newest first (at
+             *     most 100; only a task's own view lists them, listings leave it
+             *     empty).
+             */
+            children?: components["schemas"]["ChildView"][];
+            /**
              * Format: int64
              * @description When the holder's time runs out (CompleteBy), epoch ms.
              */
@@ -1996,6 +2040,7 @@ export interface components {
             not_before: number;
             /** @description The result, once processed. */
             output?: unknown;
+            parent?: components["schemas"]["ParentView"] | null;
             /**
              * @description Whether an operator paused it: no Scheduler claims it and it starts
              *     no new step until resumed (steps in flight finish).

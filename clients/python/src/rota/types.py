@@ -26,6 +26,8 @@ class StepView(TypedDict):
     position: int
     agent: str | None
     waits_for: str | None
+    #: The child workflow it runs (a ``workflow:`` step), else None.
+    workflow: str | None
     when: str | None
     state: StepState
     attempt: int
@@ -60,6 +62,25 @@ class TaskSummary(TypedDict):
     updated_at: int
 
 
+class ParentView(TypedDict):
+    """Where a child workflow's task comes from."""
+
+    task: str
+    step: str
+    attempt: int
+    depth: int
+
+
+class ChildView(TypedDict):
+    """One child workflow of a task."""
+
+    id: str
+    workflow: str
+    state: TaskState
+    step: str
+    attempt: int
+
+
 class Task(TaskSummary):
     """A task with its input, output and steps."""
 
@@ -72,6 +93,10 @@ class Task(TaskSummary):
     reply_queue: str | None
     #: Whether its workflow is paused: no Scheduler claims it meanwhile.
     workflow_paused: bool
+    #: The task whose ``workflow:`` step started it, when it is a child.
+    parent: ParentView | None
+    #: The child workflows its ``workflow:`` steps started, newest first.
+    children: list[ChildView]
     steps: list[StepView]
 
 
