@@ -422,10 +422,11 @@ fn keys_only(filter: &TaskFilter) -> bool {
     let TaskFilter { state, workflow, locked_by, submitter, tags, created, ended, id_prefix, at_risk, parent, before: _, limit: _ } =
         filter;
     let plain = tags.is_empty() && !created.is_set() && !ended.is_set() && id_prefix.is_none() && !at_risk && parent.is_none();
-    let columns = match (workflow.is_some() || state.is_some(), locked_by.is_some(), submitter.is_some()) {
-        (true, false, false) | (false, true, false) | (false, false, true) => true,
-        _ => false,
-    };
+    // Exactly one of the indexes' leading column sets.
+    let columns = matches!(
+        (workflow.is_some() || state.is_some(), locked_by.is_some(), submitter.is_some()),
+        (true, false, false) | (false, true, false) | (false, false, true)
+    );
     plain && columns
 }
 

@@ -431,6 +431,7 @@ impl Event {
 
 /// A record whose `complete_by` has passed, as the Supervisor finds it.
 #[derive(Debug, Clone, PartialEq)]
+#[allow(clippy::large_enum_variant, reason = "items of one Supervisor scan, short-lived and few: a box would add an allocation each")]
 pub enum Expired {
     /// A leased task (Processing or Compensating) whose lease ran out.
     Task(Task),
@@ -441,6 +442,7 @@ pub enum Expired {
 /// A record whose warning point (`warn_at`) has passed with no warning
 /// raised yet for its current attempt or lease, as the Supervisor finds it.
 #[derive(Debug, Clone, PartialEq)]
+#[allow(clippy::large_enum_variant, reason = "items of one Supervisor scan, short-lived and few: a box would add an allocation each")]
 pub enum Warning {
     /// A leased task whose lease passed the workflow's `warn_after`.
     Task(Task),
