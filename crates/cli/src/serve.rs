@@ -316,11 +316,20 @@ pub struct SchedulerArgs {
     #[arg(long, value_name = "N", default_value_t = rota_store::OLDEST_SHARE_EVERY_DEFAULT,
           value_parser = clap::value_parser!(u32).range(1..))]
     claim_oldest_every: u32,
+    /// Stop claiming new tasks while this many step requests wait for an
+    /// agent (ready, not yet taken) in the agent queues the Scheduler
+    /// sends to: the agents are saturated, and started tasks' next steps
+    /// go first. 0 never stops claiming.
+    #[arg(long, value_name = "N", default_value_t = rota_engine::scheduler::AGENT_BACKLOG_MAX_DEFAULT)]
+    agent_backlog_max: u32,
 }
 
 impl Default for SchedulerArgs {
     fn default() -> Self {
-        SchedulerArgs { claim_oldest_every: rota_store::OLDEST_SHARE_EVERY_DEFAULT }
+        SchedulerArgs {
+            claim_oldest_every: rota_store::OLDEST_SHARE_EVERY_DEFAULT,
+            agent_backlog_max: rota_engine::scheduler::AGENT_BACKLOG_MAX_DEFAULT,
+        }
     }
 }
 
@@ -597,6 +606,7 @@ fn engine_config(args: &RunArgs, instance: InstanceId, clock: &dyn Clock) -> any
         supervisor: args.roles.contains(&Role::Supervisor),
     };
     config.scheduler.claim_oldest_every = args.scheduler.claim_oldest_every;
+    config.scheduler.agent_backlog_max = args.scheduler.agent_backlog_max;
     config.agent_concurrency = args.agent.agent_concurrency as usize;
     config.agent_stop_check = args.agent.agent_stop_check;
     config.agent_rate_wait = args.agent.agent_rate_wait;

@@ -80,6 +80,11 @@ pub fn agent_queue(agent: &str) -> QueueName {
     QueueName::new(format!("agent.{agent}")).expect("agent names are valid queue name parts")
 }
 
+/// Whether `queue` is an agent's (see [`agent_queue`]).
+pub fn is_agent_queue(queue: &QueueName) -> bool {
+    queue.as_str().starts_with("agent.")
+}
+
 /// A message id, when the parts fit the id length bound (else none: the
 /// message is then sent without duplicate detection).
 pub(crate) fn message_id(parts: std::fmt::Arguments<'_>) -> Option<MessageId> {

@@ -58,6 +58,9 @@ pub const TASKS_PRUNED: &str = "rota_tasks_pruned_total";
 /// Counter: messages a consumer dead-lettered (poison messages). Labels:
 /// `queue`.
 pub const DEAD_LETTERS: &str = "rota_dead_letters_total";
+/// Gauge: 1 while this process's Scheduler claims no new task because
+/// its agents' backlog is at `agent_backlog_max`, else 0.
+pub const CLAIMS_HELD_BACK: &str = "rota_scheduler_claims_held_back";
 /// How a step's attempt ended, as the `outcome` label of [`STEP_DURATION`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StepOutcome {

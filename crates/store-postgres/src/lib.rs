@@ -52,10 +52,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, ScheduleName, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{
-    AuditEntry, AuditFilter, BatchProgress, BatchRecord, BreakerAdmission, BreakerAsk, BreakerReport, Changes, Claim, ComponentStatus,
-    Created, DeadLetter, DeadLetterFilter, DeadLetterPage, Delivery, Error, Event, Expired, InstanceSweep, LeaderLease, NewAudit, NewBatch,
-    NewSchedule, NewTask, Outgoing, Prune, Pruned, QueueConfig, QueueStats, Queues, RateRequest, RateSlot, Receive, Redrive,
-    ScheduleProgress, ScheduleRecord, Sent, SharedBreaker, Store, Swept, TaskFilter, TaskRecord, Tasks, Warning, WorkflowEntry,
+    AuditEntry, AuditFilter, Backlog, BatchProgress, BatchRecord, BreakerAdmission, BreakerAsk, BreakerReport, Changes, Claim,
+    ComponentStatus, Created, DeadLetter, DeadLetterFilter, DeadLetterPage, Delivery, Error, Event, Expired, InstanceSweep, LeaderLease,
+    NewAudit, NewBatch, NewSchedule, NewTask, Outgoing, Prune, Pruned, QueueConfig, QueueStats, Queues, RateRequest, RateSlot, Receive,
+    Redrive, ScheduleProgress, ScheduleRecord, Sent, SharedBreaker, Store, Swept, TaskFilter, TaskRecord, Tasks, Warning, WorkflowEntry,
     WorkflowPause,
 };
 use serde_json::Value;
@@ -935,6 +935,14 @@ impl Queues for PgStore {
     async fn stats(&self) -> Result<Vec<QueueStats>, Error> {
         let now = self.clock.now();
         with_connection!(self, conn => { queue_sql::stats(&mut conn, &self.names, now).await? })
+    }
+
+    async fn backlogs(&self, queues: &[QueueName], up_to: u32) -> Result<Vec<Backlog>, Error> {
+        if queues.is_empty() {
+            return Ok(Vec::new());
+        }
+        let now = self.clock.now();
+        with_connection!(self, conn => { queue_sql::backlogs(&mut conn, &self.names, queues, up_to, now).await? })
     }
 }
 

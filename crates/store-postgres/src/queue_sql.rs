@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use rota_model::{InstanceId, LeaseToken, MessageId, QueueName, Timestamp};
 use rota_store::{
-    DeadLetter, DeadLetterFilter, DeadLetterPage, Delivery, Error, Outgoing, QueueConfig, QueueStats, Receive, Redrive, Sent, stored,
+    Backlog, DeadLetter, DeadLetterFilter, DeadLetterPage, Delivery, Error, Outgoing, QueueConfig, QueueStats, Receive, Redrive, Sent,
+    stored,
 };
 use sqlx::{PgConnection, Row};
 
@@ -769,6 +770,36 @@ pub(crate) async fn forget_expired_ids(conn: &mut PgConnection, n: &Names, now: 
     .await?
     .rows_affected();
     Ok(deleted)
+}
+
+/// The backlogs of `queues` that exist, in the order given. Both reads
+/// walk `messages_visible`: the ready count stops at `up_to` entries, and
+/// a leased message is one visible later (at its lease's end).
+pub(crate) async fn backlogs(conn: &mut PgConnection, n: &Names, queues: &[QueueName], up_to: u32, now: Timestamp) -> Result<Vec<Backlog>> {
+    let names: Vec<&str> = queues.iter().map(QueueName::as_str).collect();
+    let rows = sqlx::query(n.sql(
+        "SELECT q.name,
+                (SELECT COUNT(*) FROM (SELECT 1 FROM rota.messages m WHERE m.queue_id = q.id AND m.visible_at <= $2 LIMIT $3) AS ready),
+                EXISTS (SELECT 1 FROM rota.messages m WHERE m.queue_id = q.id AND m.visible_at > $2 AND m.lease_until > $2)
+           FROM unnest($1::text[]) WITH ORDINALITY AS asked (name, place)
+           JOIN rota.queues q ON q.name = asked.name
+          ORDER BY asked.place",
+    ))
+    .bind(&names)
+    .bind(now.as_millis())
+    .bind(i64::from(up_to))
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            let name: String = row.try_get(0)?;
+            Ok(Backlog {
+                queue: QueueName::new(name).map_err(|e| Error::Backend(format!("stored queue name is invalid: {e}")))?,
+                ready: u64::try_from(row.try_get::<i64, _>(1)?).unwrap_or(0),
+                leased: row.try_get(2)?,
+            })
+        })
+        .collect()
 }
 
 pub(crate) async fn stats(conn: &mut PgConnection, n: &Names, now: Timestamp) -> Result<Vec<QueueStats>> {

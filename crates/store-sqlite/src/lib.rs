@@ -30,11 +30,11 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use rota_model::{Clock, InstanceId, LeaseToken, MessageId, QueueName, ScheduleName, Task, TaskId, TaskState, Timestamp, WorkflowName};
 use rota_store::{
-    AuditEntry, AuditFilter, BatchProgress, BatchRecord, BreakerAdmission, BreakerAsk, BreakerReport, Changes, Claim, ComponentStatus,
-    Created, DeadLetter, DeadLetterFilter, DeadLetterPage, Delivery, Error, Event, Expired, InstanceSweep, LeaderLease, NewAudit, NewBatch,
-    NewSchedule, NewTask, Outgoing, Prune, Pruned, QueueConfig, QueueStats, Queues, RateRequest, RateSlot, Receive, Redrive, Result,
-    ScheduleProgress, ScheduleRecord, Sent, SharedBreaker, Store, Swept, TaskFilter, TaskRecord, Tasks, Warning, WorkflowEntry,
-    WorkflowPause,
+    AuditEntry, AuditFilter, Backlog, BatchProgress, BatchRecord, BreakerAdmission, BreakerAsk, BreakerReport, Changes, Claim,
+    ComponentStatus, Created, DeadLetter, DeadLetterFilter, DeadLetterPage, Delivery, Error, Event, Expired, InstanceSweep, LeaderLease,
+    NewAudit, NewBatch, NewSchedule, NewTask, Outgoing, Prune, Pruned, QueueConfig, QueueStats, Queues, RateRequest, RateSlot, Receive,
+    Redrive, Result, ScheduleProgress, ScheduleRecord, Sent, SharedBreaker, Store, Swept, TaskFilter, TaskRecord, Tasks, Warning,
+    WorkflowEntry, WorkflowPause,
 };
 use rusqlite::{Connection, OpenFlags};
 use serde_json::Value;
@@ -659,6 +659,14 @@ impl Queues for SqliteStore {
 
     async fn stats(&self) -> Result<Vec<QueueStats>> {
         self.read(queue_sql::stats).await
+    }
+
+    async fn backlogs(&self, queues: &[QueueName], up_to: u32) -> Result<Vec<Backlog>> {
+        if queues.is_empty() {
+            return Ok(Vec::new());
+        }
+        let queues = queues.to_vec();
+        self.read(move |conn, now| queue_sql::backlogs(conn, &queues, up_to, now)).await
     }
 }
 

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use rota_model::{InstanceId, LeaseToken, MessageId, QueueName, Timestamp};
 use rota_store::{
-    DeadLetter, DeadLetterFilter, DeadLetterPage, Delivery, Error, Outgoing, QueueConfig, QueueStats, Redrive, Result, Sent, stored,
+    Backlog, DeadLetter, DeadLetterFilter, DeadLetterPage, Delivery, Error, Outgoing, QueueConfig, QueueStats, Redrive, Result, Sent,
+    stored,
 };
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -504,6 +505,32 @@ pub(crate) fn has_visible(conn: &Connection, queue: &QueueName, now: Timestamp) 
     )
     .and_then(|mut stmt| stmt.query_row(params![queue.as_str(), now.as_millis()], |row| row.get(0)))
     .map_err(sql_error)
+}
+
+/// The backlogs of `queues` that exist, in the order given. Both reads
+/// walk `messages_visible`: the ready count stops at `up_to` entries, and
+/// a leased message is one visible later (at its lease's end).
+pub(crate) fn backlogs(conn: &Connection, queues: &[QueueName], up_to: u32, now: Timestamp) -> Result<Vec<Backlog>> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM messages m WHERE m.queue_id = q.id AND m.visible_at <= ?2 LIMIT ?3)),
+                    EXISTS (SELECT 1 FROM messages m WHERE m.queue_id = q.id AND m.visible_at > ?2 AND m.lease_until > ?2)
+               FROM queues q WHERE q.name = ?1",
+        )
+        .map_err(sql_error)?;
+    let mut backlogs = Vec::with_capacity(queues.len());
+    for queue in queues {
+        let found = stmt
+            .query_row(params![queue.as_str(), now.as_millis(), i64::from(up_to)], |row| {
+                Ok((row.get::<_, i64>(0)?, row.get::<_, bool>(1)?))
+            })
+            .optional()
+            .map_err(sql_error)?;
+        if let Some((ready, leased)) = found {
+            backlogs.push(Backlog { queue: queue.clone(), ready: u64::try_from(ready).unwrap_or(0), leased });
+        }
+    }
+    Ok(backlogs)
 }
 
 pub(crate) fn stats(conn: &Connection, now: Timestamp) -> Result<Vec<QueueStats>> {

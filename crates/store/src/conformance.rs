@@ -90,6 +90,7 @@ macro_rules! conformance_suite {
             pause_stops_deliveries_but_not_sends,
             send_batch_and_receive_max,
             stats_and_queue_configs,
+            backlogs_count_ready_messages_up_to_a_bound_and_see_leases,
             invalid_requests_are_refused_and_store_nothing,
             concurrent_receivers_get_each_message_once,
             long_poll_wakes_on_send_and_times_out_empty,
@@ -1058,6 +1059,44 @@ pub async fn stats_and_queue_configs(harness: &dyn Harness) {
     let z = by_name["zeta"];
     assert_eq!((z.ready, z.leased, z.delayed, z.dead_lettered, z.paused), (2, 1, 1, 1, false), "zeta: {z:?}");
     assert_eq!(z.oldest_ready_at, Some(t0.add(SECOND)), "the oldest ready message was sent at t0 + 1 s: {z:?}");
+}
+
+/// `backlogs` counts the visible messages of each named queue that exists
+/// (a paused queue's too), never leased, delayed or dead-lettered ones,
+/// stops at its bound, and says whether a consumer holds one leased.
+pub async fn backlogs_count_ready_messages_up_to_a_bound_and_see_leases(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let (first, second, other, missing) = (queue("first"), queue("second"), queue("other"), queue("missing"));
+    for label in ["a", "b", "c", "d"] {
+        send_label(&store, &first, label).await;
+    }
+    send(&store, &first, labelled("later").with_delay(Duration::from_secs(60))).await;
+    send_label(&store, &second, "e").await;
+    send_label(&store, &second, "f").await;
+    send_label(&store, &other, "elsewhere").await;
+    let taken = receive_now(&store, &first, 2).await;
+    ok(store.dead_letter(&first, taken[1].lease_token, "test".into()).await, "dead_letter");
+    ok(store.pause(&second).await, "pause");
+
+    let asked = [second.clone(), missing.clone(), first.clone()];
+    let backlogs = |up_to: u32| {
+        let (store, asked) = (store.clone(), asked.clone());
+        async move {
+            let found = ok(store.backlogs(&asked, up_to).await, "backlogs");
+            found.into_iter().map(|b| (b.queue.as_str().to_owned(), b.ready, b.leased)).collect::<Vec<_>>()
+        }
+    };
+    let expected = |first_ready: u64, first_leased: bool, second_ready: u64| {
+        vec![("second".to_owned(), second_ready, false), ("first".to_owned(), first_ready, first_leased)]
+    };
+    assert_eq!(backlogs(100).await, expected(2, true, 2), "in the order asked, without the missing queue");
+    assert_eq!(backlogs(1).await, expected(1, true, 1), "counting stops at the bound");
+    assert_eq!(backlogs(0).await, expected(0, true, 0), "a bound of 0 counts nothing");
+    assert_eq!(ok(store.backlogs(&[], 100).await, "backlogs of no queue"), Vec::new());
+    complete(&store, &first, &taken[0]).await;
+    assert_eq!(backlogs(100).await, expected(2, false, 2), "nothing leased once the lease is completed");
+    harness.clock().advance(Duration::from_secs(61));
+    assert_eq!(backlogs(100).await, expected(3, false, 2), "the delayed message is ready once its delay passed");
 }
 
 /// Out-of-bounds requests fail with `Invalid` and store nothing: receive max

@@ -39,8 +39,8 @@ pub use claim::{Claim, OLDEST_SHARE_EVERY_DEFAULT, OldestShare};
 pub use error::{Error, Result};
 pub use prune::{InstanceSweep, Prune, PruneWorkflows, Pruned, Swept};
 pub use queue::{
-    BODY_BYTES_MAX, Body, CORRELATION_ID_BYTES_MAX, DEDUPE_WINDOW_DEFAULT, DeadLetter, DeadLetterPage, Delivery, ORDERING_KEY_BYTES_MAX,
-    Outgoing, QueueConfig, QueueStats, Queues, RECEIVE_MAX, Receive, Redrive, Sent,
+    BODY_BYTES_MAX, Backlog, Body, CORRELATION_ID_BYTES_MAX, DEDUPE_WINDOW_DEFAULT, DeadLetter, DeadLetterPage, Delivery,
+    ORDERING_KEY_BYTES_MAX, Outgoing, QueueConfig, QueueStats, Queues, RECEIVE_MAX, Receive, Redrive, Sent,
 };
 pub use rate::{RATE_KEY_BYTES_MAX, RATE_WAIT_MAX_LIMIT, RateRequest, RateSlot};
 pub use schedule::{NewSchedule, ScheduleProgress, ScheduleRecord, ScheduleSource, ScheduleSpec};

@@ -329,6 +329,17 @@ pub struct QueueStats {
     pub oldest_ready_at: Option<Timestamp>,
 }
 
+/// How far one queue's consumers are behind (see [`Queues::backlogs`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Backlog {
+    /// The queue.
+    pub queue: QueueName,
+    /// Ready messages, counted up to the bound asked.
+    pub ready: u64,
+    /// Whether a consumer holds a message of it leased now.
+    pub leased: bool,
+}
+
 /// Durable competing-consumer queues.
 ///
 /// Every method that takes a [`LeaseToken`] fails with
@@ -411,4 +422,12 @@ pub trait Queues: Send + Sync {
 
     /// Counts for every queue, sorted by name.
     async fn stats(&self) -> Result<Vec<QueueStats>>;
+
+    /// The backlog of each of `queues` that exists, in the order given:
+    /// its ready messages (visible, waiting for a consumer; a paused
+    /// queue's too) counted no further than `up_to`, and whether a
+    /// consumer holds one leased. Its cost is bounded by `up_to` whatever
+    /// the backlog, for a caller that only asks whether consumers that are
+    /// there keep up.
+    async fn backlogs(&self, queues: &[QueueName], up_to: u32) -> Result<Vec<Backlog>>;
 }
