@@ -45,6 +45,7 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
 use rota_agent::{AgentRegistry, Egress, ExecConfig, HttpConfig};
+use rota_engine::breakers::SharedBreakerConfig;
 use rota_engine::engine::Config;
 use rota_engine::status::{Heartbeat, Reporter};
 use rota_engine::webhooks::{Dispatcher, Secret, WebhookConfig};
@@ -168,6 +169,14 @@ pub struct AgentArgs {
     /// calls fast while open (a retryable `circuit_open` error).
     #[arg(long, value_name = "WHERE", default_value = "shared")]
     breakers: BreakerMode,
+    /// Transient failures in a row of one endpoint that open its circuit
+    /// breaker (1..1000; shared breakers count every process's).
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    breaker_failures: u32,
+    /// How long an open breaker holds (shared) or fails (local) calls to
+    /// its endpoint before one probe may go (1ms..24h).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    breaker_open_for: Duration,
     /// The only hosts `http` steps and webhooks may reach, comma-separated:
     /// host names (api.example.com, *.example.com), networks (10.0.0.0/8)
     /// or addresses. A name not listed is allowed only when every address
@@ -196,6 +205,8 @@ impl Default for AgentArgs {
             rates: Vec::new(),
             agent_rate_wait: rota_engine::agent_worker::RATE_WAIT_DEFAULT,
             breakers: BreakerMode::Shared,
+            breaker_failures: 5,
+            breaker_open_for: Duration::from_secs(10),
             egress_allow: Vec::new(),
             exec_dir: None,
             exec_env: Vec::new(),
@@ -478,7 +489,9 @@ impl Process {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let mut config = engine_config(args, instance.clone(), &*clock)?;
         let egress = args.agent.egress()?;
-        let http = HttpConfig { egress: egress.clone(), ..HttpConfig::default() };
+        let breaker = rota_agent::BreakerConfig::new(args.agent.breaker_failures, args.agent.breaker_open_for)
+            .map_err(|e| anyhow::anyhow!("{}", breaker_flag_error(&e)))?;
+        let http = HttpConfig { egress: egress.clone(), breaker, ..HttpConfig::default() };
         let agents =
             AgentRegistry::builtin_with(http, args.agent.exec_config()?, clock.clone()).context("cannot set up the built-in agents")?;
         let running_agents = selected_agents(&agents, &args.agent.queues)?;
@@ -610,9 +623,14 @@ fn engine_config(args: &RunArgs, instance: InstanceId, clock: &dyn Clock) -> any
     config.agent_concurrency = args.agent.agent_concurrency as usize;
     config.agent_stop_check = args.agent.agent_stop_check;
     config.agent_rate_wait = args.agent.agent_rate_wait;
-    if args.agent.breakers == BreakerMode::Local {
-        config.agent_breakers = None;
-    }
+    config.agent_breakers = match args.agent.breakers {
+        BreakerMode::Local => None,
+        BreakerMode::Shared => Some(SharedBreakerConfig {
+            failures_to_open: args.agent.breaker_failures,
+            open_for: args.agent.breaker_open_for,
+            ..SharedBreakerConfig::default()
+        }),
+    };
     config.supervisor = config.supervisor.every(args.supervisor.supervisor_interval);
     config.supervisor.schedules = rota_engine::schedules::Config {
         late_max: args.supervisor.schedule_late_max,
@@ -648,6 +666,16 @@ fn engine_config(args: &RunArgs, instance: InstanceId, clock: &dyn Clock) -> any
     }
 }
 
+/// The agent crate's breaker error with the flags' names in place of its
+/// fields'.
+fn breaker_flag_error(error: &rota_agent::Error) -> String {
+    let message = match error {
+        rota_agent::Error::Config(message) => message.clone(),
+        other => other.to_string(),
+    };
+    message.replace("breaker.failures_to_open", "--breaker-failures").replace("breaker.open_for", "--breaker-open-for")
+}
+
 /// The flag that sets an engine setting, for the settings that have one.
 fn flag_of(field: &str) -> Option<&'static str> {
     match field {
@@ -668,6 +696,8 @@ fn flag_of(field: &str) -> Option<&'static str> {
         "input_bytes_max" => Some("--input-bytes-max"),
         "for_each_items_max" => Some("--for-each-items-max"),
         "child_depth_max" => Some("--child-depth-max"),
+        "breakers.failures_to_open" => Some("--breaker-failures"),
+        "breakers.open_for" => Some("--breaker-open-for"),
         _ => None,
     }
 }
@@ -924,6 +954,31 @@ mod tests {
         queue_rates(&agents, &rates)
             .map(|by_agent| by_agent.into_iter().map(|(agent, limit)| (agent, limit.to_string(), limit.burst())).collect())
             .map_err(|e| e.to_string())
+    }
+
+    /// The engine configuration `rota COMMAND ARGS…` makes.
+    fn configured<C: clap::Args + Into<RunArgs>>(args: &[&str]) -> Config {
+        #[derive(clap::Parser)]
+        struct Command<C: clap::Args> {
+            #[command(flatten)]
+            command: C,
+        }
+        let parsed = <Command<C> as clap::Parser>::try_parse_from(std::iter::once("rota").chain(args.iter().copied())).unwrap();
+        engine_config(&parsed.command.into(), InstanceId::new("flags").unwrap(), &SystemClock).unwrap()
+    }
+
+    #[test]
+    fn breaker_and_backlog_flags_reach_the_engine() {
+        let agent = configured::<AgentCommand>(&["--breaker-failures", "2", "--breaker-open-for", "3s"]);
+        let shared = agent.agent_breakers.expect("shared by default");
+        assert_eq!((shared.failures_to_open, shared.open_for), (2, Duration::from_secs(3)));
+        assert_eq!(shared.probe_lease, SharedBreakerConfig::default().probe_lease, "the rest keeps its defaults");
+        let local = configured::<AgentCommand>(&["--breakers", "local"]);
+        assert!(local.agent_breakers.is_none());
+        let scheduler = configured::<SchedulerCommand>(&["--agent-backlog-max", "7"]);
+        assert_eq!(scheduler.scheduler.agent_backlog_max, 7);
+        let defaults = configured::<SchedulerCommand>(&[]);
+        assert_eq!(defaults.scheduler.agent_backlog_max, rota_engine::scheduler::AGENT_BACKLOG_MAX_DEFAULT);
     }
 
     #[test]

@@ -234,6 +234,8 @@ fn errors_are_one_line_naming_the_problem() {
             vec!["--input-bytes-max must be between 1 and 262144, got 300000"],
         ),
         (vec!["api", "--listen", "127.0.0.1:0", "--input-bytes-max", "0"], vec!["--input-bytes-max must be between 1 and 262144, got 0"]),
+        (vec!["serve", "--listen", "none", "--breaker-failures", "0"], vec!["--breaker-failures must be between 1 and 1000, got 0"]),
+        (vec!["agent", "--breaker-open-for", "0s"], vec!["--breaker-open-for must be between 1ms and 1day, got 0s"]),
     ] {
         let (code, stderr) = rota.fails(&args);
         assert_eq!(code, 1, "{args:?}: {stderr}");
