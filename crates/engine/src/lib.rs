@@ -46,6 +46,7 @@ pub mod plan;
 pub mod protocol;
 pub mod replies;
 pub mod retention;
+mod saturation;
 pub mod scheduler;
 pub mod schedules;
 mod shutdown;

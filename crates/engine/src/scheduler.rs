@@ -30,6 +30,7 @@ use crate::consumer::{self, Consumer, Handler, Outcome};
 use crate::plan::{self, Decision, Input};
 use crate::protocol::{self, Doorbell, InboxEnvelope, InboxMessage};
 use crate::replies;
+use crate::saturation::Saturation;
 use crate::telemetry::{self, StepOutcome};
 use crate::workflows::Workflows;
 use crate::{Error, Result, Shutdown};
@@ -161,10 +162,6 @@ const START_TRIES_MAX: u32 = 5;
 /// The most tasks given back at shutdown (the rest wait for the Supervisor).
 const RELEASE_MAX: u32 = 10_000;
 
-/// The most agent queues a Scheduler watches the backlog of: the count's
-/// read names them all.
-const AGENT_QUEUES_WATCHED_MAX: usize = 256;
-
 /// The most task records a Scheduler keeps from its own commits (see
 /// [`Records`]); past it, new ones are not kept.
 const RECORDS_KEPT_MAX: usize = 10_000;
@@ -258,14 +255,8 @@ struct Inner {
     records: Records,
     /// How many of the next claim's tasks are taken oldest-first.
     oldest_share: Mutex<OldestShare>,
-    /// The agent queues this Scheduler has sent step requests to, whose
-    /// backlog holds claims back (see [`Config::agent_backlog_max`]).
-    agent_queues: Mutex<Vec<QueueName>>,
-    /// Rung by every committed decision: a reply handled may be the one
-    /// that brings the agents' backlog under its bound.
-    decided: tokio::sync::Notify,
-    /// Whether the last backlog check held claims back (to log changes only).
-    held_back: std::sync::atomic::AtomicBool,
+    /// Whether the agents keep up (see [`Config::agent_backlog_max`]).
+    saturation: Saturation,
 }
 
 impl Scheduler {
@@ -283,13 +274,11 @@ impl Scheduler {
                 workflows,
                 completions,
                 inbox,
-                config,
                 rng,
                 records,
                 oldest_share,
-                agent_queues: Mutex::default(),
-                decided: tokio::sync::Notify::new(),
-                held_back: std::sync::atomic::AtomicBool::new(false),
+                saturation: Saturation::new(config.agent_backlog_max),
+                config,
             }),
         })
     }
@@ -394,7 +383,7 @@ impl Scheduler {
     /// Claims up to a batch of claimable tasks and starts each. Returns how
     /// many were claimed: none while the agents' backlog is at its bound.
     pub async fn claim_once(&self) -> Result<usize> {
-        if self.agents_backlogged().await {
+        if self.inner.saturation.saturated(&self.inner.store).await {
             return Ok(0);
         }
         self.claim_traced(&HashMap::new()).await
@@ -404,69 +393,14 @@ impl Scheduler {
     /// each committed decision (or every `claim_wait`). False when
     /// `shutdown` came first.
     async fn wait_for_agents(&self, shutdown: &Shutdown) -> bool {
-        while self.agents_backlogged().await {
-            let decided = self.inner.decided.notified();
+        let inner = &self.inner;
+        while inner.saturation.saturated(&inner.store).await {
             tokio::select! {
-                () = decided => {}
-                () = tokio::time::sleep(self.inner.config.claim_wait) => {}
+                () = inner.saturation.next_decision(inner.config.claim_wait) => {}
                 () = shutdown.triggered() => return false,
             }
         }
         !shutdown.is_triggered()
-    }
-
-    /// Whether an agent queue this Scheduler sends to is saturated: at
-    /// least `agent_backlog_max` requests wait in it while its consumers
-    /// hold others leased. A queue nobody consumes is not saturated but
-    /// down: holding claims back for it would stop every workflow's new
-    /// tasks for as long as it stays down, while its own tasks fail as
-    /// they would anyway. A failed check claims anyway: the bound protects
-    /// latency, and a store that cannot answer this will refuse the claim
-    /// too.
-    async fn agents_backlogged(&self) -> bool {
-        let inner = &self.inner;
-        let bound = inner.config.agent_backlog_max;
-        if bound == 0 {
-            return false;
-        }
-        let queues = inner.agent_queues.lock().expect("the agent queues").clone();
-        if queues.is_empty() {
-            return false;
-        }
-        let saturated = match inner.store.backlogs(&queues, bound).await {
-            Ok(backlogs) => backlogs.into_iter().find(|b| b.leased && b.ready >= u64::from(bound)),
-            Err(err) => {
-                tracing::debug!("counting the agents' backlog: {err}; claiming anyway");
-                None
-            }
-        };
-        let backlogged = saturated.is_some();
-        if inner.held_back.swap(backlogged, std::sync::atomic::Ordering::Relaxed) != backlogged {
-            match &saturated {
-                Some(backlog) => tracing::info!(
-                    "{bound} or more step requests wait in {} while its agents are busy (--agent-backlog-max): \
-                     no new task is claimed until started ones move on",
-                    backlog.queue
-                ),
-                None => tracing::info!("the agents keep up again: claiming new tasks"),
-            }
-        }
-        metrics::gauge!(telemetry::CLAIMS_HELD_BACK).set(if backlogged { 1.0 } else { 0.0 });
-        backlogged
-    }
-
-    /// Adds the agent queues among `sent` to those whose backlog is watched.
-    fn watch_agent_queues<'q>(&self, sent: impl Iterator<Item = &'q QueueName>) {
-        if self.inner.config.agent_backlog_max == 0 {
-            return;
-        }
-        let mut watched = None;
-        for queue in sent.filter(|q| protocol::is_agent_queue(q)) {
-            let queues = watched.get_or_insert_with(|| self.inner.agent_queues.lock().expect("the agent queues"));
-            if queues.len() < AGENT_QUEUES_WATCHED_MAX && !queues.contains(queue) {
-                queues.push(queue.clone());
-            }
-        }
     }
 
     /// [`Scheduler::claim_once`], each start in a `rota.scheduler.start`
@@ -651,13 +585,13 @@ impl Scheduler {
                     changes.tasks.iter().map(|w| &w.task).find(|t| t.state.is_terminal()).map(|t| (t.id.clone(), t.state));
                 let retried: Vec<StepName> = retried_steps(&changes);
                 let after = Records::after(record, &changes, &inner.config.instance);
-                self.watch_agent_queues(changes.send.iter().map(|(queue, _)| queue));
+                inner.saturation.sending(changes.send.iter().map(|(queue, _)| queue));
                 if let Err(err) = replies::commit(&inner.store, *changes).await {
                     inner.records.forget(&record.task.id);
                     return Err(err.into());
                 }
                 inner.records.keep(&record.task.id, after);
-                inner.decided.notify_one();
+                inner.saturation.decided();
                 record_decision(record, &workflow, input, now, &retried, ended.as_ref().map(|(_, state)| *state));
                 if let Some((id, state)) = ended {
                     inner.completions.publish(id, state);
