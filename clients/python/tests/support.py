@@ -87,6 +87,17 @@ steps:
     with: { for: "60s" }
     timeout: 2m
 """,
+    # One task per customer at a time: the next waits for the key's slot.
+    "serial": """
+name: serial
+version: 1
+concurrency: { key: input.customer, limit: 1 }
+steps:
+  - name: sleep
+    agent: delay
+    with: { for: "60s" }
+    timeout: 2m
+""",
     # Retryable and permanent faults, with a step to undo.
     "pay": """
 name: pay

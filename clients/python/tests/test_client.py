@@ -273,6 +273,26 @@ class SubmitAndWait(unittest.TestCase):
             client.pause_workflow("no-such-workflow")
         self.assertEqual((missing.exception.status, missing.exception.code), (404, "unknown_workflow"))
 
+    def test_a_task_its_concurrency_key_holds_back_says_what_it_waits_for(self) -> None:
+        client = Client(server.url, token=support.ADMIN_TOKEN)
+        customer = fresh("customer")
+        first = client.submit("serial", {"customer": customer}, id=fresh("serial"))
+        deadline = time.monotonic() + 30
+        while (running := client.status(first["id"]))["state"] != "processing":
+            self.assertLess(time.monotonic(), deadline, f"the first task did not start: {running}")
+            time.sleep(0.05)
+        second = client.submit("serial", {"customer": customer}, id=fresh("serial"))
+        waiting = client.status(second["id"])
+        key = f"customer={customer}"
+        self.assertEqual((waiting["state"], waiting.get("concurrency_key")), ("pending", key))
+        self.assertEqual(waiting.get("waiting_for"), f"waiting for concurrency key {key} (1/1 in use)")
+        self.assertEqual(running.get("concurrency_key"), key)
+        self.assertNotIn("waiting_for", running, "it holds the key's slot")
+        unkeyed = client.submit("nap", id=fresh("unkeyed"))
+        self.assertNotIn("concurrency_key", client.status(unkeyed["id"]))
+        for task_id in (second["id"], first["id"], unkeyed["id"]):
+            client.cancel(task_id)
+
     def test_tasks_page_with_before(self) -> None:
         client = Client(server.url, token=support.ADMIN_TOKEN)
         ids = [fresh("page") for _ in range(3)]

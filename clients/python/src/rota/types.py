@@ -81,9 +81,7 @@ class ChildView(TypedDict):
     attempt: int
 
 
-class Task(TaskSummary):
-    """A task with its input, output and steps."""
-
+class _TaskFields(TaskSummary):
     lease_epoch: int
     not_before: int
     max_failures: int | None
@@ -98,6 +96,19 @@ class Task(TaskSummary):
     #: The child workflows its ``workflow:`` steps started, newest first.
     children: list[ChildView]
     steps: list[StepView]
+
+
+class Task(_TaskFields, total=False):
+    """A task with its input, output and steps."""
+
+    #: Its concurrency key (``customer=c1``, or ``max_in_flight``), when its
+    #: workflow has ``concurrency:`` or ``max_in_flight:``: at most the
+    #: workflow's limit of its tasks with this key run at once. Absent otherwise.
+    concurrency_key: str
+    #: Why a pending task has not started, when its concurrency key holds it
+    #: back: ``waiting for concurrency key customer=c1 (1/1 in use)``. Absent
+    #: otherwise.
+    waiting_for: str
 
 
 class TaskCountsByState(TypedDict):
