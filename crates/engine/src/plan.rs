@@ -914,7 +914,11 @@ impl<'a> Draft<'a> {
         // not be needed: it stops waiting rather than hold the compensation
         // back until its timeout. A step running a child workflow stops
         // waiting too: the Supervisor cancels the child, which undoes its
-        // own work (`Tasks::stale_children`).
+        // own work (`Tasks::stale_children`). But the child may have ended
+        // Processed already, or may before the Supervisor's round, and then
+        // nothing undoes it: so a child step with a compensation is left
+        // waiting for another attempt, which settles it in doubt below and
+        // compensates it.
         let waiting: Vec<StepName> = self
             .steps
             .values()
@@ -923,12 +927,14 @@ impl<'a> Draft<'a> {
             .collect();
         for name in waiting {
             let step = &self.steps[&name];
-            let reason = if wf.step(&name).is_some_and(|d| d.child().is_some()) {
-                "stopped waiting for its child workflow: the task is being undone (the child is cancelled)".to_owned()
+            let def = wf.step(&name);
+            let (reason, in_doubt) = if def.is_some_and(|d| d.child().is_some()) {
+                let in_doubt = def.is_some_and(|d| d.compensate().is_some());
+                ("stopped waiting for its child workflow: the task is being undone (the child is cancelled)".to_owned(), in_doubt)
             } else {
-                "stopped waiting: the task is being undone".to_owned()
+                ("stopped waiting: the task is being undone".to_owned(), false)
             };
-            match step.fail(step.attempt, reason.clone(), None, now) {
+            match step.fail(step.attempt, reason.clone(), in_doubt.then_some(Duration::ZERO), now) {
                 Ok(stopped) => {
                     self.steps.insert(name.clone(), stopped);
                     self.step_event(&name, EventKind::StepFailed, json!({ "error": reason, "retryable": false }));
