@@ -8,7 +8,11 @@
 //! the leader lease; Schedulers that die between a claim and its start or
 //! holding inbox messages; operator cancels and resubmits; clock jumps
 //! that expire step timeouts, task deadlines and message leases; and the
-//! clock stepped back (up to 30 s). After the
+//! clock stepped back (up to 30 s). Tasks with a concurrency key (`keyed`,
+//! one per customer at a time; `capped`, a `max_in_flight`) have their
+//! holders crashed, to be expired and taken over; parents (`order`, whose
+//! step runs a `parcel` child) are cancelled while their child runs, and
+//! the ends of children are taken, lost and taken again. After the
 //! faults, a quiet phase lets every role work until every task has ended.
 //!
 //! Then each seed is checked against the task histories, the stored records
@@ -30,6 +34,7 @@ mod sim;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use rota_engine::child::child_task_id;
 use rota_engine::scheduler;
 use rota_model::{Clock, StepName, StepState, TaskId, TaskState};
 use rota_store::{Changes, Event, EventKind, TaskRecord};
@@ -102,6 +107,17 @@ fn fans_out(world: &World, workflow: &rota_model::WorkflowName, step: &StepName)
     !step.is_instance() && world.definitions[workflow].step(step).is_some_and(|d| d.for_each().is_some())
 }
 
+/// Whether the step runs a child workflow (rather than calling the agent).
+fn runs_child(world: &World, workflow: &rota_model::WorkflowName, step: &StepName) -> bool {
+    world.definitions[workflow].step(step).is_some_and(|d| d.child().is_some())
+}
+
+/// The child that attempt `attempt` of `step` of `task` started, if it
+/// ended Processed.
+fn processed_child<'w>(world: &'w World, task: &TaskId, step: &StepName, attempt: u32) -> Option<&'w rota_model::Task> {
+    world.finals.get(&child_task_id(task, step, attempt)).filter(|child| child.state == TaskState::Processed)
+}
+
 /// A step's compensation, if the workflow gives it one.
 fn compensable(world: &World, workflow: &rota_model::WorkflowName, step: &StepName) -> bool {
     world.definitions[workflow].step(step).is_some_and(|d| d.compensate().is_some())
@@ -118,11 +134,27 @@ fn compensable(world: &World, workflow: &rota_model::WorkflowName, step: &StepNa
 /// ([`count_leaks`]). Stalls, leaks and compensations out of order after a
 /// retried in-doubt compensation are once-known bug classes: failures like
 /// any other, also listed apart in the summary (see [`known`]).
+///
+/// The children that `workflow:` steps started are checked as tasks too.
+/// Then the promises across tasks: of concurrency keys
+/// ([`check_concurrency_keys`]) and of child workflows
+/// ([`check_child_workflows`]).
 async fn check(world: &mut World, problems: &mut Vec<String>) -> String {
+    let all = world.store.list_tasks(&rota_store::TaskFilter { limit: 10_000, ..Default::default() }).await;
+    match all {
+        Ok(tasks) => world.finals = tasks.into_iter().map(|t| (t.id.clone(), t)).collect(),
+        Err(e) => problems.push(format!("listing tasks: {e}")),
+    }
+    if let Err(fail) = world.inspect_slots().await {
+        problems.push(format!("inspecting the concurrency slots: {fail}"));
+    }
     check_outside_the_tasks(world, problems).await;
     let mut fingerprint = String::new();
-    for planned in world.tasks.clone() {
-        let Some((record, history)) = read_task(world, &planned.id, problems).await else { continue };
+    let planned: Vec<TaskId> = world.tasks.iter().map(|t| t.id.clone()).collect();
+    let children: Vec<TaskId> = world.finals.values().filter(|t| t.parent.is_some()).map(|t| t.id.clone()).collect();
+    let mut read = Vec::new();
+    for id in planned.iter().chain(&children) {
+        let Some((record, history)) = read_task(world, id, problems).await else { continue };
         let before = problems.len();
         for line in check_task(world, &record, &history, problems) {
             known(world, problems, line);
@@ -130,7 +162,9 @@ async fn check(world: &mut World, problems: &mut Vec<String>) -> String {
         if problems.len() > before {
             problems.push(history_for_a_reader(&record.task.id, &history));
         }
-        *world.counts.outcomes.entry(record.task.state.to_string()).or_default() += 1;
+        let outcomes = if record.task.parent.is_some() { &mut world.counts.children } else { &mut world.counts.outcomes };
+        let prefix = if record.task.parent.is_some() { "child ended " } else { "" };
+        *outcomes.entry(format!("{prefix}{}", record.task.state)).or_default() += 1;
         let definition = &world.definitions[&record.task.workflow];
         for step in record.steps.iter().filter(|s| definition.step(&s.name).is_some_and(|d| d.when().is_some())) {
             let decided = match step.state {
@@ -145,13 +179,18 @@ async fn check(world: &mut World, problems: &mut Vec<String>) -> String {
         for event in &history {
             fingerprint.push_str(&format!("{} {:?} {:?} {:?} {}\n", event.at, event.kind, event.step, event.attempt, event.detail));
         }
+        read.push((record, history));
     }
+    check_concurrency_keys(world, &read, problems);
+    check_child_workflows(world, &read, problems);
     fingerprint
 }
 
 /// What the fake service found wrong, stalls, and dead-lettered messages.
 async fn check_outside_the_tasks(world: &mut World, problems: &mut Vec<String>) {
     problems.extend(world.service.problems.iter().cloned());
+    problems.extend(world.slot_problems.iter().map(|p| format!("concurrency slots: {p}")));
+    problems.extend(world.children_left.iter().cloned());
     for stall in world.stalls.clone() {
         known(world, problems, format!("stall: {stall}"));
     }
@@ -221,6 +260,7 @@ fn check_task(world: &World, record: &TaskRecord, history: &[Event], problems: &
     signals_are_kept_and_used_once(world, record, history, &mut report);
     conditions_decide_once_and_skipped_steps_never_run(world, record, history, &mut report);
     callbacks_complete_their_attempt(world, record, history, &mut report);
+    a_cancelled_task_never_ends_processed(record, history, &mut report);
     report.known
 }
 
@@ -425,6 +465,12 @@ fn settles_are_fenced(world: &World, walk: &Walk, report: &mut Report<'_>) {
             if !world.signals.contains_key(&report.task.id) {
                 report.fail(format!("step {step} completed for attempt {attempt}, but no signal was accepted"));
             }
+        } else if !*undo && runs_child(world, &report.task.workflow, step) {
+            // A child step completes on its attempt's child ending Processed.
+            if processed_child(world, &report.task.id, step, *attempt).is_none() {
+                let child = child_task_id(&report.task.id, step, *attempt);
+                report.fail(format!("step {step} completed for attempt {attempt}, but its child {child} did not end Processed"));
+            }
         } else if !*undo && by_callback(world, &report.task.workflow, step) {
             // A callback step completes on a callback the engine took for
             // that attempt, not on its agent's reply (which only accepted).
@@ -452,10 +498,12 @@ fn nothing_completes_once_undoing_began(walk: &Walk, report: &mut Report<'_>) {
 
 /// A compensation is only requested for a step that completed or whose
 /// effect is in doubt: the service never undoes what it never applied,
-/// except for a step in doubt.
+/// except for a step in doubt, or one that ran a child (whose effects the
+/// service applied under the child's id).
 fn undone_only_if_done_or_in_doubt(world: &World, walk: &Walk, report: &mut Report<'_>) {
     for (task, step, attempt) in &world.service.undone_without_effect {
-        if *task == report.task.id && !walk.in_doubt().any(|s| s == step) {
+        let child_done = runs_child(world, &report.task.workflow, step) && walk.settled(false).any(|(s, _)| s == step);
+        if *task == report.task.id && !walk.in_doubt().any(|s| s == step) && !child_done {
             report.fail(format!(
                 "the compensation of {step} (attempt {attempt}) was requested, but the step neither completed nor was in doubt"
             ));
@@ -575,6 +623,9 @@ fn processed_means_every_step_applied_once(world: &World, record: &TaskRecord, w
             // The instances' outputs, in item order.
             let count = step.input.as_ref().and_then(Value::as_array).map_or(0, Vec::len);
             (0..count).map(|index| effect(&step.name.instance(index))).collect::<Option<Vec<Value>>>().map(Value::Array)
+        } else if runs_child(world, &task.workflow, &step.name) {
+            // The output of the child of its last attempt.
+            processed_child(world, id, &step.name, step.attempt).and_then(|child| child.output.clone())
         } else {
             effect(&step.name)
         };
@@ -735,6 +786,249 @@ fn callbacks_complete_their_attempt(world: &World, record: &TaskRecord, history:
     }
 }
 
+/// A cancelled task never ends Processed: a cancel ends it at once, or
+/// undoes it (a compensation that fails ends it in Error, and a resubmit
+/// then resumes the compensation).
+fn a_cancelled_task_never_ends_processed(record: &TaskRecord, history: &[Event], report: &mut Report<'_>) {
+    let Some(cancel) = history.iter().position(|e| e.kind == EventKind::Cancelled) else { return };
+    if record.task.state == TaskState::Processed || history[cancel..].iter().any(|e| e.kind == EventKind::Processed) {
+        report.fail(format!("processed after it was cancelled ({})", history[cancel].detail));
+    }
+}
+
+/// The promises of concurrency keys, from the histories of every task
+/// with a key read in the store's global event order (see [`KeyWalk`]):
+/// [`a_key_never_runs_more_than_its_limit`] and
+/// [`a_key_starts_its_tasks_in_submission_order`]. A task holds one of its
+/// key's slots from its first claim after its submission (or a resubmit)
+/// until it ends, also while its holder is dead and it waits to be taken
+/// over. The slots left in the store are checked by
+/// `World::inspect_slots`, during the seed and before these checks: none
+/// is held by a task that ended, so none leaked.
+fn check_concurrency_keys(world: &mut World, read: &[(TaskRecord, Vec<Event>)], problems: &mut Vec<String>) {
+    let mut events: Vec<(&TaskRecord, &Event)> =
+        read.iter().filter(|(r, _)| r.task.concurrency.is_some()).flat_map(|(r, h)| h.iter().map(move |e| (r, e))).collect();
+    events.sort_by_key(|(_, e)| e.seq);
+    let mut keys: BTreeMap<(String, String), KeyWalk> = BTreeMap::new();
+    for (record, event) in events {
+        let task = &record.task;
+        let Some(key) = &task.concurrency else { continue };
+        let walk = keys.entry((task.workflow.to_string(), key.key.clone())).or_default();
+        walk.log.push(format!("{} {} {:?} {}", event.seq, task.id, event.kind, event.detail));
+        match event.kind {
+            EventKind::Received | EventKind::Resubmitted => {
+                let place = *walk.submitted.entry(task.id.clone()).or_insert(event.seq);
+                walk.waiting.insert(task.id.clone(), (event.at, place));
+                if walk.holding.len() >= key.limit as usize {
+                    *world.counts.keys.entry("submitted while their key was full".into()).or_default() += 1;
+                }
+            }
+            EventKind::Expired => {
+                walk.expired.insert(task.id.clone());
+            }
+            EventKind::Claimed => {
+                let owner = event.detail["owner"].as_str().unwrap_or_default().to_owned();
+                if let Some(owners) = walk.holding.get_mut(&task.id) {
+                    if walk.expired.contains(&task.id) && !owners.contains(&owner) {
+                        *world.counts.keys.entry("taken over holding their slot after their holder's lease ran out".into()).or_default() +=
+                            1;
+                    }
+                    owners.insert(owner);
+                    continue;
+                }
+                a_key_never_runs_more_than_its_limit(walk, task, key.limit, problems);
+                a_key_starts_its_tasks_in_submission_order(walk, task, key.limit, event, problems);
+                walk.waiting.remove(&task.id);
+                walk.holding.insert(task.id.clone(), BTreeSet::from([owner]));
+            }
+            // A cancel into compensation moves a task's not_before: one
+            // that waits for a slot (resubmitted) waits from then on.
+            EventKind::Cancelled if event.detail["compensate"] == json!(true) => {
+                if let Some(waiting) = walk.waiting.get_mut(&task.id) {
+                    waiting.0 = event.at;
+                }
+            }
+            EventKind::Processed | EventKind::Compensated | EventKind::Error | EventKind::Cancelled => {
+                walk.waiting.remove(&task.id);
+                walk.holding.remove(&task.id);
+                walk.expired.remove(&task.id);
+            }
+            _ => {}
+        }
+    }
+    for ((workflow, key), walk) in keys {
+        if walk.failed {
+            let from = walk.log.len().saturating_sub(40);
+            problems.push(format!("events of key {workflow}/{key}, in the store's order:\n      {}", walk.log[from..].join("\n      ")));
+        }
+    }
+}
+
+/// The tasks of one concurrency key, at one point of the store's event order.
+#[derive(Default)]
+struct KeyWalk {
+    /// The tasks holding a slot, each with the Schedulers that claimed it
+    /// while it held it (more than one after a takeover).
+    holding: BTreeMap<TaskId, BTreeSet<String>>,
+    /// The holders the Supervisor expired (their holder's lease ran out).
+    expired: BTreeSet<TaskId>,
+    /// The tasks waiting for a slot: their `not_before` (when they were
+    /// submitted or resubmitted) and their submission's place in the event
+    /// order (the store's tie-break, the order it inserted them).
+    waiting: BTreeMap<TaskId, (rota_model::Timestamp, i64)>,
+    /// Each task's submission's place in the event order.
+    submitted: BTreeMap<TaskId, i64>,
+    /// The key's events so far, one a line, for the report.
+    log: Vec<String>,
+    failed: bool,
+}
+
+/// Never do more than `limit` tasks of one key hold a slot, so never do
+/// more run at once: a task takes a slot only while fewer hold one. A slot
+/// granted twice, or freed while its task still runs (as an expiry or a
+/// takeover might), breaks it.
+fn a_key_never_runs_more_than_its_limit(walk: &mut KeyWalk, task: &rota_model::Task, limit: u32, problems: &mut Vec<String>) {
+    if walk.holding.len() >= limit as usize {
+        let holders = listed(walk.holding.keys());
+        problems.push(format!("task {} took a slot of its key while [{holders}] held all {limit}", task.id));
+        walk.failed = true;
+    }
+}
+
+/// A task takes its key's slot only when one is free for it after the
+/// tasks of the key submitted before it that wait for one and may be
+/// claimed (their `not_before` passed): a key's tasks start in submission
+/// order, as the store promises (`Tasks::claim_tasks_by`). With a limit of
+/// one, strictly one after another.
+fn a_key_starts_its_tasks_in_submission_order(
+    walk: &mut KeyWalk,
+    task: &rota_model::Task,
+    limit: u32,
+    claimed: &Event,
+    problems: &mut Vec<String>,
+) {
+    let Some(&mine) = walk.waiting.get(&task.id) else {
+        problems.push(format!("task {} took a slot of its key without being submitted or resubmitted first", task.id));
+        walk.failed = true;
+        return;
+    };
+    let older: Vec<&TaskId> =
+        walk.waiting.iter().filter(|(id, waited)| **id != task.id && **waited < mine && waited.0 <= claimed.at).map(|(id, _)| id).collect();
+    if walk.holding.len() + older.len() >= limit as usize {
+        problems.push(format!(
+            "task {} took a slot of its key (limit {limit}) before [{}], submitted before it and waiting, while [{}] held one",
+            task.id,
+            listed(older),
+            listed(walk.holding.keys())
+        ));
+        walk.failed = true;
+    }
+}
+
+/// Task ids for a report: `a, b`.
+fn listed<'a>(ids: impl IntoIterator<Item = &'a TaskId>) -> String {
+    ids.into_iter().map(TaskId::as_str).collect::<Vec<_>>().join(", ")
+}
+
+/// The promises of child workflows, for each child with its parent:
+/// [`children_link_back_to_their_parent_step`] and
+/// [`a_processed_child_is_undone_with_its_parent`]. That every child ends
+/// is every task's promise ([`every_task_ends`]); that a Supervisor
+/// leader's round leaves no child running whose parent left it is checked
+/// after each round (`World::children_left`).
+fn check_child_workflows(world: &mut World, read: &[(TaskRecord, Vec<Event>)], problems: &mut Vec<String>) {
+    let by_id: BTreeMap<&TaskId, (&TaskRecord, &[Event])> = read.iter().map(|(r, h)| (&r.task.id, (r, h.as_slice()))).collect();
+    for (child, child_history) in read.iter().filter(|(r, _)| r.task.parent.is_some()) {
+        let Some(link) = &child.task.parent else { continue };
+        let Some(&(parent, parent_history)) = by_id.get(&link.task) else {
+            problems.push(format!("child {} names parent {}, which does not exist", child.task.id, link.task));
+            continue;
+        };
+        let before = problems.len();
+        children_link_back_to_their_parent_step(world, child, child_history, parent, parent_history, problems);
+        a_processed_child_is_undone_with_its_parent(world, child, child_history, parent, parent_history, problems);
+        if problems.len() > before {
+            problems.push(history_for_a_reader(&child.task.id, child_history));
+            problems.push(history_for_a_reader(&parent.task.id, parent_history));
+        }
+    }
+}
+
+/// A child belongs to one attempt of one step of its parent: the step runs
+/// the child's workflow, the child's id is derived from the attempt, its
+/// depth is one below its parent's, and it was created after the attempt
+/// had started (once: one `received` event).
+fn children_link_back_to_their_parent_step(
+    world: &World,
+    child: &TaskRecord,
+    child_history: &[Event],
+    parent: &TaskRecord,
+    parent_history: &[Event],
+    problems: &mut Vec<String>,
+) {
+    let Some(link) = &child.task.parent else { return };
+    let id = &child.task.id;
+    let runs = world.definitions[&parent.task.workflow].step(&link.step).and_then(|d| d.child()).map(|c| c.name().clone());
+    if runs.as_ref() != Some(&child.task.workflow) {
+        problems
+            .push(format!("child {id} ({}) was started by step {} of {}, which runs {runs:?}", child.task.workflow, link.step, link.task));
+    }
+    if *id != child_task_id(&link.task, &link.step, link.attempt) {
+        problems.push(format!("child {id} is not named for its parent's attempt ({}/{}#{})", link.task, link.step, link.attempt));
+    }
+    let depth = parent.task.parent.as_ref().map_or(0, |p| p.depth) + 1;
+    if link.depth != depth {
+        problems.push(format!("child {id} has depth {}, but its parent's is {}", link.depth, depth - 1));
+    }
+    let received: Vec<i64> = child_history.iter().filter(|e| e.kind == EventKind::Received).map(|e| e.seq).collect();
+    let started = parent_history
+        .iter()
+        .find(|e| e.kind == EventKind::StepStarted && e.step.as_ref() == Some(&link.step) && e.attempt == Some(link.attempt))
+        .map(|e| e.seq);
+    match (received.as_slice(), started) {
+        ([created], Some(started)) if started < *created => {}
+        _ => problems.push(format!(
+            "child {id} was received at {received:?}, but attempt {} of {}'s step {} started at {started:?}",
+            link.attempt, link.task, link.step
+        )),
+    }
+}
+
+/// A child that ended Processed while its parent still waited for it is
+/// undone with its parent: a parent that ends Compensated or Cancelled
+/// undid the step that ran it (here, the step's own compensation; the
+/// child's effects are the service's, under the child's id). A child that
+/// ended Processed after its parent stopped waiting for it (the attempt
+/// failed first: it timed out) keeps its effects, by design: the
+/// Supervisor cancels such a child on its next round, and one that ends
+/// before that round is not undone (at least once, as a step that timed
+/// out after its effect landed). Counted apart.
+fn a_processed_child_is_undone_with_its_parent(
+    world: &mut World,
+    child: &TaskRecord,
+    child_history: &[Event],
+    parent: &TaskRecord,
+    parent_history: &[Event],
+    problems: &mut Vec<String>,
+) {
+    let Some(link) = &child.task.parent else { return };
+    let Some(processed) = child_history.iter().find(|e| e.kind == EventKind::Processed).map(|e| e.seq) else { return };
+    let left_before = parent_history.iter().any(|e| {
+        e.seq < processed && e.kind == EventKind::StepFailed && e.step.as_ref() == Some(&link.step) && e.attempt == Some(link.attempt)
+    });
+    if left_before {
+        *world.counts.children.entry("processed after their parent's attempt failed".into()).or_default() += 1;
+        return;
+    }
+    let undone = world.service.applied(&parent.task.id, &link.step, true);
+    if matches!(parent.task.state, TaskState::Compensated | TaskState::Cancelled) && !undone {
+        problems.push(format!(
+            "child {} ended Processed while its parent waited for it, and its parent ended {} without undoing step {}",
+            child.task.id, parent.task.state, link.step
+        ));
+    }
+}
+
 /// Finds effects the service applied for a Compensated or Cancelled task
 /// that were never undone: a known bug (see [`known`]).
 fn count_leaks(world: &mut World, record: &TaskRecord, problems: &mut Vec<String>) {
@@ -856,6 +1150,8 @@ fn many_seeds() {
     println!("  agent fates: {:?}", counts.fates);
     println!("  signals: {:?}", counts.signals);
     println!("  callbacks: {:?}", counts.callbacks);
+    println!("  concurrency keys: {:?}", counts.keys);
+    println!("  child workflows: {:?}", counts.children);
     println!("  inbox messages handled: {:?}", counts.handled);
     println!(
         "  scheduler crashes {}, supervisor rounds led {}, tasks reset {}, steps reported {}, steps settled {}, \
@@ -1261,6 +1557,52 @@ async fn a_step_that_timed_out_before_a_cancel_is_compensated_in_doubt() {
     assert_eq!(undone, ["charge", "reserve"]);
 }
 
+/// The operator cancels an order while its child (a parcel) is about to
+/// finish: the child's last reply is on its way. The child ends Processed
+/// right after the cancel, before the order's Scheduler claims its
+/// compensation and long before a Supervisor's round could cancel it.
+///
+/// The order stops waiting for its child, and since its child step has a
+/// compensation, it settles the step in doubt and compensates it, so the
+/// child's effects are undone with the order. (Once the step was failed
+/// outright, trusting the Supervisor to cancel the child, and the order
+/// ended Compensated with the finished parcel's effects kept: simulation
+/// seed 10.)
+#[tokio::test(flavor = "current_thread")]
+async fn a_child_that_finished_as_its_parent_was_cancelled_is_undone_by_the_parent() {
+    let mut world = scenario_world().await;
+    let order = id("t0-order");
+    world.tasks[0].workflow = rota_model::WorkflowName::new("order").unwrap();
+    world.tasks[0].id = order.clone();
+    let ship = step_name(sim::CHILD_STEP);
+    let parcel = child_task_id(&order, &ship, 1);
+    assert!(world.submit_next().await.unwrap());
+    assert_eq!(world.claim_with(0).await.unwrap(), 1);
+    world.agent_once(Fate::Succeed).await.unwrap().expect("pay's request");
+    assert_eq!(world.drain_inbox(0).await.unwrap(), 2, "pay's reply, then the StartChild of ship");
+    assert_eq!(world.state(&parcel).await, TaskState::Pending, "the child was created");
+    assert_eq!(world.claim_with(0).await.unwrap(), 1, "the child is claimed");
+    world.agent_once(Fate::Succeed).await.unwrap().expect("book's request");
+    assert_eq!(world.drain_inbox(0).await.unwrap(), 1);
+    let label = world.agent_once(Fate::Succeed).await.unwrap().expect("label's request");
+    assert_eq!(label.call.task_id, parcel);
+    world.cancel(&order).await.unwrap();
+    assert_eq!(world.state(&order).await, TaskState::Compensating);
+    assert_eq!(world.drain_inbox(0).await.unwrap(), 1, "label's reply");
+    assert_eq!(world.state(&parcel).await, TaskState::Processed, "the child finished after the cancel");
+
+    assert!(world.quiet_phase(200).await.unwrap());
+    assert_eq!(world.state(&order).await, TaskState::Compensated);
+    assert!(world.service.applied(&order, &ship, true), "the order's ship step was compensated");
+    let history = world.store.history(&order).await.unwrap();
+    let undone: Vec<&str> =
+        history.iter().filter(|e| e.kind == EventKind::StepCompensated).filter_map(|e| e.step.as_ref().map(|s| s.as_str())).collect();
+    assert_eq!(undone, [sim::CHILD_STEP, "pay"]);
+    let mut problems = Vec::new();
+    check(&mut world, &mut problems).await;
+    assert!(problems.is_empty(), "{problems:#?}");
+}
+
 /// The checks themselves: a history doctored after the fact (a step
 /// completed a second time, once more for a stale attempt, and a compensation
 /// out of order in a processed task) is caught.
@@ -1295,6 +1637,53 @@ async fn the_checks_catch_a_doctored_history() {
         "step reserve compensated for attempt 1, but the last compensation started was None",
         "which does not begin the reverse completion order",
         "processed, yet compensation ran",
+    ] {
+        assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
+    }
+}
+
+/// The key checks themselves: two tasks of one customer run one after the
+/// other; then a history doctored after the fact has the second resubmitted
+/// and claimed before the first (resubmitted too, so older), and the first
+/// claimed while the second holds the key's only slot: both are caught.
+#[tokio::test(flavor = "current_thread")]
+async fn the_key_checks_catch_a_doctored_history() {
+    let mut world = scenario_world().await;
+    let keyed = rota_model::WorkflowName::new("keyed").unwrap();
+    world.tasks.push(world.tasks[0].clone());
+    for (n, planned) in world.tasks.iter_mut().enumerate() {
+        planned.workflow = keyed.clone();
+        planned.id = id(&format!("t{n}-keyed"));
+        planned.customer = "c0".into();
+    }
+    let (first, second) = (world.tasks[0].id.clone(), world.tasks[1].id.clone());
+    assert!(world.submit_next().await.unwrap());
+    assert!(world.submit_next().await.unwrap());
+    assert!(world.quiet_phase(100).await.unwrap());
+    let mut problems = Vec::new();
+    check(&mut world, &mut problems).await;
+    assert!(problems.is_empty(), "{problems:#?}");
+    let seq = |history: Vec<Event>, kind: EventKind| history.iter().find(|e| e.kind == kind).map(|e| e.seq);
+    let ended = seq(world.store.history(&first).await.unwrap(), EventKind::Processed);
+    let started = seq(world.store.history(&second).await.unwrap(), EventKind::Claimed);
+    assert!(ended.is_some() && ended < started, "the second started after the first ended: {ended:?}, {started:?}");
+
+    let now = world.clock.now();
+    let claimed = || json!({ "owner": "s9", "lease_epoch": 9 });
+    let events = vec![
+        Event::task(&first, now, EventKind::Resubmitted, json!({})),
+        Event::task(&second, now, EventKind::Resubmitted, json!({})),
+        Event::task(&second, now, EventKind::Claimed, claimed()),
+        Event::task(&first, now, EventKind::Claimed, claimed()),
+    ];
+    world.store.commit(Changes { events, ..Changes::default() }).await.unwrap();
+    let mut problems = Vec::new();
+    check(&mut world, &mut problems).await;
+    let all = problems.join("\n");
+    for expected in [
+        "task t1-keyed took a slot of its key (limit 1) before [t0-keyed], submitted before it and waiting",
+        "task t0-keyed took a slot of its key while [t1-keyed] held all 1",
+        "events of key keyed/customer=c0",
     ] {
         assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
     }

@@ -47,6 +47,19 @@ pub const SIGNAL: &str = "ok";
 pub const CALLBACK_STEP: &str = "transfer";
 /// How long it waits.
 const WAIT_TIMEOUT: Duration = Duration::from_secs(3);
+/// The step of `order` that runs a `parcel` child, and how long it waits
+/// for the child: a few of the child's step timeouts, so that faults in
+/// the child sometimes outlast it (the step then retries with a new child
+/// and the old one is left to the Supervisor).
+pub const CHILD_STEP: &str = "ship";
+const CHILD_TIMEOUT: Duration = Duration::from_secs(8);
+/// `keyed`'s limit per customer: one, so its tasks of one customer run
+/// strictly one after another, in submission order.
+pub const KEY_LIMIT: u32 = 1;
+/// `capped`'s `max_in_flight`.
+pub const IN_FLIGHT_MAX: u32 = 2;
+/// The customers `keyed` tasks belong to (its concurrency key's values).
+const CUSTOMERS: [&str; 2] = ["c0", "c1"];
 /// The condition of `choose`'s `express` step, on `quote`'s output.
 pub const EXPRESS_WHEN: &str = "steps.quote.output.attempt == 1";
 /// Every workflow's failure threshold.
@@ -138,6 +151,42 @@ pub fn workflows() -> Vec<Workflow> {
             .step(step("close").with_input(json!({ "items": "{{ steps.each.output }}" })))
             .build(&catalog)
             .expect("batch is valid"),
+        // At most KEY_LIMIT tasks per customer at once, started in
+        // submission order.
+        base("keyed", ExhaustedPolicy::Compensate)
+            .concurrency("input.customer", KEY_LIMIT)
+            .step(step("work").compensate(undo()))
+            .step(step("finish"))
+            .build(&catalog)
+            .expect("keyed is valid"),
+        // At most IN_FLIGHT_MAX tasks at once; failures end in Error, which
+        // frees the slot, and a resubmit waits for one again.
+        base("capped", ExhaustedPolicy::Error)
+            .max_in_flight(IN_FLIGHT_MAX)
+            .step(step("load").compensate(undo()))
+            .step(step("store"))
+            .build(&catalog)
+            .expect("capped is valid"),
+        // A step that runs a child workflow (`parcel`), undone like any
+        // other step when the order is; the step after it reads the child's
+        // output.
+        base("order", ExhaustedPolicy::Compensate)
+            .step(step("pay").compensate(undo()))
+            .step(
+                StepDef::run_workflow(CHILD_STEP, "parcel", Some(1))
+                    .timeout(CHILD_TIMEOUT)
+                    .with_input(json!({ "paid": "{{ steps.pay.output.key }}" }))
+                    .compensate(undo()),
+            )
+            .step(step("confirm").with_input(json!({ "label": "{{ steps.ship.output.label.key }}" })))
+            .build(&catalog)
+            .expect("order is valid"),
+        // The child of `order`: undoes its booking when it is cancelled.
+        base("parcel", ExhaustedPolicy::Compensate)
+            .step(step("book").compensate(undo()))
+            .step(step("label"))
+            .build(&catalog)
+            .expect("parcel is valid"),
     ]
 }
 
@@ -210,6 +259,15 @@ pub enum Action {
     CrashMidInbox,
     /// A Scheduler dies between its claim's commit and the start's.
     CrashMidClaim,
+    /// A Scheduler holding a task with a concurrency key (and so one of
+    /// its key's slots) dies; another instance replaces it.
+    CrashKeyHolder,
+    /// A Scheduler takes ends of child workflows from `rota.children` and
+    /// hands each to its parent's holder (or dies before it does).
+    ChildEnds,
+    /// The operator cancels a parent whose child runs (sometimes the
+    /// running child itself).
+    CancelParent,
 }
 
 /// One seed's mix of faults ("swarm testing": each seed weights the faults
@@ -226,6 +284,11 @@ pub struct Profile {
     pub tasks: usize,
     /// How many ticks the fault phase lasts.
     pub fault_ticks: u32,
+    /// The chance that a task is of a workflow with a concurrency key
+    /// (`keyed` or `capped`), and that it is a parent (`order`); the other
+    /// tasks are of any workflow.
+    pub keyed: f64,
+    pub parents: f64,
     /// The Schedulers' backoff before a failed step's next attempt (initial, max ms).
     pub scheduler_backoff: (u64, u64),
     /// The Supervisor's backoff before a reset task may be claimed (initial, max ms).
@@ -267,13 +330,18 @@ impl Profile {
             (Action::Callback, some(&[3, 8])),
             (Action::CrashMidInbox, some(&[0, 0, 1])),
             (Action::CrashMidClaim, some(&[0, 0, 1])),
+            (Action::CrashKeyHolder, some(&[0, 1, 3])),
+            (Action::ChildEnds, 8),
+            (Action::CancelParent, some(&[0, 2, 4])),
         ];
         let decline = [0.0, 0.1, 0.3][rng.random_range(0..3)];
         let tasks = rng.random_range(3..=6);
         let fault_ticks = rng.random_range(100..=220);
         let scheduler_backoff = [(100, 1_000), (1_000, 8_000)][rng.random_range(0..2)];
         let supervisor_backoff = [(100, 1_000), (1_000, 5_000)][rng.random_range(0..2)];
-        Profile { fates, actions, decline, tasks, fault_ticks, scheduler_backoff, supervisor_backoff }
+        let keyed = [0.0, 0.3, 0.6][rng.random_range(0..3)];
+        let parents = [0.0, 0.2, 0.4][rng.random_range(0..3)];
+        Profile { fates, actions, decline, tasks, fault_ticks, scheduler_backoff, supervisor_backoff, keyed, parents }
     }
 }
 
@@ -360,6 +428,8 @@ pub struct Planned {
     pub workflow: WorkflowName,
     /// The step whose forward action the service always declines.
     pub declined: Option<StepName>,
+    /// Its input's `customer`: `keyed`'s concurrency key.
+    pub customer: String,
     pub submitted: bool,
 }
 
@@ -378,6 +448,12 @@ pub struct Counts {
     /// What became of the callbacks posted: taken (by outcome), or refused
     /// (by reason).
     pub callbacks: BTreeMap<String, u64>,
+    /// Concurrency keys: holders crashed, tasks taken over holding a slot,
+    /// tasks that waited for a slot.
+    pub keys: BTreeMap<String, u64>,
+    /// Child workflows: how they ended, ends delivered or skipped, parents
+    /// cancelled while their child ran, children the Supervisor cancelled.
+    pub children: BTreeMap<String, u64>,
     pub late_delivered: u64,
     pub slow_lost_lease: u64,
     pub scheduler_crashes: u64,
@@ -404,6 +480,8 @@ impl Counts {
             (&mut self.handled, &other.handled),
             (&mut self.signals, &other.signals),
             (&mut self.callbacks, &other.callbacks),
+            (&mut self.keys, &other.keys),
+            (&mut self.children, &other.children),
         ] {
             for (k, v) in theirs {
                 *mine.entry(k.clone()).or_default() += v;
@@ -476,6 +554,15 @@ pub struct World {
     pub callbacks: BTreeMap<(TaskId, StepName, u32), Option<Value>>,
     /// Tasks found stalled (see `find_stalls`).
     pub stalls: Vec<String>,
+    /// What a look at the concurrency slots found wrong while the seed ran
+    /// (see `inspect_slots`).
+    pub slot_problems: Vec<String>,
+    /// Children a Supervisor leader's round left running though their
+    /// parent no longer waited for them (see `supervise`).
+    pub children_left: Vec<String>,
+    /// Every task as the seed left it, children included: read by the
+    /// checks before anything else.
+    pub finals: BTreeMap<TaskId, rota_model::Task>,
     trace: Vec<String>,
     trace_all: bool,
     pub counts: Counts,
@@ -510,15 +597,23 @@ impl World {
         }
         let client = Client::new(store.clone(), clock.clone(), workflows.clone(), None);
         let names: Vec<WorkflowName> = definitions.keys().cloned().collect();
+        let name = |text: &str| WorkflowName::new(text).expect("a valid workflow name");
         let mut tasks = Vec::new();
         for i in 0..profile.tasks {
-            let workflow = names[rng.random_range(0..names.len())].clone();
+            let workflow = if rng.random_bool(profile.keyed) {
+                name(["keyed", "capped"][rng.random_range(0..2)])
+            } else if rng.random_bool(profile.parents) {
+                name("order")
+            } else {
+                names[rng.random_range(0..names.len())].clone()
+            };
+            let customer = CUSTOMERS[rng.random_range(0..CUSTOMERS.len())].to_owned();
             let declined = rng.random_bool(profile.decline).then(|| {
                 let steps: Vec<&StepDef> = definitions[&workflow].steps().iter().filter(|s| s.agent().is_some()).collect();
                 steps[rng.random_range(0..steps.len())].name().clone()
             });
             let id = TaskId::new(format!("t{i}-{workflow}")).expect("a valid task id");
-            tasks.push(Planned { id, workflow, declined, submitted: false });
+            tasks.push(Planned { id, workflow, declined, customer, submitted: false });
         }
         let mut world = World {
             seed,
@@ -548,6 +643,9 @@ impl World {
             deadlines: BTreeMap::new(),
             callbacks: BTreeMap::new(),
             stalls: Vec::new(),
+            slot_problems: Vec::new(),
+            children_left: Vec::new(),
+            finals: BTreeMap::new(),
             trace: Vec::new(),
             trace_all: std::env::var_os("ROTA_SIM_TRACE").is_some(),
             counts: Counts::default(),
@@ -641,8 +739,8 @@ impl World {
         let Some(planned) = self.tasks.iter_mut().find(|t| !t.submitted) else { return Ok(false) };
         planned.submitted = true;
         let planned = planned.clone();
-        let submission = Submission::new(planned.workflow.clone(), json!({ "declined": planned.declined.as_ref().map(|s| s.as_str()) }))
-            .with_id(planned.id.clone());
+        let input = json!({ "declined": planned.declined.as_ref().map(|s| s.as_str()), "customer": planned.customer });
+        let submission = Submission::new(planned.workflow.clone(), input).with_id(planned.id.clone());
         let submitted = self.client.submit(submission).await.map_err(|e| format!("submitting {}: {e}", planned.id))?;
         if !submitted.created {
             return Err(format!("task {} existed before its submission", planned.id));
@@ -757,7 +855,10 @@ impl World {
             Action::Submit => {
                 self.submit_next().await?;
             }
-            Action::Inspect => self.find_stalls().await?,
+            Action::Inspect => {
+                self.find_stalls().await?;
+                self.inspect_slots().await?;
+            }
             Action::Resubmit => {
                 let filter = TaskFilter { state: Some(TaskState::Error), limit: 1_000, ..TaskFilter::default() };
                 let mut failed = Vec::new();
@@ -793,8 +894,114 @@ impl World {
                     self.cancel(&id).await?;
                 }
             }
+            Action::CrashKeyHolder => self.crash_key_holder().await?,
+            Action::ChildEnds => {
+                let max = self.rng.random_range(1..=3);
+                self.child_ends(max, true).await?;
+            }
+            Action::CancelParent => self.cancel_parent().await?,
         }
         self.release_due().await
+    }
+
+    /// A Scheduler holding a task with a concurrency key dies, with no
+    /// restart under its id: the task keeps its slot, Processing under a
+    /// dead holder, until the Supervisor expires it and another Scheduler
+    /// takes it over.
+    async fn crash_key_holder(&mut self) -> Result<(), Fail> {
+        let tasks = self
+            .store
+            .list_tasks(&TaskFilter { limit: 1_000, ..TaskFilter::default() })
+            .await
+            .map_err(|e| format!("listing tasks: {e}"))?;
+        let holders: Vec<(usize, TaskId)> = tasks
+            .iter()
+            .filter(|t| t.concurrency.is_some() && !t.state.is_terminal())
+            .filter_map(|t| {
+                let holder = t.locked_by.as_ref()?;
+                Some((self.schedulers.iter().position(|l| &l.id == holder)?, t.id.clone()))
+            })
+            .collect();
+        if holders.is_empty() {
+            return Ok(());
+        }
+        let (i, task) = holders[self.rng.random_range(0..holders.len())].clone();
+        let dead = self.schedulers.swap_remove(i);
+        self.counts.scheduler_crashes += 1;
+        *self.counts.keys.entry("holders crashed".to_owned()).or_default() += 1;
+        self.note(format!("scheduler {} crashes holding {task}, which holds a concurrency slot", dead.id));
+        if self.schedulers.is_empty() || self.rng.random_bool(0.5) {
+            self.add_scheduler(None);
+        }
+        Ok(())
+    }
+
+    /// A Scheduler takes up to `max` ends of child workflows and hands each
+    /// to its parent's holder, as the consumer of `rota.children` does;
+    /// when `faulty`, it sometimes dies holding one (redelivered once its
+    /// short lease runs out). Returns how many it took.
+    async fn child_ends(&mut self, max: u32, faulty: bool) -> Result<usize, Fail> {
+        let queue = protocol::children_queue();
+        let i = self.rng.random_range(0..self.schedulers.len());
+        let id = self.schedulers[i].id.clone();
+        let receive = Receive::up_to(max).leasing(Duration::from_secs(2)).by(id.clone());
+        let deliveries = self.store.receive(&queue, receive).await.map_err(|e| format!("receiving child ends: {e}"))?;
+        let count = deliveries.len();
+        for delivery in deliveries {
+            let ended: protocol::ChildEnded =
+                serde_json::from_str(delivery.body.get()).map_err(|e| format!("a child's end that does not parse: {e}"))?;
+            let what = format!("end of child {} (of {}/{} attempt {})", ended.child, ended.parent, ended.step, ended.attempt);
+            if faulty && self.rng.random_bool(0.1) {
+                self.note(format!("{id} dies holding the {what}"));
+                continue;
+            }
+            match rota_engine::child::deliver(&self.store, &ended).await {
+                Ok(delivered) => {
+                    let kind = match &delivered {
+                        rota_engine::child::Delivered::Replied(_) => "ends delivered",
+                        rota_engine::child::Delivered::Skipped(_) => "ends skipped",
+                    };
+                    *self.counts.children.entry(kind.to_owned()).or_default() += 1;
+                    self.note(format!("{id} takes the {what}: {delivered:?}"));
+                    self.complete_request(&queue, delivery.lease_token).await?;
+                }
+                Err(EngineError::Store(err)) if err.is_lost_race() => {
+                    self.note(format!("{id} takes the {what}: lost a race ({err}), abandoned"));
+                    match self.store.abandon(&queue, delivery.lease_token, Duration::from_millis(20), Some(err.to_string())).await {
+                        Ok(()) | Err(rota_store::Error::LeaseLost(_)) => {}
+                        Err(e) => return Err(format!("abandoning a child's end: {e}")),
+                    }
+                }
+                Err(err) => return Err(format!("delivering the {what}: {err}")),
+            }
+        }
+        Ok(count)
+    }
+
+    /// The operator cancels a parent while its child runs, or (one time in
+    /// four) the running child itself.
+    async fn cancel_parent(&mut self) -> Result<(), Fail> {
+        let tasks = self
+            .store
+            .list_tasks(&TaskFilter { limit: 1_000, ..TaskFilter::default() })
+            .await
+            .map_err(|e| format!("listing tasks: {e}"))?;
+        let running: Vec<(TaskId, TaskId)> = tasks
+            .iter()
+            .filter(|t| !t.state.is_terminal())
+            .filter_map(|t| t.parent.as_ref().map(|p| (p.task.clone(), t.id.clone())))
+            .collect();
+        if running.is_empty() {
+            return Ok(());
+        }
+        let (parent, child) = running[self.rng.random_range(0..running.len())].clone();
+        if self.rng.random_bool(0.25) {
+            *self.counts.children.entry("children cancelled by the operator".to_owned()).or_default() += 1;
+            self.cancel(&child).await
+        } else {
+            *self.counts.children.entry("parents cancelled while their child ran".to_owned()).or_default() += 1;
+            self.cancel(&parent).await
+        }
     }
 
     /// Scheduler `i` crashes after `what` (`count` of them); it restarts
@@ -954,6 +1161,25 @@ impl World {
             if round != (supervisor::Round { leader: true, ..Default::default() }) {
                 self.note(format!("supervisor round: {round:?}"));
             }
+            *self.counts.children.entry("cancelled by the Supervisor".to_owned()).or_default() += u64::from(round.children_cancelled);
+            self.children_left_by_the_round().await?;
+        }
+        Ok(())
+    }
+
+    /// A leader's round cancels every child whose parent no longer waits
+    /// for it (the documented reach of a parent's cancel: its children are
+    /// cancelled by the Supervisor's next round), so none is left after it.
+    async fn children_left_by_the_round(&mut self) -> Result<(), Fail> {
+        let parents = self.tasks.iter().any(|t| self.definitions[&t.workflow].steps().iter().any(|d| d.child().is_some()));
+        if !parents {
+            return Ok(()); // A seed without parents has no children to leave.
+        }
+        let left = self.store.stale_children(100).await.map_err(|e| format!("reading stale children: {e}"))?;
+        for child in left {
+            let line = format!("child {child} still runs after a Supervisor leader's round, though its parent no longer waits for it");
+            self.note(format!("CHILD LEFT: {line}"));
+            self.children_left.push(line);
         }
         Ok(())
     }
@@ -1263,6 +1489,13 @@ impl World {
             self.counts.quiet_rounds += 1;
             let posted = self.tokens.len();
             let mut busy = self.agent(100, false).await?;
+            loop {
+                let taken = self.child_ends(50, false).await?;
+                busy += taken;
+                if taken == 0 {
+                    break;
+                }
+            }
             // The service calls back for every request it was just given.
             let given: Vec<String> = self.tokens[posted..].to_vec();
             for token in given {
@@ -1352,10 +1585,55 @@ impl World {
         Ok(())
     }
 
+    /// Checks the concurrency slots against the tasks now: no key has more
+    /// holders than its limit, every holder is a task of that key that
+    /// has not ended (a slot outliving its task would hold its key back
+    /// for good), and every Processing task with a key holds a slot.
+    pub async fn inspect_slots(&mut self) -> Result<(), Fail> {
+        let tasks = self
+            .store
+            .list_tasks(&TaskFilter { limit: 1_000, ..TaskFilter::default() })
+            .await
+            .map_err(|e| format!("listing tasks: {e}"))?;
+        let keys: BTreeSet<(WorkflowName, String, u32)> =
+            tasks.iter().filter_map(|t| t.concurrency.as_ref().map(|c| (t.workflow.clone(), c.key.clone(), c.limit))).collect();
+        let mut found = Vec::new();
+        for (workflow, key, limit) in keys {
+            let holders = self.store.key_holders(&workflow, &key).await.map_err(|e| format!("reading the holders of {key}: {e}"))?;
+            if holders.len() > limit as usize {
+                found.push(format!("key {workflow}/{key} has {} holders, over its limit of {limit}: {holders:?}", holders.len()));
+            }
+            for holder in &holders {
+                match tasks.iter().find(|t| &t.id == holder) {
+                    Some(task) if task.state.is_terminal() => {
+                        found.push(format!("task {holder} holds a slot of {workflow}/{key}, though it ended {}", task.state));
+                    }
+                    Some(task) if task.concurrency.as_ref().is_none_or(|c| c.key != key) || task.workflow != workflow => {
+                        found.push(format!("task {holder} holds a slot of {workflow}/{key}, which is not its key"));
+                    }
+                    Some(_) => {}
+                    None => found.push(format!("a slot of {workflow}/{key} is held by {holder}, which does not exist")),
+                }
+            }
+            for task in tasks.iter().filter(|t| t.workflow == workflow && t.state == TaskState::Processing) {
+                if task.concurrency.as_ref().is_some_and(|c| c.key == key) && !holders.contains(&task.id) {
+                    found.push(format!("task {} of key {workflow}/{key} is processing without a slot", task.id));
+                }
+            }
+        }
+        for line in found {
+            self.note(format!("SLOTS: {line}"));
+            self.slot_problems.push(line);
+        }
+        Ok(())
+    }
+
+    /// Whether every planned task exists and every task, children included, has ended.
     async fn all_terminal(&self) -> Result<bool, Fail> {
         let filter = TaskFilter { limit: 1_000, ..TaskFilter::default() };
         let tasks = self.store.list_tasks(&filter).await.map_err(|e| format!("listing tasks: {e}"))?;
-        Ok(tasks.len() == self.tasks.len() && tasks.iter().all(|t| t.state.is_terminal()))
+        let planned = tasks.iter().filter(|t| t.parent.is_none()).count();
+        Ok(planned == self.tasks.len() && tasks.iter().all(|t| t.state.is_terminal()))
     }
 
     /// Records the simulated time spent.
