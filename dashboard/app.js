@@ -106,6 +106,19 @@ function atRisk(task) {
     : h('span', { class: 'badge at-risk', title: `A deadline warning was raised at ${new Date(task.at_risk_since).toISOString()}` }, 'at risk');
 }
 
+/** Why a Pending task has not started, when its concurrency key holds it back
+ * (the API's `waiting_for`: "waiting for concurrency key customer=c1 (1/1 in use)"). */
+function waitingNote(task) {
+  return task.waiting_for
+    ? h('span', { class: 'badge waiting', title: 'It starts when a task of its concurrency key ends' }, task.waiting_for)
+    : null;
+}
+
+/** Where a child workflow's task comes from: its parent and the step that started it. */
+function parentNote(parent) {
+  return parent ? ['child of ', taskLink(parent.task), `, step ${parent.step} (attempt ${parent.attempt})`] : null;
+}
+
 function json(value) {
   return h('pre', { class: 'json' }, value === null || value === undefined ? '—' : JSON.stringify(value, null, 2));
 }
@@ -139,6 +152,10 @@ function duration(ms) {
 
 function taskLink(id) {
   return h('a', { href: `/ui/tasks/${encodeURIComponent(id)}` }, id);
+}
+
+function workflowLink(name) {
+  return h('a', { href: `/ui/workflows/${encodeURIComponent(name)}` }, name);
 }
 
 function number(n) {
@@ -542,6 +559,8 @@ function taskPage([id]) {
   const taskId = decodeURIComponent(id);
   const body = h('div', { class: 'task' });
   let definitions = new Map();
+  // The for_each steps whose instances the operator opened: a redraw keeps them open.
+  const openInstances = new Set();
   return {
     title: `Task ${taskId}`, nav: '/ui/tasks', body, stream: `/v1/tasks/${encodeURIComponent(taskId)}/events`,
     async update() {
@@ -565,45 +584,128 @@ function taskPage([id]) {
               () => api(`/v1/tasks/${encodeURIComponent(taskId)}/pause`, { method: 'POST' }), () => 'Paused.'),
         action('Resubmit', `Resubmit task ${taskId} from its first unfinished step?`,
           () => api(`/v1/tasks/${encodeURIComponent(taskId)}/resubmit`, { method: 'POST' }), () => 'Resubmitted.'));
-      body.replaceChildren(
-        h('p', { class: 'subtitle' }, badge(task.state), pausedBadge(task), workflowPausedBadge(task), atRisk(task), ' ', 'workflow ',
-          h('a', { href: `/ui/workflows/${encodeURIComponent(task.workflow)}` }, task.workflow), ` version ${task.version}`),
+      // A for_each step's instances (`NAME[i]`) are shown under their step, not as steps of their own.
+      const steps = task.steps.filter((step) => instanceOf(step.name) === null);
+      const instances = instancesByStep(task.steps);
+      const children = task.children ?? [];
+      body.replaceChildren();
+      // `append`, unlike replaceChildren, leaves out the sections a task has not (null).
+      append(body, [
+        h('p', { class: 'subtitle' }, badge(task.state), pausedBadge(task), workflowPausedBadge(task), atRisk(task), waitingNote(task), ' ', 'workflow ',
+          workflowLink(task.workflow), ` version ${task.version}`, task.parent ? [' · ', parentNote(task.parent)] : null),
         actions,
-        section('Workflow', dag(definition?.steps ?? task.steps.map((step, i) => ({ name: step.name, depends_on: i ? [task.steps[i - 1].name] : [] })), task.steps)),
-        section('Steps', table('Steps', ['Step', 'Agent', 'State', 'Attempt', 'Complete by', 'Last error', ''], task.steps.map((step) => {
+        section('Workflow', dag(definition?.steps ?? steps.map((step, i) => ({ name: step.name, depends_on: i ? [steps[i - 1].name] : [] })), steps, instances)),
+        section('Steps', table('Steps', ['Step', 'Agent', 'State', 'Attempt', 'Complete by', 'Last error', ''], steps.map((step) => {
           const label = `step-label-${step.position}`;
-          return h('tr', null,
-            h('th', { scope: 'row', id: label }, step.name), h('td', null, stepDoer(step)),
+          return [h('tr', null,
+            h('th', { scope: 'row', id: label }, step.name), h('td', null, stepDoer(step, children)),
             h('td', null, badge(step.state, step.when ? `when: ${step.when}` : null)),
             h('td', { class: 'n' }, step.attempt), h('td', null, time(step.complete_by)), h('td', { class: 'error-text' }, step.last_error ?? '—'),
             h('td', null, awaitsSignal(task, step) ? signalAction(taskId, step, label) : null,
-              resubmitStepAction(task, step, label)));
+              resubmitStepAction(task, step, label))),
+          instances.has(step.name) ? instancesRow(step, instances.get(step.name), openInstances) : null];
         }))),
+        children.length > 0 || steps.some((step) => step.workflow) ? section('Children', childrenTable(children)) : null,
         section('Attempts', attempts(task, history)),
         section('Fields', h('dl', { class: 'fields' },
           field('State', badge(task.state)), field('Locked by', task.locked_by ?? '—'), field('Lease epoch', task.lease_epoch),
           field('Complete by', time(task.complete_by)), field('Warn at', time(task.warn_at)), field('At risk since', time(task.at_risk_since)),
           field('Not before', time(task.not_before)),
           field('Failure count', task.max_failures === null || task.max_failures === undefined ? task.failure_count : `${task.failure_count} of ${task.max_failures}`),
+          field('Concurrency key', task.concurrency_key ?? '—'), field('Parent', task.parent ? [parentNote(task.parent), `, depth ${task.parent.depth}`] : '—'),
           field('Error', task.error ?? '—'), field('Callback URL', task.callback_url ?? '—'), field('Reply queue', task.reply_queue ?? '—'),
           field('Submitted by', task.submitter ?? '—'), field('Tags', tagLinks(task.tags)),
           field('Created', time(task.created_at)), field('Updated', time(task.updated_at)))),
         section('Input', json(task.input)),
-        section('Output', json(task.output), task.steps.filter((step) => step.output !== null && step.output !== undefined).map((step) =>
+        // An instance's output is in its step's, in item order.
+        section('Output', json(task.output), steps.filter((step) => step.output !== null && step.output !== undefined).map((step) =>
           h('details', null, h('summary', null, `Step ${step.name}`), json(step.output)))),
         section('History', table('History', ['Seq', 'At', 'Event', 'Step', 'Attempt', 'Detail'], history.map((event) => h('tr', null,
           h('td', { class: 'n' }, event.seq), h('td', null, clock(event.at)), h('td', null, event.kind), h('td', null, event.step ?? '—'),
-          h('td', { class: 'n' }, event.attempt ?? '—'), h('td', null, h('code', null, compact(event.detail))))))));
+          h('td', { class: 'n' }, event.attempt ?? '—'), h('td', null, h('code', null, compact(event.detail)))))))]);
     },
   };
 }
 
 // Who does a step's work: its agent (and, for a callback step, the
-// service completing it later), or the signal it waits for.
-function stepDoer(step) {
+// service completing it later), the signal it waits for, or its child
+// workflow (with a link to the child its latest attempt started).
+function stepDoer(step, children = []) {
   if (step.waits_for) return `waits for ${step.waits_for}`;
+  if (step.workflow) {
+    const child = children.filter((candidate) => candidate.step === step.name).sort((a, b) => b.attempt - a.attempt)[0];
+    return [`workflow ${step.workflow}`, child ? [': ', taskLink(child.id)] : null];
+  }
   if (step.callback) return `${step.agent}, then its callback`;
   return step.agent ?? '—';
+}
+
+// The child workflows a task's `workflow:` steps started, newest first.
+function childrenTable(children) {
+  return [
+    table('Children', ['Child', 'Workflow', 'State', 'Started by'], children.map((child) => h('tr', null,
+      h('td', null, taskLink(child.id)), h('td', null, workflowLink(child.workflow)), h('td', null, badge(child.state)),
+      h('td', null, `step ${child.step}, attempt ${child.attempt}`))), 'No child workflow started yet.'),
+    // The API lists the newest 100.
+    children.length >= 100 ? h('p', { class: 'hint' }, 'The newest 100 children.') : null,
+  ];
+}
+
+// For an instance of a for_each step (`NAME[i]`), its step's name and its
+// index; null for a step of the workflow itself.
+function instanceOf(name) {
+  const match = /^(.*)\[(\d+)\]$/.exec(name);
+  return match ? { step: match[1], index: Number(match[2]) } : null;
+}
+
+// A for_each step's instances, by step name, in item order. Each has its
+// `index`; `items` is the step's count of items (its input, the list),
+// which instances not yet started are missing from.
+function instancesByStep(steps) {
+  const byStep = new Map();
+  for (const step of steps) {
+    const instance = instanceOf(step.name);
+    if (instance === null) continue;
+    if (!byStep.has(instance.step)) byStep.set(instance.step, []);
+    byStep.get(instance.step).push({ ...step, index: instance.index });
+  }
+  const grouped = new Map();
+  for (const [name, list] of byStep) {
+    list.sort((a, b) => a.index - b.index);
+    const own = steps.find((step) => step.name === name);
+    const items = Array.isArray(own?.input) ? own.input.length : list.length;
+    grouped.set(name, { list, items: Math.max(items, list.length) });
+  }
+  return grouped;
+}
+
+const STEP_STATE_ORDER = ['completed', 'running', 'failed', 'not_started', 'compensating', 'compensated', 'skipped'];
+
+// "50 instances: 48 completed, 2 running"; items without an instance yet count as not started.
+function instancesSummary({ list, items }) {
+  const counts = new Map();
+  for (const instance of list) counts.set(instance.state, (counts.get(instance.state) ?? 0) + 1);
+  if (items > list.length) counts.set('not_started', (counts.get('not_started') ?? 0) + items - list.length);
+  // A state this page does not know comes last.
+  const rank = (state) => STEP_STATE_ORDER.includes(state) ? STEP_STATE_ORDER.indexOf(state) : STEP_STATE_ORDER.length;
+  const parts = [...counts].sort(([a], [b]) => rank(a) - rank(b)).map(([state, n]) => `${number(n)} ${state.replace('_', ' ')}`);
+  return `${number(items)} ${items === 1 ? 'instance' : 'instances'}: ${parts.join(', ')}`;
+}
+
+// A row under a for_each step's own: its instances' states counted, and
+// each instance in a table that opens on demand.
+function instancesRow(step, instances, openInstances) {
+  const details = h('details', { class: 'instances', open: openInstances.has(step.name) },
+    h('summary', null, instancesSummary(instances)),
+    table(`Instances of ${step.name}`, ['Instance', 'Item', 'State', 'Attempt', 'Complete by', 'Last error'], instances.list.map((instance) => h('tr', null,
+      h('th', { scope: 'row' }, instance.name), h('td', { class: 'n' }, instance.index), h('td', null, badge(instance.state)),
+      h('td', { class: 'n' }, instance.attempt), h('td', null, time(instance.complete_by)),
+      h('td', { class: 'error-text' }, instance.last_error ?? '—')))));
+  details.addEventListener('toggle', () => {
+    if (details.open) openInstances.add(step.name);
+    else openInstances.delete(step.name);
+  });
+  return h('tr', { class: 'instances' }, h('td', { colspan: 7 }, details));
 }
 
 // Whether a step still takes its signal: it waits for one, has none yet,
@@ -676,8 +778,14 @@ function compact(value) {
 
 // The workflow's steps as a graph, left to right by dependency depth, each
 // node coloured by the task's step state.
-function dag(steps, stepStates) {
+function dag(steps, stepStates, instances = new Map()) {
   const stateOf = new Map((stepStates ?? []).map((step) => [step.name, step.state]));
+  const childOf = new Map((stepStates ?? []).filter((step) => step.workflow).map((step) => [step.name, step.workflow]));
+  // A for_each step's node counts its instances that completed.
+  const progress = (name) => {
+    const group = instances.get(name);
+    return group ? ` · ${group.list.filter((instance) => instance.state === 'completed').length}/${group.items}` : '';
+  };
   const depth = new Map();
   const depthOf = (name, seen = new Set()) => {
     if (depth.has(name)) return depth.get(name);
@@ -706,10 +814,11 @@ function dag(steps, stepStates) {
     const { x, y } = position.get(step.name);
     const state = stateOf.get(step.name) ?? 'not-run';
     return s('g', { class: 'step-node', 'data-step': step.name, 'data-state': state, transform: `translate(${x},${y})` },
-      s('title', null, `${step.name}: ${state}${step.agent ? ` (agent ${step.agent})` : ''}${step.waits_for ? ` (waits for ${step.waits_for})` : ''}${step.when ? ` (when: ${step.when})` : ''}`),
+      s('title', null, `${step.name}: ${state}${progress(step.name)}${step.agent ? ` (agent ${step.agent})` : ''}${step.waits_for ? ` (waits for ${step.waits_for})` : ''}`
+        + `${childOf.has(step.name) ? ` (workflow ${childOf.get(step.name)})` : ''}${step.when ? ` (when: ${step.when})` : ''}`),
       s('rect', { width: nodeWidth, height: nodeHeight, rx: 8, class: `node state-${state}` }),
       s('text', { x: 10, y: 18, class: 'node-name' }, step.name.length > 18 ? `${step.name.slice(0, 17)}…` : step.name),
-      s('text', { x: 10, y: 35, class: 'node-state' }, state));
+      s('text', { x: 10, y: 35, class: 'node-state' }, `${state}${progress(step.name)}`));
   });
   return s('svg', { class: 'dag', viewBox: `0 0 ${width} ${height}`, width, height, role: 'img',
     'aria-label': `Workflow steps: ${steps.map((step) => `${step.name} ${stateOf.get(step.name) ?? 'not run'}`).join(', ')}` },
@@ -870,11 +979,18 @@ function workflowPage([name], query) {
         h('div', { class: 'actions' }, workflowPauseAction(latest, null)),
         section('Steps', dag(shown.steps, null),
           table('Steps', ['Step', 'Agent', 'After', 'When', 'Compensated'], shown.steps.map((step) => h('tr', null,
-            h('td', null, step.name), h('td', null, stepDoer(step)), h('td', null, step.depends_on.join(', ') || '—'),
+            h('td', null, step.name), h('td', null, stepDoer({ ...step, workflow: childWorkflowOf(shown.definition, step.name) })), h('td', null, step.depends_on.join(', ') || '—'),
             h('td', null, step.when ? h('code', null, step.when) : '—'), h('td', null, step.compensated ? 'yes' : 'no'))))),
         section('Definition', json(shown.definition)));
     },
   };
+}
+
+// The child workflow a `workflow:` step runs, from the definition as registered
+// (the summary of its steps does not name it).
+function childWorkflowOf(definition, name) {
+  const step = (definition?.steps ?? []).find((candidate) => candidate.name === name);
+  return typeof step?.workflow === 'string' ? step.workflow : null;
 }
 
 // The schedules, with their next fire; pause or resume and fire now.

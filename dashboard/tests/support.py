@@ -201,6 +201,42 @@ steps:
       command: ["sh", "-c", "test -e \\"$MARKER\\" || { echo 'not yet' >&2; exit 3; }"]
       env: { MARKER: "{{ input.marker }}" }
 """,
+    # A child workflow: a quick step, then a task of `tick` as a step.
+    "nest": """
+name: nest
+version: 1
+steps:
+  - name: prepare
+    agent: delay
+    with: { for: "1ms" }
+  - name: sub
+    workflow: tick
+    timeout: 1m
+    with: { from: "{{ input.name }}" }
+""",
+    # One task per customer at a time, each held until its signal `go`:
+    # a second task of the same customer waits for the concurrency key.
+    "serial": """
+name: serial
+version: 1
+concurrency: { key: input.customer, limit: 1 }
+steps:
+  - name: hold
+    wait: go
+    timeout: 2m
+""",
+    # A step per element of `input.waits` (durations): the long ones stay
+    # running while the short ones complete.
+    "fanout": """
+name: fanout
+version: 1
+steps:
+  - name: each
+    agent: delay
+    for_each: input.waits
+    timeout: 5m
+    with: { for: "{{ item }}" }
+""",
     # The quickest task: many of them fill a list.
     "tick": """
 name: tick
