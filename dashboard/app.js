@@ -285,15 +285,31 @@ function overviewPage() {
           h('p', { class: 'total' }, `${number(counts.total)} tasks in all`)),
         section('Activity', activityChart(activity)),
         section('Open alerts', alertsTable(alerts, 'No alerts.')),
-        section('Circuit breakers', table('Circuit breakers', ['Endpoint', 'State', 'Failures', 'Open until', 'Seen by', 'Reported'],
-          notClosed.map((breaker) => h('tr', null, h('td', null, breaker.endpoint), h('td', null, badge(breaker.state)),
-            h('td', null, breaker.consecutive_failures ?? '—'), h('td', null, time(breaker.open_until)),
-            h('td', null, breaker.instance ?? '—'), h('td', null, time(breaker.reported_at)))),
+        section('Circuit breakers', table('Circuit breakers', ['Endpoint', 'State', 'Failures', 'Open until', 'Probe', 'Reported'],
+          notClosed.map((breaker) => h('tr', null, h('td', { class: 'wrap' }, breaker.endpoint), h('td', null, badge(breaker.state), breakerScope(breaker)),
+            h('td', { class: 'n' }, breaker.consecutive_failures ?? '—'), h('td', null, time(breaker.open_until)),
+            h('td', { class: 'wrap' }, breakerProbe(breaker)), h('td', null, time(breaker.reported_at)))),
           'Every circuit breaker is closed.')),
         wideSection('Queues', queuesTable(queues)),
         wideSection('Instances', instancesTable(instances)));
     },
   };
+}
+
+// Under a breaker's state, where it is kept: a shared breaker is one row
+// of the store, seen by every process; a local one is the reporting process's own.
+function breakerScope(breaker) {
+  return breaker.shared
+    ? h('span', { class: 'scope', title: 'Shared through the store by every process: while open, it holds its endpoint\'s calls' }, 'shared')
+    : h('span', { class: 'scope wrap', title: 'Kept by one process: while open, it fails its calls fast' },
+      `local to ${breaker.instance ?? '?'}${breaker.agent ? ` (${breaker.agent})` : ''}`);
+}
+
+// Who holds the probe of a half-open shared breaker (`INSTANCE TASK/STEP#ATTEMPT`),
+// and until when: then another process may probe.
+function breakerProbe(breaker) {
+  if (!breaker.probe_holder) return '—';
+  return [breaker.probe_holder, h('span', { class: 'until' }, 'until ', time(breaker.probe_until))];
 }
 
 function activityChart(activity) {

@@ -237,6 +237,18 @@ steps:
     timeout: 5m
     with: { for: "{{ item }}" }
 """,
+    # An `http` call to the URL of the input, retried quickly: against a
+    # failing endpoint it opens the endpoint's circuit breaker.
+    "outage": """
+name: outage
+version: 1
+steps:
+  - name: call
+    agent: http
+    with: { method: POST, url: "{{ input.url }}" }
+    timeout: 2m
+    retry: { attempts: 50, backoff: 10ms, max_backoff: 20ms }
+""",
     # The quickest task: many of them fill a list.
     "tick": """
 name: tick
