@@ -11,10 +11,12 @@
 //!
 //! The check is one bounded read (`Queues::backlogs`). It is skipped while
 //! the last one, taken within [`RECHECK_AFTER`], saw the backlog so far
-//! under the bound that even counting every request sent since as still
-//! waiting it stays under half of it: so an idle Scheduler's lone
-//! workflow pays no read before its claim, and a busy one reads again as
-//! soon as its own sends could have brought the backlog near the bound.
+//! under the bound that, with every request this Scheduler sent since and
+//! has had no answer to counted as still waiting, it stays under half of
+//! it: so an idle Scheduler's lone workflow pays no read before its
+//! claim, one whose agents keep up reads about once per
+//! [`RECHECK_AFTER`], and one whose sends could have brought the backlog
+//! near the bound reads before every claim.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -39,8 +41,10 @@ pub(crate) struct Saturation {
     queues: Mutex<Vec<QueueName>>,
     /// Agent requests this Scheduler has sent, ever.
     sent: AtomicU64,
+    /// Agent replies it has decided on, ever: each was a request taken.
+    answered: AtomicU64,
     /// The last check: when, the largest ready count it saw, and `sent`
-    /// then.
+    /// less `answered` then.
     last: Mutex<Option<(Instant, u64, u64)>>,
     /// Whether the last check held claims back (to log changes only).
     held_back: AtomicBool,
@@ -55,6 +59,7 @@ impl Saturation {
             bound,
             queues: Mutex::default(),
             sent: AtomicU64::new(0),
+            answered: AtomicU64::new(0),
             last: Mutex::new(None),
             held_back: AtomicBool::new(false),
             decided: tokio::sync::Notify::new(),
@@ -79,9 +84,20 @@ impl Saturation {
         self.sent.fetch_add(requests, Ordering::Relaxed);
     }
 
-    /// A decision was committed.
-    pub(crate) fn decided(&self) {
+    /// A decision was committed; `answered`: on an agent's reply.
+    pub(crate) fn decided(&self, answered: bool) {
+        if answered && self.bound > 0 {
+            self.answered.fetch_add(1, Ordering::Relaxed);
+        }
         self.decided.notify_one();
+    }
+
+    /// Requests sent and not answered yet, as far as this Scheduler knows.
+    fn unanswered(&self) -> u64 {
+        // Read in this order, a reply decided between the reads can only
+        // make the difference larger, never wrap it below zero.
+        let answered = self.answered.load(Ordering::Relaxed);
+        self.sent.load(Ordering::Relaxed).saturating_sub(answered)
     }
 
     /// Waits for the next committed decision, or `at_most`.
@@ -103,7 +119,7 @@ impl Saturation {
         if queues.is_empty() {
             return false;
         }
-        let sent_before = self.sent.load(Ordering::Relaxed);
+        let unanswered_before = self.unanswered();
         let backlogs = match store.backlogs(&queues, self.bound).await {
             Ok(backlogs) => backlogs,
             Err(err) => {
@@ -112,7 +128,7 @@ impl Saturation {
             }
         };
         let most_ready = backlogs.iter().map(|b| b.ready).max().unwrap_or(0);
-        *self.last.lock().expect("the last check") = Some((Instant::now(), most_ready, sent_before));
+        *self.last.lock().expect("the last check") = Some((Instant::now(), most_ready, unanswered_before));
         let saturated = backlogs.into_iter().find(|b| b.leased && b.ready >= u64::from(self.bound));
         let held_back = saturated.is_some();
         if self.held_back.swap(held_back, Ordering::Relaxed) != held_back {
@@ -130,11 +146,11 @@ impl Saturation {
         held_back
     }
 
-    /// Whether the last check is recent and, with every request sent since
-    /// counted as still waiting, under half the bound.
+    /// Whether the last check is recent and, with the requests sent since
+    /// and not answered counted as still waiting, under half the bound.
     fn recently_far_under(&self) -> bool {
-        let Some((at, ready, sent_then)) = *self.last.lock().expect("the last check") else { return false };
-        let sent_since = self.sent.load(Ordering::Relaxed).saturating_sub(sent_then);
-        at.elapsed() < RECHECK_AFTER && (ready + sent_since) * 2 < u64::from(self.bound)
+        let Some((at, ready, unanswered_then)) = *self.last.lock().expect("the last check") else { return false };
+        let more_unanswered = self.unanswered().saturating_sub(unanswered_then);
+        at.elapsed() < RECHECK_AFTER && (ready + more_unanswered) * 2 < u64::from(self.bound)
     }
 }

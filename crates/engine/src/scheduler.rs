@@ -591,7 +591,7 @@ impl Scheduler {
                     return Err(err.into());
                 }
                 inner.records.keep(&record.task.id, after);
-                inner.saturation.decided();
+                inner.saturation.decided(matches!(input, Input::Reply(_)));
                 record_decision(record, &workflow, input, now, &retried, ended.as_ref().map(|(_, state)| *state));
                 if let Some((id, state)) = ended {
                     inner.completions.publish(id, state);

@@ -22,6 +22,10 @@
 //! After the timed run, `PEERS_W_LONE` workflows (default
 //! [`LONE_DEFAULT`]) run one at a time: a lone workflow's latency, with no
 //! other work to share a commit with, recorded as `extra.lone_latency_*`.
+//!
+//! `PEERS_W_AGENT_BACKLOG_MAX` sets the Scheduler's `agent_backlog_max`
+//! (0: it never holds claims back), to measure what finishing started
+//! work first costs; the record's settings say which was used.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -155,6 +159,8 @@ pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32, prefill: u
     let k = env_u64("PEERS_K", 50)?;
     let warmup = env_u64("PEERS_W_WARMUP", 100)?;
     let lone_count = env_u64("PEERS_W_LONE", LONE_DEFAULT)?;
+    let agent_backlog_max = u32::try_from(env_u64("PEERS_W_AGENT_BACKLOG_MAX", rota_engine::scheduler::AGENT_BACKLOG_MAX_DEFAULT.into())?)
+        .context("PEERS_W_AGENT_BACKLOG_MAX must fit 32 bits")?;
     if m == 0 || k == 0 {
         bail!("PEERS_M and PEERS_K must be at least 1");
     }
@@ -166,6 +172,7 @@ pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32, prefill: u
     let mut orchestration = EngineConfig::new(InstanceId::new(format!("bench-scheduler-{}", std::process::id()))?);
     orchestration.roles = Roles { scheduler: true, agents: false, supervisor: true };
     orchestration.scheduler.inbox_concurrency = usize::try_from(k)?.max(16);
+    orchestration.scheduler.agent_backlog_max = agent_backlog_max;
     let remote_agents = agent_processes > 0;
     let engine = Engine::new(store.clone(), Arc::new(SystemClock), orchestration).workflow(workflow(remote_agents)?);
     engine.register_workflows().await?;
@@ -256,6 +263,7 @@ pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32, prefill: u
         },
         "settings": {
             "M": m, "K": k, "W_WARMUP": warmup, "W_LONE": lone_count, "agent_processes": agent_processes, "prefill": prefill,
+            "agent_backlog_max": agent_backlog_max,
             "durability": durability,
         },
         "config": {
