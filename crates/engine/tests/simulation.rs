@@ -41,7 +41,7 @@ use rota_store::{Changes, Event, EventKind, TaskRecord};
 use serde_json::{Value, json};
 use sim::{Counts, Fate, World, replay_command};
 
-/// Seeds `many_seeds` runs by default: about 35 s in a debug build on 2 idle cores.
+/// Seeds `many_seeds` runs by default: about 105 s in a debug build on 2 idle cores.
 const SEEDS_DEFAULT: u64 = 1_000;
 /// The seed `replay` runs when `ROTA_SIM_SEED` is not set.
 const REPLAY_DEFAULT: u64 = 7;
