@@ -1625,19 +1625,30 @@ async fn the_checks_catch_a_doctored_history() {
         Event::step(&stale, now, EventKind::StepCompleted, json!({})),
         Event::step(&record.steps[0], now, EventKind::StepCompensated, json!({})),
     ];
+    finds_in_doctored_history(
+        &mut world,
+        events,
+        &[
+            "step charge completed twice",
+            "step charge: a StepCompleted event for attempt 0 after attempt 1",
+            "step charge completed for attempt 0, but the last attempt started was Some(1)",
+            "step charge completed for attempt 0, for which the agent sent no success",
+            "step reserve compensated for attempt 1, but the last compensation started was None",
+            "which does not begin the reverse completion order",
+            "processed, yet compensation ran",
+        ],
+    )
+    .await;
+}
+
+/// Commits `events` into the histories as if they had happened, runs every
+/// check, and asserts that the problems found mention each of `expected`.
+async fn finds_in_doctored_history(world: &mut World, events: Vec<Event>, expected: &[&str]) {
     world.store.commit(Changes { events, ..Changes::default() }).await.unwrap();
     let mut problems = Vec::new();
-    check(&mut world, &mut problems).await;
+    check(world, &mut problems).await;
     let all = problems.join("\n");
-    for expected in [
-        "step charge completed twice",
-        "step charge: a StepCompleted event for attempt 0 after attempt 1",
-        "step charge completed for attempt 0, but the last attempt started was Some(1)",
-        "step charge completed for attempt 0, for which the agent sent no success",
-        "step reserve compensated for attempt 1, but the last compensation started was None",
-        "which does not begin the reverse completion order",
-        "processed, yet compensation ran",
-    ] {
+    for expected in expected {
         assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
     }
 }
@@ -1676,17 +1687,16 @@ async fn the_key_checks_catch_a_doctored_history() {
         Event::task(&second, now, EventKind::Claimed, claimed()),
         Event::task(&first, now, EventKind::Claimed, claimed()),
     ];
-    world.store.commit(Changes { events, ..Changes::default() }).await.unwrap();
-    let mut problems = Vec::new();
-    check(&mut world, &mut problems).await;
-    let all = problems.join("\n");
-    for expected in [
-        "task t1-keyed took a slot of its key (limit 1) before [t0-keyed], submitted before it and waiting",
-        "task t0-keyed took a slot of its key while [t1-keyed] held all 1",
-        "events of key keyed/customer=c0",
-    ] {
-        assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
-    }
+    finds_in_doctored_history(
+        &mut world,
+        events,
+        &[
+            "task t1-keyed took a slot of its key (limit 1) before [t0-keyed], submitted before it and waiting",
+            "task t0-keyed took a slot of its key while [t1-keyed] held all 1",
+            "events of key keyed/customer=c0",
+        ],
+    )
+    .await;
 }
 
 /// A task fails (charge is declined) and its compensation fails too (the
