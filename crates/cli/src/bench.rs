@@ -45,6 +45,7 @@ use serde_json::{Value, json};
 
 use crate::store_args::StoreArgs;
 
+mod cpu;
 mod fill;
 mod steady;
 mod target;

@@ -523,6 +523,16 @@ impl PgStore {
         })
     }
 
+    /// The server's data directory, when this user may see it (a superuser
+    /// or a member of `pg_read_all_settings`; `pg_settings` hides it from
+    /// others): where a benchmark on the same machine finds the server's
+    /// processes to measure their CPU time.
+    pub async fn data_directory(&self) -> Result<Option<String>, Error> {
+        with_connection!(self, conn => {
+            sqlx::query_scalar("SELECT setting FROM pg_settings WHERE name = 'data_directory'").fetch_optional(&mut *conn).await?
+        })
+    }
+
     /// The bytes the store's tables take on disk, with their indexes and
     /// TOAST: what a benchmark reports as the store's size. Dead rows count
     /// until a vacuum reclaims them.

@@ -1,6 +1,7 @@
 //! The store a benchmark run measures: a fresh SQLite file, or a fresh
 //! schema on PostgreSQL, both empty when the run starts and removed after.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
@@ -10,6 +11,7 @@ use rota_store_postgres::PgStore;
 use rota_store_sqlite::{CommitCounts, Durability, SqliteStore};
 use serde_json::{Value, json};
 
+use super::cpu::{CpuMeter, LocalServer};
 use super::{Workdir, env_string, workdir};
 use crate::store_args::StoreArgs;
 use crate::store_url::{StoreUrl, redacted};
@@ -154,6 +156,27 @@ impl Target {
             }
             Backend::Postgres { store, .. } => StoreSize { bytes: store.schema_bytes().await?, free_bytes: None, wal_bytes: None },
         })
+    }
+
+    /// What measures the run's CPU time: this process, the agent
+    /// `children`, and the PostgreSQL server when it runs on this machine
+    /// and tells this user its data directory (a superuser, or a member of
+    /// `pg_read_all_settings`, sees it in `pg_settings`).
+    pub(crate) async fn cpu_meter(&self, children: Vec<u32>) -> CpuMeter {
+        match &self.backend {
+            Backend::Sqlite { .. } => CpuMeter::new(children, None, "none apart: SQLite runs inside the rota process"),
+            Backend::Postgres { store, .. } => {
+                let directory = store.data_directory().await.ok().flatten();
+                match directory.as_deref().and_then(|directory| LocalServer::find(Path::new(directory))) {
+                    Some(server) => CpuMeter::new(children, Some(server), ""),
+                    None => CpuMeter::new(
+                        children,
+                        None,
+                        "not measured: the server's data directory is hidden from this user or its postmaster.pid is not on this machine",
+                    ),
+                }
+            }
+        }
     }
 
     /// One line describing the store's configuration.

@@ -203,7 +203,10 @@ pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32, prefill: u
     closed_loop(&client, &waiters, "warmup", 0, warmup, k).await.context("warm-up")?;
     let commits_before = target.commit_counts();
     let pg_commits_before = target.postgres_commit_counts();
+    let cpu_meter = target.cpu_meter(children.pids()).await;
+    let cpu_before = cpu_meter.sample();
     let timed = closed_loop(&client, &waiters, "w", 0, m, k).await?;
+    let cpu_after = cpu_meter.sample();
     let commits_after = target.commit_counts();
     let pg_commits_after = target.postgres_commit_counts();
     let lone: Vec<f64> = closed_loop(&client, &waiters, "lone", 0, lone_count, 1).await?.iter().map(|t| t.0).collect();
@@ -257,6 +260,7 @@ pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32, prefill: u
             "latency_max_ms": round(percentile(&latencies, 100.0), 3),
             "lone_latency_p50_ms": round(percentile(&lone, 50.0), 3),
             "lone_latency_p99_ms": round(percentile(&lone, 99.0), 3),
+            "cpu": cpu_meter.report(&cpu_before, &cpu_after, m, Duration::from_secs_f64(elapsed_s.max(0.0))),
             "group_commits": group_commits,
             "prefilled": prefilled,
             "listings": listings,
@@ -284,6 +288,11 @@ pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32, prefill: u
         println!("{name} {}", metrics[name]);
     }
     println!("lone_latency_p50_ms {}", record["extra"]["lone_latency_p50_ms"]);
+    let cpu = &record["extra"]["cpu"];
+    println!(
+        "cpu_ms_per_workflow rota {} agent_processes {} database {} cores_busy {}",
+        cpu["rota_ms_per_workflow"], cpu["agent_processes_ms_per_workflow"], cpu["database_ms_per_workflow"], cpu["cores_busy"]
+    );
     if let Some(prefilled) = &record["extra"]["prefilled"].as_object() {
         println!("prefilled_tasks {} bytes_per_task {}", prefilled["tasks"], prefilled["bytes_per_task"]);
     }
@@ -409,6 +418,10 @@ impl AgentProcesses {
             ready.recv_timeout(Duration::from_secs(20)).context("an agent process did not start within 20 s")?;
         }
         Ok(children)
+    }
+
+    fn pids(&self) -> Vec<u32> {
+        self.0.iter().map(std::process::Child::id).collect()
     }
 
     fn stop(mut self) -> anyhow::Result<()> {
