@@ -61,7 +61,9 @@ fn workload_q_writes_the_record_the_harness_reads() {
     assert_eq!(record["settings"]["N"], 300);
     assert_eq!(record["settings"]["C"], 4);
     let durability = &record["settings"]["durability"];
-    assert_eq!((durability["journal_mode"].as_str(), durability["synchronous"].as_str()), (Some("wal"), Some("full")), "{durability}");
+    // The writer commits with synchronous=normal and its flusher flushes the WAL before any reply.
+    assert_eq!((durability["journal_mode"].as_str(), durability["synchronous"].as_str()), (Some("wal"), Some("normal")), "{durability}");
+    assert_eq!(durability["flushed_before_reply"], true, "{durability}");
     assert_eq!(durability["meets_rule"], true);
     assert_eq!(record["peer"], "rota-test");
     assert_eq!(record["workload"], "Q");
@@ -79,6 +81,7 @@ fn normal_durability_is_recorded_as_not_meeting_the_rule() {
     assert!(output.status.success(), "{:?}: {}", output.status, stderr(&output));
     let durability = &record(dir.path())["settings"]["durability"];
     assert_eq!(durability["synchronous"], "normal", "{durability}");
+    assert_eq!(durability["flushed_before_reply"], false, "{durability}");
     assert_eq!(durability["meets_rule"], false);
 }
 
@@ -100,6 +103,11 @@ fn workload_w_runs_workflows_through_the_engine() {
     let (lone_p50, lone_p99) = (record["extra"]["lone_latency_p50_ms"].as_f64(), record["extra"]["lone_latency_p99_ms"].as_f64());
     assert!(matches!((lone_p50, lone_p99), (Some(p50), Some(p99)) if p50 > 0.0 && p99 >= p50), "{record}");
     assert!(stdout(&output).contains("lone_latency_p50_ms "), "{}", stdout(&output));
+    // CPU per workflow: the bench process's; SQLite has no server of its own.
+    let cpu = &record["extra"]["cpu"];
+    assert!(cpu["rota_ms_per_workflow"].as_f64().is_some_and(|ms| ms > 0.0), "{cpu}");
+    assert!(cpu["database_ms_per_workflow"].is_null() && cpu["agent_processes_ms_per_workflow"].is_null(), "{cpu}");
+    assert!(stdout(&output).contains("cpu_ms_per_workflow rota "), "{}", stdout(&output));
 }
 
 #[test]
@@ -223,6 +231,9 @@ fn q_and_w_run_on_postgres() {
                 assert_eq!(prefilled["tasks"], 200, "{record}");
                 assert!(prefilled["bytes_per_task"].as_f64().is_some_and(|bytes| bytes > 100.0), "{prefilled}");
                 assert_eq!(record["extra"]["listings"]["tag_customer"]["rows"], 1, "{record}");
+                // The test's server runs on this machine, and a superuser sees its data directory.
+                let cpu = &record["extra"]["cpu"];
+                assert!(cpu["database_ms_per_workflow"].as_f64().is_some_and(|ms| ms > 0.0), "{cpu}");
             }
             _ => assert!(tls == "off" || tls.starts_with("TLSv"), "{durability}"),
         }
@@ -240,4 +251,6 @@ fn workload_w_runs_its_agents_in_separate_processes() {
     assert_eq!(record["settings"]["agent_processes"], 2, "{record}");
     assert!(record["config"]["dispatch"].as_str().unwrap().contains("2 `rota agent"), "{record}");
     assert!(record["metrics"]["workflows_per_s"].as_f64().unwrap() > 0.0);
+    let cpu = &record["extra"]["cpu"];
+    assert!(cpu["agent_processes_ms_per_workflow"].as_f64().is_some_and(|ms| ms > 0.0), "{cpu}");
 }

@@ -1,8 +1,9 @@
 //! rota's Store on SQLite: the embedded default (one file, no server).
 //!
 //! One writer thread owns the only writing connection and commits in groups
-//! (see [`writer`]): every acknowledged write is fsynced (`synchronous=FULL`
-//! in WAL mode by default) and many callers share each fsync. Reads go to a
+//! (see [`writer`]): every acknowledged write is flushed to disk first (by
+//! default; WAL mode), many callers share each flush, and a flusher thread
+//! flushes one batch while the writer runs the next (see [`flusher`]). Reads go to a
 //! few separate connections, which WAL lets run beside the writer. Another
 //! connection checkpoints the WAL in the background so that commits do not
 //! pay for it.
@@ -15,6 +16,7 @@
 
 mod audit_sql;
 mod batch_sql;
+pub mod flusher;
 mod prune_sql;
 mod queue_sql;
 mod schedule_sql;
@@ -40,14 +42,18 @@ use rusqlite::{Connection, OpenFlags};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
+use flusher::FlushHandle;
 use writer::{Command, Job, Parked, Settle, Writer, WriterConfig};
 pub use writer::{CommitCounts, CommitStats};
 
 /// How hard a commit tries to survive power loss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Durability {
-    /// `synchronous=FULL`: every acknowledged commit is fsynced first. It
-    /// survives a process crash and a power loss.
+    /// Every acknowledged commit is flushed to disk first: it survives a
+    /// process crash and a power loss. The writer commits with
+    /// `synchronous=NORMAL` and a flusher thread flushes the WAL before any
+    /// reply, so that the next batch runs during the flush (see
+    /// [`flusher`]); the other connections use `synchronous=FULL`.
     #[default]
     Full,
     /// `synchronous=NORMAL`: survives a process crash, but a power loss may
@@ -149,8 +155,12 @@ impl Config {
 pub struct Pragmas {
     /// `PRAGMA journal_mode` (`wal`).
     pub journal_mode: String,
-    /// `PRAGMA synchronous` of the writing connection (`full` or `normal`).
+    /// `PRAGMA synchronous` of the writing connection (`normal` in both
+    /// durabilities: with [`Durability::Full`] the flusher flushes instead).
     pub synchronous: String,
+    /// Whether every commit's WAL is flushed to disk (`fdatasync`) before
+    /// its callers hear of it: [`Durability::Full`].
+    pub flushed_before_reply: bool,
     /// `PRAGMA auto_vacuum` of the file (`incremental`).
     pub auto_vacuum: String,
 }
@@ -286,12 +296,18 @@ impl SqliteStore {
         }
         // The background checkpointer does this work instead of the commits.
         writer_conn.execute_batch("PRAGMA wal_autocheckpoint = 10000").map_err(sql_error)?;
+        // With Full durability the flusher flushes what the writer commits.
+        writer_conn.execute_batch("PRAGMA synchronous = NORMAL").map_err(sql_error)?;
         let readers = (0..config.readers).map(|_| open_connection(&config).map(Mutex::new)).collect::<Result<Vec<_>>>()?;
         let checkpointer = open_connection(&config)?;
 
         let (commands, receiver) = mpsc::channel(config.pending_ops_max);
         let stats = Arc::new(CommitStats::default());
         let closed = Arc::new(AtomicBool::new(false));
+        let flush = match config.durability {
+            Durability::Full => Some(FlushHandle::start(&config.path, stats.clone())?),
+            Durability::Normal => None,
+        };
         let writer = Writer::new(
             writer_conn,
             clock.clone(),
@@ -299,6 +315,7 @@ impl SqliteStore {
             WriterConfig { batch_ops_max: config.batch_ops_max, poll_interval: config.poll_interval },
             stats.clone(),
             closed.clone(),
+            flush,
         );
         std::thread::Builder::new()
             .name("rota-sqlite-writer".into())
@@ -337,7 +354,12 @@ impl SqliteStore {
             3 => "extra",
             _ => "unknown",
         };
-        Ok(Pragmas { journal_mode: journal_mode.to_lowercase(), synchronous: synchronous.into(), auto_vacuum: auto_vacuum.into() })
+        Ok(Pragmas {
+            journal_mode: journal_mode.to_lowercase(),
+            synchronous: synchronous.into(),
+            flushed_before_reply: self.config.durability == Durability::Full,
+            auto_vacuum: auto_vacuum.into(),
+        })
     }
 
     /// The file's size and free pages, as of the last commit.

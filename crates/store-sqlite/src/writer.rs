@@ -3,10 +3,11 @@
 //! Callers hand the writer a job (a closure over the connection) through a
 //! bounded channel and await its reply. The writer takes every job waiting
 //! (up to `batch_ops_max`), runs each inside its own SAVEPOINT within ONE
-//! transaction, commits once (one fsync with `synchronous=FULL`), and only
-//! then replies. So a caller's success always means "durable", and many
-//! callers share each fsync: throughput comes from batching, not from
-//! weakening durability.
+//! transaction, commits once, and replies only once that commit is on
+//! disk (with the default durability the [`crate::flusher`] flushes it,
+//! while this thread runs the next batch). So a caller's success always
+//! means "durable", and many callers share each flush: throughput comes
+//! from batching, not from weakening durability.
 //!
 //! Receives wait here too ("parked"): after the jobs of a batch have run,
 //! the writer serves parked receivers inside the same transaction, so a
@@ -28,6 +29,7 @@ use rota_store::{Delivery, Error, Result};
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::flusher::{Committed, FlushHandle};
 use crate::queue_sql;
 
 /// What a job leaves to do once the commit's outcome is known: reply to
@@ -70,6 +72,9 @@ pub struct CommitStats {
     /// Transactions committed for the periodic sweep of expired message
     /// ids alone (no job, no receive, no give-back).
     pub sweeps: AtomicU64,
+    /// Flushes of the WAL by the flusher thread (each covers every batch
+    /// committed before it began); none when SQLite flushes in `COMMIT`.
+    pub flushes: AtomicU64,
 }
 
 /// A snapshot of [`CommitStats`].
@@ -84,6 +89,8 @@ pub struct CommitCounts {
     /// Transactions that only swept expired message ids (counted in
     /// `commits` too).
     pub sweeps: u64,
+    /// Flushes of the WAL by the flusher thread.
+    pub flushes: u64,
 }
 
 impl CommitStats {
@@ -93,6 +100,7 @@ impl CommitStats {
             jobs: self.jobs.load(Ordering::Relaxed),
             receives: self.receives.load(Ordering::Relaxed),
             sweeps: self.sweeps.load(Ordering::Relaxed),
+            flushes: self.flushes.load(Ordering::Relaxed),
         }
     }
 }
@@ -127,6 +135,9 @@ pub(crate) struct Writer {
     last_poll: Instant,
     last_sweep: Instant,
     closed: Arc<AtomicBool>,
+    /// Makes commits durable and replies after, when SQLite does not flush
+    /// in `COMMIT` (see [`crate::flusher`]).
+    flush: Option<FlushHandle>,
 }
 
 impl Writer {
@@ -137,9 +148,22 @@ impl Writer {
         config: WriterConfig,
         stats: Arc<CommitStats>,
         closed: Arc<AtomicBool>,
+        flush: Option<FlushHandle>,
     ) -> Self {
         let now = Instant::now();
-        Writer { conn, clock, commands, config, parked: Vec::new(), orphaned: Vec::new(), stats, last_poll: now, last_sweep: now, closed }
+        Writer {
+            conn,
+            clock,
+            commands,
+            config,
+            parked: Vec::new(),
+            orphaned: Vec::new(),
+            stats,
+            last_poll: now,
+            last_sweep: now,
+            closed,
+            flush,
+        }
     }
 
     /// Runs until every sender is gone.
@@ -188,6 +212,8 @@ impl Writer {
         for parked in self.parked.drain(..) {
             let _ = parked.reply.send(Ok(Vec::new()));
         }
+        // The last batches' replies go out, flushed, before the store counts as closed.
+        drop(self.flush.take());
         self.closed.store(true, Ordering::SeqCst);
     }
 
@@ -210,6 +236,10 @@ impl Writer {
         }
         // Receivers whose caller went away need nothing more.
         self.parked.retain(|p| !p.reply.is_closed());
+        let flush_failure = self.flush.as_ref().and_then(|flush| {
+            self.orphaned.extend(flush.take_orphaned());
+            flush.failure()
+        });
 
         let poll_due = self.last_poll.elapsed() >= self.config.poll_interval;
         let serve_parked = !self.parked.is_empty();
@@ -247,7 +277,12 @@ impl Writer {
                 writer.last_sweep = Instant::now();
                 queue_sql::forget_expired_ids(&writer.conn, now, ID_SWEEP_MAX)?;
             }
-            Ok(())
+            // After a failed flush nothing more may commit: whether the
+            // file's tail reached the disk is unknown.
+            match flush_failure {
+                Some(failure) => Err(Error::Backend(failure)),
+                None => Ok(()),
+            }
         });
         self.stats.jobs.fetch_add(settles.len() as u64, Ordering::Relaxed);
         // Passed on inside another error: its message alone, without the
@@ -266,6 +301,20 @@ impl Writer {
         } else {
             metrics::counter!(COMMIT_FAILURES_METRIC).increment(1);
             tracing::error!("sqlite group commit failed: {}", failure.as_deref().unwrap_or_default());
+        }
+        if failure.is_none()
+            && let Some(flush) = &self.flush
+        {
+            let batch = Committed { settles, served };
+            // Work waiting: let it run during the flush. None: flush here,
+            // sparing a lone caller the flusher thread's wake-up.
+            if self.commands.is_empty() {
+                flush.flush_here_then_reply(batch);
+            } else {
+                flush.flush_then_reply(batch);
+            }
+            self.reply_expired_waits();
+            return;
         }
         for settle in settles {
             settle(failure.as_deref());

@@ -79,10 +79,66 @@ async fn a_parked_receiver_is_served_in_the_commit_of_the_send() {
 async fn durability_settings_are_read_back() {
     let dir = tempfile::tempdir().unwrap();
     let full = open(&dir, Durability::Full).pragmas().await.unwrap();
-    assert_eq!((full.journal_mode.as_str(), full.synchronous.as_str()), ("wal", "full"));
+    assert_eq!((full.journal_mode.as_str(), full.synchronous.as_str(), full.flushed_before_reply), ("wal", "normal", true));
     let dir = tempfile::tempdir().unwrap();
     let normal = open(&dir, Durability::Normal).pragmas().await.unwrap();
-    assert_eq!(normal.synchronous, "normal");
+    assert_eq!((normal.synchronous.as_str(), normal.flushed_before_reply), ("normal", false));
+}
+
+#[tokio::test]
+async fn a_write_returns_only_after_a_flush_that_followed_its_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir, Durability::Full);
+    let queue = QueueName::new("jobs").unwrap();
+    for n in 0..20 {
+        let before = store.commit_counts();
+        store.send(&queue, Outgoing::json(&n).unwrap()).await.unwrap();
+        let after = store.commit_counts();
+        assert!(after.commits > before.commits, "the send committed");
+        assert!(after.flushes > before.flushes, "send {n} returned before any flush after its commit: {before:?} {after:?}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let normal = open(&dir, Durability::Normal);
+    normal.send(&queue, Outgoing::json(&0).unwrap()).await.unwrap();
+    assert_eq!(normal.commit_counts().flushes, 0, "Normal leaves the WAL to the checkpoints");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writers_share_flushes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir, Durability::Full);
+    let queue = QueueName::new("jobs").unwrap();
+    let lanes: Vec<_> = (0..32)
+        .map(|lane| {
+            let (store, queue) = (store.clone(), queue.clone());
+            tokio::spawn(async move {
+                for n in 0..50 {
+                    store.send(&queue, Outgoing::json(&(lane * 1000 + n)).unwrap()).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for lane in lanes {
+        lane.await.unwrap();
+    }
+    let counts = store.commit_counts();
+    assert!(counts.flushes >= 1 && counts.flushes <= counts.commits, "{counts:?}");
+    assert!(counts.flushes < 32 * 50, "1,600 sends must share flushes: {counts:?}");
+}
+
+#[tokio::test]
+async fn a_failed_flush_fails_the_write_and_every_later_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir, Durability::Full);
+    let queue = QueueName::new("jobs").unwrap();
+    // The migrations at open wrote the WAL and nothing has flushed it yet:
+    // without the file, the first flush cannot open it.
+    let wal = dir.path().join("store.db-wal");
+    std::fs::remove_file(&wal).expect("the WAL exists after open");
+    let first = store.send(&queue, Outgoing::json(&1).unwrap()).await.unwrap_err().to_string();
+    assert!(first.contains("store.db-wal") && first.contains("cannot flush"), "{first}");
+    let later = store.send(&queue, Outgoing::json(&2).unwrap()).await.unwrap_err().to_string();
+    assert!(later.contains("cannot flush"), "a store whose flush failed must stop writing: {later}");
 }
 
 #[tokio::test]

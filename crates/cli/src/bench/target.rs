@@ -121,9 +121,10 @@ impl Target {
                     "store": "SQLite file in PEERS_WORKDIR (rota-store-sqlite: rusqlite, bundled libsqlite3; one writer thread, group commit)",
                     "journal_mode": pragmas.journal_mode,
                     "synchronous": pragmas.synchronous,
+                    "flushed_before_reply": pragmas.flushed_before_reply,
                     "durability_flag": match durability { Durability::Full => "full", Durability::Normal => "normal" },
-                    "how": "read back from the store (SqliteStore::pragmas: journal_mode of the file, synchronous of the writing connection)",
-                    "meets_rule": pragmas.journal_mode == "wal" && matches!(pragmas.synchronous.as_str(), "full" | "extra"),
+                    "how": "read back from the store (SqliteStore::pragmas: journal_mode of the file, synchronous of the writing connection; flushed_before_reply: its flusher thread fdatasyncs the WAL after each commit and before any reply, so synchronous is normal)",
+                    "meets_rule": pragmas.journal_mode == "wal" && (pragmas.flushed_before_reply || matches!(pragmas.synchronous.as_str(), "full" | "extra")),
                 })
             }
             Backend::Postgres { store, url } => {
