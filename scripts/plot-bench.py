@@ -108,7 +108,12 @@ def plot(scenario, by_backend, images):
         ax.set_ylabel(unit)
         ax.set_xlabel(what)
         scale_x(ax, xs)
-        ax.set_ylim(bottom=0)
+        values = [figs[name] for points in by_backend.values() for _, figs, _ in points for name, _, _ in series
+                  if figs.get(name)]
+        if title.startswith("store") and values and max(values) >= 100 * min(values):
+            ax.set_yscale("log")  # sizes spanning decades: a straight line is linear growth
+        else:
+            ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
         if drawn:
             ax.legend(fontsize=7)

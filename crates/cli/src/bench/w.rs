@@ -104,13 +104,26 @@ pub(super) struct Shape {
 }
 
 /// Workflow `i`'s input: `{"i": i}`, or with `input_bytes` a padding string
-/// `pad` that makes its JSON exactly that long.
+/// `pad` that makes its JSON exactly that long. The padding is
+/// pseudo-random, so that PostgreSQL's TOAST compression does not shrink
+/// it to nothing (a repeated character would make the store's size lie).
 fn input(i: u64, input_bytes: u64) -> Value {
     if input_bytes == 0 {
         return json!({ "i": i });
     }
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let bare = serde_json::to_string(&json!({ "i": i, "pad": "" })).map_or(0, |text| text.len() as u64);
-    json!({ "i": i, "pad": "x".repeat(input_bytes.saturating_sub(bare) as usize) })
+    let mut state = i.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let pad: String = (0..input_bytes.saturating_sub(bare))
+        .map(|_| {
+            // xorshift64: cheap, and enough to defeat compression.
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            char::from(ALPHABET[(state >> 58) as usize])
+        })
+        .collect();
+    json!({ "i": i, "pad": pad })
 }
 
 /// The workflow `name`: `steps` sequential steps of the in-process `noop`
