@@ -45,12 +45,14 @@ use serde_json::{Value, json};
 
 use crate::store_args::StoreArgs;
 
+mod backlog;
 mod cpu;
 mod fill;
 mod steady;
 mod target;
 mod w;
 use crate::store_url::{STORE_URL_DEFAULT, StoreUrl};
+use backlog::BacklogKind;
 use target::Target;
 
 /// The queue every bench job goes to (the spec's task name).
@@ -121,6 +123,70 @@ pub struct Args {
     /// agent; 0 keeps them in process (the harness's configuration).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=w::AGENT_PROCESSES_MAX))]
     agent_processes: u32,
+
+    /// W only: steps per workflow (the spec's 3).
+    #[arg(long, default_value_t = w::STEPS_DEFAULT, value_parser = clap::value_parser!(u32).range(1..=w::STEPS_MAX))]
+    steps: u32,
+
+    /// W only: each workflow's input is this many bytes of JSON (`i` and a
+    /// padding string `pad`); 0 keeps the spec's `{"i": n}`.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=w::INPUT_BYTES_MAX))]
+    input_bytes: u64,
+
+    /// Before the run, put this many items of --backlog-kind in the new
+    /// store (W: any kind; Q: delayed only).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=backlog::BACKLOG_MAX))]
+    backlog: u64,
+
+    /// What the backlog holds: pending workflows (W times the drain of
+    /// their first 2,000), workflows due in an hour (future), workflows of
+    /// a paused workflow (paused), or messages visible in an hour (delayed).
+    #[arg(long, value_enum, default_value = "pending")]
+    backlog_kind: BacklogKind,
+
+    /// Q only: spread the jobs over this many queues, each with its own
+    /// consumer of C slots.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=QUEUES_MAX))]
+    queues: u64,
+}
+
+/// The most `--queues`.
+const QUEUES_MAX: u64 = 10_000;
+
+impl Args {
+    /// Refuses flags the workload does not take; the error names the flag.
+    fn check(&self) -> anyhow::Result<()> {
+        let w_only = [
+            ("--steps", self.steps != w::STEPS_DEFAULT),
+            ("--input-bytes", self.input_bytes != 0),
+            ("--agent-processes", self.agent_processes != 0),
+            ("--prefill", self.prefill != 0),
+        ];
+        match self.workload {
+            Workload::Q => {
+                if let Some((flag, _)) = w_only.iter().find(|(_, given)| *given) {
+                    bail!("{flag} is for workload W, not Q");
+                }
+                if self.backlog > 0 && self.backlog_kind != BacklogKind::Delayed {
+                    bail!("--backlog-kind {} is for workload W; Q takes a delayed backlog only", self.backlog_kind.as_str());
+                }
+            }
+            Workload::W => {
+                if self.queues != 1 {
+                    bail!("--queues is for workload Q, not W");
+                }
+                if self.input_bytes != 0 && self.input_bytes < w::INPUT_BYTES_MIN {
+                    bail!("--input-bytes must be 0 or at least {}, got {}", w::INPUT_BYTES_MIN, self.input_bytes);
+                }
+            }
+            Workload::Fill | Workload::Steady => {
+                if self.backlog != 0 || self.queues != 1 || self.steps != w::STEPS_DEFAULT || self.input_bytes != 0 {
+                    bail!("--backlog, --queues, --steps and --input-bytes are for workloads Q and W");
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -143,11 +209,20 @@ enum Workload {
 /// 3 not implemented, 1 failed).
 pub fn run(args: Args, store: &StoreArgs) -> ExitCode {
     crate::init_tracing();
+    if let Err(err) = args.check() {
+        eprintln!("error: {err}");
+        return ExitCode::FAILURE;
+    }
     let result =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the async runtime").and_then(|runtime| {
             match args.workload {
                 Workload::Q => runtime.block_on(run_q(&args, store)),
-                Workload::W => runtime.block_on(w::run(store, args.agent_processes, args.prefill)),
+                Workload::W => runtime.block_on(w::run(
+                    store,
+                    args.agent_processes,
+                    args.prefill,
+                    w::Shape { steps: args.steps, input_bytes: args.input_bytes, backlog: args.backlog, backlog_kind: args.backlog_kind },
+                )),
                 Workload::Fill => runtime.block_on(fill::run(store, args.tasks)),
                 Workload::Steady => runtime.block_on(steady::run(
                     store,
@@ -263,20 +338,37 @@ async fn run_q(args: &Args, store_args: &StoreArgs) -> anyhow::Result<()> {
     let settings = Settings::from_env()?;
     let target = Target::open(store_args).await?;
     let queues: Arc<dyn Queues> = target.store.clone();
-    let queue = QueueName::new(QUEUE)?;
+    // One queue is the spec's `noop`; more are `noop-0`, `noop-1`…, job i
+    // going to queue i mod their number.
+    let names: Vec<QueueName> = if args.queues == 1 {
+        vec![QueueName::new(QUEUE)?]
+    } else {
+        (0..args.queues).map(|j| QueueName::new(format!("{QUEUE}-{j}"))).collect::<Result<_, _>>()?
+    };
     let slots = usize::try_from(settings.c)?;
-    let consumer_config = {
-        let mut builder = ConsumerConfig::builder(queue.clone(), InstanceId::new(format!("rota-bench-{}", std::process::id()))?)
+    let consumer_config = |queue: &QueueName, j: u64| {
+        let mut builder = ConsumerConfig::builder(queue.clone(), InstanceId::new(format!("rota-bench-{}-{j}", std::process::id()))?)
             .max_concurrent(slots)
             .complete_batch_max(args.complete_batch_max);
         if let Some(prefetch) = args.prefetch {
             builder = builder.prefetch(prefetch);
         }
-        builder.build()?
+        anyhow::Ok(builder.build()?)
     };
-    // Schema and queue exist before any timer starts.
-    queues.create_queue(&queue, QueueConfig::default()).await?;
+    let consumer_configs: Vec<ConsumerConfig> =
+        names.iter().zip(0..).map(|(queue, j)| consumer_config(queue, j)).collect::<Result<_, _>>()?;
+    // Schema, queues and backlog exist before any timer starts.
+    for queue in &names {
+        queues.create_queue(queue, QueueConfig::default()).await?;
+    }
     let durability_record = target.durability().await?;
+    let backlog_made = if args.backlog > 0 {
+        let took = backlog::send_delayed(&queues, &names, args.backlog).await?;
+        eprintln!("backlog of {} delayed messages made in {:.1} s", args.backlog, took.as_secs_f64());
+        json!({ "items": args.backlog, "kind": "delayed", "made_s": round(Some(took.as_secs_f64()), 1) })
+    } else {
+        Value::Null
+    };
 
     let tracker = Arc::new(Tracker::new(&settings));
     let progress = Progress::start(settings.n, tracker.clone());
@@ -284,7 +376,7 @@ async fn run_q(args: &Args, store_args: &StoreArgs) -> anyhow::Result<()> {
     // Phase 1: enqueue N jobs, C calls in flight, no worker running.
     let commits_before = target.commit_counts();
     let e0 = now_ms();
-    enqueue_pool(&queues, &queue, settings.n, settings.c, &progress.sent).await?;
+    enqueue_pool(&queues, &names, settings.n, settings.c, &progress.sent).await?;
     let enqueue_s = (now_ms() - e0) / 1000.0;
     let commits_enqueued = target.commit_counts();
 
@@ -292,9 +384,12 @@ async fn run_q(args: &Args, store_args: &StoreArgs) -> anyhow::Result<()> {
     progress.phase("drain");
     let shutdown = Shutdown::new();
     let d0 = now_ms();
-    let consumer = tokio::spawn(
-        Consumer::new(queues.clone(), consumer_config.clone()).run(Arc::new(Noop { tracker: tracker.clone() }), shutdown.clone()),
-    );
+    let consumers: Vec<_> = consumer_configs
+        .iter()
+        .map(|config| {
+            tokio::spawn(Consumer::new(queues.clone(), config.clone()).run(Arc::new(Noop { tracker: tracker.clone() }), shutdown.clone()))
+        })
+        .collect();
     let drained = tracker.until(settings.n, DRAIN_TIMEOUT).await;
     let commits_drained = target.commit_counts();
     if let Err(err) = drained {
@@ -309,13 +404,18 @@ async fn run_q(args: &Args, store_args: &StoreArgs) -> anyhow::Result<()> {
     tokio::time::sleep(IDLE_BEFORE_TRICKLE).await;
     progress.phase("trickle");
     let commits_idle = target.commit_counts();
-    let (submitted, acks) = trickle(&queues, &queue, &settings).await?;
+    let (submitted, acks) = trickle(&queues, &names, &settings).await?;
     tracker.until(settings.n + settings.trickle_n, TRICKLE_TIMEOUT).await.map_err(anyhow::Error::msg)?;
     let commits_trickled = target.commit_counts();
     let (pickups, invocations, distinct) = tracker.pickups(&submitted);
     shutdown.trigger();
-    let summary = consumer.await.context("the consumer panicked")??;
+    let mut summaries = Vec::with_capacity(consumers.len());
+    for consumer in consumers {
+        summaries.push(consumer.await.context("a consumer panicked")??);
+    }
     progress.finish();
+    let receive_probe = probe_receive(&queues, &names[0]).await?;
+    let store_size = target.store_size().await?;
     drop(queues);
     let peer_default = target.peer_default();
     let store_description = target.description();
@@ -346,10 +446,16 @@ async fn run_q(args: &Args, store_args: &StoreArgs) -> anyhow::Result<()> {
                 "drain_incl_worker_start": commit_delta(commits_enqueued, commits_drained, drain_wall_s),
                 "trickle": commit_delta(commits_idle, commits_trickled, f64::NAN),
             },
-            "consumer": consumer_record(&summary),
+            "consumer": consumer_record(&summaries),
+            "backlog": backlog_made,
+            "idle_probes": receive_probe,
+            "rss_peak_bytes": rss_peak_bytes(),
+            "store_bytes": store_size.bytes,
+            "store_wal_bytes": store_size.wal_bytes,
         },
         "settings": {
             "N": settings.n, "C": settings.c, "TRICKLE_N": settings.trickle_n, "TRICKLE_RATE": settings.trickle_rate,
+            "queues": args.queues, "backlog": args.backlog, "backlog_kind": args.backlog_kind.as_str(),
             "durability": durability_record,
         },
         "config": {
@@ -357,9 +463,9 @@ async fn run_q(args: &Args, store_args: &StoreArgs) -> anyhow::Result<()> {
             "store": store_description,
             "enqueue": "Queues::send(noop, {\"i\": n}): one message per call, acknowledged after its commit is durable; C lanes are spawned futures",
             "worker": format!(
-                "rota_engine::Consumer in the same process and Tokio runtime: max_concurrent {}, prefetch {}, complete_batch_max {}, receive_wait {:?}, lease {:?} (queue default); completions batched by the consumer's completer (its default path)",
-                consumer_config.max_concurrent(), consumer_config.prefetch(), consumer_config.complete_batch_max(),
-                consumer_config.receive_wait(), QueueConfig::default().lease),
+                "{} rota_engine::Consumer in the same process and Tokio runtime, one per queue: max_concurrent {}, prefetch {}, complete_batch_max {}, receive_wait {:?}, lease {:?} (queue default); completions batched by the consumer's completer (its default path)",
+                consumer_configs.len(), consumer_configs[0].max_concurrent(), consumer_configs[0].prefetch(), consumer_configs[0].complete_batch_max(),
+                consumer_configs[0].receive_wait(), QueueConfig::default().lease),
             "completion_observed": "handler entry and return timestamps in the same process (std::time::Instant)",
             "runtime": "one multi-threaded Tokio runtime, default worker threads (one per core)",
         },
@@ -389,7 +495,20 @@ fn commit_delta(before: Option<CommitCounts>, after: Option<CommitCounts>, secon
     })
 }
 
-fn consumer_record(summary: &Summary) -> Value {
+/// The consumers' summaries added up.
+fn consumer_record(summaries: &[Summary]) -> Value {
+    let mut summary = Summary::default();
+    for one in summaries {
+        summary.receives += one.receives;
+        summary.received += one.received;
+        summary.handled += one.handled;
+        summary.completed += one.completed;
+        summary.complete_batches += one.complete_batches;
+        summary.abandoned += one.abandoned;
+        summary.released += one.released;
+        summary.leases_lost += one.leases_lost;
+        summary.store_errors += one.store_errors;
+    }
     json!({
         "receives": summary.receives,
         "received": summary.received,
@@ -407,18 +526,20 @@ fn consumer_record(summary: &Summary) -> Value {
 
 /// Phase 1: `count` sends, `lanes` in flight, each lane sending its next job
 /// when its previous one was acknowledged.
-async fn enqueue_pool(queues: &Arc<dyn Queues>, queue: &QueueName, count: u64, lanes: u64, sent: &Arc<AtomicU64>) -> anyhow::Result<()> {
+async fn enqueue_pool(queues: &Arc<dyn Queues>, names: &[QueueName], count: u64, lanes: u64, sent: &Arc<AtomicU64>) -> anyhow::Result<()> {
     let next = Arc::new(AtomicU64::new(0));
+    let names = Arc::new(names.to_vec());
     let mut running = tokio::task::JoinSet::new();
     for _ in 0..lanes.min(count) {
-        let (queues, queue, next, sent) = (queues.clone(), queue.clone(), next.clone(), sent.clone());
+        let (queues, names, next, sent) = (queues.clone(), names.clone(), next.clone(), sent.clone());
         running.spawn(async move {
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= count {
                     return anyhow::Ok(());
                 }
-                queues.send(&queue, Outgoing::json(&Job { i })?).await.with_context(|| format!("enqueue of job {i} failed"))?;
+                let queue = &names[(i % names.len() as u64) as usize];
+                queues.send(queue, Outgoing::json(&Job { i })?).await.with_context(|| format!("enqueue of job {i} failed"))?;
                 sent.fetch_add(1, Ordering::Relaxed);
             }
         });
@@ -432,7 +553,7 @@ async fn enqueue_pool(queues: &Arc<dyn Queues>, queue: &QueueName, count: u64, l
 /// Phase 3: open loop. Send k is issued at t0 + k/R whatever happened to the
 /// earlier ones, each as its own spawned future. Returns (job, time just
 /// before its send) and the acknowledgement latencies.
-async fn trickle(queues: &Arc<dyn Queues>, queue: &QueueName, settings: &Settings) -> anyhow::Result<(Vec<(u64, f64)>, Vec<f64>)> {
+async fn trickle(queues: &Arc<dyn Queues>, names: &[QueueName], settings: &Settings) -> anyhow::Result<(Vec<(u64, f64)>, Vec<f64>)> {
     let interval_ms = 1000.0 / settings.trickle_rate as f64;
     let t0 = now_ms() + 20.0;
     let mut submitted = Vec::with_capacity(settings.trickle_n as usize);
@@ -450,7 +571,7 @@ async fn trickle(queues: &Arc<dyn Queues>, queue: &QueueName, settings: &Setting
         }
         let i = settings.n + k;
         let message = Outgoing::json(&Job { i })?;
-        let (queues, queue) = (queues.clone(), queue.clone());
+        let (queues, queue) = (queues.clone(), names[(i % names.len() as u64) as usize].clone());
         let t = now_ms();
         submitted.push((i, t));
         pending.push(tokio::spawn(async move {
@@ -463,6 +584,27 @@ async fn trickle(queues: &Arc<dyn Queues>, queue: &QueueName, settings: &Setting
         acks.push(send.await.context("a trickle send panicked")??);
     }
     Ok((submitted, acks))
+}
+
+/// How many times the idle receive probe runs.
+const PROBE_RUNS: usize = 21;
+
+/// Times a receive of up to 64 on `queue` with the run's work done: what a
+/// backlog of delayed messages costs each receive. Median and slowest of
+/// [`PROBE_RUNS`].
+async fn probe_receive(queues: &Arc<dyn Queues>, queue: &QueueName) -> anyhow::Result<Value> {
+    let mut took = Vec::with_capacity(PROBE_RUNS);
+    let mut received = 0;
+    for _ in 0..PROBE_RUNS {
+        let started = Instant::now();
+        received += queues.receive(queue, rota_store::Receive::up_to(64)).await.context("probing a receive")?.len();
+        took.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    Ok(json!({
+        "receive_p50_ms": round(percentile(&took, 50.0), 3),
+        "receive_max_ms": round(percentile(&took, 100.0), 3),
+        "received": received,
+    }))
 }
 
 /// The no-op handler: notes the entry time, returns success.
@@ -576,6 +718,15 @@ impl Tracker {
         let pickups = submitted.iter().map(|(i, t)| state.seen[*i as usize] - t).collect();
         (pickups, state.invocations, state.distinct)
     }
+}
+
+/// The process's peak resident set (`VmHWM` of `/proc/self/status`), in
+/// bytes; `None` where there is no such file.
+pub(crate) fn rss_peak_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
+    let kib: u64 = line.trim_start_matches("VmHWM:").trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// Prints a run's record on one line and writes it to `$PEERS_OUT`, where

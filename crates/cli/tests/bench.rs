@@ -254,3 +254,71 @@ fn workload_w_runs_its_agents_in_separate_processes() {
     let cpu = &record["extra"]["cpu"];
     assert!(cpu["agent_processes_ms_per_workflow"].as_f64().is_some_and(|ms| ms > 0.0), "{cpu}");
 }
+
+/// The growth flags (`--steps`, `--input-bytes`, `--backlog` of each kind,
+/// `--queues`) reach the record's settings, and each run records its peak
+/// RSS and the store's size.
+#[test]
+fn growth_flags_reach_the_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = bench(
+        dir.path(),
+        &["--store", "sqlite", "W", "--steps", "5", "--input-bytes", "1000", "--backlog", "40", "--backlog-kind", "future"],
+    );
+    assert!(output.status.success(), "{:?}: {}", output.status, stderr(&output));
+    let record = record(dir.path());
+    let settings = &record["settings"];
+    assert_eq!((settings["steps"].as_u64(), settings["input_bytes"].as_u64()), (Some(5), Some(1000)), "{settings}");
+    assert_eq!((settings["backlog"].as_u64(), settings["backlog_kind"].as_str()), (Some(40), Some("future")), "{settings}");
+    assert_eq!(record["extra"]["backlog"]["items"], 40, "{record}");
+    assert_eq!(record["extra"]["idle_probes"]["claimed"], 0, "a task due in an hour is not claimed: {record}");
+    assert!(record["extra"]["rss_peak_bytes"].as_u64().is_some_and(|bytes| bytes > 0), "{record}");
+    assert!(record["extra"]["store_bytes"].as_u64().is_some_and(|bytes| bytes > 0), "{record}");
+
+    // A pending backlog: W times its drain instead of the closed loop.
+    let dir = tempfile::tempdir().unwrap();
+    let output = bench(dir.path(), &["--store", "sqlite", "W", "--backlog", "30"]);
+    assert!(output.status.success(), "{:?}: {}", output.status, stderr(&output));
+    let record = self::record(dir.path());
+    assert_eq!(record["settings"]["backlog_kind"], "pending", "{record}");
+    assert_eq!(record["extra"]["backlog_drain"]["workflows"], 30, "{record}");
+    assert!(record["metrics"]["workflows_per_s"].as_f64().is_some_and(|rate| rate > 0.0), "{record}");
+
+    // A paused workflow's backlog is left alone.
+    let dir = tempfile::tempdir().unwrap();
+    let output = bench(dir.path(), &["--store", "sqlite", "W", "--backlog", "30", "--backlog-kind", "paused"]);
+    assert!(output.status.success(), "{:?}: {}", output.status, stderr(&output));
+    let record = self::record(dir.path());
+    assert_eq!(record["extra"]["idle_probes"]["claimed"], 0, "{record}");
+
+    // Q over three queues, with delayed messages that nobody receives.
+    let dir = tempfile::tempdir().unwrap();
+    let output = bench(dir.path(), &["--store", "sqlite", "Q", "--queues", "3", "--backlog", "50", "--backlog-kind", "delayed"]);
+    assert!(output.status.success(), "{:?}: {}", output.status, stderr(&output));
+    let record = self::record(dir.path());
+    assert_eq!(record["settings"]["queues"], 3, "{record}");
+    assert_eq!(record["extra"]["consumer"]["completed"], 320, "every job of both phases, none of the backlog: {record}");
+    assert_eq!(record["extra"]["idle_probes"]["received"], 0, "{record}");
+    assert!(record["extra"]["rss_peak_bytes"].as_u64().is_some_and(|bytes| bytes > 0), "{record}");
+}
+
+#[test]
+fn bad_growth_flags_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    for (args, flag) in [
+        (&["W", "--steps", "0"][..], "--steps"),
+        (&["W", "--steps", "1001"][..], "--steps"),
+        (&["W", "--input-bytes", "10"][..], "--input-bytes"),
+        (&["W", "--input-bytes", "300000"][..], "--input-bytes"),
+        (&["W", "--queues", "2"][..], "--queues"),
+        (&["Q", "--queues", "0"][..], "--queues"),
+        (&["Q", "--steps", "5"][..], "--steps"),
+        (&["Q", "--backlog", "5", "--backlog-kind", "pending"][..], "--backlog-kind"),
+        (&["W", "--backlog-kind", "later"][..], "--backlog-kind"),
+    ] {
+        let output = bench(dir.path(), &[&["--store", "sqlite"][..], args].concat());
+        assert!(!output.status.success(), "{args:?} was taken");
+        assert!(stderr(&output).contains(flag), "{args:?}: the error names {flag}: {}", stderr(&output));
+        assert!(!dir.path().join("out.json").exists(), "{args:?}: no record for a refused run");
+    }
+}

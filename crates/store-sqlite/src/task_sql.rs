@@ -693,11 +693,20 @@ pub(crate) fn claim_tasks(conn: &Connection, owner: &InstanceId, lease: Duration
                                          LIMIT 10000))
                                    < concurrency_limit)";
     let oldest_first = claim.oldest_first.min(claim.max);
+    // Each walk names its index: left to choose (there are no statistics),
+    // the planner took `tasks_state` for `state IN (…)`, read every pending
+    // task, due or not, and sorted them, so a claim cost grew with the
+    // backlog. `priority IN (every priority, highest first)` makes the walk
+    // of `tasks_claimable_priority` one range per priority, bounded by
+    // `not_before`: without it a claim that finds fewer tasks than it may
+    // take walks on through every task not due yet.
+    let priorities = (rota_model::PRIORITY_MIN..=rota_model::PRIORITY_MAX).rev().map(|p| p.to_string()).collect::<Vec<_>>().join(",");
     let rows = conn
         .prepare_cached(&format!(
-            "WITH oldest AS MATERIALIZED (SELECT rowid AS picked FROM tasks WHERE {CLAIMABLE} ORDER BY not_before LIMIT ?5),
-                  ranked AS (SELECT rowid AS picked FROM tasks
-                              WHERE {CLAIMABLE} AND rowid NOT IN (SELECT picked FROM oldest)
+            "WITH oldest AS MATERIALIZED (SELECT rowid AS picked FROM tasks INDEXED BY tasks_claimable
+                                          WHERE {CLAIMABLE} ORDER BY not_before LIMIT ?5),
+                  ranked AS (SELECT rowid AS picked FROM tasks INDEXED BY tasks_claimable_priority
+                              WHERE {CLAIMABLE} AND priority IN ({priorities}) AND rowid NOT IN (SELECT picked FROM oldest)
                               ORDER BY priority DESC, not_before LIMIT ?4)
              UPDATE tasks
                 SET state = CASE state WHEN 'pending' THEN 'processing' ELSE state END,

@@ -26,7 +26,7 @@ use rota_store::{SharedStore, TaskFilter};
 use serde_json::{Value, json};
 
 use super::target::Target;
-use super::w::{Noop, workflow};
+use super::w::{Noop, STEPS_DEFAULT, workflow};
 use super::{env_string, publish, round};
 use crate::store_args::StoreArgs;
 
@@ -77,7 +77,9 @@ pub(super) async fn run(store_args: &StoreArgs, settings: Settings) -> anyhow::R
     config.supervisor.retention.default = Some(settings.retention);
     config.supervisor.retention.interval = settings.retention_interval;
     config.supervisor.retention.validate().context("retention settings")?;
-    let engine = Engine::new(store.clone(), Arc::new(SystemClock), config).workflow(workflow(false)?).agent(Arc::new(Noop));
+    let engine = Engine::new(store.clone(), Arc::new(SystemClock), config)
+        .workflow(workflow("bench_w", false, STEPS_DEFAULT)?)
+        .agent(Arc::new(Noop));
     engine.register_workflows().await?;
     let client = engine.client();
     let shutdown = Shutdown::new();

@@ -23,6 +23,13 @@
 //! [`LONE_DEFAULT`]) run one at a time: a lone workflow's latency, with no
 //! other work to share a commit with, recorded as `extra.lone_latency_*`.
 //!
+//! The shape of the work can grow (see `docs/performance.md`, "How cost
+//! grows with the work"): `--steps` steps per workflow instead of three,
+//! `--input-bytes` of input (a padding string beside `i`), K lanes from
+//! `PEERS_K`, and a `--backlog` of waiting work put in the store first (see
+//! [`super::backlog`]). Each is recorded in the record's settings; the
+//! defaults are the spec's.
+//!
 //! `PEERS_W_AGENT_BACKLOG_MAX` sets the Scheduler's `agent_backlog_max`
 //! (0: it never holds claims back), to measure what finishing started
 //! work first costs; the record's settings say which was used.
@@ -41,9 +48,10 @@ use rota_workflow::{AgentCatalog, AgentName, StepDef, Workflow};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
+use super::backlog::{self, BacklogKind};
 use super::fill;
 use super::target::Target;
-use super::{env_string, env_u64, now_ms, percentile, publish, round};
+use super::{env_string, env_u64, now_ms, percentile, publish, round, rss_peak_bytes};
 use crate::store_args::StoreArgs;
 
 /// How long one workflow may take before the run fails.
@@ -68,12 +76,63 @@ impl Agent for Noop {
 /// The most `--agent-processes`.
 pub(super) const AGENT_PROCESSES_MAX: i64 = 16;
 
-/// The workflow: three sequential steps of the in-process `noop` agent, or
-/// (for agents in other processes) of the built-in `delay` agent with 0 ms.
-pub(super) fn workflow(remote_agents: bool) -> anyhow::Result<Workflow> {
+/// The most `--steps` (the workflow definition's own bound).
+pub(super) const STEPS_MAX: i64 = rota_workflow::STEPS_MAX as i64;
+/// The spec's steps per workflow.
+pub(super) const STEPS_DEFAULT: u32 = 3;
+/// The largest `--input-bytes`: the largest input a client can be set to
+/// take ([`rota_store::BODY_BYTES_MAX`]).
+pub(super) const INPUT_BYTES_MAX: u64 = rota_store::BODY_BYTES_MAX as u64;
+/// The smallest nonzero `--input-bytes`: `{"i":…,"pad":""}` with room for
+/// any `i`.
+pub(super) const INPUT_BYTES_MIN: u64 = 64;
+/// How long a workflow of this many steps may take before the run fails.
+fn workflow_deadline(steps: u32) -> Duration {
+    Duration::from_secs(60).max(Duration::from_millis(200) * steps)
+}
+
+/// What W's work looks like and what waits in the store before it starts.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Shape {
+    /// Steps per workflow.
+    pub steps: u32,
+    /// The input's size in bytes of JSON; 0 keeps the spec's `{"i": n}`.
+    pub input_bytes: u64,
+    /// How many items of `backlog_kind` wait in the store first.
+    pub backlog: u64,
+    pub backlog_kind: BacklogKind,
+}
+
+/// Workflow `i`'s input: `{"i": i}`, or with `input_bytes` a padding string
+/// `pad` that makes its JSON exactly that long. The padding is
+/// pseudo-random, so that PostgreSQL's TOAST compression does not shrink
+/// it to nothing (a repeated character would make the store's size lie).
+fn input(i: u64, input_bytes: u64) -> Value {
+    if input_bytes == 0 {
+        return json!({ "i": i });
+    }
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let bare = serde_json::to_string(&json!({ "i": i, "pad": "" })).map_or(0, |text| text.len() as u64);
+    let mut state = i.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let pad: String = (0..input_bytes.saturating_sub(bare))
+        .map(|_| {
+            // xorshift64: cheap, and enough to defeat compression.
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            char::from(ALPHABET[(state >> 58) as usize])
+        })
+        .collect();
+    json!({ "i": i, "pad": pad })
+}
+
+/// The workflow `name`: `steps` sequential steps of the in-process `noop`
+/// agent, or (for agents in other processes) of the built-in `delay` agent
+/// with 0 ms.
+pub(super) fn workflow(name: &str, remote_agents: bool, steps: u32) -> anyhow::Result<Workflow> {
     let retry = RetryPolicy::new(3, Duration::from_millis(10), Duration::from_millis(100))?;
-    let mut builder = Workflow::builder("bench_w", 1).deadline(Duration::from_secs(60));
-    for s in 1..=3 {
+    let mut builder = Workflow::builder(name, 1).deadline(workflow_deadline(steps));
+    for s in 1..=steps {
         let step = if remote_agents {
             StepDef::new(format!("s{s}"), "delay").with_input(json!({ "ms": 0 }))
         } else {
@@ -106,12 +165,13 @@ impl Waiters {
 }
 
 /// One workflow through the public API: submit, then wait for the notice.
-async fn one(client: &Client, waiters: &Waiters, id: TaskId, i: u64) -> anyhow::Result<f64> {
+async fn one(client: &Client, waiters: &Waiters, id: TaskId, i: u64, shape: Shape) -> anyhow::Result<f64> {
     let done = waiters.expect(id.clone());
     let t0 = now_ms();
-    let submission = Submission::new(WorkflowName::new("bench_w")?, json!({ "i": i })).with_id(id.clone());
+    let submission = Submission::new(WorkflowName::new("bench_w")?, input(i, shape.input_bytes)).with_id(id.clone());
     client.submit(submission).await.with_context(|| format!("submitting workflow {i}"))?;
-    let state = tokio::time::timeout(WORKFLOW_TIMEOUT, done).await.with_context(|| format!("workflow {i} did not finish"))??;
+    let timeout = WORKFLOW_TIMEOUT.max(workflow_deadline(shape.steps));
+    let state = tokio::time::timeout(timeout, done).await.with_context(|| format!("workflow {i} did not finish"))??;
     if state != TaskState::Processed {
         bail!("workflow {i} ended {state}");
     }
@@ -127,6 +187,7 @@ async fn closed_loop(
     first: u64,
     count: u64,
     lanes: u64,
+    shape: Shape,
 ) -> anyhow::Result<Vec<(f64, f64, f64)>> {
     let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut running = tokio::task::JoinSet::new();
@@ -141,7 +202,7 @@ async fn closed_loop(
                 }
                 let i = first + k;
                 let submitted = now_ms();
-                let latency = one(&client, &waiters, TaskId::new(format!("{prefix}-{i}"))?, i).await?;
+                let latency = one(&client, &waiters, TaskId::new(format!("{prefix}-{i}"))?, i, shape).await?;
                 results.push((latency, submitted, submitted + latency));
             }
         });
@@ -154,7 +215,7 @@ async fn closed_loop(
 }
 
 /// Runs workload W and writes the record.
-pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32, prefill: u64) -> anyhow::Result<()> {
+pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32, prefill: u64, shape: Shape) -> anyhow::Result<()> {
     let m = env_u64("PEERS_M", 2_000)?;
     let k = env_u64("PEERS_K", 50)?;
     let warmup = env_u64("PEERS_W_WARMUP", 100)?;
@@ -173,15 +234,23 @@ pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32, prefill: u
     orchestration.roles = Roles { scheduler: true, agents: false, supervisor: true };
     orchestration.scheduler.inbox_concurrency = usize::try_from(k)?.max(16);
     orchestration.scheduler.agent_backlog_max = agent_backlog_max;
+    orchestration.input_bytes_max = orchestration.input_bytes_max.max(usize::try_from(shape.input_bytes)?);
     let remote_agents = agent_processes > 0;
-    let engine = Engine::new(store.clone(), Arc::new(SystemClock), orchestration).workflow(workflow(remote_agents)?);
+    let engine = Engine::new(store.clone(), Arc::new(SystemClock), orchestration)
+        .workflow(workflow("bench_w", remote_agents, shape.steps)?)
+        .workflow(workflow(backlog::PAUSED_WORKFLOW, remote_agents, shape.steps)?);
     engine.register_workflows().await?;
     let client = engine.client();
     let completions = engine.completions();
+    let agent_queue = rota_engine::protocol::agent_queue(if remote_agents { "delay" } else { "noop" });
+    let made = make_backlog(&client, &agent_queue, shape).await?;
 
     let mut agents = EngineConfig::new(InstanceId::new(format!("bench-agent-{}", std::process::id()))?);
     agents.roles = Roles { scheduler: false, agents: true, supervisor: false };
-    agents.agent_concurrency = usize::try_from(k)?.max(16);
+    // One step per lane at most is waiting for the agent, up to the
+    // engine's bound on its agent slots.
+    let agent_concurrency = usize::try_from(k)?.clamp(16, EngineConfig::AGENT_CONCURRENCY_MAX);
+    agents.agent_concurrency = agent_concurrency;
     let agent_engine = Engine::new(store.clone(), Arc::new(SystemClock), agents).agent(Arc::new(Noop));
 
     let shutdown = Shutdown::new();
@@ -190,26 +259,52 @@ pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32, prefill: u
     let serving = if remote_agents { None } else { Some(tokio::spawn(agent_engine.run(agent_shutdown.clone()))) };
     let children = AgentProcesses::start(&target.child_store_url(), agent_processes, k)?;
     let waiters = Waiters::default();
+    let drained = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let router = {
-        let waiters = waiters.clone();
+        let (waiters, drained) = (waiters.clone(), drained.clone());
         let mut listener = completions.subscribe();
         tokio::spawn(async move {
-            while let Ok((id, state)) = listener.recv().await {
-                waiters.notify(&id, state);
+            loop {
+                match listener.recv().await {
+                    Ok((id, state)) => {
+                        if id.as_str().starts_with(BACKLOG_PREFIX) {
+                            drained.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        waiters.notify(&id, state);
+                    }
+                    // A lost notice shows as a workflow that did not finish.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(lost)) => {
+                        tracing::warn!("the completion listener lagged: {lost} notices lost");
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                }
             }
         })
     };
 
-    closed_loop(&client, &waiters, "warmup", 0, warmup, k).await.context("warm-up")?;
+    let pending_backlog = shape.backlog_kind == BacklogKind::Pending && shape.backlog > 0;
+    if !pending_backlog {
+        closed_loop(&client, &waiters, "warmup", 0, warmup, k, shape).await.context("warm-up")?;
+    }
     let commits_before = target.commit_counts();
     let pg_commits_before = target.postgres_commit_counts();
     let cpu_meter = target.cpu_meter(children.pids()).await;
     let cpu_before = cpu_meter.sample();
-    let timed = closed_loop(&client, &waiters, "w", 0, m, k).await?;
+    let (timed, drain) = if pending_backlog {
+        // The closed loop would queue behind the backlog: time its drain alone.
+        let drain = time_drain(&drained, shape.backlog.min(backlog::DRAIN_COUNT), workflow_deadline(shape.steps)).await?;
+        (Vec::new(), Some(drain))
+    } else {
+        (closed_loop(&client, &waiters, "w", 0, m, k, shape).await?, None)
+    };
     let cpu_after = cpu_meter.sample();
     let commits_after = target.commit_counts();
     let pg_commits_after = target.postgres_commit_counts();
-    let lone: Vec<f64> = closed_loop(&client, &waiters, "lone", 0, lone_count, 1).await?.iter().map(|t| t.0).collect();
+    let lone: Vec<f64> = if pending_backlog {
+        Vec::new()
+    } else {
+        closed_loop(&client, &waiters, "lone", 0, lone_count, 1, shape).await?.iter().map(|t| t.0).collect()
+    };
     let listings = time_listings(&store).await?;
     shutdown.trigger();
     agent_shutdown.trigger();
@@ -219,11 +314,17 @@ pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32, prefill: u
         serving.await.context("the agent engine panicked")??;
     }
     children.stop()?;
+    let probes = probe_idle(&store, &agent_queue).await?;
+    let store_size = target.store_size().await?;
 
     let first_submit = timed.iter().map(|t| t.1).fold(f64::INFINITY, f64::min);
     let last_done = timed.iter().map(|t| t.2).fold(f64::NEG_INFINITY, f64::max);
     let latencies: Vec<f64> = timed.iter().map(|t| t.0).collect();
     let elapsed_s = (last_done - first_submit) / 1000.0;
+    let workflows_per_s = match &drain {
+        Some(drain) => drain.per_s,
+        None => m as f64 / elapsed_s,
+    };
     let group_commits = match (commits_before, commits_after) {
         (Some(before), Some(after)) => {
             let (commits, jobs) = (after.commits - before.commits, after.jobs - before.jobs);
@@ -251,7 +352,7 @@ pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32, prefill: u
         "workload": "W",
         "run": env_u64("PEERS_RUN_INDEX", 1)?,
         "metrics": {
-            "workflows_per_s": round(Some(m as f64 / elapsed_s), 1),
+            "workflows_per_s": round(Some(workflows_per_s), 1),
             "latency_p50_ms": round(percentile(&latencies, 50.0), 3),
             "latency_p99_ms": round(percentile(&latencies, 99.0), 3),
         },
@@ -260,19 +361,34 @@ pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32, prefill: u
             "latency_max_ms": round(percentile(&latencies, 100.0), 3),
             "lone_latency_p50_ms": round(percentile(&lone, 50.0), 3),
             "lone_latency_p99_ms": round(percentile(&lone, 99.0), 3),
-            "cpu": cpu_meter.report(&cpu_before, &cpu_after, m, Duration::from_secs_f64(elapsed_s.max(0.0))),
+            "cpu": match &drain {
+                Some(drain) => cpu_meter.report(&cpu_before, &cpu_after, drain.count, Duration::from_secs_f64(drain.seconds)),
+                None => cpu_meter.report(&cpu_before, &cpu_after, m, Duration::from_secs_f64(elapsed_s.max(0.0))),
+            },
             "group_commits": group_commits,
             "prefilled": prefilled,
             "listings": listings,
+            "backlog": made,
+            "backlog_drain": drain.as_ref().map(Drain::record),
+            "idle_probes": probes,
+            "rss_peak_bytes": rss_peak_bytes(),
+            "store_bytes": store_size.bytes,
+            "store_wal_bytes": store_size.wal_bytes,
         },
         "settings": {
             "M": m, "K": k, "W_WARMUP": warmup, "W_LONE": lone_count, "agent_processes": agent_processes, "prefill": prefill,
-            "agent_backlog_max": agent_backlog_max,
+            "steps": shape.steps, "input_bytes": shape.input_bytes, "backlog": shape.backlog, "backlog_kind": shape.backlog_kind.as_str(),
+            "agent_backlog_max": agent_backlog_max, "agent_concurrency": agent_concurrency,
             "durability": durability,
         },
         "config": {
             "version": format!("rota {}", env!("CARGO_PKG_VERSION")),
-            "workflow": "bench_w@1: s1 -> s2 -> s3, each a no-op Rust agent `noop` (returns its input {i, step}); step s+1 is sent in the commit that records step s",
+            "workflow": format!("bench_w@1: s1 -> ... -> s{}, each a no-op Rust agent `noop` (returns its input {{i, step}}); step s+1 is sent in the commit that records step s", shape.steps),
+            "workload": if drain.is_some() {
+                format!("the drain of the first {} of a backlog of {} pending bench_w workflows, timed from the engine's start (no closed loop)", backlog::DRAIN_COUNT.min(shape.backlog), shape.backlog)
+            } else {
+                format!("{m} workflows on {k} lanes in a closed loop")
+            },
             "dispatch": if remote_agents {
                 format!("Scheduler -> queue agent.delay -> {agent_processes} `rota agent --queues delay --max-concurrent {k}` processes -> reply queue rota.inbox.<scheduler> -> Scheduler")
             } else {
@@ -303,6 +419,123 @@ pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32, prefill: u
     drop(store);
     target.close().await;
     Ok(())
+}
+
+/// The id prefix of a pending backlog's workflows.
+const BACKLOG_PREFIX: &str = "backlog-";
+
+/// Puts the backlog `shape` asks for in the store; returns what the record
+/// says of it.
+async fn make_backlog(client: &Client, agent_queue: &rota_model::QueueName, shape: Shape) -> anyhow::Result<Value> {
+    if shape.backlog == 0 {
+        return Ok(Value::Null);
+    }
+    let store = client.store().clone();
+    let submit = |workflow: &'static str, start: Option<Timestamp>| {
+        let client = client.clone();
+        move |i: u64| {
+            let client = client.clone();
+            async move {
+                let mut submission = Submission::new(WorkflowName::new(workflow)?, input(i, shape.input_bytes))
+                    .with_id(TaskId::new(format!("{BACKLOG_PREFIX}{i}"))?);
+                if let Some(at) = start {
+                    submission = submission.starting_at(at);
+                }
+                client.submit(submission).await.with_context(|| format!("submitting backlog workflow {i}"))?;
+                anyhow::Ok(())
+            }
+        }
+    };
+    let took = match shape.backlog_kind {
+        BacklogKind::Pending => backlog::in_flight("pending workflows", shape.backlog, submit("bench_w", None)).await?,
+        BacklogKind::Future => {
+            let at = SystemClock.now().add(backlog::DUE_IN);
+            backlog::in_flight("future workflows", shape.backlog, submit("bench_w", Some(at))).await?
+        }
+        BacklogKind::Paused => {
+            let pause = rota_store::WorkflowPause {
+                workflow: WorkflowName::new(backlog::PAUSED_WORKFLOW)?,
+                paused: true,
+                by: "rota bench".to_owned(),
+                reason: Some("a paused workflow's backlog".to_owned()),
+                at: SystemClock.now(),
+            };
+            store.set_workflow_paused(&pause).await.context("pausing the backlog's workflow")?;
+            backlog::in_flight("paused workflows", shape.backlog, submit(backlog::PAUSED_WORKFLOW, None)).await?
+        }
+        BacklogKind::Delayed => {
+            let queues: Arc<dyn rota_store::Queues> = store.clone();
+            backlog::send_delayed(&queues, std::slice::from_ref(agent_queue), shape.backlog).await?
+        }
+    };
+    eprintln!("backlog of {} {} made in {:.1} s", shape.backlog, shape.backlog_kind.as_str(), took.as_secs_f64());
+    Ok(json!({
+        "items": shape.backlog,
+        "kind": shape.backlog_kind.as_str(),
+        "made_s": round(Some(took.as_secs_f64()), 1),
+        "made_per_s": round(Some(shape.backlog as f64 / took.as_secs_f64().max(1e-9)), 0),
+    }))
+}
+
+/// How a pending backlog's first workflows drained.
+struct Drain {
+    count: u64,
+    /// From the engine's start to the `count`-th completion.
+    seconds: f64,
+    per_s: f64,
+}
+
+impl Drain {
+    fn record(&self) -> Value {
+        json!({ "workflows": self.count, "drain_s_incl_engine_start": round(Some(self.seconds), 3), "workflows_per_s": round(Some(self.per_s), 1) })
+    }
+}
+
+/// Waits until `count` backlog workflows have completed, timed from now
+/// (just after the engine started).
+async fn time_drain(drained: &std::sync::atomic::AtomicU64, count: u64, deadline: Duration) -> anyhow::Result<Drain> {
+    let t0 = now_ms();
+    let limit = WORKFLOW_TIMEOUT.max(deadline) * 5;
+    loop {
+        let done = drained.load(std::sync::atomic::Ordering::Relaxed);
+        if done >= count {
+            let seconds = (now_ms() - t0) / 1000.0;
+            return Ok(Drain { count, seconds, per_s: count as f64 / seconds });
+        }
+        if now_ms() - t0 > limit.as_secs_f64() * 1000.0 {
+            bail!("the backlog's drain: {done}/{count} workflows finished after {} s", limit.as_secs());
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// How many times each idle probe runs.
+const PROBE_RUNS: usize = 21;
+
+/// Times, on the store the run left (its engines stopped), a claim of the
+/// Scheduler's size (64, 8 of them oldest first) and a receive of 64 on the
+/// agent queue: what the backlog costs each call the engine makes when
+/// there is little else to find. Median and slowest of [`PROBE_RUNS`].
+async fn probe_idle(store: &SharedStore, agent_queue: &rota_model::QueueName) -> anyhow::Result<Value> {
+    let owner = InstanceId::new("bench-probe")?;
+    let claim = rota_store::Claim { max: 64, oldest_first: 8 };
+    let (mut claims, mut receives, mut claimed, mut received) = (Vec::new(), Vec::new(), 0, 0);
+    for _ in 0..PROBE_RUNS {
+        let started = std::time::Instant::now();
+        claimed += store.claim_tasks_by(&owner, Duration::from_secs(60), claim).await.context("probing a claim")?.len();
+        claims.push(started.elapsed().as_secs_f64() * 1000.0);
+        let started = std::time::Instant::now();
+        received += store.receive(agent_queue, rota_store::Receive::up_to(64)).await.context("probing a receive")?.len();
+        receives.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    Ok(json!({
+        "claim_p50_ms": round(percentile(&claims, 50.0), 3),
+        "claim_max_ms": round(percentile(&claims, 100.0), 3),
+        "claimed": claimed,
+        "receive_p50_ms": round(percentile(&receives, 50.0), 3),
+        "receive_max_ms": round(percentile(&receives, 100.0), 3),
+        "received": received,
+    }))
 }
 
 /// Fills the run's new store with `tasks` finished tasks; returns what the
