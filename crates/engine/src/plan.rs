@@ -119,7 +119,8 @@ pub fn decide(record: &TaskRecord, completed_in_order: &[StepName], input: Input
         return Decision::Ignore(format!("task {} is not leased by {}", task.id, cx.me));
     }
     let Some(fence) = task.fence() else { return Decision::Ignore("task has no lease".into()) };
-    let mut draft = Draft::new(record, completed_in_order, cx);
+    let steps_before: BTreeMap<StepName, &Step> = record.steps.iter().map(|s| (s.name.clone(), s)).collect();
+    let mut draft = Draft::new(record, &steps_before, completed_in_order, cx);
 
     let applied = match input {
         Input::Claimed => draft.on_claimed(fence),
@@ -136,12 +137,30 @@ pub fn decide(record: &TaskRecord, completed_in_order: &[StepName], input: Input
     draft.finish()
 }
 
+/// The steps' outputs as a decision leaves them: the record's, read in
+/// place, and the few the decision changed, copied. (Copying every output
+/// at every decision made a step's cost grow with the workflow's length.)
+struct Outputs<'a> {
+    before: &'a BTreeMap<StepName, &'a Step>,
+    /// Outputs the draft set or cleared.
+    changed: BTreeMap<StepName, Option<Value>>,
+}
+
+impl rota_workflow::StepOutputs for Outputs<'_> {
+    fn output(&self, step: &StepName) -> Option<&Value> {
+        match self.changed.get(step) {
+            Some(changed) => changed.as_ref(),
+            None => self.before.get(step).and_then(|before| before.output.as_ref()),
+        }
+    }
+}
+
 /// A decision being built: the records as they will be, plus what to send.
 struct Draft<'a> {
     cx: &'a Context<'a>,
     task_before: &'a Task,
     task: Task,
-    steps_before: BTreeMap<StepName, &'a Step>,
+    steps_before: &'a BTreeMap<StepName, &'a Step>,
     steps: BTreeMap<StepName, Step>,
     completed_in_order: Vec<StepName>,
     changes: Changes,
@@ -152,12 +171,12 @@ struct Draft<'a> {
 }
 
 impl<'a> Draft<'a> {
-    fn new(record: &'a TaskRecord, completed_in_order: &[StepName], cx: &'a Context<'a>) -> Self {
+    fn new(record: &'a TaskRecord, steps_before: &'a BTreeMap<StepName, &'a Step>, completed_in_order: &[StepName], cx: &'a Context<'a>) -> Self {
         Draft {
             cx,
             task_before: &record.task,
             task: record.task.clone(),
-            steps_before: record.steps.iter().map(|s| (s.name.clone(), s)).collect(),
+            steps_before,
             steps: record.steps.iter().map(|s| (s.name.clone(), s.clone())).collect(),
             completed_in_order: completed_in_order.to_vec(),
             changes: Changes::default(),
@@ -663,7 +682,7 @@ impl<'a> Draft<'a> {
     /// (false, recorded here), or `None` when the condition could not be
     /// decided, which failed the task as a permanent failure of the step
     /// (like a template that cannot be rendered).
-    fn decide_condition(&mut self, fence: rota_model::TaskFence, name: &StepName, outputs: &BTreeMap<StepName, Value>) -> Option<bool> {
+    fn decide_condition(&mut self, fence: rota_model::TaskFence, name: &StepName, outputs: &Outputs<'_>) -> Option<bool> {
         let now = self.cx.now;
         let step = &self.steps[name];
         let Some(when) = self.cx.workflow.step(name).and_then(|def| def.when()).filter(|_| step.attempt == 0) else {
@@ -739,7 +758,7 @@ impl<'a> Draft<'a> {
         fence: rota_model::TaskFence,
         name: &StepName,
         for_each: &rota_workflow::ForEach,
-        outputs: &BTreeMap<StepName, Value>,
+        outputs: &Outputs<'_>,
     ) -> Option<bool> {
         let now = self.cx.now;
         let max = self.cx.for_each_items_max;
@@ -838,7 +857,7 @@ impl<'a> Draft<'a> {
     /// creating its row at its first; false when its request could not be
     /// made (a template that cannot be rendered, a request too large),
     /// which fails the task like any step's.
-    fn start_instance(&mut self, fence: rota_model::TaskFence, name: &StepName, index: usize, outputs: &BTreeMap<StepName, Value>) -> bool {
+    fn start_instance(&mut self, fence: rota_model::TaskFence, name: &StepName, index: usize, outputs: &Outputs<'_>) -> bool {
         let now = self.cx.now;
         let wf = self.cx.workflow;
         let def = wf.step(name).expect("for_each steps come from the workflow");
@@ -1003,7 +1022,7 @@ impl<'a> Draft<'a> {
         let item = name.instance_of().map(|(step, index)| {
             // An instance's compensation reads its own output as the step's.
             if let Some(output) = self.steps[&name].output.clone() {
-                outputs.insert(step.clone(), output);
+                outputs.changed.insert(step.clone(), Some(output));
             }
             (self.item(&step, index), index)
         });
@@ -1040,14 +1059,21 @@ impl<'a> Draft<'a> {
         }
     }
 
-    fn outputs(&self) -> BTreeMap<StepName, Value> {
-        self.steps.values().filter_map(|s| s.output.as_ref().map(|o| (s.name.clone(), o.clone()))).collect()
+    /// The steps' outputs as the draft has them now.
+    fn outputs(&self) -> Outputs<'a> {
+        let changed = self
+            .steps
+            .iter()
+            .filter(|(name, step)| self.steps_before.get(*name).map(|before| before.output.as_ref()).unwrap_or(None) != step.output.as_ref())
+            .map(|(name, step)| (name.clone(), step.output.clone()))
+            .collect();
+        Outputs { before: self.steps_before, changed }
     }
 
     fn template_context<'c>(
         &'c self,
         attempt: u32,
-        outputs: &'c BTreeMap<StepName, Value>,
+        outputs: &'c Outputs<'_>,
         item: Option<(&'c Value, usize)>,
     ) -> TemplateContext<'c> {
         TemplateContext {

@@ -184,8 +184,11 @@ struct Records {
 }
 
 impl Records {
-    fn get(&self, id: &TaskId) -> Option<TaskRecord> {
-        self.lock().get(id).cloned()
+    /// Takes the record of task `id` out: the decision that takes it puts
+    /// back what its commit leaves, and any other outcome leaves the task
+    /// to a fresh read. A message handled beside it reads the task afresh.
+    fn take(&self, id: &TaskId) -> Option<TaskRecord> {
+        self.lock().remove(id)
     }
 
     fn forget(&self, id: &TaskId) {
@@ -206,26 +209,40 @@ impl Records {
         }
     }
 
-    /// The record `changes` leave of `before`, if worth keeping: the task
-    /// neither ended nor left this Scheduler.
-    fn after(before: &TaskRecord, changes: &Changes, me: &rota_model::InstanceId) -> Option<TaskRecord> {
+    /// What `changes` change of `before`'s record, if the result is worth
+    /// keeping: the task neither ended nor left this Scheduler. Only the
+    /// changed rows are copied, so that a decision's cost does not grow
+    /// with the number of steps.
+    fn patch(before: &TaskRecord, changes: &Changes, me: &rota_model::InstanceId) -> Option<RecordPatch> {
         let write = changes.tasks.iter().find(|w| w.task.id == before.task.id)?;
         if write.task.state.is_terminal() || write.task.locked_by.as_ref() != Some(me) {
             return None;
         }
-        let mut steps = before.steps.clone();
-        for step_write in changes.steps.iter().filter(|w| w.step.task_id == before.task.id) {
-            match steps.iter_mut().find(|s| s.name == step_write.step.name) {
-                Some(step) => *step = step_write.step.clone(),
-                None => steps.push(step_write.step.clone()),
-            }
-        }
-        steps.extend(changes.new_steps.iter().filter(|s| s.task_id == before.task.id).cloned());
-        Some(TaskRecord { task: write.task.clone(), steps })
+        let steps = changes.steps.iter().map(|w| &w.step).chain(&changes.new_steps).filter(|s| s.task_id == before.task.id).cloned().collect();
+        Some(RecordPatch { task: write.task.clone(), steps })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<TaskId, TaskRecord>> {
         self.by_task.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The rows a committed decision wrote to a kept record.
+struct RecordPatch {
+    task: rota_model::Task,
+    steps: Vec<rota_model::Step>,
+}
+
+impl RecordPatch {
+    fn apply(self, mut record: TaskRecord) -> TaskRecord {
+        record.task = self.task;
+        for written in self.steps {
+            match record.steps.iter_mut().find(|s| s.name == written.name) {
+                Some(step) => *step = written,
+                None => record.steps.push(written),
+            }
+        }
+        record
     }
 }
 
@@ -495,7 +512,7 @@ impl Scheduler {
                     None => return Ok(Handled::Ignored(format!("task {task} vanished"))),
                 },
             };
-            match self.apply(&record, Input::Claimed, None).await {
+            match self.apply(record, Input::Claimed, None).await {
                 Err(Error::Store(err)) if err.is_lost_race() && tries < START_TRIES_MAX => {
                     tries += 1;
                     tracing::debug!("start of task {task} lost a race, deciding again: {err}");
@@ -516,10 +533,10 @@ impl Scheduler {
             InboxMessage::StartChild { task_id, step, attempt } => return self.start_child(task_id, step, *attempt, settle).await,
         };
         let id = message.task_id();
-        if let Some(kept) = self.inner.records.get(id) {
-            match self.apply(&kept, input, settle).await {
+        if let Some(kept) = self.inner.records.take(id) {
+            match self.apply(kept, input, settle).await {
                 // Only ignored on a fresh read (see `Records`).
-                Ok(Handled::Ignored(_)) => self.inner.records.forget(id),
+                Ok(Handled::Ignored(_)) => {}
                 // The record was stale and the commit wrote nothing: decide
                 // again on a fresh read, as if it had not been kept.
                 Err(Error::Store(err)) if err.is_lost_race() => {}
@@ -529,7 +546,7 @@ impl Scheduler {
         let Some(record) = self.inner.store.task(id).await? else {
             return Ok(Handled::Ignored(format!("task {id} does not exist")));
         };
-        self.apply(&record, input, settle).await
+        self.apply(record, input, settle).await
     }
 
     /// Creates (or finds) the child of a `workflow:` step's attempt. A child
@@ -555,10 +572,10 @@ impl Scheduler {
         }
     }
 
-    async fn apply(&self, record: &TaskRecord, input: Input<'_>, settle: Option<rota_model::LeaseToken>) -> Result<Handled> {
+    async fn apply(&self, record: TaskRecord, input: Input<'_>, settle: Option<rota_model::LeaseToken>) -> Result<Handled> {
         let inner = &self.inner;
         let workflow = inner.workflows.get(&record.task.workflow, Some(record.task.workflow_version)).await?;
-        let order = if record.task.state == TaskState::Compensating { self.completion_order(record).await? } else { Vec::new() };
+        let order = if record.task.state == TaskState::Compensating { self.completion_order(&record).await? } else { Vec::new() };
         let now = inner.clock.now();
         let traceparent = telemetry::current_traceparent();
         let cx = plan::Context {
@@ -573,7 +590,7 @@ impl Scheduler {
         };
         let decision = {
             let mut rng = inner.rng.lock().expect("scheduler rng");
-            plan::decide(record, &order, input, &cx, &mut *rng)
+            plan::decide(&record, &order, input, &cx, &mut *rng)
         };
         match decision {
             Decision::Ignore(reason) => Ok(Handled::Ignored(reason)),
@@ -584,15 +601,16 @@ impl Scheduler {
                 let ended: Option<(rota_model::TaskId, TaskState)> =
                     changes.tasks.iter().map(|w| &w.task).find(|t| t.state.is_terminal()).map(|t| (t.id.clone(), t.state));
                 let retried: Vec<StepName> = retried_steps(&changes);
-                let after = Records::after(record, &changes, &inner.config.instance);
+                let patch = Records::patch(&record, &changes, &inner.config.instance);
                 inner.saturation.sending(changes.send.iter().map(|(queue, _)| queue));
                 if let Err(err) = replies::commit(&inner.store, *changes).await {
                     inner.records.forget(&record.task.id);
                     return Err(err.into());
                 }
-                inner.records.keep(&record.task.id, after);
                 inner.saturation.decided(matches!(input, Input::Reply(_)));
-                record_decision(record, &workflow, input, now, &retried, ended.as_ref().map(|(_, state)| *state));
+                record_decision(&record, &workflow, input, now, &retried, ended.as_ref().map(|(_, state)| *state));
+                let id = record.task.id.clone();
+                inner.records.keep(&id, patch.map(|patch| patch.apply(record)));
                 if let Some((id, state)) = ended {
                     inner.completions.publish(id, state);
                 }
