@@ -138,8 +138,7 @@ pub fn decide(record: &TaskRecord, completed_in_order: &[StepName], input: Input
 }
 
 /// The steps' outputs as a decision leaves them: the record's, read in
-/// place, and the few the decision changed, copied. (Copying every output
-/// at every decision made a step's cost grow with the workflow's length.)
+/// place, and the few the decision changed, copied.
 struct Outputs<'a> {
     before: &'a BTreeMap<StepName, &'a Step>,
     /// Outputs the draft set or cleared.
@@ -155,13 +154,69 @@ impl rota_workflow::StepOutputs for Outputs<'_> {
     }
 }
 
+/// The task's steps as a decision leaves them: the record's rows, read in
+/// place, under the rows the decision wrote. (Copying every row at every
+/// decision made a step's cost grow with the workflow's length.)
+struct Steps<'a> {
+    before: &'a BTreeMap<StepName, &'a Step>,
+    /// The rows this decision changed or created, whole.
+    drafted: BTreeMap<StepName, Step>,
+}
+
+impl<'a> Steps<'a> {
+    fn get(&self, name: &StepName) -> Option<&Step> {
+        self.drafted.get(name).or_else(|| self.before.get(name).copied())
+    }
+
+    fn insert(&mut self, name: StepName, step: Step) {
+        self.drafted.insert(name, step);
+    }
+
+    /// Every step in name order, as drafted.
+    fn values(&self) -> impl Iterator<Item = &Step> {
+        // Both maps are sorted by name: merge them, the drafted row winning.
+        let (mut before, mut drafted) = (self.before.iter().peekable(), self.drafted.iter().peekable());
+        std::iter::from_fn(move || match (before.peek(), drafted.peek()) {
+            (Some((b, _)), Some((d, _))) => match b.cmp(d) {
+                std::cmp::Ordering::Less => before.next().map(|(_, step)| *step),
+                std::cmp::Ordering::Equal => {
+                    before.next();
+                    drafted.next().map(|(_, step)| step)
+                }
+                std::cmp::Ordering::Greater => drafted.next().map(|(_, step)| step),
+            },
+            (Some(_), None) => before.next().map(|(_, step)| *step),
+            (None, _) => drafted.next().map(|(_, step)| step),
+        })
+    }
+
+    /// The outputs as drafted: the record's, and copies of those the
+    /// decision set or cleared.
+    fn outputs(&self) -> Outputs<'a> {
+        let changed = self
+            .drafted
+            .iter()
+            .filter(|(name, step)| self.before.get(*name).and_then(|before| before.output.as_ref()) != step.output.as_ref())
+            .map(|(name, step)| (name.clone(), step.output.clone()))
+            .collect();
+        Outputs { before: self.before, changed }
+    }
+}
+
+impl std::ops::Index<&StepName> for Steps<'_> {
+    type Output = Step;
+
+    fn index(&self, name: &StepName) -> &Step {
+        self.get(name).unwrap_or_else(|| panic!("no step {name} in the draft"))
+    }
+}
+
 /// A decision being built: the records as they will be, plus what to send.
 struct Draft<'a> {
     cx: &'a Context<'a>,
     task_before: &'a Task,
     task: Task,
-    steps_before: &'a BTreeMap<StepName, &'a Step>,
-    steps: BTreeMap<StepName, Step>,
+    steps: Steps<'a>,
     completed_in_order: Vec<StepName>,
     changes: Changes,
     /// The steps this decision sends a Retry for.
@@ -176,8 +231,7 @@ impl<'a> Draft<'a> {
             cx,
             task_before: &record.task,
             task: record.task.clone(),
-            steps_before,
-            steps: record.steps.iter().map(|s| (s.name.clone(), s.clone())).collect(),
+            steps: Steps { before: steps_before, drafted: BTreeMap::new() },
             completed_in_order: completed_in_order.to_vec(),
             changes: Changes::default(),
             retries: BTreeSet::new(),
@@ -979,7 +1033,7 @@ impl<'a> Draft<'a> {
             }
         }
         let next = self.completed_in_order.iter().rev().find(|name| {
-            let completed = self.steps.get(*name).is_some_and(|s| s.state == StepState::Completed);
+            let completed = self.steps.get(name).is_some_and(|s| s.state == StepState::Completed);
             completed && wf.step(name).is_some_and(|d| d.compensate().is_some())
         });
         let Some(name) = next.cloned() else {
@@ -1061,13 +1115,7 @@ impl<'a> Draft<'a> {
 
     /// The steps' outputs as the draft has them now.
     fn outputs(&self) -> Outputs<'a> {
-        let changed = self
-            .steps
-            .iter()
-            .filter(|(name, step)| self.steps_before.get(*name).map(|before| before.output.as_ref()).unwrap_or(None) != step.output.as_ref())
-            .map(|(name, step)| (name.clone(), step.output.clone()))
-            .collect();
-        Outputs { before: self.steps_before, changed }
+        self.steps.outputs()
     }
 
     fn template_context<'c>(
@@ -1178,14 +1226,14 @@ impl<'a> Draft<'a> {
         self.task.updated_at = self.cx.now;
         self.task.lease_epoch += 1;
         self.changes.tasks.push(TaskWrite::replacing(self.task_before, self.task.clone()));
-        for (name, step) in &self.steps {
-            if self.created.contains(name) {
-                self.changes.new_steps.push(step.clone());
+        for (name, step) in self.steps.drafted {
+            if self.created.contains(&name) {
+                self.changes.new_steps.push(step);
                 continue;
             }
-            let before = self.steps_before[name];
-            if step != before {
-                self.changes.steps.push(StepWrite::replacing(before, step.clone()));
+            let before = self.steps.before[&name];
+            if step != *before {
+                self.changes.steps.push(StepWrite::replacing(before, step));
             }
         }
         Decision::Commit(Box::new(self.changes))
