@@ -22,19 +22,7 @@ async fn concurrent_sends_share_commits() {
     let queue = QueueName::new("jobs").unwrap();
     store.send(&queue, Outgoing::json(&0).unwrap()).await.unwrap();
     let before = store.commit_counts();
-    let lanes: Vec<_> = (0..32)
-        .map(|lane| {
-            let (store, queue) = (store.clone(), queue.clone());
-            tokio::spawn(async move {
-                for n in 0..50 {
-                    store.send(&queue, Outgoing::json(&(lane * 1000 + n)).unwrap()).await.unwrap();
-                }
-            })
-        })
-        .collect();
-    for lane in lanes {
-        lane.await.unwrap();
-    }
+    send_from_lanes(&store, &queue, 32, 50).await;
     let after = store.commit_counts();
     let (jobs, commits) = (after.jobs - before.jobs, after.commits - before.commits);
     assert_eq!(jobs, 32 * 50, "every send is one job");
@@ -108,19 +96,7 @@ async fn concurrent_writers_share_flushes() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(&dir, Durability::Full);
     let queue = QueueName::new("jobs").unwrap();
-    let lanes: Vec<_> = (0..32)
-        .map(|lane| {
-            let (store, queue) = (store.clone(), queue.clone());
-            tokio::spawn(async move {
-                for n in 0..50 {
-                    store.send(&queue, Outgoing::json(&(lane * 1000 + n)).unwrap()).await.unwrap();
-                }
-            })
-        })
-        .collect();
-    for lane in lanes {
-        lane.await.unwrap();
-    }
+    send_from_lanes(&store, &queue, 32, 50).await;
     let counts = store.commit_counts();
     assert!(counts.flushes >= 1 && counts.flushes <= counts.commits, "{counts:?}");
     assert!(counts.flushes < 32 * 50, "1,600 sends must share flushes: {counts:?}");
@@ -156,4 +132,22 @@ async fn bad_config_is_refused() {
     config.batch_ops_max = 0;
     let err = SqliteStore::open(config, Arc::new(SystemClock)).unwrap_err();
     assert!(err.to_string().contains("batch_ops_max"), "{err}");
+}
+
+/// Sends `per_lane` messages from each of `lanes` tasks at once, so that
+/// their writes meet at the writer together.
+async fn send_from_lanes(store: &Arc<SqliteStore>, queue: &QueueName, lanes: u32, per_lane: u32) {
+    let lanes: Vec<_> = (0..lanes)
+        .map(|lane| {
+            let (store, queue) = (store.clone(), queue.clone());
+            tokio::spawn(async move {
+                for n in 0..per_lane {
+                    store.send(&queue, Outgoing::json(&(lane * 1000 + n)).unwrap()).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for lane in lanes {
+        lane.await.unwrap();
+    }
 }
