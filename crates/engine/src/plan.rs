@@ -226,7 +226,12 @@ struct Draft<'a> {
 }
 
 impl<'a> Draft<'a> {
-    fn new(record: &'a TaskRecord, steps_before: &'a BTreeMap<StepName, &'a Step>, completed_in_order: &[StepName], cx: &'a Context<'a>) -> Self {
+    fn new(
+        record: &'a TaskRecord,
+        steps_before: &'a BTreeMap<StepName, &'a Step>,
+        completed_in_order: &[StepName],
+        cx: &'a Context<'a>,
+    ) -> Self {
         Draft {
             cx,
             task_before: &record.task,
@@ -1118,12 +1123,7 @@ impl<'a> Draft<'a> {
         self.steps.outputs()
     }
 
-    fn template_context<'c>(
-        &'c self,
-        attempt: u32,
-        outputs: &'c Outputs<'_>,
-        item: Option<(&'c Value, usize)>,
-    ) -> TemplateContext<'c> {
+    fn template_context<'c>(&'c self, attempt: u32, outputs: &'c Outputs<'_>, item: Option<(&'c Value, usize)>) -> TemplateContext<'c> {
         TemplateContext {
             input: &self.task.input,
             outputs,

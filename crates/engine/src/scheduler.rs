@@ -218,7 +218,8 @@ impl Records {
         if write.task.state.is_terminal() || write.task.locked_by.as_ref() != Some(me) {
             return None;
         }
-        let steps = changes.steps.iter().map(|w| &w.step).chain(&changes.new_steps).filter(|s| s.task_id == before.task.id).cloned().collect();
+        let steps =
+            changes.steps.iter().map(|w| &w.step).chain(&changes.new_steps).filter(|s| s.task_id == before.task.id).cloned().collect();
         Some(RecordPatch { task: write.task.clone(), steps })
     }
 
