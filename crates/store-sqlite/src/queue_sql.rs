@@ -507,6 +507,25 @@ pub(crate) fn has_visible(conn: &Connection, queue: &QueueName, now: Timestamp) 
     .map_err(sql_error)
 }
 
+/// Which of `queues` a parked receive may find work in: those with a
+/// visible message and not paused, and those that do not exist yet (their
+/// first receive creates them). One statement for every parked queue, so
+/// that a batch does not try a claim for each receiver of an idle queue.
+pub(crate) fn servable(conn: &Connection, queues: &[&QueueName], now: Timestamp) -> Result<std::collections::HashSet<String>> {
+    let names =
+        serde_json::to_string(&queues.iter().map(|q| q.as_str()).collect::<Vec<_>>()).map_err(|err| Error::Backend(err.to_string()))?;
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT DISTINCT j.value FROM json_each(?1) AS j
+              WHERE NOT EXISTS (SELECT 1 FROM queues q WHERE q.name = j.value)
+                 OR EXISTS (SELECT 1 FROM queues q JOIN messages m ON m.queue_id = q.id
+                             WHERE q.name = j.value AND q.paused = 0 AND m.visible_at <= ?2)",
+        )
+        .map_err(sql_error)?;
+    let rows = stmt.query_map(params![names, now.as_millis()], |row| row.get::<_, String>(0)).map_err(sql_error)?;
+    rows.collect::<rusqlite::Result<_>>().map_err(sql_error)
+}
+
 /// The backlogs of `queues` that exist, in the order given. Both reads
 /// walk `messages_visible`: the ready count stops at `up_to` entries, and
 /// a leased message is one visible later (at its lease's end).

@@ -67,7 +67,8 @@ pub struct CommitStats {
     pub commits: AtomicU64,
     /// Jobs run (each caller's operation is one job).
     pub jobs: AtomicU64,
-    /// Receives served (with or without messages).
+    /// Claims made for receives (with or without messages found). A
+    /// parked receive whose queue holds nothing visible waits without one.
     pub receives: AtomicU64,
     /// Transactions committed for the periodic sweep of expired message
     /// ids alone (no job, no receive, no give-back).
@@ -349,9 +350,17 @@ impl Writer {
         let wall = Instant::now();
         let mut ready = Vec::new();
         let mut still = Vec::with_capacity(self.parked.len());
+        // A claim for a receiver whose queue holds nothing visible would
+        // find nothing: one read leaves those out, however many wait.
+        // On a read error, try every claim: each reports its own error.
+        let servable = queue_sql::servable(&self.conn, &self.parked.iter().map(|p| &p.queue).collect::<Vec<_>>(), now).ok();
         for parked in std::mem::take(&mut self.parked) {
-            self.stats.receives.fetch_add(1, Ordering::Relaxed);
-            let result = self.claim_for(&parked, now);
+            let result = if servable.as_ref().is_none_or(|servable| servable.contains(parked.queue.as_str())) {
+                self.stats.receives.fetch_add(1, Ordering::Relaxed);
+                self.claim_for(&parked, now)
+            } else {
+                Ok(Vec::new())
+            };
             match result {
                 Ok(deliveries) if deliveries.is_empty() && parked.deadline > wall => still.push(parked),
                 other => ready.push((parked, other)),

@@ -151,3 +151,41 @@ async fn send_from_lanes(store: &Arc<SqliteStore>, queue: &QueueName, lanes: u32
         lane.await.unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_to_one_queue_try_no_claim_for_receivers_waiting_on_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir, Durability::Normal);
+    let idle: Vec<QueueName> = (0..50).map(|n| QueueName::new(format!("idle-{n}")).unwrap()).collect();
+    // A first receive creates each queue.
+    for queue in &idle {
+        assert!(store.receive(queue, Receive::up_to(1)).await.unwrap().is_empty());
+    }
+    let waiting: Vec<_> = idle
+        .iter()
+        .map(|queue| {
+            let (store, queue) = (store.clone(), queue.clone());
+            tokio::spawn(async move { store.receive(&queue, Receive::up_to(1).waiting(Duration::from_secs(30))).await.unwrap() })
+        })
+        .collect();
+    // Time for every receive to reach the writer and park there.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let parked = |store: &Arc<SqliteStore>| store.commit_counts().receives;
+    let before = parked(&store);
+    let busy = QueueName::new("busy").unwrap();
+    for n in 0..20 {
+        store.send(&busy, Outgoing::json(&n).unwrap()).await.unwrap();
+    }
+    let tried = parked(&store) - before;
+    assert!(tried < 20, "20 sends to another queue tried {tried} claims for 50 idle receivers");
+
+    // A send to a waiting receiver's queue still reaches it.
+    store.send(&idle[7], Outgoing::json(&"for seven").unwrap()).await.unwrap();
+    let mut waiting = waiting;
+    let seventh = waiting.remove(7);
+    let delivered = tokio::time::timeout(Duration::from_secs(10), seventh).await.expect("served").unwrap();
+    assert_eq!(delivered.len(), 1);
+    for other in waiting {
+        other.abort();
+    }
+}
