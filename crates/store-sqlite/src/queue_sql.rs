@@ -498,15 +498,6 @@ pub(crate) fn forget_expired_ids(conn: &Connection, now: Timestamp, limit: u32) 
     .map_err(sql_error)
 }
 
-/// Whether a queue has a visible message (a cheap check before a claim).
-pub(crate) fn has_visible(conn: &Connection, queue: &QueueName, now: Timestamp) -> Result<bool> {
-    conn.prepare_cached(
-        "SELECT EXISTS (SELECT 1 FROM messages WHERE queue_id = (SELECT id FROM queues WHERE name = ?1 AND paused = 0) AND visible_at <= ?2)",
-    )
-    .and_then(|mut stmt| stmt.query_row(params![queue.as_str(), now.as_millis()], |row| row.get(0)))
-    .map_err(sql_error)
-}
-
 /// Which of `queues` a parked receive may find work in: those with a
 /// visible message and not paused, and those that do not exist yet (their
 /// first receive creates them). One statement for every parked queue, so

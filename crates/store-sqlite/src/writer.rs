@@ -229,10 +229,14 @@ impl Writer {
     fn run_batch(&mut self, batch: &mut Vec<Command>) {
         let now = self.clock.now();
         let mut jobs = Vec::with_capacity(batch.len());
+        let mut newly_parked: Vec<QueueName> = Vec::new();
         for command in batch.drain(..) {
             match command {
                 Command::Write(job) => jobs.push(job),
-                Command::Receive(parked) => self.parked.push(parked),
+                Command::Receive(parked) => {
+                    newly_parked.push(parked.queue.clone());
+                    self.parked.push(parked);
+                }
             }
         }
         // Receivers whose caller went away need nothing more.
@@ -248,8 +252,16 @@ impl Writer {
             self.last_poll = Instant::now();
         }
         // A poll with nothing to do must not take the write lock (another
-        // process may be writing): check cheaply first.
-        let worth_serving = serve_parked && (!jobs.is_empty() || self.any_parked_visible(now));
+        // process may be writing): check cheaply first. Between polls, only
+        // the receivers that just arrived can have work no batch offered
+        // them yet: the others were tried after the last batch of writes.
+        let worth_serving = serve_parked
+            && (!jobs.is_empty()
+                || if poll_due {
+                    self.any_visible(&self.parked.iter().map(|p| &p.queue).collect::<Vec<_>>(), now)
+                } else {
+                    !newly_parked.is_empty() && self.any_visible(&newly_parked.iter().collect::<Vec<_>>(), now)
+                });
         let sweep_due = self.last_sweep.elapsed() >= ID_SWEEP_INTERVAL;
 
         if jobs.is_empty() && !worth_serving && self.orphaned.is_empty() && !sweep_due {
@@ -336,11 +348,11 @@ impl Writer {
         self.reply_expired_waits();
     }
 
-    fn any_parked_visible(&self, now: Timestamp) -> bool {
-        // On a read error, serve anyway: the claim will report it.
-        self.parked.iter().any(|p| queue_sql::has_visible(&self.conn, &p.queue, now).unwrap_or(true))
-            // An unknown queue must still be created by its first receive.
-            || self.parked.iter().any(|p| queue_sql::find_queue(&self.conn, &p.queue).map(|q| q.is_none()).unwrap_or(true))
+    /// Whether any of `queues` holds a visible message, or does not exist
+    /// yet (its first receive creates it). One statement for them all; on a
+    /// read error, yes: the claim will report it.
+    fn any_visible(&self, queues: &[&QueueName], now: Timestamp) -> bool {
+        queue_sql::servable(&self.conn, queues, now).map_or(true, |servable| !servable.is_empty())
     }
 
     /// Claims messages for parked receivers, oldest receiver first. Returns
