@@ -305,10 +305,12 @@ fn create_sql(p: &CreateParams) -> String {
          inserted AS (
              INSERT INTO rota.tasks (id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
                                      failure_count, reply_to, output, error, created_at, updated_at, warn_at, paused,
-                                     reply_queue, submitter, tags, priority, concurrency_key, concurrency_limit, parent_id, parent_step, parent_attempt, depth)
+                                     reply_queue, submitter, tags, priority, concurrency_key, concurrency_limit, parent_id, parent_step, parent_attempt, depth,
+                                     held)
              SELECT t.id, t.workflow, t.workflow_version, t.input, t.state, t.locked_by, t.lease_epoch, t.complete_by, t.not_before,
                     t.failure_count, t.reply_to, t.output, t.error, t.created_at, t.updated_at, t.warn_at, t.paused,
-                    t.reply_queue, t.submitter, t.tags, t.priority, t.concurrency_key, t.concurrency_limit, t.parent_id, t.parent_step, t.parent_attempt, t.depth
+                    t.reply_queue, t.submitter, t.tags, t.priority, t.concurrency_key, t.concurrency_limit, t.parent_id, t.parent_step, t.parent_attempt, t.depth,
+                    EXISTS (SELECT 1 FROM rota.workflow_pauses AS p WHERE p.name = t.workflow AND p.paused FOR SHARE)
                FROM unnest({tasks}, {reply_queue}, {submitter}, {tags}, {priority}, {concurrency_key}, {concurrency_limit}, {parent_id}, {parent_step}, {parent_attempt}, {depth})
                     WITH ORDINALITY
                     AS t(id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,

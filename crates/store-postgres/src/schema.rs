@@ -425,6 +425,26 @@ CREATE INDEX tasks_parent ON rota.tasks (parent_id, created_seq) WHERE parent_id
 CREATE INDEX tasks_children_running ON rota.tasks (parent_id)
     WHERE parent_id IS NOT NULL AND state IN ('pending', 'processing');
 "#,
+    r#"
+-- The unfinished tasks of a paused workflow are held: the claim indexes
+-- leave them out, so a paused workflow's backlog costs a claim nothing
+-- (it walked every one of them). A pause marks them and a resume clears
+-- them (`tasks_held`), each in the transaction that changes the pause; a
+-- task created meanwhile is marked as its workflow stands, reading a
+-- paused row with a share lock, so that a resume waits for it to commit
+-- and then clears it. Claims still check `workflow_pauses` too.
+ALTER TABLE rota.tasks ADD COLUMN held BOOLEAN NOT NULL DEFAULT false;
+UPDATE rota.tasks SET held = true
+ WHERE state IN ('pending', 'processing', 'compensating')
+   AND workflow IN (SELECT name FROM rota.workflow_pauses WHERE paused);
+DROP INDEX rota.tasks_claimable;
+CREATE INDEX tasks_claimable ON rota.tasks (not_before)
+    WHERE state IN ('pending', 'compensating') AND locked_by IS NULL AND NOT paused AND NOT held;
+DROP INDEX rota.tasks_claimable_priority;
+CREATE INDEX tasks_claimable_priority ON rota.tasks (priority DESC, not_before)
+    WHERE state IN ('pending', 'compensating') AND locked_by IS NULL AND NOT paused AND NOT held;
+CREATE INDEX tasks_held ON rota.tasks (workflow) WHERE held;
+"#,
 ];
 
 /// How many migrations this build knows.

@@ -15,7 +15,7 @@ use rota_store::{
 };
 use serde_json::Value;
 use sqlx::postgres::PgRow;
-use sqlx::{PgConnection, Row};
+use sqlx::{Connection, PgConnection, Row};
 
 use crate::sql::Names;
 use crate::{Fail, Result};
@@ -499,7 +499,7 @@ pub(crate) async fn claim_tasks(
              SELECT pg_advisory_xact_lock_shared($5 + (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM rota.event_seq))),
          oldest AS MATERIALIZED (
              SELECT id FROM rota.tasks
-              WHERE state IN ('pending', 'compensating') AND locked_by IS NULL AND NOT paused AND not_before <= $3
+              WHERE state IN ('pending', 'compensating') AND locked_by IS NULL AND NOT paused AND NOT held AND not_before <= $3
                 AND NOT EXISTS (SELECT 1 FROM rota.workflow_pauses p WHERE p.name = rota.tasks.workflow AND p.paused)
                 AND (concurrency_key IS NULL
                      OR EXISTS (SELECT 1 FROM rota.concurrency_slots s WHERE s.task_id = rota.tasks.id)
@@ -520,7 +520,7 @@ pub(crate) async fn claim_tasks(
               FOR UPDATE SKIP LOCKED),
          ranked AS MATERIALIZED (
              SELECT id FROM rota.tasks
-              WHERE state IN ('pending', 'compensating') AND locked_by IS NULL AND NOT paused AND not_before <= $3
+              WHERE state IN ('pending', 'compensating') AND locked_by IS NULL AND NOT paused AND NOT held AND not_before <= $3
                 AND NOT EXISTS (SELECT 1 FROM rota.workflow_pauses p WHERE p.name = rota.tasks.workflow AND p.paused)
                 AND (concurrency_key IS NULL
                      OR EXISTS (SELECT 1 FROM rota.concurrency_slots s WHERE s.task_id = rota.tasks.id)
@@ -939,19 +939,28 @@ pub(crate) async fn set_workflow_paused(conn: &mut PgConnection, n: &Names, chan
     } else {
         "UPDATE rota.workflow_pauses SET paused = $2, changed_by = $3, reason = $4, changed_at = $5 WHERE name = $1 AND paused"
     };
+    let mut tx = conn.begin().await?;
     let changed = sqlx::query(n.sql(sql))
         .bind(change.workflow.as_str())
         .bind(change.paused)
         .bind(&change.by)
         .bind(&change.reason)
         .bind(change.at.as_millis())
-        .execute(&mut *conn)
+        .execute(&mut *tx)
         .await?
         .rows_affected();
     if changed == 0 {
         let already = if change.paused { "paused" } else { "not paused" };
         return Err(Error::Conflict(format!("workflow {} is {already}", change.workflow)).into());
     }
+    // Hold or release its tasks, so that claims need not walk past them.
+    let hold = if change.paused {
+        "UPDATE rota.tasks SET held = true WHERE workflow = $1 AND state IN ('pending', 'processing', 'compensating') AND NOT held"
+    } else {
+        "UPDATE rota.tasks SET held = false WHERE workflow = $1 AND held"
+    };
+    sqlx::query(n.sql(hold)).bind(change.workflow.as_str()).execute(&mut *tx).await?;
+    tx.commit().await?;
     Ok(())
 }
 
@@ -1189,7 +1198,6 @@ mod tests {
     use std::sync::Arc;
 
     use rota_model::SystemClock;
-    use sqlx::Connection;
 
     use super::*;
 
@@ -1206,6 +1214,39 @@ mod tests {
         let explain = names.raw(&format!("EXPLAIN {}", names.qualify(&text)));
         let rows = s.query(explain).fetch_all(&mut conn).await.unwrap();
         Some(rows.iter().map(|row| row.get::<String, _>(0)).collect::<Vec<_>>().join("\n"))
+    }
+
+    /// A paused workflow's unfinished tasks, those created during the pause
+    /// too, are out of the claim indexes until the resume, so that claims
+    /// do not walk them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_paused_workflows_tasks_are_out_of_the_claim_indexes() {
+        use rota_store::{NewTask, Tasks};
+        let Some(schema) = rota_testkit::postgres::TestSchema::new("held tasks on PostgreSQL") else { return };
+        let mut config = crate::Config::new(schema.url.clone());
+        config.schema = schema.name.clone();
+        let store = crate::PgStore::open(config.clone(), Arc::new(SystemClock)).await.unwrap();
+        let mut conn = PgConnection::connect_with(&config.connect_options().unwrap()).await.unwrap();
+        let names = Names::new(&schema.name);
+        let workflow = WorkflowName::new("refunds").unwrap();
+        let now = Timestamp::from_millis(1_000_000);
+        let create = |name: &str| {
+            let task = Task::new(TaskId::new(name).unwrap(), workflow.clone(), 1, serde_json::json!({}), now);
+            store.create_task(NewTask { task, steps: Vec::new(), messages: Vec::new(), events: Vec::new() })
+        };
+        // What the claim indexes hold of the workflow: their condition.
+        let in_claim_indexes = "SELECT count(*) FROM rota.tasks
+                                 WHERE workflow = 'refunds' AND state IN ('pending', 'compensating') AND locked_by IS NULL
+                                   AND NOT paused AND NOT held";
+        let mut claimable = async || sqlx::query_scalar::<_, i64>(names.sql(in_claim_indexes)).fetch_one(&mut conn).await.unwrap();
+
+        create("before").await.unwrap();
+        let pause = WorkflowPause { workflow: workflow.clone(), paused: true, by: "ann".into(), reason: None, at: now };
+        store.set_workflow_paused(&pause).await.unwrap();
+        create("during").await.unwrap();
+        assert_eq!(claimable().await, 0, "paused, its tasks are held");
+        store.set_workflow_paused(&WorkflowPause { paused: false, ..pause }).await.unwrap();
+        assert_eq!(claimable().await, 2, "resumed, its tasks are back, those created during the pause too");
     }
 
     /// A listing by id prefix reads the ids' byte-order index: the primary

@@ -1006,8 +1006,8 @@ impl Store for SqliteStore {
 mod tests {
     use std::time::Duration;
 
-    use rota_model::{InstanceId, MessageId, QueueName, Timestamp};
-    use rota_store::{Claim, Outgoing};
+    use rota_model::{InstanceId, MessageId, QueueName, Task, TaskId, Timestamp, WorkflowName};
+    use rota_store::{Claim, Outgoing, WorkflowPause};
 
     use super::{Config, open_connection, queue_sql, schema, task_sql};
 
@@ -1027,6 +1027,58 @@ mod tests {
             }
         }
         total
+    }
+
+    /// The virtual machine steps every statement cached on `conn` took
+    /// since the last call (which resets them).
+    fn steps_taken(conn: &rusqlite::Connection) -> i32 {
+        let mut total = 0;
+        // SAFETY: as in `compiled_again`; resetting a counter writes only
+        // to the statement's own counters.
+        unsafe {
+            let db = conn.handle();
+            let mut stmt = rusqlite::ffi::sqlite3_next_stmt(db, std::ptr::null_mut());
+            while !stmt.is_null() {
+                total += rusqlite::ffi::sqlite3_stmt_status(stmt, rusqlite::ffi::SQLITE_STMTSTATUS_VM_STEP, 1);
+                stmt = rusqlite::ffi::sqlite3_next_stmt(db, stmt);
+            }
+        }
+        total
+    }
+
+    #[test]
+    fn a_claim_does_not_walk_the_tasks_of_a_paused_workflow() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let mut conn = open_connection(&Config::new(dir.path().join("held.db"))).expect("open");
+        schema::migrate(&mut conn).expect("migrate");
+        let owner = InstanceId::new("scheduler-1").expect("an instance id");
+        let paused = WorkflowName::new("refunds").expect("a workflow name");
+        let now = Timestamp::from_millis(1_000_000);
+        let create = |first: u32, count: u32| {
+            for i in first..first + count {
+                let task = Task::new(TaskId::new(format!("r{i}")).expect("a task id"), paused.clone(), 1, serde_json::json!({}), now);
+                task_sql::insert_task(&conn, &task).expect("insert");
+            }
+        };
+        // Paused with a few tasks before, and more submitted during the pause.
+        create(0, 10);
+        let pause = WorkflowPause { workflow: paused.clone(), paused: true, by: "ann".into(), reason: None, at: now };
+        task_sql::set_workflow_paused(&conn, &pause).expect("pause");
+        create(10, 10);
+        let claim = || task_sql::claim_tasks(&conn, &owner, Duration::from_secs(10), Claim::by_priority(10), now).expect("claim");
+        assert!(claim().is_empty(), "a paused workflow's task was claimed");
+        steps_taken(&conn);
+        assert!(claim().is_empty());
+        let beside_few = steps_taken(&conn);
+        create(20, 2_000);
+        steps_taken(&conn);
+        assert!(claim().is_empty());
+        let beside_many = steps_taken(&conn);
+        assert_eq!(beside_many, beside_few, "the claim's work grew with the paused backlog");
+
+        let resume = WorkflowPause { paused: false, ..pause };
+        task_sql::set_workflow_paused(&conn, &resume).expect("resume");
+        assert_eq!(claim().len(), 10, "resumed, its tasks are claimed, those submitted during the pause too");
     }
 
     #[test]

@@ -383,6 +383,25 @@ CREATE INDEX tasks_parent ON tasks (parent_id) WHERE parent_id IS NOT NULL;
 CREATE INDEX tasks_children_running ON tasks (parent_id)
     WHERE parent_id IS NOT NULL AND state IN ('pending', 'processing');
 "#,
+    r#"
+-- The unfinished tasks of a paused workflow are held: the claim indexes
+-- leave them out, so a paused workflow's backlog costs a claim nothing
+-- (it walked every one of them). A pause marks them and a resume clears
+-- them (`tasks_held`), each in the transaction that changes the pause; a
+-- task created meanwhile is marked as its workflow stands. Claims still
+-- check `workflow_pauses` too.
+ALTER TABLE tasks ADD COLUMN held INTEGER NOT NULL DEFAULT 0;
+UPDATE tasks SET held = 1
+ WHERE state IN ('pending', 'processing', 'compensating')
+   AND workflow IN (SELECT name FROM workflow_pauses WHERE paused = 1);
+DROP INDEX tasks_claimable;
+CREATE INDEX tasks_claimable ON tasks (not_before)
+    WHERE state IN ('pending', 'compensating') AND locked_by IS NULL AND paused = 0 AND held = 0;
+DROP INDEX tasks_claimable_priority;
+CREATE INDEX tasks_claimable_priority ON tasks (priority DESC, not_before)
+    WHERE state IN ('pending', 'compensating') AND locked_by IS NULL AND paused = 0 AND held = 0;
+CREATE INDEX tasks_held ON tasks (workflow) WHERE held = 1;
+"#,
 ];
 
 /// Runs the migrations that have not run yet.

@@ -253,7 +253,9 @@ fn bind_step(stmt: &mut rusqlite::Statement<'_>, step: &Step) -> rusqlite::Resul
 
 pub(crate) fn insert_task(conn: &Connection, task: &Task) -> Result<()> {
     conn.prepare_cached(&format!(
-        "INSERT INTO tasks ({TASK_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, NULL, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28)"
+        "INSERT INTO tasks ({TASK_COLUMNS}, held)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, NULL, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28,
+                 EXISTS (SELECT 1 FROM workflow_pauses WHERE name = ?2 AND paused = 1))"
     ))
     .and_then(|mut stmt| {
         bind_task(&mut stmt, task)?;
@@ -675,7 +677,7 @@ pub(crate) fn claim_tasks(conn: &Connection, owner: &InstanceId, lease: Duration
     // (up to CONCURRENCY_LIMIT_MAX of them: SQLite's LIMIT cannot name the
     // task's own limit).
     const _: () = assert!(rota_model::CONCURRENCY_LIMIT_MAX == 10_000, "the LIMIT below");
-    const CLAIMABLE: &str = "state IN ('pending', 'compensating') AND locked_by IS NULL AND paused = 0 AND not_before <= ?3
+    const CLAIMABLE: &str = "state IN ('pending', 'compensating') AND locked_by IS NULL AND paused = 0 AND held = 0 AND not_before <= ?3
                              AND NOT EXISTS (SELECT 1 FROM workflow_pauses p WHERE p.name = tasks.workflow AND p.paused = 1)
                              AND (concurrency_key IS NULL
                                   OR EXISTS (SELECT 1 FROM concurrency_slots s WHERE s.task_id = tasks.id)
@@ -1052,6 +1054,13 @@ pub(crate) fn set_workflow_paused(conn: &Connection, change: &WorkflowPause) -> 
         let already = if change.paused { "paused" } else { "not paused" };
         return Err(Error::Conflict(format!("workflow {} is {already}", change.workflow)));
     }
+    // Hold or release its tasks, so that claims need not walk past them.
+    let hold = if change.paused {
+        "UPDATE tasks SET held = 1 WHERE workflow = ?1 AND state IN ('pending', 'processing', 'compensating') AND held = 0"
+    } else {
+        "UPDATE tasks INDEXED BY tasks_held SET held = 0 WHERE workflow = ?1 AND held = 1"
+    };
+    conn.prepare_cached(hold).and_then(|mut stmt| stmt.execute([change.workflow.as_str()])).map_err(sql_error)?;
     Ok(())
 }
 
