@@ -57,9 +57,7 @@ if [ "$quick" = 1 ]; then
     m_default=200
 else
     backlogs="0 10000 100000 1000000"
-    # A claim walks past a paused workflow's tasks (see docs/performance.md),
-    # so a million of them would take W hours: this scenario stops earlier.
-    paused_backlogs="0 10000 100000 300000"
+    paused_backlogs=$backlogs
     pendings="2000 10000 100000 1000000"
     queue_counts="1 10 100 1000"
     step_counts="1 3 10 30 100"
