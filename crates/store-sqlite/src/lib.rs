@@ -254,16 +254,21 @@ fn open_connection(config: &Config) -> Result<Connection> {
         config.durability.pragma()
     ))
     .map_err(sql_error)?;
-    // Without the planner's stability guarantee, a statement whose plan
-    // looked at a bound value (any `LIMIT ?`, a parameter compared with a
-    // partial index's condition) is compiled again every time that
-    // parameter is bound: every claim was parsed and planned anew, a
-    // quarter of the writer thread's time with one workflow at a time.
-    // Every query here names its constants in the SQL text (and its index
-    // where the choice matters), so no plan needs a bound value.
-    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true).map_err(sql_error)?;
     conn.set_prepared_statement_cache_capacity(128);
     Ok(conn)
+}
+
+/// Keeps the writer's statements compiled once. Without the planner's
+/// stability guarantee, a statement whose plan looked at a bound value (a
+/// bound `LIMIT`, a parameter compared with a partial index's condition)
+/// is compiled again every time that parameter is bound: every claim was
+/// parsed and planned anew, a quarter of the writer thread's time with one
+/// workflow at a time. The writer's statements name their constants in
+/// the SQL, and their index where the choice matters. The readers keep
+/// the default: a listing's plan may rightly depend on its page size.
+fn compile_once(conn: &Connection) -> Result<()> {
+    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true).map_err(sql_error)?;
+    Ok(())
 }
 
 /// Makes the file give its free pages back when asked
@@ -292,6 +297,7 @@ impl SqliteStore {
     pub fn open(config: Config, clock: Arc<dyn Clock>) -> Result<SqliteStore> {
         config.validate()?;
         let mut writer_conn = open_connection(&config)?;
+        compile_once(&writer_conn)?;
         incremental_vacuum(&writer_conn, &config)?;
         schema::migrate(&mut writer_conn).map_err(sql_error)?;
         let found: i64 = writer_conn.query_row("PRAGMA user_version", [], |row| row.get(0)).map_err(sql_error)?;
@@ -1009,7 +1015,7 @@ mod tests {
     use rota_model::{InstanceId, MessageId, QueueName, Task, TaskId, Timestamp, WorkflowName};
     use rota_store::{Claim, Outgoing, WorkflowPause};
 
-    use super::{Config, open_connection, queue_sql, schema, task_sql};
+    use super::{Config, compile_once, open_connection, queue_sql, schema, task_sql};
 
     /// How many times SQLite compiled the statements cached on `conn`
     /// again after their first preparation.
@@ -1085,6 +1091,7 @@ mod tests {
     fn claims_are_not_compiled_again_for_each_new_time_or_size() {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let mut conn = open_connection(&Config::new(dir.path().join("plans.db"))).expect("open");
+        compile_once(&conn).expect("the writer's planner setting");
         schema::migrate(&mut conn).expect("migrate");
         let owner = InstanceId::new("scheduler-1").expect("an instance id");
         let name = QueueName::new("agent.noop").expect("a queue name");
