@@ -206,9 +206,17 @@ impl Target {
         match self.backend {
             Backend::Sqlite { store, .. } => drop(store),
             Backend::Postgres { store, .. } => {
-                if let Ok(store) = Arc::try_unwrap(store)
-                    && let Err(err) = store.drop_schema().await
-                {
+                // Anything of the run still holding the store (a client, a
+                // listener) keeps it open: drop the schema through a store of
+                // its own then, rather than leave the run's tables behind.
+                let dropped = match Arc::try_unwrap(store) {
+                    Ok(store) => store.drop_schema().await,
+                    Err(shared) => match PgStore::open(shared.config().clone(), Arc::new(SystemClock)).await {
+                        Ok(own) => own.drop_schema().await,
+                        Err(err) => Err(err),
+                    },
+                };
+                if let Err(err) = dropped {
                     tracing::warn!("cannot drop the benchmark's schema: {err}");
                 }
             }
