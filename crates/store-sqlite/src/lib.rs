@@ -1017,39 +1017,34 @@ mod tests {
 
     use super::{Config, compile_once, open_connection, queue_sql, schema, task_sql};
 
-    /// How many times SQLite compiled the statements cached on `conn`
-    /// again after their first preparation.
-    fn compiled_again(conn: &rusqlite::Connection) -> i32 {
+    /// The sum of counter `counter` (an `SQLITE_STMTSTATUS_…`) over every
+    /// statement cached on `conn`, reset to zero after the read if `reset`.
+    fn statements_counter(conn: &rusqlite::Connection, counter: std::os::raw::c_int, reset: bool) -> i32 {
         let mut total = 0;
         // SAFETY: the handle is valid for as long as `conn` is borrowed, no
         // statement is finalized meanwhile (this thread owns the connection),
-        // and sqlite3_next_stmt / sqlite3_stmt_status only read.
+        // and sqlite3_stmt_status reads, or resets, the statement's own counter.
         unsafe {
             let db = conn.handle();
             let mut stmt = rusqlite::ffi::sqlite3_next_stmt(db, std::ptr::null_mut());
             while !stmt.is_null() {
-                total += rusqlite::ffi::sqlite3_stmt_status(stmt, rusqlite::ffi::SQLITE_STMTSTATUS_REPREPARE, 0);
+                total += rusqlite::ffi::sqlite3_stmt_status(stmt, counter, std::os::raw::c_int::from(reset));
                 stmt = rusqlite::ffi::sqlite3_next_stmt(db, stmt);
             }
         }
         total
     }
 
-    /// The virtual machine steps every statement cached on `conn` took
-    /// since the last call (which resets them).
+    /// How many times SQLite compiled the statements cached on `conn`
+    /// again after their first preparation.
+    fn compiled_again(conn: &rusqlite::Connection) -> i32 {
+        statements_counter(conn, rusqlite::ffi::SQLITE_STMTSTATUS_REPREPARE, false)
+    }
+
+    /// The virtual machine steps the statements cached on `conn` took
+    /// since the last call.
     fn steps_taken(conn: &rusqlite::Connection) -> i32 {
-        let mut total = 0;
-        // SAFETY: as in `compiled_again`; resetting a counter writes only
-        // to the statement's own counters.
-        unsafe {
-            let db = conn.handle();
-            let mut stmt = rusqlite::ffi::sqlite3_next_stmt(db, std::ptr::null_mut());
-            while !stmt.is_null() {
-                total += rusqlite::ffi::sqlite3_stmt_status(stmt, rusqlite::ffi::SQLITE_STMTSTATUS_VM_STEP, 1);
-                stmt = rusqlite::ffi::sqlite3_next_stmt(db, stmt);
-            }
-        }
-        total
+        statements_counter(conn, rusqlite::ffi::SQLITE_STMTSTATUS_VM_STEP, true)
     }
 
     #[test]
