@@ -386,8 +386,8 @@ pub(crate) async fn commit(
     now: Timestamp,
 ) -> Result<Committed> {
     let (params, p) = commit_params(n, parts, queue_ids, now)?;
-    static COMMIT: Statement = Statement::new();
-    let sql = COMMIT.text(|| commit_sql(&p));
+    static COMMITS: [Statement; Shape::COUNT] = [const { Statement::new() }; Shape::COUNT];
+    let sql = COMMITS[p.shape().index()].text(|| commit_sql(&p));
     let outcome = sqlx::query_scalar_with::<_, Vec<i64>, _>(n.sql(sql), params.into_arguments()).fetch_one(&mut *conn).await;
     match outcome {
         Ok(sent_to) => Ok(Committed::Written(queues_named(queue_ids, &sent_to))),
@@ -396,26 +396,77 @@ pub(crate) async fn commit(
     }
 }
 
-/// The parameters of the commit statement.
-struct CommitParams {
-    tasks: TaskArrays,
-    /// The state and the lease epoch each task write expects.
-    task_expected: (Array, Array),
-    steps: StepArrays,
-    /// The state and the attempt each step write expects.
-    step_expected: (Array, Array),
-    /// The steps created.
-    new_steps: StepArrays,
-    /// Each completion's lease token (sequence, epoch) and queue.
-    complete: (Array, Array, Array),
-    now: Param,
-    events: EventArrays,
-    /// The event-writer lock base (see `Names::event_lock_base`).
-    lock_base: Param,
-    sends: SendArrays,
+/// Which kinds of change a commit statement carries. The statement leaves
+/// out the parts of the others: an empty data-modifying CTE still costs its
+/// planning, its locks on the table and every index, and its executor
+/// start (measured on this store: an agent's reply, a completion and a
+/// send, runs in 0.13 ms as its own statement and in 0.33 ms as the
+/// statement of every part with empty arrays).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Shape {
+    task_writes: bool,
+    step_writes: bool,
+    step_creates: bool,
+    completions: bool,
+    events: bool,
+    sends: bool,
+    /// Some send carries its own id, to be checked against `message_ids`.
+    keyed_sends: bool,
 }
 
-/// Binds every part's changes, in one fixed order.
+impl Shape {
+    /// How many shapes there are: one statement text is kept for each.
+    const COUNT: usize = 1 << 7;
+
+    fn index(self) -> usize {
+        [self.task_writes, self.step_writes, self.step_creates, self.completions, self.events, self.sends, self.keyed_sends]
+            .iter()
+            .enumerate()
+            .map(|(bit, &present)| usize::from(present) << bit)
+            .sum()
+    }
+}
+
+/// The sends of a commit statement as array parameters, and whether any of
+/// them carries its own id.
+struct CommitSends {
+    arrays: SendArrays,
+    keyed: bool,
+}
+
+/// The parameters of the commit statement; a part the commit does not
+/// carry has none.
+struct CommitParams {
+    /// The tasks written, with the state and lease epoch each write expects.
+    task_writes: Option<(TaskArrays, Array, Array)>,
+    /// The steps written, with the state and attempt each write expects.
+    step_writes: Option<(StepArrays, Array, Array)>,
+    /// The steps created.
+    step_creates: Option<StepArrays>,
+    /// Each completion's lease token (sequence, epoch) and queue.
+    completions: Option<(Array, Array, Array)>,
+    now: Param,
+    /// The events, with the event-writer lock base (see
+    /// `Names::event_lock_base`).
+    events: Option<(EventArrays, Param)>,
+    sends: Option<CommitSends>,
+}
+
+impl CommitParams {
+    fn shape(&self) -> Shape {
+        Shape {
+            task_writes: self.task_writes.is_some(),
+            step_writes: self.step_writes.is_some(),
+            step_creates: self.step_creates.is_some(),
+            completions: self.completions.is_some(),
+            events: self.events.is_some(),
+            sends: self.sends.is_some(),
+            keyed_sends: self.sends.as_ref().is_some_and(|sends| sends.keyed),
+        }
+    }
+}
+
+/// Binds every part's changes, in one fixed order for each shape.
 fn commit_params(n: &Names, parts: &[Part<'_>], queue_ids: &HashMap<QueueName, i64>, now: Timestamp) -> Result<(Params, CommitParams)> {
     let queue_id = |queue: &QueueName| -> Result<i64> {
         queue_ids.get(queue).copied().ok_or_else(|| Error::Backend(format!("queue {queue} has no known id")).into())
@@ -427,44 +478,64 @@ fn commit_params(n: &Names, parts: &[Part<'_>], queue_ids: &HashMap<QueueName, i
     let complete: Vec<_> = parts.iter().flat_map(|(changes, _)| &changes.complete).collect();
     let messages = parts.iter().flat_map(|(changes, ids)| changes.send.iter().zip(ids.iter()).map(|(m, id)| ("", m, id)));
     let sends = Sends::new(messages, &queue_id, now)?;
-    let complete_queue_ids = complete.iter().map(|(queue, _)| queue_id(queue)).collect::<Result<Vec<_>>>()?;
 
     let mut params = Params::default();
-    let p = CommitParams {
-        tasks: TaskArrays::push(&mut params, &task_writes.iter().map(|w| &w.task).collect::<Vec<_>>())?,
-        task_expected: (
+    let task_writes = match task_writes.is_empty() {
+        true => None,
+        false => Some((
+            TaskArrays::push(&mut params, &task_writes.iter().map(|w| &w.task).collect::<Vec<_>>())?,
             params.array(task_writes.iter().map(|w| w.expected_state.as_str()).collect::<Vec<_>>(), "text[]")?,
             params.array(task_writes.iter().map(|w| w.expected_epoch as i64).collect::<Vec<_>>(), "bigint[]")?,
-        ),
-        steps: StepArrays::push(&mut params, &step_writes.iter().map(|w| &w.step).collect::<Vec<_>>())?,
-        step_expected: (
+        )),
+    };
+    let step_writes = match step_writes.is_empty() {
+        true => None,
+        false => Some((
+            StepArrays::push(&mut params, &step_writes.iter().map(|w| &w.step).collect::<Vec<_>>())?,
             params.array(step_writes.iter().map(|w| w.expected_state.as_str()).collect::<Vec<_>>(), "text[]")?,
             params.array(step_writes.iter().map(|w| i64::from(w.expected_attempt)).collect::<Vec<_>>(), "bigint[]")?,
-        ),
-        new_steps: StepArrays::push(&mut params, &new_steps)?,
-        complete: (
-            params.array(complete.iter().map(|(_, token)| token.message).collect::<Vec<_>>(), "bigint[]")?,
-            params.array(complete.iter().map(|(_, token)| token.epoch).collect::<Vec<_>>(), "bigint[]")?,
-            params.array(&complete_queue_ids, "bigint[]")?,
-        ),
-        now: params.push(now.as_millis())?,
-        events: EventArrays::push(&mut params, &events)?,
-        lock_base: params.push(n.event_lock_base())?,
-        sends: SendArrays::push(&mut params, &sends)?,
+        )),
     };
-    Ok((params, p))
+    let step_creates = match new_steps.is_empty() {
+        true => None,
+        false => Some(StepArrays::push(&mut params, &new_steps)?),
+    };
+    let completions = match complete.is_empty() {
+        true => None,
+        false => {
+            let complete_queue_ids = complete.iter().map(|(queue, _)| queue_id(queue)).collect::<Result<Vec<_>>>()?;
+            Some((
+                params.array(complete.iter().map(|(_, token)| token.message).collect::<Vec<_>>(), "bigint[]")?,
+                params.array(complete.iter().map(|(_, token)| token.epoch).collect::<Vec<_>>(), "bigint[]")?,
+                params.array(&complete_queue_ids, "bigint[]")?,
+            ))
+        }
+    };
+    let now = params.push(now.as_millis())?;
+    let events = match events.is_empty() {
+        true => None,
+        false => Some((EventArrays::push(&mut params, &events)?, params.push(n.event_lock_base())?)),
+    };
+    let sends = match sends.ids.is_empty() {
+        true => None,
+        false => Some(CommitSends { arrays: SendArrays::push(&mut params, &sends)?, keyed: sends.keyed.contains(&true) }),
+    };
+    Ok((params, CommitParams { task_writes, step_writes, step_creates, completions, now, events, sends }))
 }
 
 /// The commit statement: the fenced writes and the completions, then the
 /// events and the sends, and last the check that refuses it all when a
-/// fenced write or a completion missed.
+/// fenced write or a completion missed. Only the parts the commit carries
+/// are in it.
 fn commit_sql(p: &CommitParams) -> String {
-    let (tasks, steps, new_steps, now) = (list(&p.tasks.0), list(&p.steps.0), list(&p.new_steps.0), p.now);
-    let ((task_state, task_epoch), (step_state, step_attempt)) = (p.task_expected, p.step_expected);
-    let (seq, epoch, queue) = p.complete;
-    format!(
-        "WITH
-         task_writes AS (
+    let now = p.now;
+    let mut ctes: Vec<String> = Vec::new();
+    // Each check: the CTE whose rows are counted, and the array whose
+    // length says how many rows it must have.
+    let mut checks: Vec<(&str, Array)> = Vec::new();
+    if let Some((tasks, state, epoch)) = &p.task_writes {
+        ctes.push(format!(
+            "task_writes AS (
              UPDATE rota.tasks AS t
                 SET workflow = w.workflow, workflow_version = w.workflow_version, input = w.input, state = w.state,
                     locked_by = w.locked_by, lease_epoch = w.lease_epoch, complete_by = w.complete_by, not_before = w.not_before,
@@ -472,86 +543,127 @@ fn commit_sql(p: &CommitParams) -> String {
                     created_at = w.created_at, updated_at = w.updated_at, warn_at = w.warn_at, paused = w.paused,
                     warned_at = CASE WHEN w.locked_by IS NULL THEN NULL ELSE t.warned_at END,
                     at_risk_since = CASE WHEN w.locked_by IS NULL THEN NULL ELSE t.at_risk_since END
-               FROM unnest({tasks}, {task_state}, {task_epoch})
+               FROM unnest({tasks}, {state}, {epoch})
                     AS w(id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
                          failure_count, reply_to, output, error, created_at, updated_at, warn_at, paused, expected_state,
                          expected_epoch)
               WHERE t.id = w.id AND t.state = w.expected_state AND t.lease_epoch = w.expected_epoch
-          RETURNING t.id),
-         step_writes AS (
+          RETURNING t.id)",
+            tasks = list(&tasks.0),
+        ));
+        checks.push(("task_writes", tasks.id()));
+    }
+    if let Some((steps, state, attempt)) = &p.step_writes {
+        ctes.push(format!(
+            "step_writes AS (
              UPDATE rota.steps AS s
                 SET position = w.position, state = w.state, attempt = w.attempt, complete_by = w.complete_by,
                     not_before = w.not_before, input = w.input, output = w.output, last_error = w.last_error,
                     updated_at = w.updated_at, warn_at = w.warn_at, callback_digest = w.callback_digest
-               FROM unnest({steps}, {step_state}, {step_attempt})
+               FROM unnest({steps}, {state}, {attempt})
                     AS w(task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error,
                          updated_at, warn_at, callback_digest, expected_state, expected_attempt)
               WHERE s.task_id = w.task_id AND s.name = w.name AND s.state = w.expected_state AND s.attempt = w.expected_attempt
-          RETURNING s.task_id),
-         step_creates AS (
+          RETURNING s.task_id)",
+            steps = list(&steps.0),
+        ));
+        checks.push(("step_writes", steps.task_id()));
+    }
+    if let Some(steps) = &p.step_creates {
+        ctes.push(format!(
+            "step_creates AS (
              INSERT INTO rota.steps (task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error,
                                      updated_at, warn_at, callback_digest)
-             SELECT w.* FROM unnest({new_steps})
+             SELECT w.* FROM unnest({steps})
                     AS w(task_id, name, position, state, attempt, complete_by, not_before, input, output, last_error, updated_at,
                          warn_at, callback_digest)
              ON CONFLICT (task_id, name) DO NOTHING
-          RETURNING task_id),
-         completed AS (
+          RETURNING task_id)",
+            steps = list(&steps.0),
+        ));
+        checks.push(("step_creates", steps.task_id()));
+    }
+    if let Some((seq, epoch, queue)) = p.completions {
+        ctes.push(format!(
+            "completed AS (
              DELETE FROM rota.messages AS m
               USING unnest({seq}, {epoch}, {queue}) AS c(seq, epoch, queue_id)
               WHERE m.seq = c.seq AND m.lease_epoch = c.epoch AND m.queue_id = c.queue_id AND m.lease_until > {now}
-          RETURNING m.seq),
-         {appends}
-         SELECT ARRAY(SELECT DISTINCT queue_id FROM sent)
-          WHERE rota.refuse_unless(
-                    (SELECT count(*) FROM task_writes) = cardinality({task_id})
-                AND (SELECT count(*) FROM step_writes) = cardinality({step_task_id})
-                AND (SELECT count(*) FROM step_creates) = cardinality({new_step_task_id})
-                AND (SELECT count(*) FROM completed) = cardinality({seq})
-                AND (SELECT count(*) FROM appended) = cardinality({event_task_id}),
-                    'a fenced write or a lease missed')",
-        appends = commit_appends_sql(p),
-        task_id = p.tasks.id(),
-        step_task_id = p.steps.task_id(),
-        new_step_task_id = p.new_steps.task_id(),
-        event_task_id = p.events.task_id(),
-    )
-}
-
-/// The commit statement's events and sends (the CTEs `writer`, `appended`,
-/// `fresh` and `sent`).
-fn commit_appends_sql(p: &CommitParams) -> String {
-    let (events, lock_base, now) = (list(&p.events.0), p.lock_base, p.now);
-    let SendArrays { queue_id, id, keyed, body, ordering_key, visible_at, reply_to, correlation_id } = &p.sends;
-    format!(
-        "writer AS (
-             SELECT pg_advisory_xact_lock_shared({lock_base} + (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM rota.event_seq))
-              WHERE cardinality({event_task_id}) > 0),
+          RETURNING m.seq)"
+        ));
+        checks.push(("completed", seq));
+    }
+    if let Some((events, lock_base)) = &p.events {
+        ctes.push(format!(
+            "writer AS (
+             SELECT pg_advisory_xact_lock_shared({lock_base} + (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM rota.event_seq))),
          appended AS (
              INSERT INTO rota.events (task_id, at, kind, step, attempt, detail)
              SELECT e.task_id, e.at, e.kind, e.step, e.attempt, e.detail
                FROM writer, unnest({events}) WITH ORDINALITY
                     AS e(task_id, at, kind, step, attempt, detail, position)
               ORDER BY e.position
-          RETURNING 1),
-         fresh AS (
+          RETURNING 1)",
+            events = list(&events.0),
+        ));
+        checks.push(("appended", events.task_id()));
+    }
+    if let Some(sends) = &p.sends {
+        ctes.extend(commit_sends_sql(sends, now));
+    }
+    let sent_to = match p.sends {
+        Some(_) => "ARRAY(SELECT DISTINCT queue_id FROM sent)",
+        None => "ARRAY[]::bigint[]",
+    };
+    let refuse = match checks.is_empty() {
+        true => String::new(),
+        false => format!(
+            "
+          WHERE rota.refuse_unless(
+                    {},
+                    'a fenced write or a lease missed')",
+            checks
+                .iter()
+                .map(|(cte, array)| format!("(SELECT count(*) FROM {cte}) = cardinality({array})"))
+                .collect::<Vec<_>>()
+                .join("\n                AND ")
+        ),
+    };
+    match ctes.is_empty() {
+        true => format!("SELECT {sent_to}{refuse}"),
+        false => format!("WITH\n         {}\n         SELECT {sent_to}{refuse}", ctes.join(",\n         ")),
+    }
+}
+
+/// The commit statement's sends (the CTE `sent`, after `fresh` when some
+/// send carries its own id and must be new to its queue's window).
+fn commit_sends_sql(sends: &CommitSends, now: Param) -> Vec<String> {
+    let SendArrays { queue_id, id, keyed, body, ordering_key, visible_at, reply_to, correlation_id } = &sends.arrays;
+    let mut ctes = Vec::new();
+    let mut only_fresh = "";
+    if sends.keyed {
+        ctes.push(format!(
+            "fresh AS (
              INSERT INTO rota.message_ids (queue_id, id, expires_at)
              SELECT q.id, m.id, {now} + q.dedupe_window_ms
                FROM unnest({queue_id}, {id}, {keyed}) AS m(queue_id, id, keyed)
                JOIN rota.queues AS q ON q.id = m.queue_id
               WHERE m.keyed
              ON CONFLICT (queue_id, id) DO UPDATE SET expires_at = excluded.expires_at WHERE rota.message_ids.expires_at <= {now}
-             RETURNING queue_id, id),
-         sent AS (
+             RETURNING queue_id, id)"
+        ));
+        only_fresh = "\n              WHERE NOT m.keyed OR (m.queue_id, m.id) IN (SELECT queue_id, id FROM fresh)";
+    }
+    ctes.push(format!(
+        "sent AS (
              INSERT INTO rota.messages (queue_id, id, body, ordering_key, enqueued_at, visible_at, reply_to, correlation_id)
              SELECT m.queue_id, m.id, m.body, m.ordering_key, {now}, m.visible_at, m.reply_to, m.correlation_id
                FROM unnest({queue_id}, {id}, {keyed}, {body}, {ordering_key}, {visible_at}, {reply_to}, {correlation_id}) WITH ORDINALITY
-                    AS m(queue_id, id, keyed, body, ordering_key, visible_at, reply_to, correlation_id, position)
-              WHERE NOT m.keyed OR (m.queue_id, m.id) IN (SELECT queue_id, id FROM fresh)
+                    AS m(queue_id, id, keyed, body, ordering_key, visible_at, reply_to, correlation_id, position){only_fresh}
               ORDER BY m.position
-          RETURNING queue_id)",
-        event_task_id = p.events.task_id(),
-    )
+          RETURNING queue_id)"
+    ));
+    ctes
 }
 
 /// Says why a refused commit was refused: the first task write, then step
