@@ -547,7 +547,7 @@ fn commit_sql(p: &CommitParams) -> String {
                     AS w(id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
                          failure_count, reply_to, output, error, created_at, updated_at, warn_at, paused, expected_state,
                          expected_epoch)
-              WHERE t.id = w.id AND t.state = w.expected_state AND t.lease_epoch = w.expected_epoch
+              WHERE t.id = w.id AND (t.state = w.expected_state AND t.lease_epoch = w.expected_epoch) IS TRUE
           RETURNING t.id)",
             tasks = list(&tasks.0),
         ));
@@ -588,7 +588,7 @@ fn commit_sql(p: &CommitParams) -> String {
             "completed AS (
              DELETE FROM rota.messages AS m
               USING unnest({seq}, {epoch}, {queue}) AS c(seq, epoch, queue_id)
-              WHERE m.seq = c.seq AND m.lease_epoch = c.epoch AND m.queue_id = c.queue_id AND m.lease_until > {now}
+              WHERE m.seq = c.seq AND (m.queue_id = c.queue_id AND m.lease_epoch = c.epoch AND m.lease_until > {now}) IS TRUE
           RETURNING m.seq)"
         ));
         checks.push(("completed", seq));
@@ -740,4 +740,36 @@ pub(crate) async fn diagnose(conn: &mut PgConnection, n: &Names, changes: &Chang
     }
     .await;
     diagnosis.unwrap_or_else(|fail| fail)
+}
+
+/// The text of the commit statement that carries every part, keyed sends
+/// too (its parameters bound empty).
+#[cfg(test)]
+pub(crate) fn commit_sql_of_every_part() -> String {
+    let mut params = Params::default();
+    let p = CommitParams {
+        task_writes: Some((
+            TaskArrays::push(&mut params, &[]).unwrap(),
+            params.array(Vec::<&str>::new(), "text[]").unwrap(),
+            params.array(Vec::<i64>::new(), "bigint[]").unwrap(),
+        )),
+        step_writes: Some((
+            StepArrays::push(&mut params, &[]).unwrap(),
+            params.array(Vec::<&str>::new(), "text[]").unwrap(),
+            params.array(Vec::<i64>::new(), "bigint[]").unwrap(),
+        )),
+        step_creates: Some(StepArrays::push(&mut params, &[]).unwrap()),
+        completions: Some((
+            params.array(Vec::<i64>::new(), "bigint[]").unwrap(),
+            params.array(Vec::<i64>::new(), "bigint[]").unwrap(),
+            params.array(Vec::<i64>::new(), "bigint[]").unwrap(),
+        )),
+        now: params.push(0_i64).unwrap(),
+        events: Some((EventArrays::push(&mut params, &[]).unwrap(), params.push(0_i64).unwrap())),
+        sends: Some(CommitSends {
+            arrays: SendArrays::push(&mut params, &Sends::new([], &|_| Ok(0), Timestamp::from_millis(0)).unwrap()).unwrap(),
+            keyed: true,
+        }),
+    };
+    commit_sql(&p)
 }

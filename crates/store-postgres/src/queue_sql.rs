@@ -464,6 +464,14 @@ pub(crate) async fn complete(
     Ok(())
 }
 
+/// Deletes the leased messages whose tokens ($3, $4) are current in queue
+/// $1 at $2. Each is found by its key alone, the lease tested as one
+/// condition (see `PLANNER_SETTINGS`).
+pub(crate) const COMPLETE_SQL: &str = "DELETE FROM rota.messages AS m
+          USING unnest($3::bigint[], $4::bigint[]) AS t(seq, epoch)
+          WHERE m.seq = t.seq AND (m.queue_id = $1 AND m.lease_epoch = t.epoch AND m.lease_until > $2) IS TRUE
+      RETURNING m.seq, m.lease_epoch";
+
 /// Deletes the leased messages whose tokens are current, in one statement.
 /// Returns the tokens whose lease was lost.
 pub(crate) async fn complete_batch(
@@ -475,18 +483,8 @@ pub(crate) async fn complete_batch(
 ) -> Result<Vec<LeaseToken>> {
     let seqs: Vec<i64> = tokens.iter().map(|t| t.message).collect();
     let epochs: Vec<i64> = tokens.iter().map(|t| t.epoch).collect();
-    let deleted: Vec<(i64, i64)> = sqlx::query_as(n.sql(
-        "DELETE FROM rota.messages AS m
-          USING unnest($3::bigint[], $4::bigint[]) AS t(seq, epoch)
-          WHERE m.seq = t.seq AND m.lease_epoch = t.epoch AND m.queue_id = $1 AND m.lease_until > $2
-      RETURNING m.seq, m.lease_epoch",
-    ))
-    .bind(queue_id)
-    .bind(now.as_millis())
-    .bind(&seqs)
-    .bind(&epochs)
-    .fetch_all(&mut *conn)
-    .await?;
+    let deleted: Vec<(i64, i64)> =
+        sqlx::query_as(n.sql(COMPLETE_SQL)).bind(queue_id).bind(now.as_millis()).bind(&seqs).bind(&epochs).fetch_all(&mut *conn).await?;
     if deleted.len() == tokens.len() {
         return Ok(Vec::new());
     }
@@ -499,18 +497,21 @@ pub(crate) fn lease_lost(queue: &QueueName, token: LeaseToken) -> Error {
     ))
 }
 
+/// The delivery count of message $1 while leased by epoch $3 in queue $2
+/// at $4, found by its key alone (see `PLANNER_SETTINGS`).
+pub(crate) const LEASED_COUNT_SQL: &str = "SELECT delivery_count FROM rota.messages
+          WHERE seq = $1 AND (queue_id = $2 AND lease_epoch = $3 AND lease_until > $4) IS TRUE FOR UPDATE";
+
 /// The delivery count of the message leased by `token`, locked for this
 /// transaction, or `LeaseLost`.
 async fn leased_delivery_count(conn: &mut PgConnection, n: &Names, queue: &QueueRow, token: LeaseToken, now: Timestamp) -> Result<u32> {
-    let found: Option<i64> = sqlx::query_scalar(n.sql(
-        "SELECT delivery_count FROM rota.messages WHERE seq = $1 AND queue_id = $2 AND lease_epoch = $3 AND lease_until > $4 FOR UPDATE",
-    ))
-    .bind(token.message)
-    .bind(queue.id)
-    .bind(token.epoch)
-    .bind(now.as_millis())
-    .fetch_optional(&mut *conn)
-    .await?;
+    let found: Option<i64> = sqlx::query_scalar(n.sql(LEASED_COUNT_SQL))
+        .bind(token.message)
+        .bind(queue.id)
+        .bind(token.epoch)
+        .bind(now.as_millis())
+        .fetch_optional(&mut *conn)
+        .await?;
     found.map(count).ok_or_else(|| lease_lost(&queue.name, token).into())
 }
 
@@ -546,6 +547,11 @@ pub(crate) async fn abandon(
     Ok(())
 }
 
+/// Extends the lease of message $1 (epoch $3, queue $2, live at $4) to $5,
+/// the message found by its key alone (see `PLANNER_SETTINGS`).
+pub(crate) const RENEW_SQL: &str = "UPDATE rota.messages SET lease_until = $5, visible_at = $5
+          WHERE seq = $1 AND (queue_id = $2 AND lease_epoch = $3 AND lease_until > $4) IS TRUE";
+
 /// Extends a lease to `now + lease`.
 pub(crate) async fn renew(
     conn: &mut PgConnection,
@@ -556,18 +562,15 @@ pub(crate) async fn renew(
     now: Timestamp,
 ) -> Result<Timestamp> {
     let until = now.add(lease);
-    let updated = sqlx::query(n.sql(
-        "UPDATE rota.messages SET lease_until = $5, visible_at = $5
-          WHERE seq = $1 AND queue_id = $2 AND lease_epoch = $3 AND lease_until > $4",
-    ))
-    .bind(token.message)
-    .bind(queue.id)
-    .bind(token.epoch)
-    .bind(now.as_millis())
-    .bind(until.as_millis())
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
+    let updated = sqlx::query(n.sql(RENEW_SQL))
+        .bind(token.message)
+        .bind(queue.id)
+        .bind(token.epoch)
+        .bind(now.as_millis())
+        .bind(until.as_millis())
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
     if updated == 0 {
         return Err(lease_lost(&queue.name, token).into());
     }

@@ -663,6 +663,13 @@ pub(crate) async fn warnings_due(conn: &mut PgConnection, n: &Names, limit: u32,
     Ok(found)
 }
 
+/// Marks task $1 warned at $3 while its warning, due at $2, is live. The
+/// task is found by its key alone (see `PLANNER_SETTINGS`): tasks created
+/// together share a warning time.
+pub(crate) const WARN_TASK_SQL: &str = "UPDATE rota.tasks SET warned_at = $3, at_risk_since = COALESCE(at_risk_since, $3)
+                  WHERE id = $1 AND (warn_at = $2 AND warned_at IS NULL AND locked_by IS NOT NULL
+                    AND state IN ('processing', 'compensating')) IS TRUE";
+
 /// Raises a warning found by [`warnings_due`] (see `Tasks::raise_warning`)
 /// inside the caller's transaction: the task row first, as a holder's
 /// commit locks it, then the step, then the events (under the event
@@ -671,17 +678,13 @@ pub(crate) async fn raise_warning(tx: &mut PgConnection, n: &Names, warning: &Wa
     let live = match warning {
         Warning::Task(task) => {
             let Some(warn_at) = task.warn_at else { return Ok(false) };
-            sqlx::query(n.sql(
-                "UPDATE rota.tasks SET warned_at = $3, at_risk_since = COALESCE(at_risk_since, $3)
-                  WHERE id = $1 AND warn_at = $2 AND warned_at IS NULL AND locked_by IS NOT NULL
-                    AND state IN ('processing', 'compensating')",
-            ))
-            .bind(task.id.as_str())
-            .bind(warn_at.as_millis())
-            .bind(now.as_millis())
-            .execute(&mut *tx)
-            .await?
-            .rows_affected()
+            sqlx::query(n.sql(WARN_TASK_SQL))
+                .bind(task.id.as_str())
+                .bind(warn_at.as_millis())
+                .bind(now.as_millis())
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
                 == 1
         }
         Warning::Step(step) => {
