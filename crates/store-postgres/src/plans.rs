@@ -2,10 +2,15 @@
 //!
 //! Each is prepared as the store prepares it (generic, on a connection with
 //! the store's planner settings) on a new schema, whose tables are empty
-//! and have never been analyzed, and again once a queue holds 20,000
-//! messages and the tables are analyzed: both times it must reach its rows
-//! through the key, never through an index that leads with a column it only
-//! checks (see `PLANNER_SETTINGS`).
+//! and have never been analyzed, and again once the tables hold 20,000
+//! rows and are analyzed: both times it must probe the key for each row it
+//! looks for, never walk an index that leads with a column it only checks
+//! (see `PLANNER_SETTINGS`).
+//!
+//! Left out: tables analyzed while empty or nearly so. There, walking the
+//! whole key index once looks cheaper than ten probes, and a plan made then
+//! does so until the next ANALYZE (autovacuum analyzes a table again as it
+//! grows; a server without it keeps the plan).
 
 use std::sync::Arc;
 
@@ -15,13 +20,12 @@ use sqlx::{Connection, PgConnection};
 
 use crate::sql::Names;
 
-/// A statement, the index scans its plan must have and the indexes it
-/// must not touch.
+/// A statement and the key probes its plan must make: each an index scan
+/// (index and table alias) with its condition on the line after it.
 struct Expected {
     name: &'static str,
     sql: String,
-    through: &'static [&'static str],
-    never: &'static [&'static str],
+    probes: &'static [(&'static str, &'static str)],
 }
 
 fn statements() -> Vec<Expected> {
@@ -29,34 +33,39 @@ fn statements() -> Vec<Expected> {
         Expected {
             name: "commit",
             sql: crate::commit_sql::commit_sql_of_every_part(),
-            through: &["Index Scan using tasks_pkey on tasks t", "Index Scan using messages_pkey on messages m"],
-            never: &["tasks_state", "messages_visible"],
+            probes: &[
+                ("tasks_pkey on tasks t", "(id = w.id)"),
+                ("steps_pkey on steps s", "((task_id = w_1.task_id) AND (name = w_1.name))"),
+                ("messages_pkey on messages m", "(seq = c.seq)"),
+            ],
         },
         Expected {
             name: "complete",
             sql: crate::queue_sql::COMPLETE_SQL.to_owned(),
-            through: &["Index Scan using messages_pkey on messages m"],
-            never: &["messages_visible"],
+            probes: &[("messages_pkey on messages m", "(seq = t.seq)")],
         },
         Expected {
             name: "leased delivery count",
             sql: crate::queue_sql::LEASED_COUNT_SQL.to_owned(),
-            through: &["Index Scan using messages_pkey on messages"],
-            never: &["messages_visible"],
+            probes: &[("messages_pkey on messages", "(seq = $1)")],
         },
+        Expected { name: "renew", sql: crate::queue_sql::RENEW_SQL.to_owned(), probes: &[("messages_pkey on messages", "(seq = $1)")] },
         Expected {
-            name: "renew",
-            sql: crate::queue_sql::RENEW_SQL.to_owned(),
-            through: &["Index Scan using messages_pkey on messages"],
-            never: &["messages_visible"],
+            name: "dead letters' redrive",
+            sql: crate::queue_sql::REDRIVE_LISTED_SQL.to_owned(),
+            probes: &[("dead_letters_pkey on dead_letters", "(seq = ANY ($3))")],
         },
-        Expected {
-            name: "task warning",
-            sql: crate::task_sql::WARN_TASK_SQL.to_owned(),
-            through: &["Index Scan using tasks_pkey on tasks"],
-            never: &["tasks_warn_due", "tasks_leased", "tasks_locked_by", "tasks_state"],
-        },
+        Expected { name: "task warning", sql: crate::task_sql::WARN_TASK_SQL.to_owned(), probes: &[("tasks_pkey on tasks", "(id = $1)")] },
     ]
+}
+
+/// Whether `plan` scans `index` (`"name on table alias"`) with exactly
+/// `condition` as its index condition.
+fn probes(plan: &str, index: &str, condition: &str) -> bool {
+    let lines: Vec<&str> = plan.lines().collect();
+    lines
+        .windows(2)
+        .any(|pair| pair[0].contains(&format!("Index Scan using {index} ")) && pair[1].trim() == format!("Index Cond: {condition}"))
 }
 
 /// The highest `$n` in `sql`: how many parameters it takes.
@@ -85,24 +94,28 @@ async fn statements_that_find_rows_by_key_plan_through_the_key_whatever_the_stat
     let mut wrong = Vec::new();
     for analyzed in [false, true] {
         if analyzed {
-            // A queue of 20,000 messages, and statistics that say so.
+            // Tables of 20,000 rows (tasks in flight, their steps, a queue's
+            // messages and dead letters), and statistics that say so.
             let queue = QueueName::new("work").unwrap();
             store.send(&queue, Outgoing::json(&serde_json::json!("first")).unwrap()).await.unwrap();
             let fill = names.qualify(
                 "INSERT INTO rota.messages (queue_id, id, body, enqueued_at, visible_at)
-                 SELECT (SELECT id FROM rota.queues WHERE name = 'work'), 'm-' || g, '{}', g, g FROM generate_series(1, 20000) AS g",
+                 SELECT (SELECT id FROM rota.queues WHERE name = 'work'), 'm-' || g, '{}', g, g FROM generate_series(1, 20000) AS g;
+                 INSERT INTO rota.dead_letters (queue_id, id, body, enqueued_at, delivery_count, dead_lettered_at, reason)
+                 SELECT (SELECT id FROM rota.queues WHERE name = 'work'), 'd-' || g, '{}', g, 5, g, 'failed' FROM generate_series(1, 20000) AS g;
+                 INSERT INTO rota.tasks (id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
+                                         failure_count, created_at, updated_at)
+                 SELECT 't-' || g, 'w', 1, '{}', 'processing', 'scheduler', 1, 1000000, 0, 0, g, g FROM generate_series(1, 20000) AS g;
+                 INSERT INTO rota.steps (task_id, name, position, state, attempt, not_before, updated_at)
+                 SELECT 't-' || g, 's', 0, 'running', 1, 0, g FROM generate_series(1, 20000) AS g;
+                 ANALYZE rota.tasks, rota.steps, rota.messages, rota.events, rota.message_ids, rota.dead_letters;",
             );
             sqlx::raw_sql(names.raw(&fill)).execute(&mut conn).await.unwrap();
-            let analyze = names.qualify("ANALYZE rota.tasks, rota.steps, rota.messages, rota.events, rota.message_ids");
-            sqlx::raw_sql(names.raw(&analyze)).execute(&mut conn).await.unwrap();
         }
         for expected in statements() {
             let plan = generic_plan(&mut conn, &names, &expected.sql).await;
-            for through in expected.through.iter().filter(|through| !plan.contains(*through)) {
-                wrong.push(format!("{} (analyzed: {analyzed}) has no {through:?}:\n{plan}", expected.name));
-            }
-            for index in expected.never.iter().filter(|index| plan.contains(*index)) {
-                wrong.push(format!("{} (analyzed: {analyzed}) walks {index}:\n{plan}", expected.name));
+            for (index, condition) in expected.probes.iter().filter(|(index, condition)| !probes(&plan, index, condition)) {
+                wrong.push(format!("{} (analyzed: {analyzed}) does not probe {index} by {condition}:\n{plan}", expected.name));
             }
         }
     }

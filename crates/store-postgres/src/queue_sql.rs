@@ -735,22 +735,19 @@ pub(crate) async fn count_dead_letters(conn: &mut PgConnection, n: &Names, queue
     Ok(u64::try_from(counted).unwrap_or(0))
 }
 
+/// Moves the dead letters $3 of queue $1 back to it, visible at $2; each
+/// found by its key alone (see `PLANNER_SETTINGS`).
+pub(crate) const REDRIVE_LISTED_SQL: &str = "WITH gone AS (DELETE FROM rota.dead_letters WHERE seq = ANY($3) AND (queue_id = $1) IS TRUE
+                       RETURNING seq, queue_id, id, body, ordering_key, enqueued_at, reply_to, correlation_id)
+         INSERT INTO rota.messages (queue_id, id, body, ordering_key, enqueued_at, visible_at, reply_to, correlation_id)
+         SELECT queue_id, id, body, ordering_key, enqueued_at, $2, reply_to, correlation_id FROM gone ORDER BY seq";
+
 /// Sends the listed dead letters back, in the order they were
 /// dead-lettered, like [`redrive`]; a `seq` no longer there is passed over.
 pub(crate) async fn redrive_listed(conn: &mut PgConnection, n: &Names, queue: &QueueRow, seqs: &[u64], now: Timestamp) -> Result<u64> {
     let seqs: Vec<i64> = seqs.iter().map(|seq| i64::try_from(*seq).unwrap_or(i64::MAX)).collect();
-    let moved = sqlx::query(n.sql(
-        "WITH gone AS (DELETE FROM rota.dead_letters WHERE queue_id = $1 AND seq = ANY($3)
-                       RETURNING seq, queue_id, id, body, ordering_key, enqueued_at, reply_to, correlation_id)
-         INSERT INTO rota.messages (queue_id, id, body, ordering_key, enqueued_at, visible_at, reply_to, correlation_id)
-         SELECT queue_id, id, body, ordering_key, enqueued_at, $2, reply_to, correlation_id FROM gone ORDER BY seq",
-    ))
-    .bind(queue.id)
-    .bind(now.as_millis())
-    .bind(&seqs)
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
+    let moved =
+        sqlx::query(n.sql(REDRIVE_LISTED_SQL)).bind(queue.id).bind(now.as_millis()).bind(&seqs).execute(&mut *conn).await?.rows_affected();
     Ok(moved)
 }
 
