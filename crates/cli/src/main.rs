@@ -31,6 +31,12 @@
 //! says otherwise. The long-running commands (`serve`, `scheduler`, `agent`,
 //! `supervisor`, `api`) export their spans over OTLP/HTTP with
 //! `--otlp-endpoint URL` or `OTEL_EXPORTER_OTLP_ENDPOINT`.
+
+// The doc comments of the clap types are the commands' `--help` text,
+// written for a terminal: `<hostname>`, `RATE[:BURST]` and bare URLs are
+// what a user reads there, not HTML, links or markdown.
+#![allow(rustdoc::invalid_html_tags, rustdoc::broken_intra_doc_links, rustdoc::bare_urls)]
+
 mod api_server;
 mod audit;
 mod backend;

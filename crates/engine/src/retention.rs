@@ -14,7 +14,7 @@
 //!
 //! Which tasks: see `rota_store::prune` (finished, by end time, never a
 //! schedule's task that may belong to an unrecorded fire). Which instances:
-//! see [`Retention::sweep`].
+//! see `Retention::sweep`.
 //!
 //! With an archive ([`crate::archive`]), each batch is first written to a
 //! durable file of the archive directory, and only the tasks written are

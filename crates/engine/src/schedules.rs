@@ -22,7 +22,7 @@
 //! in the next rounds.
 //!
 //! Deliberately left out: the manual fire (`trigger`), which is an
-//! operator's request ([`crate::ops::trigger_schedule`]) and touches no
+//! operator's request ([`Client::trigger_schedule`]) and touches no
 //! progress.
 
 use std::sync::Arc;

@@ -122,7 +122,7 @@ pub struct Delivered {
 }
 
 /// The data of the signal a waiting step received, if it did. The step's
-/// `input` holds the signal as recorded by [`received_input`].
+/// `input` holds the signal as recorded by `received_input`.
 pub fn received(step: &Step) -> Option<&Value> {
     let input = step.input.as_ref()?.as_object()?;
     input.get("signal")?;

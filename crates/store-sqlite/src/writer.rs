@@ -18,7 +18,7 @@
 //! `poll_interval` while receivers are parked.
 //!
 //! Each commit is also counted through the `metrics` facade
-//! ([`COMMITS_METRIC`], [`COMMIT_JOBS_METRIC`]: the group-commit batch sizes).
+//! (`COMMITS_METRIC`, `COMMIT_JOBS_METRIC`: the group-commit batch sizes).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
