@@ -31,10 +31,18 @@ const START: Timestamp = Timestamp::from_millis(1_800_000_000_000);
 const PATIENCE: Duration = Duration::from_secs(20);
 
 /// Echoes its step's input as its output, records every call, and fails
-/// for good a step whose input says `"fail": true`.
-#[derive(Default)]
+/// for good a step whose input says `"fail": true`, once the test lets it
+/// (a permit of `failures_allowed` per failure): the test decides what has
+/// happened in the task before the failure ends it.
 struct Echo {
     calls: Mutex<Vec<(String, Value)>>,
+    failures_allowed: tokio::sync::Semaphore,
+}
+
+impl Default for Echo {
+    fn default() -> Echo {
+        Echo { calls: Mutex::default(), failures_allowed: tokio::sync::Semaphore::new(0) }
+    }
 }
 
 impl Echo {
@@ -52,6 +60,7 @@ impl Agent for Echo {
     async fn call(&self, request: &Request) -> Result<Value, StepError> {
         self.calls.lock().unwrap().push((request.step.to_string(), request.input.clone()));
         if request.input["fail"] == json!(true) {
+            self.failures_allowed.acquire().await.expect("the semaphore is never closed").forget();
             return Err(StepError::permanent("refused: fail is true"));
         }
         Ok(request.input.clone())
@@ -152,6 +161,20 @@ impl Rig {
         }
     }
 
+    /// Waits for the task's step `name` to reach `state`, without moving
+    /// the clock.
+    async fn step_reaches(&self, id: &TaskId, name: &str, state: StepState) -> TaskRecord {
+        let started = std::time::Instant::now();
+        loop {
+            let record = self.store.task(id).await.unwrap().unwrap();
+            if step(&record, name).state == state {
+                return record;
+            }
+            assert!(started.elapsed() < PATIENCE, "step {name} of task {id} never reached {state}: {record:#?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     async fn history(&self, id: &TaskId) -> Vec<Event> {
         self.store.history(id).await.unwrap()
     }
@@ -228,6 +251,11 @@ async fn a_listed_status_fails_at_once_and_another_is_retried(backend: Backend) 
 async fn a_resubmit_with_a_new_input_runs_the_step_and_its_dependents_again(backend: Backend) {
     let Some(rig) = Rig::new(backend).await else { return };
     let id = rig.submit("ship", json!({ "n": 1, "fail": true })).await;
+    // `label` runs beside `check` and `pack`: it must have completed before
+    // `pack` fails and ends the task, or its reply would come too late to
+    // count and it would rightly run again after the resubmit.
+    rig.step_reaches(&id, "label", StepState::Completed).await;
+    rig.echo.failures_allowed.add_permits(1);
     let record = rig.reaches(&id, TaskState::Error).await;
     assert_eq!(step(&record, "check").state, StepState::Completed);
     assert_eq!(step(&record, "pack").state, StepState::Failed);
@@ -247,15 +275,7 @@ async fn a_resubmit_with_a_new_input_runs_the_step_and_its_dependents_again(back
     assert_eq!(detail.record.task.state, TaskState::Pending);
     assert_eq!(detail.record.task.input, json!({ "n": 7, "fail": false }));
     // The approval waits for a signal: the task runs until then.
-    let started = std::time::Instant::now();
-    loop {
-        let record = rig.store.task(&id).await.unwrap().unwrap();
-        if step(&record, "approve").state == StepState::Running {
-            break;
-        }
-        assert!(started.elapsed() < PATIENCE, "the task did not reach its approval: {record:#?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    rig.step_reaches(&id, "approve", StepState::Running).await;
     rig.client.signal(&id, &rota_model::SignalName::new("go").unwrap(), json!("ok"), "test").await.unwrap();
     let record = rig.reaches(&id, TaskState::Processed).await;
 
@@ -288,15 +308,7 @@ async fn a_resubmit_with_a_new_input_runs_the_step_and_its_dependents_again(back
 async fn resubmitting_a_running_task_is_refused_and_changes_nothing(backend: Backend) {
     let Some(rig) = Rig::new(backend).await else { return };
     let id = rig.submit("ship", json!({ "n": 1, "fail": false })).await;
-    let started = std::time::Instant::now();
-    let before = loop {
-        let record = rig.store.task(&id).await.unwrap().unwrap();
-        if step(&record, "approve").state == StepState::Running {
-            break record;
-        }
-        assert!(started.elapsed() < PATIENCE, "the task did not reach its approval: {record:#?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let before = rig.step_reaches(&id, "approve", StepState::Running).await;
     let events = rig.history(&id).await.len();
     let check = StepName::new("check").unwrap();
     let err = rig
