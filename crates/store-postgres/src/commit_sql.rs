@@ -14,8 +14,9 @@ use rota_model::{Step, Task};
 use rota_store::{Changes, Error, Event, NewTask, Outgoing};
 use sqlx::PgConnection;
 
+use crate::handoff::{Lease, Leased};
 use crate::params::{Array, Param, Params, Statement, list};
-use crate::queue_sql::lease_lost;
+use crate::queue_sql::{HandoffColumns, lease_lost};
 use crate::sql::Names;
 use crate::{Fail, Result};
 
@@ -39,11 +40,14 @@ struct Sends<'a> {
     visible: Vec<i64>,
     reply_to: Vec<Option<&'a str>>,
     correlation_ids: Vec<Option<&'a str>>,
+    /// The lease of each message handed to a receiver waiting in this
+    /// process (see `handoff`), none for the others.
+    handoffs: HandoffColumns<'a>,
 }
 
 impl<'a> Sends<'a> {
     fn new(
-        messages: impl IntoIterator<Item = (&'a str, &'a (QueueName, Outgoing), &'a MessageId)>,
+        messages: impl IntoIterator<Item = (&'a str, &'a (QueueName, Outgoing), &'a MessageId, Option<&'a Lease>)>,
         queue_id: &dyn Fn(&QueueName) -> Result<i64>,
         now: Timestamp,
     ) -> Result<Sends<'a>> {
@@ -57,9 +61,10 @@ impl<'a> Sends<'a> {
             visible: Vec::new(),
             reply_to: Vec::new(),
             correlation_ids: Vec::new(),
+            handoffs: HandoffColumns::default(),
         };
         let mut keyed_seen: Vec<(&QueueName, &MessageId)> = Vec::new();
-        for (owner, (queue, message), id) in messages {
+        for (owner, (queue, message), id, lease) in messages {
             if message.id.is_some() {
                 if keyed_seen.contains(&(queue, id)) {
                     continue;
@@ -75,8 +80,14 @@ impl<'a> Sends<'a> {
             sends.visible.push(now.add(message.delay).as_millis());
             sends.reply_to.push(message.reply_to.as_ref().map(QueueName::as_str));
             sends.correlation_ids.push(message.correlation_id.as_deref());
+            sends.handoffs.push(lease);
         }
         Ok(sends)
+    }
+
+    /// Whether some message is handed to a waiting receiver.
+    fn hands_over(&self) -> bool {
+        self.handoffs.handoff.contains(&true)
     }
 }
 
@@ -175,6 +186,28 @@ struct SendArrays {
     correlation_id: Array,
 }
 
+/// The handoff columns of the sends, when some message is handed over:
+/// whether it is, and its lease's owner, length (the queue's when NULL)
+/// and epoch.
+struct HandoffArrays {
+    handoff: Array,
+    owner: Array,
+    lease_ms: Array,
+    epoch: Array,
+}
+
+impl HandoffArrays {
+    fn push(params: &mut Params, sends: &Sends<'_>) -> Result<HandoffArrays> {
+        let columns = &sends.handoffs;
+        Ok(HandoffArrays {
+            handoff: params.array(&columns.handoff, "bool[]")?,
+            owner: params.array(&columns.owner, "text[]")?,
+            lease_ms: params.array(&columns.lease_ms, "bigint[]")?,
+            epoch: params.array(&columns.epoch, "bigint[]")?,
+        })
+    }
+}
+
 impl SendArrays {
     fn push(params: &mut Params, sends: &Sends<'_>) -> Result<SendArrays> {
         Ok(SendArrays {
@@ -217,7 +250,8 @@ pub(crate) async fn create_tasks(
     let steps: Vec<_> = parts.iter().flat_map(|(new, _)| &new.steps).collect();
     // Each event and message goes with the task whose creation writes it.
     let events: Vec<_> = parts.iter().flat_map(|(new, _)| new.events.iter().map(|event| (&new.task.id, event))).collect();
-    let messages = parts.iter().flat_map(|(new, ids)| new.messages.iter().zip(ids.iter()).map(|(m, id)| (new.task.id.as_str(), m, id)));
+    let messages =
+        parts.iter().flat_map(|(new, ids)| new.messages.iter().zip(ids.iter()).map(|(m, id)| (new.task.id.as_str(), m, id, None)));
     let sends = Sends::new(messages, &queue_id, now)?;
     let mut params = Params::default();
     let p = CreateParams {
@@ -364,8 +398,9 @@ fn create_sql(p: &CreateParams) -> String {
 
 /// What a commit statement did.
 pub(crate) enum Committed {
-    /// Everything was written; these queues got new messages.
-    Written(Vec<QueueName>),
+    /// Everything was written: `sent_to`, the queues that got new messages,
+    /// and `leased`, the messages inserted leased to waiting receivers.
+    Written { sent_to: Vec<QueueName>, leased: Vec<Leased> },
     /// A fenced write or a completion missed, so nothing was written:
     /// [`diagnose`] says which.
     Refused,
@@ -377,20 +412,36 @@ pub(crate) type Part<'a> = (&'a Changes, &'a [MessageId]);
 
 /// Applies every part's changes in one statement, all or nothing.
 /// `queue_ids` holds the id of every queue they name (sends and
-/// completions).
+/// completions). `leases` lines up with the parts' messages, in order: a
+/// message with a lease is inserted leased to a receiver waiting in this
+/// process, unless its queue is paused (an empty `leases`: none is).
 pub(crate) async fn commit(
     conn: &mut PgConnection,
     n: &Names,
     parts: &[Part<'_>],
+    leases: &[Option<Lease>],
     queue_ids: &HashMap<QueueName, i64>,
     now: Timestamp,
 ) -> Result<Committed> {
-    let (params, p) = commit_params(n, parts, queue_ids, now)?;
+    let (params, p) = commit_params(n, parts, leases, queue_ids, now)?;
     static COMMITS: [Statement; Shape::COUNT] = [const { Statement::new() }; Shape::COUNT];
-    let sql = COMMITS[p.shape().index()].text(|| commit_sql(&p));
-    let outcome = sqlx::query_scalar_with::<_, Vec<i64>, _>(n.sql(sql), params.into_arguments()).fetch_one(&mut *conn).await;
+    let shape = p.shape();
+    let sql = COMMITS[shape.index()].text(|| commit_sql(&p));
+    let outcome = if shape.handoffs {
+        type Row = (Vec<i64>, Vec<i64>, Vec<String>, Vec<i64>, Vec<i64>);
+        let row = sqlx::query_as_with::<_, Row, _>(n.sql(sql), params.into_arguments()).fetch_one(&mut *conn).await;
+        row.map(|(sent_to, queue_ids, ids, seqs, lease_untils)| {
+            let leased = (queue_ids.into_iter().zip(ids).zip(seqs).zip(lease_untils))
+                .map(|(((queue_id, id), seq), lease_until)| Leased { queue_id, id, seq, lease_until })
+                .collect();
+            (sent_to, leased)
+        })
+    } else {
+        let sent_to = sqlx::query_scalar_with::<_, Vec<i64>, _>(n.sql(sql), params.into_arguments()).fetch_one(&mut *conn).await;
+        sent_to.map(|sent_to| (sent_to, Vec::new()))
+    };
     match outcome {
-        Ok(sent_to) => Ok(Committed::Written(queues_named(queue_ids, &sent_to))),
+        Ok((sent_to, leased)) => Ok(Committed::Written { sent_to: queues_named(queue_ids, &sent_to), leased }),
         Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some(REFUSED) => Ok(Committed::Refused),
         Err(err) => Err(err.into()),
     }
@@ -412,14 +463,16 @@ struct Shape {
     sends: bool,
     /// Some send carries its own id, to be checked against `message_ids`.
     keyed_sends: bool,
+    /// Some send is handed to a waiting receiver.
+    handoffs: bool,
 }
 
 impl Shape {
     /// How many shapes there are: one statement text is kept for each.
-    const COUNT: usize = 1 << 7;
+    const COUNT: usize = 1 << 8;
 
     fn index(self) -> usize {
-        [self.task_writes, self.step_writes, self.step_creates, self.completions, self.events, self.sends, self.keyed_sends]
+        [self.task_writes, self.step_writes, self.step_creates, self.completions, self.events, self.sends, self.keyed_sends, self.handoffs]
             .iter()
             .enumerate()
             .map(|(bit, &present)| usize::from(present) << bit)
@@ -432,6 +485,7 @@ impl Shape {
 struct CommitSends {
     arrays: SendArrays,
     keyed: bool,
+    handoffs: Option<HandoffArrays>,
 }
 
 /// The parameters of the commit statement; a part the commit does not
@@ -462,12 +516,19 @@ impl CommitParams {
             events: self.events.is_some(),
             sends: self.sends.is_some(),
             keyed_sends: self.sends.as_ref().is_some_and(|sends| sends.keyed),
+            handoffs: self.sends.as_ref().is_some_and(|sends| sends.handoffs.is_some()),
         }
     }
 }
 
 /// Binds every part's changes, in one fixed order for each shape.
-fn commit_params(n: &Names, parts: &[Part<'_>], queue_ids: &HashMap<QueueName, i64>, now: Timestamp) -> Result<(Params, CommitParams)> {
+fn commit_params<'a>(
+    n: &Names,
+    parts: &'a [Part<'a>],
+    leases: &'a [Option<Lease>],
+    queue_ids: &HashMap<QueueName, i64>,
+    now: Timestamp,
+) -> Result<(Params, CommitParams)> {
     let queue_id = |queue: &QueueName| -> Result<i64> {
         queue_ids.get(queue).copied().ok_or_else(|| Error::Backend(format!("queue {queue} has no known id")).into())
     };
@@ -476,7 +537,8 @@ fn commit_params(n: &Names, parts: &[Part<'_>], queue_ids: &HashMap<QueueName, i
     let new_steps: Vec<_> = parts.iter().flat_map(|(changes, _)| &changes.new_steps).collect();
     let events: Vec<_> = parts.iter().flat_map(|(changes, _)| &changes.events).collect();
     let complete: Vec<_> = parts.iter().flat_map(|(changes, _)| &changes.complete).collect();
-    let messages = parts.iter().flat_map(|(changes, ids)| changes.send.iter().zip(ids.iter()).map(|(m, id)| ("", m, id)));
+    let messages = parts.iter().flat_map(|(changes, ids)| changes.send.iter().zip(ids.iter()));
+    let messages = messages.enumerate().map(|(index, (m, id))| ("", m, id, leases.get(index).and_then(Option::as_ref)));
     let sends = Sends::new(messages, &queue_id, now)?;
 
     let mut params = Params::default();
@@ -518,7 +580,11 @@ fn commit_params(n: &Names, parts: &[Part<'_>], queue_ids: &HashMap<QueueName, i
     };
     let sends = match sends.ids.is_empty() {
         true => None,
-        false => Some(CommitSends { arrays: SendArrays::push(&mut params, &sends)?, keyed: sends.keyed.contains(&true) }),
+        false => Some(CommitSends {
+            arrays: SendArrays::push(&mut params, &sends)?,
+            keyed: sends.keyed.contains(&true),
+            handoffs: if sends.hands_over() { Some(HandoffArrays::push(&mut params, &sends)?) } else { None },
+        }),
     };
     Ok((params, CommitParams { task_writes, step_writes, step_creates, completions, now, events, sends }))
 }
@@ -611,7 +677,14 @@ fn commit_sql(p: &CommitParams) -> String {
     if let Some(sends) = &p.sends {
         ctes.extend(commit_sends_sql(sends, now));
     }
-    let sent_to = match p.sends {
+    let sent_to = match &p.sends {
+        Some(CommitSends { handoffs: Some(_), .. }) => {
+            "ARRAY(SELECT DISTINCT queue_id FROM sent),
+                ARRAY(SELECT queue_id FROM sent WHERE lease_until IS NOT NULL ORDER BY seq),
+                ARRAY(SELECT id FROM sent WHERE lease_until IS NOT NULL ORDER BY seq),
+                ARRAY(SELECT seq FROM sent WHERE lease_until IS NOT NULL ORDER BY seq),
+                ARRAY(SELECT lease_until FROM sent WHERE lease_until IS NOT NULL ORDER BY seq)"
+        }
         Some(_) => "ARRAY(SELECT DISTINCT queue_id FROM sent)",
         None => "ARRAY[]::bigint[]",
     };
@@ -654,14 +727,40 @@ fn commit_sends_sql(sends: &CommitSends, now: Param) -> Vec<String> {
         ));
         only_fresh = "\n              WHERE NOT m.keyed OR (m.queue_id, m.id) IN (SELECT queue_id, id FROM fresh)";
     }
-    ctes.push(format!(
-        "sent AS (
+    let Some(HandoffArrays { handoff, owner, lease_ms, epoch }) = &sends.handoffs else {
+        ctes.push(format!(
+            "sent AS (
              INSERT INTO rota.messages (queue_id, id, body, ordering_key, enqueued_at, visible_at, reply_to, correlation_id)
              SELECT m.queue_id, m.id, m.body, m.ordering_key, {now}, m.visible_at, m.reply_to, m.correlation_id
                FROM unnest({queue_id}, {id}, {keyed}, {body}, {ordering_key}, {visible_at}, {reply_to}, {correlation_id}) WITH ORDINALITY
                     AS m(queue_id, id, keyed, body, ordering_key, visible_at, reply_to, correlation_id, position){only_fresh}
               ORDER BY m.position
           RETURNING queue_id)"
+        ));
+        return ctes;
+    };
+    // A message handed over is inserted leased to its receiver, as a
+    // receive would have leased it (see `queue_sql::send`), unless its
+    // queue is paused.
+    ctes.push(format!(
+        "sent AS (
+             INSERT INTO rota.messages (queue_id, id, body, ordering_key, enqueued_at, visible_at, delivery_count, lease_epoch,
+                                        lease_owner, lease_until, reply_to, correlation_id)
+             SELECT m.queue_id, m.id, m.body, m.ordering_key, {now}, COALESCE(h.until, m.visible_at),
+                    CASE WHEN h.until IS NULL THEN 0 ELSE 1 END, CASE WHEN h.until IS NULL THEN 0 ELSE m.epoch END,
+                    CASE WHEN h.until IS NULL THEN NULL ELSE m.owner END, h.until, m.reply_to, m.correlation_id
+               FROM unnest({queue_id}, {id}, {keyed}, {body}, {ordering_key}, {visible_at}, {reply_to}, {correlation_id},
+                           {handoff}, {owner}, {lease_ms}, {epoch}) WITH ORDINALITY
+                    AS m(queue_id, id, keyed, body, ordering_key, visible_at, reply_to, correlation_id, handoff, owner, lease_ms,
+                         epoch, position)
+              CROSS JOIN LATERAL (SELECT CASE WHEN m.handoff AND NOT q.paused
+                                               AND (m.ordering_key IS NULL
+                                                    OR NOT EXISTS (SELECT 1 FROM rota.messages AS k
+                                                                    WHERE k.queue_id = q.id AND k.ordering_key = m.ordering_key))
+                                          THEN {now} + COALESCE(m.lease_ms, q.lease_ms) END AS until
+                                    FROM rota.queues AS q WHERE q.id = m.queue_id OFFSET 0) AS h{only_fresh}
+              ORDER BY m.position
+          RETURNING queue_id, id, seq, lease_until)"
     ));
     ctes
 }
@@ -743,10 +842,11 @@ pub(crate) async fn diagnose(conn: &mut PgConnection, n: &Names, changes: &Chang
 }
 
 /// The text of the commit statement that carries every part, keyed sends
-/// too (its parameters bound empty).
+/// and hand-overs too (its parameters bound empty).
 #[cfg(test)]
 pub(crate) fn commit_sql_of_every_part() -> String {
     let mut params = Params::default();
+    let no_sends = Sends::new([], &|_| Ok(0), Timestamp::from_millis(0)).unwrap();
     let p = CommitParams {
         task_writes: Some((
             TaskArrays::push(&mut params, &[]).unwrap(),
@@ -767,8 +867,9 @@ pub(crate) fn commit_sql_of_every_part() -> String {
         now: params.push(0_i64).unwrap(),
         events: Some((EventArrays::push(&mut params, &[]).unwrap(), params.push(0_i64).unwrap())),
         sends: Some(CommitSends {
-            arrays: SendArrays::push(&mut params, &Sends::new([], &|_| Ok(0), Timestamp::from_millis(0)).unwrap()).unwrap(),
+            arrays: SendArrays::push(&mut params, &no_sends).unwrap(),
             keyed: true,
+            handoffs: Some(HandoffArrays::push(&mut params, &no_sends).unwrap()),
         }),
     };
     commit_sql(&p)

@@ -9,17 +9,19 @@
 //! latency of a queue is one commit). Receivers in other processes are woken
 //! by NOTIFY and lease with a statement as before.
 //!
-//! Commits of decisions (`Tasks::commit`) do not hand over: measured on
-//! workload W, it saved half a millisecond per step at one workflow in
-//! flight and cost throughput at fifty, because the consumers then take
-//! messages one at a time instead of in batches, and a receiver taken by a
-//! commit waits for that commit's whole group.
+//! Commits (`Tasks::commit`) hand over only when they go out alone (see
+//! `group_commit`): a receiver taken by a batch would wait for the whole
+//! batch, and consumers handed one message at a time stop taking them in
+//! batches, which cost throughput when measured with fifty workflows in
+//! flight.
 //!
 //! [`Queues::send`]: rota_store::Queues::send
 //!
-//! Only messages a receive could take at once are handed over: no delay, no
-//! ordering key (a keyed message must wait for the head of its key), and
-//! the queue not paused (checked in the statement). A receiver takes at most
+//! Only messages a receive could take at once are handed over: no delay,
+//! the queue not paused, and a keyed message only as the head of its key:
+//! the first of its key in the statement, and no message of that key in
+//! the queue (both checked in the statement, against what a receive
+//! started at the same moment would see). A receiver takes at most
 //! its `max`, and one send may feed several receivers. The lease is the one
 //! a receive would have taken: delivery count 1, the receiver's lease length
 //! or the queue's, and a random epoch (see `queue_sql::claim`).
@@ -29,9 +31,9 @@
 //! cleared, delivery not counted), as a receive does for a receiver that
 //! went away.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use rota_model::{InstanceId, LeaseToken, MessageId, QueueName, Timestamp};
 use rota_store::{Delivery, Outgoing, Receive};
@@ -54,6 +56,11 @@ struct Parked {
 pub(crate) struct Waiting {
     next_id: AtomicU64,
     by_queue: Mutex<HashMap<QueueName, Vec<Parked>>>,
+    /// The ordering keys (queue, key) of the keyed messages being handed
+    /// over by statements still running: a statement does not see another
+    /// one's message of the same key before it commits, so two would both
+    /// find their key free and lease it twice.
+    keys_in_flight: Mutex<HashSet<(QueueName, String)>>,
 }
 
 /// A parked receiver's ticket: where its deliveries arrive. Dropped while
@@ -105,21 +112,52 @@ impl Waiting {
 
     /// Decides which of `sends` (queue, message, id) go to waiting
     /// receivers, taking those receivers. The plan's `leases` line up with
-    /// `sends`.
-    pub(crate) fn plan<'a>(&self, sends: impl IntoIterator<Item = (&'a QueueName, &'a Outgoing, &'a MessageId)>) -> Plan {
-        let mut plan = Plan::default();
+    /// `sends`. A keyed message goes only if it is the first of its key in
+    /// `sends` and no other statement is handing its key over.
+    pub(crate) fn plan<'a>(self: &Arc<Self>, sends: impl IntoIterator<Item = (&'a QueueName, &'a Outgoing, &'a MessageId)>) -> Plan {
+        let mut plan = Plan { leases: Vec::new(), takers: Vec::new(), keys: Vec::new(), waiting: Some(self.clone()) };
         let mut by_queue = None;
+        // Every key of `sends`: a second message of a key waits behind the
+        // first.
+        let mut keys_seen: Vec<(&QueueName, &str)> = Vec::new();
         for (queue, message, id) in sends {
-            let eligible = message.delay.is_zero() && message.ordering_key.is_none();
-            let lease = if eligible {
+            let first_of_key = match message.ordering_key.as_deref() {
+                None => true,
+                Some(key) if keys_seen.contains(&(queue, key)) => false,
+                Some(key) => {
+                    keys_seen.push((queue, key));
+                    true
+                }
+            };
+            let lease = if message.delay.is_zero() && first_of_key {
                 let by_queue = by_queue.get_or_insert_with(|| self.lock());
-                take_room(by_queue, &mut plan.takers, queue, message, id)
+                match &message.ordering_key {
+                    None => take_room(by_queue, &mut plan.takers, queue, message, id),
+                    Some(key) => {
+                        let mut in_flight = self.keys();
+                        let held = (queue.clone(), key.clone());
+                        if in_flight.contains(&held) {
+                            None
+                        } else {
+                            let lease = take_room(by_queue, &mut plan.takers, queue, message, id);
+                            if lease.is_some() {
+                                in_flight.insert(held.clone());
+                                plan.keys.push(held);
+                            }
+                            lease
+                        }
+                    }
+                }
             } else {
                 None
             };
             plan.leases.push(lease);
         }
         plan
+    }
+
+    fn keys(&self) -> std::sync::MutexGuard<'_, HashSet<(QueueName, String)>> {
+        self.keys_in_flight.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<QueueName, Vec<Parked>>> {
@@ -183,12 +221,28 @@ struct Taker {
     given: Vec<Given>,
 }
 
-/// Which messages of one statement go to which waiting receivers.
-#[derive(Default)]
+/// Which messages of one statement go to which waiting receivers. Dropped
+/// (delivered, or its statement failed), it frees the keys it held.
 pub(crate) struct Plan {
     /// One entry per message sent, in order: its lease, if handed over.
     pub(crate) leases: Vec<Option<Lease>>,
     takers: Vec<Taker>,
+    /// The ordering keys this plan holds in `keys_in_flight`.
+    keys: Vec<(QueueName, String)>,
+    waiting: Option<Arc<Waiting>>,
+}
+
+impl Drop for Plan {
+    fn drop(&mut self) {
+        if let Some(waiting) = &self.waiting
+            && !self.keys.is_empty()
+        {
+            let mut in_flight = waiting.keys();
+            for key in &self.keys {
+                in_flight.remove(key);
+            }
+        }
+    }
 }
 
 /// A message the statement inserted already leased.
@@ -209,9 +263,9 @@ impl Plan {
     /// After the statement committed: gives each receiver the messages that
     /// were inserted leased to it (`leased`). Those whose receiver went away
     /// are given back.
-    pub(crate) fn deliver(self, leased: &[Leased], queue_ids: &HashMap<QueueName, i64>, now: Timestamp, give_back: &GiveBack) {
+    pub(crate) fn deliver(mut self, leased: &[Leased], queue_ids: &HashMap<QueueName, i64>, now: Timestamp, give_back: &GiveBack) {
         let mut orphans = Vec::new();
-        for taker in self.takers {
+        for taker in std::mem::take(&mut self.takers) {
             let Some(&queue_id) = queue_ids.get(&taker.queue) else { continue };
             let deliveries: Vec<Delivery> = taker
                 .given
@@ -281,7 +335,7 @@ mod tests {
     /// parked; one taken back or handed messages is not parked twice.
     #[test]
     fn a_dropped_ticket_takes_its_receiver_back() {
-        let waiting = Waiting::default();
+        let waiting = Arc::new(Waiting::default());
         let queue = QueueName::new("work").unwrap();
         let first = waiting.park(&queue, &Receive::up_to(4));
         let mut second = waiting.park(&queue, &Receive::up_to(4));
@@ -303,5 +357,30 @@ mod tests {
         assert_eq!(parked(&waiting, &queue), 0);
         drop(third);
         assert_eq!(parked(&waiting, &queue), 0);
+    }
+
+    /// Two statements running at once never both hand over a message of
+    /// one ordering key (neither sees the other's before it commits): the
+    /// second plan leaves its message to a receive until the first plan is
+    /// done; a message of another key, or of no key, still goes; and the
+    /// second message of a key within one plan waits behind the first.
+    #[test]
+    fn one_ordering_key_is_handed_over_by_one_statement_at_a_time() {
+        let waiting = Arc::new(Waiting::default());
+        let queue = QueueName::new("inbox").unwrap();
+        let keyed = |key: &str| Outgoing::json(&serde_json::json!(key)).unwrap().with_ordering_key(key);
+        let id = |n: u32| MessageId::new(format!("m-{n}")).unwrap();
+        let handed = |plan: &Plan| plan.leases.iter().map(Option::is_some).collect::<Vec<_>>();
+        let _tickets: Vec<_> = (0..4).map(|_| waiting.park(&queue, &Receive::up_to(1))).collect();
+
+        let (task_1, task_2, plain) = (keyed("task-1"), keyed("task-2"), Outgoing::json(&serde_json::json!("plain")).unwrap());
+        let first = waiting.plan([(&queue, &task_1, &id(1))]);
+        assert_eq!(handed(&first), [true]);
+        let second = waiting.plan([(&queue, &task_1, &id(2)), (&queue, &task_2, &id(3)), (&queue, &plain, &id(4))]);
+        assert_eq!(handed(&second), [false, true, true], "task-1 is being handed over by the first statement");
+        drop(first);
+        drop(second);
+        let third = waiting.plan([(&queue, &task_1, &id(5)), (&queue, &task_1, &id(6))]);
+        assert_eq!(handed(&third), [true, false], "free again once the first is done; the next of the key waits");
     }
 }

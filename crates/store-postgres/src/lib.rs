@@ -452,11 +452,14 @@ impl PgStore {
         let (commits, queued) = mpsc::unbounded_channel();
         let commit_stats = Arc::new(group_commit::CommitStats::default());
         let give_back = handoff::GiveBack { connections: connections.clone(), names: names.clone(), clock: clock.clone() };
+        let waiting = Arc::new(handoff::Waiting::default());
         let committer = group_commit::Committer {
             connections: connections.clone(),
             names: names.clone(),
             clock: clock.clone(),
             stats: commit_stats.clone(),
+            waiting: waiting.clone(),
+            give_back: give_back.clone(),
         };
         let group_committer = tokio::spawn(group_commit::run(
             committer,
@@ -476,7 +479,7 @@ impl PgStore {
             queue_ids: Mutex::new(HashMap::new()),
             commits,
             commit_stats,
-            waiting: Arc::new(handoff::Waiting::default()),
+            waiting,
             give_back,
             _background: Background(vec![listener, sweeper, announcing, group_committer]),
         })

@@ -244,8 +244,12 @@ fn send_sql(p: &SendParams) -> String {
            FROM unnest({id}, {keyed}, {body}, {ordering_key}, {visible_at}, {handoff}, {owner}, {lease_ms}, {epoch}, {reply_to},
                        {correlation_id}) WITH ORDINALITY
                 AS m(id, keyed, body, ordering_key, visible_at, handoff, owner, lease_ms, epoch, reply_to, correlation_id, position)
-          CROSS JOIN LATERAL (SELECT CASE WHEN m.handoff AND NOT q.paused THEN {now} + COALESCE(m.lease_ms, q.lease_ms) END AS until
-                                FROM rota.queues AS q WHERE q.id = {queue_id}) AS h
+          CROSS JOIN LATERAL (SELECT CASE WHEN m.handoff AND NOT q.paused
+                                           AND (m.ordering_key IS NULL
+                                                OR NOT EXISTS (SELECT 1 FROM rota.messages AS k
+                                                                WHERE k.queue_id = q.id AND k.ordering_key = m.ordering_key))
+                                      THEN {now} + COALESCE(m.lease_ms, q.lease_ms) END AS until
+                                FROM rota.queues AS q WHERE q.id = {queue_id} OFFSET 0) AS h
           WHERE NOT m.keyed OR m.id IN (SELECT id FROM fresh)
           ORDER BY m.position
       RETURNING id, seq, lease_until"

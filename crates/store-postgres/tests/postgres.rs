@@ -357,8 +357,8 @@ async fn concurrent_commits_share_statements_and_a_lost_race_fails_only_its_own(
 /// A receiver waiting in this process gets a message sent from this
 /// process straight from the send (one lease, delivery count 1, settled like
 /// any other), but only a message a receive could take at once: not a
-/// delayed one, not one behind the head of its ordering key, not on a
-/// paused queue. A receiver that went away takes nothing.
+/// delayed one, a keyed one only as the head of its key, not on a paused
+/// queue. A receiver that went away takes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_receiver_in_this_process_gets_only_what_a_receive_could_take() {
     let Some(schema) = TestSchema::new("handoff to waiting receivers on PostgreSQL") else { return };
@@ -404,6 +404,20 @@ async fn a_waiting_receiver_in_this_process_gets_only_what_a_receive_could_take(
     assert_eq!(second.len(), 1);
     store.complete(&work, second[0].lease_token).await.unwrap();
 
+    // The head of its key: handed over; the next of its key, sent with it,
+    // waits behind it.
+    let receiver = waiting(60_000);
+    parked().await;
+    let keyed = |body: &str| Outgoing::json(&json!(body)).unwrap().with_ordering_key("order-2");
+    let sent = store.send_batch(&work, vec![keyed("first of order-2"), keyed("next of order-2")]).await.unwrap();
+    let got = receiver.await.unwrap();
+    assert_eq!(got.iter().map(|d| d.id.clone()).collect::<Vec<_>>(), [sent[0].id.clone()], "only the head is handed over");
+    assert!(store.receive(&work, Receive::up_to(10)).await.unwrap().is_empty(), "the next waits for the head");
+    store.complete(&work, got[0].lease_token).await.unwrap();
+    let next = store.receive(&work, Receive::up_to(10)).await.unwrap();
+    assert_eq!(next.iter().map(|d| d.id.clone()).collect::<Vec<_>>(), [sent[1].id.clone()]);
+    store.complete(&work, next[0].lease_token).await.unwrap();
+
     // Paused: not handed over.
     store.pause(&work).await.unwrap();
     let receiver = waiting(300);
@@ -423,6 +437,69 @@ async fn a_waiting_receiver_in_this_process_gets_only_what_a_receive_could_take(
     let sent = store.send(&work, Outgoing::json(&json!("orphan")).unwrap()).await.unwrap();
     let orphan = store.receive(&work, Receive::up_to(10)).await.unwrap();
     assert_eq!(orphan.iter().map(|d| (d.id.clone(), d.delivery_count)).collect::<Vec<_>>(), [(sent.id, 1)]);
+}
+
+/// A commit that goes out alone hands its messages to the receivers
+/// waiting in this process, as a send does: the reply it sends reaches the
+/// waiting receiver leased once, settled like any other, and the message
+/// it completes is gone. A commit refused for a lost lease hands nothing
+/// over (it wrote nothing), and one to a paused queue leaves the message
+/// for after the resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_alone_hands_its_messages_to_a_waiting_receiver() {
+    let Some(schema) = TestSchema::new("commit handoff on PostgreSQL") else { return };
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let mut settings = config(&schema);
+    settings.poll_interval = Duration::from_secs(600);
+    let store = Arc::new(open(settings, clock).await);
+    let (requests, replies) = (QueueName::new("requests").unwrap(), QueueName::new("replies").unwrap());
+    let waiting = |wait_ms: u64| {
+        let (store, replies) = (store.clone(), replies.clone());
+        tokio::spawn(async move { store.receive(&replies, Receive::up_to(10).waiting(Duration::from_millis(wait_ms))).await.unwrap() })
+    };
+    let parked = || tokio::time::sleep(Duration::from_millis(200));
+    // An agent's reply: the request's completion and the reply's send,
+    // keyed by its task.
+    let reply = |request: &rota_store::Delivery, body: &str| rota_store::Changes {
+        complete: vec![(requests.clone(), request.lease_token)],
+        send: vec![(replies.clone(), Outgoing::json(&json!(body)).unwrap().with_ordering_key("task-1"))],
+        ..Default::default()
+    };
+
+    store.send(&requests, Outgoing::json(&json!("first")).unwrap()).await.unwrap();
+    let request = store.receive(&requests, Receive::up_to(1)).await.unwrap().remove(0);
+    let handed_over = || store.commit_counts().handed_over;
+    let receiver = waiting(60_000);
+    parked().await;
+    store.commit(reply(&request, "done")).await.unwrap();
+    assert_eq!(handed_over(), 1, "the reply went straight to the waiting receiver");
+    let got = receiver.await.unwrap();
+    assert_eq!(got.iter().map(|d| (d.body.get(), d.delivery_count)).collect::<Vec<_>>(), [("\"done\"", 1)]);
+    store.complete(&replies, got[0].lease_token).await.expect("the handed-over lease settles like any other");
+    assert!(store.receive(&requests, Receive::up_to(10)).await.unwrap().is_empty(), "the request was completed");
+
+    // Refused: the request's lease was lost (completed already), so the
+    // commit writes nothing and the receiver waits out its time empty.
+    let receiver = waiting(300);
+    parked().await;
+    let refused = store.commit(reply(&request, "again")).await.unwrap_err();
+    assert!(matches!(refused, rota_store::Error::LeaseLost(_)), "{refused:?}");
+    assert!(receiver.await.unwrap().is_empty(), "a refused commit hands nothing over");
+    assert_eq!(handed_over(), 1);
+    assert!(store.receive(&replies, Receive::up_to(10)).await.unwrap().is_empty(), "and sent nothing");
+
+    // Paused: not handed over, delivered once after the resume.
+    store.send(&requests, Outgoing::json(&json!("second")).unwrap()).await.unwrap();
+    let request = store.receive(&requests, Receive::up_to(1)).await.unwrap().remove(0);
+    store.pause(&replies).await.unwrap();
+    let receiver = waiting(300);
+    parked().await;
+    store.commit(reply(&request, "paused")).await.unwrap();
+    assert!(receiver.await.unwrap().is_empty(), "a paused queue hands nothing over");
+    assert_eq!(handed_over(), 1);
+    store.resume(&replies).await.unwrap();
+    let resumed = store.receive(&replies, Receive::up_to(10)).await.unwrap();
+    assert_eq!(resumed.iter().map(|d| d.delivery_count).collect::<Vec<_>>(), [1], "delivered after the resume, once");
 }
 
 /// Tasks created at the same moment share statements, and each caller
