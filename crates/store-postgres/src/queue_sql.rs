@@ -317,6 +317,11 @@ pub(crate) struct Claimed {
 
 /// The receive: `$1` queue id, `$2` now, `$3` the most messages, `$4` the
 /// consumer, `$5` the lease (the queue's when NULL), `$6` the epoch step.
+///
+/// A keyed message is leased only as the head of its key (its lowest
+/// `seq`) and while no message of its key holds a lease: a `seq` is drawn
+/// before its transaction commits, so a message numbered lower can become
+/// visible after one numbered higher was leased, and must wait for it.
 pub(crate) const CLAIM_SQL: &str =
     "WITH q AS (SELECT id, lease_ms, deliveries_max FROM rota.queues, (SELECT set_config('synchronous_commit', 'off', true)) AS async
                     WHERE id = $1 AND NOT paused),
@@ -324,8 +329,11 @@ pub(crate) const CLAIM_SQL: &str =
                  SELECT m.seq, m.visible_at FROM rota.messages AS m
                   WHERE m.queue_id = (SELECT id FROM q) AND m.visible_at <= $2
                     AND (m.ordering_key IS NULL
-                         OR m.seq = (SELECT MIN(k.seq) FROM rota.messages AS k
-                                      WHERE k.queue_id = m.queue_id AND k.ordering_key = m.ordering_key))
+                         OR (m.seq = (SELECT MIN(k.seq) FROM rota.messages AS k
+                                       WHERE k.queue_id = m.queue_id AND k.ordering_key = m.ordering_key)
+                             AND NOT EXISTS (SELECT 1 FROM rota.messages AS l
+                                              WHERE l.queue_id = m.queue_id AND l.ordering_key = m.ordering_key
+                                                AND l.lease_until > $2)))
                   ORDER BY m.visible_at, m.seq
                   LIMIT $3
                   FOR UPDATE SKIP LOCKED)

@@ -119,6 +119,38 @@ async fn events_after_never_passes_an_event_still_being_written() {
     assert_eq!(visible, ["first", "slow", "last"], "once it commits, every event in seq order");
 }
 
+/// Two messages of one ordering key sent by transactions that commit in
+/// the other order than their messages were numbered: the later-numbered
+/// one commits first and is leased; the earlier-numbered one, committed
+/// after, is then the key's head by number but must wait until that lease
+/// ends, so that a key never has two leases at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_has_one_lease_even_when_its_messages_commit_out_of_order() {
+    let Some(schema) = TestSchema::new("ordering keys across transactions on PostgreSQL") else { return };
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let store = open(config(&schema), clock.clone()).await;
+    let work = QueueName::new("work").unwrap();
+    store.create_queue(&work, rota_store::QueueConfig::default()).await.unwrap();
+    let keyed = |body: &str| Outgoing::json(&json!(body)).unwrap().with_ordering_key("order-1");
+
+    // Numbered first, committed last: a task created in the application's
+    // transaction, whose creation sends the keyed message.
+    let mut app = app_connection(&schema).await;
+    let mut open_tx = app.begin().await.unwrap();
+    let mut slow = new_task("slow", clock.as_ref(), &work);
+    slow.messages = vec![(work.clone(), keyed("numbered first"))];
+    store.create_task_in(&mut open_tx, slow).await.unwrap();
+    let sent = store.send(&work, keyed("committed first")).await.unwrap();
+
+    let first = store.receive(&work, Receive::up_to(10)).await.unwrap();
+    assert_eq!(first.iter().map(|d| d.id.clone()).collect::<Vec<_>>(), [sent.id], "the only one committed");
+    open_tx.commit().await.unwrap();
+    assert!(store.receive(&work, Receive::up_to(10)).await.unwrap().is_empty(), "the key is leased: the other waits");
+    store.complete(&work, first[0].lease_token).await.unwrap();
+    let next = store.receive(&work, Receive::up_to(10)).await.unwrap();
+    assert_eq!(next.iter().map(|d| d.body.get()).collect::<Vec<_>>(), ["\"numbered first\""], "then it is delivered");
+}
+
 /// A receiver waiting in one process is woken by a send from another
 /// (another store on the same schema) through NOTIFY, not by its poll: the
 /// poll interval here is longer than the receive's whole wait.
