@@ -36,6 +36,14 @@ fn new_task(id: &str, clock: &dyn Clock, doorbell: &QueueName) -> NewTask {
     }
 }
 
+/// A store on the real clock whose receivers never poll in a test's time:
+/// a message reaches a waiting receiver by a wake-up or a hand-over only.
+async fn open_without_polling(schema: &TestSchema) -> Arc<PgStore> {
+    let mut settings = config(schema);
+    settings.poll_interval = Duration::from_secs(600);
+    Arc::new(open(settings, Arc::new(SystemClock)).await)
+}
+
 /// A receive of one message from `queue` on `store`, waiting up to a
 /// minute, spawned and given time to park before this returns.
 async fn parked_receive(store: Arc<PgStore>, queue: &QueueName) -> tokio::task::JoinHandle<Vec<rota_model::MessageId>> {
@@ -394,10 +402,7 @@ async fn concurrent_commits_share_statements_and_a_lost_race_fails_only_its_own(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_receiver_in_this_process_gets_only_what_a_receive_could_take() {
     let Some(schema) = TestSchema::new("handoff to waiting receivers on PostgreSQL") else { return };
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let mut settings = config(&schema);
-    settings.poll_interval = Duration::from_secs(600);
-    let store = Arc::new(open(settings, clock).await);
+    let store = open_without_polling(&schema).await;
     let work = QueueName::new("work").unwrap();
     let waiting = |wait_ms: u64| {
         let (store, work) = (store.clone(), work.clone());
@@ -480,10 +485,7 @@ async fn a_waiting_receiver_in_this_process_gets_only_what_a_receive_could_take(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_alone_hands_its_messages_to_a_waiting_receiver() {
     let Some(schema) = TestSchema::new("commit handoff on PostgreSQL") else { return };
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let mut settings = config(&schema);
-    settings.poll_interval = Duration::from_secs(600);
-    let store = Arc::new(open(settings, clock).await);
+    let store = open_without_polling(&schema).await;
     let (requests, replies) = (QueueName::new("requests").unwrap(), QueueName::new("replies").unwrap());
     let waiting = |wait_ms: u64| {
         let (store, replies) = (store.clone(), replies.clone());
