@@ -114,9 +114,11 @@ if [ -n "${ROTA_FIXTURE_POSTGRES_URL:-}" ]; then
   schema=rota_fixture_schema
   psql -q "$ROTA_FIXTURE_POSTGRES_URL" -c "DROP SCHEMA IF EXISTS $schema CASCADE"
   scenario "$ROTA_FIXTURE_POSTGRES_URL?schema=$schema"
+  # Its own schema version: a migration may change one backend only.
+  pg_version="$(psql -qtA "$ROTA_FIXTURE_POSTGRES_URL" -c "SELECT max(version) FROM $schema.migrations")"
   mkdir -p crates/store-postgres/tests/fixtures
   pg_dump --schema="$schema" --inserts --no-owner --no-privileges --no-comments "$ROTA_FIXTURE_POSTGRES_URL" \
-    | grep -v -e '^SET transaction_timeout' -e '^\\restrict ' -e '^\\unrestrict ' >"crates/store-postgres/tests/fixtures/v$version.sql"
+    | grep -v -e '^SET transaction_timeout' -e '^\\restrict ' -e '^\\unrestrict ' >"crates/store-postgres/tests/fixtures/v$pg_version.sql"
   psql -q "$ROTA_FIXTURE_POSTGRES_URL" -c "DROP SCHEMA $schema CASCADE"
-  echo "wrote crates/store-postgres/tests/fixtures/v$version.sql"
+  echo "wrote crates/store-postgres/tests/fixtures/v$pg_version.sql"
 fi

@@ -189,6 +189,27 @@ fn a_fixture_is_kept_for_the_current_sqlite_schema_version() {
 }
 
 #[test]
+fn a_fixture_is_kept_for_the_current_postgres_schema_version() {
+    let Some(schema) = TestSchema::new("the PostgreSQL schema version's fixture") else { return };
+    let rota = Rota::with_store(&format!("{}?schema={}", schema.url, schema.name));
+    // `rota migrate` says "…: version N (was 0)".
+    let migrated = rota.ok(&["migrate"]);
+    let current: u32 = migrated
+        .split("version ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no version in `rota migrate`'s output: {migrated}"));
+    let kept = fixtures(&fixtures_dir("store-postgres"), "sql");
+    assert!(
+        kept.contains_key(&current),
+        "no upgrade fixture for PostgreSQL schema version {current} (kept: {:?}): after adding a migration, build rota and run \
+         `ROTA_FIXTURE_POSTGRES_URL=... scripts/store-fixtures.sh target/debug/rota` and commit the dump it writes",
+        kept.keys().collect::<Vec<_>>()
+    );
+}
+
+#[test]
 fn sqlite_stores_of_earlier_versions_open_and_finish_their_tasks() {
     let current = current_sqlite_version();
     let kept = fixtures(&fixtures_dir("store-sqlite"), "db");

@@ -10,17 +10,17 @@ use crate::{Fail, Result};
 
 /// The selection shared by the prune and its count. The first term repeats
 /// the partial index's condition word for word, so that a generic plan
-/// (the state list is a parameter) can still prove the index applies. A
+/// can still prove the index applies. A
 /// schedule's task that finished at or after the schedule's progress may
 /// belong to a fire not yet recorded, and is kept (see `rota_store::prune`).
 macro_rules! selection {
     () => {
-        "t.state IN ('processed', 'error', 'compensated', 'cancelled') AND t.state = ANY($1) AND t.updated_at < $2
+        "t.ended_at IS NOT NULL AND t.state = ANY($1) AND t.ended_at < $2
          AND ($3::text IS NULL OR t.workflow = $3) AND NOT (t.workflow = ANY($4))
          AND ($5::text[] IS NULL OR t.id = ANY($5))
          AND NOT EXISTS (SELECT 1 FROM rota.schedules s
              WHERE left(t.id, length(s.name) + 1) = s.name || '@'
-             AND t.updated_at >= LEAST(s.fired_through, COALESCE(s.buffered_fire_at, s.fired_through)))"
+             AND t.ended_at >= LEAST(s.fired_through, COALESCE(s.buffered_fire_at, s.fired_through)))"
     };
 }
 
@@ -47,7 +47,7 @@ fn task_ids(ids: Vec<String>) -> Result<Vec<TaskId>> {
 pub(crate) async fn prunable_tasks(conn: &mut PgConnection, n: &Names, prune: &Prune) -> Result<Vec<TaskId>> {
     let (states, before, only, except, ids) = parameters(prune);
     let chosen: Vec<String> =
-        sqlx::query_scalar(n.sql(concat!("SELECT t.id FROM rota.tasks t WHERE ", selection!(), " ORDER BY t.updated_at, t.id LIMIT $6")))
+        sqlx::query_scalar(n.sql(concat!("SELECT t.id FROM rota.tasks t WHERE ", selection!(), " ORDER BY t.ended_at, t.id LIMIT $6")))
             .bind(states)
             .bind(before)
             .bind(only)
@@ -64,9 +64,9 @@ pub(crate) async fn prunable_tasks(conn: &mut PgConnection, n: &Names, prune: &P
 pub(crate) async fn prune_tasks(conn: &mut PgConnection, n: &Names, prune: &Prune) -> Result<Pruned> {
     let (states, before, only, except, chosen) = parameters(prune);
     let (events, steps, ids): (i64, i64, Vec<String>) = sqlx::query_as(n.sql(concat!(
-        "WITH doomed AS (SELECT t.id, t.updated_at FROM rota.tasks t WHERE ",
+        "WITH doomed AS (SELECT t.id, t.ended_at FROM rota.tasks t WHERE ",
         selection!(),
-        " ORDER BY t.updated_at, t.id LIMIT $6 FOR UPDATE OF t SKIP LOCKED),
+        " ORDER BY t.ended_at, t.id LIMIT $6 FOR UPDATE OF t SKIP LOCKED),
          gone_events AS (DELETE FROM rota.events WHERE task_id IN (SELECT id FROM doomed) RETURNING 1),
          gone_steps AS (DELETE FROM rota.steps WHERE task_id IN (SELECT id FROM doomed) RETURNING 1),
          gone_tags AS (DELETE FROM rota.task_tags AS g
@@ -75,7 +75,7 @@ pub(crate) async fn prune_tasks(conn: &mut PgConnection, n: &Names, prune: &Prun
                            AND g.key = kv.key AND g.value = kv.value AND g.created_seq = t.created_seq),
          gone AS (DELETE FROM rota.tasks WHERE id IN (SELECT id FROM doomed) RETURNING id)
          SELECT (SELECT count(*) FROM gone_events), (SELECT count(*) FROM gone_steps),
-                ARRAY(SELECT d.id FROM doomed d JOIN gone g ON g.id = d.id ORDER BY d.updated_at, d.id)"
+                ARRAY(SELECT d.id FROM doomed d JOIN gone g ON g.id = d.id ORDER BY d.ended_at, d.id)"
     )))
     .bind(states)
     .bind(before)

@@ -253,7 +253,8 @@ fn text(value: &str) -> Bind {
 /// not drive is written `(column + 0)`, which no index serves, so that the
 /// generic plan keeps to the driving one.
 fn selection(filter: &TaskFilter, driver: Driver) -> Selection {
-    const FINISHED: &str = "state IN ('processed', 'error', 'compensated', 'cancelled')";
+    // `ended_at` is set exactly when the task has finished.
+    const FINISHED: &str = "ended_at IS NOT NULL";
     let range = |column: &str, range: &TimeRange| {
         let mut conditions = Vec::new();
         if range.from.is_some() {
@@ -283,7 +284,7 @@ fn selection(filter: &TaskFilter, driver: Driver) -> Selection {
         }
         Driver::Ended | Driver::Created => {
             let (column, range_of, only) = if driver == Driver::Ended {
-                ("updated_at", &filter.ended, format!("{FINISHED} AND "))
+                ("ended_at", &filter.ended, format!("{FINISHED} AND "))
             } else {
                 ("created_at", &filter.created, String::new())
             };
@@ -327,7 +328,7 @@ fn selection(filter: &TaskFilter, driver: Driver) -> Selection {
         s.push(&range("(t.created_at + 0)", &filter.created), range_values(&filter.created));
     }
     if filter.ended.is_set() && driver != Driver::Ended {
-        s.push(&format!("t.{FINISHED} AND {}", range("(t.updated_at + 0)", &filter.ended)), range_values(&filter.ended));
+        s.push(&format!("t.{FINISHED} AND {}", range("(t.ended_at + 0)", &filter.ended)), range_values(&filter.ended));
     }
     if let Some(prefix) = &filter.id_prefix
         && driver != Driver::IdPrefix

@@ -300,33 +300,72 @@ async fn hot_statements_use_indexes_whatever_the_tables_held_when_planned() {
         "SELECT COALESCE(SUM(seq_scan), 0)::bigint, COALESCE(SUM(idx_scan), 0)::bigint FROM pg_stat_user_tables
           WHERE schemaname = '{s}' AND relname IN ('tasks', 'steps', 'messages', 'events')"
     );
-    let (seq_before, idx_before) = settled_scans(&mut admin, &scans, 1).await;
+    let (seq_before, idx_before) = settled_counts(&mut admin, &scans, 1).await;
     for n in 8..12 {
         cycle(n).await;
     }
-    let (seq_after, idx_after) = settled_scans(&mut admin, &scans, idx_before + 4).await;
+    let (seq_after, idx_after) = settled_counts(&mut admin, &scans, idx_before + 4).await;
     assert!(idx_after > idx_before, "the work ran through indexes");
     assert_eq!(seq_after, seq_before, "no statement scanned a whole table once the tables were big");
 }
 
-/// The (sequential, index) scan counts `scans` reads, once they include at
-/// least `at_least` index scans and have stopped moving: a backend reports
-/// its counters when idle, within about a second.
-async fn settled_scans(admin: &mut PgConnection, scans: &str, at_least: i64) -> (i64, i64) {
+/// A decision that leaves the task's state and lease as they were (a step's
+/// reply handled, say) changes no indexed column of the task, so
+/// PostgreSQL writes it as a heap-only update, adding no entry to any of
+/// the table's indexes; a task's end changes its state and is not one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_within_a_lease_are_heap_only_updates() {
+    let Some(schema) = TestSchema::new("heap-only task writes on PostgreSQL") else { return };
+    let clock = Arc::new(ManualClock::default());
+    let store = open(config(&schema), clock.clone()).await;
+    let doorbells = QueueName::new("doorbells").unwrap();
+    let me = rota_model::InstanceId::new("scheduler-1").unwrap();
+    store.create_task(new_task("order-1", clock.as_ref(), &doorbells)).await.unwrap();
+    let mut task = store.claim_tasks(&me, Duration::from_secs(60), 1).await.unwrap().pop().expect("the task is claimed");
+    const WITHIN_LEASE: i64 = 5;
+    for _ in 0..WITHIN_LEASE {
+        clock.advance(Duration::from_millis(10));
+        let mut next = task.clone();
+        next.updated_at = clock.now();
+        next.lease_epoch += 1;
+        let changes = rota_store::Changes { tasks: vec![rota_store::TaskWrite::replacing(&task, next.clone())], ..Default::default() };
+        store.commit(changes).await.unwrap();
+        task = next;
+    }
+    let fence = task.fence().expect("the task is still held");
+    let done = task.finish_processed(fence, json!({}), clock.now()).unwrap();
+    store.commit(rota_store::Changes { tasks: vec![rota_store::TaskWrite::replacing(&task, done)], ..Default::default() }).await.unwrap();
+
+    let mut admin = app_connection(&schema).await;
+    let counts = format!(
+        "SELECT COALESCE(SUM(n_tup_hot_upd), 0)::bigint, COALESCE(SUM(n_tup_upd), 0)::bigint FROM pg_stat_user_tables
+          WHERE schemaname = '{}' AND relname = 'tasks'",
+        schema.name
+    );
+    // The claim, the writes within the lease and the end; reported by the
+    // store's backends when idle.
+    let (heap_only, updates) = settled_counts(&mut admin, &counts, WITHIN_LEASE + 2).await;
+    assert_eq!((updates, heap_only), (WITHIN_LEASE + 2, WITHIN_LEASE), "(updates, heap-only updates) of the task");
+}
+
+/// The two counters `query` reads from PostgreSQL's statistics, once the
+/// second is at least `at_least` and they have stopped moving: a backend
+/// reports its counters when idle, within about a second.
+async fn settled_counts(admin: &mut PgConnection, query: &str, at_least: i64) -> (i64, i64) {
     let mut last = (0, 0);
     for _ in 0..100 {
-        last = scan_counts(admin, scans).await;
+        last = counts(admin, query).await;
         if last.1 >= at_least {
             tokio::time::sleep(Duration::from_millis(1_200)).await;
-            return scan_counts(admin, scans).await;
+            return counts(admin, query).await;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    panic!("the store's index scans never showed in pg_stat_user_tables: {last:?}");
+    panic!("the store's counters never reached {at_least} in PostgreSQL's statistics: {last:?}");
 }
 
-async fn scan_counts(admin: &mut PgConnection, scans: &str) -> (i64, i64) {
-    sqlx::query_as(sqlx::AssertSqlSafe(scans.to_owned())).fetch_one(admin).await.unwrap()
+async fn counts(admin: &mut PgConnection, query: &str) -> (i64, i64) {
+    sqlx::query_as(sqlx::AssertSqlSafe(query.to_owned())).fetch_one(admin).await.unwrap()
 }
 
 /// Commits made at the same moment share statements (group commit), and a
