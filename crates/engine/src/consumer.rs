@@ -122,6 +122,7 @@ pub struct Config {
     receive_wait: Duration,
     complete_batch_max: usize,
     shutdown_grace: Duration,
+    acts_within_store: bool,
 }
 
 impl Config {
@@ -160,6 +161,7 @@ impl Config {
                 receive_wait: Self::RECEIVE_WAIT_DEFAULT,
                 complete_batch_max: Self::COMPLETE_BATCH_MAX_DEFAULT,
                 shutdown_grace: Self::SHUTDOWN_GRACE_DEFAULT,
+                acts_within_store: false,
             },
             prefetch: None,
         }
@@ -193,6 +195,12 @@ impl Config {
     /// How long a receive waits for a first message.
     pub fn receive_wait(&self) -> Duration {
         self.receive_wait
+    }
+
+    /// Whether the handler acts only by writing to the consumer's store
+    /// (see [`ConfigBuilder::acting_within_store`]).
+    pub fn acts_within_store(&self) -> bool {
+        self.acts_within_store
     }
 
     /// The most completions committed by one `complete_batch`.
@@ -291,6 +299,16 @@ impl ConfigBuilder {
     /// The most completions per `complete_batch` (default [`Config::COMPLETE_BATCH_MAX_DEFAULT`]).
     pub fn complete_batch_max(mut self, max: usize) -> Self {
         self.config.complete_batch_max = max;
+        self
+    }
+
+    /// The handler acts on a message only by writing to the consumer's
+    /// store (a Scheduler's inbox): a store that flushes after committing
+    /// may then deliver before the message's commit is durable (see
+    /// [`rota_store::Receive::acts_within_store`]). Off by default: a
+    /// handler that calls out must get only durable messages.
+    pub fn acting_within_store(mut self) -> Self {
+        self.config.acts_within_store = true;
         self
     }
 
@@ -579,6 +597,7 @@ impl Dispatcher {
             lease: Some(self.lease),
             wait: self.config.receive_wait,
             consumer: Some(self.config.consumer.clone()),
+            acts_within_store: self.config.acts_within_store,
         };
         let store = self.store.clone();
         let queue = self.config.queue.clone();

@@ -308,9 +308,11 @@ impl Scheduler {
 
     /// Runs the claim loop and the inbox consumer until `shutdown`.
     pub async fn run(self, shutdown: Shutdown) -> Result<()> {
+        // Replies and retries lead only to this Scheduler's commits.
         let consumer_config = consumer::Config::builder(self.inner.inbox.clone(), self.inner.config.instance.clone())
             .max_concurrent(self.inner.config.inbox_concurrency)
             .shutdown_grace(self.inner.config.shutdown_grace)
+            .acting_within_store()
             .build()?;
         let inbox = Consumer::new(self.inner.store.clone(), consumer_config);
         let handler: Arc<dyn Handler> = Arc::new(self.clone());
@@ -352,7 +354,9 @@ impl Scheduler {
         let doorbells = protocol::tasks_queue();
         let me = self.inner.config.instance.clone();
         while !shutdown.is_triggered() {
-            let request = Receive::up_to(rota_store::RECEIVE_MAX.min(256)).waiting(self.inner.config.claim_wait).by(me.clone());
+            // A doorbell only leads to a claim.
+            let request =
+                Receive::up_to(rota_store::RECEIVE_MAX.min(256)).waiting(self.inner.config.claim_wait).by(me.clone()).acting_within_store();
             let rung = tokio::select! {
                 rung = self.inner.store.receive(&doorbells, request) => rung,
                 () = shutdown.triggered() => break,

@@ -14,9 +14,11 @@
 //!
 //! What changes for readers: another connection can read a commit up to one
 //! flush before it is durable. Nothing reaches a caller of this store
-//! before then: every write and every receive (a lease is a write) replies
-//! from here. And anything written after reading such a commit lands later
-//! in the same WAL, so no flush can make it durable without its cause.
+//! before then (every write and every receive, a lease being a write,
+//! replies from here), except a caller that acts only by writing to this
+//! store (see [`crate::writer::ReplyAt::Commit`]). And anything written
+//! after reading such a commit lands later in the same WAL, so no flush
+//! can make it durable without its cause.
 //!
 //! A failed flush leaves the file's durable state unknown, so the store
 //! stops: that batch and every later write fail with the flush's error.
@@ -88,6 +90,21 @@ pub(crate) struct FlushHandle {
     thread: Option<std::thread::JoinHandle<()>>,
     wal: Arc<Mutex<Wal>>,
     orphaned: Arc<Mutex<Vec<LeaseToken>>>,
+    #[cfg(test)]
+    gate: FlushGate,
+}
+
+/// Lets a test hold every flush back, to see what is answered before one.
+#[cfg(test)]
+#[derive(Clone, Default)]
+pub(crate) struct FlushGate(Arc<Mutex<()>>);
+
+#[cfg(test)]
+impl FlushGate {
+    /// No flush starts until the guard is dropped.
+    pub(crate) fn hold(&self) -> std::sync::MutexGuard<'_, ()> {
+        lock(&self.0)
+    }
 }
 
 impl FlushHandle {
@@ -99,11 +116,35 @@ impl FlushHandle {
         let orphaned = Arc::new(Mutex::new(Vec::new()));
         let (batches, receiver) = std::sync::mpsc::sync_channel(BATCHES_AWAITING_FLUSH_MAX);
         let (thread_wal, thread_orphaned) = (wal.clone(), orphaned.clone());
+        #[cfg(test)]
+        let gate = FlushGate::default();
+        #[cfg(test)]
+        let thread_gate = gate.clone();
         let thread = std::thread::Builder::new()
             .name("rota-sqlite-flusher".into())
-            .spawn(move || run(&receiver, &thread_wal, &thread_orphaned))
+            .spawn(move || {
+                run(
+                    &receiver,
+                    &thread_wal,
+                    &thread_orphaned,
+                    #[cfg(test)]
+                    &thread_gate,
+                );
+            })
             .map_err(|e| Error::Backend(format!("cannot start the flusher thread: {e}")))?;
-        Ok(FlushHandle { batches: Some(batches), thread: Some(thread), wal, orphaned })
+        Ok(FlushHandle {
+            batches: Some(batches),
+            thread: Some(thread),
+            wal,
+            orphaned,
+            #[cfg(test)]
+            gate,
+        })
+    }
+
+    #[cfg(test)]
+    pub(crate) fn gate(&self) -> FlushGate {
+        self.gate.clone()
     }
 
     /// Why the store stopped writing, if a flush failed.
@@ -120,6 +161,8 @@ impl FlushHandle {
     /// waits for the writer, a handover to the flusher thread would only
     /// add a wake-up to a lone caller's wait.
     pub(crate) fn flush_here_then_reply(&self, batch: Committed) {
+        #[cfg(test)]
+        let _held = self.gate.hold();
         let failure = lock(&self.wal).flush();
         reply_all(batch, failure.as_deref(), &self.orphaned);
     }
@@ -151,7 +194,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// The flusher thread: one flush for every batch waiting, then their replies.
-fn run(batches: &Receiver<Committed>, wal: &Mutex<Wal>, orphaned: &Mutex<Vec<LeaseToken>>) {
+fn run(batches: &Receiver<Committed>, wal: &Mutex<Wal>, orphaned: &Mutex<Vec<LeaseToken>>, #[cfg(test)] gate: &FlushGate) {
     let mut waiting = Vec::new();
     while let Ok(first) = batches.recv() {
         waiting.push(first);
@@ -159,7 +202,11 @@ fn run(batches: &Receiver<Committed>, wal: &Mutex<Wal>, orphaned: &Mutex<Vec<Lea
         while let Ok(batch) = batches.try_recv() {
             waiting.push(batch);
         }
+        #[cfg(test)]
+        let held = gate.hold();
         let failure = lock(wal).flush();
+        #[cfg(test)]
+        drop(held);
         for batch in waiting.drain(..) {
             reply_all(batch, failure.as_deref(), orphaned);
         }

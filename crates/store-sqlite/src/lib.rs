@@ -43,7 +43,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
 use flusher::FlushHandle;
-use writer::{Command, Job, Parked, Settle, Writer, WriterConfig};
+use writer::{Command, Job, Parked, ReplyAt, Settle, Writer, WriterConfig};
 pub use writer::{CommitCounts, CommitStats};
 
 /// How hard a commit tries to survive power loss.
@@ -184,6 +184,8 @@ pub struct SqliteStore {
     clock: Arc<dyn Clock>,
     config: Config,
     stats: Arc<CommitStats>,
+    #[cfg(test)]
+    flush_gate: Option<flusher::FlushGate>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -322,6 +324,8 @@ impl SqliteStore {
             Durability::Full => Some(FlushHandle::start(&config.path, stats.clone())?),
             Durability::Normal => None,
         };
+        #[cfg(test)]
+        let flush_gate = flush.as_ref().map(FlushHandle::gate);
         let writer = Writer::new(
             writer_conn,
             clock.clone(),
@@ -345,7 +349,15 @@ impl SqliteStore {
         let readers = Arc::new(Readers { connections: readers, next: AtomicUsize::new(0) });
         // The writer stops when the last sender (the store's) is dropped and then
         // sets `closed`, which stops the checkpointer.
-        Ok(SqliteStore { commands, readers, clock, config, stats })
+        Ok(SqliteStore {
+            commands,
+            readers,
+            clock,
+            config,
+            stats,
+            #[cfg(test)]
+            flush_gate,
+        })
     }
 
     /// The settings SQLite reports: journal mode of the file and the
@@ -443,6 +455,15 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&Connection, Timestamp) -> Result<T> + Send + 'static,
     {
+        self.write_replying(ReplyAt::Durable, op).await
+    }
+
+    /// [`Self::write`], replying at `reply_at`.
+    async fn write_replying<T, F>(&self, reply_at: ReplyAt, op: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection, Timestamp) -> Result<T> + Send + 'static,
+    {
         let (reply, answer) = oneshot::channel();
         let job: Job = Box::new(move |conn, now| {
             let result = op(conn, now).map_err(|err| naming_the_file(err, conn));
@@ -456,7 +477,7 @@ impl SqliteStore {
             });
             (ok, settle)
         });
-        self.commands.send(Command::Write(job)).await.map_err(|_| Error::Closed)?;
+        self.commands.send(Command::Write(job, reply_at)).await.map_err(|_| Error::Closed)?;
         answer.await.map_err(|_| Error::Closed)?
     }
 
@@ -558,6 +579,7 @@ impl Queues for SqliteStore {
             lease: request.lease,
             owner: request.consumer,
             deadline: Instant::now() + request.wait,
+            reply_at: if request.acts_within_store { ReplyAt::Commit } else { ReplyAt::Durable },
             reply,
         };
         self.commands.send(Command::Receive(parked)).await.map_err(|_| Error::Closed)?;
@@ -735,7 +757,8 @@ impl Tasks for SqliteStore {
 
     async fn claim_tasks_by(&self, owner: &InstanceId, lease: Duration, claim: Claim) -> Result<Vec<Task>> {
         let owner = owner.clone();
-        self.write(move |conn, now| task_sql::claim_tasks(conn, &owner, lease, claim, now)).await
+        // A claim's holder acts only through this store (see the trait).
+        self.write_replying(ReplyAt::Commit, move |conn, now| task_sql::claim_tasks(conn, &owner, lease, claim, now)).await
     }
 
     async fn key_holders(&self, workflow: &WorkflowName, key: &str) -> Result<Vec<TaskId>> {
@@ -1045,6 +1068,76 @@ mod tests {
     /// since the last call.
     fn steps_taken(conn: &rusqlite::Connection) -> i32 {
         statements_counter(conn, rusqlite::ffi::SQLITE_STMTSTATUS_VM_STEP, true)
+    }
+
+    /// A claim, and a receive whose receiver acts only within the store,
+    /// hear back as soon as their batch commits; a plain receive, and the
+    /// sends, only once the flush made the commit durable.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[expect(
+        clippy::await_holding_lock,
+        reason = "the guard holds back the flusher thread, which never awaits; the test body runs on its own thread"
+    )]
+    async fn only_callers_acting_within_the_store_hear_back_before_the_flush() {
+        use std::sync::Arc;
+
+        use rota_model::SystemClock;
+        use rota_store::{NewTask, Queues, Receive, Tasks};
+
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let store = Arc::new(super::SqliteStore::open(Config::new(dir.path().join("early.db")), Arc::new(SystemClock)).expect("open"));
+        let (inbox, agents) = (QueueName::new("inbox").expect("a queue name"), QueueName::new("agents").expect("a queue name"));
+        let task = Task::new(
+            TaskId::new("t-1").expect("a task id"),
+            WorkflowName::new("order").expect("a name"),
+            1,
+            serde_json::json!({}),
+            Timestamp::from_millis(0),
+        );
+        let new = NewTask { task, steps: Vec::new(), messages: Vec::new(), events: Vec::new() };
+        store.create_task(new).await.expect("create");
+        let receive = |queue: &QueueName, request: Receive| {
+            let (store, queue) = (store.clone(), queue.clone());
+            tokio::spawn(async move { store.receive(&queue, request).await.expect("receive") })
+        };
+        let waiting = Receive::up_to(1).waiting(Duration::from_secs(60));
+        let scheduler = receive(&inbox, waiting.clone().acting_within_store());
+        let agent = receive(&agents, waiting);
+        let before = store.commit_counts().replied_at_commit;
+
+        let gate = store.flush_gate.clone().expect("full durability flushes");
+        let held = gate.hold();
+        let owner = InstanceId::new("scheduler-1").expect("an instance id");
+        let claimed = tokio::time::timeout(Duration::from_secs(10), store.claim_tasks(&owner, Duration::from_secs(60), 1))
+            .await
+            .expect("a claim answers before the flush")
+            .expect("claim");
+        assert_eq!(claimed.len(), 1);
+        let send = |queue: &QueueName| {
+            let (store, queue) = (store.clone(), queue.clone());
+            tokio::spawn(async move { store.send(&queue, Outgoing::json(&"work").expect("json")).await.expect("send") })
+        };
+        let to_scheduler = send(&inbox);
+        let delivered =
+            tokio::time::timeout(Duration::from_secs(10), scheduler).await.expect("delivered before the flush").expect("joined");
+        assert_eq!(delivered.len(), 1);
+        let to_agent = send(&agents);
+        // Time for a wrong answer to show; with the flush held, none can be right.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!to_scheduler.is_finished() && !to_agent.is_finished(), "a send answered before its flush");
+        assert!(!agent.is_finished(), "a receiver that calls out got a message not yet durable");
+
+        drop(held);
+        let ten_s = Duration::from_secs(10);
+        assert_eq!(tokio::time::timeout(ten_s, agent).await.expect("delivered after the flush").expect("joined").len(), 1);
+        tokio::time::timeout(ten_s, to_scheduler).await.expect("sent").expect("joined");
+        tokio::time::timeout(ten_s, to_agent).await.expect("sent").expect("joined");
+        assert_eq!(store.commit_counts().replied_at_commit - before, 2, "the claim and the Scheduler's delivery");
+
+        // A commit no one waits for is not flushed on its own.
+        let flushes = store.commit_counts().flushes;
+        assert!(store.claim_tasks(&owner, Duration::from_secs(60), 1).await.expect("claim").is_empty());
+        assert_eq!(store.commit_counts().flushes, flushes, "a claim alone was flushed");
     }
 
     #[test]

@@ -9,6 +9,12 @@
 //! means "durable", and many callers share each flush: throughput comes
 //! from batching, not from weakening durability.
 //!
+//! A caller that acts only by writing to this store (a Scheduler's claim,
+//! its inbox) hears back as soon as the batch commits ([`ReplyAt::Commit`]):
+//! whatever it writes next lands later in the WAL, so no flush can keep that
+//! write without the commit it acted on. A batch with no other caller is
+//! not flushed on its own: the next flush covers it.
+//!
 //! Receives wait here too ("parked"): after the jobs of a batch have run,
 //! the writer serves parked receivers inside the same transaction, so a
 //! message sent in a batch reaches a waiting consumer in the same commit —
@@ -40,10 +46,21 @@ pub(crate) type Settle = Box<dyn FnOnce(Option<&str>) + Send>;
 /// it succeeded (if not, its savepoint is rolled back) and how to settle.
 pub(crate) type Job = Box<dyn FnOnce(&Connection, Timestamp) -> (bool, Settle) + Send>;
 
+/// When a caller hears that its commit went through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReplyAt {
+    /// Once the commit is durable: the caller may act outside the store.
+    Durable,
+    /// Once the commit is in the WAL, before its flush: the caller acts on
+    /// the outcome only by writing to this store, and each such write is
+    /// durable only with everything committed before it.
+    Commit,
+}
+
 /// A message to the writer thread.
 pub(crate) enum Command {
     /// Run a job in the next batch.
-    Write(Job),
+    Write(Job, ReplyAt),
     /// Wait for messages.
     Receive(Parked),
 }
@@ -57,6 +74,7 @@ pub(crate) struct Parked {
     /// When to give up and reply with nothing (wall time: a long poll is
     /// about real waiting, whatever the store's clock says).
     pub deadline: Instant,
+    pub reply_at: ReplyAt,
     pub reply: oneshot::Sender<Result<Vec<Delivery>>>,
 }
 
@@ -76,6 +94,9 @@ pub struct CommitStats {
     /// Flushes of the WAL by the flusher thread (each covers every batch
     /// committed before it began); none when SQLite flushes in `COMMIT`.
     pub flushes: AtomicU64,
+    /// Replies sent at commit, before the flush ([`ReplyAt::Commit`]):
+    /// claims, and deliveries to receivers that act within the store.
+    pub replied_at_commit: AtomicU64,
 }
 
 /// A snapshot of [`CommitStats`].
@@ -92,6 +113,8 @@ pub struct CommitCounts {
     pub sweeps: u64,
     /// Flushes of the WAL by the flusher thread.
     pub flushes: u64,
+    /// Replies sent at commit, before the flush.
+    pub replied_at_commit: u64,
 }
 
 impl CommitStats {
@@ -102,6 +125,7 @@ impl CommitStats {
             receives: self.receives.load(Ordering::Relaxed),
             sweeps: self.sweeps.load(Ordering::Relaxed),
             flushes: self.flushes.load(Ordering::Relaxed),
+            replied_at_commit: self.replied_at_commit.load(Ordering::Relaxed),
         }
     }
 }
@@ -139,6 +163,8 @@ pub(crate) struct Writer {
     /// Makes commits durable and replies after, when SQLite does not flush
     /// in `COMMIT` (see [`crate::flusher`]).
     flush: Option<FlushHandle>,
+    /// Whether a commit no one waited for has not been flushed yet.
+    unflushed: bool,
 }
 
 impl Writer {
@@ -164,6 +190,7 @@ impl Writer {
             last_sweep: now,
             closed,
             flush,
+            unflushed: false,
         }
     }
 
@@ -213,8 +240,14 @@ impl Writer {
         for parked in self.parked.drain(..) {
             let _ = parked.reply.send(Ok(Vec::new()));
         }
-        // The last batches' replies go out, flushed, before the store counts as closed.
-        drop(self.flush.take());
+        // The last batches' replies go out, flushed, before the store counts
+        // as closed; a last commit no one waited for is flushed too.
+        if let Some(flush) = self.flush.take() {
+            if self.unflushed {
+                flush.flush_here_then_reply(Committed { settles: Vec::new(), served: Vec::new() });
+            }
+            drop(flush);
+        }
         self.closed.store(true, Ordering::SeqCst);
     }
 
@@ -232,7 +265,7 @@ impl Writer {
         let mut newly_parked: Vec<QueueName> = Vec::new();
         for command in batch.drain(..) {
             match command {
-                Command::Write(job) => jobs.push(job),
+                Command::Write(job, reply_at) => jobs.push((job, reply_at)),
                 Command::Receive(parked) => {
                     newly_parked.push(parked.queue.clone());
                     self.parked.push(parked);
@@ -270,17 +303,17 @@ impl Writer {
         }
 
         let sweep_only = jobs.is_empty() && !worth_serving && self.orphaned.is_empty();
-        let mut settles: Vec<Settle> = Vec::with_capacity(jobs.len());
+        let mut settles: Vec<(Settle, ReplyAt)> = Vec::with_capacity(jobs.len());
         let mut served: Vec<(Parked, Result<Vec<Delivery>>)> = Vec::new();
         let outcome = self.transaction(|writer| {
-            for job in jobs {
+            for (job, reply_at) in jobs {
                 run_cached(&writer.conn, "SAVEPOINT job")?;
                 let (ok, settle) = job(&writer.conn, now);
                 if !ok {
                     run_cached(&writer.conn, "ROLLBACK TO job")?;
                 }
                 run_cached(&writer.conn, "RELEASE job")?;
-                settles.push(settle);
+                settles.push((settle, reply_at));
             }
             writer.give_back_orphans(now)?;
             if worth_serving {
@@ -318,33 +351,31 @@ impl Writer {
         if failure.is_none()
             && let Some(flush) = &self.flush
         {
-            let batch = Committed { settles, served };
-            // Work waiting: let it run during the flush. None: flush here,
-            // sparing a lone caller the flusher thread's wake-up.
-            if self.commands.is_empty() {
+            let (at_commit, settles): (Vec<_>, Vec<_>) = settles.into_iter().partition(|(_, at)| *at == ReplyAt::Commit);
+            let (served_at_commit, served): (Vec<_>, Vec<_>) = served.into_iter().partition(|(p, _)| p.reply_at == ReplyAt::Commit);
+            let replied_at_commit = at_commit.len() + served_at_commit.len();
+            self.stats.replied_at_commit.fetch_add(replied_at_commit as u64, Ordering::Relaxed);
+            reply(at_commit.into_iter().map(|(settle, _)| settle), served_at_commit, None, &mut self.orphaned);
+            let batch = Committed { settles: settles.into_iter().map(|(settle, _)| settle).collect(), served };
+            if batch.settles.is_empty() && batch.served.is_empty() {
+                // No one waits for this commit to be durable (a claim, say):
+                // the next flush covers it, since it flushes the whole file.
+                self.unflushed = true;
+            } else if self.commands.is_empty() && replied_at_commit == 0 {
+                // No work waiting: flush here, sparing a lone caller the
+                // flusher thread's wake-up.
+                self.unflushed = false;
                 flush.flush_here_then_reply(batch);
             } else {
+                // Work waiting, or on its way from the callers just
+                // answered: let it run during the flush.
+                self.unflushed = false;
                 flush.flush_then_reply(batch);
             }
             self.reply_expired_waits();
             return;
         }
-        for settle in settles {
-            settle(failure.as_deref());
-        }
-        for (parked, result) in served {
-            let result = match &failure {
-                Some(err) => Err(Error::Backend(err.clone())),
-                None => result,
-            };
-            let tokens: Vec<LeaseToken> = match &result {
-                Ok(deliveries) if failure.is_none() => deliveries.iter().map(|d| d.lease_token).collect(),
-                _ => Vec::new(),
-            };
-            if parked.reply.send(result).is_err() {
-                self.orphaned.extend(tokens);
-            }
-        }
+        reply(settles.into_iter().map(|(settle, _)| settle), served, failure.as_deref(), &mut self.orphaned);
         self.reply_expired_waits();
     }
 
@@ -430,6 +461,33 @@ impl Writer {
             tracing::error!("sqlite rollback failed: {err}");
         }
         result
+    }
+}
+
+/// Replies to jobs and served receivers, with the commit's `failure` if it
+/// failed; the lease of a receiver that went away goes to `orphaned`, to be
+/// given back.
+fn reply(
+    settles: impl Iterator<Item = Settle>,
+    served: Vec<(Parked, Result<Vec<Delivery>>)>,
+    failure: Option<&str>,
+    orphaned: &mut Vec<LeaseToken>,
+) {
+    for settle in settles {
+        settle(failure);
+    }
+    for (parked, result) in served {
+        let result = match failure {
+            Some(err) => Err(Error::Backend(err.to_owned())),
+            None => result,
+        };
+        let tokens: Vec<LeaseToken> = match &result {
+            Ok(deliveries) if failure.is_none() => deliveries.iter().map(|d| d.lease_token).collect(),
+            _ => Vec::new(),
+        };
+        if parked.reply.send(result).is_err() {
+            orphaned.extend(tokens);
+        }
     }
 }
 

@@ -198,12 +198,20 @@ pub struct Receive {
     pub wait: Duration,
     /// Who receives, recorded as the lease owner.
     pub consumer: Option<InstanceId>,
+    /// The receiver acts on what it gets only by writing to this same store
+    /// (a Scheduler does). A store that makes commits durable after
+    /// committing them may then deliver before the commit that sent or
+    /// leased the messages is durable: whatever the receiver writes lands
+    /// after that commit, and no flush keeps it without its cause. A
+    /// receiver that calls out (an agent, an application's consumer) leaves
+    /// this off, and gets only durable messages.
+    pub acts_within_store: bool,
 }
 
 impl Receive {
     /// Up to `max` messages, the queue's lease, no waiting.
     pub fn up_to(max: u32) -> Self {
-        Receive { max, lease: None, wait: Duration::ZERO, consumer: None }
+        Receive { max, lease: None, wait: Duration::ZERO, consumer: None, acts_within_store: false }
     }
 
     /// Wait up to `wait` for a first message.
@@ -221,6 +229,12 @@ impl Receive {
     /// Record `consumer` as the lease owner.
     pub fn by(mut self, consumer: InstanceId) -> Self {
         self.consumer = Some(consumer);
+        self
+    }
+
+    /// The receiver acts only through this store: see [`Receive::acts_within_store`].
+    pub fn acting_within_store(mut self) -> Self {
+        self.acts_within_store = true;
         self
     }
 

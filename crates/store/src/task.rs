@@ -589,6 +589,11 @@ pub trait Tasks: Send + Sync {
     /// at its limit are passed over, not returned, and do not hold back
     /// other keys. Never do more than `limit` tasks of a key hold a slot,
     /// however many claims run at once.
+    ///
+    /// A store that makes commits durable after committing them may return
+    /// a claim before it is durable: the holder of a task acts on it only
+    /// through this store's commits, each durable only with every commit
+    /// before it, so no effect of the claim outlives the claim.
     async fn claim_tasks_by(&self, owner: &InstanceId, lease: Duration, claim: Claim) -> Result<Vec<Task>>;
 
     /// The tasks holding a slot of concurrency key `key` of `workflow`

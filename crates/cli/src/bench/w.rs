@@ -336,7 +336,14 @@ pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32, prefill: u
     let group_commits = match (commits_before, commits_after) {
         (Some(before), Some(after)) => {
             let (commits, jobs) = (after.commits - before.commits, after.jobs - before.jobs);
-            json!({ "commits": commits, "jobs": jobs, "jobs_per_commit": round((commits > 0).then(|| jobs as f64 / commits as f64), 2) })
+            json!({
+                "commits": commits,
+                "jobs": jobs,
+                "jobs_per_commit": round((commits > 0).then(|| jobs as f64 / commits as f64), 2),
+                "flushes": after.flushes - before.flushes,
+                "replied_at_commit": after.replied_at_commit - before.replied_at_commit,
+                "note": "flushes: fdatasyncs of the WAL; replied_at_commit: claims and Scheduler receives answered before their commit's flush",
+            })
         }
         _ => match (pg_commits_before, pg_commits_after) {
             (Some(before), Some(after)) => {
