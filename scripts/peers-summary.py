@@ -82,7 +82,7 @@ def main():
             if "synchronous" in durability:
                 stated = f"SQLite {durability.get('journal_mode')}, synchronous={durability.get('synchronous')}"
                 if durability.get("flushed_before_reply"):
-                    stated += ", WAL fdatasync before every reply"
+                    stated += ", WAL fdatasync before every reply that leaves the Scheduler"
             else:
                 stated = f"fsync={durability.get('fsync')}, synchronous_commit={durability.get('synchronous_commit')}, autovacuum={durability.get('autovacuum')}"
             out.append(

@@ -159,7 +159,10 @@ pub struct Pragmas {
     /// durabilities: with [`Durability::Full`] the flusher flushes instead).
     pub synchronous: String,
     /// Whether every commit's WAL is flushed to disk (`fdatasync`) before
-    /// its callers hear of it: [`Durability::Full`].
+    /// its callers hear of it: [`Durability::Full`]. Callers that act only
+    /// by committing to this store (a Scheduler's claims and receives, see
+    /// [`rota_store::Receive::acts_within_store`]) hear at the commit; what
+    /// they cause is flushed before it leaves the process.
     pub flushed_before_reply: bool,
     /// `PRAGMA auto_vacuum` of the file (`incremental`).
     pub auto_vacuum: String,

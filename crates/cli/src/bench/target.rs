@@ -123,7 +123,7 @@ impl Target {
                     "synchronous": pragmas.synchronous,
                     "flushed_before_reply": pragmas.flushed_before_reply,
                     "durability_flag": match durability { Durability::Full => "full", Durability::Normal => "normal" },
-                    "how": "read back from the store (SqliteStore::pragmas: journal_mode of the file, synchronous of the writing connection; flushed_before_reply: its flusher thread fdatasyncs the WAL after each commit and before any reply, so synchronous is normal)",
+                    "how": "read back from the store (SqliteStore::pragmas: journal_mode of the file, synchronous of the writing connection; flushed_before_reply: its flusher thread fdatasyncs the WAL after each commit and before any reply, so synchronous is normal; the Scheduler's claims and receives hear at the commit, and its next commit, flushed before any agent or client hears of it, makes them durable too)",
                     "meets_rule": pragmas.journal_mode == "wal" && (pragmas.flushed_before_reply || matches!(pragmas.synchronous.as_str(), "full" | "extra")),
                 })
             }
