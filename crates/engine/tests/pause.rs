@@ -211,6 +211,9 @@ async fn a_paused_task_finishes_its_step_in_flight_and_starts_no_other(backend: 
     assert!(!resumed.record.task.paused);
     rig.running(&id, "b", 1).await;
     rig.gate.succeed("b", 1);
+    // The step is recorded Running before its request reaches the agent:
+    // the calls are complete only once the task has ended.
+    assert_eq!(rig.client.wait(&id, PATIENCE).await.unwrap(), TaskState::Processed);
     let history = rig.history(&id).await;
     let resume = of_kind(&history, EventKind::Resumed);
     assert_eq!(resume.len(), 1);
@@ -290,7 +293,10 @@ async fn refused_pauses_and_resumes_change_nothing(backend: Backend) {
     let err = rig.client.pause(&id, Operator { by: "ops-ann", reason: Some(&long) }).await.unwrap_err();
     assert!(err.to_string().starts_with("reason: is 1001 characters long"), "{err}");
     rig.client.pause(&id, ops_user(None)).await.unwrap();
-    let before = rig.record(&id).await;
+    // A holder that claimed the task gives it back, paused, unless its
+    // step is already in flight: compare from once that has settled.
+    let before =
+        rig.until(&id, "the pause settling", |r| r.task.locked_by.is_none() || r.steps.iter().any(|s| s.state == StepState::Running)).await;
     let err = rig.client.pause(&id, ops_user(None)).await.unwrap_err();
     assert!(matches!(err, ops::Error::Refused { action: Action::Pause, .. }), "{err:?}");
     assert_eq!(err.to_string(), "pause: task p-4: cannot pause a task that is paused");

@@ -46,6 +46,24 @@ pub(crate) struct Committed {
     pub served: Vec<(Parked, Result<Vec<Delivery>>)>,
 }
 
+impl Committed {
+    /// A batch with no one to answer.
+    pub(crate) fn nothing() -> Self {
+        Committed { settles: Vec::new(), served: Vec::new() }
+    }
+
+    /// Whether no one waits for this batch's flush.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.settles.is_empty() && self.served.is_empty()
+    }
+
+    /// Takes on the callers of a batch committed later: one flush answers both.
+    pub(crate) fn absorb(&mut self, later: Committed) {
+        self.settles.extend(later.settles);
+        self.served.extend(later.served);
+    }
+}
+
 /// The WAL file and whether flushing it ever failed.
 struct Wal {
     path: PathBuf,

@@ -84,6 +84,13 @@ pub struct Config {
     /// How often waiting receivers re-check for work that did not pass
     /// through this process's writer (other processes, delays, expired leases).
     pub poll_interval: Duration,
+    /// With [`Durability::Full`], how long a flush may wait for the next
+    /// commit of a caller answered at commit (a Scheduler given a claim or a
+    /// reply writes its decision next), so that one flush makes both
+    /// durable. The callers waiting for that flush wait up to this much
+    /// longer; a lone workflow waits for one flush a step instead of two.
+    /// Zero flushes at once.
+    pub follow_up_wait: Duration,
     /// How long to wait for another process's write lock before failing.
     pub busy_timeout: Duration,
     /// The largest message body accepted, in bytes.
@@ -109,6 +116,13 @@ impl Config {
     /// The most pages one prune may give back (256 MiB of 4 KiB pages).
     pub const VACUUM_PAGES_MAX: u32 = 65_536;
 
+    /// The default of [`Config::follow_up_wait`]: a few times what a
+    /// Scheduler takes to decide and commit, so that its commit comes in
+    /// time, and short beside a flush's own wait under load.
+    pub const FOLLOW_UP_WAIT_DEFAULT: Duration = Duration::from_millis(1);
+    /// The longest [`Config::follow_up_wait`].
+    pub const FOLLOW_UP_WAIT_MAX: Duration = Duration::from_secs(1);
+
     /// Defaults for a database at `path`.
     pub fn new(path: impl Into<PathBuf>) -> Self {
         Config {
@@ -117,6 +131,7 @@ impl Config {
             batch_ops_max: 1024,
             pending_ops_max: 8192,
             poll_interval: Duration::from_millis(50),
+            follow_up_wait: Self::FOLLOW_UP_WAIT_DEFAULT,
             busy_timeout: Duration::from_secs(5),
             body_bytes_max: rota_store::BODY_BYTES_MAX,
             checkpoint_interval: Duration::from_millis(200),
@@ -136,6 +151,9 @@ impl Config {
         }
         if self.poll_interval < Duration::from_millis(1) {
             return bad("poll_interval must be at least 1 ms");
+        }
+        if self.follow_up_wait > Self::FOLLOW_UP_WAIT_MAX {
+            return bad("follow_up_wait must be at most 1 s");
         }
         if self.body_bytes_max == 0 {
             return bad("body_bytes_max must be at least 1");
@@ -333,7 +351,11 @@ impl SqliteStore {
             writer_conn,
             clock.clone(),
             receiver,
-            WriterConfig { batch_ops_max: config.batch_ops_max, poll_interval: config.poll_interval },
+            WriterConfig {
+                batch_ops_max: config.batch_ops_max,
+                poll_interval: config.poll_interval,
+                follow_up_wait: config.follow_up_wait,
+            },
             stats.clone(),
             closed.clone(),
             flush,
@@ -1141,6 +1163,52 @@ mod tests {
         let flushes = store.commit_counts().flushes;
         assert!(store.claim_tasks(&owner, Duration::from_secs(60), 1).await.expect("claim").is_empty());
         assert_eq!(store.commit_counts().flushes, flushes, "a claim alone was flushed");
+    }
+
+    /// A reply handed at commit to a Scheduler waits for the flush of the
+    /// Scheduler's next commit, and one flush makes both durable; with no
+    /// next commit, the wait runs out and the reply is flushed alone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_commit_that_answered_a_scheduler_shares_the_flush_of_its_next_commit() {
+        use std::sync::Arc;
+        use std::task::{Context, Waker};
+
+        use rota_model::SystemClock;
+        use rota_store::{Queues, Receive};
+
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let mut config = Config::new(dir.path().join("follow-up.db"));
+        config.follow_up_wait = Config::FOLLOW_UP_WAIT_MAX;
+        let store = Arc::new(super::SqliteStore::open(config, Arc::new(SystemClock)).expect("open"));
+        let (inbox, agents) = (QueueName::new("inbox").expect("a queue name"), QueueName::new("agents").expect("a queue name"));
+        let waiting = Receive::up_to(1).waiting(Duration::from_secs(60)).acting_within_store();
+        let send = |queue: &QueueName| {
+            let (store, queue) = (store.clone(), queue.clone());
+            tokio::spawn(async move { store.send(&queue, Outgoing::json(&"work").expect("json")).await.expect("send") })
+        };
+        let ten_s = Duration::from_secs(10);
+
+        let mut scheduler = store.receive(&inbox, waiting.clone());
+        // One poll hands the receive to the writer: the reply sent next
+        // queues behind it, so the writer parks the receiver first.
+        assert!(scheduler.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_pending());
+        let flushes = store.commit_counts().flushes;
+        let reply = send(&inbox);
+        let delivered = tokio::time::timeout(ten_s, scheduler).await.expect("delivered at commit").expect("receive");
+        assert_eq!(delivered.len(), 1);
+        assert!(!reply.is_finished(), "the reply's flush did not wait for the Scheduler's next commit");
+        let decision = send(&agents);
+        tokio::time::timeout(ten_s, decision).await.expect("the decision is flushed").expect("joined");
+        tokio::time::timeout(ten_s, reply).await.expect("the reply is flushed with it").expect("joined");
+        assert_eq!(store.commit_counts().flushes - flushes, 1, "one flush for the reply and the decision");
+
+        let mut scheduler = store.receive(&inbox, waiting);
+        assert!(scheduler.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_pending());
+        let flushes = store.commit_counts().flushes;
+        let reply = send(&inbox);
+        tokio::time::timeout(ten_s, reply).await.expect("the wait ran out and the reply was flushed").expect("joined");
+        assert_eq!(tokio::time::timeout(ten_s, scheduler).await.expect("delivered").expect("receive").len(), 1);
+        assert_eq!(store.commit_counts().flushes - flushes, 1, "the reply alone");
     }
 
     #[test]

@@ -13,7 +13,11 @@
 //! its inbox) hears back as soon as the batch commits ([`ReplyAt::Commit`]):
 //! whatever it writes next lands later in the WAL, so no flush can keep that
 //! write without the commit it acted on. A batch with no other caller is
-//! not flushed on its own: the next flush covers it.
+//! not flushed on its own: the next flush covers it. And when such a caller
+//! was answered, the batch's flush waits up to `follow_up_wait` for that
+//! caller's next commit (a Scheduler answering the message it was just
+//! handed), so that one flush makes both durable: a lone workflow's step
+//! then waits for one flush instead of two in a row.
 //!
 //! Receives wait here too ("parked"): after the jobs of a batch have run,
 //! the writer serves parked receivers inside the same transaction, so a
@@ -141,6 +145,7 @@ const COMMIT_FAILURES_METRIC: &str = "rota_sqlite_commit_failures_total";
 pub(crate) struct WriterConfig {
     pub batch_ops_max: usize,
     pub poll_interval: Duration,
+    pub follow_up_wait: Duration,
 }
 
 /// How often expired duplicate-detection ids are swept, and how many at most per sweep.
@@ -165,6 +170,9 @@ pub(crate) struct Writer {
     flush: Option<FlushHandle>,
     /// Whether a commit no one waited for has not been flushed yet.
     unflushed: bool,
+    /// Committed batches whose callers wait for a flush that waits in turn
+    /// for the next commit of a caller answered at commit, and until when.
+    held: Option<(Committed, Instant)>,
 }
 
 impl Writer {
@@ -191,6 +199,7 @@ impl Writer {
             closed,
             flush,
             unflushed: false,
+            held: None,
         }
     }
 
@@ -206,7 +215,7 @@ impl Writer {
         };
         let mut batch: Vec<Command> = Vec::with_capacity(self.config.batch_ops_max);
         loop {
-            let open = if self.parked.is_empty() && self.orphaned.is_empty() {
+            let open = if self.parked.is_empty() && self.orphaned.is_empty() && self.held.is_none() {
                 match self.commands.blocking_recv() {
                     Some(command) => {
                         batch.push(command);
@@ -236,6 +245,10 @@ impl Writer {
                 }
             }
             self.run_batch(&mut batch);
+            if self.held.as_ref().is_some_and(|(_, until)| *until <= Instant::now()) {
+                // The follow-up did not come in time.
+                self.flush_held(self.commands.is_empty());
+            }
         }
         for parked in self.parked.drain(..) {
             let _ = parked.reply.send(Ok(Vec::new()));
@@ -243,8 +256,9 @@ impl Writer {
         // The last batches' replies go out, flushed, before the store counts
         // as closed; a last commit no one waited for is flushed too.
         if let Some(flush) = self.flush.take() {
-            if self.unflushed {
-                flush.flush_here_then_reply(Committed { settles: Vec::new(), served: Vec::new() });
+            let held = self.held.take().map(|(batch, _)| batch);
+            if self.unflushed || held.is_some() {
+                flush.flush_here_then_reply(held.unwrap_or_else(Committed::nothing));
             }
             drop(flush);
         }
@@ -255,7 +269,8 @@ impl Writer {
     fn next_wake(&self) -> Duration {
         let now = Instant::now();
         let poll_at = self.last_poll + self.config.poll_interval;
-        let earliest = self.parked.iter().map(|p| p.deadline).fold(poll_at, Instant::min);
+        let held_until = self.held.as_ref().map_or(poll_at, |(_, until)| *until);
+        let earliest = self.parked.iter().map(|p| p.deadline).fold(poll_at.min(held_until), Instant::min);
         earliest.saturating_duration_since(now)
     }
 
@@ -348,35 +363,57 @@ impl Writer {
             metrics::counter!(COMMIT_FAILURES_METRIC).increment(1);
             tracing::error!("sqlite group commit failed: {}", failure.as_deref().unwrap_or_default());
         }
-        if failure.is_none()
-            && let Some(flush) = &self.flush
-        {
+        if failure.is_none() && self.flush.is_some() {
             let (at_commit, settles): (Vec<_>, Vec<_>) = settles.into_iter().partition(|(_, at)| *at == ReplyAt::Commit);
             let (served_at_commit, served): (Vec<_>, Vec<_>) = served.into_iter().partition(|(p, _)| p.reply_at == ReplyAt::Commit);
             let replied_at_commit = at_commit.len() + served_at_commit.len();
             self.stats.replied_at_commit.fetch_add(replied_at_commit as u64, Ordering::Relaxed);
             reply(at_commit.into_iter().map(|(settle, _)| settle), served_at_commit, None, &mut self.orphaned);
             let batch = Committed { settles: settles.into_iter().map(|(settle, _)| settle).collect(), served };
-            if batch.settles.is_empty() && batch.served.is_empty() {
+            let waited_for = !batch.is_empty();
+            if waited_for {
+                self.hold(batch);
+            }
+            if replied_at_commit > 0 && self.held.is_some() && !self.config.follow_up_wait.is_zero() {
+                // The callers just answered write next, most likely at once:
+                // their commit shares the flush of what waits (bounded by
+                // the wait, counted from the first batch held).
+            } else if waited_for {
+                // With no work waiting, flush here, sparing a lone caller the
+                // flusher thread's wake-up; with work waiting, or on its way
+                // from the callers just answered, let it run during the flush.
+                self.flush_held(self.commands.is_empty() && replied_at_commit == 0);
+            } else if self.held.is_none() {
                 // No one waits for this commit to be durable (a claim, say):
                 // the next flush covers it, since it flushes the whole file.
                 self.unflushed = true;
-            } else if self.commands.is_empty() && replied_at_commit == 0 {
-                // No work waiting: flush here, sparing a lone caller the
-                // flusher thread's wake-up.
-                self.unflushed = false;
-                flush.flush_here_then_reply(batch);
-            } else {
-                // Work waiting, or on its way from the callers just
-                // answered: let it run during the flush.
-                self.unflushed = false;
-                flush.flush_then_reply(batch);
             }
             self.reply_expired_waits();
             return;
         }
         reply(settles.into_iter().map(|(settle, _)| settle), served, failure.as_deref(), &mut self.orphaned);
         self.reply_expired_waits();
+    }
+
+    /// Adds a committed batch to those waiting for the next flush.
+    fn hold(&mut self, batch: Committed) {
+        match &mut self.held {
+            Some((held, _)) => held.absorb(batch),
+            None => self.held = Some((batch, Instant::now() + self.config.follow_up_wait)),
+        }
+    }
+
+    /// Flushes what waits for a flush, then replies: on this thread when
+    /// `here`, else on the flusher thread while the next batch runs.
+    fn flush_held(&mut self, here: bool) {
+        if let (Some((batch, _)), Some(flush)) = (self.held.take(), &self.flush) {
+            self.unflushed = false;
+            if here {
+                flush.flush_here_then_reply(batch);
+            } else {
+                flush.flush_then_reply(batch);
+            }
+        }
     }
 
     /// Whether any of `queues` holds a visible message, or does not exist

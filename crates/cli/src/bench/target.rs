@@ -186,8 +186,8 @@ impl Target {
             Backend::Sqlite { store, durability, .. } => {
                 let config = store.config();
                 format!(
-                    "SQLite, durability {durability:?}, batch_ops_max {}, pending_ops_max {}, poll_interval {:?}",
-                    config.batch_ops_max, config.pending_ops_max, config.poll_interval
+                    "SQLite, durability {durability:?}, batch_ops_max {}, pending_ops_max {}, poll_interval {:?}, follow_up_wait {:?}",
+                    config.batch_ops_max, config.pending_ops_max, config.poll_interval, config.follow_up_wait
                 )
             }
             Backend::Postgres { store, .. } => {
