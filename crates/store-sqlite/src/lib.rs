@@ -1211,6 +1211,53 @@ mod tests {
         assert_eq!(store.commit_counts().flushes - flushes, 1, "the reply alone");
     }
 
+    /// A decision within a lease (a new epoch, a new update time) writes the
+    /// task's own page and no index page: SQLite rewrites the entry of every
+    /// index over a column an UPDATE sets, even to the value it had, and
+    /// each page so written is one more frame in the WAL.
+    #[test]
+    fn a_write_within_a_lease_touches_no_index_of_the_task() {
+        use rota_store::TaskWrite;
+
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let path = dir.path().join("frames.db");
+        let mut conn = open_connection(&Config::new(&path)).expect("open");
+        schema::migrate(&mut conn).expect("migrate");
+        let owner = InstanceId::new("scheduler-1").expect("an instance id");
+        let now = Timestamp::from_millis(1_000_000);
+        let workflow = WorkflowName::new("orders").expect("a workflow name");
+        for i in 0..500 {
+            let task = Task::new(TaskId::new(format!("t{i}")).expect("a task id"), workflow.clone(), 1, serde_json::json!({}), now);
+            task_sql::insert_task(&conn, &task).expect("insert");
+        }
+        let claimed = task_sql::claim_tasks(&conn, &owner, Duration::from_secs(10), Claim::by_priority(1), now).expect("claim");
+        let before = claimed.into_iter().next().expect("a task claimed");
+        let mut after = before.clone();
+        after.lease_epoch += 1;
+        after.updated_at = now.add(Duration::from_millis(3));
+        let page_size: u64 = conn.query_row("PRAGMA page_size", [], |row| row.get::<_, i64>(0)).expect("page size").unsigned_abs();
+        let wal = dir.path().join("frames.db-wal");
+
+        conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)").expect("checkpoint");
+        conn.execute_batch("BEGIN IMMEDIATE").expect("begin");
+        task_sql::write_task(&conn, &TaskWrite::replacing(&before, after.clone())).expect("the write");
+        conn.execute_batch("COMMIT").expect("commit");
+        let frames = std::fs::metadata(&wal).expect("the WAL").len().saturating_sub(32) / (page_size + 24);
+        assert_eq!(frames, 1, "the task's page alone");
+
+        // Giving the task back does change indexed columns, and writes them.
+        let mut released = after.clone();
+        released.locked_by = None;
+        released.complete_by = None;
+        released.state = rota_model::TaskState::Pending;
+        released.lease_epoch += 1;
+        conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)").expect("checkpoint");
+        task_sql::write_task(&conn, &TaskWrite::replacing(&after, released.clone())).expect("the release");
+        let frames = std::fs::metadata(&wal).expect("the WAL").len().saturating_sub(32) / (page_size + 24);
+        assert!(frames > 1, "a release moves the task between indexes: {frames} frame(s)");
+        assert_eq!(task_sql::get_task(&conn, &released.id).expect("read").expect("found").task, released);
+    }
+
     #[test]
     fn a_claim_does_not_walk_the_tasks_of_a_paused_workflow() {
         let dir = tempfile::tempdir().expect("a temporary directory");

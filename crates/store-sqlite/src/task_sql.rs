@@ -203,12 +203,6 @@ impl StepRow {
     }
 }
 
-pub(crate) fn task_exists(conn: &Connection, id: &TaskId) -> Result<bool> {
-    conn.prepare_cached("SELECT EXISTS (SELECT 1 FROM tasks WHERE id = ?1)")
-        .and_then(|mut stmt| stmt.query_row([id.as_str()], |row| row.get(0)))
-        .map_err(sql_error)
-}
-
 /// Binds a task's columns, in `TASK_COLUMNS` order, to parameters ?1..?16
 /// and ?20 (`paused`): all but `at_risk_since`, which only
 /// [`raise_warning`] writes, and `reply_queue`, `submitter`, `tags`,
@@ -316,38 +310,124 @@ pub(crate) fn insert_event(conn: &Connection, event: &Event) -> Result<()> {
     Ok(())
 }
 
-/// A fenced task update. Zero rows matched is a `Conflict` (or `NotFound`).
-/// A write that ends the lease (no `locked_by`) also clears the
-/// Supervisor's warning marks, which belong to the lease; otherwise they
-/// are left as they are.
+/// The task columns a fenced write sets, in the order of [`task_values`].
+const TASK_WRITE_COLUMNS: [&str; 16] = [
+    "workflow",
+    "workflow_version",
+    "input",
+    "state",
+    "locked_by",
+    "lease_epoch",
+    "complete_by",
+    "not_before",
+    "failure_count",
+    "reply_to",
+    "output",
+    "error",
+    "created_at",
+    "updated_at",
+    "warn_at",
+    "paused",
+];
+
+/// A task's values for [`TASK_WRITE_COLUMNS`].
+fn task_values(task: &Task) -> [Sql; 16] {
+    let text = |value: Option<&str>| value.map_or(Sql::Null, |v| Sql::Text(v.to_owned()));
+    let millis = |at: Option<Timestamp>| at.map_or(Sql::Null, |at| Sql::Integer(at.as_millis()));
+    [
+        Sql::Text(task.workflow.as_str().to_owned()),
+        Sql::Integer(i64::from(task.workflow_version)),
+        Sql::Text(json_text(&task.input)),
+        Sql::Text(task.state.as_str().to_owned()),
+        text(task.locked_by.as_ref().map(InstanceId::as_str)),
+        Sql::Integer(task.lease_epoch as i64),
+        millis(task.complete_by),
+        Sql::Integer(task.not_before.as_millis()),
+        Sql::Integer(i64::from(task.failure_count)),
+        text(task.reply_to.as_deref()),
+        task.output.as_ref().map_or(Sql::Null, |output| Sql::Text(json_text(output))),
+        text(task.error.as_deref()),
+        Sql::Integer(task.created_at.as_millis()),
+        Sql::Integer(task.updated_at.as_millis()),
+        millis(task.warn_at),
+        Sql::Integer(i64::from(task.paused)),
+    ]
+}
+
+/// Compares the stored task (?1) with the values of a write (?2..?17):
+/// its state and epoch, whether each column already holds its new value,
+/// and whether the holder's warning and at-risk marks are set.
+static TASK_UNCHANGED_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let same: Vec<String> = TASK_WRITE_COLUMNS.iter().enumerate().map(|(i, column)| format!("{column} IS ?{}", i + 2)).collect();
+    format!("SELECT state, lease_epoch, {}, warned_at IS NOT NULL, at_risk_since IS NOT NULL FROM tasks WHERE id = ?1", same.join(", "))
+});
+
+/// A fenced task update: only if the stored task still has the state and
+/// epoch the writer read. It sets only the columns whose value changes:
+/// SQLite rewrites the entry of every index over a column an UPDATE sets,
+/// changed or not, and each index page so written is one more page in the
+/// WAL; a write within a lease changes no indexed column at all. Giving the
+/// task up (no holder) clears the holder's warning and at-risk marks.
+/// Zero rows matched is a `Conflict` (or `NotFound`).
 pub(crate) fn write_task(conn: &Connection, write: &TaskWrite) -> Result<()> {
     let task = &write.task;
-    let updated = conn
-        .prepare_cached(
-            "UPDATE tasks SET workflow = ?2, workflow_version = ?3, input = ?4, state = ?5, locked_by = ?6, lease_epoch = ?7,
-                              complete_by = ?8, not_before = ?9, failure_count = ?10, reply_to = ?11, output = ?12,
-                              error = ?13, created_at = ?14, updated_at = ?15, warn_at = ?16, paused = ?20,
-                              warned_at = CASE WHEN ?6 IS NULL THEN NULL ELSE warned_at END,
-                              at_risk_since = CASE WHEN ?6 IS NULL THEN NULL ELSE at_risk_since END
-              WHERE id = ?1 AND state = ?17 AND lease_epoch = ?18",
-        )
+    let values = task_values(task);
+    let stored = conn
+        .prepare_cached(&TASK_UNCHANGED_SQL)
         .and_then(|mut stmt| {
-            bind_task(&mut stmt, task)?;
-            stmt.raw_bind_parameter(17, write.expected_state.as_str())?;
-            stmt.raw_bind_parameter(18, write.expected_epoch as i64)?;
-            stmt.raw_execute()
+            let params = std::iter::once(Sql::Text(task.id.as_str().to_owned())).chain(values.iter().cloned());
+            stmt.query_row(params_from_iter(params), |row| {
+                let mut unchanged = [false; 16];
+                for (i, same) in unchanged.iter_mut().enumerate() {
+                    *same = row.get(i + 2)?;
+                }
+                Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?, unchanged, row.get::<_, bool>(18)?, row.get::<_, bool>(19)?))
+            })
+            .optional()
         })
         .map_err(sql_error)?;
-    if updated == 1 {
+    let Some((state, epoch, unchanged, warned, at_risk)) = stored else {
+        return Err(Error::NotFound(format!("task {}", task.id)));
+    };
+    if state != write.expected_state.as_str() || epoch != write.expected_epoch as i64 {
+        return Err(Error::Conflict(format!(
+            "task {} is no longer {} at lease epoch {} (changed by another writer)",
+            task.id, write.expected_state, write.expected_epoch
+        )));
+    }
+    let mut sets: Vec<String> = Vec::new();
+    let mut params: Vec<Sql> = Vec::new();
+    for ((column, value), same) in TASK_WRITE_COLUMNS.iter().zip(values).zip(unchanged) {
+        if !same {
+            params.push(value);
+            sets.push(format!("{column} = ?{}", params.len()));
+        }
+    }
+    if task.locked_by.is_none() {
+        if warned {
+            sets.push("warned_at = NULL".into());
+        }
+        if at_risk {
+            sets.push("at_risk_since = NULL".into());
+        }
+    }
+    if sets.is_empty() {
         return Ok(());
     }
-    if !task_exists(conn, &task.id)? {
-        return Err(Error::NotFound(format!("task {}", task.id)));
+    let n = params.len();
+    let sql = format!("UPDATE tasks SET {} WHERE id = ?{} AND state = ?{} AND lease_epoch = ?{}", sets.join(", "), n + 1, n + 2, n + 3);
+    params.extend([
+        Sql::Text(task.id.as_str().to_owned()),
+        Sql::Text(write.expected_state.as_str().to_owned()),
+        Sql::Integer(write.expected_epoch as i64),
+    ]);
+    let updated = conn.prepare_cached(&sql).and_then(|mut stmt| stmt.execute(params_from_iter(params))).map_err(sql_error)?;
+    // The comparison above ran in this transaction, which holds the write
+    // lock: the fence can only hold here too.
+    if updated != 1 {
+        return Err(Error::Backend(format!("task {}: the fenced write matched {updated} rows after its check", task.id)));
     }
-    Err(Error::Conflict(format!(
-        "task {} is no longer {} at lease epoch {} (changed by another writer)",
-        task.id, write.expected_state, write.expected_epoch
-    )))
+    Ok(())
 }
 
 /// A fenced step update. Zero rows matched is a `Conflict` (or `NotFound`).
