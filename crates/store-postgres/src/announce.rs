@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rota_model::QueueName;
+use rota_model::{QueueName, Timestamp};
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use tokio::sync::{Notify, mpsc};
@@ -47,31 +47,86 @@ const HELLO: &str = "!hello";
 const HERE: &str = "!here";
 
 /// Waiting receivers by queue, woken by sends in this process and by the
-/// listener.
+/// listener; and, for each queue, the last look that found it empty while
+/// nothing woke it since.
 #[derive(Default)]
 pub(crate) struct Wakers {
-    by_queue: Mutex<HashMap<String, Arc<Notify>>>,
+    by_queue: Mutex<HashMap<String, Watch>>,
+}
+
+#[derive(Default)]
+struct Watch {
+    notify: Arc<Notify>,
+    /// Counts the wake-ups: a look begun before one may have missed what
+    /// it announced.
+    wakes: u64,
+    empty: Option<EmptyLook>,
+}
+
+/// A look at a queue that found nothing to lease.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EmptyLook {
+    /// The store's time of the look.
+    pub(crate) at: Timestamp,
+    /// The earliest time a message of the queue turns visible, none if it
+    /// held no message.
+    pub(crate) next_visible: Option<Timestamp>,
 }
 
 impl Wakers {
     pub(crate) fn of(&self, queue: &str) -> Arc<Notify> {
-        self.lock().entry(queue.to_owned()).or_default().clone()
+        self.lock().entry(queue.to_owned()).or_default().notify.clone()
+    }
+
+    /// How many wake-ups `queue` has had: read before a look, given back to
+    /// [`Wakers::found_empty`] after it.
+    pub(crate) fn wakes(&self, queue: &str) -> u64 {
+        self.lock().entry(queue.to_owned()).or_default().wakes
+    }
+
+    /// Records a look begun after `wakes` wake-ups that found `queue`
+    /// empty; a wake-up since then voids it.
+    pub(crate) fn found_empty(&self, queue: &str, wakes: u64, look: EmptyLook) {
+        if let Some(watch) = self.lock().get_mut(queue)
+            && watch.wakes == wakes
+        {
+            watch.empty = Some(look);
+        }
+    }
+
+    /// Whether a look at `queue` would find it empty, as far as this
+    /// process knows at `now`: the last one did, less than `fresh_for`
+    /// ago, nothing woke the queue since, and nothing in it is due to turn
+    /// visible by `now`.
+    pub(crate) fn still_empty(&self, queue: &str, now: Timestamp, fresh_for: std::time::Duration) -> bool {
+        self.lock()
+            .get(queue)
+            .and_then(|watch| watch.empty)
+            .is_some_and(|look| look.at <= now && now < look.at.add(fresh_for) && look.next_visible.is_none_or(|visible| now < visible))
     }
 
     pub(crate) fn wake(&self, queue: &str) {
-        if let Some(notify) = self.lock().get(queue) {
-            notify.notify_waiters();
+        if let Some(watch) = self.lock().get_mut(queue) {
+            watch.wake();
         }
     }
 
     fn wake_all(&self) {
-        for notify in self.lock().values() {
-            notify.notify_waiters();
+        for watch in self.lock().values_mut() {
+            watch.wake();
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Notify>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Watch>> {
         self.by_queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Watch {
+    fn wake(&mut self) {
+        self.wakes += 1;
+        self.empty = None;
+        self.notify.notify_waiters();
     }
 }
 
@@ -104,6 +159,12 @@ impl Peers {
 
     fn deaf(&self) {
         self.lock().listening_since = None;
+    }
+
+    /// Whether the listener listens: only then does this process hear what
+    /// the others announce.
+    fn hearing(&self) -> bool {
+        self.lock().listening_since.is_some()
     }
 
     fn heard(&self) {
@@ -150,6 +211,11 @@ impl Announcer {
 
     pub(crate) fn wakers(&self) -> &Arc<Wakers> {
         &self.wakers
+    }
+
+    /// Whether this process hears the other processes' announcements.
+    pub(crate) fn hears_others(&self) -> bool {
+        self.peers.hearing()
     }
 }
 

@@ -96,6 +96,9 @@ pub struct CommitCounts {
     /// Messages that commits alone handed to receivers waiting in this
     /// process (see `handoff`).
     pub handed_over: u64,
+    /// Receives that parked without a statement, right after a look that
+    /// found their queue empty (see `Queues::receive`).
+    pub looks_skipped: u64,
 }
 
 #[derive(Default)]
@@ -105,6 +108,7 @@ pub(crate) struct CommitStats {
     creates: AtomicU64,
     create_statements: AtomicU64,
     handed_over: AtomicU64,
+    looks_skipped: AtomicU64,
 }
 
 impl CommitStats {
@@ -115,7 +119,13 @@ impl CommitStats {
             creates: self.creates.load(Ordering::Relaxed),
             create_statements: self.create_statements.load(Ordering::Relaxed),
             handed_over: self.handed_over.load(Ordering::Relaxed),
+            looks_skipped: self.looks_skipped.load(Ordering::Relaxed),
         }
+    }
+
+    /// Counts a receive that parked without a statement.
+    pub(crate) fn look_skipped(&self) {
+        self.looks_skipped.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -195,7 +205,8 @@ impl Committer {
             let outcome = self.commit_alone(&one, &handoffs.leases).await.map(|(sent_to, leased)| {
                 self.stats.handed_over.fetch_add(leased.len() as u64, Ordering::Relaxed);
                 handoffs.deliver(&leased, &one.queue_ids, now, &self.give_back);
-                sent_to
+                let sends = one.changes.send.iter().map(|(queue, _)| queue).zip(&one.send_ids);
+                crate::handoff::not_all_handed(sent_to, sends, &leased, &one.queue_ids)
             });
             let _ = one.done.send(outcome);
             return;

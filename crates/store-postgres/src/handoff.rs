@@ -323,6 +323,27 @@ impl GiveBack {
     }
 }
 
+/// The queues among `sent_to` that got a message no receiver was handed:
+/// only those have news for the others (a message handed over is leased,
+/// no one else could take it), so only those are announced.
+pub(crate) fn not_all_handed<'a>(
+    sent_to: Vec<QueueName>,
+    sends: impl Iterator<Item = (&'a QueueName, &'a MessageId)> + Clone,
+    leased: &[Leased],
+    queue_ids: &HashMap<QueueName, i64>,
+) -> Vec<QueueName> {
+    if leased.is_empty() {
+        return sent_to;
+    }
+    sent_to
+        .into_iter()
+        .filter(|queue| {
+            let queue_id = queue_ids.get(queue).copied();
+            sends.clone().any(|(to, id)| to == queue && !leased.iter().any(|l| Some(l.queue_id) == queue_id && l.id == id.as_str()))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

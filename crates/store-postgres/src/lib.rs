@@ -28,6 +28,7 @@
 //! Deliberately left out: SQL outside this crate, and `now()` in SQL.
 
 mod announce;
+use announce::EmptyLook;
 mod audit_sql;
 mod batch_sql;
 mod commit_sql;
@@ -711,9 +712,16 @@ impl PgStore {
 
     /// One attempt at leasing messages from `queue`: one statement, plus one
     /// per message that ran out of deliveries (dead-lettered under its lease).
+    /// Having found nothing, it tells the waiters (see [`Wakers::found_empty`])
+    /// when the queue's next message turns visible, unless a wake-up came
+    /// while it looked.
     async fn claim(&self, queue: &QueueName, request: &Receive) -> Result<Vec<Delivery>, Error> {
         let now = self.clock.now();
         self.ensure_queues(&[queue]).await?;
+        let wakers = self.announcer.wakers();
+        // Read before the statement's snapshot is taken: a wake-up after it
+        // may announce what the statement did not see.
+        let wakes = wakers.wakes(queue.as_str());
         with_connection!(self, conn => {
             let queue_id = self.queue_id(&mut conn, queue).await?;
             let mut deliveries = Vec::new();
@@ -721,6 +729,9 @@ impl PgStore {
                 let wanted = request.max - deliveries.len() as u32;
                 let claimed = queue_sql::claim(&mut conn, &self.names, queue, queue_id, wanted, request, now)
                     .await?;
+                if claimed.deliveries.is_empty() && claimed.exhausted.is_empty() && deliveries.is_empty() {
+                    wakers.found_empty(queue.as_str(), wakes, EmptyLook { at: now, next_visible: claimed.next_visible });
+                }
                 deliveries.extend(claimed.deliveries);
                 if claimed.exhausted.is_empty() {
                     break;
@@ -790,10 +801,13 @@ impl Queues for PgStore {
         } else {
             in_transaction!(self, tx => { self.send_all(&mut tx, &messages, &ids, leases, now).await? })?
         };
-        if !handoffs.is_empty() {
+        let sent_to = if handoffs.is_empty() {
+            sent_to
+        } else {
             let queue_ids: HashMap<QueueName, i64> = self.cached_queue_id(queue).map(|id| (queue.clone(), id)).into_iter().collect();
             handoffs.deliver(&leased, &queue_ids, now, &self.give_back);
-        }
+            handoff::not_all_handed(sent_to, messages.iter().map(|(queue, _)| queue).zip(&ids), &leased, &queue_ids)
+        };
         self.announce(sent_to);
         Ok(sent)
     }
@@ -802,13 +816,30 @@ impl Queues for PgStore {
         request.validate()?;
         let deadline = tokio::time::Instant::now() + request.wait;
         let waker = self.announcer.wakers().of(queue.as_str());
+        let mut first_look = true;
         loop {
             // Register for a wake-up before looking, so that a send
             // committed between the look and the wait is not missed.
             let notified = waker.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let got = self.claim(queue, &request).await?;
+            // A receive that would wait anyway need not look right after a
+            // look that found the queue empty, while nothing woke the queue
+            // since, nothing in it is due to turn visible and this process
+            // hears the others' announcements: it parks at once, and finds
+            // what no one announced at its next poll, as a parked receiver
+            // always does. Consumers receive again after every message, so
+            // this spares a statement a message.
+            let skip = std::mem::take(&mut first_look)
+                && !request.wait.is_zero()
+                && self.announcer.hears_others()
+                && self.announcer.wakers().still_empty(queue.as_str(), self.clock.now(), self.config.poll_interval);
+            let got = if skip {
+                self.commit_stats.look_skipped();
+                Vec::new()
+            } else {
+                self.claim(queue, &request).await?
+            };
             let now = tokio::time::Instant::now();
             if !got.is_empty() || now >= deadline {
                 return Ok(got);
@@ -865,6 +896,10 @@ impl Queues for PgStore {
         })?;
         if delay.is_zero() {
             self.announce(vec![queue.clone()]);
+        } else {
+            // Not worth waking anyone, but the message will turn visible
+            // sooner than the last look at the queue may say.
+            self.announcer.wakers().wake(queue.as_str());
         }
         Ok(())
     }

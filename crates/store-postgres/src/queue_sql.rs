@@ -313,6 +313,10 @@ pub(crate) struct Claimed {
     /// Messages leased one delivery past the queue's limit, with their
     /// token and the reason to dead-letter them under.
     pub exhausted: Vec<(LeaseToken, u32, String)>,
+    /// When nothing was leased: the earliest time a message of the queue
+    /// turns visible (a delay or a lease running out), none if it holds no
+    /// message; as of the statement's snapshot.
+    pub next_visible: Option<Timestamp>,
 }
 
 /// The receive: `$1` queue id, `$2` now, `$3` the most messages, `$4` the
@@ -322,6 +326,10 @@ pub(crate) struct Claimed {
 /// `seq`) and while no message of its key holds a lease: a `seq` is drawn
 /// before its transaction commits, so a message numbered lower can become
 /// visible after one numbered higher was leased, and must wait for it.
+///
+/// When it leases nothing, it returns one row, empty but for its last
+/// column: the earliest `visible_at` of the queue (see
+/// [`Claimed::next_visible`]).
 pub(crate) const CLAIM_SQL: &str =
     "WITH q AS (SELECT id, lease_ms, deliveries_max FROM rota.queues, (SELECT set_config('synchronous_commit', 'off', true)) AS async
                     WHERE id = $1 AND NOT paused),
@@ -336,14 +344,20 @@ pub(crate) const CLAIM_SQL: &str =
                                                 AND l.lease_until > $2)))
                   ORDER BY m.visible_at, m.seq
                   LIMIT $3
-                  FOR UPDATE SKIP LOCKED)
+                  FOR UPDATE SKIP LOCKED),
+              leased AS (
          UPDATE rota.messages AS m
             SET delivery_count = m.delivery_count + 1, lease_epoch = m.lease_epoch + $6,
                 lease_owner = $4, lease_until = $2 + COALESCE($5, q.lease_ms), visible_at = $2 + COALESCE($5, q.lease_ms)
            FROM picked, q
           WHERE m.seq = picked.seq
       RETURNING m.seq, m.id, m.body, m.ordering_key, m.enqueued_at, m.delivery_count, m.lease_epoch, m.last_error,
-                picked.visible_at, m.lease_until, q.deliveries_max, m.reply_to, m.correlation_id";
+                picked.visible_at, m.lease_until, q.deliveries_max, m.reply_to, m.correlation_id)
+         SELECT *, NULL::bigint AS next_visible FROM leased
+         UNION ALL
+         SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                (SELECT MIN(n.visible_at) FROM rota.messages AS n WHERE n.queue_id = $1)
+          WHERE NOT EXISTS (SELECT 1 FROM leased)";
 
 /// Leases up to `max` visible messages of a queue that is not paused,
 /// oldest first, in one statement that skips rows other receivers are
@@ -385,6 +399,13 @@ pub(crate) async fn claim(
         .bind(lease_epoch_step())
         .fetch_all(&mut *conn)
         .await?;
+    // Nothing leased: one row, of the queue's next visibility alone.
+    if let [row] = rows.as_slice()
+        && row.try_get::<Option<i64>, _>(0)?.is_none()
+    {
+        let next_visible = row.try_get::<Option<i64>, _>(13)?.map(Timestamp::from_millis);
+        return Ok(Claimed { deliveries: Vec::new(), exhausted: Vec::new(), next_visible });
+    }
     let mut claimed = rows
         .iter()
         .map(|row| {
@@ -408,7 +429,7 @@ pub(crate) async fn claim(
         })
         .collect::<Result<Vec<_>>>()?;
     claimed.sort_by_key(|row| (row.was_visible_at, row.leased.seq));
-    let mut outcome = Claimed { deliveries: Vec::with_capacity(claimed.len()), exhausted: Vec::new() };
+    let mut outcome = Claimed { deliveries: Vec::with_capacity(claimed.len()), exhausted: Vec::new(), next_visible: None };
     for row in claimed {
         let leased = row.leased;
         if leased.delivery_count > row.deliveries_max {

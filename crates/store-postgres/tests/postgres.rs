@@ -794,3 +794,57 @@ async fn a_one_connection_store_serves_its_first_operation_on_a_single_threaded_
     store.send(&work, Outgoing::json(&json!("hello")).unwrap()).await.unwrap();
     assert_eq!(store.receive(&work, Receive::up_to(1)).await.unwrap().len(), 1);
 }
+
+/// A consumer receives again after every message. A waiting receive right
+/// after a look that found the queue empty parks without a statement,
+/// while nothing woke the queue since and nothing in it is due to turn
+/// visible; a send from this process or from another, or the time of a
+/// delayed message, makes the next receive look again. A receive that
+/// does not wait always looks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_receive_right_after_an_empty_look_parks_without_a_statement() {
+    let Some(schema) = TestSchema::new("receives that skip a look on PostgreSQL") else { return };
+    let manual = Arc::new(ManualClock::default());
+    let clock: Arc<dyn Clock> = manual.clone();
+    let mut slow_polling = config(&schema);
+    slow_polling.poll_interval = Duration::from_secs(600);
+    let store = open(slow_polling, clock.clone()).await;
+    let work = QueueName::new("work").unwrap();
+    store.create_queue(&work, Default::default()).await.unwrap();
+    // Time for the listener to listen: only then are others heard.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let skipped = || store.commit_counts().looks_skipped;
+    let briefly = || Receive::up_to(1).waiting(Duration::from_millis(50));
+    let body = |delivered: &[rota_store::Delivery]| delivered.iter().map(|d| d.body.get().to_owned()).collect::<Vec<_>>();
+
+    assert!(store.receive(&work, briefly()).await.unwrap().is_empty());
+    assert_eq!(skipped(), 0, "the first receive looks");
+    assert!(store.receive(&work, briefly()).await.unwrap().is_empty());
+    assert_eq!(skipped(), 1, "the next one parks at once");
+    assert!(store.receive(&work, Receive::up_to(1)).await.unwrap().is_empty());
+    assert_eq!(skipped(), 1, "a receive that does not wait looks");
+
+    store.send(&work, Outgoing::json(&json!("sent here")).unwrap()).await.unwrap();
+    let got = store.receive(&work, briefly()).await.unwrap();
+    assert_eq!(body(&got), ["\"sent here\""], "a send in this process voids the empty look");
+    store.complete(&work, got[0].lease_token).await.unwrap();
+
+    store.send(&work, Outgoing::json(&json!("later")).unwrap().with_delay(Duration::from_secs(10))).await.unwrap();
+    assert!(store.receive(&work, briefly()).await.unwrap().is_empty(), "not visible yet");
+    assert!(store.receive(&work, briefly()).await.unwrap().is_empty());
+    assert_eq!(skipped(), 2, "nothing due before the delay runs out");
+    manual.advance(Duration::from_secs(10));
+    let got = store.receive(&work, briefly()).await.unwrap();
+    assert_eq!(body(&got), ["\"later\""], "the delay ran out: the receive looks");
+    store.complete(&work, got[0].lease_token).await.unwrap();
+
+    let other = open(config(&schema), clock).await;
+    // Time for the two to hear each other: the other announces from then on.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(store.receive(&work, briefly()).await.unwrap().is_empty());
+    assert!(store.receive(&work, briefly()).await.unwrap().is_empty());
+    assert_eq!(skipped(), 3);
+    other.send(&work, Outgoing::json(&json!("sent there")).unwrap()).await.unwrap();
+    let got = store.receive(&work, Receive::up_to(1).waiting(Duration::from_secs(30))).await.unwrap();
+    assert_eq!(body(&got), ["\"sent there\""], "another process's announcement wakes the receiver or voids the empty look");
+}

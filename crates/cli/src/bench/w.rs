@@ -357,7 +357,8 @@ pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32, prefill: u
                     "create_statements": create_statements,
                     "creations_per_statement": round((create_statements > 0).then(|| creates as f64 / create_statements as f64), 2),
                     "handed_over": after.handed_over - before.handed_over,
-                    "note": "Tasks::commit calls (agent replies, Scheduler decisions), Tasks::create_task calls (submits), and the statements that ran them; handed_over: messages those commits, going out alone, inserted leased to a receiver waiting in this process; sends and receives are not counted",
+                    "looks_skipped": after.looks_skipped - before.looks_skipped,
+                    "note": "Tasks::commit calls (agent replies, Scheduler decisions), Tasks::create_task calls (submits), and the statements that ran them; handed_over: messages those commits, going out alone, inserted leased to a receiver waiting in this process; looks_skipped: receives that parked without a statement right after a look found their queue empty; sends and other receives are not counted",
                 })
             }
             _ => json!("not counted"),
