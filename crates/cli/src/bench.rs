@@ -124,6 +124,15 @@ pub struct Args {
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=w::AGENT_PROCESSES_MAX))]
     agent_processes: u32,
 
+    /// W only: run the agent in the Scheduler's own engine, as `rota serve`
+    /// does, where the Scheduler decides each reply in the commit that
+    /// consumes its request (one commit a step instead of two). The default
+    /// runs it in a separate agent-only engine of the same process, so that
+    /// the steps run in another worker than the orchestration, as the
+    /// workload asks: replies go through the Scheduler's inbox.
+    #[arg(long)]
+    embedded: bool,
+
     /// W only: steps per workflow (the spec's 3).
     #[arg(long, default_value_t = w::STEPS_DEFAULT, value_parser = clap::value_parser!(u32).range(1..=w::STEPS_MAX))]
     steps: u32,
@@ -160,6 +169,7 @@ impl Args {
             ("--steps", self.steps != w::STEPS_DEFAULT),
             ("--input-bytes", self.input_bytes != 0),
             ("--agent-processes", self.agent_processes != 0),
+            ("--embedded", self.embedded),
             ("--prefill", self.prefill != 0),
         ];
         match self.workload {
@@ -174,6 +184,9 @@ impl Args {
             Workload::W => {
                 if self.queues != 1 {
                     bail!("--queues is for workload Q, not W");
+                }
+                if self.embedded && self.agent_processes != 0 {
+                    bail!("--embedded runs the agent in the Scheduler's engine; --agent-processes runs it in other processes: give one");
                 }
                 if self.input_bytes != 0 && self.input_bytes < w::INPUT_BYTES_MIN {
                     bail!("--input-bytes must be 0 or at least {}, got {}", w::INPUT_BYTES_MIN, self.input_bytes);
@@ -220,6 +233,7 @@ pub fn run(args: Args, store: &StoreArgs) -> ExitCode {
                 Workload::W => runtime.block_on(w::run(
                     store,
                     args.agent_processes,
+                    args.embedded,
                     args.prefill,
                     w::Shape { steps: args.steps, input_bytes: args.input_bytes, backlog: args.backlog, backlog_kind: args.backlog_kind },
                 )),

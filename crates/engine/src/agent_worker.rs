@@ -67,6 +67,7 @@ use tokio::time::Instant;
 use crate::breakers::{BreakerGate, SharedBreakers};
 use crate::consumer::{self, Consumer, Handler, Outcome};
 use crate::protocol::{self, InboxEnvelope, InboxMessage, Reply, ReplyOutcome, StepRequest};
+use crate::scheduler::{Handled, Scheduler};
 use crate::telemetry;
 use crate::{Result, Shutdown};
 use tracing::Instrument;
@@ -121,13 +122,26 @@ pub struct AgentWorker {
     queue: QueueName,
     config: Config,
     in_flight: Arc<InFlight>,
+    /// The Scheduler of this process, which decides the replies to its
+    /// own requests at once ([`Scheduler::decide_reply`]).
+    scheduler: Option<Scheduler>,
 }
 
 impl AgentWorker {
     /// A worker for `agent`, consuming `agent.<name>`.
     pub fn new(store: SharedStore, clock: Arc<dyn Clock>, agent: Arc<dyn Agent>, config: Config) -> Self {
         let queue = protocol::agent_queue(agent.name());
-        AgentWorker { store, clock, agent, queue, config, in_flight: Arc::default() }
+        AgentWorker { store, clock, agent, queue, config, in_flight: Arc::default(), scheduler: None }
+    }
+
+    /// Hands the replies to `scheduler`'s requests straight to it, to be
+    /// decided in the commit that consumes the request, instead of
+    /// committing each reply to its inbox first: one commit a step instead
+    /// of two. For a worker in the Scheduler's own process (the embedded
+    /// engine); any reply it cannot decide goes through the inbox.
+    pub fn replying_in_process(mut self, scheduler: Scheduler) -> Self {
+        self.scheduler = Some(scheduler);
+        self
     }
 
     /// Consumes the agent's queue until `shutdown`, stopping the calls
@@ -188,12 +202,45 @@ impl AgentWorker {
             CallOutcome::DeadlinePassed { .. } => return Outcome::Complete,
             CallOutcome::Held(hold) => return self.hold(request, delivery, hold, &mut rng).await,
         };
-        match commit_reply(&self.store, &self.queue, delivery.lease_token, &ReplyAddress::of(request), reply_outcome).await {
+        let address = ReplyAddress::of(request);
+        let reply_outcome = match self.decide_in_process(&address, delivery.lease_token, reply_outcome).await {
+            Ok(outcome) => return outcome,
+            Err(reply_outcome) => reply_outcome,
+        };
+        match commit_reply(&self.store, &self.queue, delivery.lease_token, &address, reply_outcome).await {
             Ok(()) => Outcome::Settled,
             // The request's lease ran out while we worked: it is (or will be)
             // someone else's, and its reply is theirs to send.
             Err(rota_store::Error::LeaseLost(_)) => Outcome::Settled,
             Err(err) => Outcome::Abandon { delay: Duration::from_secs(1), reason: format!("could not record the reply: {err}") },
+        }
+    }
+
+    /// Has this process's Scheduler decide the reply at once, if it sent
+    /// the request and runs. Gives the outcome back when the reply must go
+    /// through the inbox instead: nothing was committed then.
+    async fn decide_in_process(
+        &self,
+        address: &ReplyAddress,
+        lease: LeaseToken,
+        outcome: ReplyOutcome,
+    ) -> std::result::Result<Outcome, ReplyOutcome> {
+        let Some(scheduler) = &self.scheduler else { return Err(outcome) };
+        let reply = reply_to(address, outcome);
+        match scheduler.decide_reply(&reply, &address.reply_to, &self.queue, lease).await {
+            None => Err(reply.outcome),
+            Some(Ok(Handled::Committed)) => Ok(Outcome::Settled),
+            // A late or fenced reply: the request is consumed all the same.
+            Some(Ok(Handled::Ignored(reason))) => {
+                tracing::debug!("reply to {}/{} ignored: {reason}", address.task_id, address.step);
+                Ok(Outcome::Complete)
+            }
+            // The request's commit failed whole, so the reply's own commit
+            // is still right: if the lease was lost, it fails the same way.
+            Some(Err(err)) => {
+                tracing::debug!("reply to {}/{} not decided in-process, sent to the inbox: {err}", address.task_id, address.step);
+                Err(reply.outcome)
+            }
         }
     }
 
@@ -572,15 +619,20 @@ impl ReplyAddress {
 pub fn reply_changes(queue: &QueueName, lease: LeaseToken, address: &ReplyAddress, outcome: ReplyOutcome) -> Changes {
     // The reply carries the trace context of the span it is sent from (the
     // agent call's, for the built-in agents).
-    let reply = InboxEnvelope::traced(InboxMessage::Reply(Reply {
+    let reply = InboxEnvelope::traced(InboxMessage::Reply(reply_to(address, outcome)));
+    let message = Outgoing::json(&reply).expect("replies serialize").with_ordering_key(address.task_id.as_str());
+    Changes { send: vec![(address.reply_to.clone(), message)], complete: vec![(queue.clone(), lease)], ..Changes::default() }
+}
+
+/// The reply to `address` saying `outcome`.
+fn reply_to(address: &ReplyAddress, outcome: ReplyOutcome) -> Reply {
+    Reply {
         task_id: address.task_id.clone(),
         step: address.step.clone(),
         attempt: address.attempt,
         compensate: address.compensate,
         outcome,
-    }));
-    let message = Outgoing::json(&reply).expect("replies serialize").with_ordering_key(address.task_id.as_str());
-    Changes { send: vec![(address.reply_to.clone(), message)], complete: vec![(queue.clone(), lease)], ..Changes::default() }
+    }
 }
 
 /// Answers a request as every agent does, built-in or external: the reply

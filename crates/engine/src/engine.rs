@@ -184,12 +184,14 @@ impl Engine {
         self.register_workflows().await?;
         let mut roles: JoinSet<Result<()>> = JoinSet::new();
         let config = &self.config;
+        let mut local_scheduler = None;
         if config.roles.scheduler {
             let mut scheduler_config = config.scheduler.clone();
             scheduler_config.seed ^= config.seed;
             scheduler_config.shutdown_grace = config.shutdown_grace;
             let scheduler =
                 Scheduler::new(self.store.clone(), self.clock.clone(), self.workflows.clone(), self.completions.clone(), scheduler_config)?;
+            local_scheduler = Some(scheduler.clone());
             roles.spawn(scheduler.run(shutdown.clone()));
         }
         if config.roles.supervisor {
@@ -219,7 +221,10 @@ impl Engine {
                     rate_wait: config.agent_rate_wait,
                     breakers: breakers.clone(),
                 };
-                let worker = AgentWorker::new(self.store.clone(), self.clock.clone(), agent.clone(), worker_config);
+                let mut worker = AgentWorker::new(self.store.clone(), self.clock.clone(), agent.clone(), worker_config);
+                if let Some(scheduler) = &local_scheduler {
+                    worker = worker.replying_in_process(scheduler.clone());
+                }
                 roles.spawn(worker.run(shutdown.clone()));
             }
         }

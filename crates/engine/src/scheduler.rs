@@ -12,13 +12,14 @@
 //! steps never run again).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
-use rota_model::{Clock, InstanceId, QueueName, RetryPolicy, StepName, TaskId, TaskState};
+use rota_model::{Clock, InstanceId, LeaseToken, QueueName, RetryPolicy, StepName, TaskId, TaskState};
 use rota_store::{Changes, Delivery, Event, EventKind, OldestShare, Outgoing, Receive, SharedStore, TaskFilter, TaskRecord, TaskWrite};
 use serde_json::json;
 use tokio::task::JoinSet;
@@ -28,7 +29,7 @@ use crate::callback::CallbackKey;
 use crate::completions::Completions;
 use crate::consumer::{self, Consumer, Handler, Outcome};
 use crate::plan::{self, Decision, Input};
-use crate::protocol::{self, Doorbell, InboxEnvelope, InboxMessage};
+use crate::protocol::{self, Doorbell, InboxEnvelope, InboxMessage, Reply};
 use crate::replies;
 use crate::saturation::Saturation;
 use crate::telemetry::{self, StepOutcome};
@@ -247,6 +248,47 @@ impl RecordPatch {
     }
 }
 
+/// One task's inputs are decided one at a time: a decision is taken on
+/// the record the task's previous one left. The inbox keeps a task's
+/// messages apart by their ordering key; a reply decided in-process
+/// ([`Scheduler::decide_reply`]) passes the inbox, so both take the task's
+/// turn here.
+#[derive(Default)]
+struct Turns {
+    by_task: Mutex<HashMap<TaskId, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// A task's turn: dropped, it lets the next input of the task be decided.
+struct Turn<'a> {
+    turns: &'a Turns,
+    id: TaskId,
+    held: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Turns {
+    async fn take(&self, id: &TaskId) -> Turn<'_> {
+        let lock = self.lock().entry(id.clone()).or_default().clone();
+        let held = lock.lock_owned().await;
+        Turn { turns: self, id: id.clone(), held: Some(held) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<TaskId, Arc<tokio::sync::Mutex<()>>>> {
+        self.by_task.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        let mut by_task = self.turns.lock();
+        drop(self.held.take());
+        // Forgotten when no one else holds or waits for it: those took
+        // their clone under the same lock.
+        if by_task.get(&self.id).is_some_and(|lock| Arc::strong_count(lock) == 1) {
+            by_task.remove(&self.id);
+        }
+    }
+}
+
 /// What handling one input did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Handled {
@@ -275,6 +317,11 @@ struct Inner {
     oldest_share: Mutex<OldestShare>,
     /// Whether the agents keep up (see [`Config::agent_backlog_max`]).
     saturation: Saturation,
+    /// Whose turn it is to decide on each task.
+    turns: Turns,
+    /// Whether replies may be decided in-process: until [`Scheduler::run`]
+    /// gives its tasks back at shutdown.
+    deciding: AtomicBool,
 }
 
 impl Scheduler {
@@ -296,6 +343,8 @@ impl Scheduler {
                 records,
                 oldest_share,
                 saturation: Saturation::new(config.agent_backlog_max),
+                turns: Turns::default(),
+                deciding: AtomicBool::new(true),
                 config,
             }),
         })
@@ -343,6 +392,9 @@ impl Scheduler {
         if let Err(err) = children {
             tracing::warn!("the consumer of child ends stopped: {err}");
         }
+        // Replies from here on wait in the inbox for whoever takes the
+        // tasks over.
+        self.inner.deciding.store(false, Ordering::Release);
         if let Err(err) = self.release_held().await {
             tracing::warn!("giving back held tasks at shutdown: {err}");
         }
@@ -529,7 +581,35 @@ impl Scheduler {
 
     /// Handles one inbox message; `settle` is the message's lease, completed
     /// in the same commit as the decision.
-    pub async fn handle(&self, message: &InboxMessage, settle: Option<rota_model::LeaseToken>) -> Result<Handled> {
+    pub async fn handle(&self, message: &InboxMessage, settle: Option<LeaseToken>) -> Result<Handled> {
+        let settle = settle.map(|token| (self.inner.inbox.clone(), token));
+        self.decide(message, settle).await
+    }
+
+    /// Decides an agent's reply in this process, without its passing
+    /// through the inbox: the decision's commit also consumes the agent's
+    /// request (`lease`, on `queue`), so the request's consumption, the
+    /// step's outcome and whatever follows are one commit instead of two.
+    /// A lost request lease fails the commit (the request is someone
+    /// else's, and so is its reply). `None` when this Scheduler has given
+    /// its tasks back (shutdown), or the reply is not for its inbox: the
+    /// reply then goes through the inbox. On an error nothing was decided, and the agent's
+    /// own commit of the reply (consuming the request) is still right.
+    pub async fn decide_reply(&self, reply: &Reply, reply_to: &QueueName, queue: &QueueName, lease: LeaseToken) -> Option<Result<Handled>> {
+        let inner = &self.inner;
+        if reply_to != &inner.inbox || !inner.deciding.load(Ordering::Acquire) {
+            return None;
+        }
+        let _turn = inner.turns.take(&reply.task_id).await;
+        let span = tracing::debug_span!("rota.scheduler.handle", task_id = %reply.task_id, message = "reply");
+        let decided = self.decide_on(&reply.task_id, Input::Reply(reply), Some((queue.clone(), lease))).instrument(span).await;
+        metrics::counter!(telemetry::REPLIES_DECIDED_IN_PROCESS, "outcome" => decided_label(&decided)).increment(1);
+        Some(decided)
+    }
+
+    /// Decides on `message`, completing `settle` (a queue and a lease) in
+    /// the decision's commit.
+    async fn decide(&self, message: &InboxMessage, settle: Option<(QueueName, LeaseToken)>) -> Result<Handled> {
         let input = match message {
             InboxMessage::Reply(reply) => Input::Reply(reply),
             InboxMessage::Retry { step, .. } => Input::Retry(step),
@@ -537,9 +617,14 @@ impl Scheduler {
             InboxMessage::Signalled { step, .. } => Input::Signalled(step),
             InboxMessage::StartChild { task_id, step, attempt } => return self.start_child(task_id, step, *attempt, settle).await,
         };
-        let id = message.task_id();
+        self.decide_on(message.task_id(), input, settle).await
+    }
+
+    /// Decides on `input` for task `id` (on the record kept from this
+    /// Scheduler's last commit, or on a fresh read), completing `settle`.
+    async fn decide_on(&self, id: &TaskId, input: Input<'_>, settle: Option<(QueueName, LeaseToken)>) -> Result<Handled> {
         if let Some(kept) = self.inner.records.take(id) {
-            match self.apply(kept, input, settle).await {
+            match self.apply(kept, input, settle.clone()).await {
                 // Only ignored on a fresh read (see `Records`).
                 Ok(Handled::Ignored(_)) => {}
                 // The record was stale and the commit wrote nothing: decide
@@ -558,7 +643,7 @@ impl Scheduler {
     /// that cannot start fails the attempt for good, decided like an
     /// agent's permanent failure; one that has ended already (the task was
     /// taken over after its end) has its end delivered again.
-    async fn start_child(&self, id: &TaskId, step: &StepName, attempt: u32, settle: Option<rota_model::LeaseToken>) -> Result<Handled> {
+    async fn start_child(&self, id: &TaskId, step: &StepName, attempt: u32, settle: Option<(QueueName, LeaseToken)>) -> Result<Handled> {
         let inner = &self.inner;
         let client = crate::client::Client::new(inner.store.clone(), inner.clock.clone(), inner.workflows.clone(), None)
             .with_input_bytes_max(usize::MAX);
@@ -572,12 +657,12 @@ impl Scheduler {
             }
             crate::child::Started::Refused(error) => {
                 let reply = InboxMessage::Reply(crate::child::refusal(id, step, attempt, error));
-                Box::pin(self.handle(&reply, settle)).await
+                Box::pin(self.decide(&reply, settle)).await
             }
         }
     }
 
-    async fn apply(&self, record: TaskRecord, input: Input<'_>, settle: Option<rota_model::LeaseToken>) -> Result<Handled> {
+    async fn apply(&self, record: TaskRecord, input: Input<'_>, settle: Option<(QueueName, LeaseToken)>) -> Result<Handled> {
         let inner = &self.inner;
         let workflow = inner.workflows.get(&record.task.workflow, Some(record.task.workflow_version)).await?;
         let order = if record.task.state == TaskState::Compensating { self.completion_order(&record).await? } else { Vec::new() };
@@ -600,8 +685,8 @@ impl Scheduler {
         match decision {
             Decision::Ignore(reason) => Ok(Handled::Ignored(reason)),
             Decision::Commit(mut changes) => {
-                if let Some(token) = settle {
-                    changes.complete.push((inner.inbox.clone(), token));
+                if let Some(settled) = settle {
+                    changes.complete.push(settled);
                 }
                 let ended: Option<(rota_model::TaskId, TaskState)> =
                     changes.tasks.iter().map(|w| &w.task).find(|t| t.state.is_terminal()).map(|t| (t.id.clone(), t.state));
@@ -638,6 +723,16 @@ impl Scheduler {
             }
         }
         Ok(order)
+    }
+}
+
+/// The `outcome` label of a reply decided in-process.
+fn decided_label(decided: &Result<Handled>) -> &'static str {
+    match decided {
+        Ok(Handled::Committed) => "committed",
+        Ok(Handled::Ignored(_)) => "ignored",
+        Err(Error::Store(err)) if err.is_lost_race() => "lost_race",
+        Err(_) => "failed",
     }
 }
 
@@ -754,6 +849,7 @@ impl Handler for Scheduler {
             other => other,
         };
         telemetry::set_parent(&span, traceparent.as_deref());
+        let _turn = self.inner.turns.take(message.task_id()).await;
         match Scheduler::handle(self, &message, Some(delivery.lease_token)).instrument(span).await {
             Ok(Handled::Committed) => Outcome::Settled,
             Ok(Handled::Ignored(reason)) => {
@@ -766,5 +862,30 @@ impl Handler for Scheduler {
             }
             Err(err) => Outcome::Abandon { delay: Duration::from_secs(1), reason: err.to_string() },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_task_has_one_turn_at_a_time_and_is_forgotten_after_the_last() {
+        let turns = Turns::default();
+        let (a, b) = (TaskId::new("a").unwrap(), TaskId::new("b").unwrap());
+        let first = turns.take(&a).await;
+        // Another task's turn does not wait.
+        let other = turns.take(&b).await;
+        drop(other);
+        let mut waiting = Box::pin(turns.take(&a));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(waiting.as_mut().poll(&mut cx).is_pending(), "the task's second input waits for the first");
+        drop(first);
+        let second = waiting.await;
+        assert_eq!(turns.lock().len(), 1, "b was forgotten, a is held");
+        drop(second);
+        assert!(turns.lock().is_empty(), "nothing is kept once no one holds or waits");
     }
 }

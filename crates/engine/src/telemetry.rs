@@ -61,6 +61,11 @@ pub const DEAD_LETTERS: &str = "rota_dead_letters_total";
 /// Gauge: 1 while this process's Scheduler claims no new task because
 /// its agents' backlog is at `agent_backlog_max`, else 0.
 pub const CLAIMS_HELD_BACK: &str = "rota_scheduler_claims_held_back";
+/// Counter: agents' replies decided by a Scheduler of the same process
+/// without passing through its inbox. Labels: `outcome` (`committed`,
+/// `ignored`, `lost_race`, `failed`: the last two then go through the
+/// inbox).
+pub const REPLIES_DECIDED_IN_PROCESS: &str = "rota_scheduler_replies_in_process_total";
 /// How a step's attempt ended, as the `outcome` label of [`STEP_DURATION`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StepOutcome {

@@ -215,7 +215,7 @@ async fn closed_loop(
 }
 
 /// Runs workload W and writes the record.
-pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32, prefill: u64, shape: Shape) -> anyhow::Result<()> {
+pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32, embedded: bool, prefill: u64, shape: Shape) -> anyhow::Result<()> {
     let m = env_u64("PEERS_M", 2_000)?;
     let k = env_u64("PEERS_K", 50)?;
     let warmup = env_u64("PEERS_W_WARMUP", 100)?;
@@ -230,15 +230,22 @@ pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32, prefill: u
     let store: SharedStore = target.store.clone();
     let prefilled = if prefill > 0 { Some(prefill_store(&target, prefill).await?) } else { None };
 
+    // One step per lane at most is waiting for the agent, up to the
+    // engine's bound on its agent slots.
+    let agent_concurrency = usize::try_from(k)?.clamp(16, EngineConfig::AGENT_CONCURRENCY_MAX);
     let mut orchestration = EngineConfig::new(InstanceId::new(format!("bench-scheduler-{}", std::process::id()))?);
-    orchestration.roles = Roles { scheduler: true, agents: false, supervisor: true };
+    orchestration.roles = Roles { scheduler: true, agents: embedded, supervisor: true };
+    orchestration.agent_concurrency = agent_concurrency;
     orchestration.scheduler.inbox_concurrency = usize::try_from(k)?.max(16);
     orchestration.scheduler.agent_backlog_max = agent_backlog_max;
     orchestration.input_bytes_max = orchestration.input_bytes_max.max(usize::try_from(shape.input_bytes)?);
     let remote_agents = agent_processes > 0;
-    let engine = Engine::new(store.clone(), Arc::new(SystemClock), orchestration)
+    let mut engine = Engine::new(store.clone(), Arc::new(SystemClock), orchestration)
         .workflow(workflow("bench_w", remote_agents, shape.steps)?)
         .workflow(workflow(backlog::PAUSED_WORKFLOW, remote_agents, shape.steps)?);
+    if embedded {
+        engine = engine.agent(Arc::new(Noop));
+    }
     engine.register_workflows().await?;
     let client = engine.client();
     let completions = engine.completions();
@@ -247,16 +254,13 @@ pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32, prefill: u
 
     let mut agents = EngineConfig::new(InstanceId::new(format!("bench-agent-{}", std::process::id()))?);
     agents.roles = Roles { scheduler: false, agents: true, supervisor: false };
-    // One step per lane at most is waiting for the agent, up to the
-    // engine's bound on its agent slots.
-    let agent_concurrency = usize::try_from(k)?.clamp(16, EngineConfig::AGENT_CONCURRENCY_MAX);
     agents.agent_concurrency = agent_concurrency;
     let agent_engine = Engine::new(store.clone(), Arc::new(SystemClock), agents).agent(Arc::new(Noop));
 
     let shutdown = Shutdown::new();
     let orchestrating = tokio::spawn(engine.run(shutdown.clone()));
     let agent_shutdown = Shutdown::new();
-    let serving = if remote_agents { None } else { Some(tokio::spawn(agent_engine.run(agent_shutdown.clone()))) };
+    let serving = if remote_agents || embedded { None } else { Some(tokio::spawn(agent_engine.run(agent_shutdown.clone()))) };
     let children = AgentProcesses::start(&target.child_store_url(), agent_processes, k)?;
     let waiters = Waiters::default();
     let drained = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -393,7 +397,7 @@ pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32, prefill: u
             "store_wal_bytes": store_size.wal_bytes,
         },
         "settings": {
-            "M": m, "K": k, "W_WARMUP": warmup, "W_LONE": lone_count, "agent_processes": agent_processes, "prefill": prefill,
+            "M": m, "K": k, "W_WARMUP": warmup, "W_LONE": lone_count, "agent_processes": agent_processes, "embedded": embedded, "prefill": prefill,
             "steps": shape.steps, "input_bytes": shape.input_bytes, "backlog": shape.backlog, "backlog_kind": shape.backlog_kind.as_str(),
             "agent_backlog_max": agent_backlog_max, "agent_concurrency": agent_concurrency,
             "durability": durability,
@@ -408,6 +412,8 @@ pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32, prefill: u
             },
             "dispatch": if remote_agents {
                 format!("Scheduler -> queue agent.delay -> {agent_processes} `rota agent --queues delay --max-concurrent {k}` processes -> reply queue rota.inbox.<scheduler> -> Scheduler")
+            } else if embedded {
+                "Scheduler -> queue agent.noop -> agent worker of the Scheduler's own engine (rota serve's shape) -> reply decided in-process, in the commit that consumes the request".to_owned()
             } else {
                 "Scheduler -> queue agent.noop -> agent-only engine (separate instance, same process) -> reply queue rota.inbox.<scheduler> -> Scheduler".to_owned()
             },

@@ -214,6 +214,11 @@ pub enum Fate {
     /// Keeps working past the request's lease, then replies and completes in
     /// one commit, which fails if the lease was lost meanwhile.
     Slow,
+    /// Calls the service and hands the reply to the requesting Scheduler, if
+    /// it is alive, to be decided in the commit that consumes the request
+    /// (as an agent in the Scheduler's own engine does); through the inbox
+    /// when it is gone or cannot decide.
+    InProcess,
 }
 
 /// What the driver does in one tick of the fault phase.
@@ -309,6 +314,7 @@ impl Profile {
             (Fate::Late, some(&[0, 5, 12])),
             (Fate::Duplicate, some(&[0, 3, 8])),
             (Fate::Slow, some(&[0, 3, 8])),
+            (Fate::InProcess, some(&[0, 20, 60])),
         ];
         let actions = vec![
             (Action::Claim, 12),
@@ -1432,6 +1438,11 @@ impl World {
                 self.commit_reply(changes, &what).await?;
                 self.held.push(Held::Reply { at, queue: request.reply_to.clone(), message: late, what });
             }
+            Fate::InProcess => {
+                let fate = self.pick(&[(Fate::Succeed, 8), (Fate::FailRetryable, 1), (Fate::FailPermanent, 1)]);
+                let outcome = self.outcome(request, fate);
+                self.reply_in_process(queue, delivery, request, outcome, &what).await?;
+            }
             Fate::Slow => {
                 let at = now.add(Duration::from_millis(self.rng.random_range(100..6_000)));
                 let inner = self.pick(&[(Fate::Succeed, 8), (Fate::FailRetryable, 1), (Fate::FailPermanent, 1)]);
@@ -1440,6 +1451,56 @@ impl World {
             }
         }
         Ok(())
+    }
+
+    /// Hands `outcome` to the live Scheduler whose inbox the request names,
+    /// as `AgentWorker::replying_in_process` does, and commits it to the
+    /// inbox when there is none or it could not decide.
+    async fn reply_in_process(
+        &mut self,
+        queue: &QueueName,
+        delivery: &Delivery,
+        request: &StepRequest,
+        outcome: ReplyOutcome,
+        what: &str,
+    ) -> Result<(), Fail> {
+        let call = &request.call;
+        let reply =
+            Reply { task_id: call.task_id.clone(), step: call.step.clone(), attempt: call.attempt, compensate: call.compensate, outcome };
+        let live = self.schedulers.iter().find(|l| l.scheduler.inbox() == &request.reply_to).map(|l| (l.id.clone(), l.scheduler.clone()));
+        if let Some((id, scheduler)) = live {
+            let decided = scheduler.decide_reply(&reply, &request.reply_to, queue, delivery.lease_token).await;
+            let fallback = match decided {
+                Some(Ok(Handled::Committed)) => {
+                    Self::count(&mut self.counts.handled, "committed in-process");
+                    self.note(format!("{id} decides {what} in-process: {}: committed", short(&reply.outcome)));
+                    return Ok(());
+                }
+                Some(Ok(Handled::Ignored(reason))) => {
+                    Self::count(&mut self.counts.handled, "ignored in-process");
+                    self.note(format!("{id} decides {what} in-process: {}: ignored ({reason})", short(&reply.outcome)));
+                    if let ReplyOutcome::Succeeded { .. } = &reply.outcome {
+                        self.ignored_successes.push(IgnoredSuccess {
+                            task: reply.task_id.clone(),
+                            step: reply.step.clone(),
+                            compensate: reply.compensate,
+                            attempt: reply.attempt,
+                            reason,
+                        });
+                    }
+                    return self.complete_request(queue, delivery.lease_token).await;
+                }
+                Some(Err(err)) => format!("not decided ({err})"),
+                None => "not for a running Scheduler".to_owned(),
+            };
+            self.note(format!("{id} decides {what} in-process: {fallback}: sent to the inbox"));
+        }
+        let changes = Changes {
+            send: vec![(request.reply_to.clone(), reply_message(request, reply.outcome, true))],
+            complete: vec![(queue.clone(), delivery.lease_token)],
+            ..Changes::default()
+        };
+        self.commit_reply(changes, what).await
     }
 
     /// Commits a reply with the completion of its request, as `AgentWorker`
