@@ -483,33 +483,24 @@ impl Scheduler {
     async fn claim_traced(&self, traces: &HashMap<TaskId, String>) -> Result<usize> {
         let inner = &self.inner;
         let claim = inner.oldest_share.lock().expect("the oldest share").plan(inner.config.claim_batch);
-        let claimed = inner.store.claim_tasks_by(&inner.config.instance, inner.config.claim_lease, claim).await?;
+        // The claim returns the tasks' steps too: a start reads nothing.
+        let claimed = inner.store.claim_records_by(&inner.config.instance, inner.config.claim_lease, claim).await?;
         let count = claimed.len();
         inner.oldest_share.lock().expect("the oldest share").record(count);
-        // Read together: each start would otherwise read its task alone.
-        let ids: Vec<TaskId> = claimed.iter().map(|task| task.id.clone()).collect();
-        let mut records: HashMap<TaskId, TaskRecord> = match inner.store.tasks(&ids).await {
-            Ok(records) => records.into_iter().map(|record| (record.task.id.clone(), record)).collect(),
-            Err(err) => {
-                tracing::debug!("reading the claimed tasks together: {err}; each start reads its own");
-                HashMap::new()
-            }
-        };
         let mut starts = JoinSet::new();
-        for task in claimed {
+        for record in claimed {
             let scheduler = self.clone();
-            let record = records.remove(&task.id);
-            let traceparent = traces.get(&task.id).cloned();
+            let traceparent = traces.get(&record.task.id).cloned();
             starts.spawn(async move {
-                let id = task.id.clone();
-                let span = tracing::debug_span!("rota.scheduler.start", task_id = %id, workflow = %task.workflow);
+                let id = record.task.id.clone();
+                let span = tracing::debug_span!("rota.scheduler.start", task_id = %id, workflow = %record.task.workflow);
                 let traceparent = match traceparent {
                     Some(traceparent) => Some(traceparent),
                     None if !span.is_disabled() => scheduler.received_traceparent(&id).await,
                     None => None,
                 };
                 telemetry::set_parent(&span, traceparent.as_deref());
-                if let Err(err) = scheduler.start(&id, record).instrument(span).await {
+                if let Err(err) = scheduler.start(&id, Some(record)).instrument(span).await {
                     tracing::warn!("starting task {id}: {err}");
                 }
             });

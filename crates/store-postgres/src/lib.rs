@@ -1048,7 +1048,7 @@ impl Tasks for PgStore {
         with_connection!(self, conn => { task_sql::count_tasks(&mut conn, &self.names, filter, self.config.sparse_matches_max).await? })
     }
 
-    async fn claim_tasks_by(&self, owner: &InstanceId, lease: Duration, claim: Claim) -> Result<Vec<Task>, Error> {
+    async fn claim_records_by(&self, owner: &InstanceId, lease: Duration, claim: Claim) -> Result<Vec<TaskRecord>, Error> {
         let now = self.clock.now();
         with_connection!(self, conn => { task_sql::claim_tasks(&mut conn, &self.names, owner, lease, claim, now).await? })
     }

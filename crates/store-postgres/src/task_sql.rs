@@ -157,17 +157,7 @@ pub(crate) async fn get_tasks(conn: &mut PgConnection, n: &Names, ids: &[TaskId]
     .bind(ids.iter().map(TaskId::as_str).collect::<Vec<_>>())
     .fetch_all(&mut *conn)
     .await?;
-    let mut records: Vec<TaskRecord> = Vec::new();
-    for row in &rows {
-        let id: String = row.try_get("id")?;
-        if records.last().is_none_or(|r| r.task.id.as_str() != id) {
-            records.push(TaskRecord { task: task_from(row)?, steps: Vec::new() });
-        }
-        if row.try_get::<Option<String>, _>("s_name")?.is_some() {
-            let step = step_from(row, "s_")?;
-            records.last_mut().expect("pushed above").steps.push(step);
-        }
-    }
+    let mut records = records_from(&rows)?;
     let mut ordered = Vec::with_capacity(records.len());
     for id in ids {
         if let Some(at) = records.iter().position(|r| &r.task.id == id) {
@@ -491,7 +481,7 @@ pub(crate) async fn claim_tasks(
     lease: Duration,
     claim: Claim,
     now: Timestamp,
-) -> Result<Vec<Task>> {
+) -> Result<Vec<TaskRecord>> {
     // One statement: the claim, its slots, and a `claimed` event per task
     // (the writer's lock taken before any seq is drawn, as in every event
     // writer).
@@ -577,7 +567,12 @@ pub(crate) async fn claim_tasks(
              SELECT c.id, $3, 'claimed', '{\"lease_epoch\":' || c.lease_epoch || ',\"owner\":' || to_json($1::text)::text || '}'
                FROM writer, claimed AS c
               ORDER BY c.not_before, c.id)
-         SELECT * FROM claimed",
+         SELECT c.*, s.task_id AS s_task_id, s.name AS s_name, s.position AS s_position, s.state AS s_state, s.attempt AS s_attempt,
+                s.complete_by AS s_complete_by, s.not_before AS s_not_before, s.input AS s_input, s.output AS s_output,
+                s.last_error AS s_last_error, s.updated_at AS s_updated_at, s.warn_at AS s_warn_at,
+                s.callback_digest AS s_callback_digest
+           FROM claimed AS c LEFT JOIN rota.steps AS s ON s.task_id = c.id
+          ORDER BY c.not_before, c.id, s.position, s.name",
     ))
     .bind(owner.as_str())
     .bind(now.add(lease).as_millis())
@@ -587,9 +582,27 @@ pub(crate) async fn claim_tasks(
     .bind(i64::from(claim.oldest_first.min(claim.max)))
     .fetch_all(&mut *conn)
     .await?;
-    let mut tasks = rows.iter().map(task_from).collect::<Result<Vec<_>>>()?;
-    tasks.sort_by(|a, b| (a.not_before, &a.id).cmp(&(b.not_before, &b.id)));
-    Ok(tasks)
+    // In byte order of the ids, whatever the database's collation.
+    let mut records = records_from(&rows)?;
+    records.sort_by(|a, b| (a.task.not_before, &a.task.id).cmp(&(b.task.not_before, &b.task.id)));
+    Ok(records)
+}
+
+/// The task records of rows of a task joined with its steps (`s_`
+/// columns), ordered by task.
+fn records_from(rows: &[PgRow]) -> Result<Vec<TaskRecord>> {
+    let mut records: Vec<TaskRecord> = Vec::new();
+    for row in rows {
+        let id: String = row.try_get("id")?;
+        if records.last().is_none_or(|r| r.task.id.as_str() != id) {
+            records.push(TaskRecord { task: task_from(row)?, steps: Vec::new() });
+        }
+        if row.try_get::<Option<String>, _>("s_name")?.is_some() {
+            let step = step_from(row, "s_")?;
+            records.last_mut().expect("pushed above").steps.push(step);
+        }
+    }
+    Ok(records)
 }
 
 /// The tasks holding a slot of `key` of `workflow`, by slot.

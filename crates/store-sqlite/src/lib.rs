@@ -780,10 +780,14 @@ impl Tasks for SqliteStore {
         self.read(move |conn, _| task_sql::count_tasks(conn, &filter, sparse)).await
     }
 
-    async fn claim_tasks_by(&self, owner: &InstanceId, lease: Duration, claim: Claim) -> Result<Vec<Task>> {
+    async fn claim_records_by(&self, owner: &InstanceId, lease: Duration, claim: Claim) -> Result<Vec<TaskRecord>> {
         let owner = owner.clone();
         // A claim's holder acts only through this store (see the trait).
-        self.write_replying(ReplyAt::Commit, move |conn, now| task_sql::claim_tasks(conn, &owner, lease, claim, now)).await
+        self.write_replying(ReplyAt::Commit, move |conn, now| {
+            let tasks = task_sql::claim_tasks(conn, &owner, lease, claim, now)?;
+            tasks.into_iter().map(|task| Ok(TaskRecord { steps: task_sql::steps_of(conn, &task.id)?, task })).collect()
+        })
+        .await
     }
 
     async fn key_holders(&self, workflow: &WorkflowName, key: &str) -> Result<Vec<TaskId>> {

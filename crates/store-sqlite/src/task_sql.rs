@@ -505,12 +505,16 @@ pub(crate) fn get_task(conn: &Connection, id: &TaskId) -> Result<Option<TaskReco
         .map_err(sql_error)?;
     let Some(row) = row else { return Ok(None) };
     let task = row.into_task()?;
+    Ok(Some(TaskRecord { task, steps: steps_of(conn, id)? }))
+}
+
+/// The steps of task `id`, in workflow order.
+pub(crate) fn steps_of(conn: &Connection, id: &TaskId) -> Result<Vec<Step>> {
     let steps = conn
         .prepare_cached(&format!("SELECT {STEP_COLUMNS} FROM steps WHERE task_id = ?1 ORDER BY position, name"))
         .and_then(|mut stmt| stmt.query_map([id.as_str()], step_row)?.collect::<rusqlite::Result<Vec<_>>>())
         .map_err(sql_error)?;
-    let steps = steps.into_iter().map(StepRow::into_step).collect::<Result<Vec<_>>>()?;
-    Ok(Some(TaskRecord { task, steps }))
+    steps.into_iter().map(StepRow::into_step).collect()
 }
 
 /// The default of `Config::sparse_matches_max`: below this many matches of

@@ -1870,7 +1870,8 @@ pub async fn tasks_reads_several_with_their_steps(harness: &dyn Harness) {
 /// `max`) as Processing, and unleased Compensating ones (staying
 /// Compensating), bumping the lease epoch, setting `locked_by` and
 /// `complete_by`, and recording a `Claimed` event. Leased tasks and tasks not
-/// yet due are not claimed.
+/// yet due are not claimed. `claim_records_by` returns the tasks with their
+/// steps, as stored after the claim.
 pub async fn claim_tasks_leases_due_pending_and_unleased_compensating(harness: &dyn Harness) {
     let store = harness.open().await;
     let clock = harness.clock();
@@ -1924,6 +1925,19 @@ pub async fn claim_tasks_leases_due_pending_and_unleased_compensating(harness: &
     let mut held: Vec<&str> = held.iter().map(|t| t.id.as_str()).collect();
     held.sort();
     assert_eq!(held, ["p1", "p2", "p3"], "every task s2 holds, and only those");
+
+    // A claim of records returns each task with its steps, as stored after
+    // the claim, in the same order.
+    create(&store, new_task("r2", "order", &["charge", "ship", "notify"], clock.now())).await;
+    clock.advance(SECOND);
+    create(&store, new_task("r1", "order", &["charge", "ship"], clock.now())).await;
+    let records = ok(store.claim_records_by(&s1, LEASE_DEFAULT, Claim::by_priority(10)).await, "claim_records_by");
+    assert_eq!(records.iter().map(|r| r.task.id.as_str()).collect::<Vec<_>>(), ["r2", "r1"], "oldest not_before first");
+    for record in &records {
+        assert_eq!(record.task.locked_by.as_ref(), Some(&s1));
+        assert_eq!(record, &stored(&store, &record.task.id).await, "the returned record is what is stored");
+    }
+    assert_eq!(records[0].steps.len(), 3);
 }
 
 /// A new Pending task like [`new_task`], with `priority`.

@@ -594,7 +594,14 @@ pub trait Tasks: Send + Sync {
     /// a claim before it is durable: the holder of a task acts on it only
     /// through this store's commits, each durable only with every commit
     /// before it, so no effect of the claim outlives the claim.
-    async fn claim_tasks_by(&self, owner: &InstanceId, lease: Duration, claim: Claim) -> Result<Vec<Task>>;
+    async fn claim_tasks_by(&self, owner: &InstanceId, lease: Duration, claim: Claim) -> Result<Vec<Task>> {
+        Ok(self.claim_records_by(owner, lease, claim).await?.into_iter().map(|record| record.task).collect())
+    }
+
+    /// [`Tasks::claim_tasks_by`], each claimed task with its steps as the
+    /// claim left them: what its new holder decides the start on, without
+    /// a read of its own.
+    async fn claim_records_by(&self, owner: &InstanceId, lease: Duration, claim: Claim) -> Result<Vec<TaskRecord>>;
 
     /// The tasks holding a slot of concurrency key `key` of `workflow`
     /// (at most its limit of them), by slot number.
