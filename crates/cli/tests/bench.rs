@@ -255,6 +255,28 @@ fn workload_w_runs_its_agents_in_separate_processes() {
     assert!(cpu["agent_processes_ms_per_workflow"].as_f64().is_some_and(|ms| ms > 0.0), "{cpu}");
 }
 
+/// `--embedded` runs W's agent in the Scheduler's engine, which decides
+/// each reply in the commit that consumes its request: no agent commit of
+/// its own, so under seven writes a workflow (about 5.7 measured; a
+/// separate agent engine needs nine: create, claim, start and two a
+/// step). Q has no agents: skipped, as the harness's contract says
+/// (exit 3).
+#[test]
+fn workload_w_embedded_decides_the_replies_in_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = bench(dir.path(), &["--store", "sqlite", "W", "--embedded"]);
+    assert!(output.status.success(), "{:?}: {}", output.status, stderr(&output));
+    let record = record(dir.path());
+    assert_eq!(record["settings"]["embedded"], true, "{record}");
+    assert!(record["config"]["dispatch"].as_str().unwrap().contains("decided in-process"), "{record}");
+    let writes = record["extra"]["group_commits"]["jobs"].as_f64().unwrap();
+    assert!(writes < 7.0 * 60.0, "{writes} writes for 60 workflows: {record}");
+
+    let output = bench(dir.path(), &["--store", "sqlite", "Q", "--embedded"]);
+    assert_eq!(output.status.code(), Some(3), "{}", stderr(&output));
+    assert!(stderr(&output).contains("--embedded is a variant of workload W"), "{}", stderr(&output));
+}
+
 /// The growth flags (`--steps`, `--input-bytes`, `--backlog` of each kind,
 /// `--queues`) reach the record's settings, and each run records its peak
 /// RSS and the store's size.
