@@ -474,6 +474,13 @@ pub(crate) async fn count_tasks(conn: &mut PgConnection, n: &Names, filter: &Tas
 /// the same slot and gives way if it commits), or if its slot row is still
 /// there when locked (`kept`: a slot freed meanwhile is not kept). So no
 /// two tasks ever hold one slot, whatever the claims' snapshots saw.
+///
+/// The claim commits asynchronously (`synchronous_commit` off for its own
+/// transaction, as a receive's): its holder acts on a task only through
+/// later commits of this database, and a synchronous commit flushes the
+/// WAL up to its own record, past the claim's. So the start waits for one
+/// flush instead of two, and a claim lost in a server crash takes nothing
+/// with it that anyone acted on.
 pub(crate) async fn claim_tasks(
     conn: &mut PgConnection,
     n: &Names,
@@ -532,7 +539,8 @@ pub(crate) async fn claim_tasks(
               ORDER BY priority DESC, not_before LIMIT $4
               FOR UPDATE SKIP LOCKED),
          picked AS MATERIALIZED (
-             SELECT t.id, t.workflow, t.concurrency_key, t.concurrency_limit, t.not_before, t.created_seq FROM rota.tasks AS t
+             SELECT t.id, t.workflow, t.concurrency_key, t.concurrency_limit, t.not_before, t.created_seq
+               FROM rota.tasks AS t, (SELECT set_config('synchronous_commit', 'off', true)) AS async
               WHERE t.id IN (SELECT id FROM oldest UNION ALL SELECT id FROM ranked)),
          kept AS MATERIALIZED (
              SELECT s.task_id FROM rota.concurrency_slots AS s
