@@ -182,6 +182,9 @@ pub struct Pass {
     pub breakers: u64,
     /// Audit table rows past the audit retention.
     pub audit_rows: u64,
+    /// Rate limits nobody took a slot of for as long as an instance is
+    /// taken to be gone.
+    pub rate_limits: u64,
 }
 
 impl Pass {
@@ -290,17 +293,22 @@ impl Retention {
                 () = shutdown.triggered() => break,
             }
             match self.run_if_leader(&instance, &shutdown).await {
-                Ok(Some(pass)) if pass.tasks > 0 || pass.instances > 0 || pass.breakers > 0 || pass.audit_rows > 0 => tracing::info!(
-                    "retention: deleted {} finished task(s) ({} steps, {} events) in {} batch(es); swept {} gone instance(s), {} inbox(es), {} breaker(s), {} audit row(s)",
-                    pass.tasks,
-                    pass.steps,
-                    pass.events,
-                    pass.batches,
-                    pass.instances,
-                    pass.inboxes,
-                    pass.breakers,
-                    pass.audit_rows
-                ),
+                Ok(Some(pass))
+                    if pass.tasks > 0 || pass.instances > 0 || pass.breakers > 0 || pass.audit_rows > 0 || pass.rate_limits > 0 =>
+                {
+                    tracing::info!(
+                        "retention: deleted {} finished task(s) ({} steps, {} events) in {} batch(es); swept {} gone instance(s), {} inbox(es), {} breaker(s), {} audit row(s), {} rate limit(s)",
+                        pass.tasks,
+                        pass.steps,
+                        pass.events,
+                        pass.batches,
+                        pass.instances,
+                        pass.inboxes,
+                        pass.breakers,
+                        pass.audit_rows,
+                        pass.rate_limits
+                    )
+                }
                 Ok(_) => {}
                 Err(err) => tracing::warn!("retention pass failed, tried again next interval: {err}"),
             }
@@ -393,7 +401,8 @@ impl Retention {
     /// is an operator's to redrive or purge). An inbox with no heartbeat at
     /// all is never swept: nothing says its instance is gone (an embedded
     /// engine may run without a heartbeat). Breakers not reported for as
-    /// long are deleted too (live processes report theirs every 30 s).
+    /// long are deleted too (live processes report theirs every 30 s), and
+    /// the rate limits whose time passed that long ago.
     async fn sweep(&self, now: Timestamp, pass: &mut Pass) -> Result<()> {
         let gone_before = now.sub(self.config.instances_gone_after);
         for heartbeat in self.store.statuses(status::INSTANCE_PREFIX).await? {
@@ -416,6 +425,9 @@ impl Retention {
         // Shared breakers unchanged for as long (and not open nor probing
         // past it) say nothing a fresh closed breaker would not.
         pass.breakers += self.store.delete_shared_breakers(gone_before).await?;
+        // A rate limit whose time is that far past counts as never taken:
+        // the keys of targets no longer called are forgotten.
+        pass.rate_limits += self.store.delete_rate_limits(gone_before).await?;
         Ok(())
     }
 }

@@ -154,7 +154,11 @@ async fn instances_gone_long_enough_are_swept_with_their_inbox(backend: Backend)
         open_for: Duration::from_secs(10),
     };
     rig.store.report_breaker(&failure).await.unwrap();
+    let limit: rota_model::RateLimit = "10/s".parse().unwrap();
+    let take = |key: &str| rota_store::RateRequest { key: key.to_owned(), limit, wait_max: Duration::ZERO };
+    rig.store.take_rate_slot(&take("endpoint:http://old:80")).await.unwrap();
     rig.clock.advance(DAY);
+    rig.store.take_rate_slot(&take("endpoint:http://live:80")).await.unwrap();
     let live = InstanceId::new("live-1").unwrap();
     rig.store.report_status(&status::instance_key(&live), &json!({"instance": "live-1"})).await.unwrap();
     rig.store.create_queue(&protocol::inbox(&live), QueueConfig::default()).await.unwrap();
@@ -162,9 +166,11 @@ async fn instances_gone_long_enough_are_swept_with_their_inbox(backend: Backend)
 
     let pass = rig.pass(&retention).await;
     assert_eq!((pass.instances, pass.inboxes, pass.breakers), (0, 0, 0), "silent for exactly the bound: not gone yet");
+    assert_eq!(pass.rate_limits, 0, "the old key's time (a tenth of a second after its take) is not a day past yet");
     rig.clock.advance(Duration::from_secs(1));
     let pass = rig.pass(&retention).await;
     assert_eq!((pass.instances, pass.inboxes, pass.breakers), (1, 1, 2), "the reported breaker and the shared one");
+    assert_eq!(pass.rate_limits, 1, "the rate limit not taken for a day, not the live one");
     assert!(rig.store.shared_breakers().await.unwrap().is_empty());
     let heartbeats: Vec<String> = rig.store.statuses(status::INSTANCE_PREFIX).await.unwrap().into_iter().map(|s| s.key).collect();
     assert_eq!(heartbeats, ["instance/live-1"]);

@@ -1211,6 +1211,10 @@ impl Tasks for PgStore {
         with_connection!(self, conn => { task_sql::shared_breakers(&mut conn, &self.names).await? })
     }
 
+    async fn delete_rate_limits(&self, before: Timestamp) -> Result<u64, Error> {
+        with_connection!(self, conn => { task_sql::delete_rate_limits(&mut conn, &self.names, before).await? })
+    }
+
     async fn delete_shared_breakers(&self, before: Timestamp) -> Result<u64, Error> {
         with_connection!(self, conn => { task_sql::delete_shared_breakers(&mut conn, &self.names, before).await? })
     }

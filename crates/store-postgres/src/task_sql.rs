@@ -1208,6 +1208,14 @@ pub(crate) async fn shared_breakers(conn: &mut PgConnection, n: &Names) -> Resul
     rows.into_iter().map(shared_breaker).collect()
 }
 
+pub(crate) async fn delete_rate_limits(conn: &mut PgConnection, n: &Names, before: Timestamp) -> Result<u64> {
+    let done = sqlx::query(n.sql("DELETE FROM rota.rate_limits WHERE tat_us < $1"))
+        .bind(before.as_millis().saturating_mul(1_000))
+        .execute(&mut *conn)
+        .await?;
+    Ok(done.rows_affected())
+}
+
 pub(crate) async fn delete_shared_breakers(conn: &mut PgConnection, n: &Names, before: Timestamp) -> Result<u64> {
     let done = sqlx::query(
         n.sql("DELETE FROM rota.breakers WHERE updated_at < $1 AND coalesce(open_until, 0) < $1 AND coalesce(probe_until, 0) < $1"),

@@ -919,6 +919,10 @@ impl Tasks for SqliteStore {
         self.write(move |conn, now| task_sql::take_rate_slot(conn, &request, now)).await
     }
 
+    async fn delete_rate_limits(&self, before: Timestamp) -> Result<u64> {
+        self.write(move |conn, _| task_sql::delete_rate_limits(conn, before)).await
+    }
+
     async fn admit_breaker(&self, ask: &BreakerAsk) -> Result<(BreakerAdmission, Option<SharedBreaker>)> {
         ask.check()?;
         let ask = ask.clone();

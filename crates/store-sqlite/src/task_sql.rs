@@ -1328,6 +1328,15 @@ pub(crate) fn shared_breakers(conn: &Connection) -> Result<Vec<SharedBreaker>> {
     rows.into_iter().map(shared_breaker).collect()
 }
 
+pub(crate) fn delete_rate_limits(conn: &Connection, before: Timestamp) -> Result<u64> {
+    let before_us = before.as_millis().saturating_mul(1_000);
+    let deleted = conn
+        .prepare_cached("DELETE FROM rate_limits WHERE tat_us < ?1")
+        .and_then(|mut stmt| stmt.execute([before_us]))
+        .map_err(sql_error)?;
+    Ok(deleted as u64)
+}
+
 pub(crate) fn delete_shared_breakers(conn: &Connection, before: Timestamp) -> Result<u64> {
     let deleted = conn
         .prepare_cached("DELETE FROM breakers WHERE updated_at < ?1 AND coalesce(open_until, 0) < ?1 AND coalesce(probe_until, 0) < ?1")

@@ -140,6 +140,7 @@ macro_rules! conformance_suite {
             // Rate limits.
             concurrent_rate_takers_never_exceed_rate_times_t_plus_burst,
             a_rate_slot_within_the_wait_is_granted_later_and_a_refusal_says_when,
+            rate_limits_in_the_past_are_forgotten_without_a_trace,
             // Shared circuit breakers.
             breaker_failures_from_two_processes_add_up_and_open_it,
             two_owners_race_for_the_probe_and_exactly_one_wins,
@@ -3506,6 +3507,31 @@ pub async fn a_rate_slot_within_the_wait_is_granted_later_and_a_refusal_says_whe
     assert!(matches!(store.take_rate_slot(&bad).await, Err(Error::Invalid(_))), "an empty key is refused");
     let bad = RateRequest { wait_max: Duration::from_secs(7_200), ..request };
     assert!(matches!(store.take_rate_slot(&bad).await, Err(Error::Invalid(_))), "an endless wait is refused");
+}
+
+/// `delete_rate_limits` deletes only the limits whose theoretical arrival
+/// time is before the time given, and a key deleted so is granted as if it
+/// had never been taken (its slot was in the past anyway).
+pub async fn rate_limits_in_the_past_are_forgotten_without_a_trace(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let t0 = clock.now();
+    // 1/min, burst 1: one take moves the key's time a minute ahead.
+    let old = rate_request("endpoint:http://old:80", "1/min", 1, Duration::ZERO);
+    let recent = rate_request("endpoint:http://recent:80", "1/min", 1, Duration::ZERO);
+    assert_eq!(ok(store.take_rate_slot(&old).await, "take old"), RateSlot::Granted { start: t0 });
+    clock.advance(Duration::from_secs(3_600));
+    let t1 = clock.now();
+    assert_eq!(ok(store.take_rate_slot(&recent).await, "take recent"), RateSlot::Granted { start: t1 });
+    // old's time is t0 + 1 min, recent's t1 + 1 min.
+    assert_eq!(ok(store.delete_rate_limits(t0 + Duration::from_secs(60)).await, "delete at old's time"), 0, "strictly before");
+    assert_eq!(ok(store.delete_rate_limits(t1).await, "delete before t1"), 1, "old's time passed, recent's did not");
+    assert_eq!(ok(store.delete_rate_limits(t1).await, "again"), 0, "recent is kept");
+    assert_eq!(ok(store.take_rate_slot(&old).await, "take old again"), RateSlot::Granted { start: t1 }, "as if never taken");
+    assert!(
+        matches!(ok(store.take_rate_slot(&recent).await, "take recent again"), RateSlot::Refused { .. }),
+        "recent still holds its minute"
+    );
 }
 
 // ---------------------------------------------------------------------------

@@ -707,6 +707,12 @@ pub trait Tasks: Send + Sync {
     /// `t` number at most `rate × t + burst` ([`rota_model::rate`]).
     async fn take_rate_slot(&self, request: &RateRequest) -> Result<RateSlot>;
 
+    /// Deletes the rate limits whose theoretical arrival time is before
+    /// `before`: a take treats a time in the past as no row at all, so
+    /// forgetting them changes nothing, and the keys of targets no longer
+    /// called do not pile up. Returns how many were deleted.
+    async fn delete_rate_limits(&self, before: Timestamp) -> Result<u64>;
+
     /// Asks the shared breaker `ask.key` for one call at the store's now,
     /// in one compare-and-set statement ([`crate::breaker`]): go when it is
     /// closed or has no row; hold until `open_until` while open; after it,
