@@ -157,6 +157,13 @@ async fn import(service: Arc<Service>, task: String, key: String, body: Value) -
     if held {
         let _ = service.release.subscribe().wait_for(|go| *go).await;
     } else {
+        // Every task's fan-out starts before any item is answered, so that
+        // all three are mid-fan-out, held by the first process, when the
+        // calls are held and it is killed (a fast engine could otherwise
+        // spend the answered calls on the tasks submitted first).
+        while service.seen.lock().unwrap().in_flight.len() < TASKS.len() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         // Wait for others of the task, so that more than the bound in
         // flight would be seen rather than slip by between short calls.
         let arrived = Instant::now();
