@@ -250,6 +250,9 @@ struct Inner {
     closing: watch::Sender<bool>,
     /// The last count of the Pending backlog (see [`Limits::pending_max`]).
     backlog: backlog::Backlog,
+    /// The Scheduler of this process, if it runs one: it decides the
+    /// replies of remote workers at once (see [`ApiState::with_scheduler`]).
+    scheduler: Option<rota_engine::Scheduler>,
 }
 
 impl ApiState {
@@ -274,8 +277,24 @@ impl ApiState {
             metrics,
             closing: watch::Sender::new(false),
             backlog: backlog::Backlog::default(),
+            scheduler: None,
         };
         Ok(ApiState { inner: Arc::new(inner) })
+    }
+
+    /// Hands the replies of remote workers (the HTTP worker protocol) to
+    /// `scheduler`, the Scheduler running in this process on the same
+    /// store, to be decided in the commit that consumes their request, as
+    /// its own agent workers' are; a reply it did not request, or cannot
+    /// decide, goes through its inbox. Call it before cloning the state.
+    pub fn with_scheduler(mut self, scheduler: rota_engine::Scheduler) -> Self {
+        Arc::get_mut(&mut self.inner).expect("with_scheduler is called before the state is shared").scheduler = Some(scheduler);
+        self
+    }
+
+    /// The Scheduler of this process, if given ([`ApiState::with_scheduler`]).
+    pub fn scheduler(&self) -> Option<&rota_engine::Scheduler> {
+        self.inner.scheduler.as_ref()
     }
 
     /// The store.

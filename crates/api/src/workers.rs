@@ -593,10 +593,27 @@ async fn reply(
         ReplyOutcome::Succeeded { .. } => "succeeded",
         ReplyOutcome::Failed { .. } => "failed",
     };
-    match agent_worker::commit_reply(state.store(), queue, claims.lease(), &claims.address(), outcome).await {
-        Ok(()) => {
-            Ok(Json(ReplyView { task_id: claims.t.to_string(), step: claims.s.to_string(), attempt: claims.a, status: status.into() }))
-        }
+    let replied =
+        || Json(ReplyView { task_id: claims.t.to_string(), step: claims.s.to_string(), attempt: claims.a, status: status.into() });
+    let address = claims.address();
+    let outcome = match state.scheduler() {
+        Some(scheduler) => match agent_worker::reply_in_process(scheduler, queue, claims.lease(), &address, outcome).await {
+            Ok(agent_worker::DecidedInProcess::Committed) => return Ok(replied()),
+            // Late or fenced: the request is consumed without a reply, as
+            // the inbox would have ignored it; a spent lease is still lost.
+            Ok(agent_worker::DecidedInProcess::Ignored(_)) => {
+                return match state.store().complete(queue, claims.lease()).await {
+                    Ok(()) => Ok(replied()),
+                    Err(rota_store::Error::LeaseLost(_)) => Err(lease_lost(claims)),
+                    Err(err) => Err(ApiError::store("reply", err)),
+                };
+            }
+            Err(outcome) => outcome,
+        },
+        None => outcome,
+    };
+    match agent_worker::commit_reply(state.store(), queue, claims.lease(), &address, outcome).await {
+        Ok(()) => Ok(replied()),
         Err(rota_store::Error::LeaseLost(_)) => Err(lease_lost(claims)),
         Err(err) => Err(ApiError::store("reply", err)),
     }

@@ -235,6 +235,51 @@ async fn a_stale_lease_token_is_refused_and_the_current_one_answers() {
     assert_eq!(step(&task, "reserve")["output"], json!({ "by": "second" }));
 }
 
+/// Beside its Scheduler (`rota serve`), the API has a remote worker's
+/// reply decided in the commit that consumes the request, before the reply
+/// returns: with no engine running (the test claims by hand), the step is
+/// completed and the next one started as soon as the worker hears back.
+/// Without the Scheduler the reply waits in its inbox, which no one reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workers_reply_is_decided_by_the_scheduler_of_the_process_before_it_returns() {
+    for decide_replies in [true, false] {
+        let token = |secret: &str, scope: Scope| Token::new(secret, vec![scope]).unwrap();
+        let auth = AuthConfig::tokens(vec![
+            token(ADMIN_TOKEN, Scope::Admin),
+            token(WORKER_TOKEN, Scope::Agent { queues: vec![QueueName::new(format!("agent.{AGENT}")).unwrap()] }),
+        ])
+        .unwrap();
+        let options = Options {
+            auth,
+            engine: false,
+            decide_replies,
+            workers: workers(Duration::from_secs(30)),
+            workflows: vec![pay()],
+            ..Options::default()
+        };
+        let mut server = start(options).await;
+        server.token = Some(ADMIN_TOKEN.to_owned());
+        submit(&server, "pay", "d-1", json!({ "amount": 5, "card": "ok", "flaky": false, "slow_ms": 0 })).await;
+        assert_eq!(server.scheduler.as_ref().unwrap().claim_once().await.unwrap(), 1);
+
+        let request = receive_one(&server, WORKER_TOKEN).await;
+        assert_eq!(request["step"], "reserve");
+        let answered = call(&server, "complete", json!({ "lease_token": request["lease_token"], "output": { "key": "h-1" } })).await;
+        assert_eq!(answered.status, StatusCode::OK, "{}", answered.text);
+        assert_eq!(answered.body["status"], "succeeded");
+        let task = server.get("/v1/tasks/d-1").await.body;
+        let states = (step(&task, "reserve")["state"].as_str(), step(&task, "charge")["state"].as_str());
+        if decide_replies {
+            assert_eq!(states, (Some("completed"), Some("running")), "decided before the reply returned: {task}");
+            assert_eq!(step(&task, "reserve")["output"], json!({ "key": "h-1" }));
+            // The request was consumed by the decision: its token is spent.
+            call(&server, "complete", json!({ "lease_token": request["lease_token"], "output": {} })).await.assert_error(409, "lease_lost");
+        } else {
+            assert_eq!(states, (Some("running"), Some("not_started")), "the reply waits in the inbox: {task}");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reply_after_the_deadline_is_dropped_and_the_step_is_tried_again() {
     let server = server(Duration::from_secs(30)).await;

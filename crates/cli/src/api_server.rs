@@ -197,9 +197,20 @@ impl Listening {
     /// Serves the API over `store` with `client` until `shutdown` is
     /// triggered; then ends the event streams and waits for the requests in
     /// progress. Logs the address it listens on first (tests and scripts
-    /// read the port from that line).
-    pub async fn serve(self, store: SharedStore, client: Client, clock: Arc<dyn Clock>, shutdown: Shutdown) -> anyhow::Result<()> {
-        let state = rota_api::ApiState::new(store, client, clock, self.config).context("cannot set up the HTTP API")?;
+    /// read the port from that line). With `scheduler`, this process's,
+    /// remote workers' replies are decided by it at once.
+    pub async fn serve(
+        self,
+        store: SharedStore,
+        client: Client,
+        clock: Arc<dyn Clock>,
+        scheduler: Option<rota_engine::Scheduler>,
+        shutdown: Shutdown,
+    ) -> anyhow::Result<()> {
+        let mut state = rota_api::ApiState::new(store, client, clock, self.config).context("cannot set up the HTTP API")?;
+        if let Some(scheduler) = scheduler {
+            state = state.with_scheduler(scheduler);
+        }
         info!("HTTP API listening on http://{} (OpenAPI at /openapi.json, docs at /docs/)", self.address);
         info!("dashboard at http://{}/ui", self.address);
         rota_api::serve(self.listener, state, async move { shutdown.triggered().await }).await.context("the HTTP API failed")
@@ -231,7 +242,7 @@ pub async fn run(store_args: StoreArgs, args: Args) -> anyhow::Result<()> {
         Client::new(store.clone(), clock.clone(), Workflows::new(store.clone()), None).with_input_bytes_max(args.listen.input_bytes_max);
     info!("rota api started: store {}", redacted(&store_args.url));
     let shutdown = Shutdown::new();
-    let mut serving = tokio::spawn(listening.serve(store, client, clock, shutdown.clone()));
+    let mut serving = tokio::spawn(listening.serve(store, client, clock, None, shutdown.clone()));
     tokio::select! {
         () = signals.next() => {
             info!("stopping: waiting for the requests in progress (send another SIGINT or SIGTERM to stop at once)");

@@ -553,9 +553,12 @@ impl Process {
         let Process { instance, store, clock, engine, reporter, listening, dispatcher } = self;
         let shutdown = Shutdown::new();
         let client = engine.client();
+        // The API hands its remote workers' replies to this Scheduler.
+        let scheduler = engine.scheduler().context("cannot set up the Scheduler")?;
         let mut engine_run = tokio::spawn(engine.run(shutdown.clone()));
         let reporting = tokio::spawn(reporter.run(shutdown.clone()));
-        let mut serving = tokio::spawn(serve_until_shutdown(listening, dispatcher, store, client, clock, shutdown.clone()));
+        let serving = serve_until_shutdown(listening, dispatcher, store, client, clock, scheduler, shutdown.clone());
+        let mut serving = tokio::spawn(serving);
 
         let engine_stopped = tokio::select! {
             () = signals.next() => {
@@ -744,11 +747,12 @@ async fn serve_until_shutdown(
     store: SharedStore,
     client: Client,
     clock: Arc<dyn Clock>,
+    scheduler: Option<rota_engine::Scheduler>,
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
     let api = async {
         match listening {
-            Some(listening) => listening.serve(store, client, clock, shutdown.clone()).await,
+            Some(listening) => listening.serve(store, client, clock, scheduler, shutdown.clone()).await,
             None => {
                 shutdown.triggered().await;
                 Ok(())

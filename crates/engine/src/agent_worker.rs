@@ -226,21 +226,10 @@ impl AgentWorker {
         outcome: ReplyOutcome,
     ) -> std::result::Result<Outcome, ReplyOutcome> {
         let Some(scheduler) = &self.scheduler else { return Err(outcome) };
-        let reply = reply_to(address, outcome);
-        match scheduler.decide_reply(&reply, &address.reply_to, &self.queue, lease).await {
-            None => Err(reply.outcome),
-            Some(Ok(Handled::Committed)) => Ok(Outcome::Settled),
+        match reply_in_process(scheduler, &self.queue, lease, address, outcome).await? {
+            DecidedInProcess::Committed => Ok(Outcome::Settled),
             // A late or fenced reply: the request is consumed all the same.
-            Some(Ok(Handled::Ignored(reason))) => {
-                tracing::debug!("reply to {}/{} ignored: {reason}", address.task_id, address.step);
-                Ok(Outcome::Complete)
-            }
-            // The request's commit failed whole, so the reply's own commit
-            // is still right: if the lease was lost, it fails the same way.
-            Some(Err(err)) => {
-                tracing::debug!("reply to {}/{} not decided in-process, sent to the inbox: {err}", address.task_id, address.step);
-                Err(reply.outcome)
-            }
+            DecidedInProcess::Ignored(_) => Ok(Outcome::Complete),
         }
     }
 
@@ -622,6 +611,47 @@ pub fn reply_changes(queue: &QueueName, lease: LeaseToken, address: &ReplyAddres
     let reply = InboxEnvelope::traced(InboxMessage::Reply(reply_to(address, outcome)));
     let message = Outgoing::json(&reply).expect("replies serialize").with_ordering_key(address.task_id.as_str());
     Changes { send: vec![(address.reply_to.clone(), message)], complete: vec![(queue.clone(), lease)], ..Changes::default() }
+}
+
+/// What [`reply_in_process`] did with a reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DecidedInProcess {
+    /// The decision on it committed, consuming the request.
+    Committed,
+    /// It was late or fenced, and nothing was committed: the request is
+    /// the caller's to consume, without a reply.
+    Ignored(String),
+}
+
+/// Has `scheduler`, this process's, decide the reply to `address` at once,
+/// in the commit that consumes the request (leased from `queue` with
+/// `lease`), as every agent of the Scheduler's process does, built-in or
+/// remote (the HTTP worker protocol of `rota-api` when it runs beside the
+/// Scheduler). Gives the outcome back when the reply must go through the
+/// inbox instead ([`commit_reply`]): the Scheduler did not send the
+/// request, has given its tasks back, or could not decide (a lost race, a
+/// failure); nothing was committed then, so the reply's own commit is
+/// still right (if the lease was lost, it fails the same way).
+pub async fn reply_in_process(
+    scheduler: &Scheduler,
+    queue: &QueueName,
+    lease: LeaseToken,
+    address: &ReplyAddress,
+    outcome: ReplyOutcome,
+) -> std::result::Result<DecidedInProcess, ReplyOutcome> {
+    let reply = reply_to(address, outcome);
+    match scheduler.decide_reply(&reply, &address.reply_to, queue, lease).await {
+        None => Err(reply.outcome),
+        Some(Ok(Handled::Committed)) => Ok(DecidedInProcess::Committed),
+        Some(Ok(Handled::Ignored(reason))) => {
+            tracing::debug!("reply to {}/{} ignored: {reason}", address.task_id, address.step);
+            Ok(DecidedInProcess::Ignored(reason))
+        }
+        Some(Err(err)) => {
+            tracing::debug!("reply to {}/{} not decided in-process, sent to the inbox: {err}", address.task_id, address.step);
+            Err(reply.outcome)
+        }
+    }
 }
 
 /// The reply to `address` saying `outcome`.

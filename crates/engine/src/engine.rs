@@ -137,13 +137,43 @@ pub struct Engine {
     workflows: Workflows,
     definitions: Vec<Workflow>,
     completions: Completions,
+    /// The Scheduler [`Engine::run`] runs, made once it is first asked for.
+    scheduler: std::sync::OnceLock<Scheduler>,
 }
 
 impl Engine {
     /// An engine over `store` with `config`, no agents and no workflows yet.
     pub fn new(store: SharedStore, clock: Arc<dyn Clock>, config: Config) -> Self {
         let workflows = Workflows::new(store.clone()).clock(clock.clone()).latest_refresh(config.workflow_latest_refresh);
-        Engine { store, clock, config, agents: Vec::new(), workflows, definitions: Vec::new(), completions: Completions::default() }
+        Engine {
+            store,
+            clock,
+            config,
+            agents: Vec::new(),
+            workflows,
+            definitions: Vec::new(),
+            completions: Completions::default(),
+            scheduler: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The Scheduler this engine runs (`None` without the Scheduler role),
+    /// for the parts of the process that answer its agents' requests
+    /// themselves: the HTTP worker protocol hands it the replies of remote
+    /// workers, as the engine's own agent workers do.
+    pub fn scheduler(&self) -> Result<Option<Scheduler>> {
+        if !self.config.roles.scheduler {
+            return Ok(None);
+        }
+        if let Some(scheduler) = self.scheduler.get() {
+            return Ok(Some(scheduler.clone()));
+        }
+        let mut scheduler_config = self.config.scheduler.clone();
+        scheduler_config.seed ^= self.config.seed;
+        scheduler_config.shutdown_grace = self.config.shutdown_grace;
+        let made =
+            Scheduler::new(self.store.clone(), self.clock.clone(), self.workflows.clone(), self.completions.clone(), scheduler_config)?;
+        Ok(Some(self.scheduler.get_or_init(|| made).clone()))
     }
 
     /// Adds an agent (built-in or custom) this process runs.
@@ -184,15 +214,9 @@ impl Engine {
         self.register_workflows().await?;
         let mut roles: JoinSet<Result<()>> = JoinSet::new();
         let config = &self.config;
-        let mut local_scheduler = None;
-        if config.roles.scheduler {
-            let mut scheduler_config = config.scheduler.clone();
-            scheduler_config.seed ^= config.seed;
-            scheduler_config.shutdown_grace = config.shutdown_grace;
-            let scheduler =
-                Scheduler::new(self.store.clone(), self.clock.clone(), self.workflows.clone(), self.completions.clone(), scheduler_config)?;
-            local_scheduler = Some(scheduler.clone());
-            roles.spawn(scheduler.run(shutdown.clone()));
+        let local_scheduler = self.scheduler()?;
+        if let Some(scheduler) = &local_scheduler {
+            roles.spawn(scheduler.clone().run(shutdown.clone()));
         }
         if config.roles.supervisor {
             let mut supervisor_config = config.supervisor.clone();

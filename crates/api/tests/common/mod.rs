@@ -11,7 +11,7 @@ use reqwest::{Method, RequestBuilder, StatusCode};
 use rota_agent::DelayAgent;
 use rota_api::{ApiState, AuthConfig, Config, Limits, WorkerConfig};
 use rota_engine::engine::Config as EngineConfig;
-use rota_engine::{Client, Engine, Shutdown, Workflows};
+use rota_engine::{Client, Completions, Engine, Scheduler, Shutdown, Workflows, scheduler};
 use rota_model::{Clock, InstanceId, SystemClock};
 use rota_store::SharedStore;
 use rota_store_sqlite::{Config as StoreConfig, SqliteStore};
@@ -38,6 +38,10 @@ pub struct Options {
     pub workflows: Vec<Workflow>,
     /// Where `/metrics` comes from (the API's own recorder by default).
     pub metrics: rota_api::metrics::Registry,
+    /// Whether the API hands remote workers' replies to this process's
+    /// Scheduler, as `rota serve` does (the engine's when it runs; else
+    /// one that does not run, [`Server::scheduler`], which a test drives).
+    pub decide_replies: bool,
 }
 
 impl Default for Options {
@@ -50,6 +54,7 @@ impl Default for Options {
             workers: WorkerConfig::default(),
             workflows: Vec::new(),
             metrics: rota_api::metrics::Registry::default(),
+            decide_replies: true,
         }
     }
 }
@@ -61,6 +66,9 @@ pub struct Server {
     pub store: SharedStore,
     /// The bearer token every request carries, if any.
     pub token: Option<String>,
+    /// The Scheduler the API hands replies to, when no engine runs: it
+    /// claims only when the test asks ([`Scheduler::claim_once`]).
+    pub scheduler: Option<Scheduler>,
     engine_shutdown: Shutdown,
     api_shutdown: Option<oneshot::Sender<()>>,
     _dir: tempfile::TempDir,
@@ -127,15 +135,24 @@ pub async fn start(options: Options) -> Server {
     }
     engine.register_workflows().await.unwrap();
     let engine_shutdown = Shutdown::new();
-    let client = if options.engine {
+    let (client, deciding, idle) = if options.engine {
         let client = engine.client();
+        let deciding = engine.scheduler().unwrap();
         tokio::spawn(engine.run(engine_shutdown.clone()));
-        client
+        (client, deciding, None)
     } else {
-        Client::new(store.clone(), clock.clone(), Workflows::new(store.clone()), None)
+        let workflows = Workflows::new(store.clone());
+        let config = scheduler::Config::new(InstanceId::new(INSTANCE).unwrap());
+        let idle = Scheduler::new(store.clone(), clock.clone(), workflows.clone(), Completions::default(), config).unwrap();
+        (Client::new(store.clone(), clock.clone(), workflows, None), Some(idle.clone()), Some(idle))
     };
     let config = Config { limits: options.limits, workers: options.workers, metrics: options.metrics, ..Config::new(options.auth) };
-    let state = ApiState::new(store.clone(), client, clock, config).unwrap();
+    let mut state = ApiState::new(store.clone(), client, clock, config).unwrap();
+    if options.decide_replies
+        && let Some(scheduler) = deciding
+    {
+        state = state.with_scheduler(scheduler);
+    }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let (tx, rx) = oneshot::channel::<()>();
@@ -147,6 +164,7 @@ pub async fn start(options: Options) -> Server {
         http: rota_agent::http_client().build().unwrap(),
         store,
         token: None,
+        scheduler: idle,
         engine_shutdown,
         api_shutdown: Some(tx),
         _dir: dir,
