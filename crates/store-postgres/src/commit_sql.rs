@@ -326,7 +326,8 @@ struct CreateParams {
 }
 
 /// The creation statement: the tasks not created yet, then only their
-/// steps, events and messages.
+/// steps, events and messages. A task created claimed is left out while
+/// its workflow is paused (see `Tasks::create_task`).
 fn create_sql(p: &CreateParams) -> String {
     let (tasks, steps, events) = (list(&p.tasks.0), list(&p.steps.0), list(&p.events.0));
     let (lock_base, now, event_owner, send_owner) = (p.lock_base, p.now, p.event_owner, p.send_owner);
@@ -350,6 +351,8 @@ fn create_sql(p: &CreateParams) -> String {
                     AS t(id, workflow, workflow_version, input, state, locked_by, lease_epoch, complete_by, not_before,
                          failure_count, reply_to, output, error, created_at, updated_at, warn_at, paused, reply_queue,
                          submitter, tags, priority, concurrency_key, concurrency_limit, parent_id, parent_step, parent_attempt, depth, position)
+              WHERE t.locked_by IS NULL
+                 OR NOT EXISTS (SELECT 1 FROM rota.workflow_pauses AS p WHERE p.name = t.workflow AND p.paused FOR SHARE)
               ORDER BY t.position
              ON CONFLICT (id) DO NOTHING
           RETURNING id, created_seq, tags),

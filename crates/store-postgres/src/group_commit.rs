@@ -58,6 +58,20 @@ pub(crate) const CREATE_STATEMENTS_METRIC: &str = "rota_postgres_create_statemen
 /// Histogram: the task creations that shared one statement.
 pub(crate) const CREATE_BATCH_METRIC: &str = "rota_postgres_create_batch";
 
+/// Why `task` is neither created nor found after its creation statement:
+/// created claimed while its workflow is paused (the statement leaves such
+/// a task out), or gone since its insert conflicted.
+pub(crate) fn not_created(task: &rota_model::Task) -> Fail {
+    match task.locked_by {
+        Some(_) => Error::Conflict(format!(
+            "workflow {} is paused: task {} waits for a claim instead of being created claimed",
+            task.workflow, task.id
+        ))
+        .into(),
+        None => Error::Backend(format!("task {} vanished after a conflicting insert", task.id)).into(),
+    }
+}
+
 /// One caller's commit, waiting for its batch.
 pub(crate) struct Pending {
     pub(crate) changes: Changes,
@@ -326,7 +340,7 @@ impl Committer {
                     } else {
                         let at = found.iter().position(|record| &record.task.id == id);
                         let record = at.map(|at| found.swap_remove(at));
-                        let record = record.ok_or_else(|| Error::Backend(format!("task {id} vanished after a conflicting insert")))?;
+                        let record = record.ok_or_else(|| not_created(&pending.new.task))?;
                         Created::Existing(Box::new(record))
                     };
                     outcomes.push((created, sent_to.take().unwrap_or_default()));

@@ -706,7 +706,7 @@ impl PgStore {
             return Ok((Created::New, sent_to));
         }
         let existing = task_sql::get_task(conn, &self.names, &new.task.id).await?;
-        let existing = existing.ok_or_else(|| Error::Backend(format!("task {} vanished after a conflicting insert", new.task.id)))?;
+        let existing = existing.ok_or_else(|| group_commit::not_created(&new.task))?;
         Ok((Created::Existing(Box::new(existing)), Vec::new()))
     }
 

@@ -459,6 +459,12 @@ impl SqliteStore {
         if let Some(existing) = task_sql::get_task(conn, &new.task.id)? {
             return Ok(Created::Existing(Box::new(existing)));
         }
+        if new.task.locked_by.is_some() && task_sql::workflow_paused(conn, &new.task.workflow)? {
+            return Err(Error::Conflict(format!(
+                "workflow {} is paused: task {} waits for a claim instead of being created claimed",
+                new.task.workflow, new.task.id
+            )));
+        }
         task_sql::insert_task(conn, &new.task)?;
         for step in &new.steps {
             task_sql::insert_step(conn, step)?;

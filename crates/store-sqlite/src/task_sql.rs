@@ -1148,6 +1148,13 @@ pub(crate) fn set_workflow_paused(conn: &Connection, change: &WorkflowPause) -> 
     Ok(())
 }
 
+/// Whether `workflow` is paused now.
+pub(crate) fn workflow_paused(conn: &Connection, workflow: &WorkflowName) -> Result<bool> {
+    conn.prepare_cached("SELECT EXISTS (SELECT 1 FROM workflow_pauses WHERE name = ?1 AND paused = 1)")
+        .and_then(|mut stmt| stmt.query_row([workflow.as_str()], |row| row.get(0)))
+        .map_err(sql_error)
+}
+
 pub(crate) fn workflow_pauses(conn: &Connection) -> Result<Vec<WorkflowPause>> {
     let rows = conn
         .prepare_cached("SELECT name, paused, changed_by, reason, changed_at FROM workflow_pauses ORDER BY name")

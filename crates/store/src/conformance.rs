@@ -112,6 +112,7 @@ macro_rules! conformance_suite {
             a_steady_stream_of_high_priorities_lets_an_old_low_task_through,
             a_paused_task_is_never_claimed_and_keeps_its_mark,
             a_paused_workflows_tasks_are_not_claimed_until_it_is_resumed,
+            a_task_created_claimed_is_refused_while_its_workflow_is_paused,
             concurrent_claims_never_share_a_task,
             a_concurrency_key_starts_its_tasks_in_order_up_to_its_limit_without_blocking_others,
             a_concurrency_slot_is_freed_by_the_write_that_ends_its_task,
@@ -2172,6 +2173,59 @@ pub async fn a_paused_workflows_tasks_are_not_claimed_until_it_is_resumed(harnes
     claimed.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
     assert_eq!(task_ids(&claimed), ["wp-before", "wp-during", "wp-undo"], "resumed, its tasks are claimed");
     ok(store.set_workflow_paused(&change(true, "cy", None)).await, "a resumed workflow can be paused again");
+}
+
+/// A task created already claimed (its submitter's Scheduler taking it in
+/// the creating commit) is stored as given, held by its owner and not
+/// claimable; while its workflow is paused it is refused with `Conflict`
+/// and nothing of it is written (task, steps, history, messages), so the
+/// submitter creates it Pending instead, and that one waits for the resume.
+pub async fn a_task_created_claimed_is_refused_while_its_workflow_is_paused(harness: &dyn Harness) {
+    let store = harness.open().await;
+    let clock = harness.clock();
+    let owner = instance("scheduler-eager");
+    let other = instance("scheduler-other");
+    let doorbells = queue("eager-doorbells");
+    let claimed_new = |id: &str| {
+        let mut new = new_task(id, "order", &["charge"], clock.now());
+        let (claimed, _) = ok(new.task.claim(owner.clone(), clock.now(), SECOND * 10), "model claim");
+        new.task = claimed;
+        new.events.push(Event::task(&new.task.id, clock.now(), EventKind::Claimed, json!({ "owner": owner.as_str(), "lease_epoch": 1 })));
+        new.messages.push((doorbells.clone(), labelled(id)));
+        new
+    };
+
+    create(&store, claimed_new("ec-running")).await;
+    let running = stored(&store, &task_id("ec-running")).await.task;
+    assert_eq!(
+        (running.state, running.locked_by.as_ref(), running.lease_epoch, running.complete_by),
+        (TaskState::Processing, Some(&owner), 1, Some(clock.now().add(SECOND * 10))),
+        "created as given: held by its owner"
+    );
+    assert_eq!(history_kinds(&store, &task_id("ec-running")).await, [EventKind::Received, EventKind::Claimed]);
+    assert!(claim(&store, &other, SECOND * 60, 10).await.is_empty(), "a task created claimed is not claimable");
+    assert_eq!(labels(&receive_now(&store, &doorbells, 10).await), ["ec-running"], "its message is sent with it");
+
+    let pause = WorkflowPause {
+        workflow: WorkflowName::new("order").expect("valid name"),
+        paused: true,
+        by: "ann".to_owned(),
+        reason: None,
+        at: clock.now(),
+    };
+    ok(store.set_workflow_paused(&pause).await, "pause");
+    let refused = store.create_task(claimed_new("ec-paused")).await;
+    assert!(matches!(refused, Err(Error::Conflict(_))), "created claimed while its workflow is paused: {refused:?}");
+    assert!(ok(store.task(&task_id("ec-paused")).await, "task").is_none(), "the refused task is not stored");
+    assert!(history_kinds(&store, &task_id("ec-paused")).await.is_empty(), "nor its history");
+    assert_nothing_to_receive(&store, &doorbells, "the refused task's message").await;
+
+    create(&store, new_task("ec-paused", "order", &["charge"], clock.now())).await;
+    assert_eq!(stored(&store, &task_id("ec-paused")).await.task.state, TaskState::Pending, "created Pending instead");
+    assert!(claim(&store, &other, SECOND * 60, 10).await.is_empty(), "and left to wait for the resume");
+    let resumed = WorkflowPause { paused: false, at: clock.now(), ..pause };
+    ok(store.set_workflow_paused(&resumed).await, "resume");
+    assert_eq!(task_ids(&claim(&store, &other, SECOND * 60, 10).await), ["ec-paused"], "claimed once resumed");
 }
 
 /// Four concurrent claimers over 100 Pending tasks claim each exactly once.

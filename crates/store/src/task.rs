@@ -527,6 +527,11 @@ pub struct ComponentStatus {
 pub trait Tasks: Send + Sync {
     /// Creates a task with its steps, messages and events in one transaction.
     /// If a task with that id exists, writes nothing and returns it.
+    ///
+    /// A task created already claimed (`locked_by` set: its submitter's own
+    /// Scheduler takes it in the creating commit) is refused with
+    /// `Conflict`, writing nothing, when its workflow is paused: a paused
+    /// workflow's new tasks wait Pending, and only a claim may take them.
     async fn create_task(&self, new: NewTask) -> Result<Created>;
 
     /// A task and its steps, or `None`.
