@@ -13,10 +13,21 @@ use serde_json::{Value, json};
 use crate::completions::Completions;
 use crate::protocol::{self, Doorbell};
 use crate::replies;
+use crate::scheduler::Scheduler;
 use crate::telemetry;
 use crate::workflows::Workflows;
 use crate::{Error, Result};
 use tracing::Instrument;
+
+/// What [`Client::take_at_creation`] did with a submission.
+enum Taken {
+    /// Created claimed, and being started.
+    Created,
+    /// A task with its id existed: nothing was written.
+    Existing(Box<TaskRecord>),
+    /// Not taken: to be created Pending.
+    Not(Box<NewTask>),
+}
 
 /// A request to run a workflow.
 #[derive(Debug, Clone)]
@@ -186,6 +197,9 @@ pub struct Client {
     pub(crate) completions: Option<Completions>,
     /// The largest input a submission may carry, in bytes of JSON.
     pub(crate) input_bytes_max: usize,
+    /// The Scheduler of this process, which may take a submission in the
+    /// commit that creates it (see [`Scheduler::take_at_creation`]).
+    pub(crate) scheduler: Option<Scheduler>,
 }
 
 impl Client {
@@ -193,7 +207,16 @@ impl Client {
     /// [`Client::wait`] is notified; without, it polls the store. It takes
     /// inputs up to [`INPUT_BYTES_MAX_DEFAULT`].
     pub fn new(store: SharedStore, clock: Arc<dyn Clock>, workflows: Workflows, completions: Option<Completions>) -> Self {
-        Client { store, clock, workflows, completions, input_bytes_max: INPUT_BYTES_MAX_DEFAULT }
+        Client { store, clock, workflows, completions, input_bytes_max: INPUT_BYTES_MAX_DEFAULT, scheduler: None }
+    }
+
+    /// Lets `scheduler`, which runs in this process, take what this client
+    /// submits in the commit that creates it, whenever it has no backlog:
+    /// the task is created claimed and started at once, without a doorbell
+    /// and a claim of its own.
+    pub fn with_scheduler(mut self, scheduler: Scheduler) -> Self {
+        self.scheduler = Some(scheduler);
+        self
     }
 
     /// Takes task inputs (and schedule inputs) of up to `bytes` of JSON,
@@ -244,6 +267,11 @@ impl Client {
             let new = self.prepare(submission).await?;
             let (id, version) = (new.task.id.clone(), new.task.workflow_version);
             tracing::Span::current().record("task_id", id.as_str());
+            let new = match self.take_at_creation(new).await? {
+                Taken::Created => return Ok(Submitted { id, created: true, version }),
+                Taken::Existing(existing) => return Ok(Submitted { id, created: false, version: existing.task.workflow_version }),
+                Taken::Not(new) => *new,
+            };
             match self.store.create_task(new).await? {
                 Created::New => Ok(Submitted { id, created: true, version }),
                 // The existing task keeps the version it started with.
@@ -252,6 +280,26 @@ impl Client {
         }
         .instrument(span)
         .await
+    }
+
+    /// Creates `new` claimed by this process's Scheduler when it takes it
+    /// (see [`Scheduler::take_at_creation`]) and starts it; else hands `new`
+    /// back, to be created Pending. A paused workflow's task is handed back
+    /// too: the store refuses to create it claimed.
+    async fn take_at_creation(&self, new: NewTask) -> Result<Taken> {
+        let Some(scheduler) = &self.scheduler else { return Ok(Taken::Not(Box::new(new))) };
+        let Some(taking) = scheduler.take_at_creation().await else { return Ok(Taken::Not(Box::new(new))) };
+        let Some(claimed) = taking.claim(new.clone(), self.clock.now()) else { return Ok(Taken::Not(Box::new(new))) };
+        let record = TaskRecord { task: claimed.task.clone(), steps: claimed.steps.clone() };
+        match self.store.create_task(claimed).await {
+            Ok(Created::New) => {
+                taking.start(record);
+                Ok(Taken::Created)
+            }
+            Ok(Created::Existing(existing)) => Ok(Taken::Existing(existing)),
+            Err(rota_store::Error::Conflict(_)) => Ok(Taken::Not(Box::new(new))),
+            Err(err) => Err(err.into()),
+        }
     }
 
     /// Everything [`Client::submit`] would create, without creating it: for

@@ -190,8 +190,13 @@ impl Engine {
 
     /// A client that submits, cancels, resubmits and waits, notified by this engine.
     pub fn client(&self) -> Client {
-        Client::new(self.store.clone(), self.clock.clone(), self.workflows.clone(), Some(self.completions.clone()))
-            .with_input_bytes_max(self.config.input_bytes_max)
+        let client = Client::new(self.store.clone(), self.clock.clone(), self.workflows.clone(), Some(self.completions.clone()))
+            .with_input_bytes_max(self.config.input_bytes_max);
+        // A Scheduler whose settings are refused fails the engine's run.
+        match self.scheduler() {
+            Ok(Some(scheduler)) => client.with_scheduler(scheduler),
+            _ => client,
+        }
     }
 
     /// The engine's completion notices (for waiting on many tasks at once).

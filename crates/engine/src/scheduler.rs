@@ -12,15 +12,17 @@
 //! steps never run again).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
-use rota_model::{Clock, InstanceId, LeaseToken, QueueName, RetryPolicy, StepName, TaskId, TaskState};
-use rota_store::{Changes, Delivery, Event, EventKind, OldestShare, Outgoing, Receive, SharedStore, TaskFilter, TaskRecord, TaskWrite};
+use rota_model::{Clock, InstanceId, LeaseToken, QueueName, RetryPolicy, StepName, TaskId, TaskState, Timestamp};
+use rota_store::{
+    Changes, Delivery, Event, EventKind, NewTask, OldestShare, Outgoing, Receive, SharedStore, TaskFilter, TaskRecord, TaskWrite,
+};
 use serde_json::json;
 use tokio::task::JoinSet;
 use tracing::Instrument;
@@ -289,6 +291,54 @@ impl Drop for Turn<'_> {
     }
 }
 
+/// A task being taken at its creation by the Scheduler of the process
+/// that submits it ([`Scheduler::take_at_creation`]). While it lives, that
+/// Scheduler does not give its tasks back at shutdown.
+pub(crate) struct TakeAtCreation {
+    scheduler: Scheduler,
+    _open: tokio::sync::OwnedRwLockReadGuard<bool>,
+}
+
+impl TakeAtCreation {
+    /// `new` as a claim by this Scheduler would leave it, created so in one
+    /// commit: claimed (held, `Processing`, the claim's lease), with the
+    /// claim's `claimed` event after its `received` one and without the
+    /// doorbell that would have woken a claim. `None` when a claim could
+    /// not take it now (not due yet, paused, or under a concurrency key,
+    /// whose slots only a claim hands out).
+    pub(crate) fn claim(&self, mut new: NewTask, now: Timestamp) -> Option<NewTask> {
+        let config = &self.scheduler.inner.config;
+        if new.task.concurrency.is_some() || new.task.parent.is_some() {
+            return None;
+        }
+        let (claimed, fence) = new.task.claim(config.instance.clone(), now, config.claim_lease).ok()?;
+        new.task = claimed;
+        let detail = json!({ "owner": config.instance.as_str(), "lease_epoch": fence.epoch });
+        new.events.push(Event::task(&new.task.id, now, EventKind::Claimed, detail));
+        let doorbells = protocol::tasks_queue();
+        new.messages.retain(|(queue, _)| *queue != doorbells);
+        Some(new)
+    }
+
+    /// Starts the task created claimed, as a claim starts what it took.
+    pub(crate) fn start(self, record: TaskRecord) {
+        let TakeAtCreation { scheduler, _open: open } = self;
+        scheduler.inner.taken_at_creation.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(telemetry::CLAIMED_AT_CREATION).increment(1);
+        let span = tracing::debug_span!("rota.scheduler.start", task_id = %record.task.id, workflow = %record.task.workflow);
+        tokio::spawn(
+            async move {
+                let id = record.task.id.clone();
+                if let Err(err) = scheduler.start(&id, Some(record)).await {
+                    tracing::warn!("starting task {id}: {err}");
+                }
+                drop(open);
+            }
+            .instrument(span),
+        );
+    }
+}
+
 /// What handling one input did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Handled {
@@ -322,6 +372,17 @@ struct Inner {
     /// Whether replies may be decided in-process: until [`Scheduler::run`]
     /// gives its tasks back at shutdown.
     deciding: AtomicBool,
+    /// Whether submissions of this process may be taken at their creation
+    /// (see [`Scheduler::take_at_creation`]): true while the claim loop
+    /// runs. Each taking holds it for reading until its start is decided,
+    /// so that the shutdown, which closes it for writing, gives back every
+    /// task so taken.
+    intake: Arc<tokio::sync::RwLock<bool>>,
+    /// Whether the last claim took a full batch (or none ran yet): there may
+    /// be claimable tasks waiting, which a new submission must not pass.
+    backlog: AtomicBool,
+    /// Tasks taken at their creation, ever.
+    taken_at_creation: AtomicU64,
 }
 
 impl Scheduler {
@@ -345,6 +406,9 @@ impl Scheduler {
                 saturation: Saturation::new(config.agent_backlog_max),
                 turns: Turns::default(),
                 deciding: AtomicBool::new(true),
+                intake: Arc::new(tokio::sync::RwLock::new(false)),
+                backlog: AtomicBool::new(true),
+                taken_at_creation: AtomicU64::new(0),
                 config,
             }),
         })
@@ -381,7 +445,11 @@ impl Scheduler {
         let children_shutdown = shutdown.clone();
         let mut children_run = JoinSet::new();
         children_run.spawn(async move { children.run(children_handler, children_shutdown).await });
+        *self.inner.intake.write().await = true;
         let claims = self.claim_loop(shutdown).await;
+        // Waits for the tasks being taken at their creation to be started,
+        // so that the tasks given back below include them.
+        *self.inner.intake.write().await = false;
         let inbox =
             inbox_run.join_next().await.expect("one inbox consumer").map_err(|e| Error::Config(format!("inbox consumer panicked: {e}")))?;
         let children = children_run
@@ -486,6 +554,7 @@ impl Scheduler {
         // The claim returns the tasks' steps too: a start reads nothing.
         let claimed = inner.store.claim_records_by(&inner.config.instance, inner.config.claim_lease, claim).await?;
         let count = claimed.len();
+        inner.backlog.store(count >= inner.config.claim_batch as usize, Ordering::Relaxed);
         inner.oldest_share.lock().expect("the oldest share").record(count);
         let mut starts = JoinSet::new();
         for record in claimed {
@@ -507,6 +576,27 @@ impl Scheduler {
         }
         while starts.join_next().await.is_some() {}
         Ok(count)
+    }
+
+    /// Reserves the taking of a task submitted in this process at its
+    /// creation: the task is created claimed by this Scheduler (see
+    /// [`TakeAtCreation::claim`]) and started at once, saving its doorbell,
+    /// the claim and a commit. Only while the claim loop runs, its last
+    /// claim left nothing claimable behind (a new task must not pass waiting
+    /// ones) and the agents keep up; otherwise `None`, and the task is
+    /// created Pending for a claim, as from any other process.
+    pub(crate) async fn take_at_creation(&self) -> Option<TakeAtCreation> {
+        let inner = &self.inner;
+        let open = inner.intake.clone().try_read_owned().ok().filter(|open| **open)?;
+        if inner.backlog.load(Ordering::Relaxed) || inner.saturation.saturated(&inner.store).await {
+            return None;
+        }
+        Some(TakeAtCreation { scheduler: self.clone(), _open: open })
+    }
+
+    /// How many tasks this Scheduler took at their creation.
+    pub fn taken_at_creation(&self) -> u64 {
+        self.inner.taken_at_creation.load(Ordering::Relaxed)
     }
 
     /// The trace context the task's submit left in its `received` event.

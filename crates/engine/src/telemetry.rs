@@ -66,6 +66,10 @@ pub const CLAIMS_HELD_BACK: &str = "rota_scheduler_claims_held_back";
 /// `ignored`, `lost_race`, `failed`: the last two then go through the
 /// inbox).
 pub const REPLIES_DECIDED_IN_PROCESS: &str = "rota_scheduler_replies_in_process_total";
+/// Counter: tasks this process's Scheduler took in the commit that created
+/// them (submitted here while it had no backlog), without a doorbell and a
+/// claim.
+pub const CLAIMED_AT_CREATION: &str = "rota_scheduler_claimed_at_creation_total";
 /// How a step's attempt ended, as the `outcome` label of [`STEP_DURATION`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StepOutcome {
