@@ -21,7 +21,7 @@ use tracing::Instrument;
 
 /// What [`Client::take_at_creation`] did with a submission.
 enum Taken {
-    /// Created claimed, and being started.
+    /// Created claimed (and started, or being started).
     Created,
     /// A task with its id existed: nothing was written.
     Existing(Box<TaskRecord>),
@@ -288,12 +288,11 @@ impl Client {
     /// too: the store refuses to create it claimed.
     async fn take_at_creation(&self, new: NewTask) -> Result<Taken> {
         let Some(scheduler) = &self.scheduler else { return Ok(Taken::Not(Box::new(new))) };
-        let Some(taking) = scheduler.take_at_creation().await else { return Ok(Taken::Not(Box::new(new))) };
-        let Some(claimed) = taking.claim(new.clone(), self.clock.now()) else { return Ok(Taken::Not(Box::new(new))) };
-        let record = TaskRecord { task: claimed.task.clone(), steps: claimed.steps.clone() };
-        match self.store.create_task(claimed).await {
+        let Some(mut taking) = scheduler.take_at_creation().await else { return Ok(Taken::Not(Box::new(new))) };
+        let Some(taken) = taking.take(new.clone(), self.clock.now()).await else { return Ok(Taken::Not(Box::new(new))) };
+        match self.store.create_task(taken).await {
             Ok(Created::New) => {
-                taking.start(record);
+                taking.created();
                 Ok(Taken::Created)
             }
             Ok(Created::Existing(existing)) => Ok(Taken::Existing(existing)),

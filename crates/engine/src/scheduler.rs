@@ -297,34 +297,65 @@ impl Drop for Turn<'_> {
 pub(crate) struct TakeAtCreation {
     scheduler: Scheduler,
     _open: tokio::sync::OwnedRwLockReadGuard<bool>,
+    /// The task as claimed, before its start: what a start after the
+    /// creation decides on when the start could not go into it.
+    claimed: Option<TaskRecord>,
+    /// The task after its start, when the start goes into the creation,
+    /// and the queues the start sends to.
+    started: Option<(TaskRecord, Vec<QueueName>)>,
 }
 
 impl TakeAtCreation {
-    /// `new` as a claim by this Scheduler would leave it, created so in one
-    /// commit: claimed (held, `Processing`, the claim's lease), with the
-    /// claim's `claimed` event after its `received` one and without the
-    /// doorbell that would have woken a claim. `None` when a claim could
-    /// not take it now (not due yet, paused, or under a concurrency key,
-    /// whose slots only a claim hands out).
-    pub(crate) fn claim(&self, mut new: NewTask, now: Timestamp) -> Option<NewTask> {
-        let config = &self.scheduler.inner.config;
+    /// `new` as this Scheduler leaves it by claiming it and deciding its
+    /// start, to be created so in one commit: held, its first steps sent,
+    /// with the claim's `claimed` event after `received` and the start's
+    /// events after that, without the doorbell that would have woken a
+    /// claim. When the start cannot go into the creation (it ends the task,
+    /// or consumes a message), only the claim does, and the start follows
+    /// the creation ([`TakeAtCreation::created`]). `None` when a claim could
+    /// not take the task now (not due yet, paused, or under a concurrency
+    /// key, whose slots only a claim hands out), or it is a child
+    /// workflow's.
+    pub(crate) async fn take(&mut self, mut new: NewTask, now: Timestamp) -> Option<NewTask> {
+        let inner = &self.scheduler.inner;
         if new.task.concurrency.is_some() || new.task.parent.is_some() {
             return None;
         }
-        let (claimed, fence) = new.task.claim(config.instance.clone(), now, config.claim_lease).ok()?;
+        let (claimed, fence) = new.task.claim(inner.config.instance.clone(), now, inner.config.claim_lease).ok()?;
         new.task = claimed;
-        let detail = json!({ "owner": config.instance.as_str(), "lease_epoch": fence.epoch });
+        let detail = json!({ "owner": inner.config.instance.as_str(), "lease_epoch": fence.epoch });
         new.events.push(Event::task(&new.task.id, now, EventKind::Claimed, detail));
         let doorbells = protocol::tasks_queue();
         new.messages.retain(|(queue, _)| *queue != doorbells);
+        let record = TaskRecord { task: new.task.clone(), steps: new.steps.clone() };
+        if let Some(mut changes) = self.scheduler.decide_start(&record, now).await {
+            replies::attach(&mut changes);
+            let patch = Records::patch(&record, &changes, &inner.config.instance);
+            if let (Some(patch), Some(started)) = (patch, started_with(new.clone(), &changes)) {
+                let sent_to = changes.send.iter().map(|(queue, _)| queue.clone()).collect();
+                self.started = Some((patch.apply(record), sent_to));
+                return Some(started);
+            }
+        }
+        self.claimed = Some(record);
         Some(new)
     }
 
-    /// Starts the task created claimed, as a claim starts what it took.
-    pub(crate) fn start(self, record: TaskRecord) {
-        let TakeAtCreation { scheduler, _open: open } = self;
-        scheduler.inner.taken_at_creation.fetch_add(1, Ordering::Relaxed);
+    /// The task was created as [`TakeAtCreation::take`] made it: keeps the
+    /// record of its start, or starts it now, as a claim starts what it
+    /// took.
+    pub(crate) fn created(self) {
+        let TakeAtCreation { scheduler, _open: open, claimed, started } = self;
+        let inner = &scheduler.inner;
+        inner.taken_at_creation.fetch_add(1, Ordering::Relaxed);
         metrics::counter!(telemetry::CLAIMED_AT_CREATION).increment(1);
+        if let Some((started, sent_to)) = started {
+            inner.saturation.sending(sent_to.iter());
+            inner.saturation.decided(false);
+            inner.records.keep(&started.task.id.clone(), Some(started));
+            return;
+        }
+        let Some(record) = claimed else { return };
         let span = tracing::debug_span!("rota.scheduler.start", task_id = %record.task.id, workflow = %record.task.workflow);
         tokio::spawn(
             async move {
@@ -337,6 +368,30 @@ impl TakeAtCreation {
             .instrument(span),
         );
     }
+}
+
+/// `new`, created claimed, with its start's `changes` applied: `None` when
+/// they do more than write this task and send (they consume a message), or
+/// leave it unheld (ended at its start: such a task is started after its
+/// creation, so that the store's check of a paused workflow still applies).
+fn started_with(mut new: NewTask, changes: &Changes) -> Option<NewTask> {
+    if !changes.complete.is_empty() {
+        return None;
+    }
+    for write in &changes.tasks {
+        if write.task.id != new.task.id {
+            return None;
+        }
+        new.task = write.task.clone();
+    }
+    for write in &changes.steps {
+        let step = new.steps.iter_mut().find(|s| s.task_id == write.step.task_id && s.name == write.step.name)?;
+        *step = write.step.clone();
+    }
+    new.steps.extend(changes.new_steps.iter().cloned());
+    new.events.extend(changes.events.iter().cloned());
+    new.messages.extend(changes.send.iter().cloned());
+    (new.task.locked_by.is_some() && !new.task.state.is_terminal()).then_some(new)
 }
 
 /// What handling one input did.
@@ -591,7 +646,7 @@ impl Scheduler {
         if inner.backlog.load(Ordering::Relaxed) || inner.saturation.saturated(&inner.store).await {
             return None;
         }
-        Some(TakeAtCreation { scheduler: self.clone(), _open: open })
+        Some(TakeAtCreation { scheduler: self.clone(), _open: open, claimed: None, started: None })
     }
 
     /// How many tasks this Scheduler took at their creation.
@@ -740,6 +795,32 @@ impl Scheduler {
                 let reply = InboxMessage::Reply(crate::child::refusal(id, step, attempt, error));
                 Box::pin(self.decide(&reply, settle)).await
             }
+        }
+    }
+
+    /// The start a claim of `record` (just claimed, Processing) leads to,
+    /// when there is something to commit.
+    async fn decide_start(&self, record: &TaskRecord, now: Timestamp) -> Option<Changes> {
+        let inner = &self.inner;
+        let workflow = inner.workflows.get(&record.task.workflow, Some(record.task.workflow_version)).await.ok()?;
+        let traceparent = telemetry::current_traceparent();
+        let cx = plan::Context {
+            workflow: &workflow,
+            me: &inner.config.instance,
+            inbox: &inner.inbox,
+            now,
+            recovery: &inner.config.recovery,
+            traceparent: traceparent.as_deref(),
+            callback_key: inner.config.callback_key.as_bytes(),
+            for_each_items_max: inner.config.for_each_items_max,
+        };
+        let decision = {
+            let mut rng = inner.rng.lock().expect("scheduler rng");
+            plan::decide(record, &[], Input::Claimed, &cx, &mut *rng)
+        };
+        match decision {
+            Decision::Commit(changes) => Some(*changes),
+            Decision::Ignore(_) => None,
         }
     }
 

@@ -37,12 +37,34 @@ impl Agent for Echo {
     }
 }
 
+/// Holds every call until the test opens it.
+#[derive(Default)]
+struct Gate {
+    open: std::sync::atomic::AtomicBool,
+}
+
+#[rota_engine::async_trait]
+impl Agent for Gate {
+    fn name(&self) -> &str {
+        "gate"
+    }
+
+    async fn call(&self, request: &Request) -> Result<Value, StepError> {
+        while !self.open.load(std::sync::atomic::Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok(request.input.clone())
+    }
+}
+
 fn workflow(name: &str, concurrency_key: bool) -> Workflow {
-    let mut builder = Workflow::builder(name, 1).step(StepDef::new("only", "echo"));
+    let agent = if name == "gated" { "gate" } else { "echo" };
+    let mut builder = Workflow::builder(name, 1).step(StepDef::new("only", agent));
     if concurrency_key {
         builder = builder.concurrency("input.key", 1);
     }
-    builder.build(&AgentCatalog::builtin().with(AgentName::new("echo").unwrap())).unwrap()
+    let catalog = AgentCatalog::builtin().with(AgentName::new("echo").unwrap()).with(AgentName::new("gate").unwrap());
+    builder.build(&catalog).unwrap()
 }
 
 struct Rig {
@@ -50,6 +72,7 @@ struct Rig {
     store: SharedStore,
     client: Client,
     scheduler: Scheduler,
+    gate: Arc<Gate>,
     shutdown: Shutdown,
     running: tokio::task::JoinHandle<rota_engine::Result<()>>,
 }
@@ -62,8 +85,11 @@ impl Rig {
         let mut config = Config::new(InstanceId::new("solo").unwrap());
         config.roles = Roles { supervisor: false, ..Roles::ALL };
         config.scheduler.claim_wait = Duration::from_millis(50);
+        let gate = Arc::new(Gate::default());
         let engine = Engine::new(store.clone(), clock.clone(), config)
             .agent(Arc::new(Echo))
+            .agent(gate.clone())
+            .workflow(workflow("gated", false))
             .workflow(workflow("plain", false))
             .workflow(workflow("keyed", true));
         engine.register_workflows().await.unwrap();
@@ -71,7 +97,7 @@ impl Rig {
         let scheduler = engine.scheduler().unwrap().expect("the engine runs a Scheduler");
         let shutdown = Shutdown::new();
         let running = tokio::spawn(engine.run(shutdown.clone()));
-        Some(Rig { _db: db, store, client, scheduler, shutdown, running })
+        Some(Rig { _db: db, store, client, scheduler, gate, shutdown, running })
     }
 
     async fn submit(&self, workflow: &str, id: &str) -> TaskId {
@@ -127,6 +153,27 @@ async fn a_submission_is_claimed_in_the_commit_that_creates_it(backend: Backend)
     rig.stop().await;
 }
 
+/// The creating commit also starts the task: when the submission returns,
+/// its first step's request is out, with the start's history, before any
+/// other commit of the Scheduler.
+async fn the_creating_commit_sends_the_first_step(backend: Backend) {
+    let Some(rig) = Rig::new(backend).await else { return };
+    rig.settled().await;
+    let id = rig.submit("gated", "gated-1").await;
+    let record = rig.store.task(&id).await.unwrap().unwrap();
+    assert_eq!(
+        (record.task.state, record.task.locked_by.as_ref().map(|o| o.as_str())),
+        (TaskState::Processing, Some("solo")),
+        "held by the Scheduler that took it"
+    );
+    let step = &record.steps[0];
+    assert_eq!((step.state, step.attempt), (rota_model::StepState::Running, 1), "its step runs");
+    assert_eq!(rig.kinds(&id).await, [EventKind::Received, EventKind::Claimed, EventKind::StepStarted]);
+    rig.gate.open.store(true, std::sync::atomic::Ordering::Relaxed);
+    rig.finished(&id).await;
+    rig.stop().await;
+}
+
 async fn a_paused_workflows_submission_waits_pending_for_the_resume(backend: Backend) {
     let Some(rig) = Rig::new(backend).await else { return };
     rig.settled().await;
@@ -163,6 +210,7 @@ async fn a_task_under_a_concurrency_key_is_left_to_a_claim(backend: Backend) {
 
 on_each_backend!(
     a_submission_is_claimed_in_the_commit_that_creates_it,
+    the_creating_commit_sends_the_first_step,
     a_paused_workflows_submission_waits_pending_for_the_resume,
     a_task_under_a_concurrency_key_is_left_to_a_claim,
 );
