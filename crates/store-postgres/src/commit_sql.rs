@@ -240,9 +240,10 @@ pub(crate) async fn create_tasks(
     conn: &mut PgConnection,
     n: &Names,
     parts: &[NewPart<'_>],
+    leases: &[Option<Lease>],
     queue_ids: &HashMap<QueueName, i64>,
     now: Timestamp,
-) -> Result<(Vec<String>, Vec<QueueName>)> {
+) -> Result<(Vec<String>, Vec<QueueName>, Vec<Leased>)> {
     let queue_id = |queue: &QueueName| -> Result<i64> {
         queue_ids.get(queue).copied().ok_or_else(|| Error::Backend(format!("queue {queue} has no known id")).into())
     };
@@ -250,8 +251,8 @@ pub(crate) async fn create_tasks(
     let steps: Vec<_> = parts.iter().flat_map(|(new, _)| &new.steps).collect();
     // Each event and message goes with the task whose creation writes it.
     let events: Vec<_> = parts.iter().flat_map(|(new, _)| new.events.iter().map(|event| (&new.task.id, event))).collect();
-    let messages =
-        parts.iter().flat_map(|(new, ids)| new.messages.iter().zip(ids.iter()).map(|(m, id)| (new.task.id.as_str(), m, id, None)));
+    let messages = parts.iter().flat_map(|(new, ids)| new.messages.iter().zip(ids.iter()).map(|(m, id)| (new.task.id.as_str(), m, id)));
+    let messages = messages.enumerate().map(|(index, (owner, m, id))| (owner, m, id, leases.get(index).and_then(Option::as_ref)));
     let sends = Sends::new(messages, &queue_id, now)?;
     let mut params = Params::default();
     let p = CreateParams {
@@ -283,11 +284,23 @@ pub(crate) async fn create_tasks(
         sends: SendArrays::push(&mut params, &sends)?,
         event_owner: params.array(events.iter().map(|(owner, _)| owner.as_str()).collect::<Vec<_>>(), "text[]")?,
         send_owner: params.array(&sends.owners, "text[]")?,
+        handoffs: if sends.hands_over() { Some(HandoffArrays::push(&mut params, &sends)?) } else { None },
     };
     static CREATE: Statement = Statement::new();
-    let sql = CREATE.text(|| create_sql(&p));
-    let row: (Vec<String>, Vec<i64>) = sqlx::query_as_with(n.sql(sql), params.into_arguments()).fetch_one(&mut *conn).await?;
-    Ok((row.0, queues_named(queue_ids, &row.1)))
+    static CREATE_HANDING_OVER: Statement = Statement::new();
+    if p.handoffs.is_none() {
+        let sql = CREATE.text(|| create_sql(&p));
+        let row: (Vec<String>, Vec<i64>) = sqlx::query_as_with(n.sql(sql), params.into_arguments()).fetch_one(&mut *conn).await?;
+        return Ok((row.0, queues_named(queue_ids, &row.1), Vec::new()));
+    }
+    let sql = CREATE_HANDING_OVER.text(|| create_sql(&p));
+    type Row = (Vec<String>, Vec<i64>, Vec<i64>, Vec<String>, Vec<i64>, Vec<i64>);
+    let (inserted, sent_to, leased_queues, leased_ids, seqs, lease_untils) =
+        sqlx::query_as_with::<_, Row, _>(n.sql(sql), params.into_arguments()).fetch_one(&mut *conn).await?;
+    let leased = (leased_queues.into_iter().zip(leased_ids).zip(seqs).zip(lease_untils))
+        .map(|(((queue_id, id), seq), lease_until)| Leased { queue_id, id, seq, lease_until })
+        .collect();
+    Ok((inserted, queues_named(queue_ids, &sent_to), leased))
 }
 
 /// The parameters of the creation statement.
@@ -323,6 +336,9 @@ struct CreateParams {
     event_owner: Array,
     /// The task each message goes with.
     send_owner: Array,
+    /// The leases of the messages handed to receivers waiting in this
+    /// process, when some are (see `handoff`).
+    handoffs: Option<HandoffArrays>,
 }
 
 /// The creation statement: the tasks not created yet, then only their
@@ -334,7 +350,7 @@ fn create_sql(p: &CreateParams) -> String {
     let (reply_queue, submitter, tags, priority) = (p.reply_queue, p.submitter, p.tags, p.priority);
     let (concurrency_key, concurrency_limit) = (p.concurrency_key, p.concurrency_limit);
     let (parent_id, parent_step, parent_attempt, depth) = (p.parent_id, p.parent_step, p.parent_attempt, p.depth);
-    let SendArrays { queue_id, id, keyed, body, ordering_key, visible_at, reply_to, correlation_id } = &p.sends;
+    let SendArrays { queue_id, id, keyed, .. } = &p.sends;
     format!(
         "WITH
          inserted AS (
@@ -386,16 +402,61 @@ fn create_sql(p: &CreateParams) -> String {
               WHERE m.keyed AND m.owner IN (SELECT id FROM inserted)
              ON CONFLICT (queue_id, id) DO UPDATE SET expires_at = excluded.expires_at WHERE rota.message_ids.expires_at <= {now}
              RETURNING queue_id, id),
-         sent AS (
+         {sent})
+         SELECT ARRAY(SELECT id FROM inserted), ARRAY(SELECT DISTINCT queue_id FROM sent){leased}",
+        event_task = p.events.task_id(),
+        sent = create_sends_sql(p),
+        leased = match p.handoffs {
+            Some(_) => {
+                ",
+                ARRAY(SELECT queue_id FROM sent WHERE lease_until IS NOT NULL ORDER BY seq),
+                ARRAY(SELECT id FROM sent WHERE lease_until IS NOT NULL ORDER BY seq),
+                ARRAY(SELECT seq FROM sent WHERE lease_until IS NOT NULL ORDER BY seq),
+                ARRAY(SELECT lease_until FROM sent WHERE lease_until IS NOT NULL ORDER BY seq)"
+            }
+            None => "",
+        },
+    )
+}
+
+/// The creation statement's CTE `sent`: the messages of the tasks it
+/// inserted, those handed over inserted leased to their receivers, as a
+/// commit's are (see `commit_sends_sql`).
+fn create_sends_sql(p: &CreateParams) -> String {
+    let SendArrays { queue_id, id, keyed, body, ordering_key, visible_at, reply_to, correlation_id } = &p.sends;
+    let (now, send_owner) = (p.now, p.send_owner);
+    let Some(HandoffArrays { handoff, owner, lease_ms, epoch }) = &p.handoffs else {
+        return format!(
+            "sent AS (
              INSERT INTO rota.messages (queue_id, id, body, ordering_key, enqueued_at, visible_at, reply_to, correlation_id)
              SELECT m.queue_id, m.id, m.body, m.ordering_key, {now}, m.visible_at, m.reply_to, m.correlation_id
                FROM unnest({queue_id}, {id}, {keyed}, {body}, {ordering_key}, {visible_at}, {send_owner}, {reply_to}, {correlation_id})
-                    WITH ORDINALITY AS m(queue_id, id, keyed, body, ordering_key, visible_at, owner, reply_to, correlation_id, position)
-              WHERE m.owner IN (SELECT id FROM inserted) AND (NOT m.keyed OR (m.queue_id, m.id) IN (SELECT queue_id, id FROM fresh))
+                    WITH ORDINALITY AS m(queue_id, id, keyed, body, ordering_key, visible_at, task, reply_to, correlation_id, position)
+              WHERE m.task IN (SELECT id FROM inserted) AND (NOT m.keyed OR (m.queue_id, m.id) IN (SELECT queue_id, id FROM fresh))
               ORDER BY m.position
-          RETURNING queue_id)
-         SELECT ARRAY(SELECT id FROM inserted), ARRAY(SELECT DISTINCT queue_id FROM sent)",
-        event_task = p.events.task_id(),
+          RETURNING queue_id"
+        );
+    };
+    format!(
+        "sent AS (
+             INSERT INTO rota.messages (queue_id, id, body, ordering_key, enqueued_at, visible_at, delivery_count, lease_epoch,
+                                        lease_owner, lease_until, reply_to, correlation_id)
+             SELECT m.queue_id, m.id, m.body, m.ordering_key, {now}, COALESCE(h.until, m.visible_at),
+                    CASE WHEN h.until IS NULL THEN 0 ELSE 1 END, CASE WHEN h.until IS NULL THEN 0 ELSE m.epoch END,
+                    CASE WHEN h.until IS NULL THEN NULL ELSE m.owner END, h.until, m.reply_to, m.correlation_id
+               FROM unnest({queue_id}, {id}, {keyed}, {body}, {ordering_key}, {visible_at}, {send_owner}, {reply_to}, {correlation_id},
+                           {handoff}, {owner}, {lease_ms}, {epoch}) WITH ORDINALITY
+                    AS m(queue_id, id, keyed, body, ordering_key, visible_at, task, reply_to, correlation_id, handoff, owner, lease_ms,
+                         epoch, position)
+              CROSS JOIN LATERAL (SELECT CASE WHEN m.handoff AND NOT q.paused
+                                               AND (m.ordering_key IS NULL
+                                                    OR NOT EXISTS (SELECT 1 FROM rota.messages AS k
+                                                                    WHERE k.queue_id = q.id AND k.ordering_key = m.ordering_key))
+                                          THEN {now} + COALESCE(m.lease_ms, q.lease_ms) END AS until
+                                    FROM rota.queues AS q WHERE q.id = m.queue_id OFFSET 0) AS h
+              WHERE m.task IN (SELECT id FROM inserted) AND (NOT m.keyed OR (m.queue_id, m.id) IN (SELECT queue_id, id FROM fresh))
+              ORDER BY m.position
+          RETURNING queue_id, id, seq, lease_until"
     )
 }
 

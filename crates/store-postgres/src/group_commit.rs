@@ -26,7 +26,9 @@
 //! A commit that goes out alone hands its messages to the receivers waiting
 //! in this process (see `handoff`): a lone workflow's next step reaches its
 //! agent, and the agent's reply its Scheduler, the moment the commit
-//! returns, without a wake-up and a receive statement. A batch of several
+//! returns, without a wake-up and a receive statement; so does a task
+//! creation alone (a submission's doorbell, or the first request of a task
+//! created started by its own process's Scheduler). A batch of several
 //! commits does not: its receivers would wait for the whole batch, and
 //! consumers handed one message at a time would stop taking them in
 //! batches, which cost throughput when measured with fifty workflows in
@@ -286,7 +288,12 @@ impl Committer {
         self.stats.creates.fetch_add(batch.len() as u64, Ordering::Relaxed);
         for group in statement_groups(batch) {
             metrics::histogram!(CREATE_BATCH_METRIC).record(group.len() as f64);
-            let outcome = self.create_statement(&group).await;
+            if let [alone] = group.as_slice() {
+                let outcome = self.create_alone(alone).await;
+                let _ = group.into_iter().next().expect("one creation").done.send(outcome);
+                continue;
+            }
+            let outcome = self.create_statement(&group, &[]).await.map(|(outcomes, _)| outcomes);
             match outcome {
                 Ok(outcomes) => {
                     for (pending, outcome) in group.into_iter().zip(outcomes) {
@@ -295,8 +302,8 @@ impl Committer {
                 }
                 Err(fail) if group.len() > 1 && fail.is_refused_by_server() => {
                     for pending in group {
-                        let outcome = self.create_statement(std::slice::from_ref(&pending)).await;
-                        let outcome = outcome.map(|mut outcomes| outcomes.remove(0)).map_err(Fail::into_store);
+                        let outcome = self.create_statement(std::slice::from_ref(&pending), &[]).await;
+                        let outcome = outcome.map(|(mut outcomes, _)| outcomes.remove(0)).map_err(Fail::into_store);
                         let _ = pending.done.send(outcome);
                     }
                 }
@@ -310,11 +317,33 @@ impl Committer {
         }
     }
 
+    /// A creation in a statement of its own: it hands its messages to the
+    /// receivers waiting in this process, as a commit alone does (a
+    /// submission's doorbell to its Scheduler, the first step's request of
+    /// a task created started to its agent).
+    async fn create_alone(&self, pending: &PendingCreate) -> Result<(Created, Vec<QueueName>), Error> {
+        let sends = pending.new.messages.iter().zip(&pending.send_ids).map(|((queue, message), id)| (queue, message, id));
+        let handoffs = self.waiting.plan(sends);
+        let now = self.clock.now();
+        let (mut outcomes, leased) =
+            self.create_statement(std::slice::from_ref(pending), &handoffs.leases).await.map_err(Fail::into_store)?;
+        self.stats.handed_over.fetch_add(leased.len() as u64, Ordering::Relaxed);
+        handoffs.deliver(&leased, &pending.queue_ids, now, &self.give_back);
+        let (created, sent_to) = outcomes.remove(0);
+        let sends = pending.new.messages.iter().map(|(queue, _)| queue).zip(&pending.send_ids);
+        Ok((created, crate::handoff::not_all_handed(sent_to, sends, &leased, &pending.queue_ids)))
+    }
+
     /// Runs one create statement (again when PostgreSQL aborted it to break
     /// a deadlock) and reads the tasks that existed already. Returns each
-    /// creation's outcome, in order; the queues that got new messages go
-    /// with the first.
-    async fn create_statement(&self, group: &[PendingCreate]) -> Result<Vec<(Created, Vec<QueueName>)>> {
+    /// creation's outcome, in order (the queues that got new messages go
+    /// with the first), and the messages inserted leased (those `leases`,
+    /// lined up with the creations' messages, hand over).
+    async fn create_statement(
+        &self,
+        group: &[PendingCreate],
+        leases: &[Option<Lease>],
+    ) -> Result<(Vec<(Created, Vec<QueueName>)>, Vec<Leased>)> {
         metrics::counter!(CREATE_STATEMENTS_METRIC).increment(1);
         self.stats.create_statements.fetch_add(1, Ordering::Relaxed);
         let mut queue_ids = HashMap::new();
@@ -326,7 +355,8 @@ impl Committer {
         loop {
             let mut conn = self.connections.acquire().await?;
             let attempt: Result<_> = async {
-                let (inserted, sent_to) = commit_sql::create_tasks(&mut conn, &self.names, &parts, &queue_ids, self.clock.now()).await?;
+                let (inserted, sent_to, leased) =
+                    commit_sql::create_tasks(&mut conn, &self.names, &parts, leases, &queue_ids, self.clock.now()).await?;
                 let existing: Vec<TaskId> =
                     group.iter().map(|p| &p.new.task.id).filter(|id| !inserted.iter().any(|i| i == id.as_str())).cloned().collect();
                 let mut found =
@@ -345,7 +375,7 @@ impl Committer {
                     };
                     outcomes.push((created, sent_to.take().unwrap_or_default()));
                 }
-                Ok(outcomes)
+                Ok((outcomes, leased))
             }
             .await;
             conn.finished(&attempt);

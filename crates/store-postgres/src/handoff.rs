@@ -9,8 +9,8 @@
 //! latency of a queue is one commit). Receivers in other processes are woken
 //! by NOTIFY and lease with a statement as before.
 //!
-//! Commits (`Tasks::commit`) hand over only when they go out alone (see
-//! `group_commit`): a receiver taken by a batch would wait for the whole
+//! Commits (`Tasks::commit`) and task creations hand over only when they
+//! go out alone (see `group_commit`): a receiver taken by a batch would wait for the whole
 //! batch, and consumers handed one message at a time stop taking them in
 //! batches, which cost throughput when measured with fifty workflows in
 //! flight.

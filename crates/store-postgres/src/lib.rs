@@ -701,7 +701,9 @@ impl PgStore {
             }
         }
         let send_ids: Vec<MessageId> = new.messages.iter().map(|(_, message)| Self::message_id(message)).collect();
-        let (created, sent_to) = commit_sql::create_tasks(conn, &self.names, &[(new, &send_ids)], &queue_ids, now).await?;
+        // The caller commits, so nothing is handed over: a receiver handed a
+        // message would hold it before it exists for anyone.
+        let (created, sent_to, _) = commit_sql::create_tasks(conn, &self.names, &[(new, &send_ids)], &[], &queue_ids, now).await?;
         if !created.is_empty() {
             return Ok((Created::New, sent_to));
         }

@@ -576,6 +576,60 @@ async fn a_commit_alone_hands_its_messages_to_a_waiting_receiver() {
     assert_eq!(resumed.iter().map(|d| d.delivery_count).collect::<Vec<_>>(), [1], "delivered after the resume, once");
 }
 
+/// A task creation that goes out alone hands its messages to the receivers
+/// waiting in this process, as a commit alone does: the doorbell reaches
+/// the waiting receiver leased once when the creation returns. A creation
+/// that writes nothing (its id exists) hands nothing over, and a task
+/// created claimed while its workflow is paused is refused with nothing
+/// sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_creation_alone_hands_its_messages_to_a_waiting_receiver() {
+    let Some(schema) = TestSchema::new("creation handoff on PostgreSQL") else { return };
+    let store = open_without_polling(&schema).await;
+    let doorbell = QueueName::new("doorbell").unwrap();
+    let clock = SystemClock;
+    let waiting = |wait_ms: u64| {
+        let (store, doorbell) = (store.clone(), doorbell.clone());
+        tokio::spawn(async move { store.receive(&doorbell, Receive::up_to(10).waiting(Duration::from_millis(wait_ms))).await.unwrap() })
+    };
+    let parked = || tokio::time::sleep(Duration::from_millis(200));
+    let handed_over = || store.commit_counts().handed_over;
+
+    let receiver = waiting(60_000);
+    parked().await;
+    let created = store.create_task(new_task("h-1", &clock, &doorbell)).await.unwrap();
+    assert!(matches!(created, rota_store::Created::New), "{created:?}");
+    assert_eq!(handed_over(), 1, "the doorbell went straight to the waiting receiver");
+    let got = receiver.await.unwrap();
+    assert_eq!(got.iter().map(|d| d.delivery_count).collect::<Vec<_>>(), [1]);
+    store.complete(&doorbell, got[0].lease_token).await.expect("the handed-over lease settles like any other");
+
+    let receiver = waiting(300);
+    parked().await;
+    let again = store.create_task(new_task("h-1", &clock, &doorbell)).await.unwrap();
+    assert!(matches!(again, rota_store::Created::Existing(_)), "{again:?}");
+    assert!(receiver.await.unwrap().is_empty(), "a creation that writes nothing hands nothing over");
+    assert_eq!(handed_over(), 1);
+
+    let pause = rota_store::WorkflowPause {
+        workflow: WorkflowName::new("order").unwrap(),
+        paused: true,
+        by: "ann".to_owned(),
+        reason: None,
+        at: clock.now(),
+    };
+    store.set_workflow_paused(&pause).await.unwrap();
+    let mut claimed = new_task("h-2", &clock, &doorbell);
+    claimed.task = claimed.task.claim(rota_model::InstanceId::new("eager").unwrap(), clock.now(), Duration::from_secs(10)).unwrap().0;
+    let receiver = waiting(300);
+    parked().await;
+    let refused = store.create_task(claimed).await;
+    assert!(matches!(refused, Err(rota_store::Error::Conflict(_))), "{refused:?}");
+    assert!(receiver.await.unwrap().is_empty(), "a refused creation hands nothing over");
+    assert_eq!(handed_over(), 1);
+    assert!(store.receive(&doorbell, Receive::up_to(10)).await.unwrap().is_empty(), "and sent nothing");
+}
+
 /// Tasks created at the same moment share statements, and each caller
 /// still gets its own outcome: an id submitted twice is created once (the
 /// other submission finds that task), and a creation the server refuses
