@@ -801,11 +801,27 @@ impl Scheduler {
     /// The start a claim of `record` (just claimed, Processing) leads to,
     /// when there is something to commit.
     async fn decide_start(&self, record: &TaskRecord, now: Timestamp) -> Option<Changes> {
+        let workflow = self.inner.workflows.get(&record.task.workflow, Some(record.task.workflow_version)).await.ok()?;
+        match self.plan(record, &[], Input::Claimed, &workflow, now) {
+            Decision::Commit(changes) => Some(*changes),
+            Decision::Ignore(_) => None,
+        }
+    }
+
+    /// What `input` leads to on `record` at `now` (`order`: the steps in
+    /// the order they completed, for a compensation).
+    fn plan(
+        &self,
+        record: &TaskRecord,
+        order: &[StepName],
+        input: Input<'_>,
+        workflow: &rota_workflow::Workflow,
+        now: Timestamp,
+    ) -> Decision {
         let inner = &self.inner;
-        let workflow = inner.workflows.get(&record.task.workflow, Some(record.task.workflow_version)).await.ok()?;
         let traceparent = telemetry::current_traceparent();
         let cx = plan::Context {
-            workflow: &workflow,
+            workflow,
             me: &inner.config.instance,
             inbox: &inner.inbox,
             now,
@@ -814,14 +830,8 @@ impl Scheduler {
             callback_key: inner.config.callback_key.as_bytes(),
             for_each_items_max: inner.config.for_each_items_max,
         };
-        let decision = {
-            let mut rng = inner.rng.lock().expect("scheduler rng");
-            plan::decide(record, &[], Input::Claimed, &cx, &mut *rng)
-        };
-        match decision {
-            Decision::Commit(changes) => Some(*changes),
-            Decision::Ignore(_) => None,
-        }
+        let mut rng = inner.rng.lock().expect("scheduler rng");
+        plan::decide(record, order, input, &cx, &mut *rng)
     }
 
     async fn apply(&self, record: TaskRecord, input: Input<'_>, settle: Option<(QueueName, LeaseToken)>) -> Result<Handled> {
@@ -829,22 +839,7 @@ impl Scheduler {
         let workflow = inner.workflows.get(&record.task.workflow, Some(record.task.workflow_version)).await?;
         let order = if record.task.state == TaskState::Compensating { self.completion_order(&record).await? } else { Vec::new() };
         let now = inner.clock.now();
-        let traceparent = telemetry::current_traceparent();
-        let cx = plan::Context {
-            workflow: &workflow,
-            me: &inner.config.instance,
-            inbox: &inner.inbox,
-            now,
-            recovery: &inner.config.recovery,
-            traceparent: traceparent.as_deref(),
-            callback_key: inner.config.callback_key.as_bytes(),
-            for_each_items_max: inner.config.for_each_items_max,
-        };
-        let decision = {
-            let mut rng = inner.rng.lock().expect("scheduler rng");
-            plan::decide(&record, &order, input, &cx, &mut *rng)
-        };
-        match decision {
+        match self.plan(&record, &order, input, &workflow, now) {
             Decision::Ignore(reason) => Ok(Handled::Ignored(reason)),
             Decision::Commit(mut changes) => {
                 if let Some(settled) = settle {

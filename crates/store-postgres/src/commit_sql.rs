@@ -223,6 +223,13 @@ impl SendArrays {
     }
 }
 
+/// The messages a statement inserted leased, from its `LEASED_ARRAYS`.
+fn leased_rows(queue_ids: Vec<i64>, ids: Vec<String>, seqs: Vec<i64>, lease_untils: Vec<i64>) -> Vec<Leased> {
+    (queue_ids.into_iter().zip(ids).zip(seqs).zip(lease_untils))
+        .map(|(((queue_id, id), seq), lease_until)| Leased { queue_id, id, seq, lease_until })
+        .collect()
+}
+
 /// The queues among `queue_ids` whose id is in `sent_to`.
 fn queues_named(queue_ids: &HashMap<QueueName, i64>, sent_to: &[i64]) -> Vec<QueueName> {
     queue_ids.iter().filter(|(_, id)| sent_to.contains(id)).map(|(queue, _)| queue.clone()).collect()
@@ -297,10 +304,7 @@ pub(crate) async fn create_tasks(
     type Row = (Vec<String>, Vec<i64>, Vec<i64>, Vec<String>, Vec<i64>, Vec<i64>);
     let (inserted, sent_to, leased_queues, leased_ids, seqs, lease_untils) =
         sqlx::query_as_with::<_, Row, _>(n.sql(sql), params.into_arguments()).fetch_one(&mut *conn).await?;
-    let leased = (leased_queues.into_iter().zip(leased_ids).zip(seqs).zip(lease_untils))
-        .map(|(((queue_id, id), seq), lease_until)| Leased { queue_id, id, seq, lease_until })
-        .collect();
-    Ok((inserted, queues_named(queue_ids, &sent_to), leased))
+    Ok((inserted, queues_named(queue_ids, &sent_to), leased_rows(leased_queues, leased_ids, seqs, lease_untils)))
 }
 
 /// The parameters of the creation statement.
@@ -402,39 +406,53 @@ fn create_sql(p: &CreateParams) -> String {
               WHERE m.keyed AND m.owner IN (SELECT id FROM inserted)
              ON CONFLICT (queue_id, id) DO UPDATE SET expires_at = excluded.expires_at WHERE rota.message_ids.expires_at <= {now}
              RETURNING queue_id, id),
-         {sent})
+         {sent}
          SELECT ARRAY(SELECT id FROM inserted), ARRAY(SELECT DISTINCT queue_id FROM sent){leased}",
         event_task = p.events.task_id(),
         sent = create_sends_sql(p),
         leased = match p.handoffs {
-            Some(_) => {
-                ",
-                ARRAY(SELECT queue_id FROM sent WHERE lease_until IS NOT NULL ORDER BY seq),
-                ARRAY(SELECT id FROM sent WHERE lease_until IS NOT NULL ORDER BY seq),
-                ARRAY(SELECT seq FROM sent WHERE lease_until IS NOT NULL ORDER BY seq),
-                ARRAY(SELECT lease_until FROM sent WHERE lease_until IS NOT NULL ORDER BY seq)"
-            }
-            None => "",
+            Some(_) => format!(", {LEASED_ARRAYS}"),
+            None => String::new(),
         },
     )
 }
 
+/// The messages `sent` inserted leased (handed over), in order: their
+/// queues, ids, seqs and lease ends.
+const LEASED_ARRAYS: &str = "ARRAY(SELECT queue_id FROM sent WHERE lease_until IS NOT NULL ORDER BY seq),
+                ARRAY(SELECT id FROM sent WHERE lease_until IS NOT NULL ORDER BY seq),
+                ARRAY(SELECT seq FROM sent WHERE lease_until IS NOT NULL ORDER BY seq),
+                ARRAY(SELECT lease_until FROM sent WHERE lease_until IS NOT NULL ORDER BY seq)";
+
 /// The creation statement's CTE `sent`: the messages of the tasks it
-/// inserted, those handed over inserted leased to their receivers, as a
-/// commit's are (see `commit_sends_sql`).
+/// inserted (see [`sent_sql`]).
 fn create_sends_sql(p: &CreateParams) -> String {
-    let SendArrays { queue_id, id, keyed, body, ordering_key, visible_at, reply_to, correlation_id } = &p.sends;
-    let (now, send_owner) = (p.now, p.send_owner);
-    let Some(HandoffArrays { handoff, owner, lease_ms, epoch }) = &p.handoffs else {
+    let filter = "\n              WHERE m.task IN (SELECT id FROM inserted) AND (NOT m.keyed OR (m.queue_id, m.id) IN (SELECT queue_id, id FROM fresh))";
+    sent_sql(&p.sends, p.handoffs.as_ref(), p.now, Some(p.send_owner), filter)
+}
+
+/// The CTE `sent`, inserting the messages of `sends` that pass `filter`
+/// (a condition on `m`; empty: all), in order. Those handed over
+/// (`handoffs`) are inserted leased to their receivers, as a receive would
+/// have leased them (see `queue_sql::send`), unless their queue is paused
+/// or their key is taken; it then returns each message's queue, id, seq
+/// and lease, else its queue only. `task`: each message's task
+/// (creations), as `m.task`.
+fn sent_sql(sends: &SendArrays, handoffs: Option<&HandoffArrays>, now: Param, task: Option<Array>, filter: &str) -> String {
+    let SendArrays { queue_id, id, keyed, body, ordering_key, visible_at, reply_to, correlation_id } = sends;
+    let (task_array, task_column) = match task {
+        Some(task) => (format!(" {task},"), " task,"),
+        None => (String::new(), ""),
+    };
+    let Some(HandoffArrays { handoff, owner, lease_ms, epoch }) = handoffs else {
         return format!(
             "sent AS (
              INSERT INTO rota.messages (queue_id, id, body, ordering_key, enqueued_at, visible_at, reply_to, correlation_id)
              SELECT m.queue_id, m.id, m.body, m.ordering_key, {now}, m.visible_at, m.reply_to, m.correlation_id
-               FROM unnest({queue_id}, {id}, {keyed}, {body}, {ordering_key}, {visible_at}, {send_owner}, {reply_to}, {correlation_id})
-                    WITH ORDINALITY AS m(queue_id, id, keyed, body, ordering_key, visible_at, task, reply_to, correlation_id, position)
-              WHERE m.task IN (SELECT id FROM inserted) AND (NOT m.keyed OR (m.queue_id, m.id) IN (SELECT queue_id, id FROM fresh))
+               FROM unnest({queue_id}, {id}, {keyed}, {body}, {ordering_key}, {visible_at},{task_array} {reply_to}, {correlation_id}) WITH ORDINALITY
+                    AS m(queue_id, id, keyed, body, ordering_key, visible_at,{task_column} reply_to, correlation_id, position){filter}
               ORDER BY m.position
-          RETURNING queue_id"
+          RETURNING queue_id)"
         );
     };
     format!(
@@ -444,19 +462,18 @@ fn create_sends_sql(p: &CreateParams) -> String {
              SELECT m.queue_id, m.id, m.body, m.ordering_key, {now}, COALESCE(h.until, m.visible_at),
                     CASE WHEN h.until IS NULL THEN 0 ELSE 1 END, CASE WHEN h.until IS NULL THEN 0 ELSE m.epoch END,
                     CASE WHEN h.until IS NULL THEN NULL ELSE m.owner END, h.until, m.reply_to, m.correlation_id
-               FROM unnest({queue_id}, {id}, {keyed}, {body}, {ordering_key}, {visible_at}, {send_owner}, {reply_to}, {correlation_id},
+               FROM unnest({queue_id}, {id}, {keyed}, {body}, {ordering_key}, {visible_at},{task_array} {reply_to}, {correlation_id},
                            {handoff}, {owner}, {lease_ms}, {epoch}) WITH ORDINALITY
-                    AS m(queue_id, id, keyed, body, ordering_key, visible_at, task, reply_to, correlation_id, handoff, owner, lease_ms,
+                    AS m(queue_id, id, keyed, body, ordering_key, visible_at,{task_column} reply_to, correlation_id, handoff, owner, lease_ms,
                          epoch, position)
               CROSS JOIN LATERAL (SELECT CASE WHEN m.handoff AND NOT q.paused
                                                AND (m.ordering_key IS NULL
                                                     OR NOT EXISTS (SELECT 1 FROM rota.messages AS k
                                                                     WHERE k.queue_id = q.id AND k.ordering_key = m.ordering_key))
                                           THEN {now} + COALESCE(m.lease_ms, q.lease_ms) END AS until
-                                    FROM rota.queues AS q WHERE q.id = m.queue_id OFFSET 0) AS h
-              WHERE m.task IN (SELECT id FROM inserted) AND (NOT m.keyed OR (m.queue_id, m.id) IN (SELECT queue_id, id FROM fresh))
+                                    FROM rota.queues AS q WHERE q.id = m.queue_id OFFSET 0) AS h{filter}
               ORDER BY m.position
-          RETURNING queue_id, id, seq, lease_until"
+          RETURNING queue_id, id, seq, lease_until)"
     )
 }
 
@@ -494,12 +511,7 @@ pub(crate) async fn commit(
     let outcome = if shape.handoffs {
         type Row = (Vec<i64>, Vec<i64>, Vec<String>, Vec<i64>, Vec<i64>);
         let row = sqlx::query_as_with::<_, Row, _>(n.sql(sql), params.into_arguments()).fetch_one(&mut *conn).await;
-        row.map(|(sent_to, queue_ids, ids, seqs, lease_untils)| {
-            let leased = (queue_ids.into_iter().zip(ids).zip(seqs).zip(lease_untils))
-                .map(|(((queue_id, id), seq), lease_until)| Leased { queue_id, id, seq, lease_until })
-                .collect();
-            (sent_to, leased)
-        })
+        row.map(|(sent_to, queue_ids, ids, seqs, lease_untils)| (sent_to, leased_rows(queue_ids, ids, seqs, lease_untils)))
     } else {
         let sent_to = sqlx::query_scalar_with::<_, Vec<i64>, _>(n.sql(sql), params.into_arguments()).fetch_one(&mut *conn).await;
         sent_to.map(|sent_to| (sent_to, Vec::new()))
@@ -742,15 +754,9 @@ fn commit_sql(p: &CommitParams) -> String {
         ctes.extend(commit_sends_sql(sends, now));
     }
     let sent_to = match &p.sends {
-        Some(CommitSends { handoffs: Some(_), .. }) => {
-            "ARRAY(SELECT DISTINCT queue_id FROM sent),
-                ARRAY(SELECT queue_id FROM sent WHERE lease_until IS NOT NULL ORDER BY seq),
-                ARRAY(SELECT id FROM sent WHERE lease_until IS NOT NULL ORDER BY seq),
-                ARRAY(SELECT seq FROM sent WHERE lease_until IS NOT NULL ORDER BY seq),
-                ARRAY(SELECT lease_until FROM sent WHERE lease_until IS NOT NULL ORDER BY seq)"
-        }
-        Some(_) => "ARRAY(SELECT DISTINCT queue_id FROM sent)",
-        None => "ARRAY[]::bigint[]",
+        Some(CommitSends { handoffs: Some(_), .. }) => format!("ARRAY(SELECT DISTINCT queue_id FROM sent), {LEASED_ARRAYS}"),
+        Some(_) => "ARRAY(SELECT DISTINCT queue_id FROM sent)".to_owned(),
+        None => "ARRAY[]::bigint[]".to_owned(),
     };
     let refuse = match checks.is_empty() {
         true => String::new(),
@@ -775,7 +781,7 @@ fn commit_sql(p: &CommitParams) -> String {
 /// The commit statement's sends (the CTE `sent`, after `fresh` when some
 /// send carries its own id and must be new to its queue's window).
 fn commit_sends_sql(sends: &CommitSends, now: Param) -> Vec<String> {
-    let SendArrays { queue_id, id, keyed, body, ordering_key, visible_at, reply_to, correlation_id } = &sends.arrays;
+    let SendArrays { queue_id, id, keyed, .. } = &sends.arrays;
     let mut ctes = Vec::new();
     let mut only_fresh = "";
     if sends.keyed {
@@ -791,41 +797,7 @@ fn commit_sends_sql(sends: &CommitSends, now: Param) -> Vec<String> {
         ));
         only_fresh = "\n              WHERE NOT m.keyed OR (m.queue_id, m.id) IN (SELECT queue_id, id FROM fresh)";
     }
-    let Some(HandoffArrays { handoff, owner, lease_ms, epoch }) = &sends.handoffs else {
-        ctes.push(format!(
-            "sent AS (
-             INSERT INTO rota.messages (queue_id, id, body, ordering_key, enqueued_at, visible_at, reply_to, correlation_id)
-             SELECT m.queue_id, m.id, m.body, m.ordering_key, {now}, m.visible_at, m.reply_to, m.correlation_id
-               FROM unnest({queue_id}, {id}, {keyed}, {body}, {ordering_key}, {visible_at}, {reply_to}, {correlation_id}) WITH ORDINALITY
-                    AS m(queue_id, id, keyed, body, ordering_key, visible_at, reply_to, correlation_id, position){only_fresh}
-              ORDER BY m.position
-          RETURNING queue_id)"
-        ));
-        return ctes;
-    };
-    // A message handed over is inserted leased to its receiver, as a
-    // receive would have leased it (see `queue_sql::send`), unless its
-    // queue is paused.
-    ctes.push(format!(
-        "sent AS (
-             INSERT INTO rota.messages (queue_id, id, body, ordering_key, enqueued_at, visible_at, delivery_count, lease_epoch,
-                                        lease_owner, lease_until, reply_to, correlation_id)
-             SELECT m.queue_id, m.id, m.body, m.ordering_key, {now}, COALESCE(h.until, m.visible_at),
-                    CASE WHEN h.until IS NULL THEN 0 ELSE 1 END, CASE WHEN h.until IS NULL THEN 0 ELSE m.epoch END,
-                    CASE WHEN h.until IS NULL THEN NULL ELSE m.owner END, h.until, m.reply_to, m.correlation_id
-               FROM unnest({queue_id}, {id}, {keyed}, {body}, {ordering_key}, {visible_at}, {reply_to}, {correlation_id},
-                           {handoff}, {owner}, {lease_ms}, {epoch}) WITH ORDINALITY
-                    AS m(queue_id, id, keyed, body, ordering_key, visible_at, reply_to, correlation_id, handoff, owner, lease_ms,
-                         epoch, position)
-              CROSS JOIN LATERAL (SELECT CASE WHEN m.handoff AND NOT q.paused
-                                               AND (m.ordering_key IS NULL
-                                                    OR NOT EXISTS (SELECT 1 FROM rota.messages AS k
-                                                                    WHERE k.queue_id = q.id AND k.ordering_key = m.ordering_key))
-                                          THEN {now} + COALESCE(m.lease_ms, q.lease_ms) END AS until
-                                    FROM rota.queues AS q WHERE q.id = m.queue_id OFFSET 0) AS h{only_fresh}
-              ORDER BY m.position
-          RETURNING queue_id, id, seq, lease_until)"
-    ));
+    ctes.push(sent_sql(&sends.arrays, sends.handoffs.as_ref(), now, None, only_fresh));
     ctes
 }
 
