@@ -402,6 +402,12 @@ CREATE INDEX tasks_claimable_priority ON tasks (priority DESC, not_before)
     WHERE state IN ('pending', 'compensating') AND locked_by IS NULL AND paused = 0 AND held = 0;
 CREATE INDEX tasks_held ON tasks (workflow) WHERE held = 1;
 "#,
+    r#"
+-- No statement finds a message by its queue and id (duplicates are
+-- detected in `message_ids`), and every send and delete wrote this index:
+-- one more page in the WAL for most commits.
+DROP INDEX messages_id;
+"#,
 ];
 
 /// Runs the migrations that have not run yet.
