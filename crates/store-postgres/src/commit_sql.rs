@@ -487,6 +487,26 @@ pub(crate) enum Committed {
     Refused,
 }
 
+/// Flushes the WAL as far as it was written before this call. A
+/// transactional logical-decoding message gives the transaction an id and a
+/// WAL record of its own, so its synchronous commit waits for the flush (a
+/// transaction that wrote no WAL commits without one). Any user may call
+/// the function, and no decoding slot reads what it writes.
+pub(crate) async fn flush(conn: &mut PgConnection) -> Result<()> {
+    sqlx::query("SELECT pg_logical_emit_message(true, 'rota', '')").execute(&mut *conn).await?;
+    Ok(())
+}
+
+/// When a commit statement's WAL is flushed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Flush {
+    /// Before the statement returns (the server's `synchronous_commit`).
+    AtCommit,
+    /// By a later synchronous commit: the statement sets
+    /// `synchronous_commit` off for its own transaction.
+    Later,
+}
+
 /// One caller's changes within a commit statement: the changes, and the id
 /// of each message they send.
 pub(crate) type Part<'a> = (&'a Changes, &'a [MessageId]);
@@ -496,15 +516,19 @@ pub(crate) type Part<'a> = (&'a Changes, &'a [MessageId]);
 /// completions). `leases` lines up with the parts' messages, in order: a
 /// message with a lease is inserted leased to a receiver waiting in this
 /// process, unless its queue is paused (an empty `leases`: none is).
+/// With `flush` [`Flush::Later`] the statement commits without waiting for
+/// its WAL to reach the disk (see `group_commit::Flushes`).
 pub(crate) async fn commit(
     conn: &mut PgConnection,
     n: &Names,
     parts: &[Part<'_>],
     leases: &[Option<Lease>],
     queue_ids: &HashMap<QueueName, i64>,
+    flush: Flush,
     now: Timestamp,
 ) -> Result<Committed> {
-    let (params, p) = commit_params(n, parts, leases, queue_ids, now)?;
+    let (params, mut p) = commit_params(n, parts, leases, queue_ids, now)?;
+    p.flush = flush;
     static COMMITS: [Statement; Shape::COUNT] = [const { Statement::new() }; Shape::COUNT];
     let shape = p.shape();
     let sql = COMMITS[shape.index()].text(|| commit_sql(&p));
@@ -541,18 +565,30 @@ struct Shape {
     keyed_sends: bool,
     /// Some send is handed to a waiting receiver.
     handoffs: bool,
+    /// The statement commits without waiting for its flush.
+    flushed_later: bool,
 }
 
 impl Shape {
     /// How many shapes there are: one statement text is kept for each.
-    const COUNT: usize = 1 << 8;
+    const COUNT: usize = 1 << 9;
 
     fn index(self) -> usize {
-        [self.task_writes, self.step_writes, self.step_creates, self.completions, self.events, self.sends, self.keyed_sends, self.handoffs]
-            .iter()
-            .enumerate()
-            .map(|(bit, &present)| usize::from(present) << bit)
-            .sum()
+        [
+            self.task_writes,
+            self.step_writes,
+            self.step_creates,
+            self.completions,
+            self.events,
+            self.sends,
+            self.keyed_sends,
+            self.handoffs,
+            self.flushed_later,
+        ]
+        .iter()
+        .enumerate()
+        .map(|(bit, &present)| usize::from(present) << bit)
+        .sum()
     }
 }
 
@@ -580,6 +616,7 @@ struct CommitParams {
     /// `Names::event_lock_base`).
     events: Option<(EventArrays, Param)>,
     sends: Option<CommitSends>,
+    flush: Flush,
 }
 
 impl CommitParams {
@@ -593,6 +630,7 @@ impl CommitParams {
             sends: self.sends.is_some(),
             keyed_sends: self.sends.as_ref().is_some_and(|sends| sends.keyed),
             handoffs: self.sends.as_ref().is_some_and(|sends| sends.handoffs.is_some()),
+            flushed_later: self.flush == Flush::Later,
         }
     }
 }
@@ -662,7 +700,7 @@ fn commit_params<'a>(
             handoffs: if sends.hands_over() { Some(HandoffArrays::push(&mut params, &sends)?) } else { None },
         }),
     };
-    Ok((params, CommitParams { task_writes, step_writes, step_creates, completions, now, events, sends }))
+    Ok((params, CommitParams { task_writes, step_writes, step_creates, completions, now, events, sends, flush: Flush::AtCommit }))
 }
 
 /// The commit statement: the fenced writes and the completions, then the
@@ -772,9 +810,15 @@ fn commit_sql(p: &CommitParams) -> String {
                 .join("\n                AND ")
         ),
     };
+    // `set_config` takes effect at this transaction's commit, which ends
+    // the statement; in the final query's FROM it runs exactly once.
+    let asynchronous = match p.flush {
+        Flush::AtCommit => "",
+        Flush::Later => " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS asynchronous",
+    };
     match ctes.is_empty() {
-        true => format!("SELECT {sent_to}{refuse}"),
-        false => format!("WITH\n         {}\n         SELECT {sent_to}{refuse}", ctes.join(",\n         ")),
+        true => format!("SELECT {sent_to}{asynchronous}{refuse}"),
+        false => format!("WITH\n         {}\n         SELECT {sent_to}{asynchronous}{refuse}", ctes.join(",\n         ")),
     }
 }
 
@@ -907,6 +951,7 @@ pub(crate) fn commit_sql_of_every_part() -> String {
             keyed: true,
             handoffs: Some(HandoffArrays::push(&mut params, &no_sends).unwrap()),
         }),
+        flush: Flush::Later,
     };
     commit_sql(&p)
 }

@@ -33,16 +33,26 @@
 //! consumers handed one message at a time would stop taking them in
 //! batches, which cost throughput when measured with fifty workflows in
 //! flight.
+//!
+//! A commit alone whose messages all go to receivers that act only by
+//! writing to this store (an agent's reply, handed to its Scheduler's
+//! inbox) does not wait for its own flush: it commits with
+//! `synchronous_commit` off, hands its messages over, and its caller hears
+//! back once a later synchronous commit has flushed the WAL past it (see
+//! [`Flushes`]): most often the decision of the Scheduler it handed the
+//! reply to. So a step of a lone workflow waits for one flush instead of
+//! two in a row, and the caller's success still means "durable".
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use rota_model::{Clock, MessageId, QueueName, TaskId};
 use rota_store::{Changes, Created, Error, NewTask};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 
-use crate::commit_sql::{self, Committed, NewPart, Part};
+use crate::commit_sql::{self, Committed, Flush, NewPart, Part};
 use crate::connections::Connections;
 use crate::handoff::{GiveBack, Lease, Leased, Waiting};
 use crate::sql::Names;
@@ -55,6 +65,10 @@ pub(crate) const STATEMENTS_METRIC: &str = "rota_postgres_commit_statements_tota
 pub(crate) const BATCH_METRIC: &str = "rota_postgres_commit_batch";
 /// Batches refused as a whole and run again commit by commit.
 pub(crate) const BATCHES_REFUSED_METRIC: &str = "rota_postgres_commit_batches_refused_total";
+/// Commits alone that returned before their flush, for a later one.
+pub(crate) const FLUSHED_LATER_METRIC: &str = "rota_postgres_commits_flushed_later_total";
+/// Statements run only to flush a commit no later commit flushed in time.
+pub(crate) const FLUSH_STATEMENTS_METRIC: &str = "rota_postgres_flush_statements_total";
 /// Statements that created tasks (batches and creations alone).
 pub(crate) const CREATE_STATEMENTS_METRIC: &str = "rota_postgres_create_statements_total";
 /// Histogram: the task creations that shared one statement.
@@ -115,6 +129,12 @@ pub struct CommitCounts {
     /// Receives that parked without a statement, right after a look that
     /// found their queue empty (see `Queues::receive`).
     pub looks_skipped: u64,
+    /// Commits alone that returned before their flush and were flushed by
+    /// a later synchronous commit (see [`Flushes`]).
+    pub flushed_later: u64,
+    /// Statements run only to flush such a commit, when no later commit
+    /// did within `follow_up_wait`.
+    pub flush_statements: u64,
 }
 
 #[derive(Default)]
@@ -125,6 +145,8 @@ pub(crate) struct CommitStats {
     create_statements: AtomicU64,
     handed_over: AtomicU64,
     looks_skipped: AtomicU64,
+    flushed_later: AtomicU64,
+    flush_statements: AtomicU64,
 }
 
 impl CommitStats {
@@ -136,6 +158,8 @@ impl CommitStats {
             create_statements: self.create_statements.load(Ordering::Relaxed),
             handed_over: self.handed_over.load(Ordering::Relaxed),
             looks_skipped: self.looks_skipped.load(Ordering::Relaxed),
+            flushed_later: self.flushed_later.load(Ordering::Relaxed),
+            flush_statements: self.flush_statements.load(Ordering::Relaxed),
         }
     }
 
@@ -156,6 +180,76 @@ pub(crate) struct Committer {
     /// its messages to.
     pub(crate) waiting: Arc<Waiting>,
     pub(crate) give_back: GiveBack,
+    pub(crate) flushes: Arc<Flushes>,
+    /// How long a commit that returned before its flush waits for a later
+    /// commit to flush it, before a statement of its own does.
+    pub(crate) follow_up_wait: Duration,
+}
+
+/// Commits whose flush a later synchronous commit does.
+///
+/// PostgreSQL writes one WAL, in order, and a synchronous commit returns
+/// once the WAL is on disk up to its own commit record. A commit record is
+/// written when its statement ends, so a synchronous commit whose statement
+/// was sent after another commit returned flushes that commit too. Each
+/// commit that returned before its flush takes a ticket, numbered in the
+/// order they return; each synchronous statement that writes notes, before
+/// it is sent, the last ticket handed out, and once it returns marks every
+/// ticket up to that one durable. A statement that wrote nothing has no
+/// commit record to flush and marks nothing.
+pub(crate) struct Flushes {
+    /// The last ticket handed out.
+    issued: AtomicU64,
+    /// The highest ticket known durable.
+    durable: watch::Sender<u64>,
+}
+
+impl Default for Flushes {
+    fn default() -> Self {
+        Flushes { issued: AtomicU64::new(0), durable: watch::Sender::new(0) }
+    }
+}
+
+impl Flushes {
+    /// The ticket of a commit that has just returned before its flush.
+    fn issue(&self) -> u64 {
+        self.issued.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// What a synchronous statement about to be sent will make durable.
+    pub(crate) fn covered_by_next(&self) -> u64 {
+        self.issued.load(Ordering::SeqCst)
+    }
+
+    /// A synchronous statement that wrote has returned: `covered` (its
+    /// [`Flushes::covered_by_next`]) and every ticket before are durable.
+    pub(crate) fn flushed(&self, covered: u64) {
+        self.durable.send_if_modified(|durable| {
+            let newer = covered > *durable;
+            if newer {
+                *durable = covered;
+            }
+            newer
+        });
+    }
+
+    /// Waits up to `wait` for `ticket` to be made durable.
+    async fn flushed_within(&self, ticket: u64, wait: Duration) -> bool {
+        let mut durable = self.durable.subscribe();
+        matches!(tokio::time::timeout(wait, durable.wait_for(|durable| *durable >= ticket)).await, Ok(Ok(_)))
+    }
+}
+
+/// Whether a commit statement carrying `changes` surely writes a row (and
+/// so a commit record that a synchronous commit flushes): all but a send
+/// with its own id, which a duplicate turns into nothing.
+fn surely_writes(changes: &Changes) -> bool {
+    !changes.tasks.is_empty()
+        || !changes.steps.is_empty()
+        || !changes.new_steps.is_empty()
+        || !changes.complete.is_empty()
+        || !changes.events.is_empty()
+        || changes.send.iter().any(|(_, message)| message.id.is_none())
 }
 
 /// A write waiting for its batch.
@@ -208,22 +302,43 @@ pub(crate) async fn run(committer: Committer, batch_max: usize, in_flight: usize
 }
 
 impl Committer {
-    async fn commit_batch(self, mut batch: Vec<Pending>, _slot: OwnedSemaphorePermit) {
+    async fn commit_batch(self, mut batch: Vec<Pending>, slot: OwnedSemaphorePermit) {
         metrics::histogram!(BATCH_METRIC).record(batch.len() as f64);
         self.stats.commits.fetch_add(batch.len() as u64, Ordering::Relaxed);
         if batch.len() == 1 {
             let one = batch.pop().expect("one commit");
             let sends = one.changes.send.iter().zip(&one.send_ids).map(|((queue, message), id)| (queue, message, id));
             let handoffs = self.waiting.plan(sends);
+            let flush = match handoffs.hands_all_within_store() {
+                true => Flush::Later,
+                false => Flush::AtCommit,
+            };
             let now = self.clock.now();
+            let mut ticket = None;
             // A failed commit drops the plan: its receivers get nothing
             // and look for themselves.
-            let outcome = self.commit_alone(&one, &handoffs.leases).await.map(|(sent_to, leased)| {
+            let outcome = self.commit_alone(&one, &handoffs.leases, flush).await.map(|(sent_to, leased)| {
+                // Taken before the receivers act: the commit they make next
+                // then counts as flushing this one. A message inserted
+                // unleased after all is visible to any receiver of its
+                // queue, so that one is flushed without waiting.
+                if flush == Flush::Later {
+                    let all_leased = leased.len() == one.changes.send.len();
+                    ticket = Some((self.flushes.issue(), if all_leased { self.follow_up_wait } else { Duration::ZERO }));
+                }
                 self.stats.handed_over.fetch_add(leased.len() as u64, Ordering::Relaxed);
                 handoffs.deliver(&leased, &one.queue_ids, now, &self.give_back);
                 let sends = one.changes.send.iter().map(|(queue, _)| queue).zip(&one.send_ids);
                 crate::handoff::not_all_handed(sent_to, sends, &leased, &one.queue_ids)
             });
+            let outcome = match (outcome, ticket) {
+                (Ok(sent_to), Some((ticket, wait))) => {
+                    // The next batch need not wait for this one's flush.
+                    drop(slot);
+                    self.flushed_later(ticket, wait).await.map(|()| sent_to)
+                }
+                (outcome, _) => outcome,
+            };
             let _ = one.done.send(outcome);
             return;
         }
@@ -232,7 +347,7 @@ impl Committer {
             queue_ids.extend(pending.queue_ids.iter().map(|(queue, id)| (queue.clone(), *id)));
         }
         let parts: Vec<Part<'_>> = batch.iter().map(|p| (&p.changes, p.send_ids.as_slice())).collect();
-        match self.statement(&parts, &[], &queue_ids).await {
+        match self.statement(&parts, &[], &queue_ids, Flush::AtCommit).await {
             Ok(Committed::Written { sent_to, .. }) => {
                 let mut sent_to = Some(sent_to);
                 for pending in batch {
@@ -242,7 +357,7 @@ impl Committer {
             }
             Ok(Committed::Refused) => {
                 metrics::counter!(BATCHES_REFUSED_METRIC).increment(1);
-                let alone: Vec<_> = batch.iter().map(|pending| self.commit_alone(pending, &[])).collect();
+                let alone: Vec<_> = batch.iter().map(|pending| self.commit_alone(pending, &[], Flush::AtCommit)).collect();
                 let outcomes = futures_util::future::join_all(alone).await;
                 for (pending, outcome) in batch.into_iter().zip(outcomes) {
                     let _ = pending.done.send(outcome.map(|(sent_to, _)| sent_to));
@@ -257,12 +372,37 @@ impl Committer {
         }
     }
 
+    /// Waits until a later synchronous commit has flushed the commit that
+    /// took `ticket` when it returned before its flush, or, after `wait`,
+    /// flushes it with a statement of its own. An error leaves whether the
+    /// commit is durable unknown, like any commit whose reply is lost.
+    async fn flushed_later(&self, ticket: u64, wait: Duration) -> Result<(), Error> {
+        if !self.flushes.flushed_within(ticket, wait).await {
+            metrics::counter!(FLUSH_STATEMENTS_METRIC).increment(1);
+            self.stats.flush_statements.fetch_add(1, Ordering::Relaxed);
+            let covered = self.flushes.covered_by_next();
+            let mut conn = self.connections.acquire().await.map_err(Fail::into_store)?;
+            let flushed = commit_sql::flush(&mut conn).await;
+            conn.finished(&flushed);
+            flushed.map_err(Fail::into_store)?;
+            self.flushes.flushed(covered);
+        }
+        metrics::counter!(FLUSHED_LATER_METRIC).increment(1);
+        self.stats.flushed_later.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// One caller's commit in a statement of its own, diagnosed if refused.
     /// Returns the queues that got new messages and the messages inserted
     /// leased (those `leases`, lined up with its messages, hand over).
-    async fn commit_alone(&self, pending: &Pending, leases: &[Option<Lease>]) -> Result<(Vec<QueueName>, Vec<Leased>), Error> {
+    async fn commit_alone(
+        &self,
+        pending: &Pending,
+        leases: &[Option<Lease>],
+        flush: Flush,
+    ) -> Result<(Vec<QueueName>, Vec<Leased>), Error> {
         let parts = [(&pending.changes, pending.send_ids.as_slice())];
-        match self.statement(&parts, leases, &pending.queue_ids).await {
+        match self.statement(&parts, leases, &pending.queue_ids, flush).await {
             Ok(Committed::Written { sent_to, leased }) => Ok((sent_to, leased)),
             Ok(Committed::Refused) => {
                 let diagnosis: Result<Fail> = async {
@@ -353,6 +493,7 @@ impl Committer {
         let parts: Vec<NewPart<'_>> = group.iter().map(|p| (&p.new, p.send_ids.as_slice())).collect();
         let mut tries = 1_u32;
         loop {
+            let covered = self.flushes.covered_by_next();
             let mut conn = self.connections.acquire().await?;
             let attempt: Result<_> = async {
                 let (inserted, sent_to, leased) =
@@ -375,6 +516,9 @@ impl Committer {
                     };
                     outcomes.push((created, sent_to.take().unwrap_or_default()));
                 }
+                if !inserted.is_empty() {
+                    self.flushes.flushed(covered);
+                }
                 Ok((outcomes, leased))
             }
             .await;
@@ -388,18 +532,29 @@ impl Committer {
 
     /// Runs one commit statement, again when PostgreSQL aborted it to break
     /// a deadlock.
-    async fn statement(&self, parts: &[Part<'_>], leases: &[Option<Lease>], queue_ids: &HashMap<QueueName, i64>) -> Result<Committed> {
+    async fn statement(
+        &self,
+        parts: &[Part<'_>],
+        leases: &[Option<Lease>],
+        queue_ids: &HashMap<QueueName, i64>,
+        flush: Flush,
+    ) -> Result<Committed> {
         metrics::counter!(STATEMENTS_METRIC).increment(1);
         self.stats.statements.fetch_add(1, Ordering::Relaxed);
+        let writes = parts.iter().any(|(changes, _)| surely_writes(changes));
         let mut tries = 1_u32;
         loop {
+            let covered = self.flushes.covered_by_next();
             let attempt: Result<Committed> = async {
                 let mut conn = self.connections.acquire().await?;
-                let outcome = commit_sql::commit(&mut conn, &self.names, parts, leases, queue_ids, self.clock.now()).await;
+                let outcome = commit_sql::commit(&mut conn, &self.names, parts, leases, queue_ids, flush, self.clock.now()).await;
                 conn.finished(&outcome);
                 outcome
             }
             .await;
+            if flush == Flush::AtCommit && writes && matches!(attempt, Ok(Committed::Written { .. })) {
+                self.flushes.flushed(covered);
+            }
             match attempt {
                 Err(fail) if fail.is_transient() && tries < TRANSACTION_TRIES_MAX => tries += 1,
                 other => return other,

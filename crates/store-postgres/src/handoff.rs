@@ -48,6 +48,9 @@ struct Parked {
     room: u32,
     lease_ms: Option<i64>,
     owner: Option<InstanceId>,
+    /// The receiver acts on what it gets only by writing to this store
+    /// (see [`Receive::acts_within_store`]).
+    acts_within_store: bool,
     deliver: oneshot::Sender<Vec<Delivery>>,
 }
 
@@ -97,7 +100,14 @@ impl Waiting {
     pub(crate) fn park(&self, queue: &QueueName, request: &Receive) -> Ticket<'_> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (deliver, delivered) = oneshot::channel();
-        let parked = Parked { id, room: request.max, lease_ms: request.lease.map(millis), owner: request.consumer.clone(), deliver };
+        let parked = Parked {
+            id,
+            room: request.max,
+            lease_ms: request.lease.map(millis),
+            owner: request.consumer.clone(),
+            acts_within_store: request.acts_within_store,
+            deliver,
+        };
         self.lock().entry(queue.clone()).or_default().push(parked);
         Ticket { id, queue: queue.clone(), waiting: self, parked: true, delivered }
     }
@@ -258,6 +268,18 @@ impl Plan {
     /// Whether no message is handed over.
     pub(crate) fn is_empty(&self) -> bool {
         self.takers.is_empty()
+    }
+
+    /// Whether every message sent goes to a receiver that acts on it only by
+    /// writing to this store. Such a statement may commit before its flush
+    /// (see `group_commit::Flushes`): no one outside the store acts on what
+    /// it wrote before a later synchronous commit has flushed it. A message
+    /// whose receiver went away is given back by a synchronous commit,
+    /// which flushes it first; one the statement inserts unleased after all
+    /// (its queue paused meanwhile, or its key held) is flushed by the
+    /// committer at once.
+    pub(crate) fn hands_all_within_store(&self) -> bool {
+        !self.leases.is_empty() && self.leases.iter().all(Option::is_some) && self.takers.iter().all(|taker| taker.parked.acts_within_store)
     }
 
     /// After the statement committed: gives each receiver the messages that

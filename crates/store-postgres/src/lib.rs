@@ -105,6 +105,11 @@ pub struct Config {
     /// workflows/s (three to six interleaved runs each): fewer, fuller
     /// statements leave the server more of its CPU.
     pub commits_in_flight: usize,
+    /// How long a commit that returned before its flush (an agent's reply
+    /// handed to a Scheduler of this process) waits for a later commit to
+    /// flush it before a statement of its own does. The Scheduler's next
+    /// commit, the usual one, comes within a statement's time.
+    pub follow_up_wait: Duration,
     /// Below this many matches of a time range, a task listing reads that
     /// range's own index and sorts what it finds; from it on, it walks the
     /// tasks newest first and tests each. The default suits pages of a
@@ -113,6 +118,11 @@ pub struct Config {
 }
 
 impl Config {
+    /// The default [`Config::follow_up_wait`].
+    pub const FOLLOW_UP_WAIT_DEFAULT: Duration = Duration::from_millis(5);
+    /// The longest [`Config::follow_up_wait`].
+    pub const FOLLOW_UP_WAIT_MAX: Duration = Duration::from_secs(1);
+
     /// Defaults for the database at `url`, in schema `rota`.
     pub fn new(url: impl Into<String>) -> Self {
         Config {
@@ -126,6 +136,7 @@ impl Config {
             application_name: "rota".into(),
             commit_batch_max: 64,
             commits_in_flight: 2,
+            follow_up_wait: Self::FOLLOW_UP_WAIT_DEFAULT,
             sparse_matches_max: task_sql::SPARSE_MATCHES_MAX,
         }
     }
@@ -149,6 +160,9 @@ impl Config {
         }
         if self.commits_in_flight == 0 || self.commits_in_flight > 1_000 {
             return bad(format!("commits_in_flight must be between 1 and 1000, got {}", self.commits_in_flight));
+        }
+        if self.follow_up_wait > Self::FOLLOW_UP_WAIT_MAX {
+            return bad(format!("follow_up_wait must be at most 1 s, got {:?}", self.follow_up_wait));
         }
         if self.sweep_interval < Duration::from_millis(10) {
             return bad("sweep_interval must be at least 10 ms".into());
@@ -461,6 +475,8 @@ impl PgStore {
             stats: commit_stats.clone(),
             waiting: waiting.clone(),
             give_back: give_back.clone(),
+            flushes: Arc::new(group_commit::Flushes::default()),
+            follow_up_wait: config.follow_up_wait,
         };
         let group_committer = tokio::spawn(group_commit::run(
             committer,

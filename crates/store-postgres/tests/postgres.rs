@@ -576,6 +576,109 @@ async fn a_commit_alone_hands_its_messages_to_a_waiting_receiver() {
     assert_eq!(resumed.iter().map(|d| d.delivery_count).collect::<Vec<_>>(), [1], "delivered after the resume, once");
 }
 
+/// A commit alone whose messages all go to receivers that act only through
+/// this store (an agent's reply, handed to its Scheduler) commits before
+/// its flush and returns only once a later synchronous commit has flushed
+/// the WAL past it: the receiver has the reply while the commit still
+/// waits, and the receiver's own commit lets it return. With no commit
+/// after it, it flushes with a statement of its own after
+/// `follow_up_wait`, and at once when the reply went into the queue
+/// unleased after all (its key held by an earlier message). A reply to a
+/// receiver that acts outside the store is flushed before its commit
+/// returns, as ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_handed_to_a_receiver_within_the_store_is_flushed_by_its_next_commit() {
+    let Some(schema) = TestSchema::new("commits flushed later on PostgreSQL") else { return };
+    let mut settings = config(&schema);
+    settings.poll_interval = Duration::from_secs(600);
+    settings.follow_up_wait = Duration::from_secs(1);
+    let store = Arc::new(open(settings, Arc::new(SystemClock)).await);
+    let mut admin = app_connection(&schema).await;
+    let (requests, replies) = (QueueName::new("requests").unwrap(), QueueName::new("replies").unwrap());
+    let waiting = |within_store: bool| {
+        let (store, replies) = (store.clone(), replies.clone());
+        let request = Receive::up_to(10).waiting(Duration::from_secs(60));
+        let request = if within_store { request.acting_within_store() } else { request };
+        tokio::spawn(async move { store.receive(&replies, request).await.unwrap() })
+    };
+    let parked = || tokio::time::sleep(Duration::from_millis(200));
+    // An agent's reply, keyed by its task as a Scheduler's inbox wants.
+    let agent_replies = |body: &'static str| {
+        let (store, requests, replies) = (store.clone(), requests.clone(), replies.clone());
+        tokio::spawn(async move {
+            store.send(&requests, Outgoing::json(&json!(body)).unwrap()).await.unwrap();
+            let request = store.receive(&requests, Receive::up_to(1)).await.unwrap().remove(0);
+            let reply = rota_store::Changes {
+                complete: vec![(requests.clone(), request.lease_token)],
+                send: vec![(replies.clone(), Outgoing::json(&json!(body)).unwrap().with_ordering_key(body))],
+                ..Default::default()
+            };
+            store.commit(reply).await
+        })
+    };
+    let counts = || {
+        let counts = store.commit_counts();
+        (counts.handed_over, counts.flushed_later, counts.flush_statements)
+    };
+
+    // Flushed by the receiver's next commit.
+    let receiver = waiting(true);
+    parked().await;
+    let agent = agent_replies("first");
+    let got = receiver.await.unwrap();
+    assert_eq!(got.iter().map(|d| d.body.get()).collect::<Vec<_>>(), ["\"first\""], "the reply was handed over");
+    let written_through: String = sqlx::query_scalar("SELECT pg_current_wal_insert_lsn()::text").fetch_one(&mut admin).await.unwrap();
+    assert!(!agent.is_finished(), "the agent's commit waits for a later flush");
+    store
+        .commit(rota_store::Changes { complete: vec![(replies.clone(), got[0].lease_token)], ..Default::default() })
+        .await
+        .expect("the receiver's commit, synchronous");
+    agent.await.unwrap().expect("the agent's commit succeeds once flushed");
+    assert_eq!(counts(), (1, 1, 0), "flushed by the receiver's commit, without a statement of its own");
+    let flushed: bool = sqlx::query_scalar("SELECT pg_current_wal_flush_lsn() >= $1::text::pg_lsn")
+        .bind(&written_through)
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+    assert!(flushed, "the WAL is on disk past the agent's commit");
+
+    // No commit after it: it flushes after `follow_up_wait`.
+    let receiver = waiting(true);
+    parked().await;
+    let agent = agent_replies("second");
+    let got = receiver.await.unwrap();
+    assert_eq!(got.len(), 1);
+    store.complete(&replies, got[0].lease_token).await.unwrap();
+    agent.await.unwrap().expect("the agent's commit succeeds once flushed");
+    assert_eq!(counts(), (2, 2, 1), "flushed by a statement of its own");
+
+    // The reply's key is held by an earlier message, leased: the reply goes
+    // in unleased, and its commit flushes at once.
+    store.send(&replies, Outgoing::json(&json!("held")).unwrap().with_ordering_key("third")).await.unwrap();
+    let held = store.receive(&replies, Receive::up_to(1)).await.unwrap();
+    assert_eq!(held.len(), 1);
+    let receiver = waiting(true);
+    parked().await;
+    let agent = agent_replies("third");
+    let flushed = tokio::time::timeout(Duration::from_millis(900), agent).await;
+    flushed.expect("flushed without waiting for a later commit").unwrap().expect("the agent's commit succeeds");
+    assert_eq!(counts(), (2, 3, 2), "not handed over, flushed by a statement of its own");
+    // Nothing wakes the receiver for a completion in this store: it is
+    // let go, and a receive looks.
+    receiver.abort();
+    store.complete(&replies, held[0].lease_token).await.unwrap();
+    let after_head = store.receive(&replies, Receive::up_to(10)).await.unwrap();
+    assert_eq!(after_head.iter().map(|d| d.body.get()).collect::<Vec<_>>(), ["\"third\""], "delivered once its key is free");
+    store.complete(&replies, after_head[0].lease_token).await.unwrap();
+
+    // A receiver acting outside the store: flushed at the commit.
+    let receiver = waiting(false);
+    parked().await;
+    agent_replies("fourth").await.unwrap().expect("the agent's commit succeeds");
+    assert_eq!(receiver.await.unwrap().len(), 1);
+    assert_eq!(counts(), (3, 3, 2), "handed over, flushed before the commit returned");
+}
+
 /// A task creation that goes out alone hands its messages to the receivers
 /// waiting in this process, as a commit alone does: the doorbell reaches
 /// the waiting receiver leased once when the creation returns. A creation

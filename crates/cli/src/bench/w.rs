@@ -362,7 +362,9 @@ pub(super) async fn run(store_args: &StoreArgs, agent_processes: u32, embedded: 
                     "creations_per_statement": round((create_statements > 0).then(|| creates as f64 / create_statements as f64), 2),
                     "handed_over": after.handed_over - before.handed_over,
                     "looks_skipped": after.looks_skipped - before.looks_skipped,
-                    "note": "Tasks::commit calls (agent replies, Scheduler decisions), Tasks::create_task calls (submits), and the statements that ran them; handed_over: messages those commits, going out alone, inserted leased to a receiver waiting in this process; looks_skipped: receives that parked without a statement right after a look found their queue empty; sends and other receives are not counted",
+                    "flushed_later": after.flushed_later - before.flushed_later,
+                    "flush_statements": after.flush_statements - before.flush_statements,
+                    "note": "Tasks::commit calls (agent replies, Scheduler decisions), Tasks::create_task calls (submits), and the statements that ran them; handed_over: messages those commits, going out alone, inserted leased to a receiver waiting in this process; looks_skipped: receives that parked without a statement right after a look found their queue empty; flushed_later: commits alone that returned before their flush (all their messages handed to receivers acting only through the store) and were flushed by a later commit; flush_statements: statements run only to flush such a commit when no later commit did in time; sends and other receives are not counted",
                 })
             }
             _ => json!("not counted"),
