@@ -675,7 +675,14 @@ async fn a_running_task_is_cancelled() {
     let cancelled = server.post_json("/v1/tasks/s-1/cancel", &json!({ "reason": "the customer asked" })).await;
     assert_eq!(cancelled.status, StatusCode::OK, "{}", cancelled.text);
     assert_eq!(cancelled.body, json!({ "id": "s-1", "state": "cancelled" }));
-    assert_eq!(server.get("/v1/tasks/s-1").await.body["state"], "cancelled");
+    let task = server.get("/v1/tasks/s-1").await.body;
+    assert_eq!(task["state"], "cancelled");
+    let step = &task["steps"][0];
+    assert_eq!(
+        (&step["state"], &step["last_error"], &step["complete_by"]),
+        (&json!("failed"), &json!("attempt 1 was abandoned: its task was cancelled"), &Value::Null),
+        "nothing is left in flight: {task}"
+    );
     let history = server.get("/v1/tasks/s-1/history").await.body;
     let event = history.as_array().unwrap().iter().find(|e| e["kind"] == "cancelled").unwrap().clone();
     assert_eq!(event["detail"], json!({ "compensate": false, "by": "api without authentication", "reason": "the customer asked" }));

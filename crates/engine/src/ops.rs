@@ -49,6 +49,9 @@ use crate::telemetry;
 /// How often an operator's change that lost a race is tried again.
 const OPERATOR_TRIES_MAX: u32 = 5;
 
+/// Why a step in flight failed when its task was cancelled with nothing to undo.
+const ABANDONED_BY_CANCEL: &str = "its task was cancelled";
+
 /// The result of an operator's request.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -354,6 +357,17 @@ impl Client {
         if compensate {
             changes.events.push(Event::task(id, now, EventKind::CompensationStarted, json!({ "reason": "cancelled by an operator" })));
             changes.send.push(doorbell(id));
+        } else {
+            // Nothing to undo: the attempts in flight are over for the
+            // task's record now, not when the Supervisor finds them late.
+            for running in record.steps.iter().filter(|s| s.state == StepState::Running) {
+                let abandoned = running
+                    .abandon(ABANDONED_BY_CANCEL, now)
+                    .map_err(|why| refused(Action::Cancel, Refusal::Step { task: id.clone(), step: running.name.clone(), why }))?;
+                let detail = json!({ "error": abandoned.last_error, "retryable": false, "cancelled": true });
+                changes.events.push(Event::step(&abandoned, now, EventKind::StepFailed, detail));
+                changes.steps.push(StepWrite::replacing(running, abandoned));
+            }
         }
         changes.tasks.push(TaskWrite::replacing(&record.task, next));
         replies::commit(&self.store, changes).await?;

@@ -261,6 +261,7 @@ fn check_task(world: &World, record: &TaskRecord, history: &[Event], problems: &
     conditions_decide_once_and_skipped_steps_never_run(world, record, history, &mut report);
     callbacks_complete_their_attempt(world, record, history, &mut report);
     a_cancelled_task_never_ends_processed(record, history, &mut report);
+    a_cancelled_task_leaves_nothing_in_flight(record, history, &mut report);
     report.known
 }
 
@@ -793,6 +794,25 @@ fn a_cancelled_task_never_ends_processed(record: &TaskRecord, history: &[Event],
     let Some(cancel) = history.iter().position(|e| e.kind == EventKind::Cancelled) else { return };
     if record.task.state == TaskState::Processed || history[cancel..].iter().any(|e| e.kind == EventKind::Processed) {
         report.fail(format!("processed after it was cancelled ({})", history[cancel].detail));
+    }
+}
+
+/// A task cancelled with nothing to undo failed its steps in flight in the
+/// cancel's commit: none is left Running, and no step of it moves after
+/// the cancel (a Supervisor timing out an abandoned attempt later would).
+fn a_cancelled_task_leaves_nothing_in_flight(record: &TaskRecord, history: &[Event], report: &mut Report<'_>) {
+    if record.task.state != TaskState::Cancelled {
+        return;
+    }
+    for step in record.steps.iter().filter(|s| matches!(s.state, StepState::Running | StepState::Compensating)) {
+        report.fail(format!("cancelled with step {} still {} (attempt {})", step.name, step.state, step.attempt));
+    }
+    let Some(cancel) = history.iter().position(|e| e.kind == EventKind::Cancelled) else { return };
+    for event in &history[cancel + 1..] {
+        let abandoned = event.kind == EventKind::StepFailed && event.detail["cancelled"] == json!(true);
+        if event.step.is_some() && !abandoned && !matches!(event.kind, EventKind::CallStopped | EventKind::Signal) {
+            report.fail(format!("step {:?} moved after the cancel: {:?} {}", event.step, event.kind, event.detail));
+        }
     }
 }
 

@@ -118,9 +118,11 @@ fn process_exists(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
-/// The step's call is recorded as stopped with the reason, for its attempt,
-/// and nothing else happens to the cancelled task afterwards: no reply was
-/// sent, so no step event follows, and the step keeps its running attempt.
+/// The cancel failed the step's attempt as abandoned (nothing left in
+/// flight for the Supervisor to find late), the step's call is recorded as
+/// stopped with the reason, for its attempt, and nothing else happens to
+/// the cancelled task afterwards: no reply was sent, so no step event
+/// follows.
 async fn stopped_and_recorded(rig: &Rig, id: &TaskId, agent: &str) {
     let event = rig.stopped_event(id).await;
     assert_eq!((event.step.as_ref().map(|s| s.as_str()), event.attempt), (Some("run"), Some(1)), "{event:?}");
@@ -129,10 +131,17 @@ async fn stopped_and_recorded(rig: &Rig, id: &TaskId, agent: &str) {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let history = rig.store.history(id).await.unwrap();
     let after: Vec<EventKind> = history.iter().skip_while(|e| e.kind != EventKind::Cancelled).map(|e| e.kind).collect();
-    assert_eq!(after, [EventKind::Cancelled, EventKind::CallStopped], "{history:#?}");
+    assert_eq!(after, [EventKind::Cancelled, EventKind::StepFailed, EventKind::CallStopped], "{history:#?}");
+    let failed = history.iter().find(|e| e.kind == EventKind::StepFailed).unwrap();
+    assert_eq!((failed.step.as_ref().map(|s| s.as_str()), failed.attempt), (Some("run"), Some(1)), "{failed:?}");
+    assert_eq!(failed.detail, json!({ "error": "attempt 1 was abandoned: its task was cancelled", "retryable": false, "cancelled": true }));
     let record = rig.store.task(id).await.unwrap().unwrap();
     assert_eq!(record.task.state, TaskState::Cancelled);
-    assert_eq!((record.steps[0].state, record.steps[0].attempt), (StepState::Running, 1), "{record:#?}");
+    let step = &record.steps[0];
+    assert_eq!((step.state, step.attempt, step.complete_by), (StepState::Failed, 1, None), "{record:#?}");
+    // Past the attempt's complete-by: the Supervisor would find nothing.
+    rig.clock.advance(Duration::from_secs(121));
+    assert!(rig.store.expired(100).await.unwrap().is_empty(), "nothing left in flight for the Supervisor");
 }
 
 /// A cancelled task's `exec` step running `sleep 60`: its process is gone

@@ -347,6 +347,25 @@ impl Step {
         Ok(next)
     }
 
+    /// Its task was cancelled while this attempt was in flight (for a
+    /// `for_each` step, while its instances ran), with nothing to undo: no
+    /// reply to the attempt will be acted on, so the step has Failed, with
+    /// `reason` as its error. Whether the attempt's effect landed is not
+    /// known; a cancel that has something to undo compensates instead.
+    pub fn abandon(&self, reason: &str, now: Timestamp) -> Result<Step, TransitionError> {
+        if self.state != StepState::Running {
+            return Err(self.refuse("abandon"));
+        }
+        let mut next = self.clone();
+        next.state = StepState::Failed;
+        next.complete_by = None;
+        next.warn_at = None;
+        next.callback_digest = None;
+        next.last_error = Some(format!("attempt {} was abandoned: {reason}", self.attempt));
+        next.updated_at = now;
+        Ok(next)
+    }
+
     /// A step whose attempt timed out while its task is being undone: its
     /// effect may or may not have landed (the agent may have applied it and
     /// lost the answer). It is settled as Completed without an output, "in
@@ -499,6 +518,19 @@ mod tests {
 
     fn step() -> Step {
         Step::new(TaskId::new("t1").unwrap(), StepName::new("charge").unwrap(), 0, at(0))
+    }
+
+    #[test]
+    fn an_abandoned_attempt_fails_the_step_and_leaves_nothing_in_flight() {
+        let running = step().start(Value::Null, at(0), TIMEOUT).unwrap().warn_after(at(0), Some(WARN_AFTER)).unwrap();
+        let abandoned = running.abandon("its task was cancelled", at(1_000)).unwrap();
+        assert_eq!(abandoned.state, StepState::Failed);
+        assert_eq!((abandoned.complete_by, abandoned.warn_at, abandoned.attempt), (None, None, 1));
+        assert_eq!(abandoned.last_error.as_deref(), Some("attempt 1 was abandoned: its task was cancelled"));
+        assert!(abandoned.complete(1, Value::from("late"), at(1_001)).is_err(), "a late reply is refused");
+        assert!(step().abandon("cancelled", at(0)).is_err(), "a step that never started has nothing to abandon");
+        let done = running.complete(1, Value::Null, at(500)).unwrap();
+        assert!(matches!(done.abandon("cancelled", at(1_000)), Err(TransitionError::NotAllowed { .. })));
     }
 
     #[test]

@@ -113,6 +113,13 @@ pub fn workflows() -> Vec<Workflow> {
             .step(step("notify"))
             .build(&catalog)
             .expect("strict is valid"),
+        // The first step has nothing to undo: a cancel while it runs ends
+        // the task Cancelled at once, abandoning the attempt in flight.
+        base("notify", ExhaustedPolicy::Compensate)
+            .step(step("announce"))
+            .step(step("record").compensate(undo()))
+            .build(&catalog)
+            .expect("notify is valid"),
         // A step that waits for a signal, which the driver sends at random
         // moments (before the task, before the step, while it waits, after
         // its timeout, after the task ended); the step after it reads it.
