@@ -34,6 +34,11 @@ pub struct ImportArgs {
     /// them (`--archive`'s: their `.jsonl` files, by name); `-` reads stdin.
     #[arg(value_name = "FILE", required = true)]
     files: Vec<PathBuf>,
+    /// Import tasks whose history's hash chain is broken (the line was
+    /// changed after it was written) instead of refusing them; this store
+    /// chains them anew, so only the file shows the break.
+    #[arg(long)]
+    accept_broken_chains: bool,
 }
 
 /// Arguments of `verify`.
@@ -124,6 +129,9 @@ pub async fn import(store: &StoreArgs, args: ImportArgs) -> anyhow::Result<()> {
     store.local_only("import")?;
     let files = expand(&args.files)?;
     let mut import = Import::start(store.open().await?).await?;
+    if args.accept_broken_chains {
+        import = import.accepting_broken_chains();
+    }
     for file in &files {
         let name = file.display().to_string();
         for (n, text) in open(file)?.lines().enumerate() {
@@ -139,6 +147,12 @@ pub async fn import(store: &StoreArgs, args: ImportArgs) -> anyhow::Result<()> {
     let mut summary = format!("imported {} task(s) from {} file(s)", imported.tasks, files.len());
     if imported.duplicates > 0 {
         summary.push_str(&format!("; {} later line(s) of a task already imported were skipped", imported.duplicates));
+    }
+    if imported.broken_chains > 0 {
+        summary.push_str(&format!(
+            "; {} task(s) whose history's hash chain was broken were imported anyway and chained anew (`rota verify` on the files names them)",
+            imported.broken_chains
+        ));
     }
     println!("{summary}");
     Ok(())

@@ -688,6 +688,18 @@ fn verify_finds_a_history_row_changed_by_hand_in_the_store_or_a_file() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.starts_with(&format!("{file}:1: task done-2: row 2 (seq ")), "{stdout}");
     assert_one_error_line(&String::from_utf8_lossy(&output.stderr), &["the history of 1 task(s) was changed after it was written"]);
+    let (code, stderr) = Rota::new().fails(&["import", file]);
+    assert_eq!(code, 1);
+    assert_one_error_line(
+        &stderr,
+        &[&format!("{file}:1: task done-2: the hash chain of its history is broken at row 2 (seq "), "--accept-broken-chains"],
+    );
+    let imported = Rota::new().ok(&["import", "--accept-broken-chains", file]);
+    assert_eq!(
+        imported.trim(),
+        "imported 2 task(s) from 1 file(s); 1 task(s) whose history's hash chain was broken were imported anyway and chained anew \
+         (`rota verify` on the files names them)"
+    );
 
     let db = rusqlite::Connection::open(rota.dir().join("q.db")).unwrap();
     let changed =

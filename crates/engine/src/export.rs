@@ -198,6 +198,9 @@ pub struct Imported {
     /// Lines of a task already imported from an earlier line (an archive
     /// may hold a task twice: see [`crate::archive`]); the first is kept.
     pub duplicates: u64,
+    /// Tasks written although their history's hash chain was broken
+    /// ([`Import::accepting_broken_chains`]); the store chains them anew.
+    pub broken_chains: u64,
 }
 
 /// An import into an empty store, line by line.
@@ -205,6 +208,7 @@ pub struct Import {
     store: SharedStore,
     seen: HashSet<TaskId>,
     imported: Imported,
+    accept_broken_chains: bool,
 }
 
 impl Import {
@@ -218,18 +222,40 @@ impl Import {
                 task.id
             )));
         }
-        Ok(Import { store, seen: HashSet::new(), imported: Imported::default() })
+        Ok(Import { store, seen: HashSet::new(), imported: Imported::default(), accept_broken_chains: false })
+    }
+
+    /// Imports lines whose history's hash chain is broken too, counted in
+    /// [`Imported::broken_chains`], instead of refusing them. The store
+    /// chains their rows anew, so the copy no longer shows the break: the
+    /// file does (`rota verify FILE`).
+    pub fn accepting_broken_chains(mut self) -> Import {
+        self.accept_broken_chains = true;
+        self
     }
 
     /// Writes one line's task with its steps and history, as they were
     /// (states, times, attempts); the history gets the store's own
     /// sequence numbers, in the line's order. Sends no message: nothing
-    /// will run it.
+    /// will run it. A line whose history's hash chain is broken (changed
+    /// after it was written) is refused, naming the row, and nothing of it
+    /// is written, unless the import accepts broken chains.
     pub async fn write(&mut self, line: Line) -> Result<()> {
-        if !self.seen.insert(line.task.id.clone()) {
+        if self.seen.contains(&line.task.id) {
             self.imported.duplicates += 1;
             return Ok(());
         }
+        if let Err(broken) = line.verify() {
+            if !self.accept_broken_chains {
+                return Err(Error::Export(format!(
+                    "task {}: the hash chain of its history is broken at {broken}: the line was changed after it was written \
+                     (`rota verify` lists every such task; `rota import --accept-broken-chains` imports them anyway)",
+                    line.task.id
+                )));
+            }
+            self.imported.broken_chains += 1;
+        }
+        self.seen.insert(line.task.id.clone());
         // The store chains the rows again as it appends them: the same
         // content in the same order gives the same hashes.
         let events = line.history.into_iter().map(|event| Event { seq: 0, hash: None, ..event }).collect();

@@ -107,7 +107,7 @@ async fn an_export_imports_into_an_empty_store_as_it_was(backend: Backend) {
 
     let Some(copy) = Rig::new(backend).await else { return };
     let imported = import_all(&copy.store, exported.clone()).await;
-    assert_eq!(imported, export::Imported { tasks: 5, duplicates: 0 });
+    assert_eq!(imported, export::Imported { tasks: 5, duplicates: 0, broken_chains: 0 });
     assert_eq!(copy.lines(&ids).await, rig.lines(&ids).await, "the same tasks, steps and histories, with the same hashes");
     let running = copy.store.task(&TaskId::new("order-3").unwrap()).await.unwrap().expect("imported");
     assert_eq!((running.task.state, running.task.locked_by.as_ref().map(InstanceId::as_str)), (TaskState::Processing, Some("sched-1")));
@@ -125,9 +125,38 @@ async fn an_import_keeps_the_first_line_of_a_task_read_twice(backend: Backend) {
     let Some(copy) = Rig::new(backend).await else { return };
     let mut later = line.clone();
     later.task.error = Some("a later copy".into());
-    assert_eq!(import_all(&copy.store, vec![line, later]).await, export::Imported { tasks: 1, duplicates: 1 });
+    assert_eq!(import_all(&copy.store, vec![line, later]).await, export::Imported { tasks: 1, duplicates: 1, broken_chains: 0 });
     let stored = copy.store.task(&TaskId::new("order-1").unwrap()).await.unwrap().expect("imported");
     assert_eq!(stored.task.error.as_deref(), Some("cancelled by an operator"), "the first line wins");
+}
+
+async fn an_import_refuses_a_line_changed_after_it_was_written_unless_told(backend: Backend) {
+    let Some(rig) = Rig::new(backend).await else { return };
+    rig.task("order-1", "order", true).await;
+    rig.task("order-2", "order", true).await;
+    let mut lines = export_all(&rig.store, TaskFilter::default()).await;
+    assert_eq!(lines[1].task.id.as_str(), "order-1");
+    lines[1].history[0].at = Timestamp::from_millis(1);
+
+    let Some(copy) = Rig::new(backend).await else { return };
+    let mut import = Import::start(copy.store.clone()).await.expect("an empty store");
+    import.write(lines[0].clone()).await.expect("an untouched line");
+    let refused = import.write(lines[1].clone()).await.expect_err("a changed line").to_string();
+    assert!(refused.contains("task order-1: the hash chain of its history is broken at row 1 (seq "), "{refused}");
+    assert!(refused.contains("--accept-broken-chains"), "says how to import it anyway: {refused}");
+    assert!(copy.store.task(&TaskId::new("order-1").unwrap()).await.unwrap().is_none(), "nothing of a refused line is written");
+    assert_eq!(import.finish(), export::Imported { tasks: 1, duplicates: 0, broken_chains: 0 });
+
+    let Some(accepting) = Rig::new(backend).await else { return };
+    let mut import = Import::start(accepting.store.clone()).await.expect("an empty store").accepting_broken_chains();
+    for line in lines {
+        import.write(line).await.expect("accepted");
+    }
+    assert_eq!(import.finish(), export::Imported { tasks: 2, duplicates: 0, broken_chains: 1 });
+    let stored = accepting.store.history(&TaskId::new("order-1").unwrap()).await.unwrap();
+    assert_eq!(stored[0].at, Timestamp::from_millis(1), "imported as the file has it");
+    let verified = export::verify(&accepting.store, 10, |id, at| panic!("{id}: {at}")).await.unwrap();
+    assert_eq!(verified.broken, 0, "chained anew by the store");
 }
 
 fn retention(rig: &Rig, archive_dir: &std::path::Path) -> Retention {
@@ -222,6 +251,7 @@ on_each_backend!(
     a_history_row_changed_deleted_or_moved_by_hand_is_found,
     an_export_imports_into_an_empty_store_as_it_was,
     an_import_keeps_the_first_line_of_a_task_read_twice,
+    an_import_refuses_a_line_changed_after_it_was_written_unless_told,
     retention_archives_each_batch_durably_before_deleting_it,
     an_archive_that_cannot_be_written_deletes_nothing,
 );
