@@ -383,6 +383,8 @@ function tasksPage(params, query) {
   // A label (`key=value`) and the start of the ids, typed by the operator.
   const tag = query.get('tag') ?? '';
   const idPrefix = query.get('id_prefix') ?? '';
+  // A parent's children, reached from its task page; kept by the form.
+  const parent = query.get('parent') ?? '';
   const trail = (query.get('trail') ?? '').split(',').filter(Boolean);
   const workflowSelect = h('select', { id: 'filter-workflow', name: 'workflow' }, h('option', { value: '' }, 'any workflow'));
   const filters = h('form', { method: 'get', action: '/ui/tasks', class: 'filters' },
@@ -397,6 +399,7 @@ function tasksPage(params, query) {
     h('input', { id: 'filter-tag', name: 'tag', type: 'search', placeholder: 'key=value', value: tag, autocomplete: 'off' }),
     h('label', { for: 'filter-id-prefix' }, 'Id starts with'),
     h('input', { id: 'filter-id-prefix', name: 'id_prefix', type: 'search', value: idPrefix, autocomplete: 'off' }),
+    parent ? h('input', { name: 'parent', type: 'hidden', value: parent }) : null,
     h('button', { type: 'submit' }, 'Filter'));
   workflowSelect.addEventListener('change', () => filters.requestSubmit());
   const find = h('form', { class: 'find', onsubmit: (event) => {
@@ -406,7 +409,7 @@ function tasksPage(params, query) {
   } }, h('label', { for: 'find-id' }, 'Task id'), h('input', { id: 'find-id', name: 'id', type: 'search', autocomplete: 'off' }),
   h('button', { type: 'submit' }, 'Find'));
   const summary = h('p', { class: 'total' });
-  const bulk = bulkActions({ state, workflow, tag, idPrefix, risky });
+  const bulk = bulkActions({ state, workflow, tag, idPrefix, parent, risky });
   const list = h('div');
   const paging = h('nav', { class: 'paging', 'aria-label': 'Pages' });
   const body = h('div', null, h('div', { class: 'controls' }, filters, find), summary, bulk, list, paging);
@@ -415,8 +418,8 @@ function tasksPage(params, query) {
     title: 'Tasks', nav: '/ui/tasks', body,
     async update() {
       const [tasks, counts, workflows] = await Promise.all([
-        api(`/v1/tasks${q({ state, workflow, at_risk: risky, tag, id_prefix: idPrefix, before, limit: PAGE_SIZE })}`),
-        api(`/v1/tasks/counts${q({ workflow, tag, id_prefix: idPrefix })}`),
+        api(`/v1/tasks${q({ state, workflow, at_risk: risky, tag, id_prefix: idPrefix, parent, before, limit: PAGE_SIZE })}`),
+        api(`/v1/tasks/counts${q({ workflow, tag, id_prefix: idPrefix, parent })}`),
         workflowsLoaded ? null : api('/v1/workflows'),
       ]);
       if (workflows) {
@@ -428,9 +431,10 @@ function tasksPage(params, query) {
       const matching = state ? counts.counts[state] ?? 0 : counts.total;
       const which = `${state ? ` in state ${state}` : ''}${workflow ? ` of workflow ${workflow}` : ''}${tag ? ` tagged ${tag}` : ''}${idPrefix ? ` with ids starting ${idPrefix}` : ''}`;
       // The counts are by state: at risk, the page says what it lists instead.
-      summary.textContent = risky
+      summary.replaceChildren(risky
         ? `Tasks at risk${which}: a deadline warning was raised during their lease`
-        : `${number(matching)} ${matching === 1 ? 'task' : 'tasks'}${which}`;
+        : `${number(matching)} ${matching === 1 ? 'task' : 'tasks'}${which}`,
+      ...(parent ? [' started by ', taskLink(parent)] : []));
       list.replaceChildren(table('Tasks', ['Id', 'Workflow', 'State', 'Failures', 'Tags', 'Created', 'Updated'], tasks.map((task) => h('tr', null,
         h('td', null, taskLink(task.id)), h('td', null, h('a', { href: `/ui/workflows/${encodeURIComponent(task.workflow)}` }, task.workflow)),
         h('td', null, badge(task.state), pausedBadge(task), atRisk(task), task.state === 'pending' && task.not_before > Date.now() ? h('span', { class: 'hint' }, ' waits until ', time(task.not_before)) : null),
@@ -439,7 +443,7 @@ function tasksPage(params, query) {
       const link = (label, target, rel) => target === null
         ? h('span', { class: 'disabled', 'aria-disabled': 'true' }, label)
         : h('a', { href: `/ui/tasks${q(target)}`, rel }, label);
-      const filter = { state, workflow, at_risk: risky, tag, id_prefix: idPrefix };
+      const filter = { state, workflow, at_risk: risky, tag, id_prefix: idPrefix, parent };
       const newer = before ? { ...filter, before: trail[trail.length - 1], trail: trail.slice(0, -1).join(',') } : null;
       const older = tasks.length === PAGE_SIZE ? { ...filter, before: tasks[tasks.length - 1].id, trail: [...trail, before].filter(Boolean).join(',') } : null;
       // The first page is reached with no cursor at all.
@@ -454,10 +458,10 @@ function tasksPage(params, query) {
 // when a filter is applied, since a batch needs one, and not with At risk,
 // which a batch's filter cannot express. A resubmit acts on tasks in Error
 // only, so it is offered with no state filter (then Error) or Error.
-function bulkActions({ state, workflow, tag, idPrefix, risky }) {
-  if (!CAN_OPERATE || risky || !(state || workflow || tag || idPrefix)) return null;
+function bulkActions({ state, workflow, tag, idPrefix, parent, risky }) {
+  if (!CAN_OPERATE || risky || !(state || workflow || tag || idPrefix || parent)) return null;
   const bulk = (action, label, selected) => {
-    const filter = { state: selected || null, workflow: workflow || null, tag: tag ? [tag] : [], id_prefix: idPrefix || null };
+    const filter = { state: selected || null, workflow: workflow || null, tag: tag ? [tag] : [], id_prefix: idPrefix || null, parent: parent || null };
     return h('button', {
       type: 'button', class: 'action',
       onclick: async (event) => {
@@ -465,7 +469,7 @@ function bulkActions({ state, workflow, tag, idPrefix, risky }) {
         button.disabled = true;
         try {
           // The dry run: how many tasks the filter selects now.
-          const counts = await api(`/v1/tasks/counts${q({ workflow, tag, id_prefix: idPrefix })}`);
+          const counts = await api(`/v1/tasks/counts${q({ workflow, tag, id_prefix: idPrefix, parent })}`);
           const matching = selected ? counts.counts[selected] ?? 0 : counts.total;
           const which = describeFilter(filter);
           if (matching === 0) {
@@ -505,6 +509,7 @@ function describeFilter(filter, madeAt = null) {
   if (filter.workflow) parts.push(`workflow ${filter.workflow}`);
   for (const tag of filter.tag ?? []) parts.push(`tag ${tag}`);
   if (filter.id_prefix) parts.push(`id starting ${filter.id_prefix}`);
+  if (filter.parent) parts.push(`children of ${filter.parent}`);
   if (filter.created_after) parts.push(`created from ${filter.created_after}`);
   const closedAtCreation = madeAt !== null && Math.abs(Date.parse(filter.created_before) - madeAt) < 1000;
   if (filter.created_before && !closedAtCreation) parts.push(`created before ${filter.created_before}`);
@@ -621,7 +626,7 @@ function taskPage([id]) {
               resubmitStepAction(task, step, label))),
           instances.has(step.name) ? instancesRow(step, instances.get(step.name), openInstances) : null];
         }))),
-        children.length > 0 || steps.some((step) => step.workflow) ? section('Children', childrenTable(children)) : null,
+        children.length > 0 || steps.some((step) => step.workflow) ? section('Children', childrenTable(task.id, children)) : null,
         section('Attempts', attempts(task, history)),
         section('Fields', h('dl', { class: 'fields' },
           field('State', badge(task.state)), field('Locked by', task.locked_by ?? '—'), field('Lease epoch', task.lease_epoch),
@@ -657,13 +662,15 @@ function stepDoer(step, children = []) {
 }
 
 // The child workflows a task's `workflow:` steps started, newest first.
-function childrenTable(children) {
+function childrenTable(parent, children) {
+  // The task list filters, counts, pages and acts on every child.
+  const all = h('a', { href: `/ui/tasks${q({ parent })}` }, 'all of them in the task list');
   return [
     table('Children', ['Child', 'Workflow', 'State', 'Started by'], children.map((child) => h('tr', null,
       h('td', null, taskLink(child.id)), h('td', null, workflowLink(child.workflow)), h('td', null, badge(child.state)),
       h('td', null, `step ${child.step}, attempt ${child.attempt}`))), 'No child workflow started yet.'),
     // The API lists the newest 100.
-    children.length >= 100 ? h('p', { class: 'hint' }, 'The newest 100 children.') : null,
+    children.length > 0 ? h('p', { class: 'hint' }, children.length >= 100 ? 'The newest 100 children; ' : 'The children: ', all) : null,
   ];
 }
 

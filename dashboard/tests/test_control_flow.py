@@ -67,6 +67,14 @@ class ChildWorkflows(support.BrowserTest):
         subtitle(page).get_by_role("link", name="nest-1", exact=True).click()
         expect(page.locator("h1")).to_have_text("Task nest-1")
 
+        # Every child is in the task list, filtered by its parent there.
+        support.region(page, "Children").get_by_role("link", name="all of them in the task list").click()
+        expect(page).to_have_url(re.compile(r"/ui/tasks\?parent=nest-1$"))
+        tasks = page.get_by_role("table", name="Tasks")
+        expect(support.rows(tasks)).to_have_count(1)
+        expect(support.rows(tasks).first.get_by_role("link", name=child["id"], exact=True)).to_be_visible()
+        expect(page.locator("p.total")).to_have_text("1 task started by nest-1")
+
     def test_the_workflow_page_names_the_child_workflow_of_a_step(self) -> None:
         page, _ = self.open("/ui/workflows/nest")
         steps = page.get_by_role("table", name="Steps")

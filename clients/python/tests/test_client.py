@@ -117,6 +117,16 @@ class SubmitAndWait(unittest.TestCase):
         self.assertEqual(len(client.tasks(limit=1)), 1)
         client.cancel(sleeping)
 
+    def test_a_parents_children_are_listed_and_counted(self) -> None:
+        client = Client(server.url, token=support.ADMIN_TOKEN)
+        parent = fresh("shipment")
+        client.submit("shipment", id=parent)
+        self.assertEqual(client.wait(parent, timeout=30)["state"], "processed")
+        children = client.tasks(parent=parent)
+        self.assertEqual([(task["id"], task["workflow"]) for task in children], [(f"{parent}/ship#1", "parcel")])
+        self.assertEqual(client.task_counts(parent=parent)["counts"]["processed"], 1)
+        self.assertEqual(client.tasks(parent=children[0]["id"]), [], "a child without children of its own")
+
     def test_tasks_are_found_and_counted_by_tags_times_and_id_prefix(self) -> None:
         client = Client(server.url, token=support.ADMIN_TOKEN)
         prefix = fresh("tagged")

@@ -32,6 +32,8 @@ export interface TaskFilter {
   endedAfter?: string;
   endedBefore?: string;
   idPrefix?: string;
+  /** The children of this task: the tasks its `workflow:` steps started. */
+  parent?: string;
 }
 
 /** A filter as query parameters: one `tag=key=value` per tag. */
@@ -44,6 +46,7 @@ function searchQuery(filter: TaskFilter) {
     ended_after: filter.endedAfter,
     ended_before: filter.endedBefore,
     id_prefix: filter.idPrefix,
+    parent: filter.parent,
   };
 }
 /** `pending`, `processing`, `processed`, `error`, `compensating`, `compensated`, `cancelled`. */
@@ -168,8 +171,8 @@ export class Client {
   /**
    * Tasks, newest first, that match every filter given: state, workflow,
    * holder, every one of `tags`, creation and end times (RFC 3339; `…After`
-   * inclusive, `…Before` exclusive; an end time selects finished tasks) and
-   * id prefix. `before` pages: the tasks created before that task (pass a
+   * inclusive, `…Before` exclusive; an end time selects finished tasks), id
+   * prefix and `parent` (its children). `before` pages: the tasks created before that task (pass a
    * page's last id).
    */
   async tasks(filter: TaskFilter & { state?: TaskState; lockedBy?: string; before?: string; limit?: number } = {}): Promise<TaskSummary[]> {

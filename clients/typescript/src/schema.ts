@@ -1006,6 +1006,8 @@ export interface components {
             ended_before?: string | null;
             /** @description Only tasks whose id starts with this text. */
             id_prefix?: string | null;
+            /** @description Only the children of this task. */
+            parent?: string | null;
             state?: components["schemas"]["TaskStateView"] | null;
             /** @description Only tasks having every one of these tags (`key=value`). */
             tag?: string[];
@@ -4019,6 +4021,11 @@ export interface operations {
                 /** @description Only tasks whose id starts with this text. */
                 id_prefix?: string;
                 /**
+                 * @description Only the children of this task: the tasks its `workflow:` steps
+                 *     started.
+                 */
+                parent?: string;
+                /**
                  * @description Only tasks created before this task: the cursor of keyset paging
                  *     (pass the id of the last task of a page to get the next page). An id
                  *     that names no task is refused (400 `invalid_query`).
@@ -4238,6 +4245,11 @@ export interface operations {
                 ended_before?: string;
                 /** @description Only tasks whose id starts with this text. */
                 id_prefix?: string;
+                /**
+                 * @description Only the children of this task: the tasks its `workflow:` steps
+                 *     started.
+                 */
+                parent?: string;
             };
             header?: never;
             path?: never;

@@ -168,6 +168,17 @@ describe("submit and wait", () => {
     await client.cancel(sleeping);
   });
 
+  test("a parent's children are listed and counted", async () => {
+    const client = admin();
+    const parent = fresh("shipment");
+    await client.submit("shipment", undefined, { id: parent });
+    assert.equal((await client.wait(parent, { timeoutMs: 30_000 })).state, "processed");
+    const children = await client.tasks({ parent });
+    assert.deepEqual(children.map((task) => [task.id, task.workflow]), [[`${parent}/ship#1`, "parcel"]]);
+    assert.equal((await client.taskCounts({ parent })).counts.processed, 1);
+    assert.deepEqual(await client.tasks({ parent: children[0]!.id }), [], "a child without children of its own");
+  });
+
   test("tasks are found and counted by tags, times and id prefix", async () => {
     const client = admin();
     const prefix = fresh("tagged");

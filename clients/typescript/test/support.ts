@@ -61,6 +61,23 @@ steps:
     agent: delay
     with: { ms: 1 }
 `,
+  // A step that runs a child workflow (\`parcel\`, one quick step).
+  shipment: `
+name: shipment
+version: 1
+steps:
+  - name: ship
+    workflow: parcel
+    timeout: 1m
+`,
+  parcel: `
+name: parcel
+version: 1
+steps:
+  - name: book
+    agent: delay
+    with: { ms: 1 }
+`,
   // A step that sleeps: a task to cancel, or to wait for in vain.
   nap: `
 name: nap

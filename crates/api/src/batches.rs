@@ -29,6 +29,7 @@ pub(crate) fn filter_of(view: BatchFilterView) -> ApiResult<TaskFilter> {
         ended_after: view.ended_after,
         ended_before: view.ended_before,
         id_prefix: view.id_prefix,
+        parent: view.parent,
     };
     // The search's refusal names its parameter: the field of `filter`.
     let filter =
@@ -86,7 +87,7 @@ fn batch_filter_of(action: BatchAction, request: &mut BatchRequest) -> ApiResult
     }
     let mut filter = tasks;
     if !filter.selects_something() {
-        return Err(ApiError::invalid_body("filter: give at least one of state, workflow, tag, a time or id_prefix"));
+        return Err(ApiError::invalid_body("filter: give at least one of state, workflow, tag, a time, id_prefix or parent"));
     }
     if action == BatchAction::Resubmit && filter.state.is_none() {
         filter.state = Some(TaskState::Error);

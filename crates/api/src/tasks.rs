@@ -208,6 +208,7 @@ pub async fn list(
         ended_after: query.ended_after,
         ended_before: query.ended_before,
         id_prefix: query.id_prefix,
+        parent: query.parent,
     };
     let filter = TaskFilter {
         submitter: caller.confined_to().map(str::to_owned),
@@ -244,6 +245,7 @@ pub async fn counts(
         ended_after: query.ended_after,
         ended_before: query.ended_before,
         id_prefix: query.id_prefix,
+        parent: query.parent,
     };
     let filter = TaskFilter {
         submitter: caller_of(caller).confined_to().map(str::to_owned),
@@ -263,6 +265,7 @@ pub(crate) struct Search {
     pub ended_after: Option<String>,
     pub ended_before: Option<String>,
     pub id_prefix: Option<String>,
+    pub parent: Option<String>,
 }
 
 impl Search {
@@ -286,11 +289,13 @@ impl Search {
             }
             prefix => prefix,
         };
+        let parent = self.parent.map(TaskId::new).transpose().map_err(|err| ApiError::invalid_query("parent", err))?;
         Ok(TaskFilter {
             tags,
             created: TimeRange { from: time("created_after", self.created_after)?, until: time("created_before", self.created_before)? },
             ended: TimeRange { from: time("ended_after", self.ended_after)?, until: time("ended_before", self.ended_before)? },
             id_prefix,
+            parent,
             ..TaskFilter::default()
         })
     }

@@ -1066,6 +1066,10 @@ pub struct TaskListQuery {
     /// Only tasks whose id starts with this text.
     #[param(max_length = 200)]
     pub id_prefix: Option<String>,
+    /// Only the children of this task: the tasks its `workflow:` steps
+    /// started.
+    #[param(pattern = r"^[^\s\x00-\x1f\x7f-\x9f](?:[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f])?$", max_length = 200)]
+    pub parent: Option<String>,
     /// Only tasks created before this task: the cursor of keyset paging
     /// (pass the id of the last task of a page to get the next page). An id
     /// that names no task is refused (400 `invalid_query`).
@@ -1105,6 +1109,10 @@ pub struct TaskCountsQuery {
     /// Only tasks whose id starts with this text.
     #[param(max_length = 200)]
     pub id_prefix: Option<String>,
+    /// Only the children of this task: the tasks its `workflow:` steps
+    /// started.
+    #[param(pattern = r"^[^\s\x00-\x1f\x7f-\x9f](?:[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f])?$", max_length = 200)]
+    pub parent: Option<String>,
 }
 
 /// How many tasks are in each state: every state, zeros included.
@@ -1786,6 +1794,9 @@ pub struct BatchFilterView {
     /// Only tasks whose id starts with this text.
     #[schema(max_length = 200)]
     pub id_prefix: Option<String>,
+    /// Only the children of this task.
+    #[schema(pattern = r"^[^\s\x00-\x1f\x7f-\x9f](?:[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f])?$", max_length = 200)]
+    pub parent: Option<String>,
 }
 
 /// The dead letters of one queue a redrive batch sends back: those
@@ -1877,6 +1888,7 @@ impl From<&rota_store::TaskFilter> for BatchFilterView {
             ended_after: filter.ended.from.map(rfc3339),
             ended_before: filter.ended.until.map(rfc3339),
             id_prefix: filter.id_prefix.clone(),
+            parent: filter.parent.as_ref().map(ToString::to_string),
         }
     }
 }

@@ -236,6 +236,47 @@ async fn tasks_are_searched_by_tags_times_and_id_prefix_and_counted() {
     }
 }
 
+/// `order`, whose `ship` step runs a `parcel` child of one quick step.
+fn with_children() -> Vec<rota_workflow::Workflow> {
+    use rota_workflow::{AgentCatalog, StepDef, Workflow};
+    let parcel = Workflow::builder("parcel", 1)
+        .step(StepDef::new("book", "delay").with_input(json!({ "ms": 1 })))
+        .build(&AgentCatalog::builtin())
+        .unwrap();
+    let order = Workflow::builder("order", 1)
+        .step(StepDef::run_workflow("ship", "parcel", Some(1)).timeout(std::time::Duration::from_secs(30)))
+        .build(&AgentCatalog::builtin())
+        .unwrap();
+    vec![parcel, order]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tasks_children_are_listed_counted_and_selected_by_parent() {
+    let server = start(Options { workflows: with_children(), ..Options::default() }).await;
+    for id in ["p-1", "p-2"] {
+        server.submit("order", id).await;
+    }
+    for id in ["p-1", "p-2"] {
+        server.wait_until(id, |task| task["state"] == "processed").await;
+    }
+    let ids = |reply: &common::Reply| -> Vec<String> {
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+        reply.body.as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap().to_owned()).collect()
+    };
+    assert_eq!(ids(&server.get("/v1/tasks?parent=p-1").await), ["p-1/ship#1"]);
+    assert_eq!(ids(&server.get("/v1/tasks?parent=p-2&workflow=parcel").await), ["p-2/ship#1"]);
+    assert!(ids(&server.get("/v1/tasks?parent=p-1%2Fship%231").await).is_empty(), "a child has no children");
+    let counts = server.get("/v1/tasks/counts?parent=p-1").await;
+    assert_eq!((&counts.body["counts"]["processed"], &counts.body["total"]), (&json!(1), &json!(1)), "{}", counts.text);
+    let reason = server.get("/v1/tasks?parent=%20p").await.assert_error(400, "invalid_query");
+    assert!(reason.contains("parent"), "{reason}");
+    server.get("/v1/tasks/counts?parent=").await.assert_error(400, "invalid_query");
+
+    let batch = server.post_json("/v1/batches", &json!({ "action": "cancel", "filter": { "parent": "p-1" } })).await;
+    assert_eq!(batch.status, StatusCode::CREATED, "{}", batch.text);
+    assert_eq!(batch.body["filter"]["parent"], "p-1", "the batch shows what it selects: {}", batch.text);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_cancels_every_task_its_filter_selects_and_reports_its_progress() {
     let server = start(Options::default()).await;

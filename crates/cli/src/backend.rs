@@ -274,16 +274,15 @@ impl Backend {
             }
             Backend::Remote(server) => {
                 let mut params = search_params(filter);
-                if let Some(state) = filter.state {
-                    // The counts have every state; the others are zero.
-                    let counts: TaskCounts = server.get(&["v1", "tasks", "counts"], &params).await.context("cannot count tasks")?;
-                    let only = [(state, counts.of(state))];
-                    return Ok(TaskCounts::from(only.as_slice()));
-                }
                 if let Some(workflow) = &filter.workflow {
                     params.push(("workflow", workflow.to_string()));
                 }
-                server.get(&["v1", "tasks", "counts"], &params).await.context("cannot count tasks")
+                let counts: TaskCounts = server.get(&["v1", "tasks", "counts"], &params).await.context("cannot count tasks")?;
+                match filter.state {
+                    // The counts have every state; the others are zero.
+                    Some(state) => Ok(TaskCounts::from([(state, counts.of(state))].as_slice())),
+                    None => Ok(counts),
+                }
             }
         }
     }
@@ -732,7 +731,8 @@ impl Backend {
 }
 
 /// The query parameters of `filter`'s search conditions (tags, time
-/// ranges, id prefix), as `GET /v1/tasks` and `/v1/tasks/counts` take them.
+/// ranges, id prefix, parent), as `GET /v1/tasks` and `/v1/tasks/counts`
+/// take them.
 fn search_params(filter: &TaskFilter) -> Vec<(&'static str, String)> {
     let mut params: Vec<(&'static str, String)> = filter.tags.iter().map(|(key, value)| ("tag", format!("{key}={value}"))).collect();
     let times = [
@@ -744,6 +744,9 @@ fn search_params(filter: &TaskFilter) -> Vec<(&'static str, String)> {
     params.extend(times.into_iter().filter_map(|(name, at)| Some((name, output::rfc3339(at?)))));
     if let Some(prefix) = &filter.id_prefix {
         params.push(("id_prefix", prefix.clone()));
+    }
+    if let Some(parent) = &filter.parent {
+        params.push(("parent", parent.to_string()));
     }
     params
 }

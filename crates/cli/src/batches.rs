@@ -88,7 +88,7 @@ pub async fn bulk(store: &StoreArgs, action: BatchAction, args: BulkArgs, reason
         bail!("--after and --at-risk do not apply to a bulk {action}");
     }
     if !filter.selects_something() {
-        bail!("give the tasks to {action} by id, or by filters (--state, --workflow, --tag, a time, --id-prefix)");
+        bail!("give the tasks to {action} by id, or by filters (--state, --workflow, --tag, a time, --id-prefix, --parent)");
     }
     if action == BatchAction::Resubmit && filter.state.is_none() {
         // Only a task in Error can be resubmitted.

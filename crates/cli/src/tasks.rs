@@ -134,6 +134,10 @@ pub struct FilterArgs {
     /// Only tasks whose id starts with PREFIX.
     #[arg(long, value_name = "PREFIX")]
     id_prefix: Option<String>,
+    /// Only the children of task ID: the tasks its `workflow:` steps
+    /// started.
+    #[arg(long, value_name = "ID")]
+    parent: Option<TaskId>,
     /// The page after CURSOR: the tasks listed after it, that is created
     /// before it. A full page ends with the cursor of the next.
     #[arg(long, visible_alias = "before", value_name = "CURSOR")]
@@ -152,6 +156,7 @@ impl FilterArgs {
             || self.ended_after.is_some()
             || self.ended_before.is_some()
             || self.id_prefix.is_some()
+            || self.parent.is_some()
             || self.after.is_some()
     }
 
@@ -173,6 +178,7 @@ impl FilterArgs {
             created: TimeRange { from: time(self.created_after), until: time(self.created_before) },
             ended: TimeRange { from: time(self.ended_after), until: time(self.ended_before) },
             id_prefix: self.id_prefix,
+            parent: self.parent,
             before: self.after,
             limit,
             ..TaskFilter::default()
@@ -280,8 +286,8 @@ pub struct CancelArgs {
 }
 
 /// The filters that make `cancel` and `resubmit` bulk actions.
-const BULK_FILTERS: [&str; 9] =
-    ["state", "workflow", "tags", "created_after", "created_before", "ended_after", "ended_before", "id_prefix", "at_risk"];
+const BULK_FILTERS: [&str; 10] =
+    ["state", "workflow", "tags", "created_after", "created_before", "ended_after", "ended_before", "id_prefix", "parent", "at_risk"];
 
 /// Arguments of `pause` and `resume`.
 #[derive(clap::Args)]

@@ -371,6 +371,8 @@ fn operator_commands_over_http_print_what_they_print_locally() {
         vec!["tasks", "--id-prefix", "r-", "--created-after", "2020-01-01T00:00:00Z", "--ended-before", "2100-01-01T00:00:00Z"],
         vec!["tasks", "--count", "--tag", "customer=c1"],
         vec!["tasks", "--count", "--state", "processed", "--json"],
+        vec!["tasks", "--count", "--state", "processed", "--workflow", "slow", "--json"],
+        vec!["tasks", "--parent", "r-1", "--json"],
         vec!["alerts", "--json"],
         vec!["workflows", "--json"],
         vec!["workflows"],

@@ -491,6 +491,35 @@ fn a_task_submitted_with_a_delay_waits_pending_and_says_when_it_starts() {
 }
 
 #[test]
+fn a_parents_children_are_listed_counted_and_selected_for_a_bulk_action() {
+    let rota = Rota::new();
+    let files = Files::new();
+    files.workflow("parcel.yaml", "name: parcel\nversion: 1\nsteps:\n  - name: book\n    agent: delay\n    with: {ms: 1}\n");
+    files.workflow("order.yaml", "name: order\nversion: 1\nsteps:\n  - name: ship\n    workflow: parcel\n    timeout: 1m\n");
+    let serve = Serve::start(&rota, &files.workflows(), "parent-1", &[]);
+    for id in ["o-1", "o-2"] {
+        rota.ok(&["submit", "order", "--id", id, "--wait"]);
+    }
+    drop(serve);
+    let ids = |args: &[&str]| -> Vec<String> {
+        let mut full = vec!["tasks", "--json"];
+        full.extend_from_slice(args);
+        rota.json(&full).as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap().to_owned()).collect()
+    };
+    assert_eq!(ids(&["--parent", "o-1"]), ["o-1/ship#1"]);
+    assert_eq!(ids(&["--parent", "o-2", "--state", "processed"]), ["o-2/ship#1"]);
+    assert!(ids(&["--parent", "o-1/ship#1"]).is_empty(), "a child without children of its own");
+    assert_eq!(rota.json(&["tasks", "--count", "--parent", "o-2", "--json"])["total"], 1);
+    let dry = rota.ok(&["cancel", "--parent", "o-1", "--dry-run"]);
+    assert!(dry.starts_with("would cancel 1 task(s): o-1/ship#1"), "a bulk action selects by parent: {dry}");
+    let exported = rota.ok(&["export", "--parent", "o-2"]);
+    assert_eq!(exported.lines().count(), 1, "{exported}");
+    let (code, stderr) = rota.fails(&["tasks", "--parent", " o-1"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("--parent"), "{stderr}");
+}
+
+#[test]
 fn tasks_are_tagged_searched_counted_and_paged() {
     let rota = Rota::new();
     let files = Files::new();

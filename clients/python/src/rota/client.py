@@ -125,18 +125,20 @@ class Client:
         ended_after: str | None = None,
         ended_before: str | None = None,
         id_prefix: str | None = None,
+        parent: str | None = None,
         before: str | None = None,
         limit: int | None = None,
     ) -> list[TaskSummary]:
         """Tasks, newest first, that match every filter given: state,
         workflow, holder, every one of ``tags``, creation and end times
         (RFC 3339; ``*_after`` inclusive, ``*_before`` exclusive; an end
-        time selects finished tasks) and id prefix (``limit``: at most 1000
-        by default on the server, 100 if not given). ``before`` pages: only
+        time selects finished tasks), id prefix and ``parent`` (the children
+        its ``workflow:`` steps started) (``limit``: at most 1000 by default
+        on the server, 100 if not given). ``before`` pages: only
         the tasks created before that task, so pass the last id of a page to
         get the next one (an empty page is the end; an id that names no task
         is a 400 ``invalid_query``)."""
-        query = _search_query(tags, created_after, created_before, ended_after, ended_before, id_prefix)
+        query = _search_query(tags, created_after, created_before, ended_after, ended_before, id_prefix, parent)
         chosen = {"state": state, "workflow": workflow, "locked_by": locked_by, "before": before}
         query.extend((key, value) for key, value in chosen.items() if value is not None)
         if limit is not None:
@@ -153,10 +155,11 @@ class Client:
         ended_after: str | None = None,
         ended_before: str | None = None,
         id_prefix: str | None = None,
+        parent: str | None = None,
     ) -> TaskCounts:
         """Exact counts, by state, of the tasks matching the filters (as
         :meth:`tasks` takes them)."""
-        query = _search_query(tags, created_after, created_before, ended_after, ended_before, id_prefix)
+        query = _search_query(tags, created_after, created_before, ended_after, ended_before, id_prefix, parent)
         if workflow is not None:
             query.append(("workflow", workflow))
         return cast(TaskCounts, self._http.call("GET", "/v1/tasks/counts", query=query))
@@ -369,6 +372,7 @@ def _search_query(
     ended_after: str | None,
     ended_before: str | None,
     id_prefix: str | None,
+    parent: str | None,
 ) -> list[tuple[str, str]]:
     """The search filters as query parameters: one ``tag=key=value`` per tag."""
     query = [("tag", f"{key}={value}") for key, value in (tags or {}).items()]
@@ -378,6 +382,7 @@ def _search_query(
         "ended_after": ended_after,
         "ended_before": ended_before,
         "id_prefix": id_prefix,
+        "parent": parent,
     }
     query.extend((key, value) for key, value in named.items() if value is not None)
     return query

@@ -142,6 +142,8 @@ class BatchFilter(TypedDict, total=False):
     ended_after: str
     ended_before: str
     id_prefix: str
+    #: Only the children of this task.
+    parent: str
 
 
 class _DeadLetterFilterQueue(TypedDict):
