@@ -183,7 +183,10 @@ class SubmitAndWait(unittest.TestCase):
         self.assertEqual((batch["state"], batch["done"], batch["failed"]), ("done", 3, 0))
         self.assertEqual({client.status(task_id)["state"] for task_id in ids}, {"cancelled"})
         self.assertIn(batch["id"], [b["id"] for b in client.batches(limit=50)])
-        self.assertEqual(client.stop_batch(batch["id"])["state"], "done")
+        self.assertEqual(client.stop_batch(batch["id"], reason="done by hand")["state"], "done")
+        with self.assertRaises(ApiError) as long:
+            client.stop_batch(batch["id"], reason="x" * 1001)
+        self.assertEqual((long.exception.status, long.exception.code), (422, "invalid_body"), "the reason is sent")
         with self.assertRaises(ApiError) as refused:
             client.create_batch("cancel", {})
         self.assertEqual((refused.exception.status, refused.exception.code), (422, "invalid_body"))

@@ -222,9 +222,14 @@ export class Client {
     return unwrap(await this.api.fetch.GET("/v1/audit", { params: { query: filter }, signal: this.api.deadline() }));
   }
 
-  /** Stops a batch: the tasks it has not reached are left as they are. */
-  async stopBatch(id: string): Promise<Batch> {
-    return unwrap(await this.api.fetch.POST("/v1/batches/{id}/stop", { params: { path: { id } }, signal: this.api.deadline() }));
+  /** Stops a batch: the tasks it has not reached are left as they are. `reason` is kept in the audit log with who stopped it. */
+  async stopBatch(id: string, options: { reason?: string } = {}): Promise<Batch> {
+    const answer = await this.api.fetch.POST("/v1/batches/{id}/stop", {
+      params: { path: { id } },
+      body: { reason: options.reason ?? null },
+      signal: this.api.deadline(),
+    });
+    return unwrap(answer);
   }
 
   /**

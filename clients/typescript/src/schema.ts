@@ -1396,11 +1396,14 @@ export interface components {
              */
             until: number;
         };
-        /** @description An operator's cancel or resubmit of a task; the body may be left out. */
+        /**
+         * @description Why an operator acts (a task's cancel, a queue's pause, a purge…);
+         *     the body may be left out.
+         */
         OperatorRequest: {
             /**
-             * @description Why, kept in the task's history with who did it (at most 1000
-             *     characters).
+             * @description Why, kept with who did it: in the task's history, or in the audit
+             *     log for an action on no task (at most 1000 characters).
              */
             reason?: string | null;
         };
@@ -2654,7 +2657,12 @@ export interface operations {
             };
             cookie?: never;
         };
-        requestBody?: never;
+        /** @description Why (optional), kept in the audit log with who did it; the body may be left out */
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["OperatorRequest"] | null;
+            };
+        };
         responses: {
             /** @description The batch, stopped (or already done) */
             200: {
@@ -2685,6 +2693,15 @@ export interface operations {
             };
             /** @description No such batch */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A reason too long, or a body with a field the request does not have */
+            422: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3144,7 +3161,12 @@ export interface operations {
             };
             cookie?: never;
         };
-        requestBody?: never;
+        /** @description Why (optional), kept in the audit log with who did it; the body may be left out */
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["OperatorRequest"] | null;
+            };
+        };
         responses: {
             /** @description How many were deleted */
             200: {
@@ -3191,6 +3213,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description A reason too long, or a body with a field the request does not have */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Store unavailable */
             503: {
                 headers: {
@@ -3212,7 +3243,12 @@ export interface operations {
             };
             cookie?: never;
         };
-        requestBody?: never;
+        /** @description Why (optional), kept in the audit log with who did it; the body may be left out */
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["OperatorRequest"] | null;
+            };
+        };
         responses: {
             /** @description How many were sent back */
             200: {
@@ -3259,6 +3295,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description A reason too long, or a body with a field the request does not have */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Store unavailable */
             503: {
                 headers: {
@@ -3282,7 +3327,12 @@ export interface operations {
             };
             cookie?: never;
         };
-        requestBody?: never;
+        /** @description Why (optional), kept in the audit log with who did it; the body may be left out */
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["OperatorRequest"] | null;
+            };
+        };
         responses: {
             /** @description How many were sent back (1) */
             200: {
@@ -3329,6 +3379,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description A reason too long, or a body with a field the request does not have */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Store unavailable */
             503: {
                 headers: {
@@ -3350,7 +3409,12 @@ export interface operations {
             };
             cookie?: never;
         };
-        requestBody?: never;
+        /** @description Why (optional), kept in the audit log with who did it; the body may be left out */
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["OperatorRequest"] | null;
+            };
+        };
         responses: {
             /** @description The queue, paused */
             200: {
@@ -3397,6 +3461,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description A reason too long, or a body with a field the request does not have */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Store unavailable */
             503: {
                 headers: {
@@ -3418,7 +3491,12 @@ export interface operations {
             };
             cookie?: never;
         };
-        requestBody?: never;
+        /** @description Why (optional), kept in the audit log with who did it; the body may be left out */
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["OperatorRequest"] | null;
+            };
+        };
         responses: {
             /** @description The queue, resumed */
             200: {
@@ -3458,6 +3536,15 @@ export interface operations {
             };
             /** @description No such queue */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A reason too long, or a body with a field the request does not have */
+            422: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3707,7 +3794,13 @@ export interface operations {
     };
     delete_schedule: {
         parameters: {
-            query?: never;
+            query?: {
+                /**
+                 * @description Why, kept in the audit log with who did it (at most 1000
+                 *     characters).
+                 */
+                reason?: string;
+            };
             header?: never;
             path: {
                 /** @description The schedule's name. */
@@ -3724,7 +3817,7 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description Invalid name */
+            /** @description Invalid name, or a reason too long */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -3781,7 +3874,12 @@ export interface operations {
             };
             cookie?: never;
         };
-        requestBody?: never;
+        /** @description Why (optional), kept in the audit log with who did it; the body may be left out */
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["OperatorRequest"] | null;
+            };
+        };
         responses: {
             /** @description The schedule, paused */
             200: {
@@ -3828,6 +3926,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description A reason too long, or a body with a field the request does not have */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Store unavailable */
             503: {
                 headers: {
@@ -3849,7 +3956,12 @@ export interface operations {
             };
             cookie?: never;
         };
-        requestBody?: never;
+        /** @description Why (optional), kept in the audit log with who did it; the body may be left out */
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["OperatorRequest"] | null;
+            };
+        };
         responses: {
             /** @description The schedule, running */
             200: {
@@ -3896,6 +4008,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description A reason too long, or a body with a field the request does not have */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Store unavailable */
             503: {
                 headers: {
@@ -3917,7 +4038,12 @@ export interface operations {
             };
             cookie?: never;
         };
-        requestBody?: never;
+        /** @description Why (optional), kept in the audit log with who did it; the body may be left out */
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["OperatorRequest"] | null;
+            };
+        };
         responses: {
             /** @description The task it started */
             201: {
@@ -3957,6 +4083,15 @@ export interface operations {
             };
             /** @description No such schedule, or its workflow is not registered */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A reason too long, or a body with a field the request does not have */
+            422: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -239,7 +239,10 @@ describe("submit and wait", () => {
     for (const id of ids) {
       assert.equal((await client.status(id)).state, "cancelled");
     }
-    assert.equal((await client.stopBatch(batch.id)).state, "done");
+    assert.equal((await client.stopBatch(batch.id, { reason: "done by hand" })).state, "done");
+    await assert.rejects(client.stopBatch(batch.id, { reason: "x".repeat(1001) }), (error: unknown) => {
+      return error instanceof ApiError && error.status === 422 && error.code === "invalid_body";
+    });
     await assert.rejects(client.createBatch("cancel", {}), (error: unknown) => error instanceof ApiError && error.status === 422);
     // The batch is in the audit log, and so are the cancels it made.
     const created = await client.audit({ action: "batch.create", limit: 100 });

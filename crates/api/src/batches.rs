@@ -14,8 +14,8 @@ use rota_store::{BatchAction, BatchFilter, DeadLetterFilter, TaskFilter, TimeRan
 use crate::ApiState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody};
-use crate::tasks::{Search, caller_of};
-use crate::wire::{BatchFilterView, BatchPath, BatchRequest, BatchView, DeadLetterFilterView, LimitQuery};
+use crate::tasks::{Search, caller_of, reason_of};
+use crate::wire::{BatchFilterView, BatchPath, BatchRequest, BatchView, DeadLetterFilterView, LimitQuery, OperatorRequest};
 
 /// The longest reason kept with a batch.
 const REASON_CHARS_MAX: usize = 1000;
@@ -168,9 +168,11 @@ pub async fn get(State(state): State<ApiState>, ApiPath(BatchPath { id }): ApiPa
 /// answered as it is.
 #[utoipa::path(
     post, path = "/v1/batches/{id}/stop", tag = "batches", operation_id = "stop_batch", params(BatchPath),
+    request_body(content = Option<OperatorRequest>, description = "Why (optional), kept in the audit log with who did it; the body may be left out", content_type = "application/json"),
     responses(
         (status = 200, description = "The batch, stopped (or already done)", body = BatchView),
         (status = 404, description = "No such batch", body = ErrorBody),
+        (status = 422, description = "A reason too long, or a body with a field the request does not have", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -178,9 +180,11 @@ pub async fn stop(
     State(state): State<ApiState>,
     caller: Option<Extension<Caller>>,
     ApiPath(BatchPath { id }): ApiPath<BatchPath>,
+    request: Option<ApiJson<OperatorRequest>>,
 ) -> ApiResult<Json<BatchView>> {
+    let reason = reason_of(request);
     let by = caller_of(caller).to_string();
-    let operator = Operator { by: &by, reason: None };
+    let operator = Operator { by: &by, reason: reason.as_deref() };
     let batch = rota_engine::batch::stop(state.client(), &id, operator).await.map_err(|err| ApiError::ops("stop batch", err))?;
     batch.map(|b| Json(BatchView::from(&b))).ok_or_else(|| ApiError::not_found(format!("batch {id}")))
 }

@@ -14,9 +14,9 @@ use rota_store::Redrive;
 
 use crate::ApiState;
 use crate::auth::Caller;
-use crate::error::{ApiError, ApiPath, ApiQuery, ApiResult, ErrorBody};
-use crate::tasks::caller_of;
-use crate::wire::{BreakerView, Count, DeadLetterPath, DeadLetterView, LimitQuery, QueuePath, QueueView};
+use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody};
+use crate::tasks::{caller_of, reason_of};
+use crate::wire::{BreakerView, Count, DeadLetterPath, DeadLetterView, LimitQuery, OperatorRequest, QueuePath, QueueView};
 
 fn queue_name(raw: String) -> ApiResult<QueueName> {
     QueueName::new(raw).map_err(|err| ApiError::invalid_path("queue", err))
@@ -61,10 +61,12 @@ pub async fn get(State(state): State<ApiState>, ApiPath(QueuePath { queue }): Ap
 #[utoipa::path(
     post, path = "/v1/queues/{queue}/pause", tag = "queues",
     params(QueuePath),
+    request_body(content = Option<OperatorRequest>, description = "Why (optional), kept in the audit log with who did it; the body may be left out", content_type = "application/json"),
     responses(
         (status = 200, description = "The queue, paused", body = QueueView),
         (status = 400, description = "Invalid queue name", body = ErrorBody),
         (status = 404, description = "No such queue", body = ErrorBody),
+        (status = 422, description = "A reason too long, or a body with a field the request does not have", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -72,11 +74,13 @@ pub async fn pause(
     State(state): State<ApiState>,
     caller: Option<Extension<Caller>>,
     ApiPath(QueuePath { queue }): ApiPath<QueuePath>,
+    request: Option<ApiJson<OperatorRequest>>,
 ) -> ApiResult<Json<QueueView>> {
+    let reason = reason_of(request);
     let queue = queue_name(queue)?;
     existing(&state, "pause", &queue).await?;
     let by = caller_of(caller).to_string();
-    state.client().pause_queue(&queue, Operator { by: &by, reason: None }).await.map_err(|err| ApiError::ops("pause", err))?;
+    state.client().pause_queue(&queue, Operator { by: &by, reason: reason.as_deref() }).await.map_err(|err| ApiError::ops("pause", err))?;
     Ok(Json(queue_stats(&state, "pause", &queue).await?))
 }
 
@@ -84,10 +88,12 @@ pub async fn pause(
 #[utoipa::path(
     post, path = "/v1/queues/{queue}/resume", tag = "queues",
     params(QueuePath),
+    request_body(content = Option<OperatorRequest>, description = "Why (optional), kept in the audit log with who did it; the body may be left out", content_type = "application/json"),
     responses(
         (status = 200, description = "The queue, resumed", body = QueueView),
         (status = 400, description = "Invalid queue name", body = ErrorBody),
         (status = 404, description = "No such queue", body = ErrorBody),
+        (status = 422, description = "A reason too long, or a body with a field the request does not have", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -95,11 +101,17 @@ pub async fn resume(
     State(state): State<ApiState>,
     caller: Option<Extension<Caller>>,
     ApiPath(QueuePath { queue }): ApiPath<QueuePath>,
+    request: Option<ApiJson<OperatorRequest>>,
 ) -> ApiResult<Json<QueueView>> {
+    let reason = reason_of(request);
     let queue = queue_name(queue)?;
     existing(&state, "resume", &queue).await?;
     let by = caller_of(caller).to_string();
-    state.client().resume_queue(&queue, Operator { by: &by, reason: None }).await.map_err(|err| ApiError::ops("resume", err))?;
+    state
+        .client()
+        .resume_queue(&queue, Operator { by: &by, reason: reason.as_deref() })
+        .await
+        .map_err(|err| ApiError::ops("resume", err))?;
     Ok(Json(queue_stats(&state, "resume", &queue).await?))
 }
 
@@ -136,10 +148,12 @@ pub async fn dead_letters(
 #[utoipa::path(
     post, path = "/v1/queues/{queue}/dead-letters/redrive", tag = "dead letters",
     params(QueuePath),
+    request_body(content = Option<OperatorRequest>, description = "Why (optional), kept in the audit log with who did it; the body may be left out", content_type = "application/json"),
     responses(
         (status = 200, description = "How many were sent back", body = Count),
         (status = 400, description = "Invalid queue name", body = ErrorBody),
         (status = 404, description = "No such queue", body = ErrorBody),
+        (status = 422, description = "A reason too long, or a body with a field the request does not have", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -147,10 +161,12 @@ pub async fn redrive_all(
     State(state): State<ApiState>,
     caller: Option<Extension<Caller>>,
     ApiPath(QueuePath { queue }): ApiPath<QueuePath>,
+    request: Option<ApiJson<OperatorRequest>>,
 ) -> ApiResult<Json<Count>> {
+    let reason = reason_of(request);
     let queue = queue_name(queue)?;
     let by = caller_of(caller).to_string();
-    let operator = Operator { by: &by, reason: None };
+    let operator = Operator { by: &by, reason: reason.as_deref() };
     let count = state.client().redrive_dead_letters(&queue, Redrive::All, operator).await.map_err(|err| ApiError::ops("redrive", err))?;
     Ok(Json(Count { count }))
 }
@@ -159,10 +175,12 @@ pub async fn redrive_all(
 #[utoipa::path(
     post, path = "/v1/queues/{queue}/dead-letters/{id}/redrive", tag = "dead letters",
     params(DeadLetterPath),
+    request_body(content = Option<OperatorRequest>, description = "Why (optional), kept in the audit log with who did it; the body may be left out", content_type = "application/json"),
     responses(
         (status = 200, description = "How many were sent back (1)", body = Count),
         (status = 400, description = "Invalid queue name or message id", body = ErrorBody),
         (status = 404, description = "No such queue or dead letter", body = ErrorBody),
+        (status = 422, description = "A reason too long, or a body with a field the request does not have", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -170,11 +188,13 @@ pub async fn redrive_one(
     State(state): State<ApiState>,
     caller: Option<Extension<Caller>>,
     ApiPath(DeadLetterPath { queue, id }): ApiPath<DeadLetterPath>,
+    request: Option<ApiJson<OperatorRequest>>,
 ) -> ApiResult<Json<Count>> {
+    let reason = reason_of(request);
     let queue = queue_name(queue)?;
     let id = MessageId::new(id).map_err(|err| ApiError::invalid_path("id", err))?;
     let by = caller_of(caller).to_string();
-    let operator = Operator { by: &by, reason: None };
+    let operator = Operator { by: &by, reason: reason.as_deref() };
     let count =
         state.client().redrive_dead_letters(&queue, Redrive::One(id), operator).await.map_err(|err| ApiError::ops("redrive", err))?;
     Ok(Json(Count { count }))
@@ -184,10 +204,12 @@ pub async fn redrive_one(
 #[utoipa::path(
     post, path = "/v1/queues/{queue}/dead-letters/purge", tag = "dead letters",
     params(QueuePath),
+    request_body(content = Option<OperatorRequest>, description = "Why (optional), kept in the audit log with who did it; the body may be left out", content_type = "application/json"),
     responses(
         (status = 200, description = "How many were deleted", body = Count),
         (status = 400, description = "Invalid queue name", body = ErrorBody),
         (status = 404, description = "No such queue", body = ErrorBody),
+        (status = 422, description = "A reason too long, or a body with a field the request does not have", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -195,10 +217,12 @@ pub async fn purge(
     State(state): State<ApiState>,
     caller: Option<Extension<Caller>>,
     ApiPath(QueuePath { queue }): ApiPath<QueuePath>,
+    request: Option<ApiJson<OperatorRequest>>,
 ) -> ApiResult<Json<Count>> {
+    let reason = reason_of(request);
     let queue = queue_name(queue)?;
     let by = caller_of(caller).to_string();
-    let operator = Operator { by: &by, reason: None };
+    let operator = Operator { by: &by, reason: reason.as_deref() };
     let count = state.client().purge_dead_letters(&queue, operator).await.map_err(|err| ApiError::ops("purge", err))?;
     Ok(Json(Count { count }))
 }

@@ -12,9 +12,9 @@ use rota_model::ScheduleName;
 
 use crate::ApiState;
 use crate::auth::Caller;
-use crate::error::{ApiError, ApiJson, ApiPath, ApiResult, ErrorBody};
-use crate::tasks::caller_of;
-use crate::wire::{SchedulePath, ScheduleRequest, ScheduleView, TaskView};
+use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody};
+use crate::tasks::{caller_of, reason_of};
+use crate::wire::{OperatorRequest, ReasonQuery, SchedulePath, ScheduleRequest, ScheduleView, TaskView};
 
 fn schedule_name(raw: String) -> ApiResult<ScheduleName> {
     ScheduleName::new(raw).map_err(|err| ApiError::invalid_path("name", err))
@@ -81,10 +81,10 @@ pub async fn get(State(state): State<ApiState>, ApiPath(SchedulePath { name }): 
 /// Delete a schedule. The tasks it started are kept.
 #[utoipa::path(
     delete, path = "/v1/schedules/{name}", tag = "schedules", operation_id = "delete_schedule",
-    params(SchedulePath),
+    params(SchedulePath, ReasonQuery),
     responses(
         (status = 204, description = "Deleted"),
-        (status = 400, description = "Invalid name", body = ErrorBody),
+        (status = 400, description = "Invalid name, or a reason too long", body = ErrorBody),
         (status = 404, description = "No such schedule", body = ErrorBody),
     ),
     security(("bearer" = []))
@@ -93,13 +93,14 @@ pub async fn delete(
     State(state): State<ApiState>,
     caller: Option<Extension<Caller>>,
     ApiPath(SchedulePath { name }): ApiPath<SchedulePath>,
+    ApiQuery(ReasonQuery { reason }): ApiQuery<ReasonQuery>,
 ) -> ApiResult<StatusCode> {
     let name = schedule_name(name)?;
-    state
-        .client()
-        .delete_schedule(&name, Operator { by: &caller_of(caller).to_string(), reason: None })
-        .await
-        .map_err(|err| ApiError::ops("delete schedule", err))?;
+    let by = caller_of(caller).to_string();
+    let operator = Operator { by: &by, reason: reason.as_deref() };
+    // A DELETE has no body: the reason comes as a query parameter.
+    operator.check().map_err(|err| ApiError::invalid_query("reason", err))?;
+    state.client().delete_schedule(&name, operator).await.map_err(|err| ApiError::ops("delete schedule", err))?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -107,10 +108,12 @@ pub async fn delete(
 #[utoipa::path(
     post, path = "/v1/schedules/{name}/pause", tag = "schedules", operation_id = "pause_schedule",
     params(SchedulePath),
+    request_body(content = Option<OperatorRequest>, description = "Why (optional), kept in the audit log with who did it; the body may be left out", content_type = "application/json"),
     responses(
         (status = 200, description = "The schedule, paused", body = ScheduleView),
         (status = 400, description = "Invalid name", body = ErrorBody),
         (status = 404, description = "No such schedule", body = ErrorBody),
+        (status = 422, description = "A reason too long, or a body with a field the request does not have", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -118,11 +121,13 @@ pub async fn pause(
     State(state): State<ApiState>,
     caller: Option<Extension<Caller>>,
     ApiPath(SchedulePath { name }): ApiPath<SchedulePath>,
+    request: Option<ApiJson<OperatorRequest>>,
 ) -> ApiResult<Json<ScheduleView>> {
+    let reason = reason_of(request);
     let name = schedule_name(name)?;
     let detail = state
         .client()
-        .pause_schedule(&name, Operator { by: &caller_of(caller).to_string(), reason: None })
+        .pause_schedule(&name, Operator { by: &caller_of(caller).to_string(), reason: reason.as_deref() })
         .await
         .map_err(|err| ApiError::ops("pause schedule", err))?;
     Ok(Json(ScheduleView::from(&detail)))
@@ -133,10 +138,12 @@ pub async fn pause(
 #[utoipa::path(
     post, path = "/v1/schedules/{name}/resume", tag = "schedules", operation_id = "resume_schedule",
     params(SchedulePath),
+    request_body(content = Option<OperatorRequest>, description = "Why (optional), kept in the audit log with who did it; the body may be left out", content_type = "application/json"),
     responses(
         (status = 200, description = "The schedule, running", body = ScheduleView),
         (status = 400, description = "Invalid name", body = ErrorBody),
         (status = 404, description = "No such schedule", body = ErrorBody),
+        (status = 422, description = "A reason too long, or a body with a field the request does not have", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -144,11 +151,13 @@ pub async fn resume(
     State(state): State<ApiState>,
     caller: Option<Extension<Caller>>,
     ApiPath(SchedulePath { name }): ApiPath<SchedulePath>,
+    request: Option<ApiJson<OperatorRequest>>,
 ) -> ApiResult<Json<ScheduleView>> {
+    let reason = reason_of(request);
     let name = schedule_name(name)?;
     let detail = state
         .client()
-        .resume_schedule(&name, Operator { by: &caller_of(caller).to_string(), reason: None })
+        .resume_schedule(&name, Operator { by: &caller_of(caller).to_string(), reason: reason.as_deref() })
         .await
         .map_err(|err| ApiError::ops("resume schedule", err))?;
     Ok(Json(ScheduleView::from(&detail)))
@@ -162,10 +171,12 @@ pub async fn resume(
 #[utoipa::path(
     post, path = "/v1/schedules/{name}/trigger", tag = "schedules", operation_id = "trigger_schedule",
     params(SchedulePath),
+    request_body(content = Option<OperatorRequest>, description = "Why (optional), kept in the audit log with who did it; the body may be left out", content_type = "application/json"),
     responses(
         (status = 201, description = "The task it started", body = TaskView),
         (status = 400, description = "Invalid name", body = ErrorBody),
         (status = 404, description = "No such schedule, or its workflow is not registered", body = ErrorBody),
+        (status = 422, description = "A reason too long, or a body with a field the request does not have", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -173,11 +184,13 @@ pub async fn trigger(
     State(state): State<ApiState>,
     caller: Option<Extension<Caller>>,
     ApiPath(SchedulePath { name }): ApiPath<SchedulePath>,
+    request: Option<ApiJson<OperatorRequest>>,
 ) -> ApiResult<(StatusCode, Json<TaskView>)> {
+    let reason = reason_of(request);
     let name = schedule_name(name)?;
     let submitted = state
         .client()
-        .trigger_schedule(&name, Operator { by: &caller_of(caller).to_string(), reason: None })
+        .trigger_schedule(&name, Operator { by: &caller_of(caller).to_string(), reason: reason.as_deref() })
         .await
         .map_err(|err| ApiError::ops("trigger schedule", err))?;
     let detail = state.client().task(&submitted.id).await.map_err(|err: ops::Error| ApiError::ops("trigger schedule", err))?;

@@ -256,6 +256,11 @@ pub async fn counts(
     Ok(Json(TaskCounts::from(counted.as_slice())))
 }
 
+/// The reason an operator's optional body gives, if any.
+pub(crate) fn reason_of(request: Option<ApiJson<OperatorRequest>>) -> Option<String> {
+    request.and_then(|ApiJson(request)| request.reason)
+}
+
 /// The search conditions the listing, the counts and the batches share,
 /// as sent.
 pub(crate) struct Search {

@@ -608,12 +608,13 @@ pub struct PauseRequest {
     pub reason: Option<String>,
 }
 
-/// An operator's cancel or resubmit of a task; the body may be left out.
+/// Why an operator acts (a task's cancel, a queue's pause, a purge…);
+/// the body may be left out.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OperatorRequest {
-    /// Why, kept in the task's history with who did it (at most 1000
-    /// characters).
+    /// Why, kept with who did it: in the task's history, or in the audit
+    /// log for an action on no task (at most 1000 characters).
     #[serde(default)]
     pub reason: Option<String>,
 }
@@ -1176,6 +1177,16 @@ impl TaskCounts {
             TaskState::Cancelled => counts.cancelled,
         }
     }
+}
+
+/// Why an operator acts, where the request has no body (a DELETE).
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ReasonQuery {
+    /// Why, kept in the audit log with who did it (at most 1000
+    /// characters).
+    pub reason: Option<String>,
 }
 
 /// A listing's bound.

@@ -402,7 +402,11 @@ async fn the_audit_log_lists_operator_actions_with_the_tokens_name() {
     let queue = rota_model::QueueName::new("orders").unwrap();
     server.store.create_queue(&queue, rota_store::QueueConfig::default()).await.unwrap();
     assert_eq!(server.post("/v1/queues/orders/dead-letters/purge").await.body["count"], json!(0));
-    assert_eq!(server.post("/v1/queues/orders/pause").await.status, StatusCode::OK);
+    let long = server.post_json("/v1/queues/orders/pause", &json!({ "reason": "x".repeat(1001) })).await;
+    assert!(long.assert_error(422, "invalid_body").starts_with("reason: is 1001 characters long"), "{}", long.text);
+    assert_eq!(server.get("/v1/queues/orders").await.body["paused"], json!(false), "a refused pause pauses nothing");
+    let paused = server.post_json("/v1/queues/orders/pause", &json!({ "reason": "the warehouse is closed" })).await;
+    assert_eq!(paused.status, StatusCode::OK, "{}", paused.text);
 
     let listed = server.get("/v1/audit").await;
     assert_eq!(listed.status, StatusCode::OK, "{}", listed.text);
@@ -417,6 +421,8 @@ async fn the_audit_log_lists_operator_actions_with_the_tokens_name() {
     let by = "api token with scope admin (oncall)";
     assert_eq!(rows, [("queue.pause", "orders", by), ("dlq.purge", "orders", by), ("task.cancel", "au-1", by)]);
     assert_eq!(listed.body[2]["reason"], json!("customer asked"));
+    assert_eq!(listed.body[0]["reason"], json!("the warehouse is closed"), "an action on no task keeps its reason too");
+    assert_eq!(listed.body[1]["reason"], Value::Null, "the body may be left out");
     assert_eq!(listed.body[1]["detail"], json!({ "purged": 0 }));
 
     let cancels = server.get("/v1/audit?action=task.cancel&by=api%20token%20with%20scope%20admin%20(oncall)").await;

@@ -73,7 +73,7 @@ async fn schedules_are_created_listed_changed_triggered_and_deleted() {
 
     let shown = server.get("/v1/schedules/tick").await;
     assert_eq!((shown.status, &shown.body["input"]), (StatusCode::OK, &json!({ "n": 1 })));
-    let paused = server.post("/v1/schedules/tick/pause").await;
+    let paused = server.post_json("/v1/schedules/tick/pause", &json!({ "reason": "the report moved" })).await;
     assert_eq!((&paused.body["paused"], &paused.body["next_fire_at"]), (&json!(true), &Value::Null));
     let resumed = server.post("/v1/schedules/tick/resume").await;
     assert_eq!(resumed.body["paused"], json!(false));
@@ -88,7 +88,21 @@ async fn schedules_are_created_listed_changed_triggered_and_deleted() {
     assert_eq!(history[0]["detail"]["schedule"]["name"], json!("tick"));
     assert_eq!(history[0]["detail"]["schedule"]["manual"], json!(true));
 
-    assert_eq!(server.delete("/v1/schedules/tick").await.status, StatusCode::NO_CONTENT);
+    let long = server.delete(&format!("/v1/schedules/tick?reason={}", "x".repeat(1001))).await;
+    assert!(long.assert_error(400, "invalid_query").contains("reason"), "{}", long.text);
+    assert_eq!(server.delete("/v1/schedules/tick?reason=replaced%20by%20tock").await.status, StatusCode::NO_CONTENT);
+    let audit = server.get("/v1/audit?limit=10").await.body;
+    let reasons: Vec<(&str, &Value)> = audit.as_array().unwrap().iter().map(|e| (e["action"].as_str().unwrap(), &e["reason"])).collect();
+    assert_eq!(
+        reasons,
+        [
+            ("schedule.delete", &json!("replaced by tock")),
+            ("schedule.trigger", &Value::Null),
+            ("schedule.resume", &Value::Null),
+            ("schedule.pause", &json!("the report moved")),
+        ],
+        "the reasons given, kept in the audit log"
+    );
     for (method, path) in [("GET", ""), ("POST", "/pause"), ("POST", "/resume"), ("POST", "/trigger"), ("DELETE", "")] {
         let path = format!("/v1/schedules/tick{path}");
         let reply = match method {

@@ -511,14 +511,14 @@ impl Backend {
     }
 
     /// Stops deliveries from a queue.
-    pub async fn pause(&self, queue: &QueueName) -> anyhow::Result<()> {
+    pub async fn pause(&self, queue: &QueueName, reason: Option<&str>) -> anyhow::Result<()> {
         match self {
             Backend::Local(store) => client(store)
-                .pause_queue(queue, Operator { by: &local_sender(), reason: None })
+                .pause_queue(queue, Operator { by: &local_sender(), reason })
                 .await
                 .map_err(|err| local_error(|| format!("cannot pause queue {queue}"), err)),
             Backend::Remote(server) => server
-                .post::<QueueView, ()>(&["v1", "queues", queue.as_str(), "pause"], None)
+                .post::<QueueView, _>(&["v1", "queues", queue.as_str(), "pause"], Some(&reason_body(reason)))
                 .await
                 .map(drop)
                 .with_context(|| format!("cannot pause queue {queue}")),
@@ -526,14 +526,14 @@ impl Backend {
     }
 
     /// Resumes deliveries from a queue.
-    pub async fn resume(&self, queue: &QueueName) -> anyhow::Result<()> {
+    pub async fn resume(&self, queue: &QueueName, reason: Option<&str>) -> anyhow::Result<()> {
         match self {
             Backend::Local(store) => client(store)
-                .resume_queue(queue, Operator { by: &local_sender(), reason: None })
+                .resume_queue(queue, Operator { by: &local_sender(), reason })
                 .await
                 .map_err(|err| local_error(|| format!("cannot resume queue {queue}"), err)),
             Backend::Remote(server) => server
-                .post::<QueueView, ()>(&["v1", "queues", queue.as_str(), "resume"], None)
+                .post::<QueueView, _>(&["v1", "queues", queue.as_str(), "resume"], Some(&reason_body(reason)))
                 .await
                 .map(drop)
                 .with_context(|| format!("cannot resume queue {queue}")),
@@ -554,11 +554,11 @@ impl Backend {
     }
 
     /// Sends dead letters back to their queue; how many.
-    pub async fn redrive(&self, queue: &QueueName, which: Redrive) -> anyhow::Result<u64> {
+    pub async fn redrive(&self, queue: &QueueName, which: Redrive, reason: Option<&str>) -> anyhow::Result<u64> {
         let context = || format!("cannot redrive dead letters of queue {queue}");
         match self {
             Backend::Local(store) => client(store)
-                .redrive_dead_letters(queue, which, Operator { by: &local_sender(), reason: None })
+                .redrive_dead_letters(queue, which, Operator { by: &local_sender(), reason })
                 .await
                 .map_err(|err| local_error(context, err)),
             Backend::Remote(server) => {
@@ -566,7 +566,7 @@ impl Backend {
                     Redrive::One(id) => vec!["v1", "queues", queue.as_str(), "dead-letters", id.as_str(), "redrive"],
                     Redrive::All => vec!["v1", "queues", queue.as_str(), "dead-letters", "redrive"],
                 };
-                Ok(server.post::<Count, ()>(&segments, None).await.with_context(context)?.1.count)
+                Ok(server.post::<Count, _>(&segments, Some(&reason_body(reason))).await.with_context(context)?.1.count)
             }
         }
     }
@@ -594,15 +594,15 @@ impl Backend {
     }
 
     /// Deletes a queue's dead letters; how many.
-    pub async fn purge(&self, queue: &QueueName) -> anyhow::Result<u64> {
+    pub async fn purge(&self, queue: &QueueName, reason: Option<&str>) -> anyhow::Result<u64> {
         let context = || format!("cannot purge dead letters of queue {queue}");
         match self {
             Backend::Local(store) => client(store)
-                .purge_dead_letters(queue, Operator { by: &local_sender(), reason: None })
+                .purge_dead_letters(queue, Operator { by: &local_sender(), reason })
                 .await
                 .map_err(|err| local_error(context, err)),
             Backend::Remote(server) => Ok(server
-                .post::<Count, ()>(&["v1", "queues", queue.as_str(), "dead-letters", "purge"], None)
+                .post::<Count, _>(&["v1", "queues", queue.as_str(), "dead-letters", "purge"], Some(&reason_body(reason)))
                 .await
                 .with_context(context)?
                 .1
@@ -652,30 +652,30 @@ impl Backend {
     }
 
     /// Pauses a schedule; the schedule afterwards.
-    pub async fn pause_schedule(&self, name: &ScheduleName) -> anyhow::Result<ScheduleView> {
+    pub async fn pause_schedule(&self, name: &ScheduleName, reason: Option<&str>) -> anyhow::Result<ScheduleView> {
         let asked = || format!("cannot pause schedule {name}");
         match self {
             Backend::Local(store) => Ok(ScheduleView::from(
                 &client(store)
-                    .pause_schedule(name, Operator { by: &local_sender(), reason: None })
+                    .pause_schedule(name, Operator { by: &local_sender(), reason })
                     .await
                     .map_err(|err| local_error(asked, err))?,
             )),
-            Backend::Remote(server) => self.schedule_change(server, name, "pause", asked).await,
+            Backend::Remote(server) => self.schedule_change(server, name, "pause", reason, asked).await,
         }
     }
 
     /// Resumes a schedule; the schedule afterwards.
-    pub async fn resume_schedule(&self, name: &ScheduleName) -> anyhow::Result<ScheduleView> {
+    pub async fn resume_schedule(&self, name: &ScheduleName, reason: Option<&str>) -> anyhow::Result<ScheduleView> {
         let asked = || format!("cannot resume schedule {name}");
         match self {
             Backend::Local(store) => Ok(ScheduleView::from(
                 &client(store)
-                    .resume_schedule(name, Operator { by: &local_sender(), reason: None })
+                    .resume_schedule(name, Operator { by: &local_sender(), reason })
                     .await
                     .map_err(|err| local_error(asked, err))?,
             )),
-            Backend::Remote(server) => self.schedule_change(server, name, "resume", asked).await,
+            Backend::Remote(server) => self.schedule_change(server, name, "resume", reason, asked).await,
         }
     }
 
@@ -685,31 +685,30 @@ impl Backend {
         server: &Server,
         name: &ScheduleName,
         verb: &str,
+        reason: Option<&str>,
         asked: impl FnOnce() -> String,
     ) -> anyhow::Result<ScheduleView> {
         let (_, view) = server
-            .post::<ScheduleView, ()>(&["v1", "schedules", name.as_str(), verb], None)
+            .post::<ScheduleView, _>(&["v1", "schedules", name.as_str(), verb], Some(&reason_body(reason)))
             .await
             .map_err(|err| remote_error(asked, err))?;
         Ok(view)
     }
 
     /// Fires a schedule now; the task it started.
-    pub async fn trigger_schedule(&self, name: &ScheduleName) -> anyhow::Result<TaskView> {
+    pub async fn trigger_schedule(&self, name: &ScheduleName, reason: Option<&str>) -> anyhow::Result<TaskView> {
         let asked = || format!("cannot trigger schedule {name}");
         match self {
             Backend::Local(store) => {
                 let client = client(store);
-                let submitted = client
-                    .trigger_schedule(name, Operator { by: &local_sender(), reason: None })
-                    .await
-                    .map_err(|err| local_error(asked, err))?;
+                let submitted =
+                    client.trigger_schedule(name, Operator { by: &local_sender(), reason }).await.map_err(|err| local_error(asked, err))?;
                 let detail = client.task(&submitted.id).await.map_err(|err| local_error(asked, err))?;
                 Ok(TaskView::from(&detail))
             }
             Backend::Remote(server) => {
                 let (_, view) = server
-                    .post::<TaskView, ()>(&["v1", "schedules", name.as_str(), "trigger"], None)
+                    .post::<TaskView, _>(&["v1", "schedules", name.as_str(), "trigger"], Some(&reason_body(reason)))
                     .await
                     .map_err(|err| remote_error(asked, err))?;
                 Ok(view)
@@ -718,16 +717,23 @@ impl Backend {
     }
 
     /// Deletes a schedule.
-    pub async fn delete_schedule(&self, name: &ScheduleName) -> anyhow::Result<()> {
+    pub async fn delete_schedule(&self, name: &ScheduleName, reason: Option<&str>) -> anyhow::Result<()> {
         let asked = || format!("cannot delete schedule {name}");
         match self {
-            Backend::Local(store) => client(store)
-                .delete_schedule(name, Operator { by: &local_sender(), reason: None })
-                .await
-                .map_err(|err| local_error(asked, err)),
-            Backend::Remote(server) => server.delete(&["v1", "schedules", name.as_str()]).await.map_err(|err| remote_error(asked, err)),
+            Backend::Local(store) => {
+                client(store).delete_schedule(name, Operator { by: &local_sender(), reason }).await.map_err(|err| local_error(asked, err))
+            }
+            Backend::Remote(server) => {
+                let query: Vec<(&str, String)> = reason.map(|reason| ("reason", reason.to_owned())).into_iter().collect();
+                server.delete(&["v1", "schedules", name.as_str()], &query).await.map_err(|err| remote_error(asked, err))
+            }
         }
     }
+}
+
+/// The body of an operator's action on no task: why, if given.
+fn reason_body(reason: Option<&str>) -> OperatorRequest {
+    OperatorRequest { reason: reason.map(str::to_owned) }
 }
 
 /// The query parameters of `filter`'s search conditions (tags, time
@@ -796,17 +802,17 @@ impl Backend {
     }
 
     /// Stops a batch; the batch afterwards.
-    pub async fn stop_batch(&self, id: &str) -> anyhow::Result<BatchView> {
+    pub async fn stop_batch(&self, id: &str, reason: Option<&str>) -> anyhow::Result<BatchView> {
         match self {
             Backend::Local(store) => {
-                let operator = Operator { by: &local_sender(), reason: None };
+                let operator = Operator { by: &local_sender(), reason };
                 let batch = rota_engine::batch::stop(&client(store), id, operator)
                     .await
                     .map_err(|err| local_error(|| format!("cannot stop batch {id}"), err))?;
                 batch.map(|b| BatchView::from(&b)).ok_or_else(|| anyhow!("batch {id} not found"))
             }
             Backend::Remote(server) => {
-                let (_, view) = server.post::<BatchView, ()>(&["v1", "batches", id, "stop"], None).await?;
+                let (_, view) = server.post::<BatchView, _>(&["v1", "batches", id, "stop"], Some(&reason_body(reason))).await?;
                 Ok(view)
             }
         }

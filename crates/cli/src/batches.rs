@@ -69,6 +69,9 @@ pub enum Command {
     Stop {
         /// The batch id.
         id: String,
+        /// Why, kept in the audit log with who did it.
+        #[arg(long, value_name = "TEXT")]
+        reason: Option<String>,
     },
     /// Run a batch here from where it got (one whose runner died), on a
     /// local store; through --server, follow it.
@@ -274,8 +277,8 @@ pub async fn run(store: StoreArgs, command: Command) -> anyhow::Result<()> {
             }
             output::line(&serde_json::to_string_pretty(&batch)?)?;
         }
-        Command::Stop { id } => {
-            let batch = backend.stop_batch(&id).await?;
+        Command::Stop { id, reason } => {
+            let batch = backend.stop_batch(&id, reason.as_deref()).await?;
             output::line(&batch.state)?;
         }
         Command::Resume { id, batch_lease } => {

@@ -56,11 +56,11 @@ pub struct RedriveArgs {
     /// The queue whose dead letters to send back.
     queue: QueueName,
     /// Only the dead letter with this message id.
-    #[arg(long, value_name = "ID", group = "which", conflicts_with_all = ["all", "reason_contains", "dead_lettered_after", "dead_lettered_before", "dry_run", "detach", "reason"])]
+    #[arg(long, value_name = "ID", group = "which", conflicts_with_all = ["all", "reason_contains", "dead_lettered_after", "dead_lettered_before", "dry_run", "detach"])]
     id: Option<MessageId>,
     /// All of the queue's dead letters, in one statement (with --dry-run:
     /// how many, and the first).
-    #[arg(long, group = "which", conflicts_with_all = ["reason_contains", "dead_lettered_after", "dead_lettered_before", "detach", "reason"])]
+    #[arg(long, group = "which", conflicts_with_all = ["reason_contains", "dead_lettered_after", "dead_lettered_before", "detach"])]
     all: bool,
     /// Only dead letters whose reason contains TEXT (case-sensitive); a
     /// filter makes the redrive a durable batch.
@@ -78,7 +78,8 @@ pub struct RedriveArgs {
     /// them with their reasons, and change nothing.
     #[arg(long)]
     dry_run: bool,
-    /// Why (kept with the batch and in the audit log).
+    /// Why, kept in the audit log with who did it (and with the batch, for
+    /// a filtered redrive).
     #[arg(long, value_name = "TEXT")]
     reason: Option<String>,
     /// Store the batch and return, printing its id: a Supervisor leader
@@ -112,6 +113,9 @@ impl RedriveArgs {
 pub struct PurgeArgs {
     /// The queue whose dead letters to delete.
     queue: QueueName,
+    /// Why, kept in the audit log with who did it.
+    #[arg(long, value_name = "TEXT")]
+    reason: Option<String>,
 }
 
 /// Runs one `rota dlq` subcommand.
@@ -152,7 +156,7 @@ async fn list(store: &StoreArgs, args: ListArgs) -> anyhow::Result<()> {
 async fn redrive(store: &StoreArgs, args: RedriveArgs) -> anyhow::Result<()> {
     let backend = store.backend().await?;
     if let Some(id) = args.id {
-        let moved = backend.redrive(&args.queue, Redrive::One(id)).await?;
+        let moved = backend.redrive(&args.queue, Redrive::One(id), args.reason.as_deref()).await?;
         output::line(&moved.to_string())?;
         return Ok(());
     }
@@ -173,7 +177,7 @@ async fn redrive(store: &StoreArgs, args: RedriveArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     if args.all {
-        let moved = backend.redrive(&args.queue, Redrive::All).await?;
+        let moved = backend.redrive(&args.queue, Redrive::All, args.reason.as_deref()).await?;
         output::line(&moved.to_string())?;
         return Ok(());
     }
@@ -189,7 +193,7 @@ async fn redrive(store: &StoreArgs, args: RedriveArgs) -> anyhow::Result<()> {
 }
 
 async fn purge(store: &StoreArgs, args: PurgeArgs) -> anyhow::Result<()> {
-    let purged = store.backend().await?.purge(&args.queue).await?;
+    let purged = store.backend().await?.purge(&args.queue, args.reason.as_deref()).await?;
     output::line(&purged.to_string())?;
     Ok(())
 }

@@ -44,9 +44,9 @@ pub enum Command {
     /// Create a queue, or change the given settings of an existing one.
     Create(CreateArgs),
     /// Stop deliveries from a queue (sends still succeed).
-    Pause(QueueArg),
+    Pause(QueueActionArgs),
     /// Resume deliveries from a paused queue.
-    Resume(QueueArg),
+    Resume(QueueActionArgs),
     /// Show counts per queue: ready, leased, delayed, dead-lettered, paused.
     Stats(StatsArgs),
     /// Run a competing consumer until SIGINT or SIGTERM.
@@ -170,6 +170,16 @@ pub struct CreateArgs {
 pub struct QueueArg {
     /// The queue.
     queue: QueueName,
+}
+
+/// Arguments of `queue pause` and `queue resume`.
+#[derive(clap::Args)]
+pub struct QueueActionArgs {
+    /// The queue.
+    queue: QueueName,
+    /// Why, kept in the audit log with who did it.
+    #[arg(long, value_name = "TEXT")]
+    reason: Option<String>,
 }
 
 /// Arguments of `queue stats`.
@@ -443,12 +453,12 @@ fn validate_config(config: &QueueConfig) -> anyhow::Result<()> {
     })
 }
 
-async fn pause(store: &StoreArgs, args: QueueArg) -> anyhow::Result<()> {
-    store.backend().await?.pause(&args.queue).await
+async fn pause(store: &StoreArgs, args: QueueActionArgs) -> anyhow::Result<()> {
+    store.backend().await?.pause(&args.queue, args.reason.as_deref()).await
 }
 
-async fn resume(store: &StoreArgs, args: QueueArg) -> anyhow::Result<()> {
-    store.backend().await?.resume(&args.queue).await
+async fn resume(store: &StoreArgs, args: QueueActionArgs) -> anyhow::Result<()> {
+    store.backend().await?.resume(&args.queue, args.reason.as_deref()).await
 }
 
 async fn stats(store: &StoreArgs, args: StatsArgs) -> anyhow::Result<()> {

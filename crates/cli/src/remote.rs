@@ -106,9 +106,9 @@ impl Server {
         self.send(Method::POST, segments, &[], body).await
     }
 
-    /// DELETE `segments`; the answer has no body.
-    pub async fn delete(&self, segments: &[&str]) -> anyhow::Result<()> {
-        self.send::<serde::de::IgnoredAny, ()>(Method::DELETE, segments, &[], None).await.map(drop)
+    /// DELETE `segments` with `query`; the answer has no body.
+    pub async fn delete(&self, segments: &[&str], query: &[(&str, String)]) -> anyhow::Result<()> {
+        self.send::<serde::de::IgnoredAny, ()>(Method::DELETE, segments, query, None).await.map(drop)
     }
 
     async fn send<T: DeserializeOwned, B: Serialize>(

@@ -77,11 +77,14 @@ pub struct ShowArgs {
     json: bool,
 }
 
-/// A schedule's name.
+/// A schedule's name, and why an operator acts on it.
 #[derive(clap::Args)]
 pub struct NameArg {
     /// The schedule.
     name: ScheduleName,
+    /// Why, kept in the audit log with who did it.
+    #[arg(long, value_name = "TEXT")]
+    reason: Option<String>,
 }
 
 /// Runs a `rota schedules` command.
@@ -138,15 +141,15 @@ pub async fn run(store: StoreArgs, command: Command) -> anyhow::Result<()> {
             output::line(&show(&view))?;
         }
         Command::Pause(args) => {
-            let view = backend.pause_schedule(&args.name).await?;
+            let view = backend.pause_schedule(&args.name, args.reason.as_deref()).await?;
             output::line(&format!("schedule {} paused", view.name))?;
         }
         Command::Resume(args) => {
-            let view = backend.resume_schedule(&args.name).await?;
+            let view = backend.resume_schedule(&args.name, args.reason.as_deref()).await?;
             output::line(&format!("schedule {} resumed; next fire {}", view.name, next_fire(&view)))?;
         }
         Command::Trigger(args) => {
-            let task = backend.trigger_schedule(&args.name).await?;
+            let task = backend.trigger_schedule(&args.name, args.reason.as_deref()).await?;
             output::line(&format!(
                 "schedule {} fired: task {} ({})",
                 args.name,
@@ -155,7 +158,7 @@ pub async fn run(store: StoreArgs, command: Command) -> anyhow::Result<()> {
             ))?;
         }
         Command::Delete(args) => {
-            backend.delete_schedule(&args.name).await?;
+            backend.delete_schedule(&args.name, args.reason.as_deref()).await?;
             output::line(&format!("schedule {} deleted", args.name))?;
         }
     }

@@ -412,19 +412,19 @@ fn operator_commands_over_http_print_what_they_print_locally() {
         assert_eq!((output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned()), (Some(code), local), "rota {args:?}");
     }
 
-    stdout(&remote(&rota, &server, ADMIN_TOKEN, &["queue", "pause", "jobs"]));
+    stdout(&remote(&rota, &server, ADMIN_TOKEN, &["queue", "pause", "jobs", "--reason", "the consumer is being deployed"]));
     assert_eq!(rota.stats("jobs")["paused"], true);
     stdout(&remote(&rota, &server, ADMIN_TOKEN, &["queue", "resume", "jobs"]));
     assert_eq!(rota.stats("jobs")["paused"], false);
     assert_eq!(stdout(&remote(&rota, &server, ADMIN_TOKEN, &["dlq", "redrive", "jobs", "--all"])), "1\n");
     let again = rota.receive("jobs", 1);
     rota.ok(&["queue", "dead-letter", "jobs", again[0]["lease_token"].as_str().unwrap(), "--reason", "poison again"]);
-    assert_eq!(stdout(&remote(&rota, &server, ADMIN_TOKEN, &["dlq", "purge", "jobs"])), "1\n");
+    assert_eq!(stdout(&remote(&rota, &server, ADMIN_TOKEN, &["dlq", "purge", "jobs", "--reason", "poison, reported"])), "1\n");
 
     // Every change above is in the audit log, newest first, with who (the
     // token, or the OS user of a local command) and why; it reads the same
     // locally and over HTTP.
-    assert_eq!(rota.ok(&["dlq", "purge", "jobs"]), "0\n");
+    assert_eq!(rota.ok(&["dlq", "purge", "jobs", "--reason", "a last look"]), "0\n");
     let audit = rota.json(&["audit", "--json", "--limit", "8"]);
     let actions: Vec<&str> = audit.as_array().unwrap().iter().map(|e| e["action"].as_str().unwrap()).collect();
     assert_eq!(
@@ -434,6 +434,12 @@ fn operator_commands_over_http_print_what_they_print_locally() {
     assert!(audit[0]["by"].as_str().unwrap().starts_with("cli"), "a local command: {}", audit[0]);
     assert!(audit[1]["by"].as_str().unwrap().starts_with("api token with scope admin"), "over HTTP: {}", audit[1]);
     assert_eq!((&audit[2]["detail"]["moved"], &audit[7]["reason"], &audit[7]["target"]), (&json!(1), &json!("maintenance"), &json!("s-1")));
+    let reasons: Vec<&Value> = audit.as_array().unwrap()[..5].iter().map(|e| &e["reason"]).collect();
+    assert_eq!(
+        reasons,
+        [&json!("a last look"), &json!("poison, reported"), &Value::Null, &Value::Null, &json!("the consumer is being deployed")],
+        "the reasons given locally and over HTTP"
+    );
     let cursor = audit[0]["cursor"].as_str().unwrap();
     for args in [
         vec!["audit", "--json"],

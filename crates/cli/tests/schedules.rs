@@ -148,7 +148,7 @@ fn exercise(rota: &Rota, server: Option<&str>, name: &str) -> Vec<String> {
     }
     assert!(shown.contains(&format!("last task     {prefix}")), "{shown}");
 
-    assert_eq!(ok(rota, server, &["schedules", "pause", name]), format!("schedule {name} paused\n"));
+    assert_eq!(ok(rota, server, &["schedules", "pause", name, "--reason", "quiet hours"]), format!("schedule {name} paused\n"));
     let paused = ok(rota, server, &["schedules", "show", name]);
     assert!(paused.contains("state         paused") && paused.contains("next fire     none (paused)"), "{paused}");
     let resumed = ok(rota, server, &["schedules", "resume", name]);
@@ -164,7 +164,19 @@ fn exercise(rota: &Rota, server: Option<&str>, name: &str) -> Vec<String> {
         (&Value::from("yearly"), &Value::from(true))
     );
 
-    assert_eq!(ok(rota, server, &["schedules", "delete", name]), format!("schedule {name} deleted\n"));
+    assert_eq!(ok(rota, server, &["schedules", "delete", name, "--reason", "replaced by another"]), format!("schedule {name} deleted\n"));
+    let audit = rota.json(&["audit", "--json", "--limit", "100"]);
+    let reasons: Vec<(&str, &Value)> =
+        audit.as_array().unwrap().iter().filter(|e| e["target"] == name).map(|e| (e["action"].as_str().unwrap(), &e["reason"])).collect();
+    assert_eq!(
+        reasons,
+        [
+            ("schedule.delete", &Value::from("replaced by another")),
+            ("schedule.resume", &Value::Null),
+            ("schedule.pause", &Value::from("quiet hours"))
+        ],
+        "{audit:#}"
+    );
     for command in ["show", "pause", "resume", "trigger", "delete"] {
         let stderr = fails(rota, server, &["schedules", command, name]);
         assert_one_error_line(&stderr, &[&format!("schedule {name} not found")]);

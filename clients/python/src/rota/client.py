@@ -195,9 +195,10 @@ class Client:
         query = [] if limit is None else [("limit", str(limit))]
         return cast("list[Batch]", self._http.call("GET", "/v1/batches", query=query))
 
-    def stop_batch(self, batch_id: str) -> Batch:
-        """Stops a batch: the tasks it has not reached are left as they are."""
-        return cast(Batch, self._http.call("POST", f"/v1/batches/{quote(batch_id)}/stop"))
+    def stop_batch(self, batch_id: str, reason: str | None = None) -> Batch:
+        """Stops a batch: the tasks it has not reached are left as they are.
+        ``reason`` is kept in the audit log with who stopped it."""
+        return cast(Batch, self._http.call("POST", f"/v1/batches/{quote(batch_id)}/stop", {"reason": reason}))
 
     def audit(
         self,
