@@ -87,9 +87,9 @@ function workflowPauseAction(workflow, describedBy) {
   const path = `/v1/workflows/${encodeURIComponent(workflow.name)}`;
   return workflow.paused
     ? action('Resume', `Resume workflow ${workflow.name}? Schedulers claim its waiting tasks again.`,
-      () => api(`${path}/resume`, { method: 'POST' }), () => `${workflow.name} resumed.`, { describedBy })
+      (reason) => api(`${path}/resume`, { method: 'POST', body: { reason } }), () => `${workflow.name} resumed.`, { describedBy })
     : action('Pause', `Pause workflow ${workflow.name}? No Scheduler claims its tasks until it is resumed; tasks already running go on.`,
-      () => api(`${path}/pause`, { method: 'POST' }), () => `${workflow.name} paused.`, { describedBy });
+      (reason) => api(`${path}/pause`, { method: 'POST', body: { reason } }), () => `${workflow.name} paused.`, { describedBy });
 }
 
 /** "paused" with who paused the workflow, when and why. */
@@ -226,17 +226,21 @@ function confirmAction(question, extra = null) {
 
 // A button for an operator action; absent for a viewer who may not operate.
 // `extra` (built afresh for each click) goes into the confirmation, for
-// what the action needs typed in.
-function action(label, question, perform, done, { describedBy, extra } = {}) {
+// what the action needs typed in. Unless `reason` is false, the
+// confirmation asks why too, and `perform` gets the answer (null if none):
+// the API keeps it with who acted, in the task's history or the audit log.
+function action(label, question, perform, done, { describedBy, extra, reason = true } = {}) {
   if (!CAN_OPERATE) return null;
   return h('button', {
     type: 'button', class: 'action', 'aria-describedby': describedBy,
     onclick: async (event) => {
       const button = event.currentTarget;
-      if (!(await confirmAction(question, extra ? extra() : null))) return;
+      const why = reason ? h('input', { type: 'text', class: 'reason', autocomplete: 'off', maxlength: 1000 }) : null;
+      const asked = [extra ? extra() : null, why ? h('label', { class: 'signal' }, 'Reason (optional), kept with who did it:', why) : null];
+      if (!(await confirmAction(question, asked))) return;
       button.disabled = true;
       try {
-        const result = await perform();
+        const result = await perform(why ? why.value.trim() || null : null);
         notice(done(result));
         await redraw();
         follow(stream());
@@ -572,7 +576,7 @@ function batchRow(batch, selected) {
     h('td', null, time(batch.updated_at)),
     h('td', null, batch.state === 'running'
       ? action('Stop', `Stop batch ${batch.id}? It stops at its next page; the tasks it has not reached are left as they are.`,
-        () => api(`/v1/batches/${encodeURIComponent(batch.id)}/stop`, { method: 'POST' }), () => `Batch ${batch.id} stopped.`, { describedBy: `${id}-name` })
+        (reason) => api(`/v1/batches/${encodeURIComponent(batch.id)}/stop`, { method: 'POST', body: { reason } }), () => `Batch ${batch.id} stopped.`, { describedBy: `${id}-name` })
       : null));
 }
 
@@ -596,15 +600,15 @@ function taskPage([id]) {
       const ended = ['processed', 'compensated', 'cancelled'].includes(task.state);
       const actions = h('div', { class: 'actions' },
         ended ? null : action('Cancel', `Cancel task ${taskId}? Its steps in flight are not waited for, and completed steps are compensated if the workflow says so.`,
-          () => api(`/v1/tasks/${encodeURIComponent(taskId)}/cancel`, { method: 'POST' }), () => 'Cancelled.'),
+          (reason) => api(`/v1/tasks/${encodeURIComponent(taskId)}/cancel`, { method: 'POST', body: { reason } }), () => 'Cancelled.'),
         task.paused
           ? action('Resume', `Resume task ${taskId}? A Scheduler takes it up again and starts its next steps.`,
-            () => api(`/v1/tasks/${encodeURIComponent(taskId)}/resume`, { method: 'POST' }), () => 'Resumed.')
+            (reason) => api(`/v1/tasks/${encodeURIComponent(taskId)}/resume`, { method: 'POST', body: { reason } }), () => 'Resumed.')
           : task.state === 'error' || ended ? null
             : action('Pause', `Pause task ${taskId}? Its steps in flight finish, and no new step starts until it is resumed.`,
-              () => api(`/v1/tasks/${encodeURIComponent(taskId)}/pause`, { method: 'POST' }), () => 'Paused.'),
+              (reason) => api(`/v1/tasks/${encodeURIComponent(taskId)}/pause`, { method: 'POST', body: { reason } }), () => 'Paused.'),
         action('Resubmit', `Resubmit task ${taskId} from its first unfinished step?`,
-          () => api(`/v1/tasks/${encodeURIComponent(taskId)}/resubmit`, { method: 'POST' }), () => 'Resubmitted.'));
+          (reason) => api(`/v1/tasks/${encodeURIComponent(taskId)}/resubmit`, { method: 'POST', body: { reason } }), () => 'Resubmitted.'));
       // A for_each step's instances (`NAME[i]`) are shown under their step, not as steps of their own.
       const steps = task.steps.filter((step) => instanceOf(step.name) === null);
       const instances = instancesByStep(task.steps);
@@ -759,7 +763,7 @@ function signalAction(taskId, step, describedBy) {
   };
   return action('Send signal', `Send signal ${step.waits_for} to task ${taskId}? Step ${step.name} completes with its data.`, send,
     (delivery) => delivery.completed ? `Signal ${step.waits_for} sent: step ${delivery.step} completed.`
-      : `Signal ${step.waits_for} sent: kept until the task reaches step ${delivery.step}.`, { describedBy, extra });
+      : `Signal ${step.waits_for} sent: kept until the task reaches step ${delivery.step}.`, { describedBy, extra, reason: false });
 }
 
 // Resubmit one step: the confirmation shows the task's input, which may be
@@ -786,7 +790,7 @@ function resubmitStepAction(task, step, describedBy) {
     return api(path, { method: 'POST', body: { input: parsed } });
   };
   return action('Resubmit step', `Resubmit step ${step.name} of task ${task.id}? It runs again, with the steps after it.`, resubmit,
-    () => input.value === shown ? `Step ${step.name} resubmitted.` : `Step ${step.name} resubmitted with a new input.`, { describedBy, extra });
+    () => input.value === shown ? `Step ${step.name} resubmitted.` : `Step ${step.name} resubmitted with a new input.`, { describedBy, extra, reason: false });
 }
 
 function field(name, value) {
@@ -948,19 +952,19 @@ function queuePage([name]) {
           field('Receives', stats.paused ? 'paused' : 'running'), field('Oldest ready', time(stats.oldest_ready_at))),
         h('div', { class: 'actions' },
           stats.paused
-            ? action('Resume', `Resume receiving from ${queue}?`, () => api(`${path}/resume`, { method: 'POST' }), () => `${queue} resumed.`)
-            : action('Pause', `Pause receiving from ${queue}? Messages stay queued until it is resumed.`, () => api(`${path}/pause`, { method: 'POST' }), () => `${queue} paused.`)),
+            ? action('Resume', `Resume receiving from ${queue}?`, (reason) => api(`${path}/resume`, { method: 'POST', body: { reason } }), () => `${queue} resumed.`)
+            : action('Pause', `Pause receiving from ${queue}? Messages stay queued until it is resumed.`, (reason) => api(`${path}/pause`, { method: 'POST', body: { reason } }), () => `${queue} paused.`)),
         section('Dead letters',
           deadLetters.length === 0 ? null : h('div', { class: 'actions' },
-            action('Redrive all', `Send every dead letter of ${queue} back to the queue?`, () => api(`${path}/dead-letters/redrive`, { method: 'POST' }),
+            action('Redrive all', `Send every dead letter of ${queue} back to the queue?`, (reason) => api(`${path}/dead-letters/redrive`, { method: 'POST', body: { reason } }),
               (result) => `${number(result?.count ?? 0)} redriven.`),
-            action('Purge', `Delete every dead letter of ${queue}? This cannot be undone.`, () => api(`${path}/dead-letters/purge`, { method: 'POST' }),
+            action('Purge', `Delete every dead letter of ${queue}? This cannot be undone.`, (reason) => api(`${path}/dead-letters/purge`, { method: 'POST', body: { reason } }),
               (result) => `${number(result?.count ?? 0)} purged.`)),
           table('Dead letters', ['Id', 'Reason', 'Deliveries', 'Dead-lettered', 'Body', ''], deadLetters.map((letter, i) => h('tr', null,
             h('th', { scope: 'row', id: `letter-${i}` }, letter.id), h('td', { class: 'error-text' }, letter.reason), h('td', { class: 'n' }, letter.delivery_count),
             h('td', null, time(letter.dead_lettered_at)), h('td', null, json(letter.body)),
             h('td', null, action('Redrive', `Send dead letter ${letter.id} back to ${queue}?`,
-              () => api(`${path}/dead-letters/${encodeURIComponent(letter.id)}/redrive`, { method: 'POST' }), () => `${letter.id} redriven.`, { describedBy: `letter-${i}` })))),
+              (reason) => api(`${path}/dead-letters/${encodeURIComponent(letter.id)}/redrive`, { method: 'POST', body: { reason } }), () => `${letter.id} redriven.`, { describedBy: `letter-${i}` })))),
           'No dead letters.')));
     },
   };
@@ -1038,11 +1042,11 @@ function schedulesPage() {
             h('td', { class: 'actions' },
               schedule.paused
                 ? action('Resume', `Resume schedule ${name}? It fires from now on; fires while it was paused are not caught up.`,
-                  () => api(`${path}/resume`, { method: 'POST' }), () => `${name} resumed.`, { describedBy: `schedule-${i}` })
+                  (reason) => api(`${path}/resume`, { method: 'POST', body: { reason } }), () => `${name} resumed.`, { describedBy: `schedule-${i}` })
                 : action('Pause', `Pause schedule ${name}? It does not fire until resumed.`,
-                  () => api(`${path}/pause`, { method: 'POST' }), () => `${name} paused.`, { describedBy: `schedule-${i}` }),
+                  (reason) => api(`${path}/pause`, { method: 'POST', body: { reason } }), () => `${name} paused.`, { describedBy: `schedule-${i}` }),
               action('Fire now', `Fire schedule ${name} now? It starts ${schedule.workflow} with the schedule's input.`,
-                () => api(`${path}/trigger`, { method: 'POST' }), (task) => `${name} fired: task ${task?.id ?? ''}.`, { describedBy: `schedule-${i}` })));
+                (reason) => api(`${path}/trigger`, { method: 'POST', body: { reason } }), (task) => `${name} fired: task ${task?.id ?? ''}.`, { describedBy: `schedule-${i}` })));
         }), 'No schedules. `rota schedules create` makes one; a workflow file may declare them under `schedules:`.'));
     },
   };

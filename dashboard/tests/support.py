@@ -716,10 +716,18 @@ def wait_live(page: Page, *, or_ended: bool = False) -> None:
     expect(page.locator("#live")).to_have_text(re.compile(r"^\s*(live|ended)\s*$" if or_ended else r"^\s*live\s*$"))
 
 
-def confirm(page: Page, button: Locator, *, back_first: bool = True, check_unchanged: Callable[[], None] | None = None) -> None:
+def confirm(
+    page: Page,
+    button: Locator,
+    *,
+    back_first: bool = True,
+    check_unchanged: Callable[[], None] | None = None,
+    reason: str | None = None,
+) -> None:
     """Clicks an action's ``button``; the dialog must open and only its
     Confirm act. With ``back_first``, first opens it and leaves with Back,
-    then runs ``check_unchanged`` (that nothing happened)."""
+    then runs ``check_unchanged`` (that nothing happened). A ``reason`` is
+    typed into the dialog's reason field before Confirm."""
     if back_first:
         button.click()
         dialog = page.locator("dialog[open]")
@@ -732,6 +740,8 @@ def confirm(page: Page, button: Locator, *, back_first: bool = True, check_uncha
     button.click()
     dialog = page.locator("dialog[open]")
     expect(dialog, "an action opens a <dialog> to confirm").to_be_visible()
+    if reason is not None:
+        dialog.get_by_label("Reason (optional)").fill(reason)
     dialog.get_by_role("button", name="Confirm", exact=True).click()
     expect(page.locator("dialog[open]"), "Confirm closes the dialog").to_have_count(0)
 

@@ -38,8 +38,11 @@ class Actions(support.BrowserTest):
         support.confirm(
             page, page.get_by_role("button", name="Cancel", exact=True),
             check_unchanged=lambda: self.assertEqual(server.task("act-cancel")["state"], "processing", "Back cancelled"),
+            reason="the customer asked",
         )  # fmt: skip
         self.assertEqual(server.wait_task("act-cancel", {"cancelled"}, timeout=10)["state"], "cancelled")
+        cancelled = [e for e in server.history("act-cancel") if e["kind"] == "cancelled"]
+        self.assertEqual(cancelled[0]["detail"]["reason"], "the customer asked", "the reason typed is kept in the history")
         self.status_says_something(page)
         # The step's call in flight was stopped; its attempt says so.
         support.eventually(lambda: [e for e in server.history("act-cancel") if e["kind"] == "call_stopped"], what="a call_stopped event")
@@ -194,8 +197,12 @@ class Actions(support.BrowserTest):
         support.confirm(
             page, page.get_by_role("button", name="Pause", exact=True),
             check_unchanged=lambda: self.assertFalse(server.queue("act-pausable")["paused"], "Back paused"),
+            reason="draining for a deploy",
         )  # fmt: skip
         support.eventually(lambda: server.queue("act-pausable")["paused"], what="the queue paused")
+        audit = server.api("GET", "/v1/audit?action=queue.pause&limit=10")
+        pauses = [(entry["target"], entry["reason"]) for entry in audit if entry["target"] == "act-pausable"]
+        self.assertEqual(pauses, [("act-pausable", "draining for a deploy")], "the reason typed is in the audit log")
         self.status_says_something(page)
         resume = page.get_by_role("button", name="Resume", exact=True)
         expect(page.get_by_role("button", name="Pause", exact=True)).to_have_count(0)
