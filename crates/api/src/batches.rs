@@ -171,6 +171,7 @@ pub async fn get(State(state): State<ApiState>, ApiPath(BatchPath { id }): ApiPa
     request_body(content = Option<OperatorRequest>, description = "Why (optional), kept in the audit log with who did it; the body may be left out", content_type = "application/json"),
     responses(
         (status = 200, description = "The batch, stopped (or already done)", body = BatchView),
+        (status = 400, description = "A body that is not JSON", body = ErrorBody),
         (status = 404, description = "No such batch", body = ErrorBody),
         (status = 422, description = "A reason too long, or a body with a field the request does not have", body = ErrorBody),
     ),
